@@ -1,0 +1,220 @@
+"""Raw-bytes forwarding of CRI calls from kubelet to the runtime (containerd).
+
+Requests and responses are forwarded as opaque bytes: no parse, no copy beyond gRPC's own.
+Methods of the CRI v1 descriptor use handlers of their streaming kind; any other method (a newer
+CRI, or something we have never heard of) is forwarded as a bidirectional stream, which carries
+every kind of call on the wire. Deadlines, cancellation and request metadata go upstream;
+status codes, messages and trailing metadata (with rich error details) come back unchanged.
+CreateContainer is routed through ``intercept.rewrite_create_container``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+import grpc
+import grpc.aio
+
+from crishim.cri import api_pb2
+from crishim.intercept import (
+    CreateContainerRewriter,
+    IdentityRewriter,
+    Rejected,
+    rewrite_create_container,
+)
+from crishim.metrics import ShimMetrics
+from kubegpu.logs import log_event
+
+log = logging.getLogger("kubegpu.crishim")
+
+CREATE_CONTAINER = "/runtime.v1.RuntimeService/CreateContainer"
+UNKNOWN_METHOD_LABEL = "unknown"
+# Metadata gRPC sets itself, or that a server may not forward as request metadata.
+_HOP_BY_HOP = frozenset({"user-agent", "content-type", "te", "host", ":authority"})
+
+
+@dataclass(frozen=True)
+class MethodKind:
+    """Streaming kind of a CRI method, from the descriptor."""
+
+    path: str
+    client_streaming: bool
+    server_streaming: bool
+
+
+def cri_methods() -> dict[str, MethodKind]:
+    """Every method of the CRI v1 services in our descriptor, keyed by its gRPC path."""
+    methods: dict[str, MethodKind] = {}
+    for service in api_pb2.DESCRIPTOR.services_by_name.values():
+        for method in service.methods:
+            path = f"/{service.full_name}/{method.name}"
+            methods[path] = MethodKind(path, method.client_streaming, method.server_streaming)
+    return methods
+
+
+def forwardable_metadata(metadata: Any) -> tuple[tuple[str, str | bytes], ...] | None:
+    """Request metadata to send upstream: everything but gRPC's own and hop-by-hop keys."""
+    if not metadata:
+        return None
+    kept = tuple(
+        (key, value)
+        for key, value in metadata
+        if key not in _HOP_BY_HOP and not key.startswith("grpc-")
+    )
+    return kept or None
+
+
+def _timeout(context: grpc.aio.ServicerContext) -> float | None:
+    remaining = context.time_remaining()
+    # grpc reports a huge value (or None) when the caller set no deadline.
+    if remaining is None or remaining > 1e8:
+        return None
+    return max(remaining, 0.0)
+
+
+class ForwardingHandler(grpc.GenericRpcHandler):
+    """A generic handler that forwards every call it is asked for to ``channel``."""
+
+    def __init__(
+        self,
+        channel: grpc.aio.Channel,
+        metrics: ShimMetrics,
+        rewriter: CreateContainerRewriter | None = None,
+    ) -> None:
+        self._channel = channel
+        self._metrics = metrics
+        self._rewriter = rewriter or IdentityRewriter()
+        self._handlers: dict[str, grpc.RpcMethodHandler] = {}
+        for kind in cri_methods().values():
+            self._handlers[kind.path] = self._build(kind.path, kind, kind.path.rsplit("/", 1)[1])
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = handler_call_details.method
+        handler = self._handlers.get(method)
+        if handler is None:
+            # Not cached: unknown method names come from callers and must not grow memory.
+            handler = self._build(method, MethodKind(method, True, True), UNKNOWN_METHOD_LABEL)
+        return handler
+
+    def _build(self, path: str, kind: MethodKind, label: str) -> grpc.RpcMethodHandler:
+        ok = self._metrics.calls.labels(label, "OK")
+        observe = self._metrics.latency.labels(label).observe
+        record = _Recorder(self._metrics, label, ok, observe)
+        if not kind.client_streaming and not kind.server_streaming:
+            upstream_uu = self._channel.unary_unary(path)
+            transform = self._transform_create if path == CREATE_CONTAINER else None
+            return grpc.unary_unary_rpc_method_handler(
+                _unary_unary(upstream_uu, record, transform)
+            )
+        if not kind.client_streaming:
+            upstream_us = self._channel.unary_stream(path)
+            return grpc.unary_stream_rpc_method_handler(_streaming(upstream_us, record))
+        upstream_ss = self._channel.stream_stream(path)
+        return grpc.stream_stream_rpc_method_handler(_streaming(upstream_ss, record))
+
+    def _transform_create(self, raw: bytes) -> bytes:
+        return rewrite_create_container(raw, self._rewriter)
+
+
+class _Recorder:
+    """Per-method metric children, bound once so the per-call path does no label lookups."""
+
+    __slots__ = ("_metrics", "label", "ok", "observe")
+
+    def __init__(
+        self, metrics: ShimMetrics, label: str, ok: Any, observe: Callable[[float], None]
+    ) -> None:
+        self._metrics = metrics
+        self.label = label
+        self.ok = ok
+        self.observe = observe
+
+    def done(self, started: float, code: grpc.StatusCode | None) -> None:
+        self.observe(time.perf_counter() - started)
+        if code is None or code is grpc.StatusCode.OK:
+            self.ok.inc()
+        else:
+            self._metrics.calls.labels(self.label, code.name).inc()
+
+    @property
+    def inflight(self) -> Any:
+        return self._metrics.inflight
+
+
+async def _abort_with(context: grpc.aio.ServicerContext, error: grpc.aio.AioRpcError) -> None:
+    await context.abort(error.code(), error.details() or "", tuple(error.trailing_metadata() or ()))
+
+
+def _unary_unary(
+    upstream: grpc.aio.UnaryUnaryMultiCallable,
+    record: _Recorder,
+    transform: Callable[[bytes], bytes] | None,
+) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        started = time.perf_counter()
+        code: grpc.StatusCode | None = None
+        record.inflight.inc()
+        try:
+            if transform is not None:
+                try:
+                    request = transform(request)
+                except Rejected as rejected:
+                    code = rejected.code
+                    log_event(log, "create_container.rejected", logging.WARNING,
+                              code=code.name, reason=rejected.message)
+                    await context.abort(rejected.code, rejected.message)
+            call = upstream(
+                request,
+                timeout=_timeout(context),
+                metadata=forwardable_metadata(context.invocation_metadata()),
+            )
+            try:
+                response = await call
+            except grpc.aio.AioRpcError as error:
+                code = error.code()
+                await _abort_with(context, error)
+            trailing = await call.trailing_metadata()
+            if trailing:
+                context.set_trailing_metadata(trailing)
+            return response
+        finally:
+            record.inflight.dec()
+            record.done(started, code)
+
+    return forward
+
+
+def _streaming(
+    upstream: grpc.aio.UnaryStreamMultiCallable | grpc.aio.StreamStreamMultiCallable,
+    record: _Recorder,
+) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[bytes]]:
+    """Forward a call whose responses stream back: the request is bytes or an async iterator."""
+
+    async def forward(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        started = time.perf_counter()
+        code: grpc.StatusCode | None = None
+        record.inflight.inc()
+        call = upstream(
+            request,
+            timeout=_timeout(context),
+            metadata=forwardable_metadata(context.invocation_metadata()),
+        )
+        try:
+            async for response in call:
+                yield response
+            trailing = await call.trailing_metadata()
+            if trailing:
+                context.set_trailing_metadata(trailing)
+        except grpc.aio.AioRpcError as error:
+            code = error.code()
+            await _abort_with(context, error)
+        finally:
+            call.cancel()  # the caller went away or we failed: stop the upstream stream too
+            record.inflight.dec()
+            record.done(started, code)
+
+    return forward

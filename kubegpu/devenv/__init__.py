@@ -1,0 +1,1 @@
+"""Development environment: real components (containerd, control plane) for tests, benchmarks, demos."""

@@ -1,0 +1,253 @@
+"""Run a private containerd (socket, root and state under one temp dir) for tests, demos, benches.
+
+The instance is configured for these machines: the CRI sandbox image is a locally imported
+busybox image, ``restrict_oom_score_adj`` is on (the VM refuses negative oom_score_adj), and
+images under ``REGISTRY_HOST`` are pulled from a loopback registry served by this process.
+``stop()`` removes every pod, kills leftover runtime shims, unmounts and deletes the directory.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from kubegpu.devenv.images import build_busybox_image, write_oci_tar
+from kubegpu.devenv.registry import LocalRegistry
+
+NAMESPACE = "k8s.io"
+REGISTRY_HOST = "registry.kubegpu.test"
+PAUSE_IMAGE = f"{REGISTRY_HOST}/pause:1.0"
+BUSYBOX_IMAGE = f"{REGISTRY_HOST}/busybox:1.0"
+# Pulled through CRI PullImage from the loopback registry, never imported.
+PULL_IMAGE = f"{REGISTRY_HOST}/pullme:1.0"
+
+CONFIG_TEMPLATE = """version = 2
+root = "{root}"
+state = "{state}"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.aufs", "io.containerd.snapshotter.v1.btrfs",
+  "io.containerd.snapshotter.v1.zfs", "io.containerd.snapshotter.v1.devmapper",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{base}/opt"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  sandbox_image = "{pause_image}"
+  restrict_oom_score_adj = true
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+  enable_selinux = false
+  disable_apparmor = true
+
+[plugins."io.containerd.grpc.v1.cri".cni]
+  bin_dir = "{base}/cni/bin"
+  conf_dir = "{base}/cni/conf"
+
+[plugins."io.containerd.grpc.v1.cri".registry.mirrors."{registry_host}"]
+  endpoint = ["http://{registry_addr}"]
+"""
+
+
+class ContainerdError(RuntimeError):
+    """containerd could not be started or driven."""
+
+
+@dataclass
+class Containerd:
+    """A private containerd instance. Use as a context manager or call start()/stop()."""
+
+    base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kgctd-", dir="/tmp")))
+    binary: str = "containerd"
+    ctr: str = "ctr"
+    process: subprocess.Popen[bytes] | None = None
+    registry: LocalRegistry | None = None
+
+    @property
+    def socket(self) -> Path:
+        return self.base / "containerd.sock"
+
+    @property
+    def endpoint(self) -> str:
+        """CRI endpoint URL (unix://...) as kubelet would be given it."""
+        return f"unix://{self.socket}"
+
+    @property
+    def log_path(self) -> Path:
+        return self.base / "containerd.log"
+
+    @property
+    def config_path(self) -> Path:
+        return self.base / "config.toml"
+
+    def start(self, timeout: float = 30.0) -> Containerd:
+        """Write config, start the loopback registry and containerd, import the base images."""
+        for tool in (self.binary, self.ctr, "runc"):
+            if shutil.which(tool) is None:
+                raise ContainerdError(f"{tool!r} not found on PATH (apt-get install containerd runc)")
+        if self.registry is None:
+            self.registry = LocalRegistry(
+                [build_busybox_image(PULL_IMAGE, ["/bin/sh"])]
+            ).start()
+        for sub in ("root", "state", "opt", "cni/bin", "cni/conf", "images"):
+            (self.base / sub).mkdir(parents=True, exist_ok=True)
+        self.config_path.write_text(
+            CONFIG_TEMPLATE.format(
+                base=self.base,
+                root=self.base / "root",
+                state=self.base / "state",
+                socket=self.socket,
+                pause_image=PAUSE_IMAGE,
+                registry_host=REGISTRY_HOST,
+                registry_addr=self.registry.host,
+            )
+        )
+        self._launch(timeout)
+        self.import_image(PAUSE_IMAGE, ["/bin/sleep", "2000000000"])
+        self.import_image(BUSYBOX_IMAGE, ["/bin/sh"])
+        return self
+
+    def _launch(self, timeout: float) -> None:
+        log = self.log_path.open("ab")
+        self.process = subprocess.Popen(
+            [self.binary, "--config", str(self.config_path), "--log-level", "info"],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        log.close()
+        self.wait_ready(timeout)
+
+    def wait_ready(self, timeout: float) -> None:
+        """Block until containerd answers on its socket, or raise with the log tail."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process is not None and self.process.poll() is not None:
+                raise ContainerdError(f"containerd exited early:\n{self.log_tail()}")
+            if self.socket.exists():
+                probe = subprocess.run(
+                    [self.ctr, "--address", str(self.socket), "version"],
+                    capture_output=True,
+                    timeout=10,
+                )
+                if probe.returncode == 0:
+                    return
+            time.sleep(0.1)
+        raise ContainerdError(f"containerd not ready after {timeout}s:\n{self.log_tail()}")
+
+    def import_image(self, ref: str, entrypoint: list[str]) -> None:
+        """Build a busybox image and import it into the k8s.io namespace under ``ref``."""
+        tar = write_oci_tar(
+            build_busybox_image(ref, entrypoint),
+            self.base / "images" / (ref.replace("/", "_").replace(":", "_") + ".tar"),
+        )
+        self.run_ctr("images", "import", "--no-unpack", str(tar))
+
+    def run_ctr(self, *args: str) -> str:
+        """Run ``ctr`` against this instance in the k8s.io namespace and return its stdout."""
+        result = subprocess.run(
+            [self.ctr, "--address", str(self.socket), "--namespace", NAMESPACE, *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        if result.returncode != 0:
+            raise ContainerdError(f"ctr {' '.join(args)} failed: {result.stderr.strip()}")
+        return result.stdout
+
+    def kill(self) -> None:
+        """SIGKILL containerd itself (runtime shims and containers stay up)."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def restart(self, timeout: float = 30.0) -> None:
+        """Stop containerd (SIGTERM) and start it again with the same config and state."""
+        self.terminate()
+        self._launch(timeout)
+
+    def terminate(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        self.process.terminate()
+        try:
+            self.process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait(timeout=10)
+
+    def log_tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return "(no containerd log)"
+
+    def _remove_all_pods(self) -> None:
+        if self.process is None or self.process.poll() is not None:
+            return
+        try:
+            pods = self.run_ctr("containers", "ls", "--quiet").split()
+            for container_id in pods:
+                subprocess.run(
+                    [self.ctr, "--address", str(self.socket), "-n", NAMESPACE,
+                     "tasks", "kill", "--signal", "SIGKILL", container_id],
+                    capture_output=True, timeout=20,
+                )
+        except (ContainerdError, subprocess.TimeoutExpired):
+            pass
+
+    def _kill_leftover_shims(self) -> None:
+        needle = str(self.socket).encode()
+        for proc in Path("/proc").iterdir():
+            if not proc.name.isdigit():
+                continue
+            try:
+                cmdline = (proc / "cmdline").read_bytes()
+            except OSError:
+                continue
+            if b"containerd-shim" in cmdline and needle in cmdline:
+                try:
+                    os.kill(int(proc.name), signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+    def _unmount_all(self) -> None:
+        prefix = str(self.base)
+        mounts = [
+            line.split()[1]
+            for line in Path("/proc/mounts").read_text().splitlines()
+            if line.split()[1].startswith(prefix)
+        ]
+        for mountpoint in sorted(mounts, key=len, reverse=True):
+            subprocess.run(["umount", "-l", mountpoint], capture_output=True)
+
+    def stop(self) -> None:
+        """Tear everything down: tasks, containerd, shims, mounts, registry, directory."""
+        self._remove_all_pods()
+        self.terminate()
+        time.sleep(0.2)
+        self._kill_leftover_shims()
+        self._unmount_all()
+        if self.registry is not None:
+            self.registry.stop()
+            self.registry = None
+        shutil.rmtree(self.base, ignore_errors=True)
+
+    def __enter__(self) -> Containerd:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

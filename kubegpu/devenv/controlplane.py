@@ -1,0 +1,632 @@
+"""Run a real Kubernetes control plane (etcd, kube-apiserver, kube-scheduler) on loopback.
+
+For tests, benchmarks and demos. The binaries are built from Go modules by
+``tests/cluster/build.sh`` (``make testbin``) into a per-user, per-version cache;
+:func:`testbin_dir` computes the same directory. Every run gets its own directory holding a
+fresh CA, serving and client certificates (made with the ``openssl`` CLI), the
+service-account signing key, an admin kubeconfig, the etcd data and one log file per process.
+All ports are free loopback ports; nothing listens on another address.
+
+Typical use::
+
+    with ControlPlane() as cp:
+        core = kubernetes.client.CoreV1Api(cp.admin_client())
+        sched = cp.start_scheduler({"profiles": [{"schedulerName": "default-scheduler"}]})
+
+``stop()`` terminates every process group it started (SIGTERM, then SIGKILL after a timeout),
+so no process outlives the control plane; an ``atexit`` hook does the same for a forgotten one.
+"""
+
+from __future__ import annotations
+
+import atexit
+import base64
+import json
+import os
+import re
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+from kubernetes.config import new_client_from_config
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+CLUSTER_DIR = REPO_ROOT / "tests" / "cluster"
+LOOPBACK = "127.0.0.1"
+SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
+ADMIN_USER = "kubegpu-admin"
+SCHEDULER_USER = "system:kube-scheduler"
+SCHEDULER_API_VERSION = "kubescheduler.config.k8s.io/v1"
+
+
+class ControlPlaneError(RuntimeError):
+    """A control plane component could not be found, started or driven."""
+
+
+class BinariesMissing(ControlPlaneError):
+    """The kube-apiserver, kube-scheduler or etcd binary is not in the testbin cache."""
+
+
+# --------------------------------------------------------------------------- binaries
+
+
+def pinned_version(go_mod: Path, module: str) -> str:
+    """Version that ``go_mod`` requires for ``module`` (single-line or block ``require``)."""
+    pattern = rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)"
+    match = re.search(pattern, go_mod.read_text(), re.MULTILINE)
+    if match is None:
+        raise ControlPlaneError(f"{go_mod} does not require {module}")
+    return match.group(1)
+
+
+def pinned_versions(cluster_dir: Path = CLUSTER_DIR) -> tuple[str, str]:
+    """(Kubernetes version, etcd version) pinned by tests/cluster/go.mod and etcd/go.mod."""
+    try:
+        k8s_version = pinned_version(cluster_dir / "go.mod", "k8s.io/kubernetes")
+        etcd_version = pinned_version(cluster_dir / "etcd" / "go.mod", "go.etcd.io/etcd/server/v3")
+    except OSError as exc:
+        raise BinariesMissing(f"cannot read the version pins under {cluster_dir}: {exc}") from exc
+    return k8s_version, etcd_version
+
+
+def testbin_root() -> Path:
+    """Cache root: $KUBEGPU_TESTBIN, else $XDG_CACHE_HOME/kubegpu/testbin (~/.cache default)."""
+    if os.environ.get("KUBEGPU_TESTBIN"):
+        return Path(os.environ["KUBEGPU_TESTBIN"])
+    cache = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(cache) / "kubegpu" / "testbin"
+
+
+def testbin_dir(cluster_dir: Path = CLUSTER_DIR) -> Path:
+    """Directory holding the binaries for the pinned versions (same logic as build.sh)."""
+    k8s_version, etcd_version = pinned_versions(cluster_dir)
+    return testbin_root() / f"{k8s_version}-{etcd_version}"
+
+
+@dataclass(frozen=True)
+class Binaries:
+    """Paths of the three control plane executables."""
+
+    apiserver: Path
+    scheduler: Path
+    etcd: Path
+
+
+def find_binaries(directory: Path | None = None) -> Binaries:
+    """The binaries in ``directory`` (default :func:`testbin_dir`), or raise BinariesMissing."""
+    directory = directory or testbin_dir()
+    found = Binaries(
+        apiserver=directory / "kube-apiserver",
+        scheduler=directory / "kube-scheduler",
+        etcd=directory / "etcd",
+    )
+    missing = [p.name for p in vars(found).values() if not os.access(p, os.X_OK)]
+    if missing:
+        raise BinariesMissing(
+            f"{', '.join(missing)} not found in {directory}; run `make testbin` "
+            "(tests/cluster/build.sh) to build them"
+        )
+    return found
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def free_ports(count: int) -> list[int]:
+    """``count`` distinct free TCP ports on 127.0.0.1 (held together while picking)."""
+    sockets = []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind((LOOPBACK, 0))
+            sockets.append(sock)
+        return [s.getsockname()[1] for s in sockets]
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def tail(path: Path, lines: int) -> str:
+    """Last ``lines`` lines of a text file, or a note when it cannot be read."""
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError as exc:
+        return f"({path} unreadable: {exc})"
+
+
+def _openssl(*args: str) -> None:
+    result = subprocess.run(["openssl", *args], capture_output=True, text=True, timeout=60)
+    if result.returncode != 0:
+        raise ControlPlaneError(f"openssl {args[0]} failed: {result.stderr.strip()}")
+
+
+def _b64(path: Path) -> str:
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+# --------------------------------------------------------------------------- PKI
+
+
+@dataclass(frozen=True)
+class Pki:
+    """The per-run certificates and keys (EC P-256), all files in ``directory``."""
+
+    directory: Path
+
+    @property
+    def ca_cert(self) -> Path:
+        return self.directory / "ca.crt"
+
+    @property
+    def ca_key(self) -> Path:
+        return self.directory / "ca.key"
+
+    @property
+    def service_account_key(self) -> Path:
+        return self.directory / "service-account.key"
+
+    def cert(self, name: str) -> Path:
+        return self.directory / f"{name}.crt"
+
+    def key(self, name: str) -> Path:
+        return self.directory / f"{name}.key"
+
+    def create(self) -> Pki:
+        """Write the CA, the apiserver serving cert and the service-account signing key."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        _openssl(
+            "req",
+            "-x509",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(self.ca_key),
+            "-out",
+            str(self.ca_cert),
+            "-days",
+            "7",
+            "-subj",
+            "/CN=kubegpu-test-ca",
+        )
+        self.issue("apiserver", "/CN=kube-apiserver", server=True)
+        _openssl(
+            "genpkey",
+            "-algorithm",
+            "EC",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-out",
+            str(self.service_account_key),
+        )
+        return self
+
+    def issue(self, name: str, subject: str, server: bool = False) -> tuple[Path, Path]:
+        """Issue a CA-signed cert ``name`` for ``subject``: serving (loopback) or client."""
+        ext = self.directory / f"{name}.ext"
+        usage = "serverAuth" if server else "clientAuth"
+        lines = [
+            "basicConstraints=critical,CA:FALSE",
+            f"extendedKeyUsage={usage}",
+            "keyUsage=critical,digitalSignature,keyEncipherment",
+        ]
+        if server:
+            lines.append(f"subjectAltName=IP:{LOOPBACK},DNS:localhost")
+        ext.write_text("\n".join(lines) + "\n")
+        csr = self.directory / f"{name}.csr"
+        _openssl(
+            "req",
+            "-new",
+            "-newkey",
+            "ec",
+            "-pkeyopt",
+            "ec_paramgen_curve:prime256v1",
+            "-nodes",
+            "-keyout",
+            str(self.key(name)),
+            "-out",
+            str(csr),
+            "-subj",
+            subject,
+        )
+        _openssl(
+            "x509",
+            "-req",
+            "-in",
+            str(csr),
+            "-CA",
+            str(self.ca_cert),
+            "-CAkey",
+            str(self.ca_key),
+            "-CAcreateserial",
+            "-days",
+            "7",
+            "-extfile",
+            str(ext),
+            "-out",
+            str(self.cert(name)),
+        )
+        return self.cert(name), self.key(name)
+
+
+def kubeconfig(server: str, ca_cert: Path, user: str, credentials: Mapping[str, str]) -> dict:
+    """A single-context kubeconfig dict; ``credentials`` is the kubeconfig ``user`` entry."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "kubegpu-test",
+                "cluster": {"server": server, "certificate-authority-data": _b64(ca_cert)},
+            },
+        ],
+        "users": [{"name": user, "user": dict(credentials)}],
+        "contexts": [{"name": user, "context": {"cluster": "kubegpu-test", "user": user}}],
+        "current-context": user,
+    }
+
+
+def scheduler_config(
+    config: str | Mapping[str, Any] | None, kubeconfig_path: Path, leader_elect: bool
+) -> dict:
+    """A KubeSchedulerConfiguration dict from yaml text or a dict, wired to our kubeconfig.
+
+    ``apiVersion``/``kind`` default to v1; ``clientConnection.kubeconfig`` is always set to
+    ``kubeconfig_path``; ``leaderElection.leaderElect`` is set from ``leader_elect`` unless the
+    given config sets it.
+    """
+    loaded = yaml.safe_load(config) if isinstance(config, str) else config
+    result: dict[str, Any] = json.loads(json.dumps(dict(loaded or {})))  # deep copy
+    result.setdefault("apiVersion", SCHEDULER_API_VERSION)
+    result.setdefault("kind", "KubeSchedulerConfiguration")
+    result.setdefault("clientConnection", {})["kubeconfig"] = str(kubeconfig_path)
+    result.setdefault("leaderElection", {}).setdefault("leaderElect", leader_elect)
+    return result
+
+
+# --------------------------------------------------------------------------- processes
+
+
+@dataclass
+class Component:
+    """One started process, in its own process group, logging to ``log_path``."""
+
+    name: str
+    args: list[str]
+    log_path: Path
+    process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Component:
+        with self.log_path.open("ab") as log:
+            log.write(f"# {' '.join(self.args)}\n".encode())
+            log.flush()
+            self.process = subprocess.Popen(
+                self.args,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        return self
+
+    def alive(self) -> bool:
+        return self.process is not None and self.process.poll() is None
+
+    def tail(self, lines: int = 50) -> str:
+        return tail(self.log_path, lines)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the process group, SIGKILL it after ``timeout``, reap the process."""
+        if self.process is None:
+            return
+        self._signal_group(signal.SIGTERM)
+        try:
+            self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            pass
+        # Anything left in the group (children of the process) goes too.
+        self._signal_group(signal.SIGKILL)
+        self.process.wait(timeout=timeout)
+
+    def _signal_group(self, sig: signal.Signals) -> None:
+        assert self.process is not None
+        try:
+            os.killpg(self.process.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def wait_until(self, probe: Any, what: str, timeout: float) -> None:
+        """Poll ``probe()`` until true; raise with the log tail on exit or timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if not self.alive():
+                raise ControlPlaneError(f"{self.name} exited early:\n{self.tail()}")
+            if probe():
+                return
+            time.sleep(0.2)
+        raise ControlPlaneError(f"{self.name} not {what} after {timeout}s:\n{self.tail()}")
+
+
+def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
+    """True when GET ``url`` answers 200."""
+    try:
+        with urllib.request.urlopen(url, timeout=5, context=context) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError):
+        return False
+
+
+# --------------------------------------------------------------------------- control plane
+
+
+class ControlPlane:
+    """etcd + kube-apiserver (+ any number of kube-schedulers) in one run directory.
+
+    ``run_dir`` defaults to a new temp dir that ``stop()`` deletes; a given ``run_dir`` is
+    kept (logs, certificates, kubeconfigs) except the etcd data. Use as a context manager or
+    call :meth:`start` / :meth:`stop`.
+    """
+
+    def __init__(
+        self,
+        run_dir: Path | None = None,
+        binaries: Binaries | None = None,
+        startup_timeout: float = 120.0,
+        authorization_mode: str = "Node,RBAC",
+    ) -> None:
+        self.binaries = binaries or find_binaries()
+        self._owns_run_dir = run_dir is None
+        self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="kubegpu-cp-"))
+        self.startup_timeout = startup_timeout
+        self.authorization_mode = authorization_mode
+        self.pki = Pki(self.run_dir / "pki")
+        self.components: list[Component] = []
+        self.url = ""
+        self.etcd_url = ""
+        self._scheduler_count = 0
+
+    # ---- lifecycle
+
+    def start(self) -> ControlPlane:
+        """Create the PKI, start etcd and kube-apiserver, wait for /readyz, write kubeconfigs."""
+        atexit.register(self.stop)
+        try:
+            self.pki.create()
+            self._start_etcd()
+            self._start_apiserver()
+            self._write_admin_kubeconfig()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop every process (newest first), delete etcd data and an owned run dir."""
+        for component in reversed(self.components):
+            component.stop(timeout)
+        shutil.rmtree(self.run_dir / "etcd-data", ignore_errors=True)
+        if self._owns_run_dir:
+            shutil.rmtree(self.run_dir, ignore_errors=True)
+        atexit.unregister(self.stop)
+
+    def __enter__(self) -> ControlPlane:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ---- etcd and apiserver
+
+    def _launch(self, name: str, args: list[str]) -> Component:
+        component = Component(name, args, self.run_dir / f"{name}.log").start()
+        self.components.append(component)
+        return component
+
+    def _start_etcd(self) -> None:
+        client_port, peer_port = free_ports(2)
+        self.etcd_url = f"http://{LOOPBACK}:{client_port}"
+        peer_url = f"http://{LOOPBACK}:{peer_port}"
+        etcd = self._launch(
+            "etcd",
+            [
+                str(self.binaries.etcd),
+                "--name=kubegpu-test",
+                f"--data-dir={self.run_dir / 'etcd-data'}",
+                f"--listen-client-urls={self.etcd_url}",
+                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-peer-urls={peer_url}",
+                f"--initial-advertise-peer-urls={peer_url}",
+                f"--initial-cluster=kubegpu-test={peer_url}",
+                "--unsafe-no-fsync=true",
+                "--log-level=warn",
+            ],
+        )
+        etcd.wait_until(lambda: http_ok(f"{self.etcd_url}/health"), "healthy", self.startup_timeout)
+
+    def _start_apiserver(self) -> None:
+        (port,) = free_ports(1)
+        self.url = f"https://{LOOPBACK}:{port}"
+        cert, key = self.pki.cert("apiserver"), self.pki.key("apiserver")
+        sa_key = self.pki.service_account_key
+        apiserver = self._launch(
+            "kube-apiserver",
+            [
+                str(self.binaries.apiserver),
+                f"--etcd-servers={self.etcd_url}",
+                f"--bind-address={LOOPBACK}",
+                f"--advertise-address={LOOPBACK}",
+                f"--secure-port={port}",
+                f"--tls-cert-file={cert}",
+                f"--tls-private-key-file={key}",
+                f"--client-ca-file={self.pki.ca_cert}",
+                f"--service-account-issuer={self.url}",
+                f"--service-account-key-file={sa_key}",
+                f"--service-account-signing-key-file={sa_key}",
+                f"--authorization-mode={self.authorization_mode}",
+                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+                "--endpoint-reconciler-type=none",
+                "--allow-privileged=true",
+            ],
+        )
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        apiserver.wait_until(
+            lambda: http_ok(f"{self.url}/readyz", context), "ready", self.startup_timeout
+        )
+
+    # ---- kubeconfigs and clients
+
+    @property
+    def admin_kubeconfig(self) -> Path:
+        return self.run_dir / "admin.kubeconfig"
+
+    def write_kubeconfig(self, name: str, user: str, credentials: Mapping[str, str]) -> Path:
+        """Write ``<run_dir>/<name>.kubeconfig`` for ``user`` and return its path."""
+        path = self.run_dir / f"{name}.kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig(self.url, self.pki.ca_cert, user, credentials)))
+        path.chmod(0o600)
+        return path
+
+    def client_cert_kubeconfig(self, name: str, user: str, groups: tuple[str, ...] = ()) -> Path:
+        """Issue a client certificate (CN=user, O=groups) and write a kubeconfig using it."""
+        subject = f"/CN={user}" + "".join(f"/O={group}" for group in groups)
+        cert, key = self.pki.issue(name, subject)
+        credentials = {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}
+        return self.write_kubeconfig(name, user, credentials)
+
+    def _write_admin_kubeconfig(self) -> None:
+        self.client_cert_kubeconfig("admin", ADMIN_USER, ("system:masters",))
+
+    def admin_client(self) -> k8s.ApiClient:
+        """A new ApiClient authenticated as a system:masters user."""
+        return new_client_from_config(config_file=str(self.admin_kubeconfig))
+
+    def service_account_kubeconfig(
+        self, namespace: str, name: str, expiration_seconds: int = 3600
+    ) -> Path:
+        """Kubeconfig with a TokenRequest token for ServiceAccount ``namespace/name``.
+
+        The namespace and the ServiceAccount are created when missing.
+        """
+        core = k8s.CoreV1Api(self.admin_client())
+        ensure_namespace(core, namespace)
+        ensure_service_account(core, namespace, name)
+        request = k8s.AuthenticationV1TokenRequest(
+            spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
+        )
+        token = core.create_namespaced_service_account_token(name, namespace, request)
+        user = f"system:serviceaccount:{namespace}:{name}"
+        return self.write_kubeconfig(f"sa-{namespace}-{name}", user, {"token": token.status.token})
+
+    def service_account_client(self, namespace: str, name: str) -> k8s.ApiClient:
+        """A new ApiClient acting as ServiceAccount ``namespace/name`` (created when missing)."""
+        path = self.service_account_kubeconfig(namespace, name)
+        return new_client_from_config(config_file=str(path))
+
+    # ---- scheduler
+
+    def start_scheduler(
+        self,
+        config: str | Mapping[str, Any] | None = None,
+        leader_elect: bool = False,
+        timeout: float | None = None,
+    ) -> Component:
+        """Start a kube-scheduler with a KubeSchedulerConfiguration (yaml text or dict).
+
+        It authenticates as ``system:kube-scheduler`` (the identity the bootstrap RBAC policy
+        grants the scheduler's permissions), serves on a free loopback port and is returned once
+        its /readyz answers. Stop it with ``stop()`` on the returned Component or with the
+        control plane.
+        """
+        self._scheduler_count += 1
+        name = f"kube-scheduler-{self._scheduler_count}"
+        kubeconfig_path = self.client_cert_kubeconfig(name, SCHEDULER_USER)
+        config_path = self.run_dir / f"{name}.config.yaml"
+        config_path.write_text(
+            yaml.safe_dump(scheduler_config(config, kubeconfig_path, leader_elect))
+        )
+        (port,) = free_ports(1)
+        scheduler = self._launch(
+            name,
+            [
+                str(self.binaries.scheduler),
+                f"--config={config_path}",
+                f"--authentication-kubeconfig={kubeconfig_path}",
+                f"--authorization-kubeconfig={kubeconfig_path}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={port}",
+                f"--cert-dir={self.run_dir / (name + '-certs')}",
+            ],
+        )
+        insecure = ssl.create_default_context()  # self-signed serving cert, loopback only
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+        scheduler.wait_until(
+            lambda: http_ok(f"https://{LOOPBACK}:{port}/readyz", insecure),
+            "ready",
+            timeout or self.startup_timeout,
+        )
+        return scheduler
+
+    # ---- logs
+
+    def log_paths(self) -> dict[str, Path]:
+        """Log file of every component started so far, by component name."""
+        return {component.name: component.log_path for component in self.components}
+
+    def log_tails(self, lines: int = 50) -> dict[str, str]:
+        """Last ``lines`` lines of every component's log, by component name."""
+        return {component.name: component.tail(lines) for component in self.components}
+
+
+# --------------------------------------------------------------------------- client helpers
+
+
+def _exists(call: Any, *args: str) -> bool:
+    try:
+        call(*args)
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return False
+        raise
+    return True
+
+
+def ensure_namespace(core: k8s.CoreV1Api, name: str) -> None:
+    """Create namespace ``name`` and its ``default`` ServiceAccount when missing.
+
+    There is no kube-controller-manager, so nothing else creates the ``default``
+    ServiceAccount that the ServiceAccount admission plugin requires for every pod.
+    """
+    if not _exists(core.read_namespace, name):
+        body = k8s.V1Namespace(metadata=k8s.V1ObjectMeta(name=name))
+        _create_ignoring_conflict(core.create_namespace, body)
+    ensure_service_account(core, name, "default")
+
+
+def ensure_service_account(core: k8s.CoreV1Api, namespace: str, name: str) -> None:
+    """Create ServiceAccount ``namespace/name`` when missing."""
+    if not _exists(core.read_namespaced_service_account, name, namespace):
+        body = k8s.V1ServiceAccount(metadata=k8s.V1ObjectMeta(name=name))
+        _create_ignoring_conflict(core.create_namespaced_service_account, namespace, body)
+
+
+def _create_ignoring_conflict(create: Any, *args: Any) -> None:
+    try:
+        create(*args)
+    except k8s.ApiException as exc:
+        if exc.status != 409:
+            raise

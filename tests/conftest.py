@@ -1,0 +1,5 @@
+"""Root conftest: loads the fixture modules that start real components."""
+
+pytest_plugins = [
+    "tests.fixtures.containerd",
+]
