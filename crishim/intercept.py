@@ -27,8 +27,7 @@ class Rejected(Exception):
 class CreateContainerRewriter(Protocol):
     """Turns kubelet's CreateContainerRequest into the one containerd receives."""
 
-    def rewrite(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerRequest:
-        ...
+    def rewrite(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerRequest: ...
 
 
 class IdentityRewriter:

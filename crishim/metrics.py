@@ -32,7 +32,23 @@ disable_created_metrics()
 
 # Sub-millisecond buckets: a passthrough call costs a few hundred microseconds.
 LATENCY_BUCKETS = (
-    0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 120,
+    0.0002,
+    0.0005,
+    0.001,
+    0.002,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1,
+    2.5,
+    5,
+    10,
+    30,
+    120,
 )
 
 
@@ -80,13 +96,11 @@ class MetricsServer:
         readyz: HealthProbe,
     ) -> None:
         host, _, port = address.rpartition(":")
-        self._server = ThreadingHTTPServer((host or "127.0.0.1", int(port)), self._handler(
-            metrics, {"/healthz": healthz, "/readyz": readyz}
-        ))
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(
-            target=self._server.serve_forever, name="metrics-http", daemon=True
+        self._server = ThreadingHTTPServer(
+            (host or "127.0.0.1", int(port)), self._handler(metrics, {"/healthz": healthz, "/readyz": readyz})
         )
+        self._server.daemon_threads = True
+        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
 
     @property
     def port(self) -> int:

@@ -61,9 +61,7 @@ def forwardable_metadata(metadata: Any) -> tuple[tuple[str, str | bytes], ...] |
     if not metadata:
         return None
     kept = tuple(
-        (key, value)
-        for key, value in metadata
-        if key not in _HOP_BY_HOP and not key.startswith("grpc-")
+        (key, value) for key, value in metadata if key not in _HOP_BY_HOP and not key.startswith("grpc-")
     )
     return kept or None
 
@@ -107,9 +105,7 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         if not kind.client_streaming and not kind.server_streaming:
             upstream_uu = self._channel.unary_unary(path)
             transform = self._transform_create if path == CREATE_CONTAINER else None
-            return grpc.unary_unary_rpc_method_handler(
-                _unary_unary(upstream_uu, record, transform)
-            )
+            return grpc.unary_unary_rpc_method_handler(_unary_unary(upstream_uu, record, transform))
         if not kind.client_streaming:
             upstream_us = self._channel.unary_stream(path)
             return grpc.unary_stream_rpc_method_handler(_streaming(upstream_us, record))
@@ -125,9 +121,7 @@ class _Recorder:
 
     __slots__ = ("_metrics", "label", "ok", "observe")
 
-    def __init__(
-        self, metrics: ShimMetrics, label: str, ok: Any, observe: Callable[[float], None]
-    ) -> None:
+    def __init__(self, metrics: ShimMetrics, label: str, ok: Any, observe: Callable[[float], None]) -> None:
         self._metrics = metrics
         self.label = label
         self.ok = ok
@@ -164,8 +158,13 @@ def _unary_unary(
                     request = transform(request)
                 except Rejected as rejected:
                     code = rejected.code
-                    log_event(log, "create_container.rejected", logging.WARNING,
-                              code=code.name, reason=rejected.message)
+                    log_event(
+                        log,
+                        "create_container.rejected",
+                        logging.WARNING,
+                        code=code.name,
+                        reason=rejected.message,
+                    )
                     await context.abort(rejected.code, rejected.message)
             call = upstream(
                 request,

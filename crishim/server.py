@@ -65,9 +65,9 @@ class ShimConfig:
 def unix_path(endpoint: str) -> Path:
     """The filesystem path of a ``unix://`` endpoint (``unix:/p`` and bare paths too)."""
     if endpoint.startswith("unix://"):
-        return Path(endpoint[len("unix://"):])
+        return Path(endpoint[len("unix://") :])
     if endpoint.startswith("unix:"):
-        return Path(endpoint[len("unix:"):])
+        return Path(endpoint[len("unix:") :])
     if endpoint.startswith("/"):
         return Path(endpoint)
     raise ShimConfigError(f"not a unix socket endpoint: {endpoint!r}")
@@ -142,8 +142,13 @@ class CriShim:
             )
             self._metrics_server.start()
         self._serving = True
-        log_event(log, "crishim.serving", listen=str(self.socket_path),
-                  runtime=self.config.runtime_endpoint, metrics=self.config.metrics_address)
+        log_event(
+            log,
+            "crishim.serving",
+            listen=str(self.socket_path),
+            runtime=self.config.runtime_endpoint,
+            metrics=self.config.metrics_address,
+        )
 
     def healthz(self) -> tuple[bool, str]:
         """The shim process serves CRI calls."""
@@ -183,8 +188,10 @@ async def serve(config: ShimConfig, rewriter: CreateContainerRewriter | None = N
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(signum, stop.set)
-    notify("READY=1")
-    await stop.wait()
-    log_event(log, "crishim.draining", drain_seconds=config.drain_seconds)
-    notify("STOPPING=1")
-    await shim.stop()
+    try:
+        notify("READY=1")
+        await stop.wait()
+        log_event(log, "crishim.draining", drain_seconds=config.drain_seconds)
+        notify("STOPPING=1")
+    finally:
+        await shim.stop()

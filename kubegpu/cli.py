@@ -16,14 +16,29 @@ def _add_crishim(sub: argparse._SubParsersAction) -> None:
         help="run the CRI shim between kubelet and the container runtime",
         description="Proxy the CRI v1 API from kubelet to containerd, rewriting CreateContainer.",
     )
-    parser.add_argument("--listen", default="unix:///run/kubegpu/crishim.sock",
-                        help="unix socket kubelet connects to (default: %(default)s)")
-    parser.add_argument("--runtime-endpoint", default="unix:///run/containerd/containerd.sock",
-                        help="the container runtime's CRI socket (default: %(default)s)")
-    parser.add_argument("--metrics-address", default=None, metavar="HOST:PORT",
-                        help="serve /metrics, /healthz and /readyz here (default: off)")
-    parser.add_argument("--drain-timeout", type=float, default=5.0, metavar="SECONDS",
-                        help="on SIGTERM, wait this long for in-flight calls (default: %(default)s)")
+    parser.add_argument(
+        "--listen",
+        default="unix:///run/kubegpu/crishim.sock",
+        help="unix socket kubelet connects to (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--runtime-endpoint",
+        default="unix:///run/containerd/containerd.sock",
+        help="the container runtime's CRI socket (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz and /readyz here (default: off)",
+    )
+    parser.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=5.0,
+        metavar="SECONDS",
+        help="on SIGTERM, wait this long for in-flight calls (default: %(default)s)",
+    )
     parser.set_defaults(run=_run_crishim)
 
 
@@ -47,8 +62,7 @@ def _run_crishim(args: argparse.Namespace) -> int:
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubegpu", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kubegpu {__version__}")
-    parser.add_argument("--log-level", default="info",
-                        choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_crishim(sub)
     return parser

@@ -33,15 +33,22 @@ class CriClient:
         self.channel.close()
 
 
-def host_network_sandbox(name: str, uid: str, namespace: str = "default",
-                         log_directory: str = "", annotations: dict[str, str] | None = None,
-                         ) -> api_pb2.PodSandboxConfig:
+def host_network_sandbox(
+    name: str,
+    uid: str,
+    namespace: str = "default",
+    log_directory: str = "",
+    annotations: dict[str, str] | None = None,
+) -> api_pb2.PodSandboxConfig:
     """A pod sandbox config on the host network (no CNI needed), as kubelet would send it."""
     return api_pb2.PodSandboxConfig(
         metadata=api_pb2.PodSandboxMetadata(name=name, uid=uid, namespace=namespace, attempt=0),
         log_directory=log_directory,
-        labels={"io.kubernetes.pod.name": name, "io.kubernetes.pod.namespace": namespace,
-                "io.kubernetes.pod.uid": uid},
+        labels={
+            "io.kubernetes.pod.name": name,
+            "io.kubernetes.pod.namespace": namespace,
+            "io.kubernetes.pod.uid": uid,
+        },
         annotations=annotations or {},
         linux=api_pb2.LinuxPodSandboxConfig(
             security_context=api_pb2.LinuxSandboxSecurityContext(
@@ -51,14 +58,15 @@ def host_network_sandbox(name: str, uid: str, namespace: str = "default",
     )
 
 
-def shell_container(name: str, image: str, script: str, log_path: str = "",
-                    envs: dict[str, str] | None = None) -> api_pb2.ContainerConfig:
+def shell_container(
+    name: str, image: str, script: str, log_path: str = "", envs: dict[str, str] | None = None
+) -> api_pb2.ContainerConfig:
     """A container that runs ``sh -c script`` in ``image``."""
     return api_pb2.ContainerConfig(
         metadata=api_pb2.ContainerMetadata(name=name, attempt=0),
         image=api_pb2.ImageSpec(image=image),
         command=["/bin/sh", "-c", script],
-        envs=[api_pb2.KeyValue(key=k, value=v) for k, v in (envs or {}).items()],
+        envs=[api_pb2.KeyValue(key=k, value=v.encode()) for k, v in (envs or {}).items()],
         log_path=log_path,
         labels={"io.kubernetes.container.name": name},
     )

@@ -93,6 +93,8 @@ def build_busybox_image(ref: str, entrypoint: list[str] | None = None) -> Image:
             "Entrypoint": entrypoint or ["/bin/sh"],
             "Env": ["PATH=/bin"],
             "WorkingDir": "/",
+            # Distinct per reference, so images of the same content still get distinct ids.
+            "Labels": {"dev.kubegpu.image.ref": ref},
         },
         "rootfs": {"type": "layers", "diff_ids": [layer.digest]},
     }

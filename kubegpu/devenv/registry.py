@@ -51,7 +51,7 @@ class LocalRegistry:
         self._server.server_close()
 
     def lookup(self, path: str) -> Blob | None:
-        match = _PATH.match(path)
+        match = _PATH.match(path.split("?", 1)[0])  # mirrors add ?ns=<original host>
         if match is None:
             return None
         if match["kind"] == "manifests":
@@ -66,7 +66,7 @@ class LocalRegistry:
                 return
 
             def _respond(self, with_body: bool) -> None:
-                if self.path in ("/v2", "/v2/"):
+                if self.path.split("?", 1)[0] in ("/v2", "/v2/"):
                     self.send_response(200)
                     self.send_header("Content-Length", "0")
                     self.end_headers()

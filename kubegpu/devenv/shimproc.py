@@ -41,37 +41,57 @@ class ShimProcess:
 
     def command(self) -> list[str]:
         return [
-            sys.executable, "-m", "kubegpu", "crishim",
-            "--listen", self.endpoint,
-            "--runtime-endpoint", self.runtime_endpoint,
-            "--metrics-address", f"127.0.0.1:{self.metrics_port}",
+            sys.executable,
+            "-m",
+            "kubegpu",
+            "crishim",
+            "--listen",
+            self.endpoint,
+            "--runtime-endpoint",
+            self.runtime_endpoint,
+            "--metrics-address",
+            f"127.0.0.1:{self.metrics_port}",
             *self.extra_args,
         ]
 
     def start(self, timeout: float = 20.0) -> ShimProcess:
-        """Start the shim and wait until its socket accepts connections."""
-        log = self.log_path.open("ab")
-        self.process = subprocess.Popen(
-            self.command(), stdout=log, stderr=subprocess.STDOUT,
-            env={**os.environ, **self.env}, start_new_session=True,
-        )
-        log.close()
+        """Start the shim and wait for its systemd-style READY=1 notification.
+
+        The shim is given NOTIFY_SOCKET, exactly as systemd's Type=notify does, so every start
+        also exercises the readiness protocol the unit file relies on.
+        """
+        notify_path = self.socket.with_name(self.socket.name + ".notify")
+        notify_path.unlink(missing_ok=True)
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as notify_socket:
+            notify_socket.bind(str(notify_path))
+            notify_socket.settimeout(0.1)
+            log = self.log_path.open("ab")
+            self.process = subprocess.Popen(
+                self.command(),
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                env={**os.environ, **self.env, "NOTIFY_SOCKET": str(notify_path)},
+            )
+            log.close()
+            try:
+                self._wait_ready(notify_socket, timeout)
+            finally:
+                notify_path.unlink(missing_ok=True)
+        return self
+
+    def _wait_ready(self, notify_socket: socket.socket, timeout: float) -> None:
+        assert self.process is not None
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
+            try:
+                if b"READY=1" in notify_socket.recv(4096).split(b"\n"):
+                    return
+            except TimeoutError:
+                pass
             if self.process.poll() is not None:
                 raise RuntimeError(f"crishim exited with {self.process.returncode}:\n{self.log_tail()}")
-            if self._accepts():
-                return self
-            time.sleep(0.05)
-        raise RuntimeError(f"crishim not serving after {timeout}s:\n{self.log_tail()}")
-
-    def _accepts(self) -> bool:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
-            try:
-                probe.connect(str(self.socket))
-            except OSError:
-                return False
-            return True
+        raise RuntimeError(f"crishim sent no READY=1 within {timeout}s:\n{self.log_tail()}")
 
     def signal(self, signum: int) -> None:
         if self.process is not None and self.process.poll() is None:

@@ -1,0 +1,292 @@
+"""The shim's forwarding rules, against a fake runtime that records what it receives.
+
+containerd cannot show us the metadata it got, or return rich error details, or serve a method
+from a future CRI; this fake can. The real-containerd behaviour is in test_crishim_containerd.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent import futures
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crishim.cri import api_pb2
+from crishim.intercept import IdentityRewriter, Rejected, rewrite_create_container
+from crishim.server import CriShim, ShimConfig, ShimConfigError, prepare_socket_path, unix_path
+
+DETAILS_KEY = "grpc-status-details-bin"
+
+
+@dataclass
+class FakeRuntime:
+    """A gRPC server on a unix socket answering any method by fixed rules, recording calls."""
+
+    socket: Path
+    received: list[tuple[str, dict[str, str | bytes], bytes]] = field(default_factory=list)
+
+    def handler(self, details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        method = details.method
+
+        def record(request: bytes, context: grpc.ServicerContext) -> None:
+            self.received.append((method, dict(context.invocation_metadata()), request))
+
+        if method.endswith("/Version"):
+
+            def version(request: bytes, context: grpc.ServicerContext) -> bytes:
+                record(request, context)
+                context.set_trailing_metadata((("x-runtime-trailer", "kept"),))
+                return api_pb2.VersionResponse(runtime_name="fake").SerializeToString()
+
+            return grpc.unary_unary_rpc_method_handler(version)
+        if method.endswith("/ContainerStatus"):
+
+            def missing(request: bytes, context: grpc.ServicerContext) -> bytes:
+                record(request, context)
+                context.abort_with_status(
+                    _Status(
+                        grpc.StatusCode.NOT_FOUND,
+                        "no such container",
+                        ((DETAILS_KEY, b"\x08\x05\x12\x03why"),),
+                    )
+                )
+                raise AssertionError("unreachable")
+
+            return grpc.unary_unary_rpc_method_handler(missing)
+        if method.endswith("/GetContainerEvents"):
+
+            def events(request: bytes, context: grpc.ServicerContext) -> Iterator[bytes]:
+                record(request, context)
+                for index in range(3):
+                    yield api_pb2.ContainerEventResponse(container_id=f"c{index}").SerializeToString()
+
+            return grpc.unary_stream_rpc_method_handler(events)
+        if method.endswith("/Sleep"):
+
+            def sleep(request: bytes, context: grpc.ServicerContext) -> bytes:
+                record(request, context)
+                while context.is_active():
+                    threading.Event().wait(0.02)
+                self.received.append((method + "#cancelled", {}, b""))
+                return b""
+
+            return grpc.unary_unary_rpc_method_handler(sleep)
+
+        def echo(requests: Iterator[bytes], context: grpc.ServicerContext) -> Iterator[bytes]:
+            for request in requests:
+                record(request, context)
+                yield request
+
+        return grpc.stream_stream_rpc_method_handler(echo)
+
+
+@dataclass(frozen=True)
+class _Status(grpc.Status):
+    code: grpc.StatusCode
+    details: str
+    trailing_metadata: tuple[tuple[str, bytes], ...]
+
+
+class _Generic(grpc.GenericRpcHandler):
+    def __init__(self, fake: FakeRuntime) -> None:
+        self.fake = fake
+
+    def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
+        return self.fake.handler(handler_call_details)
+
+
+@pytest.fixture
+def fake_runtime(tmp_path: Path) -> Iterator[FakeRuntime]:
+    fake = FakeRuntime(Path(f"/tmp/kgfake-{uuid.uuid4().hex[:8]}.sock"))
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=8))
+    server.add_generic_rpc_handlers([_Generic(fake)])
+    server.add_insecure_port(f"unix:{fake.socket}")
+    server.start()
+    yield fake
+    server.stop(0)
+    fake.socket.unlink(missing_ok=True)
+
+
+class ShimThread:
+    """A CriShim served by an event loop in a background thread (for in-process rewriters)."""
+
+    def __init__(self, config: ShimConfig, rewriter: object = None) -> None:
+        self.loop = asyncio.new_event_loop()
+        self.shim = CriShim(config, rewriter)  # type: ignore[arg-type]
+        self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
+        self.thread.start()
+        asyncio.run_coroutine_threadsafe(self.shim.start(), self.loop).result(10)
+
+    def stop(self) -> None:
+        asyncio.run_coroutine_threadsafe(self.shim.stop(), self.loop).result(20)
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(5)
+
+
+@pytest.fixture
+def shim_over(fake_runtime: FakeRuntime) -> Iterator[Callable[..., grpc.Channel]]:
+    """Start an in-process shim in front of the fake runtime; yields a channel factory."""
+    started: list[tuple[ShimThread, grpc.Channel]] = []
+
+    def start(rewriter: object = None) -> grpc.Channel:
+        listen = Path(f"/tmp/kgshim-unit-{uuid.uuid4().hex[:8]}.sock")
+        config = ShimConfig(
+            listen=f"unix://{listen}", runtime_endpoint=f"unix://{fake_runtime.socket}", drain_seconds=1
+        )
+        shim = ShimThread(config, rewriter)
+        channel = grpc.insecure_channel(f"unix:{listen}")
+        started.append((shim, channel))
+        return channel
+
+    yield start
+    for shim, channel in started:
+        channel.close()
+        shim.stop()
+
+
+def test_metadata_goes_up_and_trailers_come_back(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    channel = shim_over()
+    call = channel.unary_unary("/runtime.v1.RuntimeService/Version")
+    response, info = call.with_call(
+        b"", metadata=(("x-request-id", "r-42"), ("x-bin", b"\x00\x01")), timeout=5
+    )
+    assert api_pb2.VersionResponse.FromString(response).runtime_name == "fake"
+    method, metadata, _ = fake_runtime.received[-1]
+    assert method == "/runtime.v1.RuntimeService/Version"
+    assert metadata["x-request-id"] == "r-42"
+    assert metadata["x-bin"] == b"\x00\x01"
+    assert ("x-runtime-trailer", "kept") in tuple(info.trailing_metadata())
+
+
+def test_error_code_message_and_details_come_back(shim_over: Callable[..., grpc.Channel]) -> None:
+    call = shim_over().unary_unary("/runtime.v1.RuntimeService/ContainerStatus")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(b"", timeout=5)
+    assert caught.value.code() is grpc.StatusCode.NOT_FOUND
+    assert caught.value.details() == "no such container"
+    assert (DETAILS_KEY, b"\x08\x05\x12\x03why") in tuple(caught.value.trailing_metadata())
+
+
+def test_server_stream_is_relayed(shim_over: Callable[..., grpc.Channel]) -> None:
+    call = shim_over().unary_stream("/runtime.v1.RuntimeService/GetContainerEvents")
+    ids = [api_pb2.ContainerEventResponse.FromString(m).container_id for m in call(b"", timeout=5)]
+    assert ids == ["c0", "c1", "c2"]
+
+
+def test_unknown_method_from_a_future_cri_is_forwarded(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    channel = shim_over()
+    unary = channel.unary_unary("/runtime.v2.FutureService/Hello")
+    assert unary(b"payload", timeout=5) == b"payload"
+    bidi = channel.stream_stream("/runtime.v2.FutureService/Chat")
+    assert list(bidi(iter([b"a", b"bb", b"ccc"]), timeout=5)) == [b"a", b"bb", b"ccc"]
+    assert [m for m, _, _ in fake_runtime.received][-3:] == ["/runtime.v2.FutureService/Chat"] * 3
+
+
+def test_client_cancellation_reaches_the_runtime(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    call = shim_over().unary_unary("/runtime.v2.Slow/Sleep")
+    future = call.future(b"", timeout=30)
+    _wait(lambda: any(m == "/runtime.v2.Slow/Sleep" for m, _, _ in fake_runtime.received))
+    future.cancel()
+    _wait(lambda: any(m.endswith("#cancelled") for m, _, _ in fake_runtime.received))
+
+
+def test_create_container_goes_through_the_rewriter(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    class Tagging:
+        def rewrite(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerRequest:
+            request.config.envs.add(key="REWRITTEN", value=b"yes")
+            return request
+
+    channel = shim_over(Tagging())
+    request = api_pb2.CreateContainerRequest(pod_sandbox_id="sb")
+    # CreateContainer is unary in the CRI; the fake answers unknown-to-it methods by echo.
+    answer = channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(
+        request.SerializeToString(), timeout=5
+    )
+    seen = api_pb2.CreateContainerRequest.FromString(answer)
+    assert seen.pod_sandbox_id == "sb"
+    assert [(e.key, e.value) for e in seen.config.envs] == [("REWRITTEN", b"yes")]
+
+
+def test_rejected_create_container_never_reaches_the_runtime(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    class Refusing:
+        def rewrite(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerRequest:
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "pod default/p: device gpu-0 is taken")
+
+    call = shim_over(Refusing()).unary_unary("/runtime.v1.RuntimeService/CreateContainer")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(api_pb2.CreateContainerRequest(pod_sandbox_id="sb").SerializeToString(), timeout=5)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "gpu-0 is taken" in caught.value.details()
+    assert not any(m.endswith("/CreateContainer") for m, _, _ in fake_runtime.received)
+
+
+def test_garbage_create_container_gets_invalid_argument(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    call = shim_over().unary_unary("/runtime.v1.RuntimeService/CreateContainer")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(b"\xff\xff\xff\xff", timeout=5)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert not fake_runtime.received
+
+
+def test_rewrite_keeps_fields_unknown_to_our_proto() -> None:
+    """Fields from a newer CRI survive parse and re-serialise, nested ones too."""
+    known = api_pb2.CreateContainerRequest(
+        pod_sandbox_id="sb", config=api_pb2.ContainerConfig(image=api_pb2.ImageSpec(image="busybox"))
+    )
+    unknown_top = b"\xf8\x3e\x07"  # field 999, varint 7
+    unknown_nested = b"\xa2\x3e\x03new"  # field 996, length-delimited "new"
+    config = known.config.SerializeToString() + unknown_nested
+    raw = (
+        api_pb2.CreateContainerRequest(pod_sandbox_id="sb").SerializeToString()
+        + b"\x12"
+        + bytes([len(config)])
+        + config
+        + unknown_top
+    )
+    out = rewrite_create_container(raw, IdentityRewriter())
+    assert unknown_top in out and unknown_nested in out
+    parsed = api_pb2.CreateContainerRequest.FromString(out)
+    assert parsed.config.image.image == "busybox"
+
+
+def test_unix_endpoint_parsing() -> None:
+    assert unix_path("unix:///run/x.sock") == Path("/run/x.sock")
+    assert unix_path("unix:/run/x.sock") == Path("/run/x.sock")
+    assert unix_path("/run/x.sock") == Path("/run/x.sock")
+    with pytest.raises(ShimConfigError):
+        unix_path("tcp://127.0.0.1:1")
+
+
+def test_refuses_to_replace_a_regular_file(tmp_path: Path) -> None:
+    path = tmp_path / "not-a-socket"
+    path.write_text("precious")
+    with pytest.raises(ShimConfigError, match="not a socket"):
+        prepare_socket_path(path)
+    assert path.read_text() == "precious"
+
+
+def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
+    done = threading.Event()
+    for _ in range(int(timeout / 0.02)):
+        if predicate():
+            return
+        done.wait(0.02)
+    raise AssertionError("condition not met")
