@@ -1,0 +1,1 @@
+"""Device discovery and description: the model, the node topology, and the device plugins."""
