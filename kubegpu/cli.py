@@ -7,6 +7,7 @@ import asyncio
 import sys
 from collections.abc import Sequence
 
+from devices.cli import register as _add_devices
 from kubegpu import __version__, logs
 
 
@@ -65,6 +66,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_crishim(sub)
+    _add_devices(sub)
     return parser
 
 
