@@ -1,22 +1,28 @@
-"""The CreateContainer interception point of the shim.
+"""The shim's interception points: CreateContainer in, and container/sandbox removal observed.
 
 Every other CRI call is forwarded as raw bytes. CreateContainer alone is parsed into a
-``CreateContainerRequest``, handed to a rewriter that may change it, and re-serialised.
+``CreateContainerRequest``, handed to the interceptor, which may change it, and re-serialised.
 protobuf keeps fields it does not know (from a newer CRI) through parse and serialise, so a
-rewrite never drops what kubelet sent. A rewriter refuses a request by raising ``Rejected``.
+rewrite never drops what kubelet sent. An interceptor refuses a request by raising ``Rejected``.
+It may return a completion, called with the new container's id once containerd answered, or with
+None when the create failed. RemoveContainer and RemovePodSandbox are forwarded untouched; after
+they succeed the interceptor is told which container or sandbox is gone.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Protocol
 
 import grpc
 
 from crishim.cri import api_pb2
 
+Completion = Callable[[str | None], None]
+
 
 class Rejected(Exception):
-    """The rewriter refuses the request; the caller gets ``code`` and ``message``, nothing is created."""
+    """The request is refused with ``code`` and ``message``; nothing reaches the runtime."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
         super().__init__(message)
@@ -24,29 +30,46 @@ class Rejected(Exception):
         self.message = message
 
 
-class CreateContainerRewriter(Protocol):
-    """Turns kubelet's CreateContainerRequest into the one containerd receives."""
+class Interceptor(Protocol):
+    """What the shim asks about CreateContainer and tells about removals."""
 
-    def rewrite(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerRequest: ...
+    async def create_container(
+        self, request: api_pb2.CreateContainerRequest
+    ) -> tuple[api_pb2.CreateContainerRequest, Completion | None]: ...
+
+    def removed_container(self, container_id: str) -> None: ...
+
+    def removed_sandbox(self, sandbox_id: str) -> None: ...
 
 
-class IdentityRewriter:
-    """Passes the request through unchanged (the default until allocations are applied)."""
+class PassthroughInterceptor:
+    """Changes nothing (the shim without device allocation)."""
 
-    def rewrite(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerRequest:
-        return request
+    async def create_container(
+        self, request: api_pb2.CreateContainerRequest
+    ) -> tuple[api_pb2.CreateContainerRequest, Completion | None]:
+        return request, None
+
+    def removed_container(self, container_id: str) -> None:
+        return None
+
+    def removed_sandbox(self, sandbox_id: str) -> None:
+        return None
 
 
-def rewrite_create_container(raw: bytes, rewriter: CreateContainerRewriter) -> bytes:
-    """Parse a serialised CreateContainerRequest, rewrite it and serialise the result.
-
-    Raises ``Rejected`` (INVALID_ARGUMENT) when the bytes are not a CreateContainerRequest, or
-    whatever ``Rejected`` the rewriter raises.
-    """
+def parse_create_container(raw: bytes) -> api_pb2.CreateContainerRequest:
+    """Parse kubelet's bytes; Rejected (INVALID_ARGUMENT) when they are not a CreateContainerRequest."""
     try:
-        request = api_pb2.CreateContainerRequest.FromString(raw)
+        return api_pb2.CreateContainerRequest.FromString(raw)
     except Exception as exc:  # protobuf raises DecodeError, or others on corrupt input
         raise Rejected(
             grpc.StatusCode.INVALID_ARGUMENT, f"kubegpu crishim: cannot parse CreateContainerRequest: {exc}"
         ) from exc
-    return rewriter.rewrite(request).SerializeToString()
+
+
+async def intercept_create_container(
+    raw: bytes, interceptor: Interceptor
+) -> tuple[bytes, Completion | None]:
+    """Parse, let the interceptor rewrite, serialise. Unknown fields survive the round trip."""
+    request, completion = await interceptor.create_container(parse_create_container(raw))
+    return request.SerializeToString(), completion

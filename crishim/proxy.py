@@ -21,10 +21,11 @@ import grpc.aio
 
 from crishim.cri import api_pb2
 from crishim.intercept import (
-    CreateContainerRewriter,
-    IdentityRewriter,
+    Completion,
+    Interceptor,
+    PassthroughInterceptor,
     Rejected,
-    rewrite_create_container,
+    intercept_create_container,
 )
 from crishim.metrics import ShimMetrics
 from kubegpu.logs import log_event
@@ -32,7 +33,16 @@ from kubegpu.logs import log_event
 log = logging.getLogger("kubegpu.crishim")
 
 CREATE_CONTAINER = "/runtime.v1.RuntimeService/CreateContainer"
+REMOVE_CONTAINER = "/runtime.v1.RuntimeService/RemoveContainer"
+REMOVE_SANDBOX = "/runtime.v1.RuntimeService/RemovePodSandbox"
+# A hook sees the request bytes before forwarding; it returns the bytes to send and a callback
+# told the outcome (the response bytes, or None when the call failed).
+Hook = Callable[[bytes], Awaitable[tuple[bytes, "Callable[[bytes | None], None] | None"]]]
 UNKNOWN_METHOD_LABEL = "unknown"
+# Failures after which the runtime may still have done the work: keep what a hook reserved.
+AMBIGUOUS_FAILURES = frozenset(
+    {grpc.StatusCode.CANCELLED, grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.UNKNOWN}
+)
 # Metadata gRPC sets itself, or that a server may not forward as request metadata.
 _HOP_BY_HOP = frozenset({"user-agent", "content-type", "te", "host", ":authority"})
 
@@ -81,11 +91,16 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         self,
         channel: grpc.aio.Channel,
         metrics: ShimMetrics,
-        rewriter: CreateContainerRewriter | None = None,
+        interceptor: Interceptor | None = None,
     ) -> None:
         self._channel = channel
         self._metrics = metrics
-        self._rewriter = rewriter or IdentityRewriter()
+        self._interceptor = interceptor or PassthroughInterceptor()
+        self._hooks: dict[str, Hook] = {
+            CREATE_CONTAINER: self._create_container_hook,
+            REMOVE_CONTAINER: self._remove_container_hook,
+            REMOVE_SANDBOX: self._remove_sandbox_hook,
+        }
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
         for kind in cri_methods().values():
             self._handlers[kind.path] = self._build(kind.path, kind, kind.path.rsplit("/", 1)[1])
@@ -104,16 +119,46 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         record = _Recorder(self._metrics, label, ok, observe)
         if not kind.client_streaming and not kind.server_streaming:
             upstream_uu = self._channel.unary_unary(path)
-            transform = self._transform_create if path == CREATE_CONTAINER else None
-            return grpc.unary_unary_rpc_method_handler(_unary_unary(upstream_uu, record, transform))
+            return grpc.unary_unary_rpc_method_handler(
+                _unary_unary(upstream_uu, record, self._hooks.get(path))
+            )
         if not kind.client_streaming:
             upstream_us = self._channel.unary_stream(path)
             return grpc.unary_stream_rpc_method_handler(_streaming(upstream_us, record))
         upstream_ss = self._channel.stream_stream(path)
         return grpc.stream_stream_rpc_method_handler(_streaming(upstream_ss, record))
 
-    def _transform_create(self, raw: bytes) -> bytes:
-        return rewrite_create_container(raw, self._rewriter)
+    async def _create_container_hook(
+        self, raw: bytes
+    ) -> tuple[bytes, Callable[[bytes | None], None] | None]:
+        rewritten, completion = await intercept_create_container(raw, self._interceptor)
+        if completion is None:
+            return rewritten, None
+        return rewritten, _created(completion)
+
+    async def _remove_container_hook(self, raw: bytes) -> tuple[bytes, Callable[[bytes | None], None]]:
+        def removed(response: bytes | None) -> None:
+            if response is not None:
+                request = api_pb2.RemoveContainerRequest.FromString(raw)
+                self._interceptor.removed_container(request.container_id)
+        return raw, removed
+
+    async def _remove_sandbox_hook(self, raw: bytes) -> tuple[bytes, Callable[[bytes | None], None]]:
+        def removed(response: bytes | None) -> None:
+            if response is not None:
+                request = api_pb2.RemovePodSandboxRequest.FromString(raw)
+                self._interceptor.removed_sandbox(request.pod_sandbox_id)
+        return raw, removed
+
+
+def _created(completion: Completion) -> Callable[[bytes | None], None]:
+    """Translate the CreateContainer response bytes into the new container id for a completion."""
+    def done(response: bytes | None) -> None:
+        if response is None:
+            completion(None)
+        else:
+            completion(api_pb2.CreateContainerResponse.FromString(response).container_id)
+    return done
 
 
 class _Recorder:
@@ -146,25 +191,21 @@ async def _abort_with(context: grpc.aio.ServicerContext, error: grpc.aio.AioRpcE
 def _unary_unary(
     upstream: grpc.aio.UnaryUnaryMultiCallable,
     record: _Recorder,
-    transform: Callable[[bytes], bytes] | None,
+    hook: Hook | None,
 ) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
     async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         started = time.perf_counter()
         code: grpc.StatusCode | None = None
+        outcome: Callable[[bytes | None], None] | None = None
         record.inflight.inc()
         try:
-            if transform is not None:
+            if hook is not None:
                 try:
-                    request = transform(request)
+                    request, outcome = await hook(request)
                 except Rejected as rejected:
                     code = rejected.code
-                    log_event(
-                        log,
-                        "create_container.rejected",
-                        logging.WARNING,
-                        code=code.name,
-                        reason=rejected.message,
-                    )
+                    log_event(log, "create_container.rejected", logging.WARNING,
+                              code=code.name, reason=rejected.message)
                     await context.abort(rejected.code, rejected.message)
             call = upstream(
                 request,
@@ -175,7 +216,11 @@ def _unary_unary(
                 response = await call
             except grpc.aio.AioRpcError as error:
                 code = error.code()
+                if outcome is not None and code not in AMBIGUOUS_FAILURES:
+                    outcome(None)
                 await _abort_with(context, error)
+            if outcome is not None:
+                outcome(response)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(trailing)

@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from crishim.intercept import CreateContainerRewriter
+from crishim.intercept import Interceptor
 from crishim.metrics import MetricsServer, ShimMetrics
 from crishim.proxy import ForwardingHandler
 from crishim.sdnotify import notify
@@ -60,6 +60,7 @@ class ShimConfig:
     runtime_endpoint: str = "unix:///run/containerd/containerd.sock"
     metrics_address: str | None = None
     drain_seconds: float = 5.0
+    health_interval: float = 10.0
 
 
 def unix_path(endpoint: str) -> Path:
@@ -109,15 +110,16 @@ def prepare_socket_path(path: Path) -> None:
 class CriShim:
     """One running shim: gRPC server, runtime channel, metrics endpoint."""
 
-    def __init__(self, config: ShimConfig, rewriter: CreateContainerRewriter | None = None) -> None:
+    def __init__(self, config: ShimConfig, interceptor: Interceptor | None = None) -> None:
         self.config = config
         self.socket_path = unix_path(config.listen)
         self.metrics = ShimMetrics()
-        self._rewriter = rewriter
+        self._interceptor = interceptor
         self._channel: grpc.aio.Channel | None = None
         self._server: grpc.aio.Server | None = None
         self._metrics_server: MetricsServer | None = None
         self._serving = False
+        self._tasks: list[asyncio.Task[None]] = []
 
     async def start(self) -> None:
         """Bind the socket (mode 0660), connect to the runtime and start serving."""
@@ -127,8 +129,11 @@ class CriShim:
         )
         self._server = grpc.aio.server(options=SERVER_OPTIONS)
         self._server.add_generic_rpc_handlers(
-            [ForwardingHandler(self._channel, self.metrics, self._rewriter)]
+            [ForwardingHandler(self._channel, self.metrics, self._interceptor)]
         )
+        start_background = getattr(self._interceptor, "start", None)
+        if start_background is not None:
+            self._tasks = start_background(self._channel, self.config.health_interval)
         old_umask = os.umask(0o117)  # the socket is born 0660, never briefly world-writable
         try:
             self._server.add_insecure_port(f"unix:{self.socket_path}")
@@ -171,6 +176,8 @@ class CriShim:
         self._serving = False
         if self._server is not None:
             await self._server.stop(self.config.drain_seconds)
+        for task in self._tasks:
+            task.cancel()
         if self._channel is not None:
             await self._channel.close()
         if self._metrics_server is not None:
@@ -180,9 +187,9 @@ class CriShim:
         log_event(log, "crishim.stopped", listen=str(self.socket_path))
 
 
-async def serve(config: ShimConfig, rewriter: CreateContainerRewriter | None = None) -> None:
+async def serve(config: ShimConfig, interceptor: Interceptor | None = None) -> None:
     """Run a shim until SIGTERM or SIGINT, notifying systemd once it serves."""
-    shim = CriShim(config, rewriter)
+    shim = CriShim(config, interceptor)
     await shim.start()
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()

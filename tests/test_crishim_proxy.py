@@ -18,7 +18,7 @@ import grpc
 import pytest
 
 from crishim.cri import api_pb2
-from crishim.intercept import IdentityRewriter, Rejected, rewrite_create_container
+from crishim.intercept import PassthroughInterceptor, Rejected, intercept_create_container
 from crishim.server import CriShim, ShimConfig, ShimConfigError, prepare_socket_path, unix_path
 
 DETAILS_KEY = "grpc-status-details-bin"
@@ -114,11 +114,11 @@ def fake_runtime(tmp_path: Path) -> Iterator[FakeRuntime]:
 
 
 class ShimThread:
-    """A CriShim served by an event loop in a background thread (for in-process rewriters)."""
+    """A CriShim served by an event loop in a background thread (for in-process interceptors)."""
 
-    def __init__(self, config: ShimConfig, rewriter: object = None) -> None:
+    def __init__(self, config: ShimConfig, interceptor: object = None) -> None:
         self.loop = asyncio.new_event_loop()
-        self.shim = CriShim(config, rewriter)  # type: ignore[arg-type]
+        self.shim = CriShim(config, interceptor)  # type: ignore[arg-type]
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
         asyncio.run_coroutine_threadsafe(self.shim.start(), self.loop).result(10)
@@ -134,12 +134,12 @@ def shim_over(fake_runtime: FakeRuntime) -> Iterator[Callable[..., grpc.Channel]
     """Start an in-process shim in front of the fake runtime; yields a channel factory."""
     started: list[tuple[ShimThread, grpc.Channel]] = []
 
-    def start(rewriter: object = None) -> grpc.Channel:
+    def start(interceptor: object = None) -> grpc.Channel:
         listen = Path(f"/tmp/kgshim-unit-{uuid.uuid4().hex[:8]}.sock")
         config = ShimConfig(
             listen=f"unix://{listen}", runtime_endpoint=f"unix://{fake_runtime.socket}", drain_seconds=1
         )
-        shim = ShimThread(config, rewriter)
+        shim = ShimThread(config, interceptor)
         channel = grpc.insecure_channel(f"unix:{listen}")
         started.append((shim, channel))
         return channel
@@ -202,15 +202,29 @@ def test_client_cancellation_reaches_the_runtime(
     _wait(lambda: any(m.endswith("#cancelled") for m, _, _ in fake_runtime.received))
 
 
-def test_create_container_goes_through_the_rewriter(
+class Tagging(PassthroughInterceptor):
+    """Adds an env var; records completions and removals it is told about."""
+
+    def __init__(self) -> None:
+        self.completed: list[str | None] = []
+        self.removed: list[str] = []
+
+    async def create_container(self, request):  # type: ignore[no-untyped-def]
+        request.config.envs.add(key="REWRITTEN", value=b"yes")
+        return request, self.completed.append
+
+    def removed_container(self, container_id: str) -> None:
+        self.removed.append("container:" + container_id)
+
+    def removed_sandbox(self, sandbox_id: str) -> None:
+        self.removed.append("sandbox:" + sandbox_id)
+
+
+def test_create_container_goes_through_the_interceptor(
     shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
 ) -> None:
-    class Tagging:
-        def rewrite(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerRequest:
-            request.config.envs.add(key="REWRITTEN", value=b"yes")
-            return request
-
-    channel = shim_over(Tagging())
+    tagging = Tagging()
+    channel = shim_over(tagging)
     request = api_pb2.CreateContainerRequest(pod_sandbox_id="sb")
     # CreateContainer is unary in the CRI; the fake answers unknown-to-it methods by echo.
     answer = channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")(
@@ -219,13 +233,27 @@ def test_create_container_goes_through_the_rewriter(
     seen = api_pb2.CreateContainerRequest.FromString(answer)
     assert seen.pod_sandbox_id == "sb"
     assert [(e.key, e.value) for e in seen.config.envs] == [("REWRITTEN", b"yes")]
+    # The fake echoes the request; its field 1 (pod_sandbox_id) reads as the response's container_id.
+    assert tagging.completed == ["sb"]
+
+
+def test_removals_are_reported_after_success(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    tagging = Tagging()
+    channel = shim_over(tagging)
+    channel.unary_unary("/runtime.v1.RuntimeService/RemoveContainer")(
+        api_pb2.RemoveContainerRequest(container_id="c1").SerializeToString(), timeout=5)
+    channel.unary_unary("/runtime.v1.RuntimeService/RemovePodSandbox")(
+        api_pb2.RemovePodSandboxRequest(pod_sandbox_id="s1").SerializeToString(), timeout=5)
+    assert tagging.removed == ["container:c1", "sandbox:s1"]
 
 
 def test_rejected_create_container_never_reaches_the_runtime(
     shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
 ) -> None:
-    class Refusing:
-        def rewrite(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerRequest:
+    class Refusing(PassthroughInterceptor):
+        async def create_container(self, request):  # type: ignore[no-untyped-def]
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "pod default/p: device gpu-0 is taken")
 
     call = shim_over(Refusing()).unary_unary("/runtime.v1.RuntimeService/CreateContainer")
@@ -261,7 +289,7 @@ def test_rewrite_keeps_fields_unknown_to_our_proto() -> None:
         + config
         + unknown_top
     )
-    out = rewrite_create_container(raw, IdentityRewriter())
+    out, _ = asyncio.run(intercept_create_container(raw, PassthroughInterceptor()))
     assert unknown_top in out and unknown_nested in out
     parsed = api_pb2.CreateContainerRequest.FromString(out)
     assert parsed.config.image.image == "busybox"

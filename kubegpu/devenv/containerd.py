@@ -4,11 +4,21 @@ The instance is configured for these machines: the CRI sandbox image is a locall
 busybox image, ``restrict_oom_score_adj`` is on (the VM refuses negative oom_score_adj), and
 images under ``REGISTRY_HOST`` are pulled from a loopback registry served by this process.
 ``stop()`` removes every pod, kills leftover runtime shims, unmounts and deletes the directory.
+
+Two containerd lines are supported. By default ``containerd``/``ctr`` come from PATH (Debian's
+1.6, configured with a version-2 config). ``Containerd(bin_dir=containerd2_bin_dir())`` runs
+the 2.x binaries that ``tests/containerd/build.sh`` builds into the testbin cache (for CRI
+calls 1.6 lacks, such as GetContainerEvents): a version-3 config, registry hosts from a
+``certs.d`` directory, and ``bin_dir`` first on containerd's PATH so that its own
+``containerd-shim-runc-v2`` is used rather than the system's. The template follows the major
+version that ``containerd --version`` reports.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -62,8 +72,91 @@ disabled_plugins = [
 """
 
 
+# containerd 2.x: CRI split into runtime/images plugins, sandbox image pinned, registry hosts
+# from config_path (<base>/certs.d/<host>/hosts.toml, see HOSTS_TEMPLATE). The 2.x binaries
+# are built without the btrfs/zfs/devmapper snapshotters; NRI is off (its socket is global).
+CONFIG_TEMPLATE_V3 = """version = 3
+root = "{root}"
+state = "{state}"
+disabled_plugins = [
+  "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
+  "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri",
+  "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
+]
+
+[grpc]
+  address = "{socket}"
+
+[ttrpc]
+  address = "{socket}.ttrpc"
+
+[plugins."io.containerd.internal.v1.opt"]
+  path = "{base}/opt"
+
+[plugins."io.containerd.cri.v1.images".pinned_images]
+  sandbox = "{pause_image}"
+
+[plugins."io.containerd.cri.v1.images".registry]
+  config_path = "{base}/certs.d"
+
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  enable_selinux = false
+  disable_apparmor = true
+
+[plugins."io.containerd.cri.v1.runtime".cni]
+  bin_dirs = ["{base}/cni/bin"]
+  conf_dir = "{base}/cni/conf"
+
+[plugins."io.containerd.grpc.v1.cri"]
+  stream_server_address = "127.0.0.1"
+  stream_server_port = "0"
+"""
+
+HOSTS_TEMPLATE = """server = "http://{registry_addr}"
+
+[host."http://{registry_addr}"]
+  capabilities = ["pull", "resolve"]
+"""
+
+CONTAINERD2_MODULE = "github.com/containerd/containerd/v2"
+CONTAINERD2_BINARIES = ("containerd", "containerd-shim-runc-v2", "ctr")
+
+
 class ContainerdError(RuntimeError):
     """containerd could not be started or driven."""
+
+
+def containerd2_bin_dir() -> Path | None:
+    """The testbin directory with the containerd 2.x binaries, or None when not (fully) built.
+
+    Same path logic as tests/containerd/build.sh:
+    ``<testbin root>/containerd-<version pinned in tests/containerd/go.mod>``.
+    """
+    from kubegpu.devenv.controlplane import REPO_ROOT, ControlPlaneError, pinned_version, testbin_root
+
+    try:
+        version = pinned_version(REPO_ROOT / "tests" / "containerd" / "go.mod", CONTAINERD2_MODULE)
+    except (OSError, ControlPlaneError):
+        return None
+    directory = testbin_root() / f"containerd-{version}"
+    if all(os.access(directory / name, os.X_OK) for name in CONTAINERD2_BINARIES):
+        return directory
+    return None
+
+
+@functools.cache
+def major_version(binary: str) -> int:
+    """Major version of a containerd binary, from ``containerd --version``."""
+    try:
+        out = subprocess.run([binary, "--version"], capture_output=True, text=True, timeout=30).stdout
+    except OSError as exc:
+        raise ContainerdError(f"cannot run {binary} --version: {exc}") from exc
+    # "containerd github.com/containerd/containerd 1.6.20~ds1 ..." or "... /v2 v2.2.9 ..."
+    match = re.search(r"\sv?(\d+)\.\d+", out)
+    if match is None:
+        raise ContainerdError(f"cannot read a version from {binary} --version: {out!r}")
+    return int(match.group(1))
 
 
 @dataclass
@@ -73,8 +166,21 @@ class Containerd:
     base: Path = field(default_factory=lambda: Path(tempfile.mkdtemp(prefix="kgctd-", dir="/tmp")))
     binary: str = "containerd"
     ctr: str = "ctr"
+    # Where containerd, ctr and containerd-shim-runc-v2 come from (None: PATH). When set, it
+    # overrides ``binary``/``ctr`` and goes first on containerd's PATH (the shim it runs).
+    bin_dir: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     registry: LocalRegistry | None = None
+
+    def __post_init__(self) -> None:
+        if self.bin_dir is not None:
+            self.binary = str(self.bin_dir / "containerd")
+            self.ctr = str(self.bin_dir / "ctr")
+
+    @property
+    def major_version(self) -> int:
+        """1 or 2: which containerd line ``binary`` is (picks the config template)."""
+        return major_version(self.binary)
 
     @property
     def socket(self) -> Path:
@@ -95,30 +201,50 @@ class Containerd:
 
     def start(self, timeout: float = 30.0) -> Containerd:
         """Write config, start the loopback registry and containerd, import the base images."""
-        for tool in (self.binary, self.ctr, "runc"):
-            if shutil.which(tool) is None:
-                raise ContainerdError(f"{tool!r} not found on PATH (apt-get install containerd runc)")
+        self._check_tools()
         if self.registry is None:
             self.registry = LocalRegistry(
                 [build_busybox_image(PULL_IMAGE, ["/bin/sh"])]
             ).start()
         for sub in ("root", "state", "opt", "cni/bin", "cni/conf", "images"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
-        self.config_path.write_text(
-            CONFIG_TEMPLATE.format(
-                base=self.base,
-                root=self.base / "root",
-                state=self.base / "state",
-                socket=self.socket,
-                pause_image=PAUSE_IMAGE,
-                registry_host=REGISTRY_HOST,
-                registry_addr=self.registry.host,
-            )
-        )
+        self._write_config(self.registry.host)
         self._launch(timeout)
         self.import_image(PAUSE_IMAGE, ["/bin/sleep", "2000000000"])
         self.import_image(BUSYBOX_IMAGE, ["/bin/sh"])
         return self
+
+    def _check_tools(self) -> None:
+        if self.bin_dir is None:
+            tools, hint = [self.binary, self.ctr, "runc"], "apt-get install containerd runc"
+        else:
+            tools = [str(self.bin_dir / name) for name in CONTAINERD2_BINARIES] + ["runc"]
+            hint = "bash tests/containerd/build.sh; apt-get install runc"
+        for tool in tools:
+            if shutil.which(tool) is None:
+                raise ContainerdError(f"{tool!r} not found ({hint})")
+
+    def _write_config(self, registry_addr: str) -> None:
+        """containerd's config for its major version (and, for 2.x, the registry hosts dir)."""
+        values = {
+            "base": self.base, "root": self.base / "root", "state": self.base / "state",
+            "socket": self.socket, "pause_image": PAUSE_IMAGE,
+            "registry_host": REGISTRY_HOST, "registry_addr": registry_addr,
+        }
+        if self.major_version < 2:
+            self.config_path.write_text(CONFIG_TEMPLATE.format(**values))
+            return
+        hosts = self.base / "certs.d" / REGISTRY_HOST / "hosts.toml"
+        hosts.parent.mkdir(parents=True, exist_ok=True)
+        hosts.write_text(HOSTS_TEMPLATE.format(**values))
+        self.config_path.write_text(CONFIG_TEMPLATE_V3.format(**values))
+
+    def _environment(self) -> dict[str, str]:
+        """containerd's environment: bin_dir (its shim) ahead of the system's binaries."""
+        env = dict(os.environ)
+        if self.bin_dir is not None:
+            env["PATH"] = os.pathsep.join([str(self.bin_dir), env.get("PATH", os.defpath)])
+        return env
 
     def _launch(self, timeout: float) -> None:
         log = self.log_path.open("ab")
@@ -126,6 +252,7 @@ class Containerd:
             [self.binary, "--config", str(self.config_path), "--log-level", "info"],
             stdout=log,
             stderr=subprocess.STDOUT,
+            env=self._environment(),
             start_new_session=True,
         )
         log.close()

@@ -33,7 +33,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,8 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 ADMIN_USER = "kubegpu-admin"
 SCHEDULER_USER = "system:kube-scheduler"
 SCHEDULER_API_VERSION = "kubescheduler.config.k8s.io/v1"
+EC_CURVE = "ec_paramgen_curve:prime256v1"
+NEW_EC_KEY = ("-newkey", "ec", "-pkeyopt", EC_CURVE, "-nodes")
 
 
 class ControlPlaneError(RuntimeError):
@@ -177,6 +179,10 @@ class Pki:
     def service_account_key(self) -> Path:
         return self.directory / "service-account.key"
 
+    @property
+    def service_account_public_key(self) -> Path:
+        return self.directory / "service-account.pub"
+
     def cert(self, name: str) -> Path:
         return self.directory / f"{name}.crt"
 
@@ -186,33 +192,15 @@ class Pki:
     def create(self) -> Pki:
         """Write the CA, the apiserver serving cert and the service-account signing key."""
         self.directory.mkdir(parents=True, exist_ok=True)
-        _openssl(
-            "req",
-            "-x509",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(self.ca_key),
-            "-out",
-            str(self.ca_cert),
-            "-days",
-            "7",
-            "-subj",
-            "/CN=kubegpu-test-ca",
-        )
+        _openssl("req", "-x509", *NEW_EC_KEY, "-keyout", str(self.ca_key),
+                 "-out", str(self.ca_cert), "-days", "7", "-subj", "/CN=kubegpu-test-ca")
         self.issue("apiserver", "/CN=kube-apiserver", server=True)
-        _openssl(
-            "genpkey",
-            "-algorithm",
-            "EC",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-out",
-            str(self.service_account_key),
-        )
+        _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", EC_CURVE,
+                 "-out", str(self.service_account_key))
+        # The apiserver reads public keys (or RSA/EC, not PKCS#8, private keys) from
+        # --service-account-key-file.
+        _openssl("pkey", "-in", str(self.service_account_key), "-pubout",
+                 "-out", str(self.service_account_public_key))
         return self
 
     def issue(self, name: str, subject: str, server: bool = False) -> tuple[Path, Path]:
@@ -228,38 +216,11 @@ class Pki:
             lines.append(f"subjectAltName=IP:{LOOPBACK},DNS:localhost")
         ext.write_text("\n".join(lines) + "\n")
         csr = self.directory / f"{name}.csr"
-        _openssl(
-            "req",
-            "-new",
-            "-newkey",
-            "ec",
-            "-pkeyopt",
-            "ec_paramgen_curve:prime256v1",
-            "-nodes",
-            "-keyout",
-            str(self.key(name)),
-            "-out",
-            str(csr),
-            "-subj",
-            subject,
-        )
-        _openssl(
-            "x509",
-            "-req",
-            "-in",
-            str(csr),
-            "-CA",
-            str(self.ca_cert),
-            "-CAkey",
-            str(self.ca_key),
-            "-CAcreateserial",
-            "-days",
-            "7",
-            "-extfile",
-            str(ext),
-            "-out",
-            str(self.cert(name)),
-        )
+        _openssl("req", "-new", *NEW_EC_KEY, "-keyout", str(self.key(name)),
+                 "-out", str(csr), "-subj", subject)
+        _openssl("x509", "-req", "-in", str(csr), "-CA", str(self.ca_cert),
+                 "-CAkey", str(self.ca_key), "-CAcreateserial", "-days", "7",
+                 "-extfile", str(ext), "-out", str(self.cert(name)))
         return self.cert(name), self.key(name)
 
 
@@ -309,6 +270,7 @@ class Component:
     args: list[str]
     log_path: Path
     process: subprocess.Popen[bytes] | None = None
+    stopped: bool = False  # set by stop(); a dead process that is not stopped has crashed
 
     def start(self) -> Component:
         with self.log_path.open("ab") as log:
@@ -333,6 +295,7 @@ class Component:
         """SIGTERM the process group, SIGKILL it after ``timeout``, reap the process."""
         if self.process is None:
             return
+        self.stopped = True
         self._signal_group(signal.SIGTERM)
         try:
             self.process.wait(timeout=timeout)
@@ -461,7 +424,7 @@ class ControlPlane:
         (port,) = free_ports(1)
         self.url = f"https://{LOOPBACK}:{port}"
         cert, key = self.pki.cert("apiserver"), self.pki.key("apiserver")
-        sa_key = self.pki.service_account_key
+        sa_key, sa_pub = self.pki.service_account_key, self.pki.service_account_public_key
         apiserver = self._launch(
             "kube-apiserver",
             [
@@ -474,7 +437,7 @@ class ControlPlane:
                 f"--tls-private-key-file={key}",
                 f"--client-ca-file={self.pki.ca_cert}",
                 f"--service-account-issuer={self.url}",
-                f"--service-account-key-file={sa_key}",
+                f"--service-account-key-file={sa_pub}",
                 f"--service-account-signing-key-file={sa_key}",
                 f"--authorization-mode={self.authorization_mode}",
                 f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
@@ -543,6 +506,7 @@ class ControlPlane:
         config: str | Mapping[str, Any] | None = None,
         leader_elect: bool = False,
         timeout: float | None = None,
+        extra_args: Sequence[str] = (),
     ) -> Component:
         """Start a kube-scheduler with a KubeSchedulerConfiguration (yaml text or dict).
 
@@ -569,6 +533,7 @@ class ControlPlane:
                 f"--bind-address={LOOPBACK}",
                 f"--secure-port={port}",
                 f"--cert-dir={self.run_dir / (name + '-certs')}",
+                *extra_args,
             ],
         )
         insecure = ssl.create_default_context()  # self-signed serving cert, loopback only
@@ -587,9 +552,17 @@ class ControlPlane:
         """Log file of every component started so far, by component name."""
         return {component.name: component.log_path for component in self.components}
 
-    def log_tails(self, lines: int = 50) -> dict[str, str]:
-        """Last ``lines`` lines of every component's log, by component name."""
-        return {component.name: component.tail(lines) for component in self.components}
+    def log_tails(self, lines: int = 50, include_stopped: bool = True) -> dict[str, str]:
+        """Last ``lines`` lines of each component's log, by component name.
+
+        ``include_stopped=False`` leaves out components that were stopped on purpose (such as
+        an earlier test's scheduler) but keeps running and crashed ones.
+        """
+        return {
+            component.name: component.tail(lines)
+            for component in self.components
+            if include_stopped or not component.stopped
+        }
 
 
 # --------------------------------------------------------------------------- client helpers
@@ -630,3 +603,36 @@ def _create_ignoring_conflict(create: Any, *args: Any) -> None:
     except k8s.ApiException as exc:
         if exc.status != 409:
             raise
+
+
+def fake_node(name: str, labels: Mapping[str, str] | None = None,
+              capacity: Mapping[str, str] | None = None) -> dict[str, Any]:
+    """A Node manifest whose status says Ready with ``capacity`` (cpu/memory/pods defaults).
+
+    There is no kubelet: create the node, then write this status with
+    :func:`create_fake_node` (or ``patch_node_status``) so a scheduler sees a usable node.
+    """
+    resources = {"cpu": "8", "memory": "32Gi", "pods": "110", **dict(capacity or {})}
+    return {
+        "apiVersion": "v1",
+        "kind": "Node",
+        "metadata": {"name": name, "labels": dict(labels or {})},
+        "status": {
+            "capacity": resources,
+            "allocatable": resources,
+            "conditions": [
+                {"type": "Ready", "status": "True", "reason": "KubeletReady",
+                 "message": "fake node (no kubelet)"},
+            ],
+        },
+    }
+
+
+def create_fake_node(core: k8s.CoreV1Api, name: str, labels: Mapping[str, str] | None = None,
+                     capacity: Mapping[str, str] | None = None) -> k8s.V1Node:
+    """Create a Node and set its status (status subresource) to Ready with ``capacity``."""
+    manifest = fake_node(name, labels, capacity)
+    core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": manifest["metadata"]})
+    return core.patch_node_status(
+        name, {"status": manifest["status"]}, _content_type="application/merge-patch+json"
+    )
