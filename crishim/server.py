@@ -61,6 +61,7 @@ class ShimConfig:
     metrics_address: str | None = None
     drain_seconds: float = 5.0
     health_interval: float = 10.0
+    ready_wait_seconds: float = 10.0
 
 
 def unix_path(endpoint: str) -> Path:
@@ -141,6 +142,7 @@ class CriShim:
         finally:
             os.umask(old_umask)
         os.chmod(self.socket_path, SOCKET_MODE)
+        await self._wait_interceptor_ready()
         if self.config.metrics_address:
             self._metrics_server = MetricsServer(
                 self.config.metrics_address, self.metrics, self.healthz, self.readyz
@@ -154,6 +156,20 @@ class CriShim:
             runtime=self.config.runtime_endpoint,
             metrics=self.config.metrics_address,
         )
+
+    async def _wait_interceptor_ready(self) -> None:
+        """Give the interceptor's startup work (the ledger rebuild) a moment before READY=1.
+
+        Bounded: with containerd down the rebuild retries in the background and calls that need
+        the ledger get UNAVAILABLE until it is done, while everything else is served.
+        """
+        ready = getattr(self._interceptor, "rebuilt", None)
+        if isinstance(ready, asyncio.Event):
+            try:
+                await asyncio.wait_for(ready.wait(), timeout=self.config.ready_wait_seconds)
+            except TimeoutError:
+                log_event(log, "crishim.ready_without_ledger", logging.WARNING,
+                          waited_seconds=self.config.ready_wait_seconds)
 
     def healthz(self) -> tuple[bool, str]:
         """The shim process serves CRI calls."""

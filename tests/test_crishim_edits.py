@@ -1,0 +1,124 @@
+"""Pure parts of the rewrite: scrubbing, applying edits, key reloads, the ledger's rules."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crishim import edits
+from crishim.cri import api_pb2
+from crishim.intercept import Rejected
+from crishim.ledger import Holding, Ledger, mark_value, parse_mark
+from crishim.rewrite import AllocationRewriter, KeyRing, NodeDevices
+from devices.plugin import ContainerEdits, DeviceNode, Mount, load_plugins
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, sign
+
+
+def config_with_everything() -> api_pb2.ContainerConfig:
+    config = api_pb2.ContainerConfig()
+    for key, value in (
+        ("NVIDIA_VISIBLE_DEVICES", "all"),
+        ("KUBEGPU_VISIBLE_DEVICES", "GPU-x"),
+        ("HOME", "/root"),
+        ("CUDA_VISIBLE_DEVICES", "0"),
+    ):
+        config.envs.add(key=key, value=value.encode())
+    config.devices.add(host_path="/dev/nvidia0", container_path="/dev/nvidia0")
+    config.devices.add(host_path="/dev/fuse", container_path="/dev/fuse")
+    config.mounts.add(host_path="/dev/null", container_path="/var/run/nvidia-container-devices/GPU-x")
+    config.mounts.add(host_path="/data", container_path="/data")
+    config.CDI_devices.add(name="nvidia.com/gpu=all")
+    config.CDI_devices.add(name="vendor.example/fpga=0")
+    config.annotations["cdi.k8s.io/gpu"] = "nvidia.com/gpu=0"
+    config.annotations["kubegpu.io/devices"] = "forged"
+    config.annotations["keep.me/x"] = "1"
+    return config
+
+
+def test_scrub_removes_every_way_to_see_a_managed_device() -> None:
+    config = config_with_everything()
+    edits.scrub(config, managed_host_paths={"/dev/nvidia0"})
+    assert {kv.key: kv.value for kv in config.envs} == {
+        "HOME": b"/root",
+        "CUDA_VISIBLE_DEVICES": b"0",
+        "NVIDIA_VISIBLE_DEVICES": b"void",
+    }
+    assert [d.host_path for d in config.devices] == ["/dev/fuse"]
+    assert [m.container_path for m in config.mounts] == ["/data"]
+    assert [c.name for c in config.CDI_devices] == ["vendor.example/fpga=0"]
+    assert dict(config.annotations) == {"keep.me/x": "1"}
+
+
+def test_apply_replaces_env_and_adds_nodes_once() -> None:
+    config = api_pb2.ContainerConfig()
+    edits.scrub(config, managed_host_paths=set())
+    change = ContainerEdits(
+        device_nodes=(
+            DeviceNode("/dev/nvidia3", "/dev/nvidia3"),
+            DeviceNode("/dev/nvidiactl", "/dev/nvidiactl"),
+        ),
+        env={"NVIDIA_VISIBLE_DEVICES": "GPU-3"},
+        mounts=(Mount("/usr/lib/x", "/usr/lib/x"),),
+        cdi_devices=("nvidia.com/gpu=GPU-3",),
+    )
+    edits.apply(config, change)
+    edits.apply(config, change)  # idempotent for nodes and mounts
+    assert [kv.value for kv in config.envs if kv.key == "NVIDIA_VISIBLE_DEVICES"] == [b"GPU-3"]
+    assert [d.container_path for d in config.devices] == ["/dev/nvidia3", "/dev/nvidiactl"]
+    assert [m.container_path for m in config.mounts] == ["/usr/lib/x"]
+
+
+def test_ledger_sums_shares_and_ignores_own_pod() -> None:
+    ledger = Ledger()
+    assert not ledger.try_reserve([Holding("c1", "s1", "podA", "app", "GPU-1", 700)])
+    assert not ledger.try_reserve([Holding("", "s2", "podB", "app", "GPU-1", 300)])
+    conflicts = ledger.try_reserve([Holding("", "s3", "podC", "app", "GPU-1", 1)])
+    assert [c.device for c in conflicts] == ["GPU-1"]
+    assert "podA" in conflicts[0].describe() and "podB" in conflicts[0].describe()
+    # The same pod may always take what it already holds (container restarts).
+    assert not ledger.try_reserve([Holding("", "s1", "podA", "app", "GPU-1", 700)])
+    ledger.remove_sandbox("s1")
+    assert {h.pod_uid for h in ledger.holdings()} == {"podB"}
+
+
+def test_mark_round_trip_and_forgeries() -> None:
+    assert parse_mark(mark_value("uid", "app", {"GPU-1": 1000})) == ("uid", "app", {"GPU-1": 1000})
+    for forged in ("", "{}", '{"pod":"u","container":"c","devices":{"GPU-1":5000}}', "[1]", "null"):
+        assert parse_mark(forged) is None
+
+
+def test_key_ring_rereads_a_rotated_secret(tmp_path: Path) -> None:
+    (tmp_path / "k1").write_bytes(b"k" * 32)
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert set(ring.keys()) == {"k1"}
+    (tmp_path / "k2").write_bytes(b"j" * 32)
+    later = time.time() + 5
+    os.utime(tmp_path / "k2", (later, later))
+    assert set(ring.keys()) == {"k1", "k2"}
+
+
+def test_allocated_create_waits_for_the_ledger(tmp_path: Path) -> None:
+    plugins = load_plugins(["sim"], {"node_name": "n", "topology": "pcie-4gpu", "state_dir": str(tmp_path)})
+    node_devices = NodeDevices(plugins, sysfs_root=None)
+    node_devices.discover()
+    keys = {"k1": b"x" * 32}
+    rewriter = AllocationRewriter("n", node_devices, KeyRing(None, keys))
+    gpu = sorted(node_devices.devices)[0]
+    request = api_pb2.CreateContainerRequest(pod_sandbox_id="sb")
+    request.sandbox_config.metadata.uid = "u"
+    request.config.metadata.name = "app"
+    request.sandbox_config.annotations[ANNOTATION] = sign(
+        Allocation("n", "u", {"app": ContainerAllocation((gpu,))}), "k1", keys["k1"]
+    )
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(request))
+    assert caught.value.code is grpc.StatusCode.UNAVAILABLE
+    rewriter.rebuilt.set()
+    rewritten, completion = asyncio.run(rewriter.create_container(request))
+    assert completion is not None
+    assert [kv.value for kv in rewritten.config.envs if kv.key == "NVIDIA_VISIBLE_DEVICES"] == [gpu.encode()]
