@@ -124,7 +124,8 @@ class Ledger:
         return self._remove(lambda h: h.container_id == container_id)
 
     def remove_sandbox(self, sandbox_id: str) -> list[Holding]:
-        return self._remove(lambda h: h.sandbox_id == sandbox_id and h.container_id != "")
+        """Everything of the sandbox, creates whose outcome was never known included."""
+        return self._remove(lambda h: h.sandbox_id == sandbox_id)
 
     def _remove(self, match: Callable[[Holding], bool]) -> list[Holding]:
         removed = []
