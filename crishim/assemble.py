@@ -1,36 +1,24 @@
-"""Build the shim's AllocationRewriter from command-line options (plugins, keys, API fallback)."""
+"""Build the node agent's parts from command-line options: plugins, rewriter, advertiser."""
 
 from __future__ import annotations
 
 import argparse
 import logging
-import os
 from pathlib import Path
 
+from kubernetes import client
+
+from crishim.advertiser import Advertiser
 from crishim.podlookup import ApiPodLookup
-from crishim.rewrite import AllocationRewriter, KeyRing, NodeDevices, PodAnnotationLookup
+from crishim.rewrite import AllocationRewriter, KeyRing, NodeDevices
 from devices.plugin import PluginError, load_plugins
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim")
 
 
-def api_lookup(kubeconfig: str | None) -> PodAnnotationLookup | None:
-    """The API fallback, from a kubeconfig or the in-cluster service account; None without either."""
-    from kubernetes import client, config
-
-    if kubeconfig:
-        api = config.new_client_from_config(config_file=kubeconfig)
-    elif os.environ.get("KUBERNETES_SERVICE_HOST"):
-        config.load_incluster_config()
-        api = client.ApiClient()
-    else:
-        return None
-    return ApiPodLookup(client.CoreV1Api(api))
-
-
-def build_rewriter(args: argparse.Namespace) -> AllocationRewriter:
-    """Load plugins and discover devices now; a discovery failure is logged, not fatal."""
+def node_devices_from(args: argparse.Namespace) -> NodeDevices:
+    """Load the plugins named on the command line and discover; a discovery failure is logged."""
     options = {
         "node_name": args.node_name,
         "topology": args.sim_topology,
@@ -46,5 +34,17 @@ def build_rewriter(args: argparse.Namespace) -> AllocationRewriter:
         log_event(log, "devices.discovery_failed", logging.ERROR, node=args.node_name, error=str(error))
     log_event(log, "devices.discovered", node=args.node_name, plugins=args.device_plugin,
               devices=sorted(node_devices.devices))
-    return AllocationRewriter(args.node_name, node_devices, KeyRing(Path(args.allocation_keys_dir)),
-                              api_lookup(args.kubeconfig))
+    return node_devices
+
+
+def build_rewriter(args: argparse.Namespace, node_devices: NodeDevices,
+                   api: client.ApiClient | None) -> AllocationRewriter:
+    """The shim's interceptor; the API (if any) serves pods whose sandbox lacks the allocation."""
+    lookup = ApiPodLookup(client.CoreV1Api(api)) if api is not None else None
+    return AllocationRewriter(args.node_name, node_devices, KeyRing(Path(args.allocation_keys_dir)), lookup)
+
+
+def build_advertiser(args: argparse.Namespace, node_devices: NodeDevices,
+                     api: client.ApiClient) -> Advertiser:
+    return Advertiser(client.CoreV1Api(api), args.node_name, node_devices.current_inventory,
+                      interval=args.advertise_interval, heartbeat_seconds=args.heartbeat_interval)

@@ -18,7 +18,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import grpc
@@ -28,7 +28,7 @@ from crishim import edits
 from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.intercept import Completion, Rejected
 from crishim.ledger import MARK_ANNOTATION, WHOLE, Holding, Ledger, mark_value, parse_mark
-from devices.model import Device
+from devices.model import Device, NodeInventory
 from devices.plugin import DevicePlugin, PluginError, discover_all, edits_for, health_all
 from kubegpu.allocation import ANNOTATION, Allocation, AllocationError, Share, load_keys, verify
 from kubegpu.logs import log_event
@@ -78,9 +78,11 @@ class NodeDevices:
     devices: dict[str, Device] = field(default_factory=dict)
     healthy: dict[str, bool] = field(default_factory=dict)
     managed_host_paths: frozenset[str] = frozenset()
+    inventory: NodeInventory = field(default_factory=lambda: NodeInventory(()))
 
     def discover(self) -> None:
         inventory = discover_all(self.plugins, self.sysfs_root)
+        self.inventory = inventory
         self.devices = inventory.by_id()
         self.healthy = {d.id: d.healthy for d in inventory.devices}
         every = edits_for(self.plugins, list(self.devices.values())) if self.devices else None
@@ -91,6 +93,11 @@ class NodeDevices:
 
     def refresh_health(self) -> None:
         self.healthy.update(health_all(self.plugins))
+
+    def current_inventory(self) -> NodeInventory:
+        """The discovered inventory with today's health folded in (what the advertiser publishes)."""
+        devices = tuple(replace(d, healthy=self.healthy.get(d.id, d.healthy)) for d in self.inventory.devices)
+        return NodeInventory(devices, self.inventory.topology)
 
 
 @dataclass(frozen=True)

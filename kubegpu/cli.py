@@ -48,27 +48,68 @@ def _add_crishim(sub: argparse._SubParsersAction) -> None:
 
 def _add_device_options(parser: argparse.ArgumentParser) -> None:
     devices = parser.add_argument_group("device allocation (without --device-plugin: a plain proxy)")
-    devices.add_argument("--device-plugin", action="append", default=[], metavar="NAME",
-                         help="device plugin to load: nvidia, rdma, sim (repeatable)")
-    devices.add_argument("--node-name", default=socket.gethostname(),
-                         help="this node's name in Kubernetes (default: the hostname)")
-    devices.add_argument("--allocation-keys-dir", default="/etc/kubegpu/keys", type=Path,
-                         help="mounted signing-key Secret, one file per key id (default: %(default)s)")
+    devices.add_argument(
+        "--device-plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="device plugin to load: nvidia, rdma, sim (repeatable)",
+    )
+    devices.add_argument(
+        "--node-name",
+        default=socket.gethostname(),
+        help="this node's name in Kubernetes (default: the hostname)",
+    )
+    devices.add_argument(
+        "--allocation-keys-dir",
+        default="/etc/kubegpu/keys",
+        type=Path,
+        help="mounted signing-key Secret, one file per key id (default: %(default)s)",
+    )
     devices.add_argument("--sim-topology", help="sim plugin: topology file or shipped name")
-    devices.add_argument("--sim-state-dir", default="/var/lib/kubegpu/sim",
-                         help="sim plugin: where the fake device nodes live (default: %(default)s)")
+    devices.add_argument(
+        "--sim-state-dir",
+        default="/var/lib/kubegpu/sim",
+        help="sim plugin: where the fake device nodes live (default: %(default)s)",
+    )
     devices.add_argument("--sysfs-root", default="/", help="rdma plugin and NIC affinity: sysfs root")
-    devices.add_argument("--health-interval", type=float, default=10.0, metavar="SECONDS",
-                         help="how often device health is re-read (default: %(default)s)")
-    devices.add_argument("--kubeconfig", default=None,
-                         help="API access for pods whose sandbox lacks the allocation (default: "
-                              "in-cluster config if present, else no API fallback)")
+    devices.add_argument(
+        "--health-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how often device health is re-read (default: %(default)s)",
+    )
+    devices.add_argument(
+        "--kubeconfig",
+        default=None,
+        help="API access (advertiser, and pods whose sandbox lacks the allocation); "
+        "default: in-cluster config if present, else none",
+    )
+    devices.add_argument(
+        "--advertise", action="store_true", help="crishim: also run the advertiser loop (needs API access)"
+    )
+    devices.add_argument(
+        "--advertise-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="how often the Node is compared with the devices (default: %(default)s)",
+    )
+    devices.add_argument(
+        "--heartbeat-interval",
+        type=float,
+        default=30.0,
+        metavar="SECONDS",
+        help="heartbeat annotation refresh period (default: %(default)s)",
+    )
 
 
 def _run_crishim(args: argparse.Namespace) -> int:
-    from crishim.assemble import build_rewriter
+    from crishim.assemble import build_advertiser, build_rewriter, node_devices_from
     from crishim.server import ShimConfig, ShimConfigError, serve
     from devices.plugin import PluginError
+    from kubegpu.kube import api_client
 
     config = ShimConfig(
         listen=args.listen,
@@ -77,12 +118,67 @@ def _run_crishim(args: argparse.Namespace) -> int:
         drain_seconds=args.drain_timeout,
         health_interval=args.health_interval,
     )
+    advertiser = None
     try:
-        interceptor = build_rewriter(args) if args.device_plugin else None
+        interceptor = None
+        if args.device_plugin:
+            node_devices = node_devices_from(args)
+            api = api_client(args.kubeconfig)
+            interceptor = build_rewriter(args, node_devices, api)
+            if args.advertise:
+                if api is None:
+                    raise ShimConfigError("--advertise needs --kubeconfig or an in-cluster service account")
+                advertiser = build_advertiser(args, node_devices, api)
+                advertiser.start()
         asyncio.run(serve(config, interceptor))
     except (ShimConfigError, PluginError) as exc:
         print(f"kubegpu crishim: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if advertiser is not None:
+            advertiser.stop()
+    return 0
+
+
+def _add_advertise(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "advertise",
+        help="publish this node's devices on its Node object",
+        description="Discover devices with the given plugins and publish inventory, topology, "
+        "capacity and a heartbeat on the Node (the crishim does this continuously with --advertise).",
+    )
+    parser.add_argument("--once", action="store_true", help="publish once and exit")
+    parser.add_argument("--dry-run", action="store_true", help="print what would be published; no API call")
+    _add_device_options(parser)
+    parser.set_defaults(run=_run_advertise)
+
+
+def _run_advertise(args: argparse.Namespace) -> int:
+    import json
+
+    from crishim.advertiser import publication
+    from crishim.assemble import build_advertiser, node_devices_from
+    from devices.plugin import PluginError
+    from kubegpu.kube import api_client
+
+    try:
+        node_devices = node_devices_from(args)
+    except PluginError as exc:
+        print(f"kubegpu advertise: {exc}", file=sys.stderr)
+        return 2
+    if args.dry_run:
+        wanted = publication(node_devices.current_inventory())
+        print(json.dumps({"node": args.node_name, **wanted.as_dict()}, indent=2, sort_keys=True))
+        return 0
+    api = api_client(args.kubeconfig)
+    if api is None:
+        print("kubegpu advertise: needs --kubeconfig or an in-cluster service account", file=sys.stderr)
+        return 2
+    advertiser = build_advertiser(args, node_devices, api)
+    if args.once:
+        print(json.dumps({"node": args.node_name, "wrote": advertiser.sync_once()}))
+        return 0
+    advertiser.run()
     return 0
 
 
@@ -92,6 +188,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _add_crishim(sub)
+    _add_advertise(sub)
     _add_devices(sub)
     return parser
 

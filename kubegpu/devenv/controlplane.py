@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import atexit
 import base64
+import http.client
 import json
 import os
 import re
@@ -31,9 +32,8 @@ import ssl
 import subprocess
 import tempfile
 import time
-import urllib.error
 import urllib.request
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -49,6 +49,8 @@ SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 ADMIN_USER = "kubegpu-admin"
 SCHEDULER_USER = "system:kube-scheduler"
 SCHEDULER_API_VERSION = "kubescheduler.config.k8s.io/v1"
+MERGE_PATCH = "application/merge-patch+json"
+PORT_ATTEMPTS = 3
 EC_CURVE = "ec_paramgen_curve:prime256v1"
 NEW_EC_KEY = ("-newkey", "ec", "-pkeyopt", EC_CURVE, "-nodes")
 
@@ -224,7 +226,9 @@ class Pki:
         return self.cert(name), self.key(name)
 
 
-def kubeconfig(server: str, ca_cert: Path, user: str, credentials: Mapping[str, str]) -> dict:
+def kubeconfig(
+    server: str, ca_cert: Path, user: str, credentials: Mapping[str, str]
+) -> dict[str, Any]:
     """A single-context kubeconfig dict; ``credentials`` is the kubeconfig ``user`` entry."""
     return {
         "apiVersion": "v1",
@@ -243,7 +247,7 @@ def kubeconfig(server: str, ca_cert: Path, user: str, credentials: Mapping[str, 
 
 def scheduler_config(
     config: str | Mapping[str, Any] | None, kubeconfig_path: Path, leader_elect: bool
-) -> dict:
+) -> dict[str, Any]:
     """A KubeSchedulerConfiguration dict from yaml text or a dict, wired to our kubeconfig.
 
     ``apiVersion``/``kind`` default to v1; ``clientConnection.kubeconfig`` is always set to
@@ -292,8 +296,11 @@ class Component:
         return tail(self.log_path, lines)
 
     def stop(self, timeout: float = 10.0) -> None:
-        """SIGTERM the process group, SIGKILL it after ``timeout``, reap the process."""
-        if self.process is None:
+        """SIGTERM the process group, SIGKILL it after ``timeout``, reap the process.
+
+        Idempotent: a second call does not signal a process group id that may be reused.
+        """
+        if self.process is None or self.stopped:
             return
         self.stopped = True
         self._signal_group(signal.SIGTERM)
@@ -312,7 +319,7 @@ class Component:
         except ProcessLookupError:
             pass
 
-    def wait_until(self, probe: Any, what: str, timeout: float) -> None:
+    def wait_until(self, probe: Callable[[], bool], what: str, timeout: float) -> None:
         """Poll ``probe()`` until true; raise with the log tail on exit or timeout."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -329,7 +336,7 @@ def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:
     try:
         with urllib.request.urlopen(url, timeout=5, context=context) as response:
             return response.status == 200
-    except (urllib.error.URLError, OSError):
+    except (OSError, http.client.HTTPException):  # URLError is an OSError
         return False
 
 
@@ -350,12 +357,14 @@ class ControlPlane:
         binaries: Binaries | None = None,
         startup_timeout: float = 120.0,
         authorization_mode: str = "Node,RBAC",
+        apiserver_extra_args: Sequence[str] = (),
     ) -> None:
         self.binaries = binaries or find_binaries()
         self._owns_run_dir = run_dir is None
         self.run_dir = Path(run_dir or tempfile.mkdtemp(prefix="kubegpu-cp-"))
         self.startup_timeout = startup_timeout
         self.authorization_mode = authorization_mode
+        self.apiserver_extra_args = list(apiserver_extra_args)
         self.pki = Pki(self.run_dir / "pki")
         self.components: list[Component] = []
         self.url = ""
@@ -399,56 +408,95 @@ class ControlPlane:
         self.components.append(component)
         return component
 
+    def _start_on_free_ports(
+        self,
+        name: str,
+        count: int,
+        args_for: Callable[[list[int]], list[str]],
+        ready_for: Callable[[list[int]], Callable[[], bool]],
+        timeout: float,
+    ) -> tuple[Component, list[int]]:
+        """Start ``name`` on ``count`` free loopback ports and wait until ``ready_for(ports)``.
+
+        A port picked as free can be taken by someone else before the process binds it; such
+        a start is retried on new ports.
+        """
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            ports = free_ports(count)
+            component = self._launch(name, args_for(ports))
+            try:
+                component.wait_until(ready_for(ports), "ready", timeout)
+                return component, ports
+            except ControlPlaneError as exc:
+                if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+                component.stop()
+                self.components.remove(component)
+        raise AssertionError("unreachable")
+
     def _start_etcd(self) -> None:
-        client_port, peer_port = free_ports(2)
-        self.etcd_url = f"http://{LOOPBACK}:{client_port}"
-        peer_url = f"http://{LOOPBACK}:{peer_port}"
-        etcd = self._launch(
-            "etcd",
-            [
+        def args(ports: list[int]) -> list[str]:
+            client_url, peer_url = (f"http://{LOOPBACK}:{port}" for port in ports)
+            return [
                 str(self.binaries.etcd),
                 "--name=kubegpu-test",
                 f"--data-dir={self.run_dir / 'etcd-data'}",
-                f"--listen-client-urls={self.etcd_url}",
-                f"--advertise-client-urls={self.etcd_url}",
+                f"--listen-client-urls={client_url}",
+                f"--advertise-client-urls={client_url}",
                 f"--listen-peer-urls={peer_url}",
                 f"--initial-advertise-peer-urls={peer_url}",
                 f"--initial-cluster=kubegpu-test={peer_url}",
                 "--unsafe-no-fsync=true",
                 "--log-level=warn",
-            ],
-        )
-        etcd.wait_until(lambda: http_ok(f"{self.etcd_url}/health"), "healthy", self.startup_timeout)
+            ]
+
+        def ready(ports: list[int]) -> Callable[[], bool]:
+            return lambda: http_ok(f"http://{LOOPBACK}:{ports[0]}/health")
+
+        _, ports = self._start_on_free_ports("etcd", 2, args, ready, self.startup_timeout)
+        self.etcd_url = f"http://{LOOPBACK}:{ports[0]}"
+
+    def _apiserver_args(self, port: int) -> list[str]:
+        url = f"https://{LOOPBACK}:{port}"
+        sa_key, sa_pub = self.pki.service_account_key, self.pki.service_account_public_key
+        return [
+            str(self.binaries.apiserver),
+            f"--etcd-servers={self.etcd_url}",
+            f"--bind-address={LOOPBACK}",
+            f"--advertise-address={LOOPBACK}",
+            f"--secure-port={port}",
+            f"--tls-cert-file={self.pki.cert('apiserver')}",
+            f"--tls-private-key-file={self.pki.key('apiserver')}",
+            f"--client-ca-file={self.pki.ca_cert}",
+            # Front-proxy (request header) authentication, as kubeadm sets it up, so that
+            # delegating components (kube-scheduler) find the CA they look up.
+            f"--requestheader-client-ca-file={self.pki.ca_cert}",
+            "--requestheader-allowed-names=front-proxy-client",
+            "--requestheader-username-headers=X-Remote-User",
+            "--requestheader-group-headers=X-Remote-Group",
+            "--requestheader-extra-headers-prefix=X-Remote-Extra-",
+            f"--service-account-issuer={url}",
+            f"--service-account-key-file={sa_pub}",
+            f"--service-account-signing-key-file={sa_key}",
+            f"--authorization-mode={self.authorization_mode}",
+            f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
+            # There is no routable address; loopback endpoints are invalid for the
+            # "kubernetes" Service, so do not reconcile them.
+            "--endpoint-reconciler-type=none",
+            "--allow-privileged=true",
+            *self.apiserver_extra_args,
+        ]
 
     def _start_apiserver(self) -> None:
-        (port,) = free_ports(1)
-        self.url = f"https://{LOOPBACK}:{port}"
-        cert, key = self.pki.cert("apiserver"), self.pki.key("apiserver")
-        sa_key, sa_pub = self.pki.service_account_key, self.pki.service_account_public_key
-        apiserver = self._launch(
-            "kube-apiserver",
-            [
-                str(self.binaries.apiserver),
-                f"--etcd-servers={self.etcd_url}",
-                f"--bind-address={LOOPBACK}",
-                f"--advertise-address={LOOPBACK}",
-                f"--secure-port={port}",
-                f"--tls-cert-file={cert}",
-                f"--tls-private-key-file={key}",
-                f"--client-ca-file={self.pki.ca_cert}",
-                f"--service-account-issuer={self.url}",
-                f"--service-account-key-file={sa_pub}",
-                f"--service-account-signing-key-file={sa_key}",
-                f"--authorization-mode={self.authorization_mode}",
-                f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
-                "--endpoint-reconciler-type=none",
-                "--allow-privileged=true",
-            ],
-        )
         context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
-        apiserver.wait_until(
-            lambda: http_ok(f"{self.url}/readyz", context), "ready", self.startup_timeout
+
+        def ready(ports: list[int]) -> Callable[[], bool]:
+            return lambda: http_ok(f"https://{LOOPBACK}:{ports[0]}/readyz", context)
+
+        _, ports = self._start_on_free_ports(
+            "kube-apiserver", 1, lambda p: self._apiserver_args(p[0]), ready, self.startup_timeout
         )
+        self.url = f"https://{LOOPBACK}:{ports[0]}"
 
     # ---- kubeconfigs and clients
 
@@ -484,13 +532,14 @@ class ControlPlane:
 
         The namespace and the ServiceAccount are created when missing.
         """
-        core = k8s.CoreV1Api(self.admin_client())
-        ensure_namespace(core, namespace)
-        ensure_service_account(core, namespace, name)
         request = k8s.AuthenticationV1TokenRequest(
             spec=k8s.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_seconds)
         )
-        token = core.create_namespaced_service_account_token(name, namespace, request)
+        with self.admin_client() as admin:
+            core = k8s.CoreV1Api(admin)
+            ensure_namespace(core, namespace)
+            ensure_service_account(core, namespace, name)
+            token = core.create_namespaced_service_account_token(name, namespace, request)
         user = f"system:serviceaccount:{namespace}:{name}"
         return self.write_kubeconfig(f"sa-{namespace}-{name}", user, {"token": token.status.token})
 
@@ -522,27 +571,29 @@ class ControlPlane:
         config_path.write_text(
             yaml.safe_dump(scheduler_config(config, kubeconfig_path, leader_elect))
         )
-        (port,) = free_ports(1)
-        scheduler = self._launch(
-            name,
-            [
+        certs = self.run_dir / f"{name}-certs"
+
+        def args(ports: list[int]) -> list[str]:
+            return [
                 str(self.binaries.scheduler),
                 f"--config={config_path}",
                 f"--authentication-kubeconfig={kubeconfig_path}",
                 f"--authorization-kubeconfig={kubeconfig_path}",
                 f"--bind-address={LOOPBACK}",
-                f"--secure-port={port}",
-                f"--cert-dir={self.run_dir / (name + '-certs')}",
+                f"--secure-port={ports[0]}",
+                f"--cert-dir={certs}",
                 *extra_args,
-            ],
-        )
+            ]
+
         insecure = ssl.create_default_context()  # self-signed serving cert, loopback only
         insecure.check_hostname = False
         insecure.verify_mode = ssl.CERT_NONE
-        scheduler.wait_until(
-            lambda: http_ok(f"https://{LOOPBACK}:{port}/readyz", insecure),
-            "ready",
-            timeout or self.startup_timeout,
+
+        def ready(ports: list[int]) -> Callable[[], bool]:
+            return lambda: http_ok(f"https://{LOOPBACK}:{ports[0]}/readyz", insecure)
+
+        scheduler, _ = self._start_on_free_ports(
+            name, 1, args, ready, timeout or self.startup_timeout
         )
         return scheduler
 
@@ -605,12 +656,16 @@ def _create_ignoring_conflict(create: Any, *args: Any) -> None:
             raise
 
 
-def fake_node(name: str, labels: Mapping[str, str] | None = None,
-              capacity: Mapping[str, str] | None = None) -> dict[str, Any]:
-    """A Node manifest whose status says Ready with ``capacity`` (cpu/memory/pods defaults).
+def fake_node(
+    name: str,
+    labels: Mapping[str, str] | None = None,
+    capacity: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """A Node manifest whose status is what a kubelet would report: Ready, with ``capacity``.
 
-    There is no kubelet: create the node, then write this status with
-    :func:`create_fake_node` (or ``patch_node_status``) so a scheduler sees a usable node.
+    ``capacity`` adds to (or overrides) cpu 8, memory 32Gi and pods 110; allocatable equals
+    capacity. :func:`create_fake_node` creates the node and then writes this status through
+    the status subresource, as a kubelet does.
     """
     resources = {"cpu": "8", "memory": "32Gi", "pods": "110", **dict(capacity or {})}
     return {
@@ -621,18 +676,41 @@ def fake_node(name: str, labels: Mapping[str, str] | None = None,
             "capacity": resources,
             "allocatable": resources,
             "conditions": [
-                {"type": "Ready", "status": "True", "reason": "KubeletReady",
-                 "message": "fake node (no kubelet)"},
+                {
+                    "type": "Ready",
+                    "status": "True",
+                    "reason": "KubeletReady",
+                    "message": "fake node (no kubelet)",
+                },
             ],
         },
     }
 
 
-def create_fake_node(core: k8s.CoreV1Api, name: str, labels: Mapping[str, str] | None = None,
-                     capacity: Mapping[str, str] | None = None) -> k8s.V1Node:
-    """Create a Node and set its status (status subresource) to Ready with ``capacity``."""
+# Taints the apiserver's TaintNodesByCondition admission puts on a new node and the node
+# lifecycle controller (not running here) removes once the node reports Ready.
+CONDITION_TAINTS = ("node.kubernetes.io/not-ready", "node.kubernetes.io/unreachable")
+
+
+def create_fake_node(
+    core: k8s.CoreV1Api,
+    name: str,
+    labels: Mapping[str, str] | None = None,
+    capacity: Mapping[str, str] | None = None,
+) -> k8s.V1Node:
+    """Create a Node that a scheduler can use although no kubelet runs.
+
+    Sets its status (status subresource) to Ready with ``capacity`` and then drops the
+    not-ready taint, as the node lifecycle controller would.
+    """
     manifest = fake_node(name, labels, capacity)
     core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": manifest["metadata"]})
-    return core.patch_node_status(
-        name, {"status": manifest["status"]}, _content_type="application/merge-patch+json"
-    )
+    core.patch_node_status(name, {"status": manifest["status"]}, _content_type=MERGE_PATCH)
+    node = core.read_node(name)
+    kept = [t for t in node.spec.taints or [] if t.key not in CONDITION_TAINTS]
+    taints = [core.api_client.sanitize_for_serialization(t) for t in kept]
+    patch = {
+        "metadata": {"resourceVersion": node.metadata.resource_version},
+        "spec": {"taints": taints or None},
+    }
+    return core.patch_node(name, patch, _content_type=MERGE_PATCH)
