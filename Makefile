@@ -9,10 +9,11 @@ PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
 # System packages the tests need (containerd, runc, busybox for test images, systemd-analyze).
 # Skips apt entirely when everything is already there.
-APT_PACKAGES := containerd runc busybox-static systemd
+APT_PACKAGES := containerd runc busybox-static systemd openssl
 deps:
 	@if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] \
-	    && command -v systemd-analyze >/dev/null; then echo "deps: system packages present"; \
+	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null; then \
+	    echo "deps: system packages present"; \
 	else apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES); fi
 
 $(VPY):

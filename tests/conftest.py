@@ -2,4 +2,5 @@
 
 pytest_plugins = [
     "tests.fixtures.containerd",
+    "tests.fixtures.cluster",
 ]

@@ -2,7 +2,8 @@
 # Builds the test control plane (kube-apiserver, kube-scheduler, etcd) from Go modules into a
 # per-user, per-version cache, and does nothing when all three binaries are already there.
 #
-#   ${KUBEGPU_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/kubegpu/testbin}/<k8s-version>-<etcd-version>/
+#   ${KUBEGPU_TESTBIN:-${XDG_CACHE_HOME:-$HOME/.cache}/kubegpu/testbin}/
+#     <k8s-version>-<etcd-version>/{kube-apiserver,kube-scheduler,etcd}
 #
 # Versions come from the pins in tests/cluster/go.mod (k8s.io/kubernetes) and
 # tests/cluster/etcd/go.mod (go.etcd.io/etcd/server/v3); go.sum files make the build
@@ -16,7 +17,8 @@ binaries=(kube-apiserver kube-scheduler etcd)
 
 # Prints the version that go.mod in $1 requires for module $2 (either require form).
 pinned_version() {
-  awk -v m="$2" '$1 == m { print $2; exit } $1 == "require" && $2 == m { print $3; exit }' "$1/go.mod"
+  awk -v m="$2" '$1 == m { print $2; exit }
+                 $1 == "require" && $2 == m { print $3; exit }' "$1/go.mod"
 }
 
 k8s_version="$(pinned_version "$here" k8s.io/kubernetes)"
@@ -34,7 +36,8 @@ all_present() {
 }
 
 if [[ "${KUBEGPU_TESTBIN_FORCE:-0}" != 1 ]] && all_present; then
-  echo "testbin: kube-apiserver, kube-scheduler and etcd ${k8s_version}/${etcd_version} already in $dest"
+  echo "testbin: kube-apiserver, kube-scheduler, etcd (${k8s_version}, ${etcd_version})" \
+    "already in $dest; nothing to do"
   exit 0
 fi
 
@@ -62,7 +65,9 @@ trap 'rm -rf "$staging"' EXIT
 go_build() {
   local start=$SECONDS
   echo "testbin: building $4 ($3) ..."
-  (cd "$1" && nice -n 10 "$GO" build -trimpath -ldflags="$2" -o "$staging/$4" "$3")
+  # -buildvcs=false: never stamp this repository's commit into the binaries.
+  (cd "$1" && nice -n 10 "$GO" build -trimpath -buildvcs=false -ldflags="$2" \
+    -o "$staging/$4" "$3")
   mv -f "$staging/$4" "$dest/$4"
   echo "testbin: built $dest/$4 in $((SECONDS - start))s"
 }
