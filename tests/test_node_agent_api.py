@@ -1,0 +1,155 @@
+"""The node agent against a real kube-apiserver: the advertiser and the shim's pod lookup."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import grpc
+import pytest
+from kubernetes import client as k8s
+
+from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION, Advertiser
+from crishim.intercept import Rejected
+from crishim.podlookup import ApiPodLookup
+from crishim.rewrite import NodeDevices
+from devices.model import NodeInventory
+from devices.plugin import load_plugins
+from kubegpu.allocation import ANNOTATION
+from kubegpu.devenv.controlplane import ControlPlane, create_fake_node
+
+pytestmark = pytest.mark.apiserver
+
+
+def sim_devices(node: str, state: Path) -> NodeDevices:
+    plugins = load_plugins(["sim"], {"node_name": node, "topology": "hgx-h100", "state_dir": str(state)})
+    devices = NodeDevices(plugins, sysfs_root=None)
+    devices.discover()
+    return devices
+
+
+def test_advertiser_publishes_and_then_stays_quiet(admin_api: k8s.ApiClient, tmp_path: Path) -> None:
+    core = k8s.CoreV1Api(admin_api)
+    name = f"gpu-{uuid.uuid4().hex[:6]}"
+    create_fake_node(core, name)
+    devices = sim_devices(name, tmp_path)
+    advertiser = Advertiser(core, name, devices.current_inventory, heartbeat_seconds=3600)
+
+    assert advertiser.sync_once() == ["inventory", "heartbeat", "capacity"]
+    node = core.read_node(name)
+    assert node.status.capacity["nvidia.com/gpu"] == "8" and node.status.allocatable["nvidia.com/gpu"] == "8"
+    assert node.status.capacity["kubegpu.io/rdma"] == "8"  # hgx-h100 has one NIC per GPU
+    published = NodeInventory.from_public(json.loads(node.metadata.annotations[INVENTORY_ANNOTATION]))
+    assert published == NodeInventory(
+        tuple(d.__class__(**{**d.__dict__, "device_nodes": ()}) for d in devices.inventory.devices),
+        devices.inventory.topology,
+    )
+    assert HEARTBEAT_ANNOTATION in node.metadata.annotations
+
+    version = node.metadata.resource_version
+    for _ in range(3):
+        assert advertiser.sync_once() == []
+    assert core.read_node(name).metadata.resource_version == version  # nothing written at all
+
+    sick = sorted(d for d in devices.devices if d.startswith("GPU-"))[0]
+    (tmp_path / "unhealthy").write_text(sick)
+    devices.refresh_health()
+    assert advertiser.sync_once() == ["inventory", "heartbeat", "capacity"]
+    node = core.read_node(name)
+    assert node.status.capacity["nvidia.com/gpu"] == "7"
+    states = {
+        d["id"]: d["healthy"] for d in json.loads(node.metadata.annotations[INVENTORY_ANNOTATION])["devices"]
+    }
+    assert states[sick] is False
+
+
+def test_advertise_cli_once_and_dry_run(
+    control_plane: ControlPlane, admin_api: k8s.ApiClient, tmp_path: Path
+) -> None:
+    core = k8s.CoreV1Api(admin_api)
+    name = f"cli-{uuid.uuid4().hex[:6]}"
+    create_fake_node(core, name)
+    base = [
+        sys.executable,
+        "-m",
+        "kubegpu",
+        "advertise",
+        "--device-plugin",
+        "sim",
+        "--sim-topology",
+        "pcie-4gpu",
+        "--node-name",
+        name,
+        "--sim-state-dir",
+        str(tmp_path),
+    ]
+    dry = subprocess.run([*base, "--dry-run"], capture_output=True, text=True, timeout=60, check=True)
+    assert json.loads(dry.stdout)["capacity"] == {"kubegpu.io/rdma": "0", "nvidia.com/gpu": "4"}
+    assert INVENTORY_ANNOTATION not in (core.read_node(name).metadata.annotations or {})
+    once = subprocess.run(
+        [*base, "--once", "--kubeconfig", str(control_plane.admin_kubeconfig)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    assert json.loads(once.stdout.strip().splitlines()[-1])["wrote"] == ["inventory", "heartbeat", "capacity"]
+    assert core.read_node(name).status.capacity["nvidia.com/gpu"] == "4"
+
+
+def test_advertiser_loop_survives_an_unreachable_apiserver(tmp_path: Path) -> None:
+    configuration = k8s.Configuration()
+    configuration.host = "https://127.0.0.1:1"  # nothing listens there
+    core = k8s.CoreV1Api(k8s.ApiClient(configuration))
+    advertiser = Advertiser(
+        core, "nowhere", sim_devices("nowhere", tmp_path).current_inventory, interval=0.05
+    )
+    advertiser.start()
+    time.sleep(1.5)
+    advertiser.stop()
+    assert advertiser.patches == 0
+
+
+def pod(namespace: str, name: str, limits: dict[str, str] | None, annotation: str | None) -> k8s.V1Pod:
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(
+            name=name, namespace=namespace, annotations={ANNOTATION: annotation} if annotation else None
+        ),
+        spec=k8s.V1PodSpec(
+            scheduler_name="nobody",
+            containers=[
+                k8s.V1Container(
+                    name="app", image="busybox", resources=k8s.V1ResourceRequirements(limits=limits)
+                )
+            ],
+        ),
+    )
+
+
+def test_pod_lookup_fallback(admin_api: k8s.ApiClient, kube_namespace: str) -> None:
+    core = k8s.CoreV1Api(admin_api)
+    gpu = core.create_namespaced_pod(
+        kube_namespace, pod(kube_namespace, "wants-gpu", {"nvidia.com/gpu": "1"}, None)
+    )
+    plain = core.create_namespaced_pod(kube_namespace, pod(kube_namespace, "plain", None, None))
+    annotated = core.create_namespaced_pod(
+        kube_namespace, pod(kube_namespace, "annotated", {"nvidia.com/gpu": "1"}, '{"x":1}')
+    )
+    lookup = ApiPodLookup(core)
+
+    async def run() -> None:
+        with pytest.raises(Rejected) as caught:
+            await lookup(kube_namespace, "wants-gpu", gpu.metadata.uid)
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "requests nvidia.com/gpu but carries no kubegpu allocation" in caught.value.message
+        assert await lookup(kube_namespace, "plain", plain.metadata.uid) is None
+        assert await lookup(kube_namespace, "annotated", annotated.metadata.uid) == '{"x":1}'
+        assert await lookup(kube_namespace, "plain", "some-other-uid") is None  # a recreated pod
+        assert await lookup(kube_namespace, "missing", "uid") is None  # 404: scrubbed, not crashed
+
+    asyncio.run(run())
