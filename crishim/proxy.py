@@ -10,6 +10,7 @@ CreateContainer is routed through ``intercept.rewrite_create_container``.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -125,12 +126,11 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         if not kind.client_streaming:
             upstream_us = self._channel.unary_stream(path)
             return grpc.unary_stream_rpc_method_handler(_streaming(upstream_us, record))
-        upstream_ss = self._channel.stream_stream(path)
-        return grpc.stream_stream_rpc_method_handler(_streaming(upstream_ss, record))
+        single = _streaming(self._channel.unary_stream(path), record)
+        streamed = _streaming(self._channel.stream_stream(path), record)
+        return grpc.stream_stream_rpc_method_handler(_any_kind(single, streamed))
 
-    async def _create_container_hook(
-        self, raw: bytes
-    ) -> tuple[bytes, Callable[[bytes | None], None] | None]:
+    async def _create_container_hook(self, raw: bytes) -> tuple[bytes, Callable[[bytes | None], None] | None]:
         rewritten, completion = await intercept_create_container(raw, self._interceptor)
         if completion is None:
             return rewritten, None
@@ -141,6 +141,7 @@ class ForwardingHandler(grpc.GenericRpcHandler):
             if response is not None:
                 request = api_pb2.RemoveContainerRequest.FromString(raw)
                 self._interceptor.removed_container(request.container_id)
+
         return raw, removed
 
     async def _remove_sandbox_hook(self, raw: bytes) -> tuple[bytes, Callable[[bytes | None], None]]:
@@ -148,16 +149,19 @@ class ForwardingHandler(grpc.GenericRpcHandler):
             if response is not None:
                 request = api_pb2.RemovePodSandboxRequest.FromString(raw)
                 self._interceptor.removed_sandbox(request.pod_sandbox_id)
+
         return raw, removed
 
 
 def _created(completion: Completion) -> Callable[[bytes | None], None]:
     """Translate the CreateContainer response bytes into the new container id for a completion."""
+
     def done(response: bytes | None) -> None:
         if response is None:
             completion(None)
         else:
             completion(api_pb2.CreateContainerResponse.FromString(response).container_id)
+
     return done
 
 
@@ -204,8 +208,13 @@ def _unary_unary(
                     request, outcome = await hook(request)
                 except Rejected as rejected:
                     code = rejected.code
-                    log_event(log, "create_container.rejected", logging.WARNING,
-                              code=code.name, reason=rejected.message)
+                    log_event(
+                        log,
+                        "create_container.rejected",
+                        logging.WARNING,
+                        code=code.name,
+                        reason=rejected.message,
+                    )
                     await context.abort(rejected.code, rejected.message)
             call = upstream(
                 request,
@@ -232,21 +241,85 @@ def _unary_unary(
     return forward
 
 
+# How long a call of unknown kind may take to show that it sends exactly one message.
+PEEK_SECONDS = 0.05
+StreamingForward = Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[bytes]]
+
+
+def _any_kind(single: StreamingForward, streamed: StreamingForward) -> StreamingForward:
+    """Forward a call whose kind we do not know (a method from a newer CRI).
+
+    A caller that sends one message and half-closes (unary or server-streaming, the common case)
+    is forwarded as one request with streamed responses: message and half-close reach the runtime
+    together. Anything else is pumped as a bidirectional stream.
+    """
+
+    async def forward(
+        requests: AsyncIterator[bytes], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[bytes]:
+        incoming = requests.__aiter__()
+        try:
+            first = await incoming.__anext__()
+        except StopAsyncIteration:
+            async for response in streamed(_replay([], None, incoming), context):
+                yield response
+            return
+        second = asyncio.ensure_future(incoming.__anext__())
+        await asyncio.wait([second], timeout=PEEK_SECONDS)
+        if second.done() and not second.cancelled() and isinstance(second.exception(), StopAsyncIteration):
+            async for response in single(first, context):
+                yield response
+            return
+        async for response in streamed(_replay([first], second, incoming), context):
+            yield response
+
+    return forward
+
+
+async def _replay(
+    seen: list[bytes], pending: asyncio.Future[bytes] | None, rest: AsyncIterator[bytes]
+) -> AsyncIterator[bytes]:
+    """The caller's messages again: those already read, the one being read, then the rest."""
+    for message in seen:
+        yield message
+    if pending is not None:
+        try:
+            yield await pending
+        except StopAsyncIteration:
+            return
+    async for message in rest:
+        yield message
+
+
+async def _pump(requests: AsyncIterator[bytes], call: grpc.aio.StreamStreamCall) -> None:
+    """Copy the caller's messages to the runtime; stop quietly once either side is done."""
+    try:
+        async for message in requests:
+            await call.write(message)
+        await call.done_writing()
+    except (grpc.aio.AioRpcError, asyncio.InvalidStateError, grpc.aio.UsageError):
+        return  # the runtime already finished the call; its status is what the caller gets
+
+
 def _streaming(
     upstream: grpc.aio.UnaryStreamMultiCallable | grpc.aio.StreamStreamMultiCallable,
     record: _Recorder,
 ) -> Callable[[Any, grpc.aio.ServicerContext], AsyncIterator[bytes]]:
     """Forward a call whose responses stream back: the request is bytes or an async iterator."""
+    client_streaming = isinstance(upstream, grpc.aio.StreamStreamMultiCallable)
 
     async def forward(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
         started = time.perf_counter()
         code: grpc.StatusCode | None = None
         record.inflight.inc()
-        call = upstream(
-            request,
-            timeout=_timeout(context),
-            metadata=forwardable_metadata(context.invocation_metadata()),
-        )
+        options = {
+            "timeout": _timeout(context),
+            "metadata": forwardable_metadata(context.invocation_metadata()),
+        }
+        # Client streams are pumped by our own task: when the runtime ends the call first (an
+        # unknown method is refused at once), gRPC's own pump would fail the caller with INTERNAL.
+        call = upstream(**options) if client_streaming else upstream(request, **options)
+        pump = asyncio.create_task(_pump(request, call)) if client_streaming else None
         try:
             async for response in call:
                 yield response
@@ -258,6 +331,8 @@ def _streaming(
             await _abort_with(context, error)
         finally:
             call.cancel()  # the caller went away or we failed: stop the upstream stream too
+            if pump is not None:
+                pump.cancel()
             record.inflight.dec()
             record.done(started, code)
 

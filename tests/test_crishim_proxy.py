@@ -192,6 +192,26 @@ def test_unknown_method_from_a_future_cri_is_forwarded(
     assert [m for m, _, _ in fake_runtime.received][-3:] == ["/runtime.v2.FutureService/Chat"] * 3
 
 
+def test_conversational_bidi_stream_of_unknown_kind(shim_over: Callable[..., grpc.Channel]) -> None:
+    """A caller that waits for each answer before sending more must not deadlock the peek."""
+    import queue
+
+    outbox: queue.Queue[bytes | None] = queue.Queue()
+
+    def requests() -> Iterator[bytes]:
+        while (message := outbox.get(timeout=10)) is not None:
+            yield message
+
+    call = shim_over().stream_stream("/runtime.v2.FutureService/Talk")(requests(), timeout=10)
+    answers = []
+    for word in (b"ping", b"pong", b"done"):
+        outbox.put(word)
+        answers.append(next(call))
+    outbox.put(None)
+    assert answers == [b"ping", b"pong", b"done"]
+    assert list(call) == []
+
+
 def test_client_cancellation_reaches_the_runtime(
     shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
 ) -> None:
