@@ -1,0 +1,157 @@
+"""Turn a Pod object into the core's ``PodRequest``; bad requests get a message, never a crash.
+
+What a pod can ask for (docs/scheduler.md is the user-facing description):
+- whole GPUs: ``resources.limits["nvidia.com/gpu"]`` per container (the name is configurable);
+- a share of one GPU: annotation ``kubegpu.io/gpu-milli`` (1..999) and/or
+  ``kubegpu.io/gpu-memory-mib``; the share goes to the containers named in
+  ``kubegpu.io/gpu-containers`` (comma separated), by default the first container;
+- GPU models: annotation ``kubegpu.io/gpu-model``, models separated by ``|``;
+- topology of a multi-GPU set: annotation ``kubegpu.io/topology``, comma-separated
+  ``nvlink``/``numa``/``pcie-switch`` each ``=require`` or ``=prefer``;
+- CPU and memory requests (the Kubernetes rule: max of the sum over containers and any init
+  container), node selector, tolerations.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Any
+
+from kubernetes.utils import parse_quantity
+
+from scheduler.core.request import ContainerRequest, PodRequest, Toleration, TopologyWish, Wish
+
+GPU_MILLI_ANNOTATION = "kubegpu.io/gpu-milli"
+GPU_MEMORY_ANNOTATION = "kubegpu.io/gpu-memory-mib"
+GPU_CONTAINERS_ANNOTATION = "kubegpu.io/gpu-containers"
+GPU_MODEL_ANNOTATION = "kubegpu.io/gpu-model"
+TOPOLOGY_ANNOTATION = "kubegpu.io/topology"
+TOPOLOGY_KEYS = {"nvlink": "nvlink", "numa": "same_numa", "pcie-switch": "same_pcie_switch"}
+MEBI = Decimal(1024 * 1024)
+
+
+class PodSpecError(ValueError):
+    """The pod's kubegpu request is malformed; the message is meant for a FailedScheduling Event."""
+
+
+def _quantity(value: Any, what: str) -> Decimal:
+    try:
+        return Decimal(parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
+        raise PodSpecError(f"invalid quantity {value!r} for {what}") from None
+
+
+def _resources(container: Any) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    resources = container.resources
+    if resources is None:
+        return {}, {}
+    return resources.requests or {}, resources.limits or {}
+
+
+def _cpu_memory(container: Any) -> tuple[int, int]:
+    requests, limits = _resources(container)
+    cpu = requests.get("cpu", limits.get("cpu", 0))
+    memory = requests.get("memory", limits.get("memory", 0))
+    cpu_milli = int((_quantity(cpu, "cpu") * 1000).to_integral_value(rounding="ROUND_CEILING"))
+    memory_mib = int((_quantity(memory, "memory") / MEBI).to_integral_value(rounding="ROUND_CEILING"))
+    return cpu_milli, memory_mib
+
+
+def _gpus(container: Any, resource: str) -> int:
+    requests, limits = _resources(container)
+    value = limits.get(resource, requests.get(resource, 0))
+    count = _quantity(value, f"{resource} of container {container.name}")
+    if count < 0 or count != count.to_integral_value():
+        raise PodSpecError(f"{resource} of container {container.name} must be a whole number, got {value}")
+    return int(count)
+
+
+def _int_annotation(annotations: Mapping[str, str], key: str, low: int, high: int) -> int:
+    raw = annotations.get(key)
+    if raw is None:
+        return 0
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise PodSpecError(f"annotation {key}={raw!r} is not an integer") from None
+    if not low <= value <= high:
+        raise PodSpecError(f"annotation {key}={value} is outside {low}..{high}")
+    return value
+
+
+def parse_topology(raw: str | None) -> TopologyWish:
+    """``nvlink=require,numa=prefer`` -> TopologyWish."""
+    if not raw:
+        return TopologyWish()
+    wishes: dict[str, Wish] = {}
+    for part in raw.split(","):
+        key, _, level = part.strip().partition("=")
+        if key not in TOPOLOGY_KEYS or level not in ("require", "prefer"):
+            raise PodSpecError(
+                f"annotation {TOPOLOGY_ANNOTATION}: {part.strip()!r} is not one of "
+                f"{', '.join(TOPOLOGY_KEYS)} =require|prefer"
+            )
+        wishes[TOPOLOGY_KEYS[key]] = Wish.REQUIRE if level == "require" else Wish.PREFER
+    return TopologyWish(**wishes)
+
+
+def _tolerations(pod: Any) -> tuple[Toleration, ...]:
+    return tuple(
+        Toleration(
+            key=t.key or "", operator=t.operator or "Equal", value=t.value or "", effect=t.effect or ""
+        )
+        for t in pod.spec.tolerations or []
+    )
+
+
+def pod_request(pod: Any, gpu_resource: str = "nvidia.com/gpu") -> PodRequest:
+    """The scheduling request of a V1Pod; raise PodSpecError with a user-facing message."""
+    meta, spec = pod.metadata, pod.spec
+    annotations = meta.annotations or {}
+    name = f"{meta.namespace}/{meta.name}"
+    containers = list(spec.containers or [])
+    if not containers:
+        raise PodSpecError("pod has no containers")
+    cpu_memory = [_cpu_memory(c) for c in containers]
+    init = [_cpu_memory(c) for c in spec.init_containers or []]
+    cpu = max([sum(c for c, _ in cpu_memory)] + [c for c, _ in init])
+    memory = max([sum(m for _, m in cpu_memory)] + [m for _, m in init])
+    whole = [(c.name, _gpus(c, gpu_resource)) for c in containers]
+    milli = _int_annotation(annotations, GPU_MILLI_ANNOTATION, 1, 999)
+    gpu_memory = _int_annotation(annotations, GPU_MEMORY_ANNOTATION, 1, 1 << 24)
+    sharing = bool(milli or gpu_memory)
+    total_whole = sum(count for _, count in whole)
+    if sharing and total_whole:
+        raise PodSpecError(f"a pod asks for whole GPUs ({gpu_resource}) or a share of one GPU, not both")
+    if sharing:
+        names = [c.name for c in containers]
+        wanted = [
+            n.strip() for n in annotations.get(GPU_CONTAINERS_ANNOTATION, names[0]).split(",") if n.strip()
+        ]
+        unknown = sorted(set(wanted) - set(names))
+        if unknown:
+            raise PodSpecError(f"annotation {GPU_CONTAINERS_ANNOTATION} names unknown containers {unknown}")
+        container_requests = tuple(ContainerRequest(n, 1 if n in wanted else 0) for n in names)
+        gpu_count = 1
+    else:
+        container_requests = tuple(ContainerRequest(n, count) for n, count in whole)
+        gpu_count = total_whole
+    models = frozenset(m.strip() for m in annotations.get(GPU_MODEL_ANNOTATION, "").split("|") if m.strip())
+    try:
+        return PodRequest(
+            name=name,
+            uid=meta.uid or name,
+            cpu_milli=cpu,
+            memory_mib=memory,
+            gpu_count=gpu_count,
+            gpu_milli=milli if sharing else 0,
+            gpu_memory_mib=gpu_memory,
+            gpu_models=models,
+            topology=parse_topology(annotations.get(TOPOLOGY_ANNOTATION)),
+            node_selector=dict(spec.node_selector or {}),
+            tolerations=_tolerations(pod),
+            containers=container_requests,
+        )
+    except ValueError as error:
+        raise PodSpecError(str(error)) from None

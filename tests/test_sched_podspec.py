@@ -1,0 +1,93 @@
+"""Pod objects to scheduling requests, and the messages bad requests get."""
+
+from __future__ import annotations
+
+import pytest
+from kubernetes import client as k8s
+
+from scheduler.core.request import Wish
+from scheduler.live.podspec import PodSpecError, parse_topology, pod_request
+
+
+def pod(
+    containers: list[k8s.V1Container],
+    annotations: dict[str, str] | None = None,
+    init: list[k8s.V1Container] | None = None,
+    **spec: object,
+) -> k8s.V1Pod:
+    return k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name="p", namespace="ns", uid="u-1", annotations=annotations),
+        spec=k8s.V1PodSpec(containers=containers, init_containers=init, **spec),
+    )
+
+
+def container(
+    name: str,
+    cpu: str | None = None,
+    memory: str | None = None,
+    gpus: str | None = None,
+) -> k8s.V1Container:
+    requests = {k: v for k, v in (("cpu", cpu), ("memory", memory)) if v}
+    limits = {"nvidia.com/gpu": gpus} if gpus else None
+    return k8s.V1Container(
+        name=name, image="x", resources=k8s.V1ResourceRequirements(requests=requests, limits=limits)
+    )
+
+
+def test_whole_gpus_cpu_memory_and_init_rule() -> None:
+    request = pod_request(
+        pod(
+            [container("a", "500m", "1Gi", "2"), container("b", "1", "512Mi", "1")],
+            init=[container("setup", "4", "100Mi")],
+            node_selector={"pool": "gpu"},
+            tolerations=[k8s.V1Toleration(key="gpu", operator="Exists", effect="NoSchedule")],
+        )
+    )
+    assert (request.name, request.uid) == ("ns/p", "u-1")
+    assert request.cpu_milli == 4000  # the init container's 4 CPUs beat the 1.5 of the sum
+    assert request.memory_mib == 1536
+    assert request.gpu_count == 3 and request.whole_gpus == 3 and not request.is_share
+    assert [(c.name, c.gpu_count) for c in request.containers] == [("a", 2), ("b", 1)]
+    assert dict(request.node_selector) == {"pool": "gpu"}
+    assert request.tolerations[0].operator == "Exists"
+
+
+def test_share_by_milli_and_memory() -> None:
+    request = pod_request(
+        pod(
+            [container("a"), container("b")],
+            {
+                "kubegpu.io/gpu-milli": "250",
+                "kubegpu.io/gpu-memory-mib": "4096",
+                "kubegpu.io/gpu-containers": "b",
+                "kubegpu.io/gpu-model": "NVIDIA L4 | Tesla T4",
+            },
+        )
+    )
+    assert request.is_share and request.gpu_count == 1 and request.gpu_milli == 250
+    assert request.gpu_memory_mib == 4096
+    assert [(c.name, c.gpu_count) for c in request.containers] == [("a", 0), ("b", 1)]
+    assert request.gpu_models == frozenset({"NVIDIA L4", "Tesla T4"})
+
+
+def test_topology_annotation() -> None:
+    wish = parse_topology("nvlink=require, numa=prefer")
+    assert (wish.nvlink, wish.same_numa, wish.same_pcie_switch) == (Wish.REQUIRE, Wish.PREFER, Wish.NONE)
+
+
+@pytest.mark.parametrize(
+    ("annotations", "gpus", "message"),
+    [
+        ({"kubegpu.io/gpu-milli": "1500"}, None, "outside 1..999"),
+        ({"kubegpu.io/gpu-milli": "lots"}, None, "not an integer"),
+        ({"kubegpu.io/gpu-milli": "500"}, "1", "not both"),
+        ({"kubegpu.io/gpu-milli": "500", "kubegpu.io/gpu-containers": "ghost"}, None, "unknown containers"),
+        ({"kubegpu.io/topology": "nvlink=always"}, "2", "is not one of"),
+        ({}, "1.5", "whole number"),
+        ({}, "-1", "whole number"),
+        ({}, "many", "invalid quantity"),
+    ],
+)
+def test_bad_requests_get_clear_messages(annotations: dict[str, str], gpus: str | None, message: str) -> None:
+    with pytest.raises(PodSpecError, match=message):
+        pod_request(pod([container("a", gpus=gpus)], annotations))
