@@ -14,11 +14,13 @@ def pod(
     annotations: dict[str, str] | None = None,
     init: list[k8s.V1Container] | None = None,
     **spec: object,
-) -> k8s.V1Pod:
-    return k8s.V1Pod(
+) -> dict:
+    """The pod as the API serves it (JSON), built from typed models for readability."""
+    model = k8s.V1Pod(
         metadata=k8s.V1ObjectMeta(name="p", namespace="ns", uid="u-1", annotations=annotations),
         spec=k8s.V1PodSpec(containers=containers, init_containers=init, **spec),
     )
+    return k8s.ApiClient().sanitize_for_serialization(model)
 
 
 def container(

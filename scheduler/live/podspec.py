@@ -1,4 +1,7 @@
-"""Turn a Pod object into the core's ``PodRequest``; bad requests get a message, never a crash.
+"""Turn a Pod (as the API's JSON, a dict) into the core's ``PodRequest``; bad input gets a message.
+
+The live scheduler works on plain JSON dicts from list/watch: the Kubernetes client's model
+deserialisation costs about a millisecond per pod, more than scheduling it.
 
 What a pod can ask for (docs/scheduler.md is the user-facing description):
 - whole GPUs: ``resources.limits["nvidia.com/gpu"]`` per container (the name is configurable);
@@ -42,14 +45,12 @@ def _quantity(value: Any, what: str) -> Decimal:
         raise PodSpecError(f"invalid quantity {value!r} for {what}") from None
 
 
-def _resources(container: Any) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
-    resources = container.resources
-    if resources is None:
-        return {}, {}
-    return resources.requests or {}, resources.limits or {}
+def _resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+    resources = container.get("resources") or {}
+    return resources.get("requests") or {}, resources.get("limits") or {}
 
 
-def _cpu_memory(container: Any) -> tuple[int, int]:
+def _cpu_memory(container: Mapping[str, Any]) -> tuple[int, int]:
     requests, limits = _resources(container)
     cpu = requests.get("cpu", limits.get("cpu", 0))
     memory = requests.get("memory", limits.get("memory", 0))
@@ -58,12 +59,13 @@ def _cpu_memory(container: Any) -> tuple[int, int]:
     return cpu_milli, memory_mib
 
 
-def _gpus(container: Any, resource: str) -> int:
+def _gpus(container: Mapping[str, Any], resource: str) -> int:
     requests, limits = _resources(container)
     value = limits.get(resource, requests.get(resource, 0))
-    count = _quantity(value, f"{resource} of container {container.name}")
+    name = container.get("name", "?")
+    count = _quantity(value, f"{resource} of container {name}")
     if count < 0 or count != count.to_integral_value():
-        raise PodSpecError(f"{resource} of container {container.name} must be a whole number, got {value}")
+        raise PodSpecError(f"{resource} of container {name} must be a whole number, got {value}")
     return int(count)
 
 
@@ -96,28 +98,31 @@ def parse_topology(raw: str | None) -> TopologyWish:
     return TopologyWish(**wishes)
 
 
-def _tolerations(pod: Any) -> tuple[Toleration, ...]:
+def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
     return tuple(
         Toleration(
-            key=t.key or "", operator=t.operator or "Equal", value=t.value or "", effect=t.effect or ""
+            key=t.get("key") or "",
+            operator=t.get("operator") or "Equal",
+            value=t.get("value") or "",
+            effect=t.get("effect") or "",
         )
-        for t in pod.spec.tolerations or []
+        for t in spec.get("tolerations") or []
     )
 
 
-def pod_request(pod: Any, gpu_resource: str = "nvidia.com/gpu") -> PodRequest:
-    """The scheduling request of a V1Pod; raise PodSpecError with a user-facing message."""
-    meta, spec = pod.metadata, pod.spec
-    annotations = meta.annotations or {}
-    name = f"{meta.namespace}/{meta.name}"
-    containers = list(spec.containers or [])
+def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> PodRequest:
+    """The scheduling request of a pod (API JSON); raise PodSpecError with a user-facing message."""
+    meta, spec = pod.get("metadata") or {}, pod.get("spec") or {}
+    annotations = meta.get("annotations") or {}
+    name = f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+    containers = list(spec.get("containers") or [])
     if not containers:
         raise PodSpecError("pod has no containers")
     cpu_memory = [_cpu_memory(c) for c in containers]
-    init = [_cpu_memory(c) for c in spec.init_containers or []]
+    init = [_cpu_memory(c) for c in spec.get("initContainers") or []]
     cpu = max([sum(c for c, _ in cpu_memory)] + [c for c, _ in init])
     memory = max([sum(m for _, m in cpu_memory)] + [m for _, m in init])
-    whole = [(c.name, _gpus(c, gpu_resource)) for c in containers]
+    whole = [(c.get("name", ""), _gpus(c, gpu_resource)) for c in containers]
     milli = _int_annotation(annotations, GPU_MILLI_ANNOTATION, 1, 999)
     gpu_memory = _int_annotation(annotations, GPU_MEMORY_ANNOTATION, 1, 1 << 24)
     sharing = bool(milli or gpu_memory)
@@ -125,7 +130,7 @@ def pod_request(pod: Any, gpu_resource: str = "nvidia.com/gpu") -> PodRequest:
     if sharing and total_whole:
         raise PodSpecError(f"a pod asks for whole GPUs ({gpu_resource}) or a share of one GPU, not both")
     if sharing:
-        names = [c.name for c in containers]
+        names = [c.get("name", "") for c in containers]
         wanted = [
             n.strip() for n in annotations.get(GPU_CONTAINERS_ANNOTATION, names[0]).split(",") if n.strip()
         ]
@@ -141,7 +146,7 @@ def pod_request(pod: Any, gpu_resource: str = "nvidia.com/gpu") -> PodRequest:
     try:
         return PodRequest(
             name=name,
-            uid=meta.uid or name,
+            uid=meta.get("uid") or name,
             cpu_milli=cpu,
             memory_mib=memory,
             gpu_count=gpu_count,
@@ -149,8 +154,8 @@ def pod_request(pod: Any, gpu_resource: str = "nvidia.com/gpu") -> PodRequest:
             gpu_memory_mib=gpu_memory,
             gpu_models=models,
             topology=parse_topology(annotations.get(TOPOLOGY_ANNOTATION)),
-            node_selector=dict(spec.node_selector or {}),
-            tolerations=_tolerations(pod),
+            node_selector=dict(spec.get("nodeSelector") or {}),
+            tolerations=_tolerations(spec),
             containers=container_requests,
         )
     except ValueError as error:
