@@ -32,19 +32,31 @@ def node_devices_from(args: argparse.Namespace) -> NodeDevices:
     except PluginError as error:
         # Keep serving kubelet: pods without devices still run; allocated ones are refused.
         log_event(log, "devices.discovery_failed", logging.ERROR, node=args.node_name, error=str(error))
-    log_event(log, "devices.discovered", node=args.node_name, plugins=args.device_plugin,
-              devices=sorted(node_devices.devices))
+    log_event(
+        log,
+        "devices.discovered",
+        node=args.node_name,
+        plugins=args.device_plugin,
+        devices=sorted(node_devices.devices),
+    )
     return node_devices
 
 
-def build_rewriter(args: argparse.Namespace, node_devices: NodeDevices,
-                   api: client.ApiClient | None) -> AllocationRewriter:
+def build_rewriter(
+    args: argparse.Namespace, node_devices: NodeDevices, api: client.ApiClient | None
+) -> AllocationRewriter:
     """The shim's interceptor; the API (if any) serves pods whose sandbox lacks the allocation."""
     lookup = ApiPodLookup(client.CoreV1Api(api)) if api is not None else None
     return AllocationRewriter(args.node_name, node_devices, KeyRing(Path(args.allocation_keys_dir)), lookup)
 
 
-def build_advertiser(args: argparse.Namespace, node_devices: NodeDevices,
-                     api: client.ApiClient) -> Advertiser:
-    return Advertiser(client.CoreV1Api(api), args.node_name, node_devices.current_inventory,
-                      interval=args.advertise_interval, heartbeat_seconds=args.heartbeat_interval)
+def build_advertiser(
+    args: argparse.Namespace, node_devices: NodeDevices, api: client.ApiClient
+) -> Advertiser:
+    return Advertiser(
+        client.CoreV1Api(api),
+        args.node_name,
+        node_devices.current_inventory,
+        interval=args.advertise_interval,
+        heartbeat_seconds=args.heartbeat_interval,
+    )

@@ -69,12 +69,14 @@ def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
     taken = {d.container_path for d in config.devices}
     for node in edits.device_nodes:
         if node.container_path not in taken:
-            config.devices.add(container_path=node.container_path, host_path=node.host_path,
-                               permissions=node.permissions)
+            config.devices.add(
+                container_path=node.container_path, host_path=node.host_path, permissions=node.permissions
+            )
     mounted = {m.container_path for m in config.mounts}
     for mount in edits.mounts:
         if mount.container_path not in mounted:
-            config.mounts.add(container_path=mount.container_path, host_path=mount.host_path,
-                              readonly=mount.readonly)
+            config.mounts.add(
+                container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly
+            )
     for name in edits.cdi_devices:
         config.CDI_devices.add(name=name)

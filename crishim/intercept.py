@@ -67,9 +67,7 @@ def parse_create_container(raw: bytes) -> api_pb2.CreateContainerRequest:
         ) from exc
 
 
-async def intercept_create_container(
-    raw: bytes, interceptor: Interceptor
-) -> tuple[bytes, Completion | None]:
+async def intercept_create_container(raw: bytes, interceptor: Interceptor) -> tuple[bytes, Completion | None]:
     """Parse, let the interceptor rewrite, serialise. Unknown fields survive the round trip."""
     request, completion = await interceptor.create_container(parse_create_container(raw))
     return request.SerializeToString(), completion

@@ -37,15 +37,19 @@ class Conflict:
     holders: tuple[Holding, ...]
 
     def describe(self) -> str:
-        who = ", ".join(f"{h.container} of pod {h.pod_uid} ({h.container_id[:12] or 'creating'})"
-                        for h in self.holders)
+        who = ", ".join(
+            f"{h.container} of pod {h.pod_uid} ({h.container_id[:12] or 'creating'})" for h in self.holders
+        )
         return f"device {self.device} is held by {who}"
 
 
 def mark_value(pod_uid: str, container: str, shares: Mapping[str, int]) -> str:
     """The annotation the shim puts on a container it rewrote (device id -> milli)."""
-    return json.dumps({"pod": pod_uid, "container": container, "devices": dict(sorted(shares.items()))},
-                      sort_keys=True, separators=(",", ":"))
+    return json.dumps(
+        {"pod": pod_uid, "container": container, "devices": dict(sorted(shares.items()))},
+        sort_keys=True,
+        separators=(",", ":"),
+    )
 
 
 def parse_mark(value: str) -> tuple[str, str, dict[str, int]] | None:
@@ -107,8 +111,9 @@ class Ledger:
             for h in reserved:
                 entries = self._by_device.get(h.device, [])
                 if h in entries:
-                    entries[entries.index(h)] = Holding(container_id, h.sandbox_id, h.pod_uid,
-                                                        h.container, h.device, h.milli)
+                    entries[entries.index(h)] = Holding(
+                        container_id, h.sandbox_id, h.pod_uid, h.container, h.device, h.milli
+                    )
 
     def release(self, reserved: Iterable[Holding]) -> None:
         """Drop in-flight holdings of a create that failed."""

@@ -1,4 +1,4 @@
-"""Prometheus metrics of the CRI shim and the HTTP endpoint serving them with /healthz.
+"""Prometheus metrics of the CRI shim (served by ``kubegpu.httpserve.MetricsServer``).
 
 prometheus-client is used rather than hand-written exposition: it gives correct text format,
 thread-safe counters/histograms and the standard process_* metrics for free.
@@ -11,12 +11,7 @@ Metrics (see docs/crishim.md):
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-
 from prometheus_client import (
-    CONTENT_TYPE_LATEST,
     CollectorRegistry,
     Counter,
     Gauge,
@@ -80,60 +75,3 @@ class ShimMetrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
-
-
-HealthProbe = Callable[[], tuple[bool, str]]
-
-
-class MetricsServer:
-    """Serve /metrics, /healthz (the shim serves) and /readyz (the runtime answers) over HTTP."""
-
-    def __init__(
-        self,
-        address: str,
-        metrics: ShimMetrics,
-        healthz: HealthProbe,
-        readyz: HealthProbe,
-    ) -> None:
-        host, _, port = address.rpartition(":")
-        self._server = ThreadingHTTPServer(
-            (host or "127.0.0.1", int(port)), self._handler(metrics, {"/healthz": healthz, "/readyz": readyz})
-        )
-        self._server.daemon_threads = True
-        self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-
-    @staticmethod
-    def _handler(metrics: ShimMetrics, probes: dict[str, HealthProbe]) -> type[BaseHTTPRequestHandler]:
-        class Handler(BaseHTTPRequestHandler):
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-                return
-
-            def _send(self, status: int, content_type: str, body: bytes) -> None:
-                self.send_response(status)
-                self.send_header("Content-Type", content_type)
-                self.send_header("Content-Length", str(len(body)))
-                self.end_headers()
-                self.wfile.write(body)
-
-            def do_GET(self) -> None:  # noqa: N802
-                path = self.path.split("?", 1)[0]
-                if path == "/metrics":
-                    self._send(200, CONTENT_TYPE_LATEST, metrics.render())
-                elif path in probes:
-                    ok, detail = probes[path]()
-                    self._send(200 if ok else 503, "text/plain", (detail + "\n").encode())
-                else:
-                    self._send(404, "text/plain", b"not found\n")
-
-        return Handler

@@ -37,8 +37,9 @@ def requested_resources(pod: client.V1Pod, managed: Collection[str]) -> list[str
 class ApiPodLookup:
     """Read a pod's allocation annotation from the API server (the shim's slow path)."""
 
-    def __init__(self, api: client.CoreV1Api, managed: Collection[str] = DEFAULT_RESOURCES,
-                 timeout: float = 3.0) -> None:
+    def __init__(
+        self, api: client.CoreV1Api, managed: Collection[str] = DEFAULT_RESOURCES, timeout: float = 3.0
+    ) -> None:
         self._api = api
         self._managed = frozenset(managed)
         self._timeout = timeout
@@ -53,17 +54,20 @@ class ApiPodLookup:
             pod = await loop.run_in_executor(None, read)
         except (ApiException, OSError, ValueError) as error:
             # Without the API we cannot know; the container is created with every device scrubbed.
-            log_event(log, "pod_lookup.failed", logging.WARNING,
-                      pod=f"{namespace}/{name}", error=str(error)[:200])
+            log_event(
+                log, "pod_lookup.failed", logging.WARNING, pod=f"{namespace}/{name}", error=str(error)[:200]
+            )
             return None
         if pod.metadata.uid != uid:
             return None
         value = (pod.metadata.annotations or {}).get(ANNOTATION)
         wants = requested_resources(pod, self._managed)
         if value is None and wants:
-            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
-                           f"pod {namespace}/{name} requests {', '.join(wants)} but carries no kubegpu "
-                           f"allocation (was it scheduled by kubegpu?)")
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {namespace}/{name} requests {', '.join(wants)} but carries no kubegpu "
+                f"allocation (was it scheduled by kubegpu?)",
+            )
         self._cache[uid] = value
         if len(self._cache) > 4096:
             self._cache.pop(next(iter(self._cache)))

@@ -44,8 +44,9 @@ GONE_STATES = (api_pb2.CONTAINER_EXITED,)
 class KeyRing:
     """The cluster's allocation keys from a mounted Secret directory, re-read when it changes."""
 
-    def __init__(self, directory: Path | None, static: Mapping[str, bytes] | None = None,
-                 recheck_seconds: float = 5.0) -> None:
+    def __init__(
+        self, directory: Path | None, static: Mapping[str, bytes] | None = None, recheck_seconds: float = 5.0
+    ) -> None:
         self._directory = directory
         self._keys: dict[str, bytes] = dict(static or {})
         self._recheck = recheck_seconds
@@ -115,16 +116,25 @@ def pod_of(request: api_pb2.CreateContainerRequest) -> PodRef:
     return PodRef(meta.namespace, meta.name, meta.uid)
 
 
-def check_allocation(allocation: Allocation, pod: PodRef, container: str, node_name: str,
-                     devices: Mapping[str, Device], healthy: Mapping[str, bool],
-                     ) -> tuple[list[Device], dict[str, Share]]:
+def check_allocation(
+    allocation: Allocation,
+    pod: PodRef,
+    container: str,
+    node_name: str,
+    devices: Mapping[str, Device],
+    healthy: Mapping[str, bool],
+) -> tuple[list[Device], dict[str, Share]]:
     """The devices (and shares) this container gets; raise Rejected if the node cannot honour it."""
     if allocation.node != node_name:
-        raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
-                       f"pod {pod}: allocation is for node {allocation.node!r}, this is {node_name!r}")
+        raise Rejected(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"pod {pod}: allocation is for node {allocation.node!r}, this is {node_name!r}",
+        )
     if allocation.pod_uid != pod.uid:
-        raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
-                       f"pod {pod}: allocation is for pod UID {allocation.pod_uid}, sandbox has {pod.uid}")
+        raise Rejected(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"pod {pod}: allocation is for pod UID {allocation.pod_uid}, sandbox has {pod.uid}",
+        )
     entry = allocation.containers.get(container)
     if entry is None:
         return [], {}
@@ -132,11 +142,15 @@ def check_allocation(allocation: Allocation, pod: PodRef, container: str, node_n
     for device_id in entry.devices:
         device = devices.get(device_id)
         if device is None:
-            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
-                           f"pod {pod} container {container}: device {device_id} is not on this node")
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {pod} container {container}: device {device_id} is not on this node",
+            )
         if not healthy.get(device_id, device.healthy):
-            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
-                           f"pod {pod} container {container}: device {device_id} is unhealthy")
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {pod} container {container}: device {device_id} is unhealthy",
+            )
         granted.append(device)
     return granted, dict(entry.shares)
 
@@ -144,8 +158,13 @@ def check_allocation(allocation: Allocation, pod: PodRef, container: str, node_n
 class AllocationRewriter:
     """The shim's CreateContainer interceptor (see module docstring)."""
 
-    def __init__(self, node_name: str, node_devices: NodeDevices, keys: KeyRing,
-                 lookup: PodAnnotationLookup | None = None) -> None:
+    def __init__(
+        self,
+        node_name: str,
+        node_devices: NodeDevices,
+        keys: KeyRing,
+        lookup: PodAnnotationLookup | None = None,
+    ) -> None:
         self.node_name = node_name
         self.node_devices = node_devices
         self.keys = keys
@@ -161,8 +180,7 @@ class AllocationRewriter:
     def start(self, channel: grpc.aio.Channel, health_interval: float) -> list[asyncio.Task[None]]:
         """Attach to the runtime and start the background work: ledger rebuild, health refresh."""
         self.attach(channel)
-        return [asyncio.create_task(self.rebuild()),
-                asyncio.create_task(self._watch_health(health_interval))]
+        return [asyncio.create_task(self.rebuild()), asyncio.create_task(self._watch_health(health_interval))]
 
     async def _watch_health(self, interval: float) -> None:
         """Re-read device health off the CRI path (plugin calls may block)."""
@@ -173,8 +191,9 @@ class AllocationRewriter:
             try:
                 await loop.run_in_executor(None, self.node_devices.refresh_health)
             except Exception as error:  # a plugin failing must not stop the loop
-                log_event(log, "health.refresh_failed", logging.WARNING,
-                          node=self.node_name, error=str(error))
+                log_event(
+                    log, "health.refresh_failed", logging.WARNING, node=self.node_name, error=str(error)
+                )
                 continue
             changed = {k: v for k, v in self.node_devices.healthy.items() if before.get(k) != v}
             if changed:
@@ -198,12 +217,18 @@ class AllocationRewriter:
             if mark is None or container.state in GONE_STATES:
                 continue
             pod_uid, name, devices = mark
-            holdings.extend(Holding(container.id, container.pod_sandbox_id, pod_uid, name, device, milli)
-                            for device, milli in devices.items())
+            holdings.extend(
+                Holding(container.id, container.pod_sandbox_id, pod_uid, name, device, milli)
+                for device, milli in devices.items()
+            )
         self.ledger.replace_all(holdings)
         self.rebuilt.set()
-        log_event(log, "ledger.rebuilt", containers=len({h.container_id for h in holdings}),
-                  devices=sorted({h.device for h in holdings}))
+        log_event(
+            log,
+            "ledger.rebuilt",
+            containers=len({h.container_id for h in holdings}),
+            devices=sorted({h.device for h in holdings}),
+        )
 
     def removed_container(self, container_id: str) -> None:
         freed = self.ledger.remove_container(container_id)
@@ -232,13 +257,15 @@ class AllocationRewriter:
             allocation = verify(value, self.keys.keys())
         except AllocationError as error:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod}: {error}") from None
-        granted, shares = check_allocation(allocation, pod, container, self.node_name,
-                                           self.node_devices.devices, self.node_devices.healthy)
+        granted, shares = check_allocation(
+            allocation, pod, container, self.node_name, self.node_devices.devices, self.node_devices.healthy
+        )
         if not granted:
             return request, None
         if not self.rebuilt.is_set():
-            raise Rejected(grpc.StatusCode.UNAVAILABLE,
-                           f"pod {pod}: the device ledger is still being rebuilt, retry")
+            raise Rejected(
+                grpc.StatusCode.UNAVAILABLE, f"pod {pod}: the device ledger is still being rebuilt, retry"
+            )
         milli = {d.id: (shares[d.id].milli if d.id in shares else WHOLE) for d in granted}
         holdings = [Holding("", request.pod_sandbox_id, pod.uid, container, d, m) for d, m in milli.items()]
         await self._reserve(pod, container, holdings)
@@ -248,8 +275,15 @@ class AllocationRewriter:
             self.ledger.release(holdings)
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"pod {pod}: {error}") from None
         request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli)
-        log_event(log, "create_container.rewritten", pod=str(pod), pod_uid=pod.uid, node=self.node_name,
-                  container=container, devices=sorted(milli))
+        log_event(
+            log,
+            "create_container.rewritten",
+            pod=str(pod),
+            pod_uid=pod.uid,
+            node=self.node_name,
+            container=container,
+            devices=sorted(milli),
+        )
         return request, self._completion(holdings)
 
     async def _reserve(self, pod: PodRef, container: str, holdings: list[Holding]) -> None:
@@ -264,16 +298,23 @@ class AllocationRewriter:
         conflicts = self.ledger.try_reserve(holdings)
         if conflicts:
             reason = "; ".join(c.describe() for c in conflicts)
-            log_event(log, "create_container.conflict", logging.WARNING, pod=str(pod), container=container,
-                      node=self.node_name, reason=reason)
-            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION,
-                           f"pod {pod} container {container}: {reason}")
+            log_event(
+                log,
+                "create_container.conflict",
+                logging.WARNING,
+                pod=str(pod),
+                container=container,
+                node=self.node_name,
+                reason=reason,
+            )
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"pod {pod} container {container}: {reason}")
 
     async def _is_live(self, container_id: str) -> bool:
         assert self._runtime is not None
         try:
             status = await self._runtime.ContainerStatus(
-                api_pb2.ContainerStatusRequest(container_id=container_id), timeout=10)
+                api_pb2.ContainerStatusRequest(container_id=container_id), timeout=10
+            )
         except grpc.aio.AioRpcError as error:
             return error.code() is not grpc.StatusCode.NOT_FOUND
         return status.status.state not in GONE_STATES
@@ -284,4 +325,5 @@ class AllocationRewriter:
                 self.ledger.commit(holdings, container_id)
             else:
                 self.ledger.release(holdings)
+
         return done

@@ -23,9 +23,10 @@ import grpc
 import grpc.aio
 
 from crishim.intercept import Interceptor
-from crishim.metrics import MetricsServer, ShimMetrics
+from crishim.metrics import ShimMetrics
 from crishim.proxy import ForwardingHandler
 from crishim.sdnotify import notify
+from kubegpu.httpserve import MetricsServer
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim")
@@ -145,7 +146,9 @@ class CriShim:
         await self._wait_interceptor_ready()
         if self.config.metrics_address:
             self._metrics_server = MetricsServer(
-                self.config.metrics_address, self.metrics, self.healthz, self.readyz
+                self.config.metrics_address,
+                self.metrics.render,
+                {"/healthz": self.healthz, "/readyz": self.readyz},
             )
             self._metrics_server.start()
         self._serving = True
@@ -168,8 +171,12 @@ class CriShim:
             try:
                 await asyncio.wait_for(ready.wait(), timeout=self.config.ready_wait_seconds)
             except TimeoutError:
-                log_event(log, "crishim.ready_without_ledger", logging.WARNING,
-                          waited_seconds=self.config.ready_wait_seconds)
+                log_event(
+                    log,
+                    "crishim.ready_without_ledger",
+                    logging.WARNING,
+                    waited_seconds=self.config.ready_wait_seconds,
+                )
 
     def healthz(self) -> tuple[bool, str]:
         """The shim process serves CRI calls."""
