@@ -182,6 +182,50 @@ def _run_advertise(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_scheduler(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "scheduler",
+        help="run the topology-aware device scheduler against a cluster",
+        description="Schedule pods whose spec.schedulerName names this scheduler, binding each with its "
+        "signed device allocation. Flags override the config file (docs/scheduler.md).",
+    )
+    parser.add_argument("--config", help="scheduler config file (YAML)")
+    parser.add_argument("--kubeconfig", help="API access (default: in-cluster service account)")
+    parser.add_argument("--scheduler-name", help="the spec.schedulerName this replica serves")
+    parser.add_argument("--policy", help="node scoring policy (kubegpu simulate --list-policies)")
+    parser.add_argument("--metrics-address", metavar="HOST:PORT", help="serve /metrics, /healthz, /readyz")
+    parser.add_argument("--keys-dir", help="mounted signing-key Secret directory")
+    parser.add_argument("--signing-key-id", help="key id to sign allocations with")
+    parser.add_argument("--leader-elect", action="store_true", default=None, help="run Lease leader election")
+    parser.add_argument("--identity", help="this replica's identity (default: hostname)")
+    parser.set_defaults(run=_run_scheduler)
+
+
+def _run_scheduler(args: argparse.Namespace) -> int:
+    from scheduler.live.config import ConfigError, load_config
+    from scheduler.live.main import run_scheduler
+
+    try:
+        config = load_config(args.config)
+    except ConfigError as exc:
+        print(f"kubegpu scheduler: {exc}", file=sys.stderr)
+        return 2
+    for flag, attr in (
+        ("scheduler_name", "scheduler_name"),
+        ("policy", "policy"),
+        ("metrics_address", "metrics_address"),
+        ("keys_dir", "keys_dir"),
+        ("signing_key_id", "signing_key_id"),
+        ("identity", "identity"),
+    ):
+        value = getattr(args, flag)
+        if value is not None:
+            setattr(config, attr, value)
+    if args.leader_elect:
+        config.leader_election.enabled = True
+    return run_scheduler(config, args.kubeconfig)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="kubegpu", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kubegpu {__version__}")
@@ -190,6 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_crishim(sub)
     _add_advertise(sub)
     _add_devices(sub)
+    _add_scheduler(sub)
     return parser
 
 

@@ -121,6 +121,8 @@ class Reflector:
                 log_event(log, "watch.expired", resource=self.name, reason=str(expired))
                 resource_version = None
             except Exception as error:  # network, API and decoding errors alike: back off, re-list
+                if stop.is_set():
+                    return
                 failures += 1
                 wait = min(30.0, 0.5 * 2 ** min(failures, 6))
                 log_event(

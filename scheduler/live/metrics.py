@@ -1,0 +1,45 @@
+"""Prometheus metrics of the scheduler (docs/scheduler.md lists them)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, ProcessCollector, generate_latest
+
+BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+class SchedulerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        ProcessCollector(registry=self.registry)
+        self.queue_depth = Gauge(
+            "kubegpu_scheduler_queue_depth",
+            "Pods waiting to be scheduled, by queue.",
+            ["queue"],
+            registry=self.registry,
+        )
+        self.attempts = Counter(
+            "kubegpu_scheduler_attempts", "Scheduling attempts by result.", ["result"], registry=self.registry
+        )
+        self.latency = Histogram(
+            "kubegpu_scheduler_scheduling_duration_seconds",
+            "Time to decide one pod (filter, score, pick devices).",
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.e2e = Histogram(
+            "kubegpu_scheduler_e2e_duration_seconds",
+            "From pod creation to a successful binding.",
+            buckets=BUCKETS,
+            registry=self.registry,
+        )
+        self.binds = Counter(
+            "kubegpu_scheduler_bindings", "Binding calls by result.", ["result"], registry=self.registry
+        )
+        self.leader = Gauge(
+            "kubegpu_scheduler_is_leader",
+            "1 while this replica holds the leader lease.",
+            registry=self.registry,
+        )
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

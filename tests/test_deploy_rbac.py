@@ -1,0 +1,549 @@
+"""deploy/ against the real apiserver: the manifests are accepted, and the RBAC is just enough.
+
+The manifests are applied with the admin client (server-side apply). The Deployment never runs
+(there is no kubelet), but the apiserver validates it, and a dry-run Pod from its template
+passes the namespace's ``restricted`` Pod Security level. Then the tests act as each
+ServiceAccount:
+
+- ``kubegpu-system/kubegpu-scheduler`` can do all the scheduler does (list and watch pods and
+  nodes, bind with annotations, events through both APIs, the PodScheduled condition, its Lease
+  through :class:`LeaderElector`) and nothing else: secrets, pod create/delete, node writes and
+  other Leases are forbidden, and its effective rules are exactly the expected ones;
+- ``kubegpu-system/kubegpu-node`` can read and patch nodes and their status and read pods, and
+  nothing else.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from kubernetes import client as k8s
+
+from kubegpu.devenv.controlplane import MERGE_PATCH, create_fake_node
+from kubegpu.devenv.manifests import (
+    apply_manifests,
+    apply_object,
+    iter_objects,
+    load_documents,
+    manifest_files,
+)
+from scheduler.live.leader import LeaderElector
+
+pytestmark = pytest.mark.apiserver
+
+DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
+SECRET_TEMPLATE = DEPLOY / "allocation-keys.secret.yaml.template"
+NAMESPACE = "kubegpu-system"
+SCHEDULER, NODE_AGENT = "kubegpu-scheduler", "kubegpu-node"
+LEASE = "kubegpu-scheduler"
+NO_SCHEDULER = "kubegpu-test-unscheduled"
+
+ClientFactory = Callable[[str, str], k8s.ApiClient]
+
+
+def unique(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+def status_of(call: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
+    """HTTP status of an API call: 200 when it succeeds, else the ApiException's status."""
+    try:
+        call(*args, **kwargs)
+    except k8s.ApiException as exc:
+        return int(exc.status)
+    return 200
+
+
+def rendered_secret(key: bytes) -> str:
+    """The Secret template with its placeholder replaced by ``key``."""
+    text = SECRET_TEMPLATE.read_text()
+    placeholder = '"<BASE64 OF 32 RANDOM BYTES>"'
+    assert placeholder in text
+    return text.replace(placeholder, base64.b64encode(key).decode())
+
+
+@pytest.fixture(scope="module")
+def deployed(admin_api: k8s.ApiClient, tmp_path_factory: pytest.TempPathFactory) -> list[Any]:
+    """deploy/ applied (twice: it must be idempotent), plus the Secret from its template."""
+    apply_manifests(admin_api, [DEPLOY])
+    applied = apply_manifests(admin_api, [DEPLOY])
+    secret = tmp_path_factory.mktemp("deploy") / "allocation-keys.secret.yaml"
+    secret.write_text(rendered_secret(os.urandom(32)))
+    applied += apply_manifests(admin_api, [secret])
+    return applied
+
+
+def wait_allowed(api: k8s.ApiClient, attrs: dict[str, str], timeout: float = 30) -> None:
+    """Wait until RBAC (an informer cache in the apiserver) has caught up with the bindings."""
+    deadline = time.monotonic() + timeout
+    while not allowed(api, **attrs):
+        assert time.monotonic() < deadline, f"never allowed: {attrs}"
+        time.sleep(0.2)
+
+
+def allowed(api: k8s.ApiClient, **attrs: str) -> bool:
+    """SelfSubjectAccessReview: may this client do ``attrs`` (verb, resource, namespace, ...)?"""
+    review = k8s.V1SelfSubjectAccessReview(
+        spec=k8s.V1SelfSubjectAccessReviewSpec(resource_attributes=k8s.V1ResourceAttributes(**attrs))
+    )
+    return bool(k8s.AuthorizationV1Api(api).create_self_subject_access_review(review).status.allowed)
+
+
+Rules = set[tuple[str, str, str, str]]
+
+
+def effective_rules(api: k8s.ApiClient, namespace: str) -> Rules:
+    """(group, resource, verb, resourceName or '*') this client may use in ``namespace``."""
+    review = k8s.V1SelfSubjectRulesReview(spec=k8s.V1SelfSubjectRulesReviewSpec(namespace=namespace))
+    status = k8s.AuthorizationV1Api(api).create_self_subject_rules_review(review).status
+    assert not status.incomplete, status.evaluation_error
+    rules = set()
+    for rule in status.resource_rules:
+        for group in rule.api_groups or [""]:
+            for resource in rule.resources or []:
+                for verb in rule.verbs:
+                    for name in rule.resource_names or ["*"]:
+                        rules.add((group, resource, verb, name))
+    return rules
+
+
+def expand(group: str, resources: list[str], verbs: list[str], name: str = "*") -> Rules:
+    return {(group, resource, verb, name) for resource in resources for verb in verbs}
+
+
+SCHEDULER_CLUSTER_RULES = (
+    expand("", ["pods"], ["get", "list", "watch"])
+    | expand("", ["pods/binding"], ["create"])
+    | expand("", ["pods/status"], ["patch", "update"])
+    | expand("", ["nodes"], ["get", "list", "watch"])
+    | expand("", ["events"], ["create", "patch"])
+    | expand("events.k8s.io", ["events"], ["create", "patch"])
+)
+SCHEDULER_LEASE_RULES = expand("coordination.k8s.io", ["leases"], ["create"]) | expand(
+    "coordination.k8s.io", ["leases"], ["get", "update"], LEASE
+)
+NODE_RULES = (
+    expand("", ["nodes"], ["get", "patch"])
+    | expand("", ["nodes/status"], ["patch"])
+    | expand("", ["pods"], ["get"])
+)
+
+
+@pytest.fixture
+def granted(
+    service_account_client: ClientFactory, kube_namespace: str
+) -> Callable[[k8s.ApiClient, str], Rules]:
+    """``(client, namespace) -> rules`` beyond what every ServiceAccount may do.
+
+    Every authenticated user gets some rules from the bootstrap policy (self-subject reviews,
+    reading ClusterTrustBundles, ...): they are measured on a ServiceAccount with no binding
+    and taken away, so what remains is what kubegpu's roles grant.
+    """
+    nobody = service_account_client(kube_namespace, "nobody")
+
+    def rules(api: k8s.ApiClient, namespace: str) -> Rules:
+        return effective_rules(api, namespace) - effective_rules(nobody, namespace)
+
+    return rules
+
+
+@pytest.fixture
+def scheduler_api(deployed: list[Any], service_account_client: ClientFactory) -> k8s.ApiClient:
+    api = service_account_client(NAMESPACE, SCHEDULER)
+    wait_allowed(
+        api,
+        {
+            "verb": "get",
+            "resource": "leases",
+            "group": "coordination.k8s.io",
+            "namespace": NAMESPACE,
+            "name": LEASE,
+        },
+    )
+    wait_allowed(
+        api, {"verb": "create", "resource": "pods", "subresource": "binding", "namespace": "default"}
+    )
+    return api
+
+
+@pytest.fixture
+def node_api(deployed: list[Any], service_account_client: ClientFactory) -> k8s.ApiClient:
+    api = service_account_client(NAMESPACE, NODE_AGENT)
+    wait_allowed(api, {"verb": "patch", "resource": "nodes", "subresource": "status"})
+    return api
+
+
+@pytest.fixture
+def pending_pod(admin_api: k8s.ApiClient, kube_namespace: str) -> Iterator[str]:
+    """A pod in the test namespace that no scheduler serves (stays pending)."""
+    name = unique("pending")
+    container = k8s.V1Container(name="main", image="registry.kubegpu.test/busybox:1.0")
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name=name),
+        spec=k8s.V1PodSpec(containers=[container], scheduler_name=NO_SCHEDULER),
+    )
+    k8s.CoreV1Api(admin_api).create_namespaced_pod(kube_namespace, pod)
+    yield name
+
+
+# --------------------------------------------------------------------------- the manifests
+
+
+def test_the_manifests_are_accepted(deployed: list[Any], admin_api: k8s.ApiClient) -> None:
+    kinds = sorted((a.kind, a.namespace or "", a.name) for a in deployed)
+    assert kinds == sorted(
+        [
+            ("Namespace", "", NAMESPACE),
+            ("ServiceAccount", NAMESPACE, SCHEDULER),
+            ("ClusterRole", "", SCHEDULER),
+            ("ClusterRoleBinding", "", SCHEDULER),
+            ("Role", NAMESPACE, "kubegpu-scheduler-leader"),
+            ("RoleBinding", NAMESPACE, "kubegpu-scheduler-leader"),
+            ("ServiceAccount", NAMESPACE, NODE_AGENT),
+            ("ClusterRole", "", NODE_AGENT),
+            ("ClusterRoleBinding", "", NODE_AGENT),
+            ("ConfigMap", NAMESPACE, "kubegpu-scheduler-config"),
+            ("Deployment", NAMESPACE, SCHEDULER),
+            ("Secret", NAMESPACE, "kubegpu-allocation-keys"),
+        ]
+    )
+    deployment = k8s.AppsV1Api(admin_api).read_namespaced_deployment(SCHEDULER, NAMESPACE)
+    assert deployment.spec.replicas == 2
+    container = deployment.spec.template.spec.containers[0]
+    assert container.command == ["kubegpu", "scheduler", "--config", "/etc/kubegpu/scheduler.yaml"]
+    assert container.security_context.read_only_root_filesystem is True
+    mounts = {m.mount_path: m for m in container.volume_mounts}
+    assert mounts["/etc/kubegpu/keys"].read_only is True
+    secret = k8s.CoreV1Api(admin_api).read_namespaced_secret("kubegpu-allocation-keys", NAMESPACE)
+    assert secret.type == "Opaque" and len(base64.b64decode(secret.data["k1"])) == 32
+
+
+def test_the_scheduler_pod_template_passes_restricted_pod_security(
+    deployed: list[Any], admin_api: k8s.ApiClient
+) -> None:
+    deployment = next(a.body for a in deployed if a.kind == "Deployment")
+    template = deployment["spec"]["template"]
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": unique("template-check"),
+            "namespace": NAMESPACE,
+            "labels": template["metadata"]["labels"],
+        },
+        "spec": template["spec"],
+    }
+    # dryRun=All runs validation and admission (Pod Security "restricted" on the namespace),
+    # and stores nothing.
+    checked = apply_object(admin_api, pod, dry_run=True).body
+    assert checked["spec"]["serviceAccountName"] == SCHEDULER
+    assert k8s.CoreV1Api(admin_api).list_namespaced_pod(NAMESPACE).items == []
+
+
+def test_the_secret_template_is_not_applied_with_its_placeholder(
+    admin_api: k8s.ApiClient, tmp_path: Path
+) -> None:
+    assert SECRET_TEMPLATE not in manifest_files([DEPLOY])  # `kubectl apply -f deploy/` skips it
+    raw = tmp_path / "as-shipped.yaml"
+    raw.write_text(SECRET_TEMPLATE.read_text())
+    with pytest.raises(k8s.ApiException) as caught:
+        apply_manifests(admin_api, [raw], dry_run=True)
+    # kubectl apply (client side) gets 400; server-side apply reports the decode failure as 500.
+    assert caught.value.status in (400, 422, 500) and "illegal base64" in caught.value.body
+
+
+def test_the_config_file_matches_the_rest_of_deploy(tmp_path: Path) -> None:
+    objects = {(o["kind"], o["metadata"]["name"]): o for o in iter_objects([DEPLOY])}
+    text = objects[("ConfigMap", "kubegpu-scheduler-config")]["data"]["scheduler.yaml"]
+    config = yaml.safe_load(text)
+    assert config == {
+        "schedulerName": "kubegpu",
+        "gpuResource": "nvidia.com/gpu",
+        "signingKeyId": "k1",
+        "keysDir": "/etc/kubegpu/keys",
+        "leaderElection": {"enabled": True, "namespace": NAMESPACE, "leaseName": LEASE},
+        "heartbeatStaleSeconds": 120,
+        "metricsAddress": "0.0.0.0:9465",
+        "policy": "topology",
+    }
+    role = objects[("Role", "kubegpu-scheduler-leader")]
+    assert [r.get("resourceNames") for r in role["rules"]] == [None, [LEASE]]
+    container = objects[("Deployment", SCHEDULER)]["spec"]["template"]["spec"]["containers"][0]
+    assert {m["mountPath"] for m in container["volumeMounts"]} >= {
+        config["keysDir"],
+        "/etc/kubegpu/scheduler.yaml",
+    }
+    assert container["ports"][0]["containerPort"] == int(config["metricsAddress"].rsplit(":", 1)[1])
+    loader = pytest.importorskip("scheduler.live.config")  # the scheduler reads it as it is shipped
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(text)
+    loaded = loader.load_config(path)
+    assert loaded.leader_election.enabled and loaded.leader_election.lease_name == LEASE
+
+
+def test_load_documents_expands_lists_and_skips_empty_ones() -> None:
+    text = (
+        "---\n# comment only\n---\nkind: ConfigMapList\napiVersion: v1\nitems:\n"
+        "- {apiVersion: v1, kind: ConfigMap, metadata: {name: a}}\n"
+    )
+    assert [o["metadata"]["name"] for o in load_documents(text)] == ["a"]
+
+
+# --------------------------------------------------------------------------- the scheduler's identity
+
+
+def test_scheduler_may_do_what_it_needs(
+    scheduler_api: k8s.ApiClient, admin_api: k8s.ApiClient, kube_namespace: str, pending_pod: str
+) -> None:
+    core = k8s.CoreV1Api(scheduler_api)
+    node = unique("gpu-node")
+    create_fake_node(k8s.CoreV1Api(admin_api), node, capacity={"nvidia.com/gpu": "8"})
+
+    assert any(n.metadata.name == node for n in core.list_node().items)
+    assert core.read_node(node).status.capacity["nvidia.com/gpu"] == "8"
+    assert pending_pod in {p.metadata.name for p in core.list_pod_for_all_namespaces().items}
+    for watch_call in (core.list_pod_for_all_namespaces, core.list_node):
+        response = watch_call(watch=True, timeout_seconds=1, _preload_content=False)
+        assert response.status == 200
+        response.release_conn()
+
+    # PodScheduled=False for a pod it cannot place (status subresource, strategic merge on type).
+    condition = {
+        "type": "PodScheduled",
+        "status": "False",
+        "reason": "Unschedulable",
+        "message": "0/1 nodes have a free GPU",
+    }
+    core.patch_namespaced_pod_status(pending_pod, kube_namespace, {"status": {"conditions": [condition]}})
+    conditions = core.read_namespaced_pod(pending_pod, kube_namespace).status.conditions
+    assert [(c.type, c.reason) for c in conditions] == [("PodScheduled", "Unschedulable")]
+
+    # Bind, with the allocation annotation riding on the Binding.
+    binding = k8s.V1Binding(
+        metadata=k8s.V1ObjectMeta(name=pending_pod, annotations={"kubegpu.io/allocation": "{}"}),
+        target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    )
+    response = core.create_namespaced_pod_binding(
+        pending_pod, kube_namespace, binding, _preload_content=False
+    )
+    assert response.status == 201
+    pod = core.read_namespaced_pod(pending_pod, kube_namespace)
+    assert pod.spec.node_name == node and pod.metadata.annotations["kubegpu.io/allocation"] == "{}"
+
+
+def test_scheduler_may_record_events_through_both_apis(
+    scheduler_api: k8s.ApiClient, kube_namespace: str, pending_pod: str
+) -> None:
+    regarding = k8s.V1ObjectReference(
+        api_version="v1", kind="Pod", name=pending_pod, namespace=kube_namespace
+    )
+    core = k8s.CoreV1Api(scheduler_api)
+    name = unique(f"{pending_pod}.sched")
+    core.create_namespaced_event(
+        kube_namespace,
+        k8s.CoreV1Event(
+            metadata=k8s.V1ObjectMeta(name=name),
+            involved_object=regarding,
+            reason="FailedScheduling",
+            message="no GPU",
+            type="Warning",
+            count=1,
+            source=k8s.V1EventSource(component="kubegpu"),
+        ),
+    )
+    core.patch_namespaced_event(name, kube_namespace, {"count": 2}, _content_type=MERGE_PATCH)
+
+    events = k8s.EventsV1Api(scheduler_api)
+    new_name = unique(f"{pending_pod}.new")
+    events.create_namespaced_event(
+        kube_namespace,
+        k8s.EventsV1Event(
+            metadata=k8s.V1ObjectMeta(name=new_name),
+            event_time=datetime.now(UTC).replace(microsecond=123456),  # MicroTime: see leader.wire_time
+            reporting_controller="kubegpu.io/scheduler",
+            reporting_instance="replica-a",
+            action="Scheduling",
+            reason="FailedScheduling",
+            regarding=regarding,
+            type="Warning",
+            note="no GPU",
+        ),
+    )
+    series = {"series": {"count": 2, "lastObservedTime": "2026-01-01T00:00:00.000001Z"}}
+    events.patch_namespaced_event(new_name, kube_namespace, series, _content_type=MERGE_PATCH)
+
+
+def test_scheduler_holds_its_lease_with_the_leader_elector(
+    scheduler_api: k8s.ApiClient, admin_api: k8s.ApiClient
+) -> None:
+    status_of(k8s.CoordinationV1Api(admin_api).delete_namespaced_lease, LEASE, NAMESPACE)
+    timings: dict[str, Any] = {"lease_seconds": 2, "renew_deadline": 1.5, "retry_period": 0.2}
+    coordination = k8s.CoordinationV1Api(scheduler_api)
+    first = LeaderElector(coordination, NAMESPACE, LEASE, "replica-a", **timings)
+    second = LeaderElector(coordination, NAMESPACE, LEASE, "replica-b", **timings)
+    assert first.try_acquire_or_renew()  # create
+    assert first.try_acquire_or_renew()  # get + update
+    assert not second.try_acquire_or_renew() and second.holder == "replica-a"
+    assert first.release()
+    assert second.try_acquire_or_renew()
+
+
+def test_scheduler_may_do_nothing_else(
+    scheduler_api: k8s.ApiClient, admin_api: k8s.ApiClient, kube_namespace: str, pending_pod: str
+) -> None:
+    core = k8s.CoreV1Api(scheduler_api)
+    coordination = k8s.CoordinationV1Api(scheduler_api)
+    node = unique("node")
+    create_fake_node(k8s.CoreV1Api(admin_api), node)
+    pod = k8s.V1Pod(
+        metadata=k8s.V1ObjectMeta(name=unique("p")),
+        spec=k8s.V1PodSpec(containers=[k8s.V1Container(name="c", image="x")]),
+    )
+    other_lease = unique("other")
+    k8s.CoordinationV1Api(admin_api).create_namespaced_lease(
+        kube_namespace, {"metadata": {"name": "foreign"}, "spec": {}}
+    )
+
+    forbidden = {
+        "list secrets": status_of(core.list_secret_for_all_namespaces),
+        "list secrets in its namespace": status_of(core.list_namespaced_secret, NAMESPACE),
+        "get the signing key": status_of(core.read_namespaced_secret, "kubegpu-allocation-keys", NAMESPACE),
+        "delete a pod": status_of(core.delete_namespaced_pod, pending_pod, kube_namespace),
+        "create a pod": status_of(core.create_namespaced_pod, kube_namespace, pod),
+        "patch a pod": status_of(
+            core.patch_namespaced_pod, pending_pod, kube_namespace, {"metadata": {"labels": {"x": "y"}}}
+        ),
+        "patch a node": status_of(core.patch_node, node, {"metadata": {"labels": {"x": "y"}}}),
+        "patch a node's status": status_of(
+            core.patch_node_status, node, {"status": {"capacity": {"x": "1"}}}
+        ),
+        "delete a node": status_of(core.delete_node, node),
+        "get a lease elsewhere": status_of(coordination.read_namespaced_lease, "foreign", kube_namespace),
+        "create a lease elsewhere": status_of(
+            coordination.create_namespaced_lease,
+            kube_namespace,
+            {"metadata": {"name": other_lease}, "spec": {}},
+        ),
+        "get another lease in its namespace": status_of(
+            coordination.read_namespaced_lease, other_lease, NAMESPACE
+        ),
+        "list leases": status_of(coordination.list_namespaced_lease, NAMESPACE),
+        "list configmaps": status_of(core.list_namespaced_config_map, NAMESPACE),
+    }
+    assert {what: code for what, code in forbidden.items() if code != 403} == {}
+    assert core.read_namespaced_pod(pending_pod, kube_namespace).metadata.labels is None
+
+
+def test_scheduler_rules_are_exactly_the_expected_ones(
+    scheduler_api: k8s.ApiClient, kube_namespace: str, granted: Callable[[k8s.ApiClient, str], Rules]
+) -> None:
+    assert granted(scheduler_api, NAMESPACE) == SCHEDULER_CLUSTER_RULES | SCHEDULER_LEASE_RULES
+    assert granted(scheduler_api, kube_namespace) == SCHEDULER_CLUSTER_RULES
+    checks = [
+        (
+            {
+                "verb": "delete",
+                "resource": "leases",
+                "group": "coordination.k8s.io",
+                "namespace": NAMESPACE,
+                "name": LEASE,
+            },
+            False,
+        ),
+        (
+            {
+                "verb": "update",
+                "resource": "leases",
+                "group": "coordination.k8s.io",
+                "namespace": NAMESPACE,
+                "name": LEASE,
+            },
+            True,
+        ),
+        (
+            {
+                "verb": "update",
+                "resource": "leases",
+                "group": "coordination.k8s.io",
+                "namespace": "kube-system",
+                "name": LEASE,
+            },
+            False,
+        ),
+        ({"verb": "get", "resource": "secrets", "namespace": NAMESPACE}, False),
+        ({"verb": "create", "resource": "pods", "subresource": "binding", "namespace": kube_namespace}, True),
+        ({"verb": "update", "resource": "pods", "namespace": kube_namespace}, False),
+    ]
+    assert [allowed(scheduler_api, **attrs) for attrs, _ in checks] == [want for _, want in checks]
+
+
+# --------------------------------------------------------------------------- the node agent's identity
+
+
+def test_node_agent_may_do_what_it_needs(
+    node_api: k8s.ApiClient, admin_api: k8s.ApiClient, kube_namespace: str, pending_pod: str
+) -> None:
+    core = k8s.CoreV1Api(node_api)
+    node = unique("gpu-node")
+    create_fake_node(k8s.CoreV1Api(admin_api), node)
+    assert core.read_node(node).metadata.name == node
+    inventory = json.dumps({"version": 1, "devices": [], "topology": {}})
+    core.patch_node(node, {"metadata": {"annotations": {"kubegpu.io/inventory": inventory}}})  # strategic
+    core.patch_node(
+        node,
+        {"metadata": {"annotations": {"kubegpu.io/heartbeat": "2026-11-26T12:00:00Z"}}},
+        _content_type=MERGE_PATCH,
+    )
+    gpus = {"nvidia.com/gpu": "8"}
+    core.patch_node_status(
+        node, {"status": {"capacity": gpus, "allocatable": gpus}}, _content_type=MERGE_PATCH
+    )
+    stored = k8s.CoreV1Api(admin_api).read_node(node)
+    assert stored.metadata.annotations["kubegpu.io/inventory"] == inventory
+    assert stored.status.allocatable["nvidia.com/gpu"] == "8"
+    assert core.read_namespaced_pod(pending_pod, kube_namespace).metadata.name == pending_pod
+
+
+def test_node_agent_may_do_nothing_else(
+    node_api: k8s.ApiClient,
+    admin_api: k8s.ApiClient,
+    kube_namespace: str,
+    pending_pod: str,
+    granted: Callable[[k8s.ApiClient, str], Rules],
+) -> None:
+    core = k8s.CoreV1Api(node_api)
+    node = unique("node")
+    create_fake_node(k8s.CoreV1Api(admin_api), node)
+    binding = k8s.V1Binding(
+        metadata=k8s.V1ObjectMeta(name=pending_pod),
+        target=k8s.V1ObjectReference(api_version="v1", kind="Node", name=node),
+    )
+    forbidden = {
+        "list secrets": status_of(core.list_secret_for_all_namespaces),
+        "get the signing key": status_of(core.read_namespaced_secret, "kubegpu-allocation-keys", NAMESPACE),
+        "bind a pod": status_of(
+            core.create_namespaced_pod_binding, pending_pod, kube_namespace, binding, _preload_content=False
+        ),
+        "delete a node": status_of(core.delete_node, node),
+        "update a node": status_of(core.replace_node, node, k8s.CoreV1Api(admin_api).read_node(node)),
+        "list nodes": status_of(core.list_node),
+        "list pods": status_of(core.list_pod_for_all_namespaces),
+        "delete a pod": status_of(core.delete_namespaced_pod, pending_pod, kube_namespace),
+        "patch a pod": status_of(
+            core.patch_namespaced_pod, pending_pod, kube_namespace, {"metadata": {"labels": {"x": "y"}}}
+        ),
+        "get a lease": status_of(k8s.CoordinationV1Api(node_api).read_namespaced_lease, LEASE, NAMESPACE),
+    }
+    assert {what: code for what, code in forbidden.items() if code != 403} == {}
+    assert granted(node_api, kube_namespace) == NODE_RULES
+    assert granted(node_api, NAMESPACE) == NODE_RULES
