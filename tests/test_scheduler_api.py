@@ -273,3 +273,45 @@ def test_restart_in_the_middle_of_a_burst(
     used = device_usage(list(pods.values()))
     assert all(milli == 1000 for milli in used.values())  # whole GPUs, each held by exactly one pod
     assert len(used) == sum(1 + i % 2 for i in range(200))
+
+
+def test_two_replicas_with_leader_election(
+    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path
+) -> None:
+    """Two replicas at once: one schedules; when it stops the other takes over; no GPU twice."""
+    from scheduler.live.config import LeaderElection
+
+    core = k8s.CoreV1Api(admin_api)
+    run = uuid.uuid4().hex[:6]
+    for index in range(12):
+        advertise(core, f"ha-{run}-{index:02d}", "dgx1-v100", tmp_path, labels={"run": run})
+    name = f"kubegpu-{run}"
+    election = LeaderElection(enabled=True, namespace=kube_namespace, lease_name=f"lease-{run}",
+                              lease_seconds=2.0, renew_deadline_seconds=1.5, retry_period_seconds=0.2)
+    replicas = []
+    for identity in ("replica-a", "replica-b"):
+        config = SchedulerConfig(scheduler_name=name, policy="bestfit", identity=identity,
+                                 leader_election=LeaderElection(**vars(election)))
+        scheduler = Scheduler(config, admin_api, KeyRing(None, KEYS), seed=1)
+        scheduler.start_watching()
+        assert scheduler.wait_synced(30)
+        scheduler.start_leading(admin_api)
+        thread = threading.Thread(target=scheduler.run, daemon=True)
+        thread.start()
+        replicas.append((scheduler, thread))
+    names = [f"ha-{i:03d}" for i in range(80)]
+    try:
+        for index, pod_name in enumerate(names):
+            core.create_namespaced_pod(kube_namespace, gpu_pod(kube_namespace, pod_name, 1, scheduler=name,
+                                                               selector={"run": run}, cpu="100m"))
+            if index == 40:
+                leader = next(s for s, _ in replicas if s.leading.is_set())
+                assert sum(s.leading.is_set() for s, _ in replicas) == 1
+                leader.stop()  # releases the lease: the other replica takes over
+        pods = wait_bound(core, kube_namespace, names, timeout=120)
+    finally:
+        for scheduler, thread in replicas:
+            scheduler.stop()
+            thread.join(timeout=10)
+    used = device_usage(list(pods.values()))
+    assert len(used) == len(names) and all(milli == 1000 for milli in used.values())

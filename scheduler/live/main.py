@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import signal
-import threading
 from pathlib import Path
 from types import FrameType
 
@@ -52,7 +51,7 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
     scheduler.start_watching()
     if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
         log_event(log, "scheduler.sync_timeout", logging.ERROR, seconds=SYNC_TIMEOUT_SECONDS)
-    elector_thread = _start_leading(scheduler, api)
+    elector_thread = scheduler.start_leading(api)
     log_event(
         log,
         "scheduler.started",
@@ -68,43 +67,3 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
     if server is not None:
         server.stop()
     return 0
-
-
-def _start_leading(scheduler: Scheduler, api: object) -> threading.Thread | None:
-    """Lead at once, or run the Lease election; losing the lease stops this replica."""
-    config = scheduler.config
-    if not config.leader_election.enabled:
-        scheduler.leading.set()
-        scheduler.metrics.leader.set(1)
-        return None
-    from kubernetes import client as k8s
-
-    from scheduler.live.leader import LeaderElector
-
-    election = config.leader_election
-    elector = LeaderElector(
-        k8s.CoordinationV1Api(api),
-        election.namespace,
-        election.lease_name,
-        config.identity,
-        lease_seconds=election.lease_seconds,
-        renew_deadline=election.renew_deadline_seconds,
-        retry_period=election.retry_period_seconds,
-    )
-
-    def started() -> None:
-        log_event(log, "leader.acquired", identity=config.identity, lease=election.lease_name)
-        scheduler.metrics.leader.set(1)
-        scheduler.leading.set()
-
-    def stopped() -> None:
-        log_event(log, "leader.lost", logging.WARNING, identity=config.identity, lease=election.lease_name)
-        scheduler.metrics.leader.set(0)
-        scheduler.leading.clear()
-        scheduler.stop_event.set()  # like kube-scheduler: a replica that lost the lease exits
-
-    thread = threading.Thread(
-        target=elector.run, args=(started, stopped, scheduler.stop_event), name="leader-election", daemon=True
-    )
-    thread.start()
-    return thread

@@ -115,6 +115,7 @@ class Scheduler:
         self.node_reflector = Reflector("nodes", self.core.list_node, _NodeHandler(self))
         self.pod_reflector = Reflector("pods", self.core.list_pod_for_all_namespaces, _PodHandler(self))
         self.bound_count = 0
+        self.elector: Any = None  # LeaderElector when leader election is on
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -124,6 +125,40 @@ class Scheduler:
                 target=reflector.run, args=(self.stop_event,), name=f"watch-{reflector.name}", daemon=True
             ).start()
         threading.Thread(target=self._watch_staleness, name="staleness", daemon=True).start()
+
+    def start_leading(self, api: k8s.ApiClient) -> threading.Thread | None:
+        """Lead at once, or run the Lease election; a replica that loses the lease stops."""
+        election = self.config.leader_election
+        if not election.enabled:
+            self.leading.set()
+            self.metrics.leader.set(1)
+            return None
+        from scheduler.live.leader import LeaderElector
+
+        self.elector = LeaderElector(
+            k8s.CoordinationV1Api(api), election.namespace, election.lease_name, self.config.identity,
+            lease_seconds=election.lease_seconds, renew_deadline=election.renew_deadline_seconds,
+            retry_period=election.retry_period_seconds,
+        )
+
+        def started() -> None:
+            log_event(log, "leader.acquired", identity=self.config.identity, lease=election.lease_name)
+            self.metrics.leader.set(1)
+            self.leading.set()
+
+        def stopped() -> None:
+            clean = self.stop_event.is_set()
+            log_event(log, "leader.released" if clean else "leader.lost",
+                      logging.INFO if clean else logging.WARNING,
+                      identity=self.config.identity, lease=election.lease_name)
+            self.metrics.leader.set(0)
+            self.leading.clear()
+            self.stop_event.set()  # like kube-scheduler: a replica that lost the lease stops
+
+        thread = threading.Thread(target=self.elector.run, args=(started, stopped, self.stop_event),
+                                  name="leader-election", daemon=True)
+        thread.start()
+        return thread
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
@@ -411,6 +446,10 @@ class Scheduler:
             "target": {"apiVersion": "v1", "kind": "Node", "name": alloc.node},
         }
         devices = list(alloc.device_ids())
+        if self.elector is not None and not self.elector.is_leader:
+            # Lost the lease since deciding: the new leader decides this pod from a fresh list.
+            self._undo_assumption(uid, retry=False)
+            return
         try:
             if alloc.gpus:
                 key = self.keys.keys().get(self.config.signing_key_id)
