@@ -41,13 +41,28 @@ def test_container_sees_exactly_the_scheduled_gpus(
     keys.mkdir()
     (keys / KEY_ID).write_bytes(KEY)
     shim = ShimProcess(
-        socket=Path(f"/tmp/kgshim-e2e-{run}.sock"), runtime_endpoint=containerd.endpoint,
+        socket=Path(f"/tmp/kgshim-e2e-{run}.sock"),
+        runtime_endpoint=containerd.endpoint,
         log_path=tmp_path / "crishim.log",
-        extra_args=["--device-plugin", "sim", "--sim-topology", "dgx1-v100", "--node-name", node,
-                    "--sim-state-dir", str(state / node), "--allocation-keys-dir", str(keys)],
+        extra_args=[
+            "--device-plugin",
+            "sim",
+            "--sim-topology",
+            "dgx1-v100",
+            "--node-name",
+            node,
+            "--sim-state-dir",
+            str(state / node),
+            "--allocation-keys-dir",
+            str(keys),
+        ],
     ).start()
-    scheduler = Scheduler(SchedulerConfig(scheduler_name=f"kubegpu-{run}", signing_key_id=KEY_ID, policy="bestfit"),
-                          admin_api, KeyRing(keys), seed=3)
+    scheduler = Scheduler(
+        SchedulerConfig(scheduler_name=f"kubegpu-{run}", signing_key_id=KEY_ID, policy="bestfit"),
+        admin_api,
+        KeyRing(keys),
+        seed=3,
+    )
     scheduler.start_watching()
     assert scheduler.wait_synced(30)
     scheduler.leading.set()
@@ -55,8 +70,10 @@ def test_container_sees_exactly_the_scheduled_gpus(
     thread.start()
     client = CriClient(shim.endpoint)
     try:
-        core.create_namespaced_pod(kube_namespace, gpu_pod(kube_namespace, "train", 2, scheduler=f"kubegpu-{run}",
-                                                           selector={"run": run}))
+        core.create_namespaced_pod(
+            kube_namespace,
+            gpu_pod(kube_namespace, "train", 2, scheduler=f"kubegpu-{run}", selector={"run": run}),
+        )
         pod = wait_bound(core, kube_namespace, ["train"])["train"]
         granted = verify(pod.metadata.annotations[ANNOTATION], {KEY_ID: KEY}).containers["app"].devices
         assert pod.spec.node_name == node and len(granted) == 2
@@ -64,14 +81,29 @@ def test_container_sees_exactly_the_scheduled_gpus(
         # kubelet's part: sandbox with the pod's identity and annotations, then the container.
         logs = tmp_path / "logs"
         logs.mkdir()
-        sandbox_config = host_network_sandbox("train", pod.metadata.uid, namespace=kube_namespace,
-                                              log_directory=str(logs), annotations=dict(pod.metadata.annotations))
-        sandbox = client.runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=sandbox_config)).pod_sandbox_id
-        container = client.runtime.CreateContainer(api_pb2.CreateContainerRequest(
-            pod_sandbox_id=sandbox, sandbox_config=sandbox_config,
-            config=shell_container("app", BUSYBOX_IMAGE, "env; ls /dev/kubegpu-sim; echo END",
-                                   log_path="app.log", envs={"NVIDIA_VISIBLE_DEVICES": "all"}),
-        )).container_id
+        sandbox_config = host_network_sandbox(
+            "train",
+            pod.metadata.uid,
+            namespace=kube_namespace,
+            log_directory=str(logs),
+            annotations=dict(pod.metadata.annotations),
+        )
+        sandbox = client.runtime.RunPodSandbox(
+            api_pb2.RunPodSandboxRequest(config=sandbox_config)
+        ).pod_sandbox_id
+        container = client.runtime.CreateContainer(
+            api_pb2.CreateContainerRequest(
+                pod_sandbox_id=sandbox,
+                sandbox_config=sandbox_config,
+                config=shell_container(
+                    "app",
+                    BUSYBOX_IMAGE,
+                    "env; ls /dev/kubegpu-sim; echo END",
+                    log_path="app.log",
+                    envs={"NVIDIA_VISIBLE_DEVICES": "all"},
+                ),
+            )
+        ).container_id
         client.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=container))
         log = logs / "app.log"
         deadline = time.monotonic() + 20
