@@ -547,3 +547,45 @@ def test_node_agent_may_do_nothing_else(
     assert {what: code for what, code in forbidden.items() if code != 403} == {}
     assert granted(node_api, kube_namespace) == NODE_RULES
     assert granted(node_api, NAMESPACE) == NODE_RULES
+
+
+def test_the_scheduler_runs_with_its_service_account(
+    scheduler_api: k8s.ApiClient, admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path
+) -> None:
+    """The real scheduler loop, as kubegpu-system/kubegpu-scheduler: watch, elect, bind, report."""
+    import threading
+    import time
+
+    from crishim.rewrite import KeyRing
+    from scheduler.live.config import LeaderElection, SchedulerConfig
+    from scheduler.live.scheduler import Scheduler
+    from tests.test_scheduler_api import advertise, gpu_pod, wait_bound
+
+    core = k8s.CoreV1Api(admin_api)
+    run = unique("rbac")
+    advertise(core, run, "pcie-4gpu", tmp_path, labels={"run": run})
+    config = SchedulerConfig(
+        scheduler_name=run, policy="bestfit", identity=f"{run}-replica",
+        leader_election=LeaderElection(enabled=True, namespace=NAMESPACE, lease_name=LEASE, lease_seconds=4.0,
+                                       renew_deadline_seconds=3.0, retry_period_seconds=0.5),
+    )
+    scheduler = Scheduler(config, scheduler_api, KeyRing(None, {"k1": b"rbac-test-key-0123456789abcdef"}))
+    scheduler.start_watching()
+    assert scheduler.wait_synced(30)
+    scheduler.start_leading(scheduler_api)
+    thread = threading.Thread(target=scheduler.run, daemon=True)
+    thread.start()
+    try:
+        core.create_namespaced_pod(kube_namespace, gpu_pod(kube_namespace, "ok", 1, scheduler=run,
+                                                           selector={"run": run}))
+        core.create_namespaced_pod(kube_namespace, gpu_pod(kube_namespace, "too-big", 8, scheduler=run,
+                                                           selector={"run": run}))
+        assert wait_bound(core, kube_namespace, ["ok"])["ok"].metadata.annotations["kubegpu.io/allocation"]
+        deadline = time.monotonic() + 30
+        while not any(e.involved_object.name == "too-big" and e.reason == "FailedScheduling"
+                      for e in core.list_namespaced_event(kube_namespace).items):
+            assert time.monotonic() < deadline, "the scheduler's identity could not post its event"
+            time.sleep(0.2)
+    finally:
+        scheduler.stop()
+        thread.join(timeout=10)
