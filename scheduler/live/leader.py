@@ -41,8 +41,11 @@ from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import urllib3
 from kubernetes import client as k8s
 
+# API errors and network errors alike count as a failed attempt, never a dead elector thread.
+API_ERRORS: tuple[type[Exception], ...] = (k8s.ApiException, urllib3.exceptions.HTTPError, OSError)
 log = logging.getLogger(__name__)
 
 LEASE_API_VERSION = "coordination.k8s.io/v1"
@@ -334,8 +337,8 @@ class LeaderElector:
         now = self._clock()
         try:
             lease = self.api.read_namespaced_lease(self.name, self.namespace, **self._timeout)
-        except k8s.ApiException as exc:
-            if exc.status != 404:
+        except API_ERRORS as exc:
+            if getattr(exc, "status", None) != 404:
                 return self._failed("read", exc)
             return self._create(first_record(self.identity, now, self.lease_seconds))
         current = LeaseRecord.from_spec(lease.spec)
@@ -361,8 +364,8 @@ class LeaderElector:
         body = lease_body(self.namespace, self.name, record)
         try:
             self.api.create_namespaced_lease(self.namespace, body, **self._timeout)
-        except k8s.ApiException as exc:
-            if exc.status == 409:  # AlreadyExists: another candidate created it first
+        except API_ERRORS as exc:
+            if getattr(exc, "status", None) == 409:  # AlreadyExists: another candidate created it first
                 return Outcome.LOST_RACE
             return self._failed("create", exc)
         self.observed = record
@@ -384,21 +387,21 @@ class LeaderElector:
         )
         try:
             self.api.replace_namespaced_lease(self.name, self.namespace, body, **self._timeout)
-        except k8s.ApiException as exc:
-            if exc.status == 409:  # Conflict: written by someone else since we read it
+        except API_ERRORS as exc:
+            if getattr(exc, "status", None) == 409:  # Conflict: written by someone else since we read it
                 return Outcome.LOST_RACE
             return self._failed("update", exc)
         self.observed = record
         return None
 
-    def _failed(self, verb: str, exc: k8s.ApiException) -> Outcome:
+    def _failed(self, verb: str, exc: Exception) -> Outcome:
         log.warning(
             "leader.api_error lease=%s/%s verb=%s status=%s reason=%s",
             self.namespace,
             self.name,
             verb,
-            exc.status,
-            exc.reason,
+            getattr(exc, "status", None),
+            getattr(exc, "reason", None) or str(exc)[:200],
         )
         return Outcome.ERROR
 
@@ -416,7 +419,7 @@ class LeaderElector:
                 return False
             try:
                 lease = self.api.read_namespaced_lease(self.name, self.namespace, **self._timeout)
-            except k8s.ApiException as exc:
+            except API_ERRORS as exc:
                 self._failed("read", exc)
                 return False
             current = LeaseRecord.from_spec(lease.spec)
