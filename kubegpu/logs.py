@@ -26,8 +26,10 @@ class JsonLineFormatter(logging.Formatter):
             "logger": record.name,
             "event": record.getMessage(),
         }
+        for key, value in getattr(record, "fields", {}).items():
+            doc[key] = value
         for key, value in record.__dict__.items():
-            if key not in _RESERVED and value is not None:
+            if key not in _RESERVED and key != "fields" and value is not None:
                 doc[key] = value
         if record.exc_info:
             doc["exception"] = self.formatException(record.exc_info)
@@ -46,4 +48,6 @@ def configure(level: str = "info") -> None:
 def log_event(logger: logging.Logger, event: str, level: int = logging.INFO, **fields: Any) -> None:
     """Log one event with its fields (None values omitted)."""
     if logger.isEnabledFor(level):
-        logger.log(level, event, extra={k: v for k, v in fields.items() if v is not None})
+        # Under one key, so a field may be called anything ("name", "module"...) without clashing
+        # with LogRecord's own attributes.
+        logger.log(level, event, extra={"fields": {k: v for k, v in fields.items() if v is not None}})

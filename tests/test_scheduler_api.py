@@ -26,7 +26,12 @@ KEYS = {"k1": b"scheduler-test-key-0123456789abcdef"}
 
 
 def advertise(
-    core: k8s.CoreV1Api, name: str, topology: str, state: Path, cpu: str = "64", memory: str = "256Gi",
+    core: k8s.CoreV1Api,
+    name: str,
+    topology: str,
+    state: Path,
+    cpu: str = "64",
+    memory: str = "256Gi",
     labels: dict[str, str] | None = None,
 ) -> None:
     """A node as kubelet plus the kubegpu advertiser would leave it."""
@@ -286,12 +291,22 @@ def test_two_replicas_with_leader_election(
     for index in range(12):
         advertise(core, f"ha-{run}-{index:02d}", "dgx1-v100", tmp_path, labels={"run": run})
     name = f"kubegpu-{run}"
-    election = LeaderElection(enabled=True, namespace=kube_namespace, lease_name=f"lease-{run}",
-                              lease_seconds=2.0, renew_deadline_seconds=1.5, retry_period_seconds=0.2)
+    election = LeaderElection(
+        enabled=True,
+        namespace=kube_namespace,
+        lease_name=f"lease-{run}",
+        lease_seconds=2.0,
+        renew_deadline_seconds=1.5,
+        retry_period_seconds=0.2,
+    )
     replicas = []
     for identity in ("replica-a", "replica-b"):
-        config = SchedulerConfig(scheduler_name=name, policy="bestfit", identity=identity,
-                                 leader_election=LeaderElection(**vars(election)))
+        config = SchedulerConfig(
+            scheduler_name=name,
+            policy="bestfit",
+            identity=identity,
+            leader_election=LeaderElection(**vars(election)),
+        )
         scheduler = Scheduler(config, admin_api, KeyRing(None, KEYS), seed=1)
         scheduler.start_watching()
         assert scheduler.wait_synced(30)
@@ -302,8 +317,10 @@ def test_two_replicas_with_leader_election(
     names = [f"ha-{i:03d}" for i in range(80)]
     try:
         for index, pod_name in enumerate(names):
-            core.create_namespaced_pod(kube_namespace, gpu_pod(kube_namespace, pod_name, 1, scheduler=name,
-                                                               selector={"run": run}, cpu="100m"))
+            core.create_namespaced_pod(
+                kube_namespace,
+                gpu_pod(kube_namespace, pod_name, 1, scheduler=name, selector={"run": run}, cpu="100m"),
+            )
             if index == 40:
                 leader = next(s for s, _ in replicas if s.leading.is_set())
                 assert sum(s.leading.is_set() for s, _ in replicas) == 1
@@ -315,3 +332,61 @@ def test_two_replicas_with_leader_election(
             thread.join(timeout=10)
     used = device_usage(list(pods.values()))
     assert len(used) == len(names) and all(milli == 1000 for milli in used.values())
+
+
+def test_scheduler_command_serves_metrics_and_health(
+    control_plane: Any, admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path
+) -> None:
+    """``kubegpu scheduler`` as a process: config file, flags, /healthz, /metrics, clean SIGTERM."""
+    import signal
+    import subprocess
+    import sys
+    import urllib.request
+
+    from kubegpu.devenv.shimproc import free_port
+
+    core = k8s.CoreV1Api(admin_api)
+    run = uuid.uuid4().hex[:6]
+    advertise(core, f"cli-{run}", "pcie-4gpu", tmp_path, labels={"run": run})
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "k1").write_bytes(KEYS["k1"])
+    port = free_port()
+    config = tmp_path / "scheduler.yaml"
+    config.write_text(f"schedulerName: kubegpu-{run}\npolicy: bestfit\nkeysDir: {keys}\nsigningKeyId: k1\n")
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "kubegpu",
+            "scheduler",
+            "--config",
+            str(config),
+            "--kubeconfig",
+            str(control_plane.admin_kubeconfig),
+            "--metrics-address",
+            f"127.0.0.1:{port}",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+    try:
+        core.create_namespaced_pod(
+            kube_namespace, gpu_pod(kube_namespace, "p", 2, scheduler=f"kubegpu-{run}", selector={"run": run})
+        )
+        pod = wait_bound(core, kube_namespace, ["p"])["p"]
+        assert verify(pod.metadata.annotations[ANNOTATION], KEYS).node == f"cli-{run}"
+        base = f"http://127.0.0.1:{port}"
+        assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
+        assert urllib.request.urlopen(base + "/readyz", timeout=5).status == 200
+        metrics = urllib.request.urlopen(base + "/metrics", timeout=5).read().decode()
+        assert 'kubegpu_scheduler_attempts_total{result="scheduled"} 1.0' in metrics
+        assert 'kubegpu_scheduler_bindings_total{result="ok"} 1.0' in metrics
+        assert "kubegpu_scheduler_scheduling_duration_seconds_count 1.0" in metrics
+        assert "kubegpu_scheduler_e2e_duration_seconds_count 1.0" in metrics
+        assert "kubegpu_scheduler_is_leader 1.0" in metrics
+    finally:
+        process.send_signal(signal.SIGTERM)
+        output = process.communicate(timeout=30)[0].decode()
+    assert process.returncode == 0, output
+    assert '"event":"pod.bound"' in output and f'"node":"cli-{run}"' in output
