@@ -30,7 +30,7 @@ from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
-from kubegpu.devenv.shimproc import ShimProcess
+from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 
 NODE, KEY_ID, KEY = "bench-node", "k1", b"bench-signing-key-0123456789abcdef"
 
@@ -102,18 +102,7 @@ def end_to_end(creates: int) -> dict[str, object]:
             Path(tmp) / "rw.sock",
             containerd.endpoint,
             Path(tmp) / "rw.log",
-            extra_args=[
-                "--device-plugin",
-                "sim",
-                "--sim-topology",
-                "dgx1-v100",
-                "--node-name",
-                NODE,
-                "--sim-state-dir",
-                str(Path(tmp) / "sim"),
-                "--allocation-keys-dir",
-                str(keys),
-            ],
+            extra_args=sim_node_args(NODE, "dgx1-v100", str(Path(tmp) / "sim"), str(keys)),
         ).start()
         clients = {
             "direct": CriClient(containerd.endpoint),

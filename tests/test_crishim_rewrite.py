@@ -21,7 +21,7 @@ from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, Share, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
-from kubegpu.devenv.shimproc import ShimProcess
+from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 
 pytestmark = pytest.mark.containerd
 
@@ -125,20 +125,7 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
         socket=Path(f"/tmp/kgshim-rw-{uuid.uuid4().hex[:8]}.sock"),
         runtime_endpoint=containerd.endpoint,
         log_path=tmp_path / "crishim.log",
-        extra_args=[
-            "--device-plugin",
-            "sim",
-            "--sim-topology",
-            "dgx1-v100",
-            "--node-name",
-            NODE,
-            "--sim-state-dir",
-            str(state),
-            "--allocation-keys-dir",
-            str(keys),
-            "--health-interval",
-            "0.2",
-        ],
+        extra_args=[*sim_node_args(NODE, "dgx1-v100", str(state), str(keys)), "--health-interval", "0.2"],
     ).start()
     client = CriClient(shim.endpoint)
     sandboxes_before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}

@@ -20,7 +20,7 @@ from crishim.rewrite import KeyRing
 from kubegpu.allocation import ANNOTATION, verify
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
-from kubegpu.devenv.shimproc import ShimProcess
+from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
 from tests.test_scheduler_api import advertise, gpu_index, gpu_pod, wait_bound
@@ -44,18 +44,7 @@ def test_container_sees_exactly_the_scheduled_gpus(
         socket=Path(f"/tmp/kgshim-e2e-{run}.sock"),
         runtime_endpoint=containerd.endpoint,
         log_path=tmp_path / "crishim.log",
-        extra_args=[
-            "--device-plugin",
-            "sim",
-            "--sim-topology",
-            "dgx1-v100",
-            "--node-name",
-            node,
-            "--sim-state-dir",
-            str(state / node),
-            "--allocation-keys-dir",
-            str(keys),
-        ],
+        extra_args=sim_node_args(node, "dgx1-v100", str(state / node), str(keys)),
     ).start()
     scheduler = Scheduler(
         SchedulerConfig(scheduler_name=f"kubegpu-{run}", signing_key_id=KEY_ID, policy="bestfit"),

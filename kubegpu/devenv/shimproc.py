@@ -121,3 +121,14 @@ class ShimProcess:
             return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
         except OSError:
             return "(no crishim log)"
+
+
+def sim_node_args(
+    node: str, topology: str, state_dir: str | Path, keys_dir: str | Path | None = None
+) -> list[str]:
+    """Command-line options of a node agent with simulated devices (and, with keys, allocations)."""
+    args = ["--device-plugin", "sim", "--sim-topology", topology, "--node-name", node,
+            "--sim-state-dir", str(state_dir)]
+    if keys_dir is not None:
+        args += ["--allocation-keys-dir", str(keys_dir)]
+    return args

@@ -246,29 +246,23 @@ class Scheduler:
         cluster = self.cluster
         if self.dirty or cluster is None or uid in cluster.where:
             return
+        self._book_bound(cluster, pod, self.keys.keys())
+
+    @staticmethod
+    def _book_bound(cluster: ClusterState, pod: dict[str, Any], keys: Mapping[str, bytes]) -> None:
+        """Book a bound pod's CPU, memory and signed devices on its node (if kubegpu uses the node)."""
         node_name = (pod.get("spec") or {}).get("nodeName", "")
-        if node_name in cluster.index:
-            alloc, problem = bound_allocation(pod, cluster.node(node_name), self.keys.keys())
-            if problem:
-                log_event(
-                    log,
-                    "pod.allocation_ignored",
-                    logging.WARNING,
-                    pod=pod_key(pod),
-                    node=node_name,
-                    reason=problem,
-                )
-            try:
-                cluster.assume(alloc)
-            except AllocationConflict as error:
-                log_event(
-                    log,
-                    "pod.allocation_conflict",
-                    logging.ERROR,
-                    pod=pod_key(pod),
-                    node=node_name,
-                    reason=str(error),
-                )
+        if node_name not in cluster.index:
+            return
+        alloc, problem = bound_allocation(pod, cluster.node(node_name), keys)
+        if problem:
+            log_event(log, "pod.allocation_ignored", logging.WARNING, pod=pod_key(pod), node=node_name,
+                      reason=problem)
+        try:
+            cluster.assume(alloc)
+        except AllocationConflict as error:
+            log_event(log, "pod.allocation_conflict", logging.ERROR, pod=pod_key(pod), node=node_name,
+                      reason=str(error))
 
     def _drop_pod(self, uid: str) -> None:
         self.pods.pop(uid, None)
@@ -317,30 +311,8 @@ class Scheduler:
         self.policy.bind(cluster, [])
         keys = self.keys.keys()
         for pod in self.pods.values():
-            node_name = (pod.get("spec") or {}).get("nodeName", "")
-            if not is_bound(pod) or node_name not in cluster.index:
-                continue
-            alloc, problem = bound_allocation(pod, cluster.node(node_name), keys)
-            if problem:
-                log_event(
-                    log,
-                    "pod.allocation_ignored",
-                    logging.WARNING,
-                    pod=pod_key(pod),
-                    node=node_name,
-                    reason=problem,
-                )
-            try:
-                cluster.assume(alloc)
-            except AllocationConflict as error:
-                log_event(
-                    log,
-                    "pod.allocation_conflict",
-                    logging.ERROR,
-                    pod=pod_key(pod),
-                    node=node_name,
-                    reason=str(error),
-                )
+            if is_bound(pod):
+                self._book_bound(cluster, pod, keys)
         for uid, alloc in list(self.assumed.items()):
             if uid in cluster.where:
                 continue
