@@ -136,8 +136,12 @@ class Scheduler:
         from scheduler.live.leader import LeaderElector
 
         self.elector = LeaderElector(
-            k8s.CoordinationV1Api(api), election.namespace, election.lease_name, self.config.identity,
-            lease_seconds=election.lease_seconds, renew_deadline=election.renew_deadline_seconds,
+            k8s.CoordinationV1Api(api),
+            election.namespace,
+            election.lease_name,
+            self.config.identity,
+            lease_seconds=election.lease_seconds,
+            renew_deadline=election.renew_deadline_seconds,
             retry_period=election.retry_period_seconds,
         )
 
@@ -148,15 +152,23 @@ class Scheduler:
 
         def stopped() -> None:
             clean = self.stop_event.is_set()
-            log_event(log, "leader.released" if clean else "leader.lost",
-                      logging.INFO if clean else logging.WARNING,
-                      identity=self.config.identity, lease=election.lease_name)
+            log_event(
+                log,
+                "leader.released" if clean else "leader.lost",
+                logging.INFO if clean else logging.WARNING,
+                identity=self.config.identity,
+                lease=election.lease_name,
+            )
             self.metrics.leader.set(0)
             self.leading.clear()
             self.stop_event.set()  # like kube-scheduler: a replica that lost the lease stops
 
-        thread = threading.Thread(target=self.elector.run, args=(started, stopped, self.stop_event),
-                                  name="leader-election", daemon=True)
+        thread = threading.Thread(
+            target=self.elector.run,
+            args=(started, stopped, self.stop_event),
+            name="leader-election",
+            daemon=True,
+        )
         thread.start()
         return thread
 
@@ -256,13 +268,25 @@ class Scheduler:
             return
         alloc, problem = bound_allocation(pod, cluster.node(node_name), keys)
         if problem:
-            log_event(log, "pod.allocation_ignored", logging.WARNING, pod=pod_key(pod), node=node_name,
-                      reason=problem)
+            log_event(
+                log,
+                "pod.allocation_ignored",
+                logging.WARNING,
+                pod=pod_key(pod),
+                node=node_name,
+                reason=problem,
+            )
         try:
             cluster.assume(alloc)
         except AllocationConflict as error:
-            log_event(log, "pod.allocation_conflict", logging.ERROR, pod=pod_key(pod), node=node_name,
-                      reason=str(error))
+            log_event(
+                log,
+                "pod.allocation_conflict",
+                logging.ERROR,
+                pod=pod_key(pod),
+                node=node_name,
+                reason=str(error),
+            )
 
     def _drop_pod(self, uid: str) -> None:
         self.pods.pop(uid, None)
