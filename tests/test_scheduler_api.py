@@ -390,3 +390,21 @@ def test_scheduler_command_serves_metrics_and_health(
         output = process.communicate(timeout=30)[0].decode()
     assert process.returncode == 0, output
     assert '"event":"pod.bound"' in output and f'"node":"cli-{run}"' in output
+
+
+def test_scheduling_gates_hold_a_pod_back(
+    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
+) -> None:
+    core = k8s.CoreV1Api(admin_api)
+    run = uuid.uuid4().hex[:6]
+    advertise(core, f"gate-{run}", "pcie-4gpu", tmp_path, labels={"run": run})
+    name = f"kubegpu-{run}"
+    scheduler_factory(name)
+    pod = gpu_pod(kube_namespace, "gated", 1, scheduler=name, selector={"run": run})
+    pod["spec"]["schedulingGates"] = [{"name": "example.com/wait"}]
+    core.create_namespaced_pod(kube_namespace, pod)
+    time.sleep(2)
+    assert not core.read_namespaced_pod("gated", kube_namespace).spec.node_name
+    core.patch_namespaced_pod("gated", kube_namespace, {"spec": {"schedulingGates": None}},
+                              _content_type="application/merge-patch+json")
+    assert wait_bound(core, kube_namespace, ["gated"])["gated"].spec.node_name == f"gate-{run}"

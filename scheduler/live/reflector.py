@@ -81,7 +81,10 @@ class Reflector:
 
     def list_once(self) -> str:
         response = self._list_call(_preload_content=False, **self._kwargs)
-        body = json.loads(response.data)
+        try:
+            body = json.loads(response.data)
+        finally:
+            response.release_conn()
         resource_version = body["metadata"]["resourceVersion"]
         self._handler.replace(body.get("items") or [], resource_version)
         self.relists += 1
