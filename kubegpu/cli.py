@@ -11,6 +11,7 @@ from pathlib import Path
 
 from devices.cli import register as _add_devices
 from kubegpu import __version__, logs
+from scheduler.sim.cli import register as _add_simulate
 
 
 def _add_crishim(sub: argparse._SubParsersAction) -> None:
@@ -235,6 +236,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_advertise(sub)
     _add_devices(sub)
     _add_scheduler(sub)
+    _add_simulate(sub)
     return parser
 
 

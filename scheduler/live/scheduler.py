@@ -543,10 +543,9 @@ class Scheduler:
         try:
             drain(self.core.create_namespaced_event(meta.get("namespace"), event, _preload_content=False))
             drain(
-                self.core.patch_namespaced_pod_status(meta.get("name")),
-                meta.get("namespace"),
-                condition,
-                _preload_content=False,
+                self.core.patch_namespaced_pod_status(
+                    meta.get("name"), meta.get("namespace"), condition, _preload_content=False
+                )
             )
         except (ApiException, OSError) as error:
             log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])

@@ -1,0 +1,231 @@
+"""Every policy on the four openb traces: GPU allocation at 100% and 130% arrived, beside the paper.
+
+    .venv/bin/python bench/simulate_openb.py [--seeds 42-51] [--traces default,...] [--policies ...]
+                                             [--jobs N] [--markdown] [--ties node-order|random]
+    .venv/bin/python bench/simulate_openb.py --scaling 1,2,4,8 [--policies bestfit,fgd,fgd-align]
+    .venv/bin/python bench/simulate_openb.py --throughput [--policies ...]
+
+Prints, per trace and policy, the mean and spread (sample standard deviation) over the seeds of the
+GPU allocation ratio at 100% and 130% arrived, the published value (FGD paper, mean of 10 seeds),
+the wall time of one run (mean and max, each run on one core), and our policy minus FGD paired by
+seed. ``--scaling`` instead times one run (seed 42, default trace) on the openb cluster and workload
+replicated k times (k x 1,213 nodes, k x 8,152 pods), to show how the cost grows.
+``--throughput`` times ``schedule_one`` + ``assume`` (reasons collected for unschedulable pods) on
+5,000 nodes x 8 GPUs for 20,000 pods drawn from the default trace. Needs ../shared/traces/openb.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from scheduler.core.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
+from scheduler.sim.protocol import RunResult, run_once  # noqa: E402
+from scheduler.sim.runner import parse_seeds  # noqa: E402
+from scheduler.sim.trace import load_nodes, load_pods  # noqa: E402
+
+TRACE_DIR = ROOT.parent / "shared" / "traces" / "openb"
+TRACES = ("default", "cpu050", "multigpu20", "gpushare40")
+
+# Weng et al., "Beware of Fragmentation", USENIX ATC'23: mean of 10 seeds, alloc % at 100 / 130 arrived
+PUBLISHED: dict[str, dict[str, tuple[float, float]]] = {
+    "default": {
+        "random": (86.30, 87.47),
+        "dotprod": (90.62, 90.85),
+        "gpuclustering": (91.65, 91.88),
+        "gpupacking": (91.78, 92.00),
+        "bestfit": (92.86, 93.08),
+        "fgd": (95.23, 95.39),
+    },
+    "cpu050": {
+        "random": (89.02, 91.24),
+        "dotprod": (93.03, 93.27),
+        "gpuclustering": (93.52, 93.79),
+        "gpupacking": (93.46, 93.72),
+        "bestfit": (93.56, 93.79),
+        "fgd": (95.00, 95.21),
+    },
+    "multigpu20": {
+        "random": (86.92, 88.69),
+        "dotprod": (91.85, 92.06),
+        "gpuclustering": (93.34, 93.56),
+        "gpupacking": (93.50, 93.71),
+        "bestfit": (93.73, 93.93),
+        "fgd": (95.53, 95.65),
+    },
+    "gpushare40": {
+        "random": (84.86, 86.00),
+        "dotprod": (89.30, 89.56),
+        "gpuclustering": (89.76, 90.02),
+        "gpupacking": (89.77, 90.03),
+        "bestfit": (91.44, 91.69),
+        "fgd": (93.96, 94.15),
+    },
+}
+
+_DATA: dict[str, tuple] = {}
+
+
+def _load(trace: str) -> tuple:
+    if trace not in _DATA:
+        _DATA[trace] = (
+            load_nodes(TRACE_DIR / "openb_node_list_gpu_node.csv"),
+            load_pods(TRACE_DIR / f"openb_pod_list_{trace}.csv"),
+        )
+    return _DATA[trace]
+
+
+def _job(trace: str, policy: str, seed: int, ties: str) -> tuple[str, str, RunResult]:
+    nodes, pods = _load(trace)
+    return trace, policy, run_once(nodes, pods, policy, seed, ties=ties)
+
+
+def scaling(factors: list[int], policies: list[str]) -> None:
+    """One run per (factor, policy) on the default trace with nodes and pods replicated."""
+    from dataclasses import replace
+
+    nodes, pods = _load("default")
+    print("| nodes | pods arrived | policy | seconds | pods/s | alloc % @130 |")
+    print("|---|---|---|---|---|---|")
+    for k in factors:
+        many_nodes = [replace(n, name=f"{n.name}-{r}") for r in range(k) for n in nodes]
+        many_pods = [replace(p, name=f"{p.name}-{r}", uid=f"{p.uid}-{r}") for r in range(k) for p in pods]
+        for policy in policies:
+            run = run_once(many_nodes, many_pods, policy, 42)
+            print(
+                f"| {len(many_nodes)} | {run.pods} | {policy} | {run.seconds:.2f} "
+                f"| {run.pods / run.seconds:.0f} | {run.alloc_pct_at_130:.2f} |",
+                flush=True,
+            )
+
+
+def throughput(policies: list[str], nodes: int = 5000, pods: int = 20_000) -> None:
+    """Pods per second of the core on a large homogeneous cluster (96 CPUs, 384 GiB, 8 GPUs each)."""
+    import random
+    from dataclasses import replace
+
+    from scheduler.core import Placement, make_policy, schedule_one
+    from scheduler.sim.trace import NodeSpec, build_cluster
+
+    trace = _load("default")[1]
+    rng = random.Random(0)
+    work = [replace(rng.choice(trace), name=f"p{i}", uid=f"p{i}") for i in range(pods)]
+    specs = [NodeSpec(f"n{i}", 96_000, 393_216, 8, "G2") for i in range(nodes)]
+    print("| policy | nodes | pods | placed | seconds | pods/s |")
+    print("|---|---|---|---|---|---|")
+    for policy_name in policies:
+        cluster = build_cluster(specs)
+        policy = make_policy(policy_name)
+        policy.bind(cluster, trace, random.Random(1))
+        placed = 0
+        start = time.perf_counter()
+        for pod in work:
+            result = schedule_one(pod, cluster, policy, rng)
+            if isinstance(result, Placement):
+                cluster.assume(result.allocation)
+                placed += 1
+        seconds = time.perf_counter() - start
+        print(
+            f"| {policy_name} | {nodes} | {pods} | {placed} | {seconds:.2f} | {pods / seconds:.0f} |",
+            flush=True,
+        )
+
+
+def _stats(values: list[float]) -> tuple[float, float]:
+    return statistics.fmean(values), (statistics.stdev(values) if len(values) > 1 else 0.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--seeds", default="42-51")
+    parser.add_argument("--traces", default=",".join(TRACES))
+    parser.add_argument("--policies", default=",".join(POLICIES))
+    parser.add_argument("--jobs", type=int, default=1, help="runs in parallel (each run is single-threaded)")
+    parser.add_argument("--markdown", action="store_true", help="print a markdown table")
+    parser.add_argument(
+        "--ties",
+        choices=("node-order", "random"),
+        default="node-order",
+        help="equal scores: seeded node order (the FGD simulator, default) or at random (kube-scheduler)",
+    )
+    parser.add_argument("--scaling", metavar="K,K,...", help="time runs on openb replicated K times instead")
+    parser.add_argument("--throughput", action="store_true", help="pods/s on 5,000 nodes x 8 GPUs instead")
+    args = parser.parse_args(argv)
+    seeds = parse_seeds(args.seeds)
+    traces = [t for t in args.traces.split(",") if t]
+    policies = [p for p in args.policies.split(",") if p]
+    if not TRACE_DIR.is_dir():
+        print(f"no openb trace at {TRACE_DIR}", file=sys.stderr)
+        return 2
+    if args.scaling:
+        scaling([int(k) for k in args.scaling.split(",")], policies)
+        return 0
+    if args.throughput:
+        throughput(policies)
+        return 0
+    jobs = [(t, p, s, args.ties) for t in traces for p in policies for s in seeds]
+    start = time.perf_counter()
+    results: dict[tuple[str, str], list[RunResult]] = {}
+    if args.jobs > 1:
+        with ProcessPoolExecutor(args.jobs) as pool:
+            for trace, policy, run in pool.map(_job, *zip(*jobs, strict=True), chunksize=1):
+                results.setdefault((trace, policy), []).append(run)
+    else:
+        for job in jobs:
+            trace, policy, run = _job(*job)
+            results.setdefault((trace, policy), []).append(run)
+    total = time.perf_counter() - start
+
+    if args.markdown:
+        print("| trace | policy | @100 mean ± sd | @130 mean ± sd | published @100 / @130 |", end="")
+        print(" run s (mean / max) |")
+        print("|---|---|---|---|---|---|")
+    else:
+        print(f"{'trace':<11}{'policy':<14}{'@100':>14}{'@130':>14}{'published':>16}{'run s':>14}")
+    for trace in traces:
+        for policy in policies:
+            runs = results[(trace, policy)]
+            m100, s100 = _stats([r.alloc_pct_at_100 for r in runs])
+            m130, s130 = _stats([r.alloc_pct_at_130 for r in runs])
+            pub = PUBLISHED.get(trace, {}).get(policy)
+            pub_text = f"{pub[0]:.2f} / {pub[1]:.2f}" if pub else "-"
+            secs = [r.seconds for r in runs]
+            if args.markdown:
+                print(
+                    f"| {trace} | {policy} | {m100:.2f} ± {s100:.2f} | {m130:.2f} ± {s130:.2f} | {pub_text} "
+                    f"| {statistics.fmean(secs):.2f} / {max(secs):.2f} |"
+                )
+            else:
+                print(
+                    f"{trace:<11}{policy:<14}{m100:>8.2f}±{s100:<5.2f}{m130:>8.2f}±{s130:<5.2f}"
+                    f"{pub_text:>16}{statistics.fmean(secs):>7.2f}/{max(secs):<6.2f}"
+                )
+    if "fgd" in policies and DEFAULT_POLICY in policies and DEFAULT_POLICY != "fgd":
+        print(f"\n{DEFAULT_POLICY} minus fgd at 130% arrived, paired by seed:")
+        for trace in traces:
+            diffs = [
+                a.alloc_pct_at_130 - b.alloc_pct_at_130
+                for a, b in zip(results[(trace, DEFAULT_POLICY)], results[(trace, "fgd")], strict=True)
+            ]
+            wins = sum(d > 0 for d in diffs)
+            print(
+                f"  {trace:<11} mean {statistics.fmean(diffs):+.2f}  min {min(diffs):+.2f}"
+                f"  max {max(diffs):+.2f}  better in {wins}/{len(diffs)} seeds"
+            )
+    print(
+        f"\n{len(jobs)} runs ({len(seeds)} seeds, ties: {args.ties}) in {total:.0f} s with {args.jobs} job(s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

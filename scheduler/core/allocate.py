@@ -1,0 +1,72 @@
+"""Device allocation inside one chosen node: which GPUs, and for a share how much of which GPU.
+
+Whole GPUs are chosen topology-aware (``topology.best_gpu_set``). A share goes to the GPU a policy
+picks (FGD: the one that fragments least); the default is best fit, the fitting GPU with the least
+free milli (lowest index on ties), which keeps whole GPUs whole for later multi-GPU pods.
+"""
+
+from __future__ import annotations
+
+from scheduler.core.request import PodRequest
+from scheduler.core.state import Allocation, GpuGrant, NodeState
+from scheduler.core.topology import best_gpu_set
+
+
+def best_fit_share_gpu(pod: PodRequest, node: NodeState) -> int | None:
+    """The fitting GPU with the least free milli (lowest index on ties), or None."""
+    best: int | None = None
+    for gpu in node.gpus:
+        if gpu.fits_share(pod) and (best is None or gpu.free_milli < node.gpus[best].free_milli):
+            best = gpu.index
+    return best
+
+
+def choose_whole_gpus(pod: PodRequest, node: NodeState) -> tuple[int, ...] | None:
+    """The best set of ``pod.whole_gpus`` fully free GPUs, or None if there is none."""
+    free = node.free_gpu_indices(pod)
+    return best_gpu_set(node.links(), free, pod.whole_gpus, pod.topology)
+
+
+def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> Allocation | None:
+    """The allocation of ``pod`` on ``node`` (``share_gpu`` overrides the share's GPU), or None."""
+    grants: tuple[GpuGrant, ...] = ()
+    if pod.is_share:
+        index = share_gpu if share_gpu is not None else best_fit_share_gpu(pod, node)
+        if index is None or not node.gpus[index].fits_share(pod):
+            return None
+        gpu = node.gpus[index]
+        milli, memory = gpu.share_for(pod)
+        grants = (GpuGrant(index, gpu.id, milli, memory),)
+    elif pod.gpu_count:
+        chosen = choose_whole_gpus(pod, node)
+        if chosen is None:
+            return None
+        grants = tuple(GpuGrant(i, node.gpus[i].id, 1000, node.gpus[i].memory_mib) for i in chosen)
+    return Allocation(
+        node=node.name,
+        pod_uid=pod.uid,
+        pod_name=pod.name,
+        cpu_milli=pod.cpu_milli,
+        memory_mib=pod.memory_mib,
+        gpus=grants,
+        containers=split_containers(pod, grants),
+        gpu_tag=pod.gpu_tag,
+    )
+
+
+def split_containers(pod: PodRequest, grants: tuple[GpuGrant, ...]) -> dict[str, tuple[str, ...]]:
+    """Container -> device ids: whole GPUs dealt out in container order, a share to every container."""
+    if not pod.containers or not grants:
+        return {}
+    if pod.is_share:
+        return {c.name: (grants[0].id,) for c in pod.containers}
+    out: dict[str, tuple[str, ...]] = {}
+    ids = [g.id for g in grants]
+    start = 0
+    for c in pod.containers:
+        if c.gpu_count:
+            out[c.name] = tuple(ids[start : start + c.gpu_count])
+            start += c.gpu_count
+    if start != len(ids):
+        raise ValueError(f"pod {pod.name}: container GPU counts add up to {start}, not {len(ids)}")
+    return out

@@ -1,0 +1,276 @@
+"""Filter plugins: which nodes can take a pod, and why the others cannot.
+
+Each filter works on an array of candidate node indices at once (``keep``) and, for the nodes it
+rejects, names the reason (``reasons``). ``unschedulable_message`` aggregates the reasons over all
+nodes into the familiar ``0/12 nodes are available: 8 insufficient nvidia.com/gpu, 4 no
+NVLink-connected set of 4 GPUs.`` form. Filters run in order and each sees only the nodes the
+previous ones kept, so every node is counted under the first filter it fails (CPU and memory are one
+filter, like kube-scheduler's NodeResourcesFit, and may name both).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+
+import numpy as np
+
+from scheduler.core.request import MILLI, PodRequest, Wish
+from scheduler.core.state import ClusterState
+from scheduler.core.topology import best_gpu_set
+
+
+class FilterPlugin:
+    """Base class: override ``keep`` (vectorised) and ``reasons`` (per rejected node)."""
+
+    name = "filter"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        """False when the filter cannot reject anything for this pod (skipped, for speed)."""
+        return True
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        """Boolean mask over ``idx``: which of these nodes pass."""
+        raise NotImplementedError
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        """Why node ``i`` fails this filter (called only for rejected nodes)."""
+        return [self.name]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        """reason -> how many of the ``rejected`` nodes fail for it (override to vectorise)."""
+        counts: Counter[str] = Counter()
+        for i in rejected.tolist():
+            counts.update(self.reasons(pod, cluster, i))
+        return counts
+
+
+class NodeSelectorFilter(FilterPlugin):
+    name = "node selector"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return bool(pod.node_selector)
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return cluster.label_mask(pod.node_selector)[idx]
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        return ["node(s) didn't match Pod's node affinity/selector"]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        return Counter({"node(s) didn't match Pod's node affinity/selector": len(rejected)})
+
+
+class TaintFilter(FilterPlugin):
+    """NoSchedule / NoExecute taints need a matching toleration."""
+
+    name = "taints"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return bool(cluster.has_taints.any())
+
+    @staticmethod
+    def untolerated(pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        node = cluster.nodes[i]
+        return [
+            str(t) for t in node.schedulable_taints() if not any(tol.tolerates(t) for tol in pod.tolerations)
+        ]
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        ok = np.ones(len(idx), dtype=bool)
+        for pos in np.flatnonzero(cluster.has_taints[idx]).tolist():
+            ok[pos] = not self.untolerated(pod, cluster, int(idx[pos]))
+        return ok
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        return [f"node(s) had untolerated taint {self.untolerated(pod, cluster, i)[0]}"]
+
+
+class ResourcesFit(FilterPlugin):
+    """CPU and memory requests fit what is free."""
+
+    name = "resources"
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        ok = cluster.cpu_free[idx] >= pod.cpu_milli
+        if pod.memory_mib:
+            ok &= cluster.mem_free[idx] >= pod.memory_mib
+        return ok
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        out = []
+        if cluster.cpu_free[i] < pod.cpu_milli:
+            out.append("Insufficient cpu")
+        if cluster.mem_free[i] < pod.memory_mib:
+            out.append("Insufficient memory")
+        return out
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        cpu = int(np.count_nonzero(cluster.cpu_free[rejected] < pod.cpu_milli))
+        mem = int(np.count_nonzero(cluster.mem_free[rejected] < pod.memory_mib))
+        if cpu:
+            counts["Insufficient cpu"] = cpu
+        if mem:
+            counts["Insufficient memory"] = mem
+        return counts
+
+
+class GpuFit(FilterPlugin):
+    """GPUs: k fully free GPUs of an allowed model, or one GPU with room for the share."""
+
+    name = "gpu"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return pod.gpu_count > 0
+
+    @staticmethod
+    def share_fits(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        """``[len(idx), G]``: which GPU slots of these nodes can take the share."""
+        free = cluster.gpu_free[idx]
+        milli: int | np.ndarray
+        if pod.gpu_milli:
+            milli = pod.gpu_milli
+            fits = free >= milli
+        else:  # by memory: the same fraction of compute, rounded up; GPUs of unknown memory: whole
+            total = cluster.gpu_mem_total[idx]
+            milli = np.minimum(
+                np.where(total > 0, -(-pod.gpu_memory_mib * MILLI // np.maximum(total, 1)), MILLI), MILLI
+            )
+            fits = free >= milli
+        if cluster.any_gpu_memory:
+            total = cluster.gpu_mem_total[idx]
+            memory = pod.gpu_memory_mib if pod.gpu_memory_mib else total * milli // MILLI
+            fits &= (cluster.gpu_mem_free[idx] >= memory) | (total == 0)
+        if pod.gpu_models:
+            fits &= cluster.gpu_model_mask(pod.gpu_models)[idx]
+        return fits
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if pod.is_share:
+            if not pod.gpu_models and not pod.gpu_memory_mib and not cluster.any_gpu_memory:
+                return cluster.gpu_max_free[idx] >= pod.gpu_milli
+            return self.share_fits(pod, cluster, idx).any(axis=1)
+        if not pod.gpu_models:
+            return cluster.gpu_full_free[idx] >= pod.gpu_count
+        whole = (cluster.gpu_free[idx] == MILLI) & cluster.gpu_model_mask(pod.gpu_models)[idx]
+        return whole.sum(axis=1) >= pod.gpu_count
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        if pod.gpu_models and not cluster.model_mask(pod.gpu_models)[i]:
+            return [f"no GPU of model {'|'.join(sorted(pod.gpu_models))}"]
+        if pod.is_share:
+            what = f"{pod.gpu_milli} milli" if pod.gpu_milli else f"{pod.gpu_memory_mib} MiB"
+            return [f"no GPU with {what} free"]
+        return ["Insufficient nvidia.com/gpu"]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        counts: Counter[str] = Counter()
+        if pod.gpu_models:
+            wrong = ~cluster.model_mask(pod.gpu_models)[rejected]
+            n_wrong = int(np.count_nonzero(wrong))
+            if n_wrong:
+                counts[f"no GPU of model {'|'.join(sorted(pod.gpu_models))}"] = n_wrong
+            rejected = rejected[~wrong]
+        if len(rejected):
+            counts[self.reasons(pod, cluster, int(rejected[0]))[0]] = len(rejected)
+        return counts
+
+
+class TopologyFit(FilterPlugin):
+    """A multi-GPU pod's REQUIRE wishes: some free set of k GPUs must meet them."""
+
+    name = "topology"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return pod.whole_gpus >= 2 and pod.topology.required()
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        ok = np.zeros(len(idx), dtype=bool)
+        for pos, i in enumerate(idx.tolist()):
+            node = cluster.nodes[i]
+            ok[pos] = (
+                best_gpu_set(node.links(), node.free_gpu_indices(pod), pod.whole_gpus, pod.topology)
+                is not None
+            )
+        return ok
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        return Counter({self.reasons(pod, cluster, int(rejected[0]))[0]: len(rejected)})
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        wish, k = pod.topology, pod.whole_gpus
+        parts = []
+        if wish.nvlink == Wish.REQUIRE:
+            parts.append("NVLink-connected")
+        if wish.same_pcie_switch == Wish.REQUIRE:
+            parts.append("same-PCIe-switch")
+        if wish.same_numa == Wish.REQUIRE:
+            parts.append("single-NUMA")
+        return [f"no {' '.join(parts)} set of {k} GPUs"]
+
+
+DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (
+    NodeSelectorFilter(),
+    TaintFilter(),
+    ResourcesFit(),
+    GpuFit(),
+    TopologyFit(),
+)
+
+
+def run_filters(
+    pod: PodRequest,
+    cluster: ClusterState,
+    filters: Sequence[FilterPlugin] = DEFAULT_FILTERS,
+    explain: bool = True,
+) -> tuple[np.ndarray, Counter[str]]:
+    """The indices of the nodes that pass every filter and, if none does and ``explain`` is set,
+    reason -> node count (every node counted under the first filter it fails)."""
+    idx = cluster.all_indices
+    rejected: list[tuple[FilterPlugin, np.ndarray]] = []
+    for f in filters:
+        if not len(idx):
+            break
+        if not f.applies(pod, cluster):
+            continue
+        ok = f.keep(pod, cluster, idx)
+        if explain and not ok.all():
+            rejected.append((f, idx[~ok]))
+        idx = idx[ok]
+    why: Counter[str] = Counter()
+    if explain and not len(idx):
+        for f, out in rejected:
+            why.update(f.count_reasons(pod, cluster, out))
+    return idx, why
+
+
+def failed_nodes(
+    pod: PodRequest,
+    cluster: ClusterState,
+    filters: Sequence[FilterPlugin] = DEFAULT_FILTERS,
+    among: np.ndarray | None = None,
+) -> dict[str, str]:
+    """node name -> why it cannot take ``pod`` (reasons joined by ", "), for the nodes that fail.
+
+    The per-node view a scheduler extender's filter answer needs (``FailedNodes``); ``among``
+    restricts the check to some node indices.
+    """
+    idx = cluster.all_indices if among is None else np.asarray(among, dtype=np.int64)
+    out: dict[str, str] = {}
+    for f in filters:
+        if not len(idx):
+            break
+        if not f.applies(pod, cluster):
+            continue
+        ok = f.keep(pod, cluster, idx)
+        for i in idx[~ok].tolist():
+            out[cluster.nodes[i].name] = ", ".join(f.reasons(pod, cluster, i))
+        idx = idx[ok]
+    return out
+
+
+def unschedulable_message(total: int, reasons: Mapping[str, int]) -> str:
+    """``0/12 nodes are available: 8 insufficient nvidia.com/gpu, 4 no NVLink-connected set ...``."""
+    parts = [f"{n} {text}" for text, n in sorted(reasons.items(), key=lambda kv: (-kv[1], kv[0]))]
+    return f"0/{total} nodes are available" + (": " + ", ".join(parts) if parts else "") + "."

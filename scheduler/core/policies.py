@@ -1,0 +1,438 @@
+"""The scoring plugins of the published baselines and FGD, and the policy registry.
+
+The baselines follow the FGD paper's simulator (hkust-adsl/kubernetes-scheduler-simulator) so that
+its published numbers can be reproduced: integer scores 0..100 as kube-scheduler computes them (ties
+between nodes then broken at random), the normalisers ``max_cpu`` / ``max_gpu_milli`` of the
+largest node (128 CPUs and 8 GPUs on openb), and best-fit GPU choice for shares unless the plugin
+has its own (FGD). ``POLICIES`` maps each policy name to a factory; ``make_policy`` builds one.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+import random
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from scheduler.core.frag import FragModel, after_share, after_whole, typical_pods
+from scheduler.core.request import MILLI, PodRequest, Wish
+from scheduler.core.scoring import Policy, ScorePlugin
+from scheduler.core.state import ClusterState
+from scheduler.core.topology import LinkMatrix, best_gpu_set
+
+MAX_NODE_SCORE = 100
+
+
+class _Normalised(ScorePlugin):
+    """Plugins that normalise by the largest node's CPU and GPU capacity."""
+
+    max_cpu: float = 128_000.0
+    max_gpu_milli: float = 8_000.0
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        if len(cluster):
+            self.max_cpu = float(max(int(cluster.cpu_capacity.max()), 1))
+            self.max_gpu_milli = float(max(int(cluster.gpu_count.max()) * MILLI, MILLI))
+
+
+class RandomScore(ScorePlugin):
+    """One feasible node, drawn uniformly at random, scores 100; the others 0.
+
+    A share goes to a GPU drawn at random among those it fits (the simulator's ``-gpusel random``).
+    """
+
+    name = "random"
+
+    def __init__(self) -> None:
+        self.rng = random.Random()
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self.rng = rng
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        scores = np.zeros(len(idx))
+        scores[self.rng.randrange(len(idx))] = MAX_NODE_SCORE
+        return scores
+
+    def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
+        fits = [g.index for g in cluster.nodes[i].gpus if g.fits_share(pod)]
+        return self.rng.choice(fits) if fits else None
+
+
+class DotProductScore(_Normalised):
+    """Tetris: prefer the node whose free (CPU, GPU) vector is least aligned with the request.
+
+    ``100 * (1 - (free . request) / 2)``, both vectors divided by the largest node's capacity.
+    """
+
+    name = "dotprod"
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        node_cpu = cluster.cpu_free[idx] / self.max_cpu
+        node_gpu = cluster.gpu_free_total[idx] / self.max_gpu_milli
+        dot = node_cpu * (pod.cpu_milli / self.max_cpu) + node_gpu * (
+            pod.total_gpu_milli / self.max_gpu_milli
+        )
+        return np.floor(MAX_NODE_SCORE * (1 - dot / 2))
+
+
+class BestFitScore(_Normalised):
+    """Best fit: the node with the least CPU and GPU left after placing the pod (weights 0.5, 0.5)."""
+
+    name = "bestfit"
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        left = (cluster.cpu_free[idx] - pod.cpu_milli) / self.max_cpu * 0.5
+        left = left + (cluster.gpu_free_total[idx] - pod.total_gpu_milli) / self.max_gpu_milli * 0.5
+        return np.floor((1.0 - left) * MAX_NODE_SCORE)
+
+
+class GpuPackingScore(ScorePlugin):
+    """GPU packing: first partly used GPUs, then free GPUs of used nodes, then idle nodes.
+
+    Shares on a used GPU score ``100 - free%/10`` (at least 50); taking ``n`` free GPUs of a used
+    node ``50 - n`` (at least 33); any GPU pod on an idle node ``33 - GPUs`` (at least GPUs).
+    CPU-only pods score 0 everywhere.
+    """
+
+    name = "gpupacking"
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if pod.gpu_count == 0:
+            return np.zeros(len(idx))
+        full = cluster.gpu_full_free[idx]
+        idle = np.maximum(MAX_NODE_SCORE // 3 - full, full)
+        if pod.is_share:
+            rows = cluster.gpu_free[idx]
+            chosen = np.where(rows >= pod.gpu_milli, rows, MILLI + 1).min(axis=1)
+            on_used = np.maximum(MAX_NODE_SCORE - (chosen * 100 // MILLI) // 10, MAX_NODE_SCORE // 2)
+            used = np.where(chosen >= MILLI, max(MAX_NODE_SCORE // 2 - 1, MAX_NODE_SCORE // 3), on_used)
+        else:
+            used = np.full(len(idx), max(MAX_NODE_SCORE // 2 - pod.gpu_count, MAX_NODE_SCORE // 3))
+        return np.where(full == cluster.gpu_count[idx], idle, used).astype(float)
+
+
+class GpuClusteringScore(_Normalised):
+    """GPU clustering: put pods of the same GPU shape (share, 1-GPU, 2-GPU, ...) together.
+
+    Nodes running only this shape score 75..100, nodes running it among others 50..75, idle nodes
+    25..50, nodes running only other shapes 0..25; within a band, fuller nodes score higher.
+    """
+
+    name = "gpuclustering"
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if pod.gpu_count == 0:
+            return np.zeros(len(idx))
+        quarter = MAX_NODE_SCORE // 4
+        spec = int(self.max_gpu_milli)
+        fill = quarter * (spec - cluster.gpu_free_total[idx]) // spec
+        same = cluster.tag_count(pod.gpu_tag)[idx] > 0
+        kinds = cluster.tag_kinds[idx]
+        band = np.where(
+            same, np.where(kinds == 1, 3 * quarter, 2 * quarter), np.where(kinds == 0, quarter, 0)
+        )
+        return (fill + band).astype(float)
+
+
+class FGDScore(ScorePlugin):
+    """Fragmentation gradient descent: the placement that increases fragmentation least.
+
+    Node score ``int(100 * sigmoid((frag_before - frag_after) / 1000))`` as in the FGD simulator
+    (``exact=True``: the raw decrease, no sigmoid and no rounding); a share goes to the GPU with
+    the best score (the lowest index among equals). Scores are memoised per request shape and node
+    version, so only nodes that changed since the last pod of the same shape are re-evaluated.
+    """
+
+    name = "fgd"
+    MAX_SHAPES = 256  # request shapes with per-node score arrays (oldest dropped first)
+    MAX_MEMO = 500_000  # memoised evaluations (cleared when full)
+
+    def __init__(self, exact: bool = False, coverage: float = 0.95) -> None:
+        self.exact = exact
+        self.coverage = coverage
+        self.model = FragModel([])
+        self._cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._node_models: list[frozenset[str]] = []
+        self._memo: dict[tuple, tuple[float, frozenset[int]]] = {}
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self.model = FragModel(typical_pods(workload, self.coverage))
+        self._cache = {}
+        self._memo = {}
+        self._node_models = [cluster.model_sets[c] for c in cluster.model_code.tolist()]
+
+    def to_score(self, decrease: float) -> float:
+        if self.exact:
+            return decrease
+        return float(int(MAX_NODE_SCORE / (1.0 + math.exp(-decrease / 1000.0))))
+
+    def node_score(self, pod: PodRequest, cluster: ClusterState, i: int) -> tuple[float, int]:
+        """(score, GPU index for a share or -1) of placing ``pod`` on node ``i``.
+
+        The result depends only on the node's models, sorted free milli and which typical pods' CPU
+        fits before and after, so it is memoised on that key across nodes.
+        """
+        models = self._node_models[i]
+        memory = cluster.any_gpu_memory and bool(cluster.gpu_memory_known[i])
+        if pod.is_share and (pod.gpu_milli == 0 or (pod.gpu_models and len(models) > 1)):
+            return self._share_general(pod, cluster, i)
+        candidates: frozenset[int] | None = None  # free values of the GPUs the share fits (None: all)
+        if pod.is_share and memory:
+            candidates = frozenset(g.free_milli for g in cluster.nodes[i].gpus if g.fits_share(pod))
+        free = cluster.gpu_key[i]
+        cpu = int(cluster.cpu_free[i])
+        cuts = self.model.cpu_sorted
+        key = (
+            pod.gpu_milli if pod.gpu_count else 0,
+            pod.gpu_count,
+            models,
+            free,
+            bisect.bisect_right(cuts, cpu),
+            bisect.bisect_right(cuts, cpu - pod.cpu_milli),
+            candidates,
+        )
+        hit = self._memo.get(key)
+        if hit is None:
+            if len(self._memo) >= self.MAX_MEMO:
+                self._memo.clear()
+            hit = self._memo[key] = self._evaluate(pod, models, free, key[4], key[5], candidates)
+        score, best_values = hit
+        if not pod.is_share:
+            return score, -1
+        if memory:
+            gpus = cluster.nodes[i].gpus
+            return score, next(g.index for g in gpus if g.free_milli in best_values and g.fits_share(pod))
+        row = cluster.gpu_rows[i]
+        return score, next(j for j, v in enumerate(row) if v in best_values)
+
+    def _evaluate(
+        self,
+        pod: PodRequest,
+        models: frozenset[str],
+        free: tuple[int, ...],
+        before_at: int,
+        after_at: int,
+        candidates: frozenset[int] | None = None,
+    ) -> tuple[float, frozenset[int]]:
+        """Score and (for a share) the free values of the GPUs that achieve it."""
+        frag = self.model.frag_at
+        before = frag(models, free, before_at)
+        if not pod.is_share:
+            after = after_whole(free, pod.gpu_count) if pod.gpu_count else free
+            return self.to_score(before - frag(models, after, after_at)), frozenset()
+        best, values = -math.inf, set()
+        for value in set(free) if candidates is None else candidates:
+            if value < pod.gpu_milli:
+                continue
+            s = self.to_score(before - frag(models, after_share(free, value, pod.gpu_milli), after_at))
+            if s > best:
+                best, values = s, {value}
+            elif s == best:
+                values.add(value)
+        return best, frozenset(values)
+
+    def _share_general(self, pod: PodRequest, cluster: ClusterState, i: int) -> tuple[float, int]:
+        """Shares asked by memory only, or model-restricted on mixed nodes: per GPU, no memo."""
+        models = self._node_models[i]
+        free = cluster.gpu_key[i]
+        cpu = int(cluster.cpu_free[i])
+        before = self.model.frag(models, free, cpu)
+        best, best_j = -math.inf, -1
+        for gpu in cluster.nodes[i].gpus:
+            if not gpu.fits_share(pod):
+                continue
+            after = after_share(free, gpu.free_milli, gpu.share_for(pod)[0])
+            s = self.to_score(before - self.model.frag(models, after, cpu - pod.cpu_milli))
+            if s > best:
+                best, best_j = s, gpu.index
+        return best, best_j
+
+    def _entry(self, pod: PodRequest, cluster: ClusterState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per-node (score, version seen, share GPU) arrays of the pod's request shape."""
+        key = (pod.cpu_milli, pod.gpu_count, pod.gpu_milli, pod.gpu_memory_mib, pod.gpu_models)
+        entry = self._cache.get(key)
+        if entry is None:
+            if len(self._cache) >= self.MAX_SHAPES:
+                del self._cache[next(iter(self._cache))]
+            n = len(cluster)
+            entry = (np.zeros(n), np.full(n, -1, dtype=np.int64), np.full(n, -1, dtype=np.int64))
+            self._cache[key] = entry
+        return entry
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        scores, seen, choice = self._entry(pod, cluster)
+        version = cluster.version
+        for i in idx[seen[idx] != version[idx]].tolist():
+            scores[i], choice[i] = self.node_score(pod, cluster, i)
+            seen[i] = version[i]
+        return scores[idx]
+
+    def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
+        if not pod.is_share:
+            return None
+        scores, seen, choice = self._entry(pod, cluster)
+        if seen[i] != cluster.version[i]:
+            scores[i], choice[i] = self.node_score(pod, cluster, i)
+            seen[i] = cluster.version[i]
+        return int(choice[i]) if choice[i] >= 0 else None
+
+
+class AlignmentScore(ScorePlugin):
+    """Tetris-style alignment: cosine between the request and the node's free (CPU, GPU) vectors.
+
+    Both vectors are in fractions of the node's own capacity, so a CPU-heavy pod prefers nodes
+    whose free CPU is large relative to their free GPU (CPU-rich nodes, or nodes whose GPUs are
+    used up) and leaves the CPU of GPU-dense nodes to the GPU pods that need it. 0..1, higher is
+    better; 0 for a pod that asks for neither.
+    """
+
+    name = "alignment"
+
+    def __init__(self, decimals: int = 6) -> None:
+        self.decimals = decimals
+        self._cpu_inv = np.zeros(0)
+        self._gpu_inv = np.zeros(0)
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self._cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)
+        self._gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if len(self._cpu_inv) != len(cluster):
+            self.bind(cluster, (), random.Random())
+        cpu_inv = self._cpu_inv[idx]
+        gpu_inv = self._gpu_inv[idx]
+        free_cpu = cluster.cpu_free[idx] * cpu_inv
+        free_gpu = cluster.gpu_free_total[idx] * gpu_inv
+        want_cpu = pod.cpu_milli * cpu_inv
+        want_gpu = pod.total_gpu_milli * gpu_inv
+        norm = np.sqrt(
+            (free_cpu * free_cpu + free_gpu * free_gpu) * (want_cpu * want_cpu + want_gpu * want_gpu)
+        )
+        dot = free_cpu * want_cpu + free_gpu * want_gpu
+        cosine = np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0)
+        # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
+        return np.round(cosine, self.decimals)
+
+
+def fgd_align() -> Policy:
+    """Our policy: FGD first, Tetris alignment among the placements FGD scores equal.
+
+    FGD's integer score (100 steps of a sigmoid of the fragmentation decrease) says which
+    placements fragment equally; the FGD simulator then takes the first such node in a fixed node
+    order. We take the best-aligned one instead (then the node order).
+    """
+    return Policy(
+        "fgd-align",
+        ((FGDScore(), 1.0),),
+        "FGD, ties broken by CPU/GPU alignment of request and free resources (ours)",
+        tie_break=AlignmentScore(),
+    )
+
+
+class TopologyScore(ScorePlugin):
+    """How well connected the GPUs a multi-GPU pod would get on each node are.
+
+    For a pod of ``k >= 2`` whole GPUs: ``100 x (PREFER wishes the best free set meets / PREFER
+    wishes)`` plus ``int(100 x link score of that set / link score of the best k GPUs of the idle
+    machine)``; a machine without link information counts as perfectly connected. 0 for every other
+    pod. Memoised per request shape and node version like FGD (the set search itself per free set on
+    the machine's shared ``LinkMatrix``).
+    """
+
+    name = "topology"
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+        self._ideal: dict[int, tuple[LinkMatrix, dict[int, int]]] = {}  # id(links) -> (links, k -> score)
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self._cache = {}
+        self._ideal = {}
+
+    def node_score(self, pod: PodRequest, cluster: ClusterState, i: int) -> float:
+        node = cluster.nodes[i]
+        links = node.links()
+        k = pod.whole_gpus
+        chosen = best_gpu_set(links, node.free_gpu_indices(pod), k, pod.topology)
+        if chosen is None:
+            return 0.0
+        score = 0.0
+        prefer = links.prefer_count(pod.topology)
+        if prefer:
+            score += MAX_NODE_SCORE * links.satisfies(chosen, pod.topology, Wish.PREFER) / prefer
+        if links.flat:
+            return score + MAX_NODE_SCORE
+        ideal = self._ideal_score(links, k)
+        return score + (
+            float(int(MAX_NODE_SCORE * links.set_score(chosen) / ideal)) if ideal else MAX_NODE_SCORE
+        )
+
+    def _ideal_score(self, links: LinkMatrix, k: int) -> int:
+        """Link score of the best k GPUs of the idle machine (the reference is kept, so ids stay unique)."""
+        _, by_k = self._ideal.setdefault(id(links), (links, {}))
+        if k not in by_k:
+            best = best_gpu_set(links, range(links.n), k)
+            by_k[k] = links.set_score(best) if best else 0
+        return by_k[k]
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if pod.whole_gpus < 2:
+            return np.zeros(len(idx))
+        key = (pod.whole_gpus, pod.gpu_models, pod.topology)
+        entry = self._cache.get(key)
+        if entry is None:
+            entry = self._cache[key] = (np.zeros(len(cluster)), np.full(len(cluster), -1, dtype=np.int64))
+        scores, seen = entry
+        version = cluster.version
+        for i in idx[seen[idx] != version[idx]].tolist():
+            scores[i] = self.node_score(pod, cluster, i)
+            seen[i] = version[i]
+        return scores[idx]
+
+
+def topology_policy() -> Policy:
+    """For the live scheduler: multi-GPU pods to the node where their GPUs connect best, then fgd-align.
+
+    The topology score (0..200) is weighted 1000 against FGD's 0..100 so the order is lexicographic;
+    for pods of fewer than two whole GPUs it is 0 everywhere and the policy is ``fgd-align``.
+    """
+    return Policy(
+        "topology",
+        ((TopologyScore(), 1000.0), (FGDScore(), 1.0)),
+        "multi-GPU pods where their GPUs connect best, then fgd-align",
+        tie_break=AlignmentScore(),
+    )
+
+
+def _single(name: str, factory: Callable[[], ScorePlugin], description: str) -> Callable[[], Policy]:
+    return lambda: Policy(name, ((factory(), 1.0),), description)
+
+
+POLICIES: dict[str, Callable[[], Policy]] = {
+    "random": _single("random", RandomScore, "a feasible node at random"),
+    "dotprod": _single("dotprod", DotProductScore, "Tetris dot product of free and requested (CPU, GPU)"),
+    "gpupacking": _single("gpupacking", GpuPackingScore, "used GPUs first, then used nodes, then idle nodes"),
+    "gpuclustering": _single("gpuclustering", GpuClusteringScore, "pods of the same GPU shape together"),
+    "bestfit": _single("bestfit", BestFitScore, "least CPU and GPU left after placement"),
+    "fgd": _single("fgd", FGDScore, "fragmentation gradient descent (Weng et al., ATC'23)"),
+    "fgd-align": fgd_align,
+    "topology": topology_policy,
+}
+
+DEFAULT_POLICY = "fgd-align"
+
+
+def policy_names() -> list[str]:
+    return list(POLICIES)
+
+
+def make_policy(name: str) -> Policy:
+    """A fresh policy by name (``KeyError`` names the known ones)."""
+    try:
+        return POLICIES[name]()
+    except KeyError:
+        raise KeyError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None

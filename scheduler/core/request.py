@@ -1,0 +1,159 @@
+"""What a pod asks for: CPU, memory, whole or fractional GPUs, GPU models, topology, placement rules.
+
+A ``PodRequest`` is the scheduler's view of a pod, built by the live scheduler from a Pod object and
+by the simulator from a trace row. GPU requests come in two forms:
+
+- whole GPUs: ``gpu_count = k`` and ``gpu_milli = 1000`` (the default when only a count is given);
+- a share of ONE GPU: ``gpu_count = 1`` and ``gpu_milli < 1000`` (the openb trace's milli-GPU), and/or
+  ``gpu_memory_mib`` (a share by GPU memory; the milli charged is then derived from the GPU's memory).
+
+``shape()`` is a hashable key of everything that affects scheduling (not the pod's name), so scores
+can be memoised per request shape.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+MILLI = 1000  # one whole GPU in milli-GPU
+
+
+class Wish(enum.IntEnum):
+    """How strongly a pod wants a topology property of its GPU set."""
+
+    NONE = 0
+    PREFER = 1
+    REQUIRE = 2
+
+
+@dataclass(frozen=True)
+class TopologyWish:
+    """Topology wishes for a multi-GPU set (ignored for requests of fewer than two GPUs)."""
+
+    nvlink: Wish = Wish.NONE  # every pair of the set NVLink-connected
+    same_numa: Wish = Wish.NONE  # every GPU of the set on one NUMA node
+    same_pcie_switch: Wish = Wish.NONE  # every pair of the set behind one PCIe switch (PIX)
+
+    def required(self) -> bool:
+        return Wish.REQUIRE in (self.nvlink, self.same_numa, self.same_pcie_switch)
+
+    def any(self) -> bool:
+        return (self.nvlink, self.same_numa, self.same_pcie_switch) != (Wish.NONE,) * 3
+
+
+class TaintEffect(enum.StrEnum):
+    NO_SCHEDULE = "NoSchedule"
+    PREFER_NO_SCHEDULE = "PreferNoSchedule"
+    NO_EXECUTE = "NoExecute"
+
+
+@dataclass(frozen=True)
+class Taint:
+    key: str
+    value: str = ""
+    effect: TaintEffect = TaintEffect.NO_SCHEDULE
+
+    def __str__(self) -> str:
+        return f"{{{self.key}: {self.value}}}" if self.value else f"{{{self.key}}}"
+
+
+@dataclass(frozen=True)
+class Toleration:
+    """A Kubernetes toleration: ``operator`` is ``Equal`` or ``Exists``; empty key+Exists tolerates all."""
+
+    key: str = ""
+    operator: str = "Equal"
+    value: str = ""
+    effect: str = ""  # "" matches every effect
+
+    def tolerates(self, taint: Taint) -> bool:
+        if self.effect and self.effect != taint.effect:
+            return False
+        if self.operator == "Exists":
+            return not self.key or self.key == taint.key
+        return self.key == taint.key and self.value == taint.value
+
+
+@dataclass(frozen=True)
+class ContainerRequest:
+    """How many of the pod's whole GPUs one container gets (``gpu_count``), in container order.
+
+    A sharing pod's one GPU share goes to every container listed (or to the whole pod).
+    """
+
+    name: str
+    gpu_count: int = 0
+
+
+@dataclass(frozen=True)
+class PodRequest:
+    """The scheduling-relevant content of one pod."""
+
+    name: str
+    uid: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpu_count: int = 0
+    gpu_milli: int = 0  # per GPU: 1000 whole, < 1000 a share of one GPU
+    gpu_memory_mib: int = 0  # a share by GPU memory (sharing pods only); 0 = none asked
+    gpu_models: frozenset[str] = frozenset()  # allowed GPU models; empty = any
+    topology: TopologyWish = TopologyWish()
+    node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
+    tolerations: tuple[Toleration, ...] = ()
+    containers: tuple[ContainerRequest, ...] = ()
+    _shape: tuple = field(default=(), init=False, repr=False, compare=False, hash=False)
+
+    def __post_init__(self) -> None:
+        if self.gpu_count < 0 or self.gpu_milli < 0 or self.gpu_memory_mib < 0:
+            raise ValueError(f"pod {self.name}: negative GPU request")
+        if self.gpu_count and not self.gpu_milli and not self.gpu_memory_mib:
+            object.__setattr__(self, "gpu_milli", MILLI)
+        if self.gpu_milli > MILLI:
+            raise ValueError(f"pod {self.name}: gpu_milli {self.gpu_milli} > {MILLI} (ask for whole GPUs)")
+        if self.is_share and self.gpu_count != 1:
+            raise ValueError(f"pod {self.name}: a GPU share is a share of one GPU (gpu_count must be 1)")
+        if not self.uid:
+            object.__setattr__(self, "uid", self.name)
+        shape = (
+            self.cpu_milli,
+            self.memory_mib,
+            self.gpu_count,
+            self.gpu_milli,
+            self.gpu_memory_mib,
+            self.gpu_models,
+            self.topology if self.gpu_count > 1 else TopologyWish(),
+            tuple(sorted(self.node_selector.items())),
+            self.tolerations,
+        )
+        object.__setattr__(self, "_shape", shape)
+
+    @property
+    def is_share(self) -> bool:
+        """A fractional request: part of one GPU."""
+        return self.gpu_count > 0 and self.gpu_milli < MILLI
+
+    @property
+    def whole_gpus(self) -> int:
+        """Whole GPUs asked for (0 for CPU-only and sharing pods)."""
+        return 0 if self.is_share else self.gpu_count
+
+    @property
+    def total_gpu_milli(self) -> int:
+        """GPU milli the pod asks for in all (the trace's num_gpu x gpu_milli)."""
+        return self.gpu_count * self.gpu_milli
+
+    @property
+    def gpu_tag(self) -> str:
+        """The pod's GPU shape: ``no-gpu``, ``share-gpu`` or ``<k>-gpu`` (GPU-clustering affinity)."""
+        if self.gpu_count == 0:
+            return "no-gpu"
+        return "share-gpu" if self.is_share else f"{self.gpu_count}-gpu"
+
+    def shape(self) -> tuple:
+        """Hashable key of everything scheduling depends on (not name or uid)."""
+        return self._shape
+
+    def allows_model(self, model: str) -> bool:
+        return not self.gpu_models or model in self.gpu_models

@@ -1,0 +1,77 @@
+"""Score plugins and policies.
+
+A ``ScorePlugin`` scores an array of feasible nodes for one pod (higher is better) and may choose
+which GPU a sharing pod gets on the chosen node. A ``Policy`` is a weighted set of plugins (often a
+single one): the node score is the weighted sum and the best node wins. Among equal best scores an
+optional ``tie_break`` plugin decides (scored only on the tied nodes); what is still tied goes to
+the cluster's node order or at random (``schedule.pick``). The share's GPU is chosen by the
+heaviest plugin that has an opinion (best fit otherwise). ``bind`` hands plugins the cluster, the
+expected workload and a random source before the first pod (FGD derives its typical pods from the
+workload).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from scheduler.core.request import PodRequest
+from scheduler.core.state import ClusterState
+
+
+class ScorePlugin:
+    """Base class of the scoring plugins."""
+
+    name = "plugin"
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        """Prepare for a cluster and its expected workload (default: nothing)."""
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        """Scores (float, higher better) of the nodes ``idx``, all of which can take ``pod``."""
+        raise NotImplementedError
+
+    def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
+        """The GPU index a sharing pod should get on node ``i``; None: no opinion (best fit)."""
+        return None
+
+
+@dataclass
+class Policy:
+    """A named, weighted set of score plugins."""
+
+    name: str
+    plugins: tuple[tuple[ScorePlugin, float], ...]
+    description: str = ""
+    tie_break: ScorePlugin | None = None
+
+    def bind(
+        self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random | None = None
+    ) -> None:
+        """Prepare every plugin for ``cluster`` and the expected ``workload``."""
+        rng = rng or random.Random()
+        for plugin, _ in self.plugins:
+            plugin.bind(cluster, workload, rng)
+        if self.tie_break is not None:
+            self.tie_break.bind(cluster, workload, rng)
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if len(self.plugins) == 1:
+            plugin, weight = self.plugins[0]
+            return (
+                plugin.score(pod, cluster, idx) * weight if weight != 1 else plugin.score(pod, cluster, idx)
+            )
+        total = np.zeros(len(idx))
+        for plugin, weight in self.plugins:
+            total += weight * plugin.score(pod, cluster, idx)
+        return total
+
+    def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
+        for plugin, _ in sorted(self.plugins, key=lambda pw: -pw[1]):
+            choice = plugin.share_gpu(pod, cluster, i)
+            if choice is not None:
+                return choice
+        return None

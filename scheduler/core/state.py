@@ -1,0 +1,453 @@
+"""Cluster state: nodes, their GPUs and what is allocated on them, with a vectorised mirror.
+
+``NodeState`` is the truth for one node (capacity, used CPU/memory, per-GPU free milli and memory,
+topology, the allocations on it). ``ClusterState`` holds all nodes and mirrors the numbers every
+filter and score needs into numpy arrays (one row per node), so one scheduling decision costs a few
+vector operations over the nodes instead of a Python loop. ``assume`` and ``forget`` change one node
+and refresh its row; ``version[i]`` counts the changes of node ``i`` so scores can be memoised per
+node state.
+
+``Allocation`` is the decision for one pod: the node, CPU and memory, and the GPUs (whole, or a
+share of one GPU with its milli and memory). It is a plain frozen dataclass with ``to_dict`` /
+``from_dict`` so the allocation-annotation code (``kubegpu.allocation``) can serialise it.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from devices.model import DeviceKind, NodeInventory, Topology
+from scheduler.core.request import MILLI, PodRequest, Taint, TaintEffect
+from scheduler.core.topology import LinkMatrix
+
+
+@dataclass
+class GpuState:
+    """One GPU of a node and how much of it is free."""
+
+    index: int
+    id: str
+    model: str = ""
+    memory_mib: int = 0  # 0: unknown (shares are then by milli only)
+    numa: int = -1
+    healthy: bool = True
+    free_milli: int = MILLI
+    free_memory_mib: int = -1  # -1: initialise to memory_mib
+
+    def __post_init__(self) -> None:
+        if self.free_memory_mib < 0:
+            self.free_memory_mib = self.memory_mib
+
+    @property
+    def fully_free(self) -> bool:
+        return self.healthy and self.free_milli == MILLI
+
+    def share_for(self, pod: PodRequest) -> tuple[int, int]:
+        """(milli, memory MiB) a sharing pod would take of this GPU.
+
+        A share asked by milli takes the same fraction of the GPU's memory (when the memory is known);
+        a share asked by memory takes the same fraction of its compute, rounded up.
+        """
+        milli, memory = pod.gpu_milli, pod.gpu_memory_mib
+        if not milli:
+            milli = -(-memory * MILLI // self.memory_mib) if self.memory_mib else MILLI
+        if not memory and self.memory_mib:
+            memory = self.memory_mib * milli // MILLI
+        return min(milli, MILLI), memory
+
+    def fits_share(self, pod: PodRequest) -> bool:
+        if not self.healthy or not pod.allows_model(self.model):
+            return False
+        milli, memory = self.share_for(pod)
+        return milli <= self.free_milli and (not self.memory_mib or memory <= self.free_memory_mib)
+
+
+@dataclass(frozen=True)
+class GpuGrant:
+    """One GPU given to a pod: whole (``milli == 1000``) or a share."""
+
+    index: int
+    id: str
+    milli: int = MILLI
+    memory_mib: int = 0  # a share's GPU memory (0: unspecified); whole GPUs: the GPU's memory
+
+    @property
+    def is_share(self) -> bool:
+        return self.milli < MILLI
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Where one pod runs and exactly which devices it gets."""
+
+    node: str
+    pod_uid: str
+    pod_name: str = ""
+    cpu_milli: int = 0
+    memory_mib: int = 0
+    gpus: tuple[GpuGrant, ...] = ()
+    # container name -> ids of its devices; empty: every container gets all of ``gpus``
+    containers: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
+    gpu_tag: str = "no-gpu"  # the pod's GPU shape (PodRequest.gpu_tag)
+
+    @property
+    def gpu_milli(self) -> int:
+        """GPU milli allocated in all (whole GPUs count 1000 each)."""
+        return sum(g.milli for g in self.gpus)
+
+    def device_ids(self) -> tuple[str, ...]:
+        return tuple(g.id for g in self.gpus)
+
+    def shares(self) -> dict[str, tuple[int, int]]:
+        """device id -> (milli, memory MiB) for the fractional grants."""
+        return {g.id: (g.milli, g.memory_mib) for g in self.gpus if g.is_share}
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "podUID": self.pod_uid,
+            "podName": self.pod_name,
+            "cpuMilli": self.cpu_milli,
+            "memoryMiB": self.memory_mib,
+            "gpus": [
+                {"index": g.index, "id": g.id, "milli": g.milli, "memoryMiB": g.memory_mib} for g in self.gpus
+            ],
+            "containers": {name: list(ids) for name, ids in sorted(self.containers.items())},
+            "gpuTag": self.gpu_tag,
+        }
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> Allocation:
+        return cls(
+            node=str(doc["node"]),
+            pod_uid=str(doc["podUID"]),
+            pod_name=str(doc.get("podName", "")),
+            cpu_milli=int(doc.get("cpuMilli", 0)),
+            memory_mib=int(doc.get("memoryMiB", 0)),
+            gpus=tuple(
+                GpuGrant(
+                    int(g["index"]), str(g["id"]), int(g.get("milli", MILLI)), int(g.get("memoryMiB", 0))
+                )
+                for g in doc.get("gpus", [])
+            ),
+            containers={str(k): tuple(str(d) for d in v) for k, v in dict(doc.get("containers", {})).items()},
+            gpu_tag=str(doc.get("gpuTag", "no-gpu")),
+        )
+
+
+class AllocationConflict(ValueError):
+    """An allocation does not fit the node's current state (double booking, unknown GPU, ...)."""
+
+
+class NodeState:
+    """One node: static facts, what is used, and the allocations placed on it."""
+
+    def __init__(
+        self,
+        name: str,
+        cpu_milli: int,
+        memory_mib: int,
+        gpus: Sequence[GpuState] = (),
+        *,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Taint] = (),
+        topology: Topology | None = None,
+    ) -> None:
+        self.name = name
+        self.cpu_capacity = cpu_milli
+        self.memory_capacity = memory_mib
+        self.cpu_used = 0
+        self.memory_used = 0
+        self.gpus: list[GpuState] = list(gpus)
+        if [g.index for g in self.gpus] != list(range(len(self.gpus))):
+            raise ValueError(f"node {name}: GPUs must be indexed 0..n-1 in order")
+        self.labels: dict[str, str] = dict(labels or {})
+        self.taints: tuple[Taint, ...] = tuple(taints)
+        self.topology = topology if topology is not None else Topology()
+        self.allocations: dict[str, Allocation] = {}
+        self.tags: Counter[str] = Counter()  # GPU shapes of the GPU pods placed here
+        self._links: LinkMatrix | None = None
+
+    def links(self) -> LinkMatrix:
+        """The node's pairwise GPU link matrix (built once; shared by nodes with identical links)."""
+        if self._links is None:
+            self._links = LinkMatrix.shared(
+                [g.id for g in self.gpus], [g.numa for g in self.gpus], self.topology
+            )
+        return self._links
+
+    # -- construction -------------------------------------------------------------------------
+
+    @classmethod
+    def from_inventory(
+        cls,
+        name: str,
+        cpu_milli: int,
+        memory_mib: int,
+        inventory: NodeInventory,
+        *,
+        labels: Mapping[str, str] | None = None,
+        taints: Sequence[Taint] = (),
+    ) -> NodeState:
+        """A node from what its advertiser published (GPUs sorted by index)."""
+        gpus = sorted(inventory.by_kind(DeviceKind.GPU), key=lambda d: d.index)
+        states = [
+            GpuState(i, d.id, d.model, d.memory_mib, d.numa_node, d.healthy) for i, d in enumerate(gpus)
+        ]
+        return cls(
+            name, cpu_milli, memory_mib, states, labels=labels, taints=taints, topology=inventory.topology
+        )
+
+    # -- derived numbers ------------------------------------------------------------------------
+
+    @property
+    def cpu_free(self) -> int:
+        return self.cpu_capacity - self.cpu_used
+
+    @property
+    def memory_free(self) -> int:
+        return self.memory_capacity - self.memory_used
+
+    def models(self) -> frozenset[str]:
+        return frozenset(g.model for g in self.gpus)
+
+    def free_gpu_indices(self, pod: PodRequest | None = None) -> list[int]:
+        """Indices of the fully free healthy GPUs (of a model the pod allows)."""
+        return [g.index for g in self.gpus if g.fully_free and (pod is None or pod.allows_model(g.model))]
+
+    def schedulable_taints(self) -> tuple[Taint, ...]:
+        """The taints a pod must tolerate to be placed here."""
+        return tuple(t for t in self.taints if t.effect != TaintEffect.PREFER_NO_SCHEDULE)
+
+    # -- assume / forget ------------------------------------------------------------------------
+
+    def check(self, alloc: Allocation) -> None:
+        """Raise ``AllocationConflict`` if ``alloc`` does not fit this node now."""
+        if alloc.node != self.name:
+            raise AllocationConflict(f"allocation for node {alloc.node} applied to {self.name}")
+        if alloc.pod_uid in self.allocations:
+            raise AllocationConflict(f"pod {alloc.pod_uid} already allocated on {self.name}")
+        if alloc.cpu_milli > self.cpu_free or alloc.memory_mib > self.memory_free:
+            raise AllocationConflict(f"pod {alloc.pod_uid}: not enough CPU/memory on {self.name}")
+        seen: set[int] = set()
+        for grant in alloc.gpus:
+            if not 0 <= grant.index < len(self.gpus) or self.gpus[grant.index].id != grant.id:
+                raise AllocationConflict(f"pod {alloc.pod_uid}: no GPU {grant.id} at index {grant.index}")
+            if grant.index in seen:
+                raise AllocationConflict(f"pod {alloc.pod_uid}: GPU {grant.id} granted twice")
+            seen.add(grant.index)
+            gpu = self.gpus[grant.index]
+            if grant.milli > gpu.free_milli or (gpu.memory_mib and grant.memory_mib > gpu.free_memory_mib):
+                raise AllocationConflict(f"pod {alloc.pod_uid}: GPU {grant.id} has not enough free")
+
+    def apply(self, alloc: Allocation, sign: int) -> None:
+        """Add (``sign=1``, after ``check``) or remove (``sign=-1``) an allocation's usage."""
+        self.cpu_used += sign * alloc.cpu_milli
+        self.memory_used += sign * alloc.memory_mib
+        for grant in alloc.gpus:
+            gpu = self.gpus[grant.index]
+            gpu.free_milli -= sign * grant.milli
+            if gpu.memory_mib:
+                gpu.free_memory_mib -= sign * grant.memory_mib
+        if alloc.gpu_tag != "no-gpu":
+            self.tags[alloc.gpu_tag] += sign
+            if self.tags[alloc.gpu_tag] <= 0:
+                del self.tags[alloc.gpu_tag]
+        if sign > 0:
+            self.allocations[alloc.pod_uid] = alloc
+        else:
+            self.allocations.pop(alloc.pod_uid, None)
+
+    def __repr__(self) -> str:
+        free = ",".join(str(g.free_milli) for g in self.gpus)
+        return f"NodeState({self.name}, cpu {self.cpu_free}/{self.cpu_capacity}, gpu free [{free}])"
+
+
+class ClusterState:
+    """All nodes, with per-node numbers mirrored into arrays for vectorised filtering and scoring.
+
+    Arrays (row ``i`` is ``nodes[i]``): ``cpu_free``, ``mem_free``, ``cpu_capacity``, ``gpu_count``,
+    ``gpu_free`` (``[N, G]`` free milli per GPU in index order, -1 where the node has fewer GPUs or
+    the GPU is unhealthy), ``gpu_free_total``, ``gpu_full_free`` (fully free GPUs), ``gpu_max_free``,
+    ``model_code`` (index into ``model_sets``), ``has_taints``, ``version``. ``gpu_key[i]`` is the
+    node's free milli per GPU sorted descending, a hashable signature of its GPU state.
+    """
+
+    def __init__(self, nodes: Iterable[NodeState]) -> None:
+        self.nodes: list[NodeState] = list(nodes)
+        self.index: dict[str, int] = {}
+        for i, node in enumerate(self.nodes):
+            if node.name in self.index:
+                raise ValueError(f"duplicate node name {node.name}")
+            self.index[node.name] = i
+        n = len(self.nodes)
+        g = max((len(node.gpus) for node in self.nodes), default=0)
+        self.max_gpus = g
+        self.cpu_free = np.zeros(n, dtype=np.int64)
+        self.mem_free = np.zeros(n, dtype=np.int64)
+        self.cpu_capacity = np.array([node.cpu_capacity for node in self.nodes], dtype=np.int64)
+        self.mem_capacity = np.array([node.memory_capacity for node in self.nodes], dtype=np.int64)
+        self.gpu_count = np.array([len(node.gpus) for node in self.nodes], dtype=np.int64)
+        self.gpu_free = np.full((n, max(g, 1)), -1, dtype=np.int64)
+        self.gpu_free_total = np.zeros(n, dtype=np.int64)
+        self.gpu_full_free = np.zeros(n, dtype=np.int64)
+        self.gpu_max_free = np.zeros(n, dtype=np.int64)
+        self.gpu_key: list[tuple[int, ...]] = [()] * n
+        self.gpu_rows: list[list[int]] = [[] for _ in range(n)]  # free milli per GPU, index order
+        self.version = np.zeros(n, dtype=np.int64)
+        self.has_taints = np.array([bool(node.schedulable_taints()) for node in self.nodes], dtype=bool)
+        self.gpu_memory_known = np.array(
+            [any(gpu.memory_mib for gpu in node.gpus) for node in self.nodes], dtype=bool
+        )
+        self.any_gpu_memory = bool(self.gpu_memory_known.any())
+        self.gpu_models: list[str] = sorted({gpu.model for node in self.nodes for gpu in node.gpus})
+        model_index = {m: k for k, m in enumerate(self.gpu_models)}
+        self.gpu_model = np.full((n, max(g, 1)), -1, dtype=np.int64)
+        self.gpu_mem_total = np.zeros((n, max(g, 1)), dtype=np.int64)
+        self.gpu_mem_free = np.zeros((n, max(g, 1)), dtype=np.int64)
+        for i, node in enumerate(self.nodes):
+            for gpu in node.gpus:
+                self.gpu_model[i, gpu.index] = model_index[gpu.model]
+                self.gpu_mem_total[i, gpu.index] = gpu.memory_mib
+        self.model_sets: list[frozenset[str]] = []
+        codes: dict[frozenset[str], int] = {}
+        for node in self.nodes:
+            codes.setdefault(node.models(), len(codes))
+        self.model_sets = list(codes)
+        self.model_code = np.array([codes[node.models()] for node in self.nodes], dtype=np.int64)
+        self.tag_counts: dict[str, np.ndarray] = {}
+        self.tag_kinds = np.zeros(n, dtype=np.int64)  # distinct GPU shapes placed on each node
+        self.where: dict[str, int] = {}  # pod uid -> node index
+        self.allocated_milli = 0  # GPU milli allocated over the cluster
+        self.generation = 0
+        self._label_masks: dict[tuple, np.ndarray] = {}
+        self._model_masks: dict[frozenset[str], np.ndarray] = {}
+        self._gpu_model_masks: dict[frozenset[str], np.ndarray] = {}
+        self.all_indices = np.arange(n, dtype=np.int64)
+        # node order for equal scores (lower first); None: uniformly at random
+        self.tie_rank: np.ndarray | None = None
+        for i in range(n):
+            self._sync(i)
+        self.version[:] = 0
+
+    def set_tie_order(self, order: Sequence[int] | None) -> None:
+        """Break equal scores by this node order (``order[k]`` is the k-th preferred node index)."""
+        if order is None:
+            self.tie_rank = None
+            return
+        rank = np.empty(len(self.nodes), dtype=np.int64)
+        rank[np.asarray(order, dtype=np.int64)] = np.arange(len(self.nodes))
+        self.tie_rank = rank
+
+    # -- lookups --------------------------------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.nodes)
+
+    def node(self, name: str) -> NodeState:
+        return self.nodes[self.index[name]]
+
+    def model_mask(self, models: frozenset[str]) -> np.ndarray:
+        """Nodes with at least one GPU of one of ``models`` (cached per model set)."""
+        mask = self._model_masks.get(models)
+        if mask is None:
+            allowed = np.array([bool(s & models) for s in self.model_sets], dtype=bool)
+            mask = allowed[self.model_code] if len(self.model_sets) else np.zeros(0, dtype=bool)
+            self._model_masks[models] = mask
+        return mask
+
+    def gpu_model_mask(self, models: frozenset[str]) -> np.ndarray:
+        """``[N, G]``: which GPU slots hold a GPU of one of ``models`` (cached per model set)."""
+        mask = self._gpu_model_masks.get(models)
+        if mask is None:
+            codes = [k for k, m in enumerate(self.gpu_models) if m in models]
+            mask = np.isin(self.gpu_model, codes)
+            self._gpu_model_masks[models] = mask
+        return mask
+
+    def label_mask(self, selector: Mapping[str, str]) -> np.ndarray:
+        """Nodes whose labels contain every ``key: value`` of ``selector`` (labels are static)."""
+        key = tuple(sorted(selector.items()))
+        mask = self._label_masks.get(key)
+        if mask is None:
+            mask = np.array([all(node.labels.get(k) == v for k, v in key) for node in self.nodes], dtype=bool)
+            self._label_masks[key] = mask
+        return mask
+
+    def allocation(self, pod_uid: str) -> Allocation | None:
+        i = self.where.get(pod_uid)
+        return None if i is None else self.nodes[i].allocations.get(pod_uid)
+
+    # -- assume / forget ------------------------------------------------------------------------
+
+    def assume(self, alloc: Allocation) -> None:
+        """Book ``alloc`` on its node (raises ``AllocationConflict`` if it does not fit)."""
+        i = self.index.get(alloc.node)
+        if i is None:
+            raise AllocationConflict(f"unknown node {alloc.node}")
+        if alloc.pod_uid in self.where:
+            raise AllocationConflict(f"pod {alloc.pod_uid} is already allocated")
+        node = self.nodes[i]
+        node.check(alloc)
+        node.apply(alloc, 1)
+        self.where[alloc.pod_uid] = i
+        self.allocated_milli += alloc.gpu_milli
+        self._sync(i)
+
+    def forget(self, pod_uid: str) -> Allocation:
+        """Release a pod's allocation (the pod ended, or an assumed binding failed)."""
+        i = self.where.pop(pod_uid, None)
+        if i is None:
+            raise KeyError(f"pod {pod_uid} has no allocation")
+        node = self.nodes[i]
+        alloc = node.allocations[pod_uid]
+        node.apply(alloc, -1)
+        self.allocated_milli -= alloc.gpu_milli
+        self._sync(i)
+        return alloc
+
+    def _sync(self, i: int) -> None:
+        """Refresh row ``i`` of the arrays from ``nodes[i]``."""
+        node = self.nodes[i]
+        self.cpu_free[i] = node.cpu_free
+        self.mem_free[i] = node.memory_free
+        free = [gpu.free_milli if gpu.healthy else -1 for gpu in node.gpus]
+        self.gpu_rows[i] = free
+        row = self.gpu_free[i]
+        row[: len(free)] = free
+        if self.gpu_memory_known[i]:
+            self.gpu_mem_free[i, : len(free)] = [gpu.free_memory_mib for gpu in node.gpus]
+        usable = [f for f in free if f >= 0]
+        self.gpu_free_total[i] = sum(usable)
+        self.gpu_full_free[i] = sum(1 for f in usable if f == MILLI)
+        self.gpu_max_free[i] = max(usable, default=-1)
+        self.gpu_key[i] = tuple(sorted(usable, reverse=True))
+        for tag in set(node.tags) | {t for t, counts in self.tag_counts.items() if counts[i]}:
+            counts = self.tag_counts.get(tag)
+            if counts is None:
+                counts = self.tag_counts[tag] = np.zeros(len(self.nodes), dtype=np.int64)
+            counts[i] = node.tags.get(tag, 0)
+        self.tag_kinds[i] = len(node.tags)
+        self.version[i] += 1
+        self.generation += 1
+
+    def tag_count(self, tag: str) -> np.ndarray:
+        """Per node, how many pods of GPU shape ``tag`` it runs."""
+        counts = self.tag_counts.get(tag)
+        if counts is None:
+            counts = self.tag_counts[tag] = np.zeros(len(self.nodes), dtype=np.int64)
+        return counts
+
+    # -- summaries ------------------------------------------------------------------------------
+
+    def total_gpus(self) -> int:
+        return int(self.gpu_count.sum())
+
+    def allocated_gpu_milli(self) -> int:
+        """GPU milli allocated over the cluster."""
+        return self.allocated_milli

@@ -1,0 +1,77 @@
+"""Presenting simulation results: a readable text report, and the allocation curve as a PNG."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+
+from scheduler.sim.runner import Experiment
+
+CURVE_POINTS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)
+BAR_WIDTH = 40
+
+
+def _fmt(value: float) -> str:
+    return "   -  " if math.isnan(value) else f"{value:6.2f}"
+
+
+def text_report(experiment: Experiment, cluster: str, workload: str) -> str:
+    """Per-seed headline numbers, their mean and spread, and the mean curve as bars."""
+    runs = experiment.runs
+    first = runs[0]
+    lines = [
+        f"kubegpu simulate: policy {experiment.policy}",
+        f"  cluster:  {cluster} ({first.capacity_milli // 1000} GPUs)",
+        f"  workload: {workload}",
+        "  protocol: seeded shuffle, inflation to 130% of GPU capacity, one try per pod",
+        "",
+        "  seed   alloc% @100  alloc% @130   pods  placed  seconds",
+    ]
+    for r in runs:
+        lines.append(
+            f"  {r.seed:>4}   {_fmt(r.alloc_pct_at_100)}       {_fmt(r.alloc_pct_at_130)}"
+            f"       {r.pods:>5}  {r.placed:>6}  {r.seconds:7.2f}"
+        )
+    lines.append(
+        f"  mean   {_fmt(experiment.mean_at(100))}       {_fmt(experiment.mean_at(130))}"
+        f"       (spread {experiment.spread_at(100):.2f} / {experiment.spread_at(130):.2f}"
+        f" over {len(runs)} seed{'s' if len(runs) != 1 else ''})"
+    )
+    lines += ["", "  GPU allocation (% of capacity) as GPU requests arrive (% of capacity):"]
+    curve = experiment.mean_curve()
+    for x in CURVE_POINTS:
+        if x in curve:
+            y = curve[x]
+            lines.append(f"  {x:>4}% arrived  {y:6.2f}%  " + "#" * max(0, round(y / 100 * BAR_WIDTH)))
+    lines.append(f"\n  {experiment.seconds:.2f} s in all")
+    return "\n".join(lines)
+
+
+def plot_curves(experiments: Sequence[Experiment], path: str | Path, title: str = "") -> None:
+    """Allocation curves (mean over seeds; each seed faint) of one or more policies to a PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=120)
+    for exp in experiments:
+        curve = exp.mean_curve()
+        xs = sorted(curve)
+        (line,) = ax.plot(xs, [curve[x] for x in xs], label=f"{exp.policy} ({exp.mean_at(130):.2f}% @130)")
+        for r in exp.runs if len(exp.runs) > 1 else ():
+            rx = sorted(r.curve)
+            ax.plot(rx, [r.curve[x] for x in rx], color=line.get_color(), alpha=0.15, linewidth=0.8)
+    ax.plot([0, 100], [0, 100], color="grey", linestyle=":", linewidth=0.8, label="everything placed")
+    ax.set_xlabel("arrived GPU requests (% of cluster GPU capacity)")
+    ax.set_ylabel("allocated GPUs (% of capacity)")
+    ax.set_xlim(0, 130)
+    ax.set_ylim(0, 100)
+    ax.grid(alpha=0.3)
+    ax.legend(loc="lower right", fontsize=8)
+    if title:
+        ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

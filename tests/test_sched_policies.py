@@ -1,0 +1,276 @@
+"""Each policy's score on hand-computed cases, the fragmentation measure, and schedule_one."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import numpy as np
+import pytest
+
+from scheduler.core import (
+    Allocation,
+    ClusterState,
+    GpuGrant,
+    GpuState,
+    NodeState,
+    Placement,
+    PodRequest,
+    Unschedulable,
+    make_policy,
+    policy_names,
+    schedule_one,
+)
+from scheduler.core.frag import FragModel, TypicalPod, after_share, after_whole, typical_pods
+from scheduler.core.policies import (
+    AlignmentScore,
+    BestFitScore,
+    DotProductScore,
+    FGDScore,
+    GpuClusteringScore,
+    GpuPackingScore,
+    RandomScore,
+)
+
+RNG = random.Random(0)
+
+
+def gpu_node(name: str, n: int, cpu: int = 128_000, mem: int = 1_000_000) -> NodeState:
+    return NodeState(name, cpu, mem, [GpuState(i, f"{name}-g{i}", "G") for i in range(n)])
+
+
+def use(
+    cluster: ClusterState,
+    node: str,
+    uid: str,
+    cpu: int = 0,
+    grants: tuple[tuple[int, int], ...] = (),
+    tag: str = "share-gpu",
+) -> None:
+    gpus = tuple(GpuGrant(i, f"{node}-g{i}", milli) for i, milli in grants)
+    cluster.assume(Allocation(node, uid, cpu_milli=cpu, gpus=gpus, gpu_tag=tag))
+
+
+def scores(
+    plugin, pod: PodRequest, cluster: ClusterState, workload: list[PodRequest] | None = None
+) -> list[float]:
+    plugin.bind(cluster, workload or [pod], random.Random(0))
+    return plugin.score(pod, cluster, cluster.all_indices).tolist()
+
+
+# -- the published baselines --------------------------------------------------------------------
+
+
+def test_bestfit_hand_computed() -> None:
+    """(1 - ((64000-32000)/128000 * .5 + (4000-1000)/8000 * .5)) * 100 = 68.75 -> 68."""
+    cluster = ClusterState([gpu_node("big", 8), gpu_node("x", 8)])
+    use(cluster, "x", "u", cpu=64_000, grants=tuple((i, 1000) for i in range(4)), tag="4-gpu")
+    pod = PodRequest("p", cpu_milli=32_000, gpu_count=1)
+    # big: (1 - (96000/128000*.5 + 7000/8000*.5)) * 100 = 18.75 -> 18
+    assert scores(BestFitScore(), pod, cluster) == [18.0, 68.0]
+
+
+def test_dotprod_hand_computed() -> None:
+    """free (0.5, 0.5) . request (0.25, 0.125) = 0.1875; 100 * (1 - 0.1875 / 2) = 90.6 -> 90."""
+    cluster = ClusterState([gpu_node("big", 8), gpu_node("x", 8)])
+    use(cluster, "x", "u", cpu=64_000, grants=tuple((i, 1000) for i in range(4)), tag="4-gpu")
+    pod = PodRequest("p", cpu_milli=32_000, gpu_count=1)
+    # big: (1, 1) . (0.25, 0.125) = 0.375 -> 100 * (1 - 0.1875) = 81.25 -> 81
+    assert scores(DotProductScore(), pod, cluster) == [81.0, 90.0]
+
+
+def test_gpu_packing_bands() -> None:
+    cluster = ClusterState([gpu_node("idle", 8), gpu_node("used", 4), gpu_node("idle2", 2)])
+    use(cluster, "used", "u", grants=((1, 600),))  # used: free [1000, 400, 1000, 1000]
+    share_small = PodRequest("a", gpu_count=1, gpu_milli=300)
+    # idle 8: max(33-8, 8) = 25; used: the 400 GPU -> 100 - (40 // 10) = 96; idle 2: max(33-2, 2) = 31
+    assert scores(GpuPackingScore(), share_small, cluster) == [25.0, 96.0, 31.0]
+    share_big = PodRequest("b", gpu_count=1, gpu_milli=600)  # only a free GPU of the used node: 50-1
+    assert scores(GpuPackingScore(), share_big, cluster) == [25.0, 49.0, 31.0]
+    two = PodRequest("c", gpu_count=2)  # two free GPUs of a used node: 50 - 2
+    assert scores(GpuPackingScore(), two, cluster) == [25.0, 48.0, 31.0]
+    assert scores(GpuPackingScore(), PodRequest("cpu", cpu_milli=1), cluster) == [0.0, 0.0, 0.0]
+
+
+def test_gpu_clustering_bands() -> None:
+    cluster = ClusterState(
+        [gpu_node("idle", 8), gpu_node("shares", 8), gpu_node("mixed", 8), gpu_node("ones", 8)]
+    )
+    use(cluster, "shares", "s1", grants=((0, 500),))  # free 7500: fill 25 * 500 // 8000 = 1
+    use(cluster, "mixed", "s2", grants=((0, 500),))
+    use(cluster, "mixed", "w1", grants=((1, 1000),), tag="1-gpu")  # free 6500: fill 25 * 1500 // 8000 = 4
+    use(cluster, "ones", "w2", grants=((0, 1000),), tag="1-gpu")  # free 7000: fill 3
+    share = PodRequest("p", gpu_count=1, gpu_milli=200)
+    # idle: 0 + 25; shares only: 1 + 75; mixed incl. shares: 4 + 50; only other shapes: 3 + 0
+    assert scores(GpuClusteringScore(), share, cluster) == [25.0, 76.0, 54.0, 3.0]
+    one = PodRequest("q", gpu_count=1)
+    assert scores(GpuClusteringScore(), one, cluster) == [25.0, 1.0, 54.0, 78.0]
+
+
+def test_random_scores_one_node_and_a_random_fitting_gpu() -> None:
+    cluster = ClusterState([gpu_node("a", 2), gpu_node("b", 2), gpu_node("c", 2)])
+    use(cluster, "a", "u", grants=((0, 900),))
+    plugin = RandomScore()
+    picked = set()
+    for _ in range(50):
+        s = (
+            scores(plugin, PodRequest("p", gpu_count=1, gpu_milli=500), cluster)
+            if not picked
+            else plugin.score(
+                PodRequest("p", gpu_count=1, gpu_milli=500), cluster, cluster.all_indices
+            ).tolist()
+        )
+        assert sorted(s) == [0.0, 0.0, 100.0]
+        picked.add(s.index(100.0))
+    assert picked == {0, 1, 2}
+    assert {plugin.share_gpu(PodRequest("p", gpu_count=1, gpu_milli=500), cluster, 0) for _ in range(20)} == {
+        1
+    }
+
+
+def test_alignment_hand_computed() -> None:
+    """free (0.5, 0.25) vs request (0.1, 0.25): 0.1125 / (0.559017 * 0.269258) = 0.747409."""
+    n = NodeState("n", 100_000, 1000, [GpuState(i, f"n-g{i}", "G") for i in range(4)])
+    cluster = ClusterState([n])
+    use(cluster, "n", "u", cpu=50_000, grants=tuple((i, 1000) for i in range(3)), tag="3-gpu")
+    got = scores(AlignmentScore(), PodRequest("p", cpu_milli=10_000, gpu_count=1), cluster)
+    assert got == [pytest.approx(0.747409, abs=1e-6)]
+    assert scores(AlignmentScore(), PodRequest("nothing"), cluster) == [0.0]
+
+
+# -- fragmentation and FGD ----------------------------------------------------------------------
+
+WORKLOAD = [
+    PodRequest("a1", cpu_milli=4000, gpu_count=1, gpu_milli=500),
+    PodRequest("a2", cpu_milli=4000, gpu_count=1, gpu_milli=500),
+    PodRequest("b", cpu_milli=8000, gpu_count=1),
+    PodRequest("c", cpu_milli=2000),
+]
+
+
+def test_typical_pods_rank_and_normalise() -> None:
+    typical = typical_pods(WORKLOAD)
+    assert typical == [
+        TypicalPod(4000, 500, 1, frozenset(), 0.5),
+        TypicalPod(8000, 1000, 1, frozenset(), 0.25),  # ties by count: larger CPU first
+        TypicalPod(2000, 0, 0, frozenset(), 0.25),
+    ]
+    # 50% coverage: the first shape alone reaches it, renormalised to 1
+    assert typical_pods(WORKLOAD, coverage=0.5) == [TypicalPod(4000, 500, 1, frozenset(), 1.0)]
+
+
+def test_fragmentation_of_a_hand_computed_node() -> None:
+    """GPUs free [1000, 300], CPU free 6000, total 1300:
+    share 500 (f .5): hostable, fragment = the 300 GPU -> 150;
+    whole 1000 with 8000 CPU (f .25): CPU lacking, all 1300 -> 325;
+    CPU-only (f .25): all 1300 -> 325. Fragmentation 800."""
+    model = FragModel(typical_pods(WORKLOAD))
+    assert model.frag(frozenset({"G"}), (1000, 300), 6000) == pytest.approx(800)
+    assert model.frag(frozenset({"G"}), (1000, 300), 8000) == pytest.approx(150 + 0.25 * 300 + 325)
+    assert model.frag(frozenset({"G"}), (0, 0), 6000) == 0
+    assert after_share((1000, 300), 300, 200) == (1000, 100)
+    assert after_share((1000, 300), 1000, 200) == (800, 300)
+    assert after_whole((1000, 1000, 300), 2) == (300, 0, 0)
+
+
+def fgd_cluster() -> ClusterState:
+    node = NodeState("n", 7000, 100_000, [GpuState(0, "n-g0", "G"), GpuState(1, "n-g1", "G")])
+    cluster = ClusterState([node])
+    use(cluster, "n", "u", cpu=1000, grants=((1, 700),))  # free [1000, 300], CPU 6000
+    return cluster
+
+
+def test_fgd_score_and_gpu_choice_hand_computed() -> None:
+    """A 200-milli share with 1000 CPU on the node above:
+    on GPU 1 (300 -> 100): frag 50 + 275 + 275 = 600, decrease 200 -> int(100 sigmoid(0.2)) = 54;
+    on GPU 0 (1000 -> 800): frag 150 + 275 + 275 = 700, decrease 100 -> int(100 sigmoid(0.1)) = 52."""
+    cluster = fgd_cluster()
+    pod = PodRequest("p", cpu_milli=1000, gpu_count=1, gpu_milli=200)
+    fgd = FGDScore()
+    assert scores(fgd, pod, cluster, WORKLOAD) == [54.0]
+    assert fgd.share_gpu(pod, cluster, 0) == 1
+    assert int(100 / (1 + math.exp(-0.2))) == 54 and int(100 / (1 + math.exp(-0.1))) == 52
+    exact = FGDScore(exact=True)
+    assert scores(exact, pod, cluster, WORKLOAD) == [pytest.approx(200)]
+
+
+def test_fgd_memo_follows_node_changes() -> None:
+    cluster = fgd_cluster()
+    pod = PodRequest("p", cpu_milli=1000, gpu_count=1, gpu_milli=200)
+    fgd = FGDScore()
+    assert scores(fgd, pod, cluster, WORKLOAD) == [54.0]
+    use(cluster, "n", "v", grants=((1, 300),))  # free [1000, 0]: only GPU 0 is left
+    # frag before: 0.5*0 + 0.25*1000 + 0.25*1000 = 500; after [800, 0], CPU 5000: 0 + 200 + 200 = 400
+    assert fgd.score(pod, cluster, cluster.all_indices).tolist() == [float(int(100 / (1 + math.exp(-0.1))))]
+    assert fgd.share_gpu(pod, cluster, 0) == 0
+
+
+# -- policies and schedule_one ------------------------------------------------------------------
+
+
+def test_registry_has_every_policy() -> None:
+    assert policy_names() == [
+        "random",
+        "dotprod",
+        "gpupacking",
+        "gpuclustering",
+        "bestfit",
+        "fgd",
+        "fgd-align",
+        "topology",
+    ]
+    with pytest.raises(KeyError, match="unknown policy"):
+        make_policy("nope")
+
+
+def test_schedule_one_places_and_explains() -> None:
+    cluster = ClusterState([gpu_node("a", 2, cpu=8000), gpu_node("b", 2, cpu=8000)])
+    policy = make_policy("bestfit")
+    policy.bind(cluster, [], RNG)
+    use(cluster, "b", "u", cpu=4000, grants=((0, 1000),), tag="1-gpu")
+    result = schedule_one(PodRequest("p", cpu_milli=1000, gpu_count=1), cluster, policy, RNG)
+    assert isinstance(result, Placement) and result.node == "b" and result.feasible == 2
+    assert [g.index for g in result.allocation.gpus] == [1]
+    none = schedule_one(PodRequest("q", cpu_milli=9000, gpu_count=1), cluster, policy, RNG)
+    assert isinstance(none, Unschedulable)
+    assert none.message() == "0/2 nodes are available: 2 Insufficient cpu."
+
+
+def test_equal_scores_follow_the_node_order_when_set() -> None:
+    cluster = ClusterState([gpu_node(f"n{i}", 1) for i in range(5)])
+    policy = make_policy("gpupacking")
+    policy.bind(cluster, [], RNG)
+    cluster.set_tie_order([3, 1, 4, 0, 2])
+    pod = PodRequest("p", gpu_count=1)
+    assert schedule_one(pod, cluster, policy, RNG).node == "n3"
+    cluster.set_tie_order(None)
+    seen = {schedule_one(pod, cluster, policy, random.Random(s)).node for s in range(40)}
+    assert seen == {f"n{i}" for i in range(5)}
+
+
+def test_fgd_align_breaks_fgd_ties_by_alignment() -> None:
+    """Two nodes FGD scores equal for a CPU-only pod; the one with more CPU than GPU free wins.
+
+    dense: half its CPU and GPUs free (0.5, 0.5), alignment 0.707; rich: (0.9, 0.5), 0.874.
+    """
+    cluster = ClusterState([gpu_node("dense", 8, cpu=96_000), gpu_node("rich", 2, cpu=100_000)])
+    use(cluster, "dense", "d", cpu=48_000, grants=tuple((i, 1000) for i in range(4)), tag="4-gpu")
+    use(cluster, "rich", "r", cpu=10_000, grants=((0, 1000),), tag="1-gpu")
+    cluster.set_tie_order([0, 1])  # FGD alone would take "dense", the first in node order
+    workload = [PodRequest("g", cpu_milli=8000, gpu_count=1), PodRequest("c", cpu_milli=12_000)]
+    pod = PodRequest("cpu-job", cpu_milli=12_000)
+    for name, expected in (("fgd", "dense"), ("fgd-align", "rich")):
+        policy = make_policy(name)
+        policy.bind(cluster, workload, RNG)
+        assert schedule_one(pod, cluster, policy, RNG).node == expected, name
+
+
+def test_scores_are_arrays_over_the_given_nodes() -> None:
+    cluster = ClusterState([gpu_node("a", 2), gpu_node("b", 2), gpu_node("c", 2)])
+    for name in policy_names():
+        policy = make_policy(name)
+        policy.bind(cluster, WORKLOAD, random.Random(0))
+        got = policy.score(
+            PodRequest("p", cpu_milli=1000, gpu_count=1, gpu_milli=300), cluster, np.array([2, 0])
+        )
+        assert got.shape == (2,), name

@@ -1,0 +1,137 @@
+"""Requests, node and cluster state: assume/forget, the array mirror, allocations and shares."""
+
+from __future__ import annotations
+
+import pytest
+
+from scheduler.core import (
+    MILLI,
+    Allocation,
+    AllocationConflict,
+    ClusterState,
+    ContainerRequest,
+    GpuGrant,
+    GpuState,
+    NodeState,
+    PodRequest,
+    allocate,
+    best_fit_share_gpu,
+)
+
+
+def node(
+    name: str = "n1", gpus: int = 4, cpu: int = 32_000, mem: int = 128_000, memory_mib: int = 0
+) -> NodeState:
+    return NodeState(name, cpu, mem, [GpuState(i, f"{name}-g{i}", "A100", memory_mib) for i in range(gpus)])
+
+
+def test_request_normalises_whole_and_share() -> None:
+    whole = PodRequest("w", gpu_count=2)
+    assert (whole.gpu_milli, whole.is_share, whole.whole_gpus, whole.total_gpu_milli) == (
+        MILLI,
+        False,
+        2,
+        2000,
+    )
+    assert whole.gpu_tag == "2-gpu" and whole.uid == "w"
+    share = PodRequest("s", gpu_count=1, gpu_milli=250)
+    assert share.is_share and share.whole_gpus == 0 and share.gpu_tag == "share-gpu"
+    by_memory = PodRequest("m", gpu_count=1, gpu_memory_mib=4096)
+    assert by_memory.is_share and by_memory.gpu_milli == 0
+    assert PodRequest("c", cpu_milli=500).gpu_tag == "no-gpu"
+    assert whole.shape() == PodRequest("other-name", gpu_count=2).shape()
+    with pytest.raises(ValueError, match="share of one GPU"):
+        PodRequest("bad", gpu_count=2, gpu_milli=500)
+    with pytest.raises(ValueError, match="whole GPUs"):
+        PodRequest("bad", gpu_count=1, gpu_milli=1500)
+
+
+def test_share_by_milli_or_memory() -> None:
+    gpu = GpuState(0, "g", "A100", memory_mib=40_000)
+    assert gpu.share_for(PodRequest("a", gpu_count=1, gpu_milli=250)) == (250, 10_000)
+    assert gpu.share_for(PodRequest("b", gpu_count=1, gpu_memory_mib=10_001)) == (251, 10_001)
+    unknown = GpuState(0, "g", "T4")
+    assert unknown.share_for(PodRequest("a", gpu_count=1, gpu_milli=250)) == (250, 0)
+
+
+def test_assume_and_forget_keep_arrays_in_sync() -> None:
+    n1, n2 = node("n1"), node("n2", gpus=2)
+    cluster = ClusterState([n1, n2])
+    assert list(cluster.gpu_count) == [4, 2] and cluster.max_gpus == 4
+    assert list(cluster.gpu_free[1]) == [MILLI, MILLI, -1, -1]
+    share = PodRequest("s", cpu_milli=4000, memory_mib=1000, gpu_count=1, gpu_milli=300)
+    alloc = allocate(share, n1)
+    assert alloc is not None and alloc.gpus == (GpuGrant(0, "n1-g0", 300, 0),)
+    version = int(cluster.version[0])
+    cluster.assume(alloc)
+    assert cluster.version[0] == version + 1
+    assert (cluster.cpu_free[0], cluster.mem_free[0]) == (28_000, 127_000)
+    assert list(cluster.gpu_free[0]) == [700, MILLI, MILLI, MILLI]
+    assert (cluster.gpu_free_total[0], cluster.gpu_full_free[0], cluster.gpu_max_free[0]) == (3700, 3, MILLI)
+    assert cluster.gpu_key[0] == (MILLI, MILLI, MILLI, 700)
+    assert cluster.tag_count("share-gpu")[0] == 1 and cluster.tag_kinds[0] == 1
+    assert cluster.allocated_gpu_milli() == 300
+    assert cluster.forget("s") == alloc
+    assert list(cluster.gpu_free[0]) == [MILLI] * 4 and cluster.tag_kinds[0] == 0
+    assert cluster.allocated_gpu_milli() == 0 and n1.allocations == {}
+
+
+def test_best_fit_share_prefers_the_fullest_gpu_that_fits() -> None:
+    n = node(gpus=3)
+    n.gpus[0].free_milli, n.gpus[1].free_milli, n.gpus[2].free_milli = 500, 300, 1000
+    assert best_fit_share_gpu(PodRequest("a", gpu_count=1, gpu_milli=250), n) == 1
+    assert best_fit_share_gpu(PodRequest("b", gpu_count=1, gpu_milli=400), n) == 0
+    assert best_fit_share_gpu(PodRequest("c", gpu_count=1, gpu_milli=900), n) == 2
+
+
+def test_conflicts_are_refused() -> None:
+    n = node(gpus=1)
+    cluster = ClusterState([n])
+    cluster.assume(Allocation("n1", "a", gpus=(GpuGrant(0, "n1-g0", 600),), gpu_tag="share-gpu"))
+    with pytest.raises(AllocationConflict, match="not enough free"):
+        cluster.assume(Allocation("n1", "b", gpus=(GpuGrant(0, "n1-g0", 600),)))
+    with pytest.raises(AllocationConflict, match="already allocated"):
+        cluster.assume(Allocation("n1", "a"))
+    with pytest.raises(AllocationConflict, match="no GPU"):
+        cluster.assume(Allocation("n1", "c", gpus=(GpuGrant(0, "other-gpu"),)))
+    with pytest.raises(AllocationConflict, match="CPU/memory"):
+        cluster.assume(Allocation("n1", "d", cpu_milli=64_000))
+    with pytest.raises(AllocationConflict, match="unknown node"):
+        cluster.assume(Allocation("nope", "e"))
+    with pytest.raises(KeyError):
+        cluster.forget("never")
+
+
+def test_unhealthy_gpus_are_not_offered() -> None:
+    n = node(gpus=2)
+    n.gpus[1].healthy = False
+    cluster = ClusterState([n])
+    assert (cluster.gpu_full_free[0], list(cluster.gpu_free[0])) == (1, [MILLI, -1])
+    assert allocate(PodRequest("p", gpu_count=2), n) is None
+
+
+def test_allocation_round_trips_and_splits_containers() -> None:
+    n = node(gpus=4)
+    pod = PodRequest(
+        "job",
+        uid="uid-1",
+        cpu_milli=1000,
+        gpu_count=3,
+        containers=(ContainerRequest("main", 2), ContainerRequest("side", 1), ContainerRequest("log", 0)),
+    )
+    alloc = allocate(pod, n)
+    assert alloc is not None
+    assert alloc.containers == {"main": ("n1-g0", "n1-g1"), "side": ("n1-g2",)}
+    assert Allocation.from_dict(alloc.to_dict()) == alloc
+    share = allocate(PodRequest("s", gpu_count=1, gpu_milli=250, containers=(ContainerRequest("a"),)), n)
+    assert share is not None and share.containers == {"a": ("n1-g0",)}
+    assert share.shares() == {"n1-g0": (250, 0)}
+
+
+def test_label_and_model_masks() -> None:
+    a = NodeState("a", 1000, 1000, [GpuState(0, "a0", "T4")], labels={"zone": "x"})
+    b = NodeState("b", 1000, 1000, [GpuState(0, "b0", "A100"), GpuState(1, "b1", "T4")])
+    cluster = ClusterState([a, b])
+    assert list(cluster.label_mask({"zone": "x"})) == [True, False]
+    assert list(cluster.model_mask(frozenset({"A100"}))) == [False, True]
+    assert cluster.gpu_model_mask(frozenset({"T4"})).tolist() == [[True, False], [False, True]]
