@@ -55,11 +55,13 @@ def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> 
 
 
 def split_containers(pod: PodRequest, grants: tuple[GpuGrant, ...]) -> dict[str, tuple[str, ...]]:
-    """Container -> device ids: whole GPUs dealt out in container order, a share to every container."""
+    """Container -> device ids: whole GPUs dealt out in container order; a share goes to the
+    containers that ask for it (``gpu_count`` 1), or to every container when none says."""
     if not pod.containers or not grants:
         return {}
     if pod.is_share:
-        return {c.name: (grants[0].id,) for c in pod.containers}
+        takers = [c.name for c in pod.containers if c.gpu_count] or [c.name for c in pod.containers]
+        return {name: (grants[0].id,) for name in takers}
     out: dict[str, tuple[str, ...]] = {}
     ids = [g.id for g in grants]
     start = 0

@@ -34,6 +34,7 @@ from crishim.rewrite import KeyRing
 from kubegpu.logs import log_event
 from scheduler.core.filters import unschedulable_message
 from scheduler.core.policies import make_policy
+from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import Allocation, AllocationConflict, ClusterState
 from scheduler.live.config import SchedulerConfig
@@ -119,6 +120,8 @@ class Scheduler:
         self.pod_reflector = Reflector("pods", self.core.list_pod_for_all_namespaces, _PodHandler(self))
         self.bound_count = 0
         self.elector: Any = None  # LeaderElector when leader election is on
+        self._requests: dict[str, tuple[str, PodRequest | None]] = {}
+        self._planned_shapes: set[tuple] = set()
 
     # --- lifecycle ------------------------------------------------------------------------------
 
@@ -330,12 +333,40 @@ class Scheduler:
 
     # --- the core's view ----------------------------------------------------------------------------
 
+    def _bind_policy(self, cluster: ClusterState) -> None:
+        """Give the policy the cluster and the workload it should plan for."""
+        workload = self._workload()
+        self.policy.bind(cluster, workload, self.rng)
+        self._planned_shapes = {request.shape() for request in workload}
+
+    def _workload(self) -> list[PodRequest]:
+        """The pods the cluster runs and waits for: what fragmentation-aware scores plan for.
+
+        FGD judges a placement against the typical pods of the workload; live, that is the pods we
+        know (parsed once per resourceVersion).
+        """
+        workload = []
+        for uid, pod in self.pods.items():
+            version = _meta(pod).get("resourceVersion", "")
+            cached = self._requests.get(uid)
+            if cached is None or cached[0] != version:
+                try:
+                    cached = (version, pod_request(pod, self.config.gpu_resource))
+                except PodSpecError:
+                    cached = (version, None)
+                self._requests[uid] = cached
+            if cached[1] is not None:
+                workload.append(cached[1])
+        for uid in set(self._requests) - set(self.pods):
+            del self._requests[uid]
+        return workload
+
     def _rebuild(self) -> None:
         """Build the core's cluster from the caches: eligible nodes, bound pods, assumptions."""
         self.excluded = {name: reason for name, f in self.facts.items() if (reason := self._exclusion(f))}
         nodes = [node_state(f) for name, f in sorted(self.facts.items()) if name not in self.excluded]
         cluster = ClusterState(nodes)
-        self.policy.bind(cluster, [])
+        self._bind_policy(cluster)
         keys = self.keys.keys()
         for pod in self.pods.values():
             if is_bound(pod):
@@ -406,6 +437,8 @@ class Scheduler:
             self.unschedulable.add(uid)
             self._emit_failed(pod, f"invalid kubegpu request: {error}")
             return
+        if request.shape() not in self._planned_shapes:
+            self._bind_policy(cluster)  # a kind of pod the policy has not planned for: re-plan
         result = schedule_one(request, cluster, self.policy, self.rng)
         self.metrics.latency.observe(time.perf_counter() - started)
         if not isinstance(result, Placement):
