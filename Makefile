@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 PROTO_SRC := proto/runtime/v1/api.proto
 PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
-.PHONY: deps install proto test bench lint testbin demo clean
+.PHONY: deps install proto test bench lint testbin demo demo-crishim clean
 
 # System packages the tests need (containerd, runc, busybox for test images, systemd-analyze).
 # Skips apt entirely when everything is already there.
@@ -41,13 +41,21 @@ testbin:
 test: deps install testbin
 	$(VPY) -m pytest -q
 
-bench: deps install
+bench: deps install testbin
 	$(VPY) bench/proxy_overhead.py
+	$(VPY) bench/create_container_rewrite.py
+	$(VPY) bench/scheduler_throughput.py
+	$(VPY) bench/simulate_openb.py
 
 lint:
 	$(VENV)/bin/ruff check .
 
-demo: deps install
+# The main job with no cluster: the scheduling core on the built-in cluster and workload.
+demo: install
+	$(VENV)/bin/kubegpu simulate
+
+# The CRI shim in front of a private containerd, driven as kubelet would.
+demo-crishim: deps install
 	$(VPY) -m kubegpu.devenv.demo
 
 clean:
