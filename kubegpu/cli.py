@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import socket
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from devices.cli import register as _add_devices
 from kubegpu import __version__, logs
 from scheduler.sim.cli import register as _add_simulate
+
+
+def run_loop(main: Any) -> None:
+    """Run a coroutine on uvloop: its event loop costs the proxy about 0.05 ms less per call than
+    asyncio's (bench/proxy_overhead.py); gRPC's aio stack runs on it unchanged."""
+    import uvloop
+
+    uvloop.run(main)
 
 
 def _add_crishim(sub: argparse._SubParsersAction) -> None:
@@ -131,7 +139,7 @@ def _run_crishim(args: argparse.Namespace) -> int:
                     raise ShimConfigError("--advertise needs --kubeconfig or an in-cluster service account")
                 advertiser = build_advertiser(args, node_devices, api)
                 advertiser.start()
-        asyncio.run(serve(config, interceptor))
+        run_loop(serve(config, interceptor))
     except (ShimConfigError, PluginError) as exc:
         print(f"kubegpu crishim: {exc}", file=sys.stderr)
         return 2
