@@ -102,3 +102,29 @@ def test_share_goes_only_to_the_named_containers() -> None:
     request = pod_request(pod([container("a"), container("b")],
                               {"kubegpu.io/gpu-milli": "400", "kubegpu.io/gpu-containers": "b"}))
     assert split_containers(request, (GpuGrant(0, "GPU-x", 400, 0),)) == {"b": ("GPU-x",)}
+
+
+def test_binpack_and_spread_choose_opposite_nodes() -> None:
+    import random
+
+    from scheduler.core.policies import make_policy
+    from scheduler.core.request import PodRequest
+    from scheduler.core.schedule import Placement, schedule_one
+    from scheduler.core.state import ClusterState, GpuState, NodeState
+
+    def node(name: str, free: int) -> NodeState:
+        state = NodeState(name, 16000, 65536, [GpuState(i, f"{name}-{i}") for i in range(4)])
+        for gpu in state.gpus[free:]:
+            gpu.free_milli = 0
+        return state
+
+    pod = PodRequest("p", cpu_milli=1000, memory_mib=1024, gpu_count=1)
+    chosen = {}
+    for name in ("binpack", "spread"):
+        cluster = ClusterState([node("busy", 1), node("idle", 4)])
+        policy = make_policy(name)
+        policy.bind(cluster, [pod])
+        result = schedule_one(pod, cluster, policy, random.Random(0))
+        assert isinstance(result, Placement)
+        chosen[name] = result.node
+    assert chosen == {"binpack": "busy", "spread": "idle"}

@@ -215,6 +215,8 @@ def test_registry_has_every_policy() -> None:
         "gpupacking",
         "gpuclustering",
         "bestfit",
+        "binpack",
+        "spread",
         "fgd",
         "fgd-align",
         "topology",

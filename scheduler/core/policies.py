@@ -89,6 +89,18 @@ class BestFitScore(_Normalised):
         return np.floor((1.0 - left) * MAX_NODE_SCORE)
 
 
+class SpreadScore(_Normalised):
+    """Spread (kube-scheduler's LeastAllocated): the node with the most CPU and GPU left after
+    placing the pod, so load and failure domains are spread across nodes (weights 0.5, 0.5)."""
+
+    name = "spread"
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        left = (cluster.cpu_free[idx] - pod.cpu_milli) / self.max_cpu * 0.5
+        left = left + (cluster.gpu_free_total[idx] - pod.total_gpu_milli) / self.max_gpu_milli * 0.5
+        return np.floor(left * MAX_NODE_SCORE)
+
+
 class GpuPackingScore(ScorePlugin):
     """GPU packing: first partly used GPUs, then free GPUs of used nodes, then idle nodes.
 
@@ -418,6 +430,8 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "gpupacking": _single("gpupacking", GpuPackingScore, "used GPUs first, then used nodes, then idle nodes"),
     "gpuclustering": _single("gpuclustering", GpuClusteringScore, "pods of the same GPU shape together"),
     "bestfit": _single("bestfit", BestFitScore, "least CPU and GPU left after placement"),
+    "binpack": _single("binpack", BestFitScore, "bin-pack: the same as bestfit, by its usual name"),
+    "spread": _single("spread", SpreadScore, "most CPU and GPU left after placement (least allocated)"),
     "fgd": _single("fgd", FGDScore, "fragmentation gradient descent (Weng et al., ATC'23)"),
     "fgd-align": fgd_align,
     "topology": topology_policy,
