@@ -64,7 +64,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -83,7 +83,7 @@ from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import ClusterState, NodeState
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.podspec import pod_request
-from scheduler.live.reflector import parse_events
+from scheduler.live.reflector import parse_events, response_lines
 from scheduler.live.scheduler import Scheduler
 
 FALLBACK_POLICY = "bestfit"
@@ -339,16 +339,6 @@ def advertise_node(core: k8s.CoreV1Api, name: str, topology: str, state: str) ->
     Advertiser(core, name, lambda: inventory).sync_once()
 
 
-def _lines(response: Any) -> Iterator[bytes]:
-    pending = b""
-    for chunk in response.stream(65536, decode_content=True):
-        pending += chunk
-        *complete, pending = pending.split(b"\n")
-        yield from complete
-    if pending:
-        yield pending
-
-
 class RawPoster:
     """POSTs JSON with ``http.client``, one keep-alive TLS connection per thread.
 
@@ -408,7 +398,7 @@ def start_round(
 
     def observe() -> None:
         try:
-            for _kind, obj in parse_events(_lines(watch)):
+            for _kind, obj in parse_events(response_lines(watch)):
                 name = (obj.get("metadata") or {}).get("name", "")
                 if (obj.get("spec") or {}).get("nodeName") and name not in bound:
                     bound[name] = time.time()

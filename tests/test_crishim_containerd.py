@@ -22,19 +22,11 @@ from crishim.cri import api_pb2
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, PULL_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.containerd
 
 SandboxFactory = Callable[..., str]
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def sandbox_config(client: CriClient, sandbox_id: str) -> api_pb2.PodSandboxConfig:

@@ -29,6 +29,7 @@ from crishim.cri import api_pb2
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, PULL_IMAGE
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.containerd
 
@@ -84,15 +85,6 @@ class EventStream:
         self._reader.join(timeout)
         assert not self._reader.is_alive(), "the event stream did not end after cancel()"
         return self.call.code()
-
-
-def wait_for(predicate: Callable[[], bool], timeout: float = 15.0, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
 
 
 def inflight_calls(shim: ShimProcess) -> float:

@@ -49,7 +49,7 @@ def parse_events(lines: Iterator[bytes]) -> Iterator[tuple[str, dict[str, Any]]]
         yield kind, obj
 
 
-def _lines(response: Any) -> Iterator[bytes]:
+def response_lines(response: Any) -> Iterator[bytes]:
     """Split an HTTP response body stream into lines as they arrive."""
     pending = b""
     for chunk in response.stream(65536, decode_content=True):
@@ -102,7 +102,7 @@ class Reflector:
             **self._kwargs,
         )
         try:
-            for kind, obj in parse_events(_lines(response)):
+            for kind, obj in parse_events(response_lines(response)):
                 resource_version = (obj.get("metadata") or {}).get("resourceVersion", resource_version)
                 if kind != "BOOKMARK":
                     self._handler.apply(kind, obj)

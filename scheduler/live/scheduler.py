@@ -41,7 +41,14 @@ from scheduler.live.config import SchedulerConfig
 from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.podspec import PodSpecError, pod_request
 from scheduler.live.reflector import Reflector
-from scheduler.live.translate import NodeFacts, bound_allocation, node_facts, node_state, signed_annotation
+from scheduler.live.translate import (
+    NodeFacts,
+    bound_allocation,
+    node_facts,
+    node_state,
+    parse_time,
+    signed_annotation,
+)
 
 log = logging.getLogger("kubegpu.scheduler")
 TERMINAL = ("Succeeded", "Failed")
@@ -509,7 +516,7 @@ class Scheduler:
             self._undo_assumption(uid, retry=status not in (404, 409))
             return
         self.metrics.binds.labels("ok").inc()
-        created = parse_created(meta.get("creationTimestamp"))
+        created = parse_time(meta.get("creationTimestamp"))
         if created is not None:
             self.metrics.e2e.observe(max(0.0, (dt.datetime.now(dt.UTC) - created).total_seconds()))
         log_event(log, "pod.bound", pod=f"{namespace}/{name}", pod_uid=uid, node=alloc.node, devices=devices)
@@ -594,15 +601,6 @@ def drain(response: Any) -> None:
         _ = response.data
     finally:
         response.release_conn()
-
-
-def parse_created(value: str | None) -> dt.datetime | None:
-    if not value:
-        return None
-    try:
-        return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
-    except ValueError:
-        return None
 
 
 class _NodeHandler:
