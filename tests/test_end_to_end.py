@@ -19,24 +19,32 @@ from crishim.cri import api_pb2
 from crishim.rewrite import KeyRing
 from kubegpu.allocation import ANNOTATION, verify
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
+from kubegpu.devenv.controlplane import ControlPlane, create_fake_node
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
-from tests.test_scheduler_api import advertise, gpu_index, gpu_pod, wait_bound
+from tests.test_scheduler_api import gpu_index, gpu_pod, wait_bound
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.containerd]
 KEY_ID, KEY = "k1", b"end-to-end-signing-key-0123456789"
 
 
 def test_container_sees_exactly_the_scheduled_gpus(
-    admin_api: k8s.ApiClient, kube_namespace: str, containerd: Containerd, tmp_path: Path
+    control_plane: ControlPlane,
+    admin_api: k8s.ApiClient,
+    kube_namespace: str,
+    containerd: Containerd,
+    tmp_path: Path,
 ) -> None:
     core = k8s.CoreV1Api(admin_api)
     run = uuid.uuid4().hex[:6]
     node = f"e2e-{run}"
     state = tmp_path / "sim"
-    advertise(core, node, "dgx1-v100", state, labels={"run": run})
+    # The node object as kubelet leaves it; the shim's own advertiser publishes its devices.
+    create_fake_node(
+        core, node, labels={"run": run}, capacity={"cpu": "64", "memory": "256Gi", "pods": "110"}
+    )
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / KEY_ID).write_bytes(KEY)
@@ -44,8 +52,19 @@ def test_container_sees_exactly_the_scheduled_gpus(
         socket=Path(f"/tmp/kgshim-e2e-{run}.sock"),
         runtime_endpoint=containerd.endpoint,
         log_path=tmp_path / "crishim.log",
-        extra_args=sim_node_args(node, "dgx1-v100", str(state / node), str(keys)),
+        extra_args=[
+            *sim_node_args(node, "dgx1-v100", str(state / node), str(keys)),
+            "--advertise",
+            "--kubeconfig",
+            str(control_plane.admin_kubeconfig),
+            "--advertise-interval",
+            "0.5",
+        ],
     ).start()
+    deadline = time.monotonic() + 30
+    while (core.read_node(node).status.capacity or {}).get("nvidia.com/gpu") != "8":
+        assert time.monotonic() < deadline, f"the shim did not advertise:\n{shim.log_tail()}"
+        time.sleep(0.2)
     scheduler = Scheduler(
         SchedulerConfig(scheduler_name=f"kubegpu-{run}", signing_key_id=KEY_ID, policy="bestfit"),
         admin_api,
