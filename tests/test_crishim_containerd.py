@@ -250,8 +250,11 @@ def test_socket_mode_and_stale_socket(shim_factory: Callable[..., ShimProcess]) 
     assert stat.S_IMODE(path.stat().st_mode) == 0o660
     # A second shim must not steal a live socket.
     second = ShimProcess(path, first.runtime_endpoint, path.with_suffix(".log"))
-    with pytest.raises(RuntimeError, match="served by another process"):
-        second.start(timeout=10)
+    try:
+        with pytest.raises(RuntimeError, match="served by another process"):
+            second.start(timeout=10)
+    finally:
+        second.stop()  # never leave a process behind, whatever happened
     first.kill()
     assert path.exists()  # SIGKILL leaves the socket file behind
     third = shim_factory(socket=path)
