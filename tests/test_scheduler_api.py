@@ -407,6 +407,36 @@ def test_scheduling_gates_hold_a_pod_back(
     core.create_namespaced_pod(kube_namespace, pod)
     time.sleep(2)
     assert not core.read_namespaced_pod("gated", kube_namespace).spec.node_name
-    core.patch_namespaced_pod("gated", kube_namespace, {"spec": {"schedulingGates": None}},
-                              _content_type="application/merge-patch+json")
+    core.patch_namespaced_pod(
+        "gated",
+        kube_namespace,
+        {"spec": {"schedulingGates": None}},
+        _content_type="application/merge-patch+json",
+    )
     assert wait_bound(core, kube_namespace, ["gated"])["gated"].spec.node_name == f"gate-{run}"
+
+
+def test_deleting_a_pod_requeues_what_it_blocked(
+    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
+) -> None:
+    core = k8s.CoreV1Api(admin_api)
+    run = uuid.uuid4().hex[:6]
+    advertise(core, f"full-{run}", "pcie-4gpu", tmp_path, labels={"run": run})
+    name = f"kubegpu-{run}"
+    scheduler_factory(name)
+    core.create_namespaced_pod(
+        kube_namespace, gpu_pod(kube_namespace, "holder", 4, scheduler=name, selector={"run": run})
+    )
+    wait_bound(core, kube_namespace, ["holder"])
+    core.create_namespaced_pod(
+        kube_namespace, gpu_pod(kube_namespace, "waiter", 2, scheduler=name, selector={"run": run})
+    )
+    deadline = time.monotonic() + 30
+    while not any(
+        e.involved_object.name == "waiter" and e.reason == "FailedScheduling"
+        for e in core.list_namespaced_event(kube_namespace).items
+    ):
+        assert time.monotonic() < deadline, "no FailedScheduling event"
+        time.sleep(0.2)
+    core.delete_namespaced_pod("holder", kube_namespace, grace_period_seconds=0)
+    assert wait_bound(core, kube_namespace, ["waiter"])["waiter"].spec.node_name == f"full-{run}"
