@@ -217,7 +217,6 @@ def main() -> None:
     parser.add_argument("--scale", type=float, default=1.0, help="multiply call counts")
     parser.add_argument("--only", nargs="*", help="only these calls (e.g. Version ExecSync)")
     args = parser.parse_args()
-    (Path(os.devnull) if args.json else None)
     result = asyncio.run(run(args))
     if not args.json:
         print_table(result["results"])  # type: ignore[arg-type]

@@ -322,7 +322,7 @@ class Containerd:
         except OSError:
             return "(no containerd log)"
 
-    def _remove_all_pods(self) -> None:
+    def _kill_all_tasks(self) -> None:
         if self.process is None or self.process.poll() is not None:
             return
         try:
@@ -363,7 +363,7 @@ class Containerd:
 
     def stop(self) -> None:
         """Tear everything down: tasks, containerd, shims, mounts, registry, directory."""
-        self._remove_all_pods()
+        self._kill_all_tasks()
         self.terminate()
         time.sleep(0.2)
         self._kill_leftover_shims()
