@@ -105,6 +105,23 @@ def wait_bound(core: k8s.CoreV1Api, namespace: str, names: list[str], timeout: f
         time.sleep(0.1)
 
 
+def wait_failed_scheduling(
+    core: k8s.CoreV1Api, namespace: str, pod: str, containing: str = "", timeout: float = 30
+) -> k8s.CoreV1Event:
+    """The first FailedScheduling Event of ``pod`` whose message contains ``containing``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        for event in core.list_namespaced_event(namespace).items:
+            if (
+                event.involved_object.name == pod
+                and event.reason == "FailedScheduling"
+                and containing in (event.message or "")
+            ):
+                return event
+        assert time.monotonic() < deadline, f"no FailedScheduling event for {pod} containing {containing!r}"
+        time.sleep(0.2)
+
+
 def gpu_index(node: str, device: str) -> int:
     for index in range(16):
         if sim_gpu_id(node, index) == device:
@@ -198,18 +215,7 @@ def test_unschedulable_pod_gets_an_event_then_runs_when_a_node_appears(
     core.create_namespaced_pod(
         kube_namespace, gpu_pod(kube_namespace, "big", 8, scheduler=name, selector={"run": run})
     )
-    deadline = time.monotonic() + 30
-    while True:
-        events = [
-            e
-            for e in core.list_namespaced_event(kube_namespace).items
-            if e.involved_object.name == "big" and e.reason == "FailedScheduling"
-        ]
-        if events:
-            break
-        assert time.monotonic() < deadline, "no FailedScheduling event"
-        time.sleep(0.2)
-    message = events[0].message
+    message = wait_failed_scheduling(core, kube_namespace, "big").message
     assert message.startswith("0/") and "nodes are available" in message, message
     assert "1 Insufficient nvidia.com/gpu" in message, message
     condition = [
@@ -237,13 +243,7 @@ def test_stale_heartbeat_makes_a_node_unschedulable(
     core.create_namespaced_pod(
         kube_namespace, gpu_pod(kube_namespace, "p", 1, scheduler=name, selector={"run": run})
     )
-    deadline = time.monotonic() + 30
-    while not any(
-        e.involved_object.name == "p" and "heartbeat is stale" in (e.message or "")
-        for e in core.list_namespaced_event(kube_namespace).items
-    ):
-        assert time.monotonic() < deadline, "no stale-heartbeat event"
-        time.sleep(0.2)
+    wait_failed_scheduling(core, kube_namespace, "p", containing="heartbeat is stale")
     core.patch_node(
         node,
         {
@@ -431,12 +431,6 @@ def test_deleting_a_pod_requeues_what_it_blocked(
     core.create_namespaced_pod(
         kube_namespace, gpu_pod(kube_namespace, "waiter", 2, scheduler=name, selector={"run": run})
     )
-    deadline = time.monotonic() + 30
-    while not any(
-        e.involved_object.name == "waiter" and e.reason == "FailedScheduling"
-        for e in core.list_namespaced_event(kube_namespace).items
-    ):
-        assert time.monotonic() < deadline, "no FailedScheduling event"
-        time.sleep(0.2)
+    wait_failed_scheduling(core, kube_namespace, "waiter")
     core.delete_namespaced_pod("holder", kube_namespace, grace_period_seconds=0)
     assert wait_bound(core, kube_namespace, ["waiter"])["waiter"].spec.node_name == f"full-{run}"
