@@ -6,6 +6,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +92,47 @@ def scheduler_factory(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Schedu
         thread.join(timeout=10)
 
 
+@dataclass
+class Trial:
+    """One test's slice of the shared cluster: its own scheduler name, nodes labelled for it."""
+
+    core: k8s.CoreV1Api
+    namespace: str
+    state: Path
+    start_scheduler: Callable[..., Scheduler]
+    run: str = field(default_factory=lambda: uuid.uuid4().hex[:6])
+
+    @property
+    def name(self) -> str:
+        """The schedulerName this test's pods ask for."""
+        return f"kubegpu-{self.run}"
+
+    def node(self, prefix: str, topology: str) -> str:
+        """Advertise a node only this test's pods select; returns its name."""
+        name = f"{prefix}-{self.run}"
+        advertise(self.core, name, topology, self.state, labels={"run": self.run})
+        return name
+
+    def pod(self, name: str, gpus: int = 0, **kwargs: Any) -> str:
+        """Create a pod for this test's scheduler and nodes; returns its name."""
+        body = gpu_pod(self.namespace, name, gpus, scheduler=self.name, selector={"run": self.run}, **kwargs)
+        self.core.create_namespaced_pod(self.namespace, body)
+        return name
+
+    def scheduler(self, **overrides: Any) -> Scheduler:
+        return self.start_scheduler(self.name, **overrides)
+
+    def bound(self, names: list[str], timeout: float = 60) -> dict[str, Any]:
+        return wait_bound(self.core, self.namespace, names, timeout)
+
+
+@pytest.fixture
+def trial(
+    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
+) -> Trial:
+    return Trial(k8s.CoreV1Api(admin_api), kube_namespace, tmp_path, scheduler_factory)
+
+
 def wait_bound(core: k8s.CoreV1Api, namespace: str, names: list[str], timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
@@ -129,18 +171,10 @@ def gpu_index(node: str, device: str) -> int:
     raise AssertionError(f"{device} is not a sim GPU of {node}")
 
 
-def test_pods_bound_with_signed_topology_aware_allocations(
-    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
-) -> None:
-    core = k8s.CoreV1Api(admin_api)
-    sched_name = f"kubegpu-{uuid.uuid4().hex[:6]}"
-    node = f"dgx-{uuid.uuid4().hex[:6]}"
-    advertise(core, node, "dgx1-v100", tmp_path, labels={"run": node})
-    scheduler_factory(sched_name)
-    core.create_namespaced_pod(
-        kube_namespace, gpu_pod(kube_namespace, "four", 4, scheduler=sched_name, selector={"run": node})
-    )
-    bound = wait_bound(core, kube_namespace, ["four"])["four"]
+def test_pods_bound_with_signed_topology_aware_allocations(trial: Trial) -> None:
+    trial.node("dgx", "dgx1-v100")
+    trial.scheduler()
+    bound = trial.bound([trial.pod("four", 4)])["four"]
     allocation = verify(bound.metadata.annotations[ANNOTATION], KEYS)
     assert allocation.node == bound.spec.node_name and allocation.pod_uid == bound.metadata.uid
     indices = sorted(gpu_index(allocation.node, d) for d in allocation.containers["app"].devices)
@@ -164,37 +198,17 @@ def device_usage(pods: list[k8s.V1Pod]) -> dict[tuple[str, str], int]:
     return used
 
 
-def test_mixed_burst_never_double_books(
-    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
-) -> None:
-    core = k8s.CoreV1Api(admin_api)
-    run = uuid.uuid4().hex[:6]
+def test_mixed_burst_never_double_books(trial: Trial) -> None:
     for index, topology in enumerate(("dgx1-v100", "pcie-4gpu", "hgx-h100")):
-        advertise(core, f"mix-{run}-{index}", topology, tmp_path, labels={"run": run})
-    name = f"kubegpu-{run}"
+        trial.node(f"mix{index}", topology)
     # Filling the cluster to the last GPU needs packing: whether a policy packs is the core's tests'
     # business; this one is about never booking a device twice, so it uses the packing policy.
-    scheduler_factory(name, policy="bestfit")
+    trial.scheduler(policy="bestfit")
     sizes = [4, 2, 2, 1, 1, 8]  # 18 of the 20 GPUs; the 6 shares of 300 fill the last 2
-    names = []
-    for index, gpus in enumerate(sizes):
-        names.append(f"whole-{index}")
-        core.create_namespaced_pod(
-            kube_namespace, gpu_pod(kube_namespace, names[-1], gpus, scheduler=name, selector={"run": run})
-        )
-    for index in range(6):
-        names.append(f"share-{index}")
-        core.create_namespaced_pod(
-            kube_namespace,
-            gpu_pod(
-                kube_namespace,
-                names[-1],
-                scheduler=name,
-                selector={"run": run},
-                annotations={"kubegpu.io/gpu-milli": "300", "kubegpu.io/gpu-memory-mib": "2048"},
-            ),
-        )
-    pods = wait_bound(core, kube_namespace, names)
+    names = [trial.pod(f"whole-{index}", gpus) for index, gpus in enumerate(sizes)]
+    share_annotations = {"kubegpu.io/gpu-milli": "300", "kubegpu.io/gpu-memory-mib": "2048"}
+    names += [trial.pod(f"share-{index}", annotations=share_annotations) for index in range(6)]
+    pods = trial.bound(names)
     used = device_usage(list(pods.values()))
     assert all(milli <= 1000 for milli in used.values()), used
     whole = sum(sizes)
@@ -204,99 +218,62 @@ def test_mixed_burst_never_double_books(
     assert share.shares[device].milli == 300
 
 
-def test_unschedulable_pod_gets_an_event_then_runs_when_a_node_appears(
-    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
-) -> None:
-    core = k8s.CoreV1Api(admin_api)
-    run = uuid.uuid4().hex[:6]
-    advertise(core, f"small-{run}", "pcie-4gpu", tmp_path, labels={"run": run})
-    name = f"kubegpu-{run}"
-    scheduler_factory(name)
-    core.create_namespaced_pod(
-        kube_namespace, gpu_pod(kube_namespace, "big", 8, scheduler=name, selector={"run": run})
-    )
-    message = wait_failed_scheduling(core, kube_namespace, "big").message
+def test_unschedulable_pod_gets_an_event_then_runs_when_a_node_appears(trial: Trial) -> None:
+    trial.node("small", "pcie-4gpu")
+    trial.scheduler()
+    trial.pod("big", 8)
+    message = wait_failed_scheduling(trial.core, trial.namespace, "big").message
     assert message.startswith("0/") and "nodes are available" in message, message
     assert "1 Insufficient nvidia.com/gpu" in message, message
-    condition = [
-        c
-        for c in core.read_namespaced_pod("big", kube_namespace).status.conditions or []
-        if c.type == "PodScheduled"
-    ]
+    status = trial.core.read_namespaced_pod("big", trial.namespace).status
+    condition = [c for c in status.conditions or [] if c.type == "PodScheduled"]
     assert condition and condition[0].status == "False" and condition[0].reason == "Unschedulable"
     # A new node that fits: the pod is requeued and bound without any change to it.
-    advertise(core, f"big-{run}", "dgx1-v100", tmp_path, labels={"run": run})
-    bound = wait_bound(core, kube_namespace, ["big"])["big"]
-    assert bound.spec.node_name == f"big-{run}"
+    big = trial.node("big", "dgx1-v100")
+    assert trial.bound(["big"])["big"].spec.node_name == big
 
 
-def test_stale_heartbeat_makes_a_node_unschedulable(
-    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
-) -> None:
-    core = k8s.CoreV1Api(admin_api)
-    run = uuid.uuid4().hex[:6]
-    node = f"stale-{run}"
-    advertise(core, node, "pcie-4gpu", tmp_path, labels={"run": run})
-    core.patch_node(node, {"metadata": {"annotations": {"kubegpu.io/heartbeat": "2020-01-01T00:00:00Z"}}})
-    name = f"kubegpu-{run}"
-    scheduler_factory(name)
-    core.create_namespaced_pod(
-        kube_namespace, gpu_pod(kube_namespace, "p", 1, scheduler=name, selector={"run": run})
-    )
-    wait_failed_scheduling(core, kube_namespace, "p", containing="heartbeat is stale")
-    core.patch_node(
-        node,
-        {
-            "metadata": {
-                "annotations": {"kubegpu.io/heartbeat": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-            }
-        },
-    )
-    assert wait_bound(core, kube_namespace, ["p"])["p"].spec.node_name == node
+def test_stale_heartbeat_makes_a_node_unschedulable(trial: Trial) -> None:
+    node = trial.node("stale", "pcie-4gpu")
+
+    def heartbeat(stamp: str) -> None:
+        trial.core.patch_node(node, {"metadata": {"annotations": {"kubegpu.io/heartbeat": stamp}}})
+
+    heartbeat("2020-01-01T00:00:00Z")
+    trial.scheduler()
+    trial.pod("p", 1)
+    wait_failed_scheduling(trial.core, trial.namespace, "p", containing="heartbeat is stale")
+    heartbeat(time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+    assert trial.bound(["p"])["p"].spec.node_name == node
 
 
-def test_restart_in_the_middle_of_a_burst(
-    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
-) -> None:
+def test_restart_in_the_middle_of_a_burst(trial: Trial) -> None:
     """200 pods; the scheduler is stopped half way and a new one finishes: no pod lost, no GPU twice."""
-    core = k8s.CoreV1Api(admin_api)
-    run = uuid.uuid4().hex[:6]
     for index in range(40):  # 320 GPUs for the 300 asked
-        advertise(core, f"burst-{run}-{index:02d}", "dgx1-v100", tmp_path, labels={"run": run})
-    name = f"kubegpu-{run}"
-    first = scheduler_factory(name)
-    names = [f"b-{i:03d}" for i in range(200)]
-    for index, pod_name in enumerate(names):
-        core.create_namespaced_pod(
-            kube_namespace,
-            gpu_pod(
-                kube_namespace, pod_name, 1 + index % 2, scheduler=name, selector={"run": run}, cpu="100m"
-            ),
-        )
+        trial.node(f"burst{index:02d}", "dgx1-v100")
+    first = trial.scheduler()
+    names = []
+    for index in range(200):
+        names.append(trial.pod(f"b-{index:03d}", 1 + index % 2, cpu="100m"))
         if index == 100:
             first.stop()  # mid-burst: binds in flight are finished or dropped, nothing is remembered
-    scheduler_factory(name)
-    pods = wait_bound(core, kube_namespace, names, timeout=120)
+    trial.scheduler()
+    pods = trial.bound(names, timeout=120)
     used = device_usage(list(pods.values()))
     assert all(milli == 1000 for milli in used.values())  # whole GPUs, each held by exactly one pod
     assert len(used) == sum(1 + i % 2 for i in range(200))
 
 
-def test_two_replicas_with_leader_election(
-    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path
-) -> None:
+def test_two_replicas_with_leader_election(admin_api: k8s.ApiClient, trial: Trial) -> None:
     """Two replicas at once: one schedules; when it stops the other takes over; no GPU twice."""
     from scheduler.live.config import LeaderElection
 
-    core = k8s.CoreV1Api(admin_api)
-    run = uuid.uuid4().hex[:6]
     for index in range(12):
-        advertise(core, f"ha-{run}-{index:02d}", "dgx1-v100", tmp_path, labels={"run": run})
-    name = f"kubegpu-{run}"
+        trial.node(f"ha{index:02d}", "dgx1-v100")
     election = LeaderElection(
         enabled=True,
-        namespace=kube_namespace,
-        lease_name=f"lease-{run}",
+        namespace=trial.namespace,
+        lease_name=f"lease-{trial.run}",
         lease_seconds=2.0,
         renew_deadline_seconds=1.5,
         retry_period_seconds=0.2,
@@ -304,7 +281,7 @@ def test_two_replicas_with_leader_election(
     replicas = []
     for identity in ("replica-a", "replica-b"):
         config = SchedulerConfig(
-            scheduler_name=name,
+            scheduler_name=trial.name,
             policy="bestfit",
             identity=identity,
             leader_election=LeaderElection(**vars(election)),
@@ -316,18 +293,15 @@ def test_two_replicas_with_leader_election(
         thread = threading.Thread(target=scheduler.run, daemon=True)
         thread.start()
         replicas.append((scheduler, thread))
-    names = [f"ha-{i:03d}" for i in range(80)]
+    names = []
     try:
-        for index, pod_name in enumerate(names):
-            core.create_namespaced_pod(
-                kube_namespace,
-                gpu_pod(kube_namespace, pod_name, 1, scheduler=name, selector={"run": run}, cpu="100m"),
-            )
+        for index in range(80):
+            names.append(trial.pod(f"ha-{index:03d}", 1, cpu="100m"))
             if index == 40:
                 leader = next(s for s, _ in replicas if s.leading.is_set())
                 assert sum(s.leading.is_set() for s, _ in replicas) == 1
                 leader.stop()  # releases the lease: the other replica takes over
-        pods = wait_bound(core, kube_namespace, names, timeout=120)
+        pods = trial.bound(names, timeout=120)
     finally:
         for scheduler, thread in replicas:
             scheduler.stop()
@@ -337,7 +311,7 @@ def test_two_replicas_with_leader_election(
 
 
 def test_scheduler_command_serves_metrics_and_health(
-    control_plane: Any, admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path
+    control_plane: Any, trial: Trial, tmp_path: Path
 ) -> None:
     """``kubegpu scheduler`` as a process: config file, flags, /healthz, /metrics, clean SIGTERM."""
     import signal
@@ -347,15 +321,13 @@ def test_scheduler_command_serves_metrics_and_health(
 
     from kubegpu.devenv.shimproc import free_port
 
-    core = k8s.CoreV1Api(admin_api)
-    run = uuid.uuid4().hex[:6]
-    advertise(core, f"cli-{run}", "pcie-4gpu", tmp_path, labels={"run": run})
+    node = trial.node("cli", "pcie-4gpu")
     keys = tmp_path / "keys"
     keys.mkdir()
     (keys / "k1").write_bytes(KEYS["k1"])
     port = free_port()
     config = tmp_path / "scheduler.yaml"
-    config.write_text(f"schedulerName: kubegpu-{run}\npolicy: bestfit\nkeysDir: {keys}\nsigningKeyId: k1\n")
+    config.write_text(f"schedulerName: {trial.name}\npolicy: bestfit\nkeysDir: {keys}\nsigningKeyId: k1\n")
     process = subprocess.Popen(
         [
             sys.executable,
@@ -373,11 +345,8 @@ def test_scheduler_command_serves_metrics_and_health(
         stderr=subprocess.STDOUT,
     )
     try:
-        core.create_namespaced_pod(
-            kube_namespace, gpu_pod(kube_namespace, "p", 2, scheduler=f"kubegpu-{run}", selector={"run": run})
-        )
-        pod = wait_bound(core, kube_namespace, ["p"])["p"]
-        assert verify(pod.metadata.annotations[ANNOTATION], KEYS).node == f"cli-{run}"
+        pod = trial.bound([trial.pod("p", 2)])["p"]
+        assert verify(pod.metadata.annotations[ANNOTATION], KEYS).node == node
         base = f"http://127.0.0.1:{port}"
         assert urllib.request.urlopen(base + "/healthz", timeout=5).status == 200
         assert urllib.request.urlopen(base + "/readyz", timeout=5).status == 200
@@ -391,46 +360,31 @@ def test_scheduler_command_serves_metrics_and_health(
         process.send_signal(signal.SIGTERM)
         output = process.communicate(timeout=30)[0].decode()
     assert process.returncode == 0, output
-    assert '"event":"pod.bound"' in output and f'"node":"cli-{run}"' in output
+    assert '"event":"pod.bound"' in output and f'"node":"{node}"' in output
 
 
-def test_scheduling_gates_hold_a_pod_back(
-    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
-) -> None:
-    core = k8s.CoreV1Api(admin_api)
-    run = uuid.uuid4().hex[:6]
-    advertise(core, f"gate-{run}", "pcie-4gpu", tmp_path, labels={"run": run})
-    name = f"kubegpu-{run}"
-    scheduler_factory(name)
-    pod = gpu_pod(kube_namespace, "gated", 1, scheduler=name, selector={"run": run})
+def test_scheduling_gates_hold_a_pod_back(trial: Trial) -> None:
+    node = trial.node("gate", "pcie-4gpu")
+    trial.scheduler()
+    pod = gpu_pod(trial.namespace, "gated", 1, scheduler=trial.name, selector={"run": trial.run})
     pod["spec"]["schedulingGates"] = [{"name": "example.com/wait"}]
-    core.create_namespaced_pod(kube_namespace, pod)
+    trial.core.create_namespaced_pod(trial.namespace, pod)
     time.sleep(2)
-    assert not core.read_namespaced_pod("gated", kube_namespace).spec.node_name
-    core.patch_namespaced_pod(
+    assert not trial.core.read_namespaced_pod("gated", trial.namespace).spec.node_name
+    trial.core.patch_namespaced_pod(
         "gated",
-        kube_namespace,
+        trial.namespace,
         {"spec": {"schedulingGates": None}},
         _content_type="application/merge-patch+json",
     )
-    assert wait_bound(core, kube_namespace, ["gated"])["gated"].spec.node_name == f"gate-{run}"
+    assert trial.bound(["gated"])["gated"].spec.node_name == node
 
 
-def test_deleting_a_pod_requeues_what_it_blocked(
-    admin_api: k8s.ApiClient, kube_namespace: str, tmp_path: Path, scheduler_factory: Callable[..., Scheduler]
-) -> None:
-    core = k8s.CoreV1Api(admin_api)
-    run = uuid.uuid4().hex[:6]
-    advertise(core, f"full-{run}", "pcie-4gpu", tmp_path, labels={"run": run})
-    name = f"kubegpu-{run}"
-    scheduler_factory(name)
-    core.create_namespaced_pod(
-        kube_namespace, gpu_pod(kube_namespace, "holder", 4, scheduler=name, selector={"run": run})
-    )
-    wait_bound(core, kube_namespace, ["holder"])
-    core.create_namespaced_pod(
-        kube_namespace, gpu_pod(kube_namespace, "waiter", 2, scheduler=name, selector={"run": run})
-    )
-    wait_failed_scheduling(core, kube_namespace, "waiter")
-    core.delete_namespaced_pod("holder", kube_namespace, grace_period_seconds=0)
-    assert wait_bound(core, kube_namespace, ["waiter"])["waiter"].spec.node_name == f"full-{run}"
+def test_deleting_a_pod_requeues_what_it_blocked(trial: Trial) -> None:
+    node = trial.node("full", "pcie-4gpu")
+    trial.scheduler()
+    trial.bound([trial.pod("holder", 4)])
+    trial.pod("waiter", 2)
+    wait_failed_scheduling(trial.core, trial.namespace, "waiter")
+    trial.core.delete_namespaced_pod("holder", trial.namespace, grace_period_seconds=0)
+    assert trial.bound(["waiter"])["waiter"].spec.node_name == node
