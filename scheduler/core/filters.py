@@ -219,6 +219,28 @@ DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (
 )
 
 
+def apply_filters(
+    pod: PodRequest,
+    cluster: ClusterState,
+    filters: Sequence[FilterPlugin],
+    idx: np.ndarray,
+    collect: bool,
+) -> tuple[np.ndarray, list[tuple[FilterPlugin, np.ndarray]]]:
+    """Run the filters in order over node indices ``idx``: the survivors and, if ``collect``,
+    (filter, indices it rejected) for every filter that rejected some (each node once)."""
+    rejected: list[tuple[FilterPlugin, np.ndarray]] = []
+    for f in filters:
+        if not len(idx):
+            break
+        if not f.applies(pod, cluster):
+            continue
+        ok = f.keep(pod, cluster, idx)
+        if collect and not ok.all():
+            rejected.append((f, idx[~ok]))
+        idx = idx[ok]
+    return idx, rejected
+
+
 def run_filters(
     pod: PodRequest,
     cluster: ClusterState,
@@ -227,17 +249,7 @@ def run_filters(
 ) -> tuple[np.ndarray, Counter[str]]:
     """The indices of the nodes that pass every filter and, if none does and ``explain`` is set,
     reason -> node count (every node counted under the first filter it fails)."""
-    idx = cluster.all_indices
-    rejected: list[tuple[FilterPlugin, np.ndarray]] = []
-    for f in filters:
-        if not len(idx):
-            break
-        if not f.applies(pod, cluster):
-            continue
-        ok = f.keep(pod, cluster, idx)
-        if explain and not ok.all():
-            rejected.append((f, idx[~ok]))
-        idx = idx[ok]
+    idx, rejected = apply_filters(pod, cluster, filters, cluster.all_indices, collect=explain)
     why: Counter[str] = Counter()
     if explain and not len(idx):
         for f, out in rejected:
@@ -257,17 +269,12 @@ def failed_nodes(
     restricts the check to some node indices.
     """
     idx = cluster.all_indices if among is None else np.asarray(among, dtype=np.int64)
-    out: dict[str, str] = {}
-    for f in filters:
-        if not len(idx):
-            break
-        if not f.applies(pod, cluster):
-            continue
-        ok = f.keep(pod, cluster, idx)
-        for i in idx[~ok].tolist():
-            out[cluster.nodes[i].name] = ", ".join(f.reasons(pod, cluster, i))
-        idx = idx[ok]
-    return out
+    _kept, rejected = apply_filters(pod, cluster, filters, idx, collect=True)
+    return {
+        cluster.nodes[i].name: ", ".join(f.reasons(pod, cluster, i))
+        for f, out in rejected
+        for i in out.tolist()
+    }
 
 
 def unschedulable_message(total: int, reasons: Mapping[str, int]) -> str:

@@ -23,8 +23,9 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s
@@ -123,8 +124,12 @@ class Scheduler:
         self.unschedulable: set[str] = set()
         self._last_event: dict[tuple[str, str], float] = {}
         self._binders = ThreadPoolExecutor(max_workers=config.bind_workers, thread_name_prefix="bind")
-        self.node_reflector = Reflector("nodes", self.core.list_node, _NodeHandler(self))
-        self.pod_reflector = Reflector("pods", self.core.list_pod_for_all_namespaces, _PodHandler(self))
+        self.node_reflector = Reflector(
+            "nodes", self.core.list_node, _Handler(self.replace_nodes, self.apply_node)
+        )
+        self.pod_reflector = Reflector(
+            "pods", self.core.list_pod_for_all_namespaces, _Handler(self.replace_pods, self.apply_pod)
+        )
         self.bound_count = 0
         self.elector: Any = None  # LeaderElector when leader election is on
         self._requests: dict[str, tuple[str, PodRequest | None]] = {}
@@ -603,23 +608,15 @@ def drain(response: Any) -> None:
         response.release_conn()
 
 
-class _NodeHandler:
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.s = scheduler
+@dataclass(frozen=True)
+class _Handler:
+    """Feeds one reflector into the scheduler's cache methods."""
+
+    replace_items: Callable[[list[dict[str, Any]]], None]
+    apply_event: Callable[[str, dict[str, Any]], None]
 
     def replace(self, items: list[dict[str, Any]], resource_version: str) -> None:
-        self.s.replace_nodes(items)
+        self.replace_items(items)
 
     def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        self.s.apply_node(event_type, obj)
-
-
-class _PodHandler:
-    def __init__(self, scheduler: Scheduler) -> None:
-        self.s = scheduler
-
-    def replace(self, items: list[dict[str, Any]], resource_version: str) -> None:
-        self.s.replace_pods(items)
-
-    def apply(self, event_type: str, obj: dict[str, Any]) -> None:
-        self.s.apply_pod(event_type, obj)
+        self.apply_event(event_type, obj)
