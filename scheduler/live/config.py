@@ -36,34 +36,22 @@ class SchedulerConfig:
     bind_workers: int = 16
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
-    client_qps: float = 500.0  # documented for parity with kube-scheduler; requests are not throttled
     identity: str = field(default_factory=socket.gethostname)
     leader_election: LeaderElection = field(default_factory=LeaderElection)
 
 
-_CAMEL = {
-    "schedulerName": "scheduler_name",
-    "gpuResource": "gpu_resource",
-    "signingKeyId": "signing_key_id",
-    "keysDir": "keys_dir",
-    "heartbeatStaleSeconds": "heartbeat_stale_seconds",
-    "policy": "policy",
-    "metricsAddress": "metrics_address",
-    "bindWorkers": "bind_workers",
-    "backoffInitialSeconds": "backoff_initial_seconds",
-    "backoffMaxSeconds": "backoff_max_seconds",
-    "clientQPS": "client_qps",
-    "identity": "identity",
-    "leaderElection": "leader_election",
-}
-_LEADER_CAMEL = {
-    "enabled": "enabled",
-    "namespace": "namespace",
-    "leaseName": "lease_name",
-    "leaseSeconds": "lease_seconds",
-    "renewDeadlineSeconds": "renew_deadline_seconds",
-    "retryPeriodSeconds": "retry_period_seconds",
-}
+def _camel(name: str) -> str:
+    first, *rest = name.split("_")
+    return first + "".join(part.title() for part in rest)
+
+
+def _keys(cls: type) -> dict[str, str]:
+    """File key (camelCase, as Kubernetes configs spell them) -> dataclass field."""
+    return {_camel(f.name): f.name for f in fields(cls)}
+
+
+_CAMEL = _keys(SchedulerConfig)
+_LEADER_CAMEL = _keys(LeaderElection)
 
 
 def _apply(target: Any, doc: dict[str, Any], names: dict[str, str], where: str) -> None:
