@@ -388,3 +388,11 @@ def test_deleting_a_pod_requeues_what_it_blocked(trial: Trial) -> None:
     wait_failed_scheduling(trial.core, trial.namespace, "waiter")
     trial.core.delete_namespaced_pod("holder", trial.namespace, grace_period_seconds=0)
     assert trial.bound(["waiter"])["waiter"].spec.node_name == node
+
+
+def test_an_invalid_request_gets_an_event_naming_the_problem(trial: Trial) -> None:
+    trial.node("inv", "pcie-4gpu")
+    trial.scheduler()
+    trial.pod("odd", annotations={"kubegpu.io/gpu-milli": "1500"})
+    event = wait_failed_scheduling(trial.core, trial.namespace, "odd", containing="invalid kubegpu request")
+    assert "kubegpu.io/gpu-milli=1500 is outside 1..999" in event.message

@@ -132,7 +132,7 @@ class Scheduler:
         )
         self.bound_count = 0
         self.elector: Any = None  # LeaderElector when leader election is on
-        self._requests: dict[str, tuple[str, PodRequest | None]] = {}
+        self._requests: dict[str, tuple[str, PodRequest | PodSpecError]] = {}
         self._planned_shapes: set[tuple] = set()
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -351,27 +351,28 @@ class Scheduler:
         self.policy.bind(cluster, workload, self.rng)
         self._planned_shapes = {request.shape() for request in workload}
 
+    def _request(self, uid: str, pod: dict[str, Any]) -> PodRequest | PodSpecError:
+        """The pod's scheduling request (or why it is invalid), parsed once per resourceVersion."""
+        version = _meta(pod).get("resourceVersion", "")
+        cached = self._requests.get(uid)
+        if cached is None or cached[0] != version:
+            try:
+                cached = (version, pod_request(pod, self.config.gpu_resource))
+            except PodSpecError as error:
+                cached = (version, error)
+            self._requests[uid] = cached
+        return cached[1]
+
     def _workload(self) -> list[PodRequest]:
         """The pods the cluster runs and waits for: what fragmentation-aware scores plan for.
 
         FGD judges a placement against the typical pods of the workload; live, that is the pods we
-        know (parsed once per resourceVersion).
+        know.
         """
-        workload = []
-        for uid, pod in self.pods.items():
-            version = _meta(pod).get("resourceVersion", "")
-            cached = self._requests.get(uid)
-            if cached is None or cached[0] != version:
-                try:
-                    cached = (version, pod_request(pod, self.config.gpu_resource))
-                except PodSpecError:
-                    cached = (version, None)
-                self._requests[uid] = cached
-            if cached[1] is not None:
-                workload.append(cached[1])
+        requests = [self._request(uid, pod) for uid, pod in self.pods.items()]
         for uid in set(self._requests) - set(self.pods):
             del self._requests[uid]
-        return workload
+        return [r for r in requests if isinstance(r, PodRequest)]
 
     def _rebuild(self) -> None:
         """Build the core's cluster from the caches: eligible nodes, bound pods, assumptions."""
@@ -442,12 +443,11 @@ class Scheduler:
 
     def _decide(self, uid: str, pod: dict[str, Any], cluster: ClusterState) -> None:
         started = time.perf_counter()
-        try:
-            request = pod_request(pod, self.config.gpu_resource)
-        except PodSpecError as error:
+        request = self._request(uid, pod)
+        if isinstance(request, PodSpecError):
             self.metrics.attempts.labels("invalid").inc()
             self.unschedulable.add(uid)
-            self._emit_failed(pod, f"invalid kubegpu request: {error}")
+            self._emit_failed(pod, f"invalid kubegpu request: {request}")
             return
         if request.shape() not in self._planned_shapes:
             self._bind_policy(cluster)  # a kind of pod the policy has not planned for: re-plan
