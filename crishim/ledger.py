@@ -81,11 +81,6 @@ class Ledger:
                 found.append(Conflict(device, others))
         return found
 
-    def conflicts(self, pod_uid: str, wanted: Mapping[str, int]) -> list[Conflict]:
-        """Devices in ``wanted`` (id -> milli) that other pods' holdings leave no room for."""
-        with self._lock:
-            return self._conflicts_locked(pod_uid, wanted)
-
     def try_reserve(self, holdings: Iterable[Holding]) -> list[Conflict]:
         """Atomically check the holdings against other pods' and record them if all fit.
 

@@ -130,7 +130,6 @@ class Scheduler:
         self.pod_reflector = Reflector(
             "pods", self.core.list_pod_for_all_namespaces, _Handler(self.replace_pods, self.apply_pod)
         )
-        self.bound_count = 0
         self.elector: Any = None  # LeaderElector when leader election is on
         self._requests: dict[str, tuple[str, PodRequest | PodSpecError]] = {}
         self._planned_shapes: set[tuple] = set()
@@ -272,7 +271,6 @@ class Scheduler:
         """A pod showed up bound: it replaces our assumption, or is booked now (another binder)."""
         self.assumed.pop(uid, None)
         self.queued.discard(uid)
-        self.bound_count += 1
         cluster = self.cluster
         if self.dirty or cluster is None or uid in cluster.where:
             return
