@@ -11,10 +11,12 @@ they succeed the interceptor is told which container or sandbox is gone.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Protocol
 
 import grpc
+import grpc.aio
 
 from crishim.cri import api_pb2
 
@@ -31,7 +33,13 @@ class Rejected(Exception):
 
 
 class Interceptor(Protocol):
-    """What the shim asks about CreateContainer and tells about removals."""
+    """What the shim asks about CreateContainer and tells about removals, plus its lifecycle:
+    ``start`` begins background work once the runtime channel exists, ``ready`` returns when
+    the interceptor can decide creates (the shim waits for it, bounded, before READY=1)."""
+
+    def start(self, channel: grpc.aio.Channel, health_interval: float) -> list[asyncio.Task[None]]: ...
+
+    async def ready(self) -> None: ...
 
     async def create_container(
         self, request: api_pb2.CreateContainerRequest
@@ -44,6 +52,12 @@ class Interceptor(Protocol):
 
 class PassthroughInterceptor:
     """Changes nothing (the shim without device allocation)."""
+
+    def start(self, channel: grpc.aio.Channel, health_interval: float) -> list[asyncio.Task[None]]:
+        return []
+
+    async def ready(self) -> None:
+        return None
 
     async def create_container(
         self, request: api_pb2.CreateContainerRequest

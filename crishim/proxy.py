@@ -24,7 +24,6 @@ from crishim.cri import api_pb2
 from crishim.intercept import (
     Completion,
     Interceptor,
-    PassthroughInterceptor,
     Rejected,
     intercept_create_container,
 )
@@ -92,11 +91,11 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         self,
         channel: grpc.aio.Channel,
         metrics: ShimMetrics,
-        interceptor: Interceptor | None = None,
+        interceptor: Interceptor,
     ) -> None:
         self._channel = channel
         self._metrics = metrics
-        self._interceptor = interceptor or PassthroughInterceptor()
+        self._interceptor = interceptor
         self._hooks: dict[str, Hook] = {
             CREATE_CONTAINER: self._create_container_hook,
             REMOVE_CONTAINER: self._remove_container_hook,

@@ -182,6 +182,10 @@ class AllocationRewriter:
         self.attach(channel)
         return [asyncio.create_task(self.rebuild()), asyncio.create_task(self._watch_health(health_interval))]
 
+    async def ready(self) -> None:
+        """Creates with devices can be decided once the ledger is rebuilt."""
+        await self.rebuilt.wait()
+
     async def _watch_health(self, interval: float) -> None:
         """Re-read device health off the CRI path (plugin calls may block)."""
         loop = asyncio.get_running_loop()

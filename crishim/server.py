@@ -22,7 +22,7 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
-from crishim.intercept import Interceptor
+from crishim.intercept import Interceptor, PassthroughInterceptor
 from crishim.metrics import ShimMetrics
 from crishim.proxy import ForwardingHandler
 from crishim.sdnotify import notify
@@ -116,7 +116,7 @@ class CriShim:
         self.config = config
         self.socket_path = unix_path(config.listen)
         self.metrics = ShimMetrics()
-        self._interceptor = interceptor
+        self._interceptor: Interceptor = interceptor or PassthroughInterceptor()
         self._channel: grpc.aio.Channel | None = None
         self._server: grpc.aio.Server | None = None
         self._metrics_server: MetricsServer | None = None
@@ -133,9 +133,7 @@ class CriShim:
         self._server.add_generic_rpc_handlers(
             [ForwardingHandler(self._channel, self.metrics, self._interceptor)]
         )
-        start_background = getattr(self._interceptor, "start", None)
-        if start_background is not None:
-            self._tasks = start_background(self._channel, self.config.health_interval)
+        self._tasks = self._interceptor.start(self._channel, self.config.health_interval)
         old_umask = os.umask(0o117)  # the socket is born 0660, never briefly world-writable
         try:
             self._server.add_insecure_port(f"unix:{self.socket_path}")
@@ -166,17 +164,15 @@ class CriShim:
         Bounded: with containerd down the rebuild retries in the background and calls that need
         the ledger get UNAVAILABLE until it is done, while everything else is served.
         """
-        ready = getattr(self._interceptor, "rebuilt", None)
-        if isinstance(ready, asyncio.Event):
-            try:
-                await asyncio.wait_for(ready.wait(), timeout=self.config.ready_wait_seconds)
-            except TimeoutError:
-                log_event(
-                    log,
-                    "crishim.ready_without_ledger",
-                    logging.WARNING,
-                    waited_seconds=self.config.ready_wait_seconds,
-                )
+        try:
+            await asyncio.wait_for(self._interceptor.ready(), timeout=self.config.ready_wait_seconds)
+        except TimeoutError:
+            log_event(
+                log,
+                "crishim.ready_without_ledger",
+                logging.WARNING,
+                waited_seconds=self.config.ready_wait_seconds,
+            )
 
     def healthz(self) -> tuple[bool, str]:
         """The shim process serves CRI calls."""
