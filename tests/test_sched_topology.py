@@ -25,11 +25,19 @@ from scheduler.core import (
     schedule_one,
 )
 from scheduler.core.allocate import allocate
-from scheduler.core.topology import LinkMatrix, best_gpu_set, load_machine, pair_score
+from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set, load_machine, pair_score
 
 DGX1 = Path(__file__).resolve().parent.parent / "scheduler" / "data" / "topologies" / "dgx1-v100.json"
 # go-gpuallocator's besteffort link scores
 PCIE = {"PIX": 50, "PXB": 40, "PHB": 30, "NODE": 20, "SYS": 10}
+
+
+SHIPPED = Path(__file__).resolve().parent.parent / "devices" / "topologies"
+
+
+def shipped_links(machine: str) -> LinkMatrix:
+    inventory = load_machine(SHIPPED / f"{machine}.json", prefix=f"{machine}-gpu")
+    return NodeState.from_inventory(machine, 1, 1, inventory).links()
 
 
 def dgx1_node(name: str = "dgx") -> NodeState:
@@ -64,8 +72,64 @@ def test_loader_reads_links_and_numa() -> None:
     assert pair_score(top, "dgx-gpu0", "dgx-gpu3") == 230
 
 
-def test_matches_the_exhaustive_optimum_for_every_free_set_and_size() -> None:
-    """All 2^8 free sets x sizes 1..8: the chosen set has the best achievable link score."""
+def reference_cross() -> list[list[bool]]:
+    doc = json.loads(DGX1.read_text())
+    n = len(doc["gpus"])
+    return [[doc["pcie"][i][j] == "SYS" for j in range(n)] for i in range(n)]
+
+
+def reference_partitions(gpus: tuple[int, ...], size: int) -> list[list[tuple[int, ...]]]:
+    """Every split of ``gpus`` into sets of ``size`` plus one remainder set, by plain enumeration."""
+    if len(gpus) <= size:
+        return [[gpus]] if gpus else [[]]
+    out = []
+    rem = len(gpus) % size
+    if rem:  # choose the remainder first, then split the rest exactly
+        for r in itertools.combinations(gpus, rem):
+            rest = tuple(g for g in gpus if g not in r)
+            out += [[r, *p] for p in reference_partitions(rest, size)]
+        return out
+    first = gpus[0]
+    for others in itertools.combinations(gpus[1:], size - 1):
+        group = (first, *others)
+        rest = tuple(g for g in gpus if g not in group)
+        out += [[group, *p] for p in reference_partitions(rest, size)]
+    return out
+
+
+def reference_choice(free: list[int], k: int) -> tuple[int, ...]:
+    """The documented look-ahead ranking, by brute force over explicit partitions (no DP, no memo)."""
+    scores, cross = reference_pair_scores(), reference_cross()
+
+    def value(group: tuple[int, ...]) -> tuple[int, int]:  # (link score, -spans sockets)
+        pairs = list(itertools.combinations(group, 2))
+        return sum(scores[a][b] for a, b in pairs), -int(any(cross[a][b] for a, b in pairs))
+
+    def best_split(rest: tuple[int, ...], size: int) -> tuple[int, int]:
+        if size <= 1 or not rest:
+            return (0, 0)
+        splits = reference_partitions(rest, size)
+        return max(tuple(map(sum, zip(*(value(g) for g in p), strict=True))) for p in splits)
+
+    best, best_rank = None, None
+    for cand in itertools.combinations(sorted(free), k):
+        rest = tuple(g for g in sorted(free) if g not in cand)
+        own = value(cand)
+        same = best_split(rest, k)
+        ahead = [best_split(rest, s) for s in (2, 4)]
+        rank = (
+            (own[0] + same[0], own[1] + same[1]),
+            own,
+            (sum(a[0] for a in ahead), sum(a[1] for a in ahead)),
+        )
+        if best_rank is None or rank > best_rank:
+            best, best_rank = cand, rank
+    assert best is not None
+    return best
+
+
+def test_greedy_matches_the_exhaustive_optimum_for_every_free_set_and_size() -> None:
+    """All 2^8 free sets x sizes 1..8: the myopic choice has the best achievable link score."""
     node = dgx1_node()
     links = node.links()
     scores = reference_pair_scores()
@@ -73,7 +137,7 @@ def test_matches_the_exhaustive_optimum_for_every_free_set_and_size() -> None:
     for mask in range(1 << 8):
         free = [i for i in range(8) if mask >> i & 1]
         for k in range(1, 9):
-            got = best_gpu_set(links, free, k)
+            got = greedy_gpu_set(links, free, k)
             if k > len(free):
                 assert got is None
                 continue
@@ -84,20 +148,123 @@ def test_matches_the_exhaustive_optimum_for_every_free_set_and_size() -> None:
     assert checked == 8 * 2**7  # sum over the free sets of their size
 
 
+def test_lookahead_matches_the_brute_force_ranking_for_every_free_set_and_size() -> None:
+    """All 2^8 free sets x sizes 1..8: best_gpu_set is the documented ranking's first set, computed
+    here by enumerating partitions (the code under test uses bitmask dynamic programming)."""
+    links = dgx1_node().links()
+    scores = reference_pair_scores()
+    for mask in range(1 << 8):
+        free = [i for i in range(8) if mask >> i & 1]
+        for k in range(1, len(free) + 1):
+            got = best_gpu_set(links, free, k)
+            assert got == reference_choice(free, k), (free, k)
+            # never worse than go-gpuallocator's own criterion: the best partition score of the free set
+            total = sum(scores[a][b] for a, b in itertools.combinations(got, 2))
+            rest = tuple(g for g in free if g not in got)
+            split = max(
+                sum(sum(scores[a][b] for a, b in itertools.combinations(g, 2)) for g in p)
+                for p in reference_partitions(rest, k)
+            ) if k > 1 and rest else 0
+            best = max(
+                sum(sum(scores[a][b] for a, b in itertools.combinations(g, 2)) for g in p)
+                for p in reference_partitions(tuple(free), k)
+            ) if k > 1 else 0
+            assert total + split == best, (free, k, got)
+
+
 def test_known_answers() -> None:
     links = dgx1_node().links()
-    assert set(best_gpu_set(links, range(8), 4)) in ({0, 1, 2, 3}, {4, 5, 6, 7})
+    assert best_gpu_set(links, range(8), 4) == (0, 1, 2, 3)  # ties go to the lowest indices
     assert best_gpu_set(links, [0, 1, 3], 2) == (0, 3)  # two NVLinks beat one
-    assert set(best_gpu_set(links, range(8), 8)) == set(range(8))
+    assert best_gpu_set(links, range(8), 8) == tuple(range(8))
+    # the issue's cases: {4,5} leaves {0,2} (one NVLink) rather than taking {0,4} and leaving {2,5}
+    assert best_gpu_set(links, [0, 2, 4, 5], 2) == (4, 5)
+    assert greedy_gpu_set(links, [0, 2, 4, 5], 2) == (0, 4)
+    free, got = set(range(8)), []
+    for _ in range(4):
+        pair_ = best_gpu_set(links, free, 2)
+        assert pair_ is not None
+        got.append(pair_)
+        free -= set(pair_)
+    assert got == [(0, 3), (1, 2), (4, 7), (5, 6)]  # four same-socket pairs, none across the sockets
 
 
-def test_equal_scores_leave_the_best_connected_gpus_free() -> None:
-    """One GPU from an idle DGX-1: every single GPU scores 0, so take the one whose loss cuts least."""
+@pytest.mark.parametrize("choose", [best_gpu_set, greedy_gpu_set])
+def test_equal_candidates_go_to_the_lowest_indices(choose) -> None:
+    """An idle machine is symmetric: every size must come from the lowest indices (not, e.g., 4..7)."""
+    for machine in ("dgx1-v100", "hgx-h100", "dgx-a100"):
+        links = shipped_links(machine)
+        assert choose(links, range(8), 4) == (0, 1, 2, 3), machine
+        assert choose(links, range(8), 1) == (0,), machine
+    hgx = shipped_links("hgx-h100")
+    assert choose(hgx, range(8), 2) == (0, 1)
+    assert choose(hgx, [1, 2, 5, 6], 2) == (1, 2)
+
+
+def test_must_include() -> None:
     links = dgx1_node().links()
-    (chosen,) = best_gpu_set(links, range(8), 1)
-    scores = reference_pair_scores()
-    cut = {g: sum(scores[g][h] for h in range(8) if h != g) for g in range(8)}
-    assert cut[chosen] == min(cut.values())
+    assert best_gpu_set(links, range(8), 2, must=[4]) == (4, 7)
+    assert best_gpu_set(links, range(8), 4, must=[4]) == (4, 5, 6, 7)
+    assert best_gpu_set(links, range(8), 4, must=[0, 2, 4, 6]) == (0, 2, 4, 6)
+    assert best_gpu_set(links, range(1, 8), 4, must=[0]) is None  # a required GPU that is not free
+    assert best_gpu_set(links, range(8), 2, must=[1, 2, 3]) is None  # more required than asked for
+    assert greedy_gpu_set(links, range(8), 2, must=[5]) == (5, 6)
+    need = TopologyWish(nvlink=Wish.REQUIRE)
+    assert best_gpu_set(links, range(8), 2, need, must=[0]) == (0, 3)
+    assert best_gpu_set(links, [0, 5, 6], 2, need, must=[0]) is None  # 0 has no NVLink to 5 or 6
+    flat = LinkMatrix([f"g{i}" for i in range(4)], [-1] * 4, Topology())
+    assert best_gpu_set(flat, range(4), 2, must=[3]) == (0, 3)
+    assert best_gpu_set(flat, range(4), 0) == ()
+
+
+def test_lookahead_keeps_nvlink_pairs_for_later_pods() -> None:
+    """RTX 8000-like node (NVLink bridges on (0,3) and (1,2)): two 1-GPU pods take a bridged pair,
+    so a 2-GPU pod still gets a bridge; the myopic rule on index order breaks both bridges."""
+    links = rtx_like().links()
+    free = {0, 1, 2, 3}
+    for _ in range(2):
+        (g,) = best_gpu_set(links, free, 1)
+        free.discard(g)
+    assert free in ({0, 3}, {1, 2})
+
+
+def test_local_search_serves_large_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
+    """32 GPUs (four DGX-1 boards joined across the sockets): 4 of 32 is 35,960 candidate sets, more
+    than the exhaustive limit, so the greedy + swap search runs; it must still find a whole quad."""
+    from scheduler.core import topology
+
+    doc = json.loads(DGX1.read_text())
+    n = 32
+    ids = [f"big-gpu{i}" for i in range(n)]
+    nvlinks, pcie = {}, {}
+    for i, j in itertools.combinations(range(n), 2):
+        if i // 8 == j // 8:
+            count = doc["nvlink"][i % 8][j % 8]
+            if count:
+                nvlinks[pair(ids[i], ids[j])] = count
+            pcie[pair(ids[i], ids[j])] = PCIeRelation.parse(doc["pcie"][i % 8][j % 8])
+        else:
+            pcie[pair(ids[i], ids[j])] = PCIeRelation.SYS
+    links = LinkMatrix(ids, [i // 4 for i in range(n)], Topology(nvlinks, pcie))
+    calls = []
+    real = topology._local_search
+
+    def spy(*args, **kwargs):
+        calls.append(args[2])
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(topology, "_local_search", spy)
+    assert best_gpu_set(links, range(n), 4) == (0, 1, 2, 3)
+    assert calls == [4]
+    busy = {0, 9, 18, 27}  # one GPU taken on each board: no whole quad on 0..3, 8..11, 16..19, 24..27
+    got = best_gpu_set(links, [g for g in range(n) if g not in busy], 4)
+    assert got == (4, 5, 6, 7)
+    assert len(calls) == 2
+    # 5 GPUs with GPU 13: 31,465 candidates, still local search; the result is the exhaustive optimum
+    got = best_gpu_set(links, range(n), 5, must=[13])
+    assert len(calls) == 3 and got is not None and 13 in got
+    best = max(links.set_score((13, *c)) for c in itertools.combinations([g for g in range(n) if g != 13], 4))
+    assert links.set_score(got) == best
 
 
 def test_allocation_uses_topology_and_books_whole_gpus() -> None:

@@ -1,21 +1,48 @@
-"""Topology-aware choice of whole GPUs inside one node.
+"""Topology-aware choice of whole GPUs inside one node, looking ahead to the pods that come next.
 
-A GPU set is scored the way NVIDIA's go-gpuallocator best-effort policy scores it: the sum over
-its pairs of a link score, 100 per NVLink between the pair plus the PCIe relation (PIX 50, PXB 40,
-PHB 30, NODE 20, SYS 10). More NVLinks beat one switch, a switch beats several, and so on down to
-crossing the sockets. ``best_gpu_set`` returns a set of the highest score among the free GPUs
-(exhaustively for up to ``EXHAUSTIVE_LIMIT`` candidate sets, which covers every 8-GPU machine), and
-among sets of equal score the one that leaves the best-connected GPUs free (fewest links cut to the
-GPUs that stay free), then the lowest indices. Topology wishes restrict (REQUIRE) or rank first
-(PREFER) the candidate sets. Results are memoised per (free set, size, wishes) on the node's
-``LinkMatrix``.
+Link score: a GPU set is scored the way NVIDIA's go-gpuallocator scores it, the sum over its pairs of
+100 per NVLink plus the PCIe relation (PIX 50, PXB 40, PHB 30, NODE 20, SYS 10).
+
+``best_gpu_set`` (kubegpu's choice) does not simply take the best-connected set for the pod at hand:
+that is myopic (on a DGX-1 with {0, 2, 4, 5} free it would take {0, 4}, two NVLinks across the
+sockets, and leave {2, 5}, a pair with no NVLink at all). Among the candidate sets S of the free GPUs
+F it maximises, in this order:
+
+1. the PREFER topology wishes S meets (REQUIRE wishes filter the candidates);
+2. the *partition score*: the link score of S plus the best score into which the rest F - S can be
+   split into sets of the same size (one smaller remainder set allowed, its pairs counting too):
+   go-gpuallocator's best-effort criterion, so the choice is as good as NVIDIA's on its own terms.
+   Among partitions of equal score, the one with the fewest sets spanning both sockets (a PCIe SYS
+   pair) wins: on a DGX-1, {0,4}, {1,5}, {2,3}, {6,7} scores as high as {0,3}, {1,2}, {4,7},
+   {5,6}, but puts two pods across the sockets;
+3. the link score of S itself (the pod at hand is certain, the future is not), again fewer sockets
+   spanned on equal scores;
+4. the *look-ahead*: how well the rest can serve future pods of other sizes, the sum over the
+   sizes s = 2, 4, 8, ... below the node's GPU count of the best partition score of F - S into
+   sets of s (a pod of the whole node's size fits only an idle node, whatever is chosen now). This
+   is what go-gpuallocator does not see: for a 1-GPU pod on a 4-GPU machine with NVLink bridges on
+   (0, 3) and (1, 2) it takes GPU 0, then GPU 1 and breaks both bridges; this takes 0 then 3;
+5. the lowest indices (the lexicographically first set).
+
+Partition scores are computed by dynamic programming over bitmasks of the free GPUs and memoised
+on the node's ``LinkMatrix`` (shared by all nodes of identical links), as are the choices, per
+(free set, size, wishes, must-include set), so a decision costs a dictionary lookup once a state
+has been seen. Nodes of more than ``LOOKAHEAD_GPUS`` GPUs skip steps 2 and 3 (the tables would have
+2^n entries) and take the best-connected set, breaking ties by the fewest links cut to the GPUs
+that stay free; beyond ``EXHAUSTIVE_LIMIT`` candidate sets the candidates come from a greedy growth
+from every free GPU improved by swaps (``_local_search``). ``greedy_gpu_set`` is that myopic rule
+for every node (what ``best_gpu_set`` did before the look-ahead; the node-placement benchmark
+compares both, and ``besteffort.py`` holds a faithful go-gpuallocator reimplementation).
+
+``must`` lists GPUs the set has to contain (go-gpuallocator's "required" devices): None when they
+are not all free or more than ``k``.
 """
 
 from __future__ import annotations
 
 import itertools
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -31,9 +58,14 @@ PCIE_SCORE = {
     PCIeRelation.SYS: 10,
 }
 EXHAUSTIVE_LIMIT = 20_000  # candidate sets; beyond this a greedy + swap search is used
+LOOKAHEAD_GPUS = 12  # nodes of up to this many GPUs get the partition look-ahead (2^n-entry tables)
+SPAN_SCALE = 64  # set value = link score x SPAN_SCALE - (1 if the set spans the sockets); > LOOKAHEAD_GPUS
 NO_WISH = TopologyWish()
 MAX_SHARED = 1024  # distinct machine link layouts kept
+MAX_MEMO = 200_000  # memoised choices per link layout (cleared when full)
 _SHARED: dict[tuple, LinkMatrix] = {}
+
+Choice = tuple[int, ...] | None
 
 
 def pair_score(topology: Topology, a: str, b: str) -> int:
@@ -42,7 +74,7 @@ def pair_score(topology: Topology, a: str, b: str) -> int:
 
 
 class LinkMatrix:
-    """Pairwise link facts of one node's GPUs, by GPU index, with a memo of chosen sets."""
+    """Pairwise link facts of one node's GPUs, by GPU index, with memos of scores and chosen sets."""
 
     def __init__(self, ids: Sequence[str], numa: Sequence[int], topology: Topology) -> None:
         n = len(ids)
@@ -51,6 +83,7 @@ class LinkMatrix:
         self.score = [[0] * n for _ in range(n)]
         self.nvlink = [[False] * n for _ in range(n)]
         self.pix = [[False] * n for _ in range(n)]
+        self.cross = [[False] * n for _ in range(n)]  # across the sockets (PCIe SYS)
         for i, j in itertools.combinations(range(n), 2):
             s = pair_score(topology, ids[i], ids[j])
             self.score[i][j] = self.score[j][i] = s
@@ -58,8 +91,14 @@ class LinkMatrix:
             self.nvlink[i][j] = self.nvlink[j][i] = linked
             same = topology.pcie.get(pair(ids[i], ids[j])) == PCIeRelation.PIX
             self.pix[i][j] = self.pix[j][i] = same
+            far = topology.pcie_relation(ids[i], ids[j]) == PCIeRelation.SYS and not self.flat
+            self.cross[i][j] = self.cross[j][i] = far
         self.numa = list(numa)
-        self.memo: dict[tuple[int, int, TopologyWish], tuple[int, ...] | None] = {}
+        self.memo: dict[tuple, Choice] = {}  # (free mask, k, wish, must mask, look-ahead) -> set
+        self._values: list[int] | None = None
+        self._exact: dict[tuple[int, int], int] = {}
+        self._partition: dict[tuple[int, int], int] = {}
+        self.future_sizes = tuple(1 << e for e in range(1, max(n, 2).bit_length()) if 1 << e < n)
 
     def signature(self) -> tuple:
         """Everything the set choice depends on (not the device ids)."""
@@ -83,9 +122,79 @@ class LinkMatrix:
             known = _SHARED[key] = matrix
         return known
 
-    def set_score(self, gpus: Sequence[int]) -> int:
+    def set_score(self, gpus: Iterable[int]) -> int:
         sc = self.score
-        return sum(sc[a][b] for a, b in itertools.combinations(gpus, 2))
+        return sum(sc[a][b] for a, b in itertools.combinations(list(gpus), 2))
+
+    # -- scores of GPU sets given as bitmasks (nodes of up to LOOKAHEAD_GPUS GPUs) -------------
+
+    def mask_value(self, mask: int) -> int:
+        """Value of the set of GPUs whose bits are set in ``mask``: its link score times ``SPAN_SCALE``,
+        less 1 if it spans the sockets (so sums compare by link score first, then sockets spanned)."""
+        table = self._values
+        if table is None:
+            n = self.n
+            scores = [0] * (1 << n)
+            spans = [False] * (1 << n)
+            sc, cross = self.score, self.cross
+            for m in range(1, 1 << n):
+                low = (m & -m).bit_length() - 1
+                rest = m & (m - 1)
+                others = _bits(rest)
+                scores[m] = scores[rest] + sum(sc[low][j] for j in others)
+                spans[m] = spans[rest] or any(cross[low][j] for j in others)
+            table = [SPAN_SCALE * scores[m] - spans[m] for m in range(1 << n)]
+            self._values = table
+        return table[mask]
+
+    def exact_partition(self, mask: int, size: int) -> int:
+        """Best total value of splitting ``mask`` (a multiple of ``size`` GPUs) into sets of ``size``."""
+        if mask == 0:
+            return 0
+        key = (mask, size)
+        known = self._exact.get(key)
+        if known is not None:
+            return known
+        low = mask & -mask
+        rest = mask ^ low
+        best = -1
+        for others in itertools.combinations(_bits(rest), size - 1):
+            group = low | _mask(others)
+            value = self.mask_value(group) + self.exact_partition(mask ^ group, size)
+            if value > best:
+                best = value
+        self._exact[key] = best
+        return best
+
+    def partition_score(self, mask: int, size: int) -> int:
+        """go-gpuallocator's partition score (as values, see ``mask_value``): the best split of ``mask``
+        into sets of ``size`` and one remainder set of ``popcount(mask) % size`` GPUs."""
+        if size <= 1 or mask == 0:
+            return 0
+        key = (mask, size)
+        known = self._partition.get(key)
+        if known is not None:
+            return known
+        count = mask.bit_count()
+        left = count % size
+        if count <= size:
+            best = self.mask_value(mask)
+        elif left == 0:
+            best = self.exact_partition(mask, size)
+        else:
+            best = max(
+                self.mask_value(_mask(rem)) + self.exact_partition(mask ^ _mask(rem), size)
+                for rem in itertools.combinations(_bits(mask), left)
+            )
+        self._partition[key] = best
+        return best
+
+    def lookahead(self, rest: int) -> int:
+        """How well the GPUs ``rest`` can serve future pods: partition scores summed over the sizes
+        2, 4, ... below the node's GPU count."""
+        return sum(self.partition_score(rest, s) for s in self.future_sizes)
+
+    # -- topology wishes ---------------------------------------------------------------------
 
     def satisfies(self, gpus: Sequence[int], wish: TopologyWish, level: Wish) -> int:
         """How many of the wishes at ``level`` the set meets (all of them, for REQUIRE checks)."""
@@ -105,60 +214,130 @@ class LinkMatrix:
         return sum(1 for w in (wish.nvlink, wish.same_pcie_switch, wish.same_numa) if w == Wish.REQUIRE)
 
 
-def _mask(indices: Sequence[int]) -> int:
+def _mask(indices: Iterable[int]) -> int:
     m = 0
     for i in indices:
         m |= 1 << i
     return m
 
 
+def _bits(mask: int) -> list[int]:
+    out = []
+    while mask:
+        low = mask & -mask
+        out.append(low.bit_length() - 1)
+        mask ^= low
+    return out
+
+
 def best_gpu_set(
-    links: LinkMatrix, free: Sequence[int], k: int, wish: TopologyWish = NO_WISH
-) -> tuple[int, ...] | None:
-    """The best ``k`` GPUs among ``free`` (indices), or None if no set meets the REQUIRE wishes."""
-    free = sorted(free)
+    links: LinkMatrix,
+    free: Iterable[int],
+    k: int,
+    wish: TopologyWish = NO_WISH,
+    must: Iterable[int] = (),
+) -> Choice:
+    """kubegpu's choice of ``k`` GPUs among ``free`` (indices), containing ``must``, looking ahead.
+
+    None if no set meets the REQUIRE wishes, fewer than ``k`` GPUs are free, or ``must`` is not
+    free or larger than ``k``.
+    """
+    return _choose(links, free, k, wish, must, lookahead=True)
+
+
+def greedy_gpu_set(
+    links: LinkMatrix,
+    free: Iterable[int],
+    k: int,
+    wish: TopologyWish = NO_WISH,
+    must: Iterable[int] = (),
+) -> Choice:
+    """The myopic choice: the best-connected set, ties to the fewest links cut, then lowest indices."""
+    return _choose(links, free, k, wish, must, lookahead=False)
+
+
+def _choose(
+    links: LinkMatrix, free: Iterable[int], k: int, wish: TopologyWish, must: Iterable[int], lookahead: bool
+) -> Choice:
+    free = sorted(set(free))
+    required = sorted(set(must))
     if k <= 0:
-        return ()
-    if len(free) < k:
+        return () if not required else None
+    if len(free) < k or len(required) > k or not set(required) <= set(free):
         return None
+    if k == 1 or not wish.any():
+        wish = NO_WISH
     if links.flat and not wish.any():
-        return tuple(free[:k])
-    key = (_mask(free), k, wish if k > 1 else NO_WISH)
-    if key in links.memo:
-        return links.memo[key]
-    result = _search(links, free, k, wish)
-    links.memo[key] = result
+        rest = [g for g in free if g not in required]
+        return tuple(sorted(required + rest[: k - len(required)]))
+    key = (_mask(free), k, wish, _mask(required), lookahead and links.n <= LOOKAHEAD_GPUS)
+    memo = links.memo
+    if key in memo:
+        return memo[key]
+    result = _search(links, free, k, wish, required, key[4])
+    if len(memo) >= MAX_MEMO:
+        memo.clear()
+    memo[key] = result
     return result
 
 
-def _search(links: LinkMatrix, free: list[int], k: int, wish: TopologyWish) -> tuple[int, ...] | None:
-    need = links.required_count(wish)
+def _candidates(links: LinkMatrix, free: list[int], k: int, required: list[int]) -> Iterable[tuple[int, ...]]:
+    """Every k-set of ``free`` containing ``required`` (lexicographic), or local-search ones if too many."""
+    others = [g for g in free if g not in required]
+    want = k - len(required)
     total = 1
-    for i in range(k):
-        total = total * (len(free) - i) // (i + 1)
-    candidates = (
-        itertools.combinations(free, k) if total <= EXHAUSTIVE_LIMIT else _local_search(links, free, k)
-    )
+    for i in range(want):
+        total = total * (len(others) - i) // (i + 1)
+    if total > EXHAUSTIVE_LIMIT:
+        return _local_search(links, free, k, required)
+    if not required:
+        return itertools.combinations(free, k)
+    return (tuple(sorted((*required, *extra))) for extra in itertools.combinations(others, want))
+
+
+def _search(
+    links: LinkMatrix, free: list[int], k: int, wish: TopologyWish, required: list[int], lookahead: bool
+) -> Choice:
+    need = links.required_count(wish)
+    prefer = links.prefer_count(wish)
     sc = links.score
-    best: tuple[int, ...] | None = None
-    best_key: tuple[int, int, int] | None = None
-    for cand in candidates:
+    free_mask = _mask(free)
+    best: Choice = None
+    best_rank: tuple[int, ...] | None = None
+    for cand in sorted(_candidates(links, free, k, required)):
         if need and links.satisfies(cand, wish, Wish.REQUIRE) < need:
             continue
-        rest = [g for g in free if g not in cand]
-        cut = sum(sc[a][b] for a in cand for b in rest)
-        rank = (links.satisfies(cand, wish, Wish.PREFER), links.set_score(cand), -cut)
-        if best_key is None or rank > best_key:  # combinations come in lexicographic order
-            best, best_key = tuple(cand), rank
+        met = links.satisfies(cand, wish, Wish.PREFER) if prefer else 0
+        if lookahead:
+            chosen = _mask(cand)
+            rest = free_mask ^ chosen
+            own = links.mask_value(chosen)
+            rank: tuple[int, ...] = (
+                met,
+                own + links.partition_score(rest, k),
+                own,
+                links.lookahead(rest),
+            )
+        else:
+            rest_list = [g for g in free if g not in cand]
+            cut = sum(sc[a][b] for a in cand for b in rest_list)
+            rank = (met, links.set_score(cand), -cut)
+        if best_rank is None or rank > best_rank:  # candidates in lexicographic order: ties keep the lowest
+            best, best_rank = tuple(cand), rank
     return best
 
 
-def _local_search(links: LinkMatrix, free: list[int], k: int) -> list[tuple[int, ...]]:
-    """Candidate sets for large nodes: greedy growth from every seed GPU, improved by 1-swaps."""
+def _local_search(
+    links: LinkMatrix, free: list[int], k: int, required: Sequence[int] = ()
+) -> list[tuple[int, ...]]:
+    """Candidate sets for large nodes: greedy growth from every free GPU (after the required ones),
+    improved by swaps of one non-required GPU while the set's link score rises."""
     sc = links.score
+    fixed = set(required)
     out: list[tuple[int, ...]] = []
-    for seed in free:
-        chosen = [seed]
+    seeds = [g for g in free if g not in fixed] if len(fixed) < k else [None]
+    for seed in seeds:
+        chosen = list(required) + ([seed] if seed is not None else [])
         while len(chosen) < k:
             nxt = max((g for g in free if g not in chosen), key=lambda g: (sum(sc[g][c] for c in chosen), -g))
             chosen.append(nxt)
@@ -167,6 +346,8 @@ def _local_search(links: LinkMatrix, free: list[int], k: int) -> list[tuple[int,
             improved = False
             base = links.set_score(chosen)
             for i in range(len(chosen)):
+                if chosen[i] in fixed:
+                    continue
                 for h in free:
                     if h in chosen:
                         continue
