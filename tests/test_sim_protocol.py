@@ -13,6 +13,7 @@ from scheduler.sim import cli
 from scheduler.sim.protocol import allocation_curve, arrival_order, run_once
 from scheduler.sim.runner import parse_seeds, run_experiment
 from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, NodeSpec, TraceError, load_nodes, load_pods
+from tests.fixtures.common import missing_component
 
 OPENB = Path(__file__).resolve().parents[2] / "shared" / "traces" / "openb"
 
@@ -131,9 +132,9 @@ def test_experiment_json_shape() -> None:
     nodes, pods = tiny()
     exp = run_experiment(nodes, pods, "fgd", seeds=[1, 2], inflation=1.0)
     doc = exp.to_json()
-    assert set(doc) == {"policy", "runs", "mean_alloc_pct_at_100", "mean_alloc_pct_at_130", "seconds"}
+    assert set(doc) == {"policy", "runs", "mean_alloc_pct_at_100", "mean_alloc_pct_at_130", "links", "seconds"}
     assert [r["seed"] for r in doc["runs"]] == [1, 2]
-    assert set(doc["runs"][0]) == {"seed", "alloc_pct_at_100", "alloc_pct_at_130", "curve"}
+    assert set(doc["runs"][0]) == {"seed", "alloc_pct_at_100", "alloc_pct_at_130", "curve", "links"}
     assert doc["mean_alloc_pct_at_100"] == 100.0
 
 
@@ -177,9 +178,10 @@ def test_cli_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.skipif(not OPENB.is_dir(), reason="needs ../shared/traces/openb")
 def test_openb_sample_runs() -> None:
     """A 1-in-10 sample of openb nodes and pods (not a full run: the benchmark does those)."""
+    if not OPENB.is_dir():
+        missing_component(f"the openb trace ({OPENB})")
     nodes = load_nodes(OPENB / "openb_node_list_gpu_node.csv")[::10]
     pods = load_pods(OPENB / "openb_pod_list_default.csv")[::10]
     result = run_once(nodes, pods, "fgd", 42)

@@ -9,7 +9,8 @@
    FGD simulator's kube-scheduler fork breaks ties by node name and prefixes every node name with a
    random permutation index per seed. ``ties="random"`` is stock kube-scheduler (uniform choice).
 3. After every pod: arrived = GPU milli requested so far, allocated = GPU milli placed so far, both
-   in percent of the cluster's GPU capacity.
+   in percent of the cluster's GPU capacity. Every placed pod of two or more whole GPUs on a node with
+   link information (``scheduler.sim.machines``) adds to the link quality (``LinkStats``).
 4. The curve at x% is the mean allocation over the events whose arrived percent rounds to x (if
    there are none, those rounding to x-1..x+1); the headline points are x = 100 and x = 130.
 """
@@ -19,17 +20,63 @@ from __future__ import annotations
 import random
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from scheduler.core.policies import make_policy
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.schedule import Placement, schedule_one
+from scheduler.core.state import NodeState
+from scheduler.core.topology import greedy_gpu_set
 from scheduler.sim.trace import NodeSpec, build_cluster
 
 INFLATION = 1.3
 CURVE_MAX = 130
+
+
+@dataclass
+class LinkStats:
+    """Link quality of the multi-GPU pods placed in a run (only those on nodes with link information).
+
+    ``score`` sums each pod's link score (go-gpuallocator's pair scores over its set), ``relative`` the
+    score divided by the best set of that size on the idle node (1.0: as good as on an empty node);
+    ``nvlink`` counts sets whose every pair has NVLink, ``cross`` sets with a pair across the sockets.
+    """
+
+    pods: int = 0
+    score: float = 0.0
+    relative: float = 0.0
+    nvlink: int = 0
+    cross: int = 0
+    unknown: int = 0  # multi-GPU pods placed on nodes without link information
+
+    def add(self, node: NodeState, gpus: Sequence[int], ideal: dict[tuple[int, int], int]) -> None:
+        links = node.links()
+        if links.flat:
+            self.unknown += 1
+            return
+        key = (id(links), len(gpus))
+        if key not in ideal:
+            ideal[key] = links.set_score(greedy_gpu_set(links, range(links.n), len(gpus)) or ())
+        score = links.set_score(gpus)
+        pairs = [(a, b) for a in gpus for b in gpus if a < b]
+        self.pods += 1
+        self.score += score
+        self.relative += score / ideal[key] if ideal[key] else 1.0
+        self.nvlink += all(links.nvlink[a][b] for a, b in pairs)
+        self.cross += any(links.cross[a][b] for a, b in pairs)
+
+    def summary(self) -> dict[str, float]:
+        n = max(self.pods, 1)
+        return {
+            "multi_gpu_pods": self.pods,
+            "mean_link_score": round(self.score / n, 2),
+            "relative_link_score": round(self.relative / n, 4),
+            "all_nvlink_share": round(self.nvlink / n, 4),
+            "cross_socket_share": round(self.cross / n, 4),
+            "multi_gpu_pods_without_links": self.unknown,
+        }
 
 
 @dataclass(frozen=True)
@@ -45,6 +92,7 @@ class RunResult:
     allocated_milli: int
     capacity_milli: int
     seconds: float
+    links: LinkStats = field(default_factory=LinkStats)
 
     def at(self, x: int) -> float:
         return self.curve.get(x, float("nan"))
@@ -122,6 +170,8 @@ def run_once(
     arrived = np.zeros(len(order), dtype=np.int64)
     allocated = np.zeros(len(order), dtype=np.int64)
     arr = used = placed = 0
+    links = LinkStats()
+    ideal: dict[tuple[int, int], int] = {}
     for k, pod in enumerate(order):
         arr += pod.total_gpu_milli
         result = schedule_one(pod, cluster, policy, rng, explain=False)
@@ -129,6 +179,9 @@ def run_once(
             cluster.assume(result.allocation)
             used += result.allocation.gpu_milli
             placed += 1
+            if pod.whole_gpus >= 2:
+                node = cluster.nodes[cluster.index[result.node]]
+                links.add(node, [g.index for g in result.allocation.gpus], ideal)
         arrived[k] = arr
         allocated[k] = used
     return RunResult(
@@ -141,4 +194,5 @@ def run_once(
         allocated_milli=used,
         capacity_milli=capacity,
         seconds=time.perf_counter() - start,
+        links=links,
     )

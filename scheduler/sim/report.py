@@ -38,6 +38,26 @@ def text_report(experiment: Experiment, cluster: str, workload: str) -> str:
         f"       (spread {experiment.spread_at(100):.2f} / {experiment.spread_at(130):.2f}"
         f" over {len(runs)} seed{'s' if len(runs) != 1 else ''})"
     )
+    if experiment.bounds:
+        lines += ["", "  upper bound on the allocation (LP, all arrived pods known; see docs/simulator.md):"]
+        for x in (100, 130):
+            bound = experiment.bound_at(x)
+            if not math.isnan(bound):
+                lines.append(
+                    f"  @{x}: bound {bound:6.2f}   {experiment.policy} {experiment.mean_at(x):6.2f}"
+                    f"   gap {bound - experiment.mean_at(x):5.2f} points"
+                )
+    links = experiment.links().summary()
+    if links["multi_gpu_pods"]:
+        lines += [
+            "",
+            f"  link quality of the {links['multi_gpu_pods']} multi-GPU pods placed on nodes with links:",
+            f"  mean link score {links['mean_link_score']:.1f} ({links['relative_link_score']:.3f} of the"
+            f" idle node's best set), all-NVLink {100 * links['all_nvlink_share']:.1f}%,"
+            f" across sockets {100 * links['cross_socket_share']:.1f}%",
+        ]
+    elif links["multi_gpu_pods_without_links"]:
+        lines += ["", "  link quality: the nodes have no link information (see --machine)"]
     lines += ["", "  GPU allocation (% of capacity) as GPU requests arrive (% of capacity):"]
     curve = experiment.mean_curve()
     for x in CURVE_POINTS:

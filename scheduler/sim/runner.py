@@ -1,17 +1,23 @@
-"""Running the protocol for one policy over several seeds, and the result as a whole."""
+"""Running the protocol for one policy over several seeds, and the result as a whole.
+
+With ``bound=True`` each seed also gets the LP upper bound on the allocation at 100% and 130% arrived
+(``scheduler.sim.bound``), computed from the same arrival order as the run.
+"""
 
 from __future__ import annotations
 
 import math
 import statistics
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core.request import PodRequest
-from scheduler.sim.protocol import INFLATION, RunResult, run_once
+from scheduler.sim.protocol import INFLATION, LinkStats, RunResult, run_once
 from scheduler.sim.trace import NodeSpec
+
+BOUND_POINTS = (100, 130)
 
 PROTOCOL_SEEDS = tuple(range(42, 52))  # the FGD paper's 10 seeds
 
@@ -23,6 +29,20 @@ class Experiment:
     policy: str
     runs: tuple[RunResult, ...]
     seconds: float
+    bounds: Mapping[int, Mapping[int, float]] = field(default_factory=dict)  # seed -> point -> bound %
+
+    def bound_at(self, x: int) -> float:
+        """Mean over the seeds of the allocation bound at ``x`` percent arrived (nan without bounds)."""
+        values = [b[x] for b in self.bounds.values() if x in b]
+        return statistics.fmean(values) if values else float("nan")
+
+    def links(self) -> LinkStats:
+        """Link quality of the multi-GPU pods over every run."""
+        total = LinkStats()
+        for r in self.runs:
+            for name in ("pods", "score", "relative", "nvlink", "cross", "unknown"):
+                setattr(total, name, getattr(total, name) + getattr(r.links, name))
+        return total
 
     def _values(self, x: int) -> list[float]:
         return [r.at(x) for r in self.runs if not math.isnan(r.at(x))]
@@ -41,21 +61,31 @@ class Experiment:
         return {x: round(self.mean_at(x), 2) for x in xs}
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        runs = []
+        for r in self.runs:
+            run: dict[str, Any] = {
+                "seed": r.seed,
+                "alloc_pct_at_100": r.alloc_pct_at_100,
+                "alloc_pct_at_130": r.alloc_pct_at_130,
+                "curve": [[x, y] for x, y in sorted(r.curve.items())],
+                "links": r.links.summary(),
+            }
+            for x, value in sorted(self.bounds.get(r.seed, {}).items()):
+                run[f"bound_alloc_pct_at_{x}"] = round(value, 2)
+            runs.append(run)
+        doc: dict[str, Any] = {
             "policy": self.policy,
-            "runs": [
-                {
-                    "seed": r.seed,
-                    "alloc_pct_at_100": r.alloc_pct_at_100,
-                    "alloc_pct_at_130": r.alloc_pct_at_130,
-                    "curve": [[x, y] for x, y in sorted(r.curve.items())],
-                }
-                for r in self.runs
-            ],
+            "runs": runs,
             "mean_alloc_pct_at_100": round(self.mean_at(100), 2),
             "mean_alloc_pct_at_130": round(self.mean_at(130), 2),
+            "links": self.links().summary(),
             "seconds": round(self.seconds, 3),
         }
+        if self.bounds:
+            for x in BOUND_POINTS:
+                bound = self.bound_at(x)
+                doc[f"bound_alloc_pct_at_{x}"] = None if math.isnan(bound) else round(bound, 2)
+        return doc
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -84,8 +114,16 @@ def run_experiment(
     seeds: Sequence[int] = PROTOCOL_SEEDS,
     inflation: float = INFLATION,
     ties: str = "node-order",
+    bound: bool = False,
 ) -> Experiment:
-    """Run the protocol once per seed (sequentially, on one core)."""
+    """Run the protocol once per seed (sequentially, on one core); with ``bound``, the LP bounds too."""
     start = time.perf_counter()
     runs = tuple(run_once(nodes, pods, policy, seed, inflation, ties) for seed in seeds)
-    return Experiment(policy, runs, time.perf_counter() - start)
+    bounds: dict[int, dict[int, float]] = {}
+    if bound:
+        from scheduler.sim.bound import protocol_bounds
+
+        for seed in seeds:
+            found = protocol_bounds(nodes, pods, seed, inflation, BOUND_POINTS)
+            bounds[seed] = {x: b.bound_pct for x, b in found.items()}
+    return Experiment(policy, runs, time.perf_counter() - start, bounds)

@@ -9,12 +9,13 @@ one GPU; other GPU pods take ``num_gpu`` whole GPUs.
 from __future__ import annotations
 
 import csv
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.state import ClusterState, GpuState, NodeState
+from scheduler.sim.machines import MachineError, MachineShape
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_NODES = DATA_DIR / "default_nodes.csv"
@@ -27,20 +28,41 @@ class TraceError(ValueError):
 
 @dataclass(frozen=True)
 class NodeSpec:
-    """One node of a trace: CPU, memory and identical GPUs of one model."""
+    """One node of a trace: CPU, memory and identical GPUs of one model, and optionally the links of a
+    machine shape (``scheduler.sim.machines``) among them."""
 
     name: str
     cpu_milli: int
     memory_mib: int
     gpus: int
     model: str
+    shape: MachineShape | None = None
 
     def state(self) -> NodeState:
-        gpus = [GpuState(j, f"{self.name}-gpu{j}", self.model) for j in range(self.gpus)]
+        ids = [f"{self.name}-gpu{j}" for j in range(self.gpus)]
+        topology, numa = self.shape.topology(ids) if self.shape is not None else (None, [-1] * self.gpus)
+        gpus = [GpuState(j, ids[j], self.model, numa=numa[j]) for j in range(self.gpus)]
         labels = {"kubernetes.io/hostname": self.name}
         if self.gpus:
             labels["kubegpu.io/gpu-model"] = self.model
-        return NodeState(self.name, self.cpu_milli, self.memory_mib, gpus, labels=labels)
+        return NodeState(self.name, self.cpu_milli, self.memory_mib, gpus, labels=labels, topology=topology)
+
+
+def with_shapes(nodes: Sequence[NodeSpec], shapes: Mapping[str, MachineShape | None]) -> list[NodeSpec]:
+    """The nodes with the machine shape of their GPU model (none where the model has no entry).
+
+    Raises ``MachineError`` naming the node if a node has more GPUs than its shape.
+    """
+    out = []
+    for node in nodes:
+        shape = shapes.get(node.model) if node.gpus > 1 else None
+        if shape is not None and node.gpus > shape.gpus:
+            raise MachineError(
+                f"node {node.name}: {node.gpus} {node.model} GPUs, "
+                f"but machine shape {shape.name} has {shape.gpus}"
+            )
+        out.append(replace(node, shape=shape))
+    return out
 
 
 def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, str]]]:
