@@ -4,6 +4,8 @@
                                              [--jobs N] [--markdown] [--ties node-order|random]
     .venv/bin/python bench/simulate_openb.py --scaling 1,2,4,8 [--policies bestfit,fgd,fgd-align]
     .venv/bin/python bench/simulate_openb.py --throughput [--policies ...]
+    .venv/bin/python bench/simulate_openb.py --links [--policies ...]      # + link quality columns
+    .venv/bin/python bench/simulate_openb.py --bound [--policies fgd,...]   # + the LP bound per trace
 
 Prints, per trace and policy, the mean and spread (sample standard deviation) over the seeds of the
 GPU allocation ratio at 100% and 130% arrived, the published value (FGD paper, mean of 10 seeds),
@@ -12,6 +14,13 @@ seed. ``--scaling`` instead times one run (seed 42, default trace) on the openb 
 replicated k times (k x 1,213 nodes, k x 8,152 pods), to show how the cost grows.
 ``--throughput`` times ``schedule_one`` + ``assume`` (reasons collected for unschedulable pods) on
 5,000 nodes x 8 GPUs for 20,000 pods drawn from the default trace. Needs ../shared/traces/openb.
+
+Nodes get the links of ``kubegpu simulate``'s default machine shapes (``scheduler.sim.machines``);
+``--links`` adds, per trace and policy, the link quality of the multi-GPU pods (mean link score, its
+ratio to the idle node's best set, all-NVLink and cross-socket shares). ``--bound`` adds, per trace,
+the mean over the seeds of the LP upper bound on the allocation at 100% and 130% arrived
+(``scheduler.sim.bound``) and every policy's gap to it. ``--curve`` prints, for the default policy
+against FGD, the smallest difference of the mean curves over every arrival point 10%..130%.
 """
 
 from __future__ import annotations
@@ -27,9 +36,10 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from scheduler.core.policies import DEFAULT_POLICY, POLICIES  # noqa: E402
+from scheduler.sim.machines import DEFAULT_SHAPES, resolve  # noqa: E402
 from scheduler.sim.protocol import RunResult, run_once  # noqa: E402
 from scheduler.sim.runner import parse_seeds  # noqa: E402
-from scheduler.sim.trace import load_nodes, load_pods  # noqa: E402
+from scheduler.sim.trace import load_nodes, load_pods, with_shapes  # noqa: E402
 
 TRACE_DIR = ROOT.parent / "shared" / "traces" / "openb"
 TRACES = ("default", "cpu050", "multigpu20", "gpushare40")
@@ -76,7 +86,7 @@ _DATA: dict[str, tuple] = {}
 def _load(trace: str) -> tuple:
     if trace not in _DATA:
         _DATA[trace] = (
-            load_nodes(TRACE_DIR / "openb_node_list_gpu_node.csv"),
+            with_shapes(load_nodes(TRACE_DIR / "openb_node_list_gpu_node.csv"), resolve(DEFAULT_SHAPES)),
             load_pods(TRACE_DIR / f"openb_pod_list_{trace}.csv"),
         )
     return _DATA[trace]
@@ -85,6 +95,13 @@ def _load(trace: str) -> tuple:
 def _job(trace: str, policy: str, seed: int, ties: str) -> tuple[str, str, RunResult]:
     nodes, pods = _load(trace)
     return trace, policy, run_once(nodes, pods, policy, seed, ties=ties)
+
+
+def _bound_job(trace: str, seed: int) -> tuple[str, int, dict[int, float]]:
+    from scheduler.sim.bound import protocol_bounds
+
+    nodes, pods = _load(trace)
+    return trace, seed, {x: b.bound_pct for x, b in protocol_bounds(nodes, pods, seed, 1.3).items()}
 
 
 def scaling(factors: list[int], policies: list[str]) -> None:
@@ -159,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--scaling", metavar="K,K,...", help="time runs on openb replicated K times instead")
     parser.add_argument("--throughput", action="store_true", help="pods/s on 5,000 nodes x 8 GPUs instead")
+    parser.add_argument("--links", action="store_true", help="add the link quality of multi-GPU pods")
+    parser.add_argument("--bound", action="store_true", help="add the LP upper bound and the gaps to it")
+    parser.add_argument(
+        "--curve", action="store_true", help="add the default policy's smallest margin over FGD on the curve"
+    )
     args = parser.parse_args(argv)
     seeds = parse_seeds(args.seeds)
     traces = [t for t in args.traces.split(",") if t]
@@ -183,8 +205,21 @@ def main(argv: list[str] | None = None) -> int:
         for job in jobs:
             trace, policy, run = _job(*job)
             results.setdefault((trace, policy), []).append(run)
+    bounds: dict[str, list[dict[int, float]]] = {}
+    if args.bound:
+        bound_jobs = [(t, s) for t in traces for s in seeds]
+        if args.jobs > 1:
+            with ProcessPoolExecutor(args.jobs) as pool:
+                found = list(pool.map(_bound_job, *zip(*bound_jobs, strict=True), chunksize=1))
+        else:
+            found = [_bound_job(*job) for job in bound_jobs]
+        for trace, _seed, by_point in found:
+            bounds.setdefault(trace, []).append(by_point)
     total = time.perf_counter() - start
 
+    if args.links or args.bound:
+        extra_table(traces, policies, results, bounds, args.links)
+        print()
     if args.markdown:
         print("| trace | policy | @100 mean ± sd | @130 mean ± sd | published @100 / @130 |", end="")
         print(" run s (mean / max) |")
@@ -221,10 +256,58 @@ def main(argv: list[str] | None = None) -> int:
                 f"  {trace:<11} mean {statistics.fmean(diffs):+.2f}  min {min(diffs):+.2f}"
                 f"  max {max(diffs):+.2f}  better in {wins}/{len(diffs)} seeds"
             )
+    if args.curve and "fgd" in policies and DEFAULT_POLICY in policies:
+        print(f"\n{DEFAULT_POLICY} minus fgd, mean curves, smallest difference over arrival points 10..130%:")
+        for trace in traces:
+            ours, fgd = results[(trace, DEFAULT_POLICY)], results[(trace, "fgd")]
+            diffs = {
+                x: statistics.fmean(r.at(x) for r in ours) - statistics.fmean(r.at(x) for r in fgd)
+                for x in range(10, 131)
+            }
+            worst = min(diffs, key=lambda x: diffs[x])
+            print(f"  {trace:<11} min {diffs[worst]:+.3f} at {worst}%   at 130%: {diffs[130]:+.2f}")
     print(
         f"\n{len(jobs)} runs ({len(seeds)} seeds, ties: {args.ties}) in {total:.0f} s with {args.jobs} job(s)"
     )
     return 0
+
+
+def extra_table(
+    traces: list[str],
+    policies: list[str],
+    results: dict[tuple[str, str], list[RunResult]],
+    bounds: dict[str, list[dict[int, float]]],
+    links: bool,
+) -> None:
+    """Markdown: per trace and policy, the link quality and/or the bound and the gaps to it."""
+    head = ["trace", "policy", "@100", "@130"]
+    if bounds:
+        head += ["bound @100", "bound @130", "gap @100", "gap @130"]
+    if links:
+        head += ["multi-GPU pods", "link score", "of best", "all-NVLink", "across sockets"]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for trace in traces:
+        b100 = statistics.fmean(b[100] for b in bounds[trace]) if bounds else 0.0
+        b130 = statistics.fmean(b[130] for b in bounds[trace]) if bounds else 0.0
+        for policy in policies:
+            runs = results[(trace, policy)]
+            m100 = statistics.fmean(r.alloc_pct_at_100 for r in runs)
+            m130 = statistics.fmean(r.alloc_pct_at_130 for r in runs)
+            cells = [trace, policy, f"{m100:.2f}", f"{m130:.2f}"]
+            if bounds:
+                cells += [f"{b100:.2f}", f"{b130:.2f}", f"{b100 - m100:.2f}", f"{b130 - m130:.2f}"]
+            if links:
+                pods = sum(r.links.pods for r in runs)
+                n = max(pods, 1)
+                cells += [
+                    str(pods),
+                    f"{sum(r.links.score for r in runs) / n:.1f}",
+                    f"{sum(r.links.relative for r in runs) / n:.3f}",
+                    f"{100 * sum(r.links.nvlink for r in runs) / n:.1f}%",
+                    f"{100 * sum(r.links.cross for r in runs) / n:.1f}%",
+                ]
+            print("| " + " | ".join(cells) + " |")
 
 
 if __name__ == "__main__":

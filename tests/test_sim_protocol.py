@@ -132,7 +132,8 @@ def test_experiment_json_shape() -> None:
     nodes, pods = tiny()
     exp = run_experiment(nodes, pods, "fgd", seeds=[1, 2], inflation=1.0)
     doc = exp.to_json()
-    assert set(doc) == {"policy", "runs", "mean_alloc_pct_at_100", "mean_alloc_pct_at_130", "links", "seconds"}
+    wanted = {"policy", "runs", "mean_alloc_pct_at_100", "mean_alloc_pct_at_130", "links", "seconds"}
+    assert set(doc) == wanted
     assert [r["seed"] for r in doc["runs"]] == [1, 2]
     assert set(doc["runs"][0]) == {"seed", "alloc_pct_at_100", "alloc_pct_at_130", "curve", "links"}
     assert doc["mean_alloc_pct_at_100"] == 100.0

@@ -153,7 +153,8 @@ class FGDScore(ScorePlugin):
     """Fragmentation gradient descent: the placement that increases fragmentation least.
 
     Node score ``int(100 * sigmoid((frag_before - frag_after) / 1000))`` as in the FGD simulator
-    (``exact=True``: the raw decrease, no sigmoid and no rounding); a share goes to the GPU with
+    (``exact=True``: the raw decrease, no sigmoid and no rounding; ``step``: that score divided by
+    ``step``, rounded down, so placements within a band of ``step`` points tie); a share goes to the GPU with
     the best score (the lowest index among equals). Scores are memoised per request shape and node
     version, so only nodes that changed since the last pod of the same shape are re-evaluated.
     """
@@ -162,9 +163,10 @@ class FGDScore(ScorePlugin):
     MAX_SHAPES = 256  # request shapes with per-node score arrays (oldest dropped first)
     MAX_MEMO = 500_000  # memoised evaluations (cleared when full)
 
-    def __init__(self, exact: bool = False, coverage: float = 0.95) -> None:
+    def __init__(self, exact: bool = False, coverage: float = 0.95, step: int = 1) -> None:
         self.exact = exact
         self.coverage = coverage
+        self.step = step  # > 1: scores in bands of ``step`` points (more placements count as equal)
         self.model = FragModel([])
         self._cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._node_models: list[frozenset[str]] = []
@@ -179,7 +181,7 @@ class FGDScore(ScorePlugin):
     def to_score(self, decrease: float) -> float:
         if self.exact:
             return decrease
-        return float(int(MAX_NODE_SCORE / (1.0 + math.exp(-decrease / 1000.0))))
+        return float(int(MAX_NODE_SCORE / (1.0 + math.exp(-decrease / 1000.0))) // self.step)
 
     def node_score(self, pod: PodRequest, cluster: ClusterState, i: int) -> tuple[float, int]:
         """(score, GPU index for a share or -1) of placing ``pod`` on node ``i``.
@@ -303,8 +305,9 @@ class AlignmentScore(ScorePlugin):
 
     name = "alignment"
 
-    def __init__(self, decimals: int = 6) -> None:
+    def __init__(self, decimals: int = 6, step: float = 0.0) -> None:
         self.decimals = decimals
+        self.step = step  # > 0: the cosine in bands of ``step`` (nodes in one band tie)
         self._cpu_inv = np.zeros(0)
         self._gpu_inv = np.zeros(0)
 
@@ -327,6 +330,8 @@ class AlignmentScore(ScorePlugin):
         dot = free_cpu * want_cpu + free_gpu * want_gpu
         cosine = np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0)
         # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
+        if self.step > 0:
+            return np.floor(np.round(cosine, self.decimals) / self.step)
         return np.round(cosine, self.decimals)
 
 
@@ -342,6 +347,89 @@ def fgd_align() -> Policy:
         ((FGDScore(), 1.0),),
         "FGD, ties broken by CPU/GPU alignment of request and free resources (ours)",
         tie_break=AlignmentScore(),
+    )
+
+
+class WholeNodeReserve:
+    """Keeps the last nodes able to host each whole-node pod shape of the workload.
+
+    A whole-node shape is a pod asking for as many whole GPUs as the largest node has (8 on openb).
+    Such pods are too rare to be among FGD's typical pods, so nothing in FGD stops the last idle
+    nodes with enough CPU and memory for them from being broken by small pods, after which they are
+    refused while 8 GPUs are free elsewhere in pieces. ``penalty`` counts, per candidate node, the
+    whole-node shapes it would stop being able to host although at most ``keep`` nodes still can.
+    The shapes come from the expected workload (its shape distribution, as FGD's typical pods).
+    """
+
+    def __init__(self, keep: int = 2) -> None:
+        self.keep = keep
+        self.shapes: list[tuple[int, int, int]] = []  # (GPUs, CPU milli, memory MiB)
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
+        largest = int(cluster.gpu_count.max()) if len(cluster) else 0
+        self.shapes = sorted(
+            {
+                (p.gpu_count, p.cpu_milli, p.memory_mib)
+                for p in workload
+                if largest >= 2 and not p.is_share and p.gpu_count >= largest
+            }
+        )
+
+    def penalty(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        out = np.zeros(len(idx))
+        take = 1 if pod.is_share else pod.gpu_count
+        for gpus, cpu, memory in self.shapes:
+            if not pod.is_share and pod.gpu_count >= gpus:
+                continue  # a pod of this size itself
+            hosts = (cluster.gpu_full_free >= gpus) & (cluster.cpu_free >= cpu) & (cluster.mem_free >= memory)
+            if int(np.count_nonzero(hosts)) > self.keep:
+                continue
+            now = hosts[idx]
+            if not now.any():
+                continue
+            after = (
+                (cluster.gpu_full_free[idx] - take >= gpus)
+                & (cluster.cpu_free[idx] - pod.cpu_milli >= cpu)
+                & (cluster.mem_free[idx] - pod.memory_mib >= memory)
+            )
+            out += now & ~after
+        return out
+
+
+class ReserveThenAlign(AlignmentScore):
+    """Tie-breaker: first the nodes that keep the last whole-node hosts (``WholeNodeReserve``), then
+    the request/free alignment in bands of ``step`` (within a band the node order decides)."""
+
+    name = "reserve-align"
+
+    def __init__(self, step: float = 0.2, keep: int = 2) -> None:
+        super().__init__(step=step)
+        self.reserve = WholeNodeReserve(keep)
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        super().bind(cluster, workload, rng)
+        self.reserve.bind(cluster, workload)
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        bands = super().score(pod, cluster, idx)
+        return bands - (1.0 + np.max(bands, initial=0.0)) * self.reserve.penalty(pod, cluster, idx)
+
+
+FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
+ALIGN_STEP = 0.2  # fgd-reserve: alignment (cosine) bands
+RESERVE_KEEP = 2  # fgd-reserve: whole-node hosts kept per shape
+
+
+def fgd_reserve() -> Policy:
+    """Our default: FGD in bands, ties to the nodes that keep whole-node hosts, then alignment bands.
+
+    docs/simulator.md explains each part and what it gains on openb.
+    """
+    return Policy(
+        "fgd-reserve",
+        ((FGDScore(step=FGD_STEP), 1.0),),
+        "FGD in bands; ties keep the last hosts of whole-node pods, then CPU/GPU alignment (ours)",
+        tie_break=ReserveThenAlign(ALIGN_STEP, RESERVE_KEEP),
     )
 
 
@@ -434,6 +522,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "spread": _single("spread", SpreadScore, "most CPU and GPU left after placement (least allocated)"),
     "fgd": _single("fgd", FGDScore, "fragmentation gradient descent (Weng et al., ATC'23)"),
     "fgd-align": fgd_align,
+    "fgd-reserve": fgd_reserve,
     "topology": topology_policy,
 }
 
