@@ -219,6 +219,7 @@ def test_registry_has_every_policy() -> None:
         "spread",
         "fgd",
         "fgd-align",
+        "fgd-reserve",
         "topology",
     ]
     with pytest.raises(KeyError, match="unknown policy"):
@@ -276,3 +277,70 @@ def test_scores_are_arrays_over_the_given_nodes() -> None:
             PodRequest("p", cpu_milli=1000, gpu_count=1, gpu_milli=300), cluster, np.array([2, 0])
         )
         assert got.shape == (2,), name
+
+
+def test_fgd_bands_and_alignment_bands() -> None:
+    banded = FGDScore(step=3)
+    assert FGDScore().to_score(0.0) == 50.0 and banded.to_score(0.0) == 16.0  # 50 // 3
+    assert banded.to_score(-60.0) == banded.to_score(0.0)  # 48 and 50: one band
+    assert banded.to_score(-100.0) < banded.to_score(0.0)  # 47: the band below
+    cluster = ClusterState([gpu_node("dense", 8, cpu=96_000), gpu_node("rich", 2, cpu=100_000)])
+    use(cluster, "dense", "d", cpu=48_000, grants=tuple((i, 1000) for i in range(4)), tag="4-gpu")
+    use(cluster, "rich", "r", cpu=10_000, grants=((0, 1000),), tag="1-gpu")
+    pod = PodRequest("cpu-job", cpu_milli=12_000)
+    fine, coarse = scores(AlignmentScore(), pod, cluster), scores(AlignmentScore(step=0.2), pod, cluster)
+    assert fine == [0.707107, 0.874157]
+    assert coarse == [3.0, 4.0]  # floor(cosine / 0.2)
+
+
+def reserve_cluster(idle: int) -> ClusterState:
+    """``idle`` idle 8-GPU nodes plus a used one; the workload has an 8-GPU, 64-CPU shape."""
+    nodes = [gpu_node(f"idle{i}", 8, cpu=96_000) for i in range(idle)] + [gpu_node("used", 8, cpu=96_000)]
+    cluster = ClusterState(nodes)
+    use(cluster, "used", "u", cpu=4000, grants=((0, 1000),), tag="1-gpu")
+    return cluster
+
+
+# the 8-GPU shape is 1 pod in 61: too rare to be one of FGD's typical pods (95% of the pods)
+WHOLE_NODE_WORKLOAD = (
+    [PodRequest("big", cpu_milli=64_000, gpu_count=8)]
+    + [PodRequest(f"one{i}", cpu_milli=4000, gpu_count=1) for i in range(30)]
+    + [PodRequest(f"share{i}", cpu_milli=2000, gpu_count=1, gpu_milli=500) for i in range(20)]
+    + [PodRequest(f"cpu{i}", cpu_milli=8000) for i in range(10)]
+)
+
+
+def test_whole_node_reserve_penalises_breaking_the_last_hosts() -> None:
+    from scheduler.core.policies import WholeNodeReserve
+
+    reserve = WholeNodeReserve(keep=2)
+    many = reserve_cluster(3)
+    reserve.bind(many, WHOLE_NODE_WORKLOAD)
+    assert reserve.shapes == [(8, 64_000, 0)]
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    assert reserve.penalty(one, many, many.all_indices).tolist() == [0, 0, 0, 0]  # 3 hosts > keep
+    few = reserve_cluster(2)
+    reserve.bind(few, WHOLE_NODE_WORKLOAD)
+    assert reserve.penalty(one, few, few.all_indices).tolist() == [1, 1, 0]  # the used node is no host
+    share = PodRequest("share", cpu_milli=2000, gpu_count=1, gpu_milli=500)
+    assert reserve.penalty(share, few, few.all_indices).tolist() == [1, 1, 0]
+    small_cpu = PodRequest("cpu", cpu_milli=8000)  # 96 - 8 >= 64 CPUs: still a host afterwards
+    assert reserve.penalty(small_cpu, few, few.all_indices).tolist() == [0, 0, 0]
+    big_cpu = PodRequest("cpu", cpu_milli=40_000)
+    assert reserve.penalty(big_cpu, few, few.all_indices).tolist() == [1, 1, 0]
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    assert reserve.penalty(big, few, few.all_indices).tolist() == [0, 0, 0]  # what the hosts are for
+
+
+def test_fgd_reserve_keeps_a_whole_node_host_where_fgd_breaks_it() -> None:
+    """Node order puts an idle node first; a 1-GPU pod ties on FGD: fgd takes the idle node, fgd-reserve
+    the used one, so the rare 8-GPU pod still finds a node."""
+    cluster = reserve_cluster(2)
+    cluster.set_tie_order([0, 1, 2])
+    pod = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    chosen = {}
+    for name in ("fgd", "fgd-reserve"):
+        policy = make_policy(name)
+        policy.bind(cluster, WHOLE_NODE_WORKLOAD, RNG)
+        chosen[name] = schedule_one(pod, cluster, policy, RNG).node
+    assert chosen == {"fgd": "idle0", "fgd-reserve": "used"}

@@ -337,4 +337,4 @@ def test_topology_policy_prefers_the_node_with_the_better_connected_set() -> Non
     assert placed.node == "idle"
     assert {g.index for g in placed.allocation.gpus} in ({0, 1, 2, 3}, {4, 5, 6, 7})
     single = schedule_one(PodRequest("one", gpu_count=1), cluster, policy, random.Random(0))
-    assert single.allocation.gpus  # pods of fewer than 2 GPUs: fgd-align decides
+    assert single.allocation.gpus  # pods of fewer than 2 GPUs: fgd-reserve decides

@@ -64,7 +64,7 @@ def sample() -> tuple[list[NodeSpec], list[PodRequest]]:
     return load_nodes(DEFAULT_NODES), load_pods(DEFAULT_PODS)
 
 
-@pytest.mark.parametrize("policy", ["fgd", "bestfit", "random", "fgd-align"])
+@pytest.mark.parametrize("policy", ["fgd", "bestfit", "random", "fgd-align", "fgd-reserve"])
 def test_bound_is_never_below_a_policy(policy: str) -> None:
     """On the built-in openb sample, for two seeds: every policy's allocation at 100% and 130% arrived
     is at most the bound computed from the same arrivals."""

@@ -82,7 +82,7 @@ def test_cpu_can_strand_a_gpu() -> None:
     """One node, 2 GPUs, 4 CPUs; two 1-GPU pods of 3 CPUs: the second one does not fit (50%)."""
     nodes = [NodeSpec("n", 4000, 10_000, 2, "G")]
     pods = [PodRequest(f"p{i}", cpu_milli=3000, gpu_count=1) for i in range(2)]
-    for policy in ("random", "bestfit", "fgd", "fgd-align"):
+    for policy in ("random", "bestfit", "fgd", "fgd-align", "fgd-reserve"):
         result = run_once(nodes, pods, policy, 42, inflation=1.0)
         assert (result.placed, result.allocated_milli) == (1, 1000), policy
         assert result.at(100) == 50.0
@@ -156,7 +156,7 @@ def test_cli_module_is_light_and_agrees_with_the_core() -> None:
 def test_cli_default_json(capsys: pytest.CaptureFixture[str]) -> None:
     assert cli.main(["--seed", "42", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
-    assert doc["policy"] == "fgd-align" and len(doc["runs"]) == 1
+    assert doc["policy"] == "fgd-reserve" and len(doc["runs"]) == 1
     assert 90 < doc["mean_alloc_pct_at_130"] <= 100
 
 
@@ -166,7 +166,7 @@ def test_cli_report_list_and_errors(capsys: pytest.CaptureFixture[str], tmp_path
     assert "policy bestfit" in out and "built-in sample" in out and "mean" in out and "130% arrived" in out
     assert cli.main(["--list-policies"]) == 0
     listed = capsys.readouterr().out
-    assert "fgd-align" in listed and "(default)" in listed and "gpuclustering" in listed
+    assert "fgd-reserve" in listed and "(default)" in listed and "gpuclustering" in listed
     assert cli.main(["--policy", "nope"]) == 2
     assert cli.main(["--nodes", str(DEFAULT_NODES)]) == 2
     assert cli.main(["--nodes", str(tmp_path / "none.csv"), "--pods", str(DEFAULT_PODS)]) == 2

@@ -15,6 +15,10 @@ not its code):
 - Of that partition's sets containing the required GPUs, the first one of the highest link score
   is returned.
 
+Like the original it enumerates every partition (105 for pairs of 8 GPUs, exponential in the GPU
+count), so it is meant for machines of up to about 10 GPUs; results are memoised per (free set, size,
+wishes, required set) on the node's ``LinkMatrix``.
+
 Two things it leaves undefined are settled here and documented as such. go-gpuallocator can return
 a set holding padding when a padded remainder outscores every full set of the best partition (its
 ``Allocator`` then panics); we return the best full set of that partition instead. It takes no

@@ -163,16 +163,24 @@ class FGDScore(ScorePlugin):
     MAX_SHAPES = 256  # request shapes with per-node score arrays (oldest dropped first)
     MAX_MEMO = 500_000  # memoised evaluations (cleared when full)
 
-    def __init__(self, exact: bool = False, coverage: float = 0.95, step: int = 1) -> None:
+    def __init__(
+        self, exact: bool = False, coverage: float = 0.95, step: int = 1, whole_node_typical: bool = True
+    ) -> None:
         self.exact = exact
         self.coverage = coverage
         self.step = step  # > 1: scores in bands of ``step`` points (more placements count as equal)
+        # False: pods asking for as many whole GPUs as the largest node has are left out of the
+        # typical pods (fgd-reserve keeps hosts for them with WholeNodeReserve instead)
+        self.whole_node_typical = whole_node_typical
         self.model = FragModel([])
         self._cache: dict[tuple, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
         self._node_models: list[frozenset[str]] = []
         self._memo: dict[tuple, tuple[float, frozenset[int]]] = {}
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        if not self.whole_node_typical:
+            largest = int(cluster.gpu_count.max()) if len(cluster) else 0
+            workload = [p for p in workload if largest < 2 or p.is_share or p.gpu_count < largest]
         self.model = FragModel(typical_pods(workload, self.coverage))
         self._cache = {}
         self._memo = {}
@@ -423,11 +431,12 @@ RESERVE_KEEP = 2  # fgd-reserve: whole-node hosts kept per shape
 def fgd_reserve() -> Policy:
     """Our default: FGD in bands, ties to the nodes that keep whole-node hosts, then alignment bands.
 
-    docs/simulator.md explains each part and what it gains on openb.
+    Whole-node pods are left out of FGD's typical pods: the reserve keeps hosts for them, so FGD need
+    not hold idle nodes back for them. docs/simulator.md explains each part and what it gains on openb.
     """
     return Policy(
         "fgd-reserve",
-        ((FGDScore(step=FGD_STEP), 1.0),),
+        ((FGDScore(step=FGD_STEP, whole_node_typical=False), 1.0),),
         "FGD in bands; ties keep the last hosts of whole-node pods, then CPU/GPU alignment (ours)",
         tie_break=ReserveThenAlign(ALIGN_STEP, RESERVE_KEEP),
     )
@@ -495,16 +504,18 @@ class TopologyScore(ScorePlugin):
 
 
 def topology_policy() -> Policy:
-    """For the live scheduler: multi-GPU pods to the node where their GPUs connect best, then fgd-align.
+    """For the live scheduler: multi-GPU pods to the node where their GPUs connect best, then
+    ``DEFAULT_POLICY`` (fgd-reserve).
 
-    The topology score (0..200) is weighted 1000 against FGD's 0..100 so the order is lexicographic;
-    for pods of fewer than two whole GPUs it is 0 everywhere and the policy is ``fgd-align``.
+    The topology score (0..200) is weighted 1000 against FGD's bands so the order is lexicographic;
+    for pods of fewer than two whole GPUs it is 0 everywhere and the policy is ``fgd-reserve``.
     """
+    base = fgd_reserve()
     return Policy(
         "topology",
-        ((TopologyScore(), 1000.0), (FGDScore(), 1.0)),
-        "multi-GPU pods where their GPUs connect best, then fgd-align",
-        tie_break=AlignmentScore(),
+        ((TopologyScore(), 1000.0), *base.plugins),
+        "multi-GPU pods where their GPUs connect best, then fgd-reserve",
+        tie_break=base.tie_break,
     )
 
 
@@ -526,7 +537,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "topology": topology_policy,
 }
 
-DEFAULT_POLICY = "fgd-align"
+DEFAULT_POLICY = "fgd-reserve"
 
 
 def policy_names() -> list[str]:

@@ -14,7 +14,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-DEFAULT_POLICY = "fgd-align"  # == scheduler.core.policies.DEFAULT_POLICY (a test checks)
+DEFAULT_POLICY = "fgd-reserve"  # == scheduler.core.policies.DEFAULT_POLICY (a test checks)
 INFLATION = 1.3
 
 
