@@ -527,13 +527,12 @@ class MpsSharing:
             return
         wanted = set(self._wanted())
         for gpu in sorted(wanted):
-            if not supervisor.is_running(gpu):
-                if gpu in supervisor.known():
-                    log_event(log, "mps.daemon_died", logging.WARNING, gpu=gpu)
-                try:
-                    supervisor.ensure(gpu)
-                except DaemonError:
-                    pass  # logged by ensure; tried again next pass
+            if not supervisor.is_running(gpu) and gpu in supervisor.known():
+                log_event(log, "mps.daemon_died", logging.WARNING, gpu=gpu)
+            try:
+                supervisor.ensure(gpu)  # adopts a daemon an earlier agent left, restarts a dead one
+            except DaemonError:
+                pass  # logged by ensure; tried again next pass
         for gpu in sorted(supervisor.known() - wanted):
             supervisor.stop(gpu, keep=lambda gpu=gpu: gpu in set(self._wanted()))
 
