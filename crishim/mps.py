@@ -155,7 +155,7 @@ def _process_alive(pid: int, name: str) -> bool:
     return any(os.path.basename(arg.decode(errors="replace")) == name for arg in argv if arg)
 
 
-def _mps_processes(pipe: Path) -> list[int]:
+def mps_processes(pipe: Path) -> list[int]:
     """Processes of NVIDIA MPS (control daemon, server) serving ``pipe``: found by their environment."""
     wanted = f"{PIPE_ENV}={pipe}".encode()
     found = []
@@ -346,9 +346,7 @@ class MpsSupervisor:
             raise DaemonError(f"GPU {gpu}: cannot start {self.control} -d: {exc}") from exc
         if done.returncode != 0:
             self._undo_compute_mode(gpu)
-            raise DaemonError(
-                f"GPU {gpu}: {self.control} -d exited with {done.returncode}: {_tail(output)}"
-            )
+            raise DaemonError(f"GPU {gpu}: {self.control} -d exited with {done.returncode}: {_tail(output)}")
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
             pid = self.pid(gpu)
@@ -399,7 +397,7 @@ class MpsSupervisor:
 
     def _kill_leftovers(self, dirs: DaemonDirs) -> bool:
         """SIGTERM, then SIGKILL, whatever MPS processes still serve this pipe directory."""
-        pids = _mps_processes(dirs.pipe)
+        pids = mps_processes(dirs.pipe)
         pid = _read_pid(dirs.pid_file)
         if pid is not None and _process_alive(pid, self.name) and pid not in pids:
             pids.append(pid)

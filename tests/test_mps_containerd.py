@@ -62,7 +62,10 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
         log_path=tmp_path / "crishim.log",
         extra_args=[
             *sim_node_args(NODE, "dgx1-v100", str(tmp_path / "sim"), str(keys)),
-            "--mps-control", str(control), "--mps-dir", str(mps_dir),
+            "--mps-control",
+            str(control),
+            "--mps-dir",
+            str(mps_dir),
         ],  # fmt: skip
     ).start()
     client = CriClient(shim.endpoint)
@@ -130,7 +133,7 @@ def test_daemon_stops_with_the_last_share_and_survives_a_shim_restart(node: MpsN
     pid = int(started["pid"])  # type: ignore[call-overload]
 
     node.restart_shim(kill=True)  # SIGKILL: the daemon and its clients keep running, and are adopted
-    wait_for(lambda: (node.shim.log_path.read_text().count("mps.daemon_adopted") >= 1))
+    wait_for(lambda: node.shim.log_path.read_text().count("mps.daemon_adopted") >= 1)
     assert os_pid_alive(pid) and len(events(node.control, "started")) == 1
 
     for sandbox in (first, second):

@@ -57,7 +57,10 @@ def test_sample_reads_utilisation_and_memory() -> None:
     total = fixture("pcie-4gpu")["gpus"][2]["memoryMiB"]
     assert samples[fake.uuids[2]] == GpuSample(27, 3, 102, total)
     assert samples[fake.uuids[0]].public() == {
-        "gpuPercent": 7, "memoryPercent": 1, "memoryUsedMiB": 100, "memoryTotalMiB": 23034,
+        "gpuPercent": 7,
+        "memoryPercent": 1,
+        "memoryUsedMiB": 100,
+        "memoryTotalMiB": 23034,
     }
     assert fake.refs == 0  # every NVML session was closed
 

@@ -349,12 +349,12 @@ def test_watchdog_follows_the_wanted_gpus_and_restarts_dead_daemons(
     try:
         wanted.add(GPU_A)
         sharing.poke()
-        wait_for(lambda: supervisor.is_running(GPU_A))
+        wait_for(lambda: supervisor.starts[GPU_A] == 1)
         pid = supervisor.pid(GPU_A)
         assert pid is not None
         os.kill(pid, signal.SIGKILL)  # the daemon dies: the watchdog starts a new one
-        wait_for(lambda: supervisor.is_running(GPU_A) and supervisor.pid(GPU_A) != pid)
-        assert supervisor.starts[GPU_A] == 2
+        wait_for(lambda: supervisor.starts[GPU_A] == 2)
+        assert supervisor.is_running(GPU_A) and supervisor.pid(GPU_A) != pid
         wanted.clear()  # the last share left
         sharing.poke()
         wait_for(lambda: not supervisor.is_running(GPU_A) and GPU_A not in supervisor.known())
@@ -410,4 +410,3 @@ def test_supervisor_environment_drops_inherited_mps_settings(
     dirs = supervisor.ensure(GPU_A)
     (started,) = events(control, "started")
     assert started["pipe"] == str(dirs.pipe) and started["visible"] == GPU_A
-

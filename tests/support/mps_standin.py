@@ -8,7 +8,9 @@ It behaves like the real control program where the node agent depends on it:
   in its ``/dev/shm`` (so a test can see which /dev/shm it had), then serves commands until
   ``quit`` (or SIGTERM), removing its pid file, FIFO and marker on the way out;
 - no argument: the control client. It sends its stdin's commands to the daemon of
-  ``$CUDA_MPS_PIPE_DIRECTORY`` and exits 1 with a message when no daemon serves that directory.
+  ``$CUDA_MPS_PIPE_DIRECTORY`` and exits 1 with a message when no daemon serves that directory;
+  ``get_server_list`` prints the servers listed in ``standin-servers`` there (the fake PyTorch of
+  tests/support/fake_gpu.py writes them when it reaches the daemon).
 
 Every start, command and exit is appended as one JSON line to ``<script>.record``. Environment
 knobs for failure tests: ``STANDIN_FAIL=start`` (``-d`` fails with a message), ``STANDIN_FAIL=nopid``
@@ -24,7 +26,7 @@ from pathlib import Path
 
 NAME = "nvidia-cuda-mps-control"
 
-SCRIPT = r'''
+SCRIPT = r"""
 import errno, json, os, signal, sys, time
 
 RECORD = __file__ + ".record"
@@ -112,10 +114,16 @@ def main():
     with os.fdopen(fd, "w") as f:
         for command in commands:
             f.write(command + "\n")
+    if "get_server_list" in commands:  # servers the fake torch says it reached (tests/support/fake_gpu.py)
+        try:
+            with open(os.path.join(PIPE, "standin-servers")) as f:
+                sys.stdout.write("".join(sorted(set(f))))
+        except OSError:
+            pass
 
 
 main()
-'''
+"""
 
 
 def write_standin(directory: Path) -> Path:
@@ -145,4 +153,3 @@ def os_pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
-
