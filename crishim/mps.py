@@ -229,7 +229,7 @@ class MpsSupervisor:
             return self._gpu_locks.setdefault(gpu, threading.Lock())
 
     def pid(self, gpu: str) -> int | None:
-        """The PID of the GPU's live control daemon, or None."""
+        """The PID of the GPU's live control daemon (from the pid file it writes), or None."""
         pid = _read_pid(self.dirs(gpu).pid_file)
         return pid if pid is not None and _process_alive(pid, self.name) else None
 

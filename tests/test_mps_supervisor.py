@@ -221,6 +221,16 @@ def test_failure_is_forgotten_after_retry_after(
     assert supervisor.failing(GPU_A) == ""
 
 
+def test_a_daemon_that_vanishes_is_a_failed_start(
+    supervisors: list[MpsSupervisor], control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_FAIL", "vanish")
+    supervisor = make(supervisors, control, tmp_path / "mps", start_timeout=1.0)
+    with pytest.raises(DaemonError, match="left no live daemon"):
+        supervisor.ensure(GPU_A)
+    assert supervisor.failing(GPU_A)
+
+
 def test_a_daemon_without_pid_file_is_a_failed_start_and_is_cleaned_up(
     supervisors: list[MpsSupervisor], control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -229,7 +239,7 @@ def test_a_daemon_without_pid_file_is_a_failed_start_and_is_cleaned_up(
     with pytest.raises(DaemonError, match="left no live daemon"):
         supervisor.ensure(GPU_A)
     (started,) = events(control, "started")
-    wait_for(lambda: not os_pid_alive(int(started["pid"])))  # type: ignore[arg-type]
+    wait_for(lambda: not os_pid_alive(int(started["pid"])))  # type: ignore[call-overload]
 
 
 def test_missing_control_binary_fails_the_start(supervisors: list[MpsSupervisor], tmp_path: Path) -> None:

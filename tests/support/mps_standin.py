@@ -13,8 +13,9 @@ It behaves like the real control program where the node agent depends on it:
   tests/support/fake_gpu.py writes them when it reaches the daemon).
 
 Every start, command and exit is appended as one JSON line to ``<script>.record``. Environment
-knobs for failure tests: ``STANDIN_FAIL=start`` (``-d`` fails with a message), ``STANDIN_FAIL=nopid``
-(the daemon never writes its pid file), ``STANDIN_IGNORE_QUIT=1`` (the daemon ignores ``quit``).
+knobs for failure tests: ``STANDIN_FAIL=start`` (``-d`` fails with a message), ``STANDIN_FAIL=vanish``
+(``-d`` succeeds but no daemon stays), ``STANDIN_FAIL=nopid`` (the daemon runs but writes no pid
+file and serves no commands), ``STANDIN_IGNORE_QUIT=1`` (the daemon ignores ``quit``).
 """
 
 from __future__ import annotations
@@ -62,11 +63,11 @@ def daemon():
         f.write(PIPE + "\n")
     with open(os.path.join(LOG, "control.log"), "a") as f:
         f.write("standin control daemon %d serving %s\n" % (os.getpid(), PIPE))
+    record("started")  # before the pid file: once that is there, the daemon counts as started
     if os.environ.get("STANDIN_FAIL") != "nopid":
         with open(PID_FILE + ".tmp", "w") as f:
             f.write("%d\n" % os.getpid())
         os.rename(PID_FILE + ".tmp", PID_FILE)
-    record("started")
     if os.environ.get("STANDIN_FAIL") == "nopid":
         time.sleep(60)
         leave()
@@ -93,6 +94,8 @@ def main():
             os._exit(0)
         os.setsid()
         if os.fork():
+            os._exit(0)
+        if os.environ.get("STANDIN_FAIL") == "vanish":
             os._exit(0)
         null = os.open(os.devnull, os.O_RDWR)
         for fd in (0, 1, 2):
