@@ -7,10 +7,11 @@ client of that GPU's own control daemon (docs/gpu-sharing.md is the contract):
   its pipe, log and shared-memory directories under ``<mps dir>/<GPU id>/``, in a private mount
   namespace whose ``/dev/shm`` is that shm directory (the MPS server and its clients must share
   ``/dev/shm``, and a container has its own);
-- the container gets the pipe directory at ``/run/nvidia-mps``, the log directory read-only at
-  ``/run/nvidia-mps-log``, the shm directory at ``/dev/shm``, and ``CUDA_MPS_PIPE_DIRECTORY``,
-  ``CUDA_MPS_LOG_DIRECTORY``, ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (milli / 10, rounded up) and,
-  when the share's memory is known, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<memory MiB>M``.
+- the container gets the pipe directory and, read-only, the log directory at the same paths as
+  on the host (daemon, server and clients then name every pipe and socket alike), the shm
+  directory at ``/dev/shm``, and ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``,
+  ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (milli / 10, rounded up) and, when the share's memory is
+  known, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<memory MiB>M``.
 
 ``MpsSupervisor`` starts a GPU's daemon on first use (``ensure``), knows whether it still lives
 (the ``nvidia-cuda-mps-control.pid`` file the daemon writes in its pipe directory), stops it
@@ -48,10 +49,7 @@ CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon in its pipe directory
 DEFAULT_MPS_DIR = "/run/kubegpu/mps"
 START_LOG = "kubegpu-start.log"  # the control's own output when started, in the log directory
-# Where a client container finds its daemon.
-CLIENT_PIPE_DIR = "/run/nvidia-mps"
-CLIENT_LOG_DIR = "/run/nvidia-mps-log"
-CLIENT_SHM_DIR = "/dev/shm"
+CLIENT_SHM_DIR = "/dev/shm"  # where a client container gets its daemon's shared memory
 PIPE_ENV = "CUDA_MPS_PIPE_DIRECTORY"
 LOG_ENV = "CUDA_MPS_LOG_DIRECTORY"
 THREADS_ENV = "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"
@@ -123,8 +121,8 @@ def share_memory_mib(share: GpuShare, device: Device) -> int:
 def client_edits(dirs: DaemonDirs, milli: int, memory_mib: int) -> ContainerEdits:
     """What makes a container an MPS client of ``dirs``' daemon with a share's limits."""
     env = {
-        PIPE_ENV: CLIENT_PIPE_DIR,
-        LOG_ENV: CLIENT_LOG_DIR,
+        PIPE_ENV: str(dirs.pipe),
+        LOG_ENV: str(dirs.log),
         THREADS_ENV: str(active_thread_percentage(milli)),
     }
     if memory_mib > 0:
@@ -132,8 +130,8 @@ def client_edits(dirs: DaemonDirs, milli: int, memory_mib: int) -> ContainerEdit
     return ContainerEdits(
         env=env,
         mounts=(
-            Mount(str(dirs.pipe), CLIENT_PIPE_DIR, readonly=False),
-            Mount(str(dirs.log), CLIENT_LOG_DIR, readonly=True),
+            Mount(str(dirs.pipe), str(dirs.pipe), readonly=False),
+            Mount(str(dirs.log), str(dirs.log), readonly=True),
             Mount(str(dirs.shm), CLIENT_SHM_DIR, readonly=False),
         ),
     )

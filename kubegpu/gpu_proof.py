@@ -614,7 +614,7 @@ def step_mps(proof: Proof, step: Step) -> None:
 
 def mps_attempt(proof: Proof, control: str, root: Path, gpu: str, contained: bool) -> dict[str, Any]:
     """Start the daemon, run the three clients, stop the daemon; the outcome and what was seen."""
-    from crishim.mps import LOG_ENV, PIPE_ENV, DaemonError, MpsSupervisor, client_edits, mps_processes
+    from crishim.mps import DaemonError, MpsSupervisor, client_edits, mps_processes
 
     how = (
         "container-like clients (private mount namespace, daemon with private /dev/shm)"
@@ -664,9 +664,6 @@ def mps_attempt(proof: Proof, control: str, root: Path, gpu: str, contained: boo
                 if not k.startswith("CUDA_MPS_") and k != "CUDA_VISIBLE_DEVICES"
             }
             client_env.update(env)
-            if not contained:  # a host process reaches the daemon by its host paths
-                client_env[PIPE_ENV] = str(dirs.pipe)
-                client_env[LOG_ENV] = str(dirs.log)
             argv = [
                 proof.python,
                 "-m",

@@ -31,10 +31,10 @@ pytestmark = pytest.mark.containerd
 
 PROBE = (
     "env; echo ---; ls -l /dev/kubegpu-sim 2>&1; echo ===; "
-    "echo pid=$(cat /run/nvidia-mps/nvidia-cuda-mps-control.pid 2>/dev/null); "
+    "echo pid=$(cat $CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid 2>/dev/null); "
     "echo shm=$(ls /dev/shm | tr '\\n' ' '); "
-    "echo logs=$(ls /run/nvidia-mps-log 2>/dev/null | tr '\\n' ' '); "
-    "(touch /run/nvidia-mps-log/x 2>/dev/null && echo log=writable) || echo log=readonly; "
+    "echo logs=$(ls $CUDA_MPS_LOG_DIRECTORY 2>/dev/null | tr '\\n' ' '); "
+    "(touch $CUDA_MPS_LOG_DIRECTORY/x 2>/dev/null && echo log=writable) || echo log=readonly; "
     "echo END; exec sleep 100000"
 )
 
@@ -100,8 +100,8 @@ def test_share_container_is_an_mps_client_of_its_gpus_daemon(node: MpsNode) -> N
     sandbox, output = share_pod(node, "mps-share", 1, 250, 4096)
     env, devices = visible(output.split("===", 1)[0])
     assert devices == ["gpu1"]
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
-    assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/nvidia-mps-log"
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(node.mps_dir / gpu(1) / "pipe")
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(node.mps_dir / gpu(1) / "log")
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     (started,) = events(node.control, "started")

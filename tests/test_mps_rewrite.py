@@ -81,16 +81,16 @@ def test_share_container_is_an_mps_client(node: tuple[AllocationRewriter, MpsSup
     req = request({"app": ContainerAllocation((gpu(1),), {gpu(1): Share(250, 4096)})}, "app")
     create(rewriter, req, "c1")
     env = {kv.key: kv.value.decode() for kv in req.config.envs}
-    assert env["CUDA_MPS_PIPE_DIRECTORY"] == "/run/nvidia-mps"
-    assert env["CUDA_MPS_LOG_DIRECTORY"] == "/run/nvidia-mps-log"
+    dirs = supervisor.dirs(gpu(1))
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(dirs.pipe)
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(dirs.log)
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
     assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
     assert env["KUBEGPU_GPU_SHARES"] == f"{gpu(1)}:250:4096"
-    dirs = supervisor.dirs(gpu(1))
     mounts = {m.container_path: (m.host_path, m.readonly) for m in req.config.mounts}
     assert mounts == {
-        "/run/nvidia-mps": (str(dirs.pipe), False),
-        "/run/nvidia-mps-log": (str(dirs.log), True),
+        str(dirs.pipe): (str(dirs.pipe), False),
+        str(dirs.log): (str(dirs.log), True),
         "/dev/shm": (str(dirs.shm), False),
     }
     (started,) = events(control, "started")

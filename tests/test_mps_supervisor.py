@@ -17,8 +17,6 @@ from pathlib import Path
 import pytest
 
 from crishim.mps import (
-    CLIENT_LOG_DIR,
-    CLIENT_PIPE_DIR,
     DaemonDirs,
     DaemonError,
     MpsSharing,
@@ -84,14 +82,14 @@ def test_client_edits_env_and_mounts(tmp_path: Path) -> None:
     dirs = DaemonDirs(tmp_path / GPU_A)
     edits = client_edits(dirs, 250, 4096)
     assert dict(edits.env) == {
-        "CUDA_MPS_PIPE_DIRECTORY": CLIENT_PIPE_DIR,
-        "CUDA_MPS_LOG_DIRECTORY": CLIENT_LOG_DIR,
+        "CUDA_MPS_PIPE_DIRECTORY": str(dirs.pipe),
+        "CUDA_MPS_LOG_DIRECTORY": str(dirs.log),
         "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE": "25",
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
     }
     assert edits.mounts == (
-        Mount(str(dirs.pipe), "/run/nvidia-mps", readonly=False),
-        Mount(str(dirs.log), "/run/nvidia-mps-log", readonly=True),
+        Mount(str(dirs.pipe), str(dirs.pipe), readonly=False),  # the same paths as the daemon's
+        Mount(str(dirs.log), str(dirs.log), readonly=True),
         Mount(str(dirs.shm), "/dev/shm", readonly=False),
     )
     assert not edits.device_nodes and not edits.cdi_devices
