@@ -243,6 +243,11 @@ class MpsSupervisor:
             pass
         return found
 
+    def failed_within(self, gpu: str, seconds: float) -> bool:
+        """The GPU's daemon failed to start less than ``seconds`` ago."""
+        failure = self.failures.get(gpu)
+        return failure is not None and time.monotonic() - failure[0] < seconds
+
     def failing(self, gpu: str) -> str:
         """Why the GPU's daemon last failed to start, if that was less than ``retry_after`` ago."""
         failure = self.failures.get(gpu)
@@ -446,12 +451,20 @@ def _tail(path: Path, limit: int = 300) -> str:
 class MpsSharing:
     """How this node enforces GPU shares: with ``supervisor``, through MPS; without, advisory only
     (``reason`` says why). ``start(wanted)`` runs the watchdog: every ``interval`` seconds, or when
-    poked, the GPUs in ``wanted()`` (those with shares) get a running daemon and the others none."""
+    poked, the GPUs in ``wanted()`` (those with shares) get a running daemon and the others none;
+    after a failed start of a GPU's daemon it waits ``retry_seconds`` before trying that GPU again."""
 
-    def __init__(self, supervisor: MpsSupervisor | None, reason: str = "", interval: float = 5.0) -> None:
+    def __init__(
+        self,
+        supervisor: MpsSupervisor | None,
+        reason: str = "",
+        interval: float = 5.0,
+        retry_seconds: float = 30.0,
+    ) -> None:
         self.supervisor = supervisor
         self.reason = reason
         self.interval = interval
+        self.retry_seconds = retry_seconds  # the watchdog's pause after a failed start of a GPU's daemon
         self._wanted: Callable[[], Collection[str]] = frozenset
         self._wake = threading.Event()
         self._closing = threading.Event()
@@ -523,6 +536,8 @@ class MpsSharing:
             return
         wanted = set(self._wanted())
         for gpu in sorted(wanted):
+            if supervisor.failed_within(gpu, self.retry_seconds):
+                continue  # a start failed moments ago: do not hammer it (a create still tries)
             if not supervisor.is_running(gpu) and gpu in supervisor.known():
                 log_event(log, "mps.daemon_died", logging.WARNING, gpu=gpu)
             try:

@@ -418,3 +418,31 @@ def test_supervisor_environment_drops_inherited_mps_settings(
     dirs = supervisor.ensure(GPU_A)
     (started,) = events(control, "started")
     assert started["pipe"] == str(dirs.pipe) and started["visible"] == GPU_A
+
+
+def test_watchdog_pauses_after_a_failed_start_but_a_create_still_tries(
+    supervisors: list[MpsSupervisor], control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("STANDIN_FAIL", "start")
+    supervisor = make(supervisors, control, tmp_path / "mps")
+    attempts: list[str] = []
+    real_start = supervisor._start
+
+    def counted(gpu_id: str, dirs: DaemonDirs) -> int:
+        attempts.append(gpu_id)
+        return real_start(gpu_id, dirs)
+
+    monkeypatch.setattr(supervisor, "_start", counted)
+    sharing = MpsSharing(supervisor, interval=0.05, retry_seconds=60.0)
+    sharing.start(lambda: {GPU_A})
+    try:
+        wait_for(lambda: len(attempts) == 1)
+        for _ in range(5):
+            sharing.poke()
+            threading.Event().wait(0.1)
+        assert attempts == [GPU_A]  # no retry within retry_seconds
+        with pytest.raises(DaemonError):
+            asyncio.run(sharing.container_edits([gpu(GPU_A)], {GPU_A: Share(500)}))
+        assert attempts == [GPU_A, GPU_A]  # kubelet's retry of a create does try again
+    finally:
+        sharing.close()
