@@ -614,7 +614,7 @@ def step_mps(proof: Proof, step: Step) -> None:
 
 def mps_attempt(proof: Proof, control: str, root: Path, gpu: str, contained: bool) -> dict[str, Any]:
     """Start the daemon, run the three clients, stop the daemon; the outcome and what was seen."""
-    from crishim.mps import DaemonError, MpsSupervisor, client_edits, mps_processes
+    from crishim.mps import MEMORY_ENV, DaemonError, MpsSupervisor, client_edits, mps_processes
 
     how = (
         "container-like clients (private mount namespace, daemon with private /dev/shm)"
@@ -653,8 +653,13 @@ def mps_attempt(proof: Proof, control: str, root: Path, gpu: str, contained: boo
             ("limited-2GiB", limited, dict(limited.env), 2.0, 0.0),
             ("unlimited-8GiB", limited, unlimited_env, 8.0, 8.0),
         ]
+        # Should the documented "<index>=<N>M" form not limit, "<index>=<N>G" tells a format problem
+        # from an MPS one (run only then).
+        cases.append(("limited-8GiB-as-4G", limited, {**limited.env, MEMORY_ENV: "0=4G"}, 8.0, 0.0))
         hung = False
         for name, edits, env, gib, hold in cases:
+            if name == "limited-8GiB-as-4G" and runs.get("limited-8GiB", {}).get("outcome") != "ok":
+                continue
             if proof.left(reserve=proof.args.reserve) < 40 or hung:
                 runs[name] = {"outcome": "skipped: " + ("an earlier client hung" if hung else "out of time")}
                 continue
@@ -738,12 +743,16 @@ def mps_attempt(proof: Proof, control: str, root: Path, gpu: str, contained: boo
     clean = stopped["daemon_gone"] and not stopped["mps_processes_left"] and stopped["dirs_removed"]
     enforced = outcomes == {"limited-8GiB": "oom", "limited-2GiB": "ok", "unlimited-8GiB": "ok"}
     attempt["verdict"] = PASS if enforced and (server_seen or logged_clients) and clean else FAIL
+    sms = {n: runs.get(n, {}).get("multiprocessors") for n in ("limited-2GiB", "unlimited-8GiB")}
     attempt["summary"] = (
         f"{how}: 4 GiB-limited client allocating 8 GiB -> {outcomes['limited-8GiB']}, 2 GiB -> "
         f"{outcomes['limited-2GiB']}; unlimited client 8 GiB -> {outcomes['unlimited-8GiB']}; "
+        f"multiprocessors seen at 50% / unlimited: {sms['limited-2GiB']} / {sms['unlimited-8GiB']}; "
         f"MPS server seen: {server_seen}, clients in MPS logs: {logged_clients}; "
         f"daemon stopped cleanly: {clean}"
     )
+    if "limited-8GiB-as-4G" in runs:
+        attempt["summary"] += f"; with 0=4G: {runs['limited-8GiB-as-4G'].get('outcome')}"
     return attempt
 
 
