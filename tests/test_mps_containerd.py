@@ -62,11 +62,9 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
         log_path=tmp_path / "crishim.log",
         extra_args=[
             *sim_node_args(NODE, "dgx1-v100", str(tmp_path / "sim"), str(keys)),
-            "--mps-control",
-            str(control),
-            "--mps-dir",
-            str(mps_dir),
-        ],  # fmt: skip
+            *("--mps-control", str(control), "--mps-dir", str(mps_dir)),
+        ],
+        env={"STANDIN_SHM_MARKER": "1"},  # the daemons' /dev/shm is private here
     ).start()
     client = CriClient(shim.endpoint)
     before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}

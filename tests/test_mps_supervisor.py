@@ -285,10 +285,11 @@ def test_a_new_supervisor_adopts_running_daemons(
 
 
 def test_private_shm_gives_the_daemon_its_own_dev_shm(
-    supervisors: list[MpsSupervisor], control: Path, tmp_path: Path
+    supervisors: list[MpsSupervisor], control: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     if os.geteuid() != 0:
         missing_component("a private /dev/shm mount needs root")
+    monkeypatch.setenv("STANDIN_SHM_MARKER", "1")
     supervisor = make(supervisors, control, tmp_path / "mps", private_shm=True)
     dirs = supervisor.ensure(GPU_A)
     (started,) = events(control, "started")

@@ -4,8 +4,9 @@ It behaves like the real control program where the node agent depends on it:
 
 - ``-d``: forks into the background (setsid, second fork, stdio on /dev/null) and returns 0 at
   once; the daemon writes ``nvidia-cuda-mps-control.pid`` in ``$CUDA_MPS_PIPE_DIRECTORY``, creates
-  its command FIFO there, writes ``control.log`` in ``$CUDA_MPS_LOG_DIRECTORY`` and a marker file
-  in its ``/dev/shm`` (so a test can see which /dev/shm it had), then serves commands until
+  its command FIFO there, writes ``control.log`` in ``$CUDA_MPS_LOG_DIRECTORY`` and, with
+  ``STANDIN_SHM_MARKER=1``, a marker file in its ``/dev/shm`` (so a test can see which /dev/shm it
+  had; only where that is a private one: a killed daemon leaves it behind), then serves commands until
   ``quit`` (or SIGTERM), removing its pid file, FIFO and marker on the way out;
 - no argument: the control client. It sends its stdin's commands to the daemon of
   ``$CUDA_MPS_PIPE_DIRECTORY`` and exits 1 with a message when no daemon serves that directory;
@@ -59,8 +60,9 @@ def daemon():
 
     signal.signal(signal.SIGTERM, leave)
     os.mkfifo(FIFO)
-    with open(marker, "w") as f:
-        f.write(PIPE + "\n")
+    if os.environ.get("STANDIN_SHM_MARKER") == "1":
+        with open(marker, "w") as f:
+            f.write(PIPE + "\n")
     with open(os.path.join(LOG, "control.log"), "a") as f:
         f.write("standin control daemon %d serving %s\n" % (os.getpid(), PIPE))
     record("started")  # before the pid file: once that is there, the daemon counts as started
