@@ -246,6 +246,10 @@ def read_numa_from_sysfs(sysfs_root: str, pci: str) -> int:
         return -1
 
 
+NUMA_NODE_SET_WORDS = 16  # 1024 NUMA nodes
+AFFINITY_SCOPE_NODE = 0  # NVML_AFFINITY_SCOPE_NODE
+
+
 # --- the plugin -------------------------------------------------------------------------------
 
 
@@ -306,10 +310,30 @@ class NvidiaPlugin:
     # discovery
 
     def _numa(self, nvml: Any, handle: Any, pci: str) -> int:
+        """The GPU's NUMA node: NVML's, else the kernel's (sysfs), else NVML's memory affinity.
+
+        On PCIe GPUs NVML has no NUMA id (NOT_SUPPORTED) and virtual machines often report -1 in
+        sysfs; the memory affinity then names the one node nvidia-smi shows as "NUMA Affinity"
+        (seen on an H200 VM: NVML N/A, sysfs -1, affinity node 0).
+        """
         try:
             return int(nvml.nvmlDeviceGetNumaNodeId(handle))
         except (AttributeError, nvml.NVMLError):
-            return read_numa_from_sysfs(self.sysfs_root, pci)
+            pass
+        numa = read_numa_from_sysfs(self.sysfs_root, pci)
+        if numa >= 0:
+            return numa
+        return self._numa_from_memory_affinity(nvml, handle)
+
+    @staticmethod
+    def _numa_from_memory_affinity(nvml: Any, handle: Any) -> int:
+        """The single NUMA node in NVML's node-scope memory affinity; -1 when none or several."""
+        try:
+            words = list(nvml.nvmlDeviceGetMemoryAffinity(handle, NUMA_NODE_SET_WORDS, AFFINITY_SCOPE_NODE))
+        except (AttributeError, nvml.NVMLError):
+            return -1
+        nodes = [64 * w + bit for w, word in enumerate(words) for bit in range(64) if int(word) >> bit & 1]
+        return nodes[0] if len(nodes) == 1 else -1
 
     def _cpu_affinity(self, nvml: Any, handle: Any) -> str:
         try:

@@ -45,6 +45,7 @@ from devices.affinity import normalize_pci_address
 
 PASS, FAIL, SKIP, ERROR = "PASS", "FAIL", "SKIP", "ERROR"
 GIB = 1024**3
+ANSI_ESCAPE = re.compile(r"\x1b\[[0-9;]*m")
 MPS_SEARCH = ("/usr/local/nvidia/bin", "/usr/bin", "/usr/local/cuda/bin", "/usr/sbin")
 
 
@@ -93,6 +94,7 @@ def parse_smi_q(text: str) -> dict[str, Any]:
 def parse_topo_m(text: str) -> dict[str, dict[str, str]]:
     """``nvidia-smi topo -m`` as ``{"GPU0": {"GPU1": "NV18", "CPU Affinity": "0-15", ...}}``
     (GPU rows only; cells split on tabs, padding dropped)."""
+    text = ANSI_ESCAPE.sub("", text)  # nvidia-smi underlines the header row on a terminal or not
     lines = [line for line in text.splitlines() if line.strip()]
     header: list[str] = []
     rows: dict[str, dict[str, str]] = {}

@@ -108,6 +108,16 @@ def test_parse_topo_m_rows() -> None:
     assert two["GPU1"]["CPU Affinity"] == "48-95,144-191" and two["GPU1"]["NUMA Affinity"] == "1"
 
 
+def test_parse_topo_m_strips_terminal_escapes() -> None:
+    """nvidia-smi 580 on a real H200 underlined the header with ANSI escapes (the first proof run
+    parsed no rows because of them)."""
+    real = (
+        "\t\x1b[4mGPU0\tCPU Affinity\tNUMA Affinity\tGPU NUMA ID\x1b[0m\n"
+        "GPU0\t X \t0-15\t0\t\tN/A\n\nLegend:\n\n  X    = Self\n"
+    )
+    assert parse_topo_m(real) == parse_topo_m(TOPO_ONE)
+
+
 def inventory_doc(**changes: Any) -> dict[str, Any]:
     device = {
         "id": "GPU-5f1e6a0c-7b1d-4a8e-9c0f-2d3e4f5a6b7c", "kind": "gpu", "index": 0,
