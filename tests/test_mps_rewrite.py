@@ -89,7 +89,7 @@ def test_share_container_is_an_mps_client(node: tuple[AllocationRewriter, MpsSup
     assert env["KUBEGPU_GPU_SHARES"] == f"{gpu(1)}:250:4096"
     mounts = {m.container_path: (m.host_path, m.readonly) for m in req.config.mounts}
     assert mounts == {
-        str(dirs.pipe): (str(dirs.pipe), False),
+        str(dirs.pipe): (str(dirs.pipe), True),
         str(dirs.log): (str(dirs.log), True),
         "/dev/shm": (str(dirs.shm), False),
     }
@@ -170,3 +170,17 @@ def test_failed_create_releases_and_the_daemon_goes(
 
     asyncio.run(run())
     wait_for(lambda: gpu(2) not in supervisor.known())
+
+
+def test_user_mounts_at_or_inside_the_clients_mounts_are_dropped(
+    node: tuple[AllocationRewriter, MpsSupervisor, Path],
+) -> None:
+    rewriter, supervisor, _ = node
+    req = request({"app": ContainerAllocation((gpu(0),), {gpu(0): Share(250, 2048)})}, "app")
+    dirs = supervisor.dirs(gpu(0))
+    spelled = ["/dev/shm/cache", "//dev/shm", "/dev/./shm/../shm/x/", f"{dirs.pipe}/sub", f"{dirs.log}//y"]
+    for path in [*spelled, "/dev/shmem", "/data"]:
+        req.config.mounts.add(host_path="/var/lib/kubelet/pods/x/volumes/v", container_path=path)
+    create(rewriter, req, "c1")
+    paths = sorted(m.container_path for m in req.config.mounts)
+    assert paths == sorted(["/data", "/dev/shmem", str(dirs.pipe), str(dirs.log), "/dev/shm"])
