@@ -576,14 +576,31 @@ class MpsSharing:
         self, devices: Sequence[Device], shares: Mapping[str, GpuShare]
     ) -> ContainerEdits:
         """The MPS client edits for a container's devices (starting the GPU's daemon if needed).
-        Raises ``ShareRefused`` (cannot be enforced as allocated) or ``DaemonError`` (try again)."""
+        A GPU the container gets whole first loses any daemon still running for it (the watchdog
+        stops it only on its next pass; until then the GPU is in EXCLUSIVE_PROCESS mode beside an
+        MPS server, busy for anyone else). Raises ``ShareRefused`` (cannot be enforced as
+        allocated) or ``DaemonError`` (try again)."""
         found = self.share_to_enforce(devices, shares)
+        supervisor = self.supervisor
+        if supervisor is None:
+            return ContainerEdits()
+        loop = asyncio.get_running_loop()
+        whole = [
+            d.id
+            for d in devices
+            if d.kind is DeviceKind.GPU and (d.id not in shares or int(shares[d.id].milli) >= WHOLE)
+        ]
+        for gpu in set(whole) & supervisor.known():
+            await loop.run_in_executor(None, self._stop_unless_shared, gpu)
         if found is None:
             return ContainerEdits()
-        assert self.supervisor is not None
         device, share = found
-        dirs = await asyncio.get_running_loop().run_in_executor(None, self.supervisor.ensure, device.id)
+        dirs = await loop.run_in_executor(None, supervisor.ensure, device.id)
         return client_edits(dirs, int(share.milli), share_memory_mib(share, device))
+
+    def _stop_unless_shared(self, gpu: str) -> None:
+        assert self.supervisor is not None
+        self.supervisor.stop(gpu, keep=lambda: gpu in set(self._wanted()))
 
     # -- watchdog -------------------------------------------------------------------------------
 
