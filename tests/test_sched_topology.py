@@ -338,3 +338,19 @@ def test_topology_policy_prefers_the_node_with_the_better_connected_set() -> Non
     assert {g.index for g in placed.allocation.gpus} in ({0, 1, 2, 3}, {4, 5, 6, 7})
     single = schedule_one(PodRequest("one", gpu_count=1), cluster, policy, random.Random(0))
     assert single.allocation.gpus  # pods of fewer than 2 GPUs: fgd-reserve decides
+
+
+def test_topology_score_never_exceeds_its_scale() -> None:
+    """The reference is the best-connected set of the idle machine, not the look-ahead's choice (which
+    on an idle DGX-1 takes a 230 pair while a 250 pair exists): no node scores above 100 + wishes."""
+    from scheduler.core.policies import TopologyScore
+
+    nodes = [dgx1_node(f"d{i}") for i in range(3)]
+    cluster = ClusterState(nodes)
+    cluster.assume(Allocation("d1", "a", gpus=(GpuGrant(0, "d1-gpu0"), GpuGrant(1, "d1-gpu1"))))
+    cluster.assume(Allocation("d2", "b", gpus=tuple(GpuGrant(i, f"d2-gpu{i}") for i in (0, 1, 4, 5))))
+    plugin = TopologyScore()
+    plugin.bind(cluster, [], random.Random(0))
+    got = plugin.score(PodRequest("p", gpu_count=2), cluster, cluster.all_indices).tolist()
+    # idle: (0,3) = 230 of 250; d1 ({2..7} free): (2,3) = 250; d2 ({2,3,6,7} free): (2,3) = 250
+    assert got == [92.0, 100.0, 100.0]

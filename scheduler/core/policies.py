@@ -20,7 +20,7 @@ from scheduler.core.frag import FragModel, after_share, after_whole, typical_pod
 from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.scoring import Policy, ScorePlugin
 from scheduler.core.state import ClusterState
-from scheduler.core.topology import LinkMatrix, best_gpu_set
+from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set
 
 MAX_NODE_SCORE = 100
 
@@ -491,10 +491,11 @@ class TopologyScore(ScorePlugin):
         )
 
     def _ideal_score(self, links: LinkMatrix, k: int) -> int:
-        """Link score of the best k GPUs of the idle machine (the reference is kept, so ids stay unique)."""
+        """Link score of the best-connected k GPUs of the idle machine (the myopic optimum: the look-ahead
+        may give a pod less for the sake of the GPUs left; the reference is kept, so ids stay unique)."""
         _, by_k = self._ideal.setdefault(id(links), (links, {}))
         if k not in by_k:
-            best = best_gpu_set(links, range(links.n), k)
+            best = greedy_gpu_set(links, range(links.n), k)
             by_k[k] = links.set_score(best) if best else 0
         return by_k[k]
 
