@@ -4,7 +4,8 @@
   node selector, tolerations);
 - ``state``: ``NodeState`` / ``ClusterState`` (with vectorised per-node arrays) and ``Allocation``;
 - ``filters``: filter plugins with failure reasons and the "0/N nodes are available" message;
-- ``topology``: topology-aware choice of whole GPUs (go-gpuallocator link scores);
+- ``topology``: topology-aware choice of whole GPUs (go-gpuallocator link scores, looking ahead);
+- ``besteffort``: go-gpuallocator's best-effort policy, reimplemented for comparison;
 - ``allocate``: the devices a pod gets on its node;
 - ``scoring`` / ``policies``: score plugins, weighted policies, the policy registry;
 - ``frag``: the fragmentation measure behind FGD;
