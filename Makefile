@@ -5,14 +5,15 @@ VPY     := $(VENV)/bin/python
 PROTO_SRC := proto/runtime/v1/api.proto
 PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
-.PHONY: deps install proto test bench lint testbin demo demo-crishim clean
+.PHONY: deps install proto test bench lint testbin image demo demo-crishim clean
 
-# System packages the tests need (containerd, runc, busybox for test images, systemd-analyze).
-# Skips apt entirely when everything is already there.
-APT_PACKAGES := containerd runc busybox-static systemd openssl
+# System packages the tests need (containerd, runc, busybox for test images, systemd-analyze,
+# mmdebstrap for the image). Skips apt entirely when everything is already there.
+APT_PACKAGES := containerd runc busybox-static systemd openssl mmdebstrap
 deps:
 	@if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] \
-	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null; then \
+	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null \
+	    && command -v mmdebstrap >/dev/null; then \
 	    echo "deps: system packages present"; \
 	else apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES); fi
 
@@ -46,6 +47,12 @@ bench: deps install testbin
 	$(VPY) bench/create_container_rewrite.py
 	$(VPY) bench/scheduler_throughput.py
 	$(VPY) bench/simulate_openb.py
+
+# The scheduler image without a registry (docs/install.md): an OCI tar under build/image/,
+# imported into the containerd at CONTAINERD_ADDRESS when that socket exists. Needs root.
+CONTAINERD_ADDRESS ?= /run/containerd/containerd.sock
+image: deps install
+	$(VPY) -m tools.image.build $(if $(wildcard $(CONTAINERD_ADDRESS)),--import $(CONTAINERD_ADDRESS))
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -111,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
             print(f"kubegpu simulate: cannot write the plot: {exc}", file=sys.stderr)
             return 2
         except ImportError as exc:
-            print(f"kubegpu simulate: --plot needs matplotlib (pip install 'kubegpu[plot]'): {exc}", file=sys.stderr)
+            hint = "--plot needs matplotlib (pip install 'kubegpu[plot]')"
+            print(f"kubegpu simulate: {hint}: {exc}", file=sys.stderr)
             return 2
     if args.json:
         print(json.dumps(experiment.to_json()))

@@ -56,6 +56,9 @@ PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV = (PATH_ENV, "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1")
 GENERATED = ("crishim/cri/api_pb2.py", "crishim/cri/api_pb2_grpc.py")
 DEFAULT_REF = "docker.io/library/kubegpu:{version}"
+DESCRIPTION = "kubegpu: topology-aware device scheduler, CRI shim and node agent"
+# The repository has no public URL yet: the label says so until IMAGE_SOURCE or a git remote does.
+UNKNOWN_SOURCE = "https://example.invalid/kubegpu"
 
 # Removed from the Debian tree: documentation (not the copyright files), package manager state
 # and caches, device nodes (the runtime provides /dev) and files mmdebstrap copies from the host.
@@ -288,7 +291,7 @@ def strip_tests(site_packages: Path) -> None:
 def labels(opts: Options, version: str, debian: Sequence[str]) -> dict[str, str]:
     return {
         "org.opencontainers.image.title": "kubegpu",
-        "org.opencontainers.image.description": "kubegpu: topology-aware device scheduler, CRI shim and node agent",
+        "org.opencontainers.image.description": DESCRIPTION,
         "org.opencontainers.image.version": version,
         "org.opencontainers.image.source": opts.source,
         "org.opencontainers.image.revision": opts.revision,
@@ -344,7 +347,8 @@ def build(opts: Options) -> dict[str, object]:
         "digest": manifest.digest,
         "config": config.digest,
         "layers": [
-            {"digest": layer.blob.digest, "compressed": layer.blob.size, "uncompressed": layer.uncompressed_size}
+            {"digest": layer.blob.digest, "compressed": layer.blob.size,
+             "uncompressed": layer.uncompressed_size}
             for layer in layers
         ],
         "compressed_bytes": sum(layer.blob.size for layer in layers),
@@ -359,15 +363,20 @@ def import_into_containerd(tar: Path, address: str, namespace: str = "k8s.io", c
     run([ctr, "--address", address, "--namespace", namespace, "images", "import", tar])
 
 
+def default_cache() -> Path:
+    """``~/.cache/kubegpu/image`` (XDG_CACHE_HOME honoured), beside the Go test binaries."""
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "kubegpu" / "image"
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     version = project_version()
     parser = argparse.ArgumentParser(prog="python -m tools.image.build", description=__doc__.split("\n")[0])
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "build" / "image" / f"kubegpu-{version}.oci.tar")
+    out = REPO_ROOT / "build" / "image" / f"kubegpu-{version}.oci.tar"
+    parser.add_argument("--out", type=Path, default=out)
     parser.add_argument("--ref", default=DEFAULT_REF.format(version=version), help="image name in the tar")
-    parser.add_argument("--source", default=os.environ.get("IMAGE_SOURCE") or git("remote", "get-url", "origin")
-                        or "https://example.invalid/kubegpu", help="org.opencontainers.image.source")
-    parser.add_argument("--cache", type=Path, default=Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-                        / "kubegpu" / "image", help="wheel download cache")
+    source = os.environ.get("IMAGE_SOURCE") or git("remote", "get-url", "origin") or UNKNOWN_SOURCE
+    parser.add_argument("--source", default=source, help="org.opencontainers.image.source (env IMAGE_SOURCE)")
+    parser.add_argument("--cache", type=Path, default=default_cache(), help="wheel download cache")
     parser.add_argument("--mirror", default=DEBIAN_MIRROR)
     parser.add_argument("--security-mirror", default=DEBIAN_SECURITY)
     parser.add_argument("--import", dest="import_address", metavar="SOCKET",

@@ -190,11 +190,13 @@ def manifest_document(config: BlobFile, layers: Sequence[Layer], annotations: Ma
 
 def index_document(manifest: BlobFile, ref: str) -> dict:
     """The layout's index.json naming the one manifest ``ref`` (ctr import reads both names)."""
+    name = ref.rsplit("/", 1)[-1]
+    tag = name.rsplit(":", 1)[-1] if ":" in name else "latest"
     descriptor = manifest.descriptor()
     descriptor["platform"] = {"architecture": "amd64", "os": "linux"}
     descriptor["annotations"] = {
         "io.containerd.image.name": ref,
-        "org.opencontainers.image.ref.name": ref.rsplit(":", 1)[-1] if ":" in ref.rsplit("/", 1)[-1] else "latest",
+        "org.opencontainers.image.ref.name": tag,
     }
     return {"schemaVersion": 2, "mediaType": MEDIA_INDEX, "manifests": [descriptor]}
 
