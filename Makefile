@@ -32,11 +32,12 @@ proto: $(PROTO_OUT)
 $(PROTO_OUT) &: $(PROTO_SRC)
 	$(VPY) -m grpc_tools.protoc -Icrishim/cri=proto/runtime/v1 --python_out=. --grpc_python_out=. crishim/cri/api.proto
 
-# Go-built kube-apiserver, kube-scheduler, etcd and containerd 2.x, cached per version
+# Go-built kube-apiserver, kube-scheduler, etcd, containerd 2.x and helm, cached per version
 # (see docs/test-cluster.md and docs/test-containerd.md).
 testbin:
 	bash tests/cluster/build.sh
 	bash tests/containerd/build.sh
+	bash tests/helm/build.sh
 
 # Everything from a fresh machine: system packages, Python env, Go-built test binaries, tests.
 test: deps install testbin

@@ -4,4 +4,5 @@ pytest_plugins = [
     "tests.fixtures.containerd",
     "tests.fixtures.cluster",
     "tests.fixtures.image",
+    "tests.fixtures.helm",
 ]

@@ -214,6 +214,7 @@ def test_the_manifests_are_accepted(deployed: list[Any], admin_api: k8s.ApiClien
             ("ClusterRoleBinding", "", NODE_AGENT),
             ("ConfigMap", NAMESPACE, "kubegpu-scheduler-config"),
             ("Deployment", NAMESPACE, SCHEDULER),
+            ("PodDisruptionBudget", NAMESPACE, SCHEDULER),
             ("Secret", NAMESPACE, "kubegpu-allocation-keys"),
         ]
     )
