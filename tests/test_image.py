@@ -81,8 +81,11 @@ def test_contents_are_slim(kubegpu_image: dict[str, Any]) -> None:
     assert "usr/bin/python3.11" in names
     assert not [n for n in names if n.endswith(".pyc") or "__pycache__" in n]
     assert not [n for n in names if re.search(r"(^|/)pip(/|-\d)", n)]
-    assert not [n for n in names if n.startswith("usr/share/doc/") and entries[n].isreg()
-                and not n.endswith("/copyright")]
+    assert not [
+        n
+        for n in names
+        if n.startswith("usr/share/doc/") and entries[n].isreg() and not n.endswith("/copyright")
+    ]
     assert not [n for n in names if n.startswith(("var/lib/apt/", "var/cache/", "usr/share/man/", "dev/"))]
     assert not {"etc/resolv.conf", "etc/hostname", "etc/hosts"} & names
     assert not [n for n in names if n.startswith(f"{site}/numpy/") and "/tests/" in n]
@@ -93,8 +96,10 @@ def test_contents_are_slim(kubegpu_image: dict[str, Any]) -> None:
     status = entries["var/lib/dpkg/status"]
     assert status.isreg() and status.size > 0
     mib = 1 << 20
-    print(f"image: {kubegpu_image['compressed_bytes'] / mib:.1f} MiB compressed, "
-          f"{kubegpu_image['uncompressed_bytes'] / mib:.1f} MiB unpacked")
+    print(
+        f"image: {kubegpu_image['compressed_bytes'] / mib:.1f} MiB compressed, "
+        f"{kubegpu_image['uncompressed_bytes'] / mib:.1f} MiB unpacked"
+    )
 
 
 def test_same_inputs_same_digest(kubegpu_image: dict[str, Any], tmp_path: Path) -> None:
@@ -108,8 +113,11 @@ def test_dockerfile_matches_the_built_image(kubegpu_image: dict[str, Any]) -> No
     point, environment, the OCI labels, the lock file it installs, the Python line."""
     _, config, _ = image_members(kubegpu_image)
     text = (REPO_ROOT / "Dockerfile").read_text()
-    instructions = [" ".join(line.split()) for line in re.sub(r"\\\n", " ", text).splitlines()
-                    if line.strip() and not line.lstrip().startswith("#")]
+    instructions = [
+        " ".join(line.split())
+        for line in re.sub(r"\\\n", " ", text).splitlines()
+        if line.strip() and not line.lstrip().startswith("#")
+    ]
     final = instructions[max(i for i, line in enumerate(instructions) if line.startswith("FROM "))]
     assert final == "FROM ${PYTHON_IMAGE}"
     assert "ARG PYTHON_IMAGE=python:3.11-slim-bookworm" in instructions
@@ -127,8 +135,10 @@ def test_dockerfile_matches_the_built_image(kubegpu_image: dict[str, Any]) -> No
     assert set(docker_labels) == set(image_labels) - {"org.opencontainers.image.base.name"}
     assert docker_labels["org.opencontainers.image.version"] == "${VERSION}"
     assert f"ARG VERSION={__version__}" in instructions
-    assert docker_labels["org.opencontainers.image.description"] == image_labels[
-        "org.opencontainers.image.description"]
+    assert (
+        docker_labels["org.opencontainers.image.description"]
+        == image_labels["org.opencontainers.image.description"]
+    )
     assert "COPY tools/image/requirements.lock /tmp/requirements.lock" in instructions
     assert any("--require-hashes -r /tmp/requirements.lock" in line for line in instructions)
     assert any("pip uninstall" in line for line in instructions)

@@ -42,7 +42,14 @@ def test_layer_bytes_ignore_mtimes_and_creation_order(tmp_path: Path) -> None:
         members = tar.getmembers()
     names = [m.name for m in members]
     assert names == [
-        "a.txt", "b.txt", "usr", "usr/bin", "usr/bin/tool", "usr/bin/tool2", "usr/lib", "usr/lib/link"
+        "a.txt",
+        "b.txt",
+        "usr",
+        "usr/bin",
+        "usr/bin/tool",
+        "usr/bin/tool2",
+        "usr/lib",
+        "usr/lib/link",
     ]
     by_name = {m.name: m for m in members}
     assert by_name["usr/bin/tool2"].islnk() and by_name["usr/bin/tool2"].linkname == "usr/bin/tool"
@@ -97,8 +104,10 @@ def test_lock_pins_every_dependency_of_the_project() -> None:
     from packaging.requirements import Requirement
 
     with (image_build.REPO_ROOT / "pyproject.toml").open("rb") as handle:
-        wanted = {Requirement(r).name.lower().replace("_", "-")
-                  for r in tomllib.load(handle)["project"]["dependencies"]}
+        wanted = {
+            Requirement(r).name.lower().replace("_", "-")
+            for r in tomllib.load(handle)["project"]["dependencies"]
+        }
     pinned = {line.split("==")[0].replace("_", "-") for line in image_build.lock_hashes().values()}
     assert wanted <= pinned
     assert "matplotlib" not in pinned

@@ -63,9 +63,23 @@ UNKNOWN_SOURCE = "https://example.invalid/kubegpu"
 # Removed from the Debian tree: documentation (not the copyright files), package manager state
 # and caches, device nodes (the runtime provides /dev) and files mmdebstrap copies from the host.
 PRUNE = (
-    "usr/share/man", "usr/share/info", "usr/share/locale", "usr/share/lintian", "usr/share/bug",
-    "usr/share/menu", "usr/share/common-licenses", "var/cache", "var/lib/apt", "var/log", "etc/apt",
-    "etc/hostname", "etc/resolv.conf", "etc/hosts", "etc/machine-id", "etc/mtab", "dev",
+    "usr/share/man",
+    "usr/share/info",
+    "usr/share/locale",
+    "usr/share/lintian",
+    "usr/share/bug",
+    "usr/share/menu",
+    "usr/share/common-licenses",
+    "var/cache",
+    "var/lib/apt",
+    "var/log",
+    "etc/apt",
+    "etc/hostname",
+    "etc/resolv.conf",
+    "etc/hosts",
+    "etc/machine-id",
+    "etc/mtab",
+    "dev",
 )
 
 
@@ -119,8 +133,19 @@ def manylinux_platforms(glibc_minor: int = GLIBC_MINOR) -> list[str]:
 
 
 def pip_platform_args() -> list[str]:
-    args = ["--only-binary=:all:", "--python-version", PYTHON_VERSION, "--implementation", "cp",
-            "--abi", "cp" + PYTHON_VERSION.replace(".", ""), "--abi", "abi3", "--abi", "none"]
+    args = [
+        "--only-binary=:all:",
+        "--python-version",
+        PYTHON_VERSION,
+        "--implementation",
+        "cp",
+        "--abi",
+        "cp" + PYTHON_VERSION.replace(".", ""),
+        "--abi",
+        "abi3",
+        "--abi",
+        "none",
+    ]
     for tag in [*manylinux_platforms(), "any"]:
         args += ["--platform", tag]
     return args
@@ -144,8 +169,22 @@ def dependency_wheels(cache: Path) -> list[Path]:
     wanted = lock_hashes()
     have = {sha256_hex(path): path for path in cache.glob("*.whl")}
     if not set(wanted) <= set(have):
-        run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--require-hashes",
-             *pip_platform_args(), "-d", cache, "-r", LOCK_FILE])
+        run(
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "download",
+                "--quiet",
+                "--no-deps",
+                "--require-hashes",
+                *pip_platform_args(),
+                "-d",
+                cache,
+                "-r",
+                LOCK_FILE,
+            ]
+        )
         have = {sha256_hex(path): path for path in cache.glob("*.whl")}
     found = {digest: path for digest, path in have.items() if digest in wanted}
     names = {wanted[digest].split("==")[0].lower() for digest in wanted}
@@ -175,8 +214,21 @@ def project_wheel(work: Path, epoch: int) -> Path:
             shutil.copy2(REPO_ROOT / name, target)
     dist = work / "dist"
     env = dict(os.environ, SOURCE_DATE_EPOCH=str(epoch), PYTHONHASHSEED="0")
-    run([sys.executable, "-m", "pip", "wheel", "--quiet", "--no-deps", "--no-build-isolation",
-         "-w", dist, src], env=env)
+    run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--quiet",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            dist,
+            src,
+        ],
+        env=env,
+    )
     wheels = list(dist.glob("kubegpu-*.whl"))
     if len(wheels) != 1:
         raise BuildError(f"expected one kubegpu wheel, got {wheels}")
@@ -190,10 +242,22 @@ def debian_rootfs(rootfs: Path, opts: Options) -> list[Path]:
         f"deb {opts.mirror} {DEBIAN_SUITE}-updates main",
         f"deb {opts.security_mirror} {DEBIAN_SUITE}-security main",
     ]
-    run(["mmdebstrap", "--quiet", "--variant=extract", "--mode=root", "--format=directory",
-         "--include=" + ",".join(DEBIAN_PACKAGES), "--skip=cleanup/apt/cache",
-         "--aptopt=Acquire::Retries \"3\"", DEBIAN_SUITE, rootfs, *sources],
-        env=dict(os.environ, SOURCE_DATE_EPOCH=str(opts.epoch)))
+    run(
+        [
+            "mmdebstrap",
+            "--quiet",
+            "--variant=extract",
+            "--mode=root",
+            "--format=directory",
+            "--include=" + ",".join(DEBIAN_PACKAGES),
+            "--skip=cleanup/apt/cache",
+            '--aptopt=Acquire::Retries "3"',
+            DEBIAN_SUITE,
+            rootfs,
+            *sources,
+        ],
+        env=dict(os.environ, SOURCE_DATE_EPOCH=str(opts.epoch)),
+    )
     debs = sorted((rootfs / "var/cache/apt/archives").glob("*.deb"))
     if not debs:
         raise BuildError("mmdebstrap left no packages in var/cache/apt/archives")
@@ -266,8 +330,11 @@ def install_wheels(wheels: Sequence[Path], destdir: Path) -> None:
     from installer.sources import WheelFile
 
     scheme = {
-        "purelib": SITE_PACKAGES, "platlib": SITE_PACKAGES, "scripts": "/usr/local/bin",
-        "data": "/usr/local", "headers": f"/usr/local/include/python{PYTHON_VERSION}",
+        "purelib": SITE_PACKAGES,
+        "platlib": SITE_PACKAGES,
+        "scripts": "/usr/local/bin",
+        "data": "/usr/local",
+        "headers": f"/usr/local/include/python{PYTHON_VERSION}",
     }
     destination = SchemeDictionaryDestination(
         scheme, interpreter=INTERPRETER, script_kind="posix", destdir=str(destdir)
@@ -336,7 +403,8 @@ def build(opts: Options) -> dict[str, object]:
             oci.config_document(image_config, layers, history, opts.epoch), oci.MEDIA_CONFIG
         )
         annotations = {
-            key: value for key, value in image_config.labels.items()
+            key: value
+            for key, value in image_config.labels.items()
             if key.startswith("org.opencontainers.image.")
         }
         manifest = store.add_json(oci.manifest_document(config, layers, annotations), oci.MEDIA_MANIFEST)
@@ -347,8 +415,11 @@ def build(opts: Options) -> dict[str, object]:
         "digest": manifest.digest,
         "config": config.digest,
         "layers": [
-            {"digest": layer.blob.digest, "compressed": layer.blob.size,
-             "uncompressed": layer.uncompressed_size}
+            {
+                "digest": layer.blob.digest,
+                "compressed": layer.blob.size,
+                "uncompressed": layer.uncompressed_size,
+            }
             for layer in layers
         ],
         "compressed_bytes": sum(layer.blob.size for layer in layers),
@@ -379,8 +450,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--cache", type=Path, default=default_cache(), help="wheel download cache")
     parser.add_argument("--mirror", default=DEBIAN_MIRROR)
     parser.add_argument("--security-mirror", default=DEBIAN_SECURITY)
-    parser.add_argument("--import", dest="import_address", metavar="SOCKET",
-                        help="import the tar into the containerd at this socket (k8s.io namespace)")
+    parser.add_argument(
+        "--import",
+        dest="import_address",
+        metavar="SOCKET",
+        help="import the tar into the containerd at this socket (k8s.io namespace)",
+    )
     return parser.parse_args(argv)
 
 
@@ -388,9 +463,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     try:
         opts = Options(
-            out=args.out.resolve(), ref=args.ref, epoch=default_epoch(), source=args.source,
-            revision=git("rev-parse", "HEAD") or "unknown", cache=args.cache,
-            mirror=args.mirror, security_mirror=args.security_mirror,
+            out=args.out.resolve(),
+            ref=args.ref,
+            epoch=default_epoch(),
+            source=args.source,
+            revision=git("rev-parse", "HEAD") or "unknown",
+            cache=args.cache,
+            mirror=args.mirror,
+            security_mirror=args.security_mirror,
         )
         if os.geteuid() != 0:
             raise BuildError("needs root (mmdebstrap --mode=root)")
@@ -404,8 +484,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     print(json.dumps(result, indent=2))
     mib = 1024 * 1024
-    print(f"image {result['ref']} {result['digest']}: {result['compressed_bytes'] / mib:.1f} MiB compressed, "
-          f"{result['uncompressed_bytes'] / mib:.1f} MiB unpacked -> {opts.out}", file=sys.stderr)
+    print(
+        f"image {result['ref']} {result['digest']}: {result['compressed_bytes'] / mib:.1f} MiB compressed, "
+        f"{result['uncompressed_bytes'] / mib:.1f} MiB unpacked -> {opts.out}",
+        file=sys.stderr,
+    )
     return 0
 
 

@@ -27,9 +27,21 @@ def resolve(requirements: list[str]) -> list[dict]:
     with tempfile.TemporaryDirectory() as tmp:
         report = Path(tmp) / "report.json"
         subprocess.run(
-            [sys.executable, "-m", "pip", "install", "--quiet", "--dry-run", "--ignore-installed",
-             *pip_platform_args(), "--target", str(Path(tmp) / "target"), "--report", str(report),
-             *requirements],
+            [
+                sys.executable,
+                "-m",
+                "pip",
+                "install",
+                "--quiet",
+                "--dry-run",
+                "--ignore-installed",
+                *pip_platform_args(),
+                "--target",
+                str(Path(tmp) / "target"),
+                "--report",
+                str(report),
+                *requirements,
+            ],
             check=True,
         )
         return json.loads(report.read_text())["install"]
