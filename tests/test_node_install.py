@@ -27,6 +27,7 @@ from kubegpu import cli, nodeinstall
 from kubegpu.devenv.containerd import Containerd
 from kubegpu.devenv.shimproc import ShimProcess
 from tests.fixtures.common import require_executable
+from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
 KEY = os.urandom(32)
@@ -484,14 +485,16 @@ def fake_kubelet() -> Iterator[callable]:
             [
                 "bash",
                 "-c",
-                'exec -a kubelet python3 -c "import time; time.sleep(300)" "$@"',
-                "kubelet",
+                'exec -a kubelet "$0" -c "import time; time.sleep(300)" "$@"',
+                sys.executable,
                 *flags,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
         started.append(process)
+        cmdline = Path(f"/proc/{process.pid}/cmdline")
+        wait_for(lambda: cmdline.read_bytes().startswith(b"kubelet\0"))
         return process.pid
 
     yield start
