@@ -14,6 +14,7 @@ The file formats and the record are documented in docs/install.md.
 from __future__ import annotations
 
 import argparse
+import fcntl
 import hashlib
 import json
 import os
@@ -25,7 +26,8 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -502,10 +504,31 @@ class InstallResult:
     runtime: str
 
 
-def install(
-    root: Path, settings: NodeSettings, keys: dict[str, bytes], check_runtime_socket: bool = True
-) -> InstallResult:
+@contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """One install or uninstall at a time under ``root`` (a lock on the directory itself, so
+    nothing is written for it)."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise InstallError(f"--root {root}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InstallError(f"another `kubegpu node install/uninstall` is running on {root}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> InstallResult:
     """Validate everything, then write every file or none; return what changed."""
+    with locked(root):
+        return _install(root, settings, keys)
+
+
+def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> InstallResult:
     from devices.plugin import plugin_names
 
     for plugin in settings.plugins:
@@ -530,9 +553,7 @@ def install(
     socket_path(settings.listen)
     if not settings.keys_dir.startswith("/") or not settings.binary.startswith("/"):
         raise InstallError("--keys-dir and --kubegpu-binary must be absolute paths")
-    runtime = (
-        check_runtime(settings.runtime_endpoint, settings.listen) if check_runtime_socket else "not checked"
-    )
+    runtime = check_runtime(settings.runtime_endpoint, settings.listen)
 
     record = read_record(root) or Record()
     recorded = set(record.files)
@@ -627,6 +648,11 @@ class UninstallResult:
 
 def uninstall(root: Path) -> UninstallResult | None:
     """Remove what the record lists, where still as written; None when nothing was installed."""
+    with locked(root):
+        return _uninstall(root)
+
+
+def _uninstall(root: Path) -> UninstallResult | None:
     record = read_record(root)
     if record is None:
         return None
@@ -950,6 +976,10 @@ def _run_install(args: argparse.Namespace) -> int:
         return _fail("--enable-now needs systemd running this machine and --root / (nothing was written)")
     try:
         keys = {}
+        if args.key_file == "-" and sys.stdin.isatty():
+            raise InstallError(
+                "--key-file - reads the key from standard input, which is a terminal: pipe it in"
+            )
         if args.key_file is not None:
             keys[args.key_id] = validate_key(args.key_id, read_key(args.key_file, sys.stdin.buffer.read))
         settings = NodeSettings(

@@ -582,3 +582,39 @@ def test_check_without_an_install(
     assert code == 1
     assert "[FAIL] installed" in out and "not installed by `kubegpu node install`" in out
     assert "talks to unix:///run/containerd/containerd.sock (kubelet's default), not to the shim" in out
+
+
+def test_one_install_at_a_time(
+    root: Path, containerd: Containerd, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import fcntl
+
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        before = tree(root)
+        code, _, err = run(capsys, monkeypatch, *install_args(root, containerd))
+        assert code == 2 and "another `kubegpu node install/uninstall` is running" in err
+        assert tree(root) == before
+    finally:
+        os.close(fd)
+    assert run(capsys, monkeypatch, *install_args(root, containerd))[0] == 0
+
+
+def test_root_and_terminal_stdin_are_checked(
+    tmp_path: Path,
+    containerd: Containerd,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    code, _, err = run(capsys, monkeypatch, *install_args(tmp_path / "nowhere", containerd))
+    assert code == 2 and "nowhere: No such file or directory" in err
+
+    class Terminal(io.TextIOWrapper):
+        def isatty(self) -> bool:
+            return True
+
+    monkeypatch.setattr(sys, "stdin", Terminal(io.BytesIO(KEY)))
+    code = cli.main(install_args(tmp_path, containerd, "--key-file", "-"))
+    assert code == 2 and "standard input, which is a terminal" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

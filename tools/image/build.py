@@ -408,7 +408,9 @@ def build(opts: Options) -> dict[str, object]:
             if key.startswith("org.opencontainers.image.")
         }
         manifest = store.add_json(oci.manifest_document(config, layers, annotations), oci.MEDIA_MANIFEST)
-        oci.write_layout_tar(layout, oci.index_document(manifest, opts.ref), opts.out, opts.epoch)
+        partial = work / "image.tar"
+        oci.write_layout_tar(layout, oci.index_document(manifest, opts.ref), partial, opts.epoch)
+        os.replace(partial, opts.out)  # same filesystem: never a half-written tar at --out
     return {
         "ref": opts.ref,
         "tar": str(opts.out),
