@@ -24,6 +24,7 @@ from kubegpu.devenv.controlplane import ControlPlane, ensure_namespace
 from kubegpu.devenv.manifests import Discovery, ManifestError, apply_manifests, iter_objects, load_documents
 from scheduler.live.config import load_config
 from tests.fixtures.helm import CHART, Helm
+from tests.support.leftovers import labelled
 from tests.support.waiting import wait_for
 
 DEPLOY = CHART.parents[1]
@@ -145,6 +146,29 @@ def test_values_map_onto_the_scheduler(helm: Helm, tmp_path: Path) -> None:
     assert not [k for k in objects if k[0] in ("Secret", "PodDisruptionBudget")]
     binding = objects[("ClusterRoleBinding", "", "kubegpu-scheduler")]
     assert binding["subjects"][0]["namespace"] == "gpu-sched"
+    assert objects[("Lease", "gpu-sched", "sched-lease")]["kind"] == "Lease"
+    assert "hostNetwork" not in pod["spec"]
+
+
+def test_rbac_host_network_and_extra_env(helm: Helm) -> None:
+    objects = by_key(
+        render(
+            helm,
+            "rbac.create=false",
+            "nodeAgent.rbac=false",
+            "scheduler.hostNetwork=true",
+            "scheduler.extraEnv[0].name=KUBERNETES_SERVICE_HOST",
+            "scheduler.extraEnv[0].value=127.0.0.1",
+            "scheduler.config.leaderElection.enabled=false",
+        )
+    )
+    kinds = {key[0] for key in objects}
+    assert not kinds & {"ServiceAccount", "ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding", "Lease"}
+    spec = objects[("Deployment", "kubegpu-system", "kubegpu-scheduler")]["spec"]["template"]["spec"]
+    assert (spec["hostNetwork"], spec["dnsPolicy"]) == (True, "ClusterFirstWithHostNet")
+    assert spec["serviceAccountName"] == "kubegpu-scheduler"
+    env = {e["name"]: e for e in spec["containers"][0]["env"]}
+    assert env["KUBERNETES_SERVICE_HOST"]["value"] == "127.0.0.1" and "POD_NAME" in env
 
 
 def test_config_change_rolls_the_pods(helm: Helm) -> None:
@@ -284,35 +308,11 @@ def private_plane(
 
 
 def ours(api: k8s.ApiClient, namespace: str) -> list[str]:
-    """Every object of kubegpu's left in the cluster: by label, and the namespace itself (a
-    Terminating namespace counts as gone: the test control plane has no namespace controller)."""
-    found = []
-    selector = "app.kubernetes.io/part-of=kubegpu"
-    core, rbac = k8s.CoreV1Api(api), k8s.RbacAuthorizationV1Api(api)
-    listings = {
-        "ClusterRole": rbac.list_cluster_role,
-        "ClusterRoleBinding": rbac.list_cluster_role_binding,
-        "Namespace": core.list_namespace,
-        "Secret": core.list_secret_for_all_namespaces,
-        "ConfigMap": core.list_config_map_for_all_namespaces,
-        "ServiceAccount": core.list_service_account_for_all_namespaces,
-        "Role": rbac.list_role_for_all_namespaces,
-        "RoleBinding": rbac.list_role_binding_for_all_namespaces,
-        "Deployment": k8s.AppsV1Api(api).list_deployment_for_all_namespaces,
-        "PodDisruptionBudget": k8s.PolicyV1Api(api).list_pod_disruption_budget_for_all_namespaces,
-    }
-    for kind, lister in listings.items():
-        items = lister(label_selector=selector).items
-        # no namespace controller here: a deleted namespace stays Terminating
-        found += [
-            f"{kind}/{item.metadata.name}"
-            for item in items
-            if kind != "Namespace" or item.status.phase != "Terminating"
-        ]
+    """kubegpu's objects left in the cluster, and the namespace if it is not Terminating."""
+    found = labelled(api)
     try:
-        phase = core.read_namespace(namespace).status.phase
-        if phase != "Terminating":
-            found.append(f"namespace {namespace} ({phase})")
+        if k8s.CoreV1Api(api).read_namespace(namespace).status.phase != "Terminating":
+            found.append(f"namespace {namespace}")
     except k8s.ApiException as exc:
         assert exc.status == 404
     return found
