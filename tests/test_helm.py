@@ -191,12 +191,29 @@ def test_ed25519_key_is_a_pkcs8_pem(helm: Helm) -> None:
     assert len(body) == 48 and b"\x06\x03\x2b\x65\x70" in body
 
 
-def test_bad_values_fail_with_a_message(helm: Helm) -> None:
-    result = helm("template", "kubegpu", str(CHART), "--set", "signingKey.algorithm=rsa", check=False)
+@pytest.mark.parametrize(
+    "value, message",
+    [
+        (
+            "signingKey.algorithm=rsa",
+            "at '/signingKey/algorithm': value must be one of 'hmac-sha256', 'ed25519'",
+        ),
+        ("namespace.name=", "at '/namespace/name': '' does not match pattern"),
+        ("namespace.name=Not_A_Name", "at '/namespace/name': 'Not_A_Name' does not match pattern"),
+        ("scheduler.metricsPort=0", "at '/scheduler/metricsPort': minimum: got 0, want 1"),
+        (
+            "scheduler.config.signingKeyId=../k1",
+            "at '/scheduler/config/signingKeyId': '../k1' does not match",
+        ),
+        ("image.pullPolicy=Sometimes", "at '/image/pullPolicy': value must be one of"),
+        ("scheduler.replicas=two", "at '/scheduler/replicas': got string, want integer"),
+    ],
+)
+def test_bad_values_fail_with_a_message(helm: Helm, value: str, message: str) -> None:
+    """values.schema.json refuses them before anything renders, naming the value."""
+    result = helm("template", "kubegpu", str(CHART), "--set", value, check=False)
     assert result.returncode != 0
-    assert 'signingKey.algorithm must be hmac-sha256 or ed25519, not "rsa"' in result.stderr
-    result = helm("template", "kubegpu", str(CHART), "--set", "namespace.name=", check=False)
-    assert result.returncode != 0 and "namespace.name is required" in result.stderr
+    assert message in result.stderr, result.stderr
 
 
 def test_service_monitor(helm: Helm) -> None:
