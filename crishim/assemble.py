@@ -18,7 +18,11 @@ log = logging.getLogger("kubegpu.crishim")
 
 
 def node_devices_from(args: argparse.Namespace) -> NodeDevices:
-    """Load the plugins named on the command line and discover; a discovery failure is logged."""
+    """Load the plugins named on the command line and discover.
+
+    A discovery failure is logged, not fatal: the shim serves kubelet (pods without devices run;
+    device-bearing creates get UNAVAILABLE) and retries discovery in the background.
+    """
     options = {
         "node_name": args.node_name,
         "topology": args.sim_topology,
@@ -32,6 +36,7 @@ def node_devices_from(args: argparse.Namespace) -> NodeDevices:
     except PluginError as error:
         # Keep serving kubelet: pods without devices still run; allocated ones are refused.
         log_event(log, "devices.discovery_failed", logging.ERROR, node=args.node_name, error=str(error))
+        return node_devices
     log_event(
         log,
         "devices.discovered",

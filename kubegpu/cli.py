@@ -172,11 +172,12 @@ def _run_advertise(args: argparse.Namespace) -> int:
 
     try:
         node_devices = node_devices_from(args)
+        inventory = node_devices.current_inventory()  # raises if discovery failed
     except PluginError as exc:
         print(f"kubegpu advertise: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
-        wanted = publication(node_devices.current_inventory())
+        wanted = publication(inventory)
         print(json.dumps({"node": args.node_name, **wanted.as_dict()}, indent=2, sort_keys=True))
         return 0
     api = api_client(args.kubeconfig)

@@ -1,24 +1,38 @@
-"""The signed allocation annotation: round trip, tampering, keys, and the shape rules."""
+"""The signed allocation annotation: round trip, tampering, keys and key files, the shape rules."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
 
 from kubegpu.allocation import (
+    MAX_ANNOTATION_BYTES,
+    MAX_DEVICES_PER_CONTAINER,
     Allocation,
     AllocationError,
     ContainerAllocation,
+    KeyFileError,
+    KeyRing,
     Share,
     canonical_bytes,
     load_keys,
+    parse_key,
+    private_key_pem,
+    public_key_base64,
+    public_key_pem,
     sign,
     verify,
 )
+from tests.fixtures.common import require_executable
+from tests.fixtures.keys import OTHER_KEY, SIGNING, public
 
-KEYS = {"k1": b"0123456789abcdef0123456789abcdef", "k2": b"fedcba9876543210fedcba9876543210"}
+KEYS = public()
 
 
 def example() -> Allocation:
@@ -32,29 +46,23 @@ def example() -> Allocation:
     )
 
 
-def resign(document: dict, key: bytes = KEYS["k1"]) -> str:
+def resign(document: dict, key_id: str = "k1") -> str:
     """Re-sign a modified document correctly, to test shape rules past the signature check."""
-    import base64
-    import hashlib
-    import hmac
-
-    document = dict(document)
-    document["signature"] = base64.b64encode(
-        hmac.new(key, canonical_bytes(document), hashlib.sha256).digest()
-    ).decode()
+    document = dict(document, keyId=key_id)
+    document["signature"] = base64.b64encode(SIGNING[key_id].sign(canonical_bytes(document))).decode()
     return json.dumps(document)
 
 
 def test_round_trip() -> None:
-    value = sign(example(), "k1", KEYS["k1"])
+    value = sign(example(), "k1", SIGNING["k1"])
     assert verify(value, KEYS) == example()
     assert "/" not in json.dumps(json.loads(value)["containers"])  # no host paths
 
 
 def test_key_rotation_accepts_any_known_key() -> None:
-    assert verify(sign(example(), "k2", KEYS["k2"]), KEYS) == example()
+    assert verify(sign(example(), "k2", SIGNING["k2"]), KEYS) == example()
     with pytest.raises(AllocationError, match="unknown key id 'k2'"):
-        verify(sign(example(), "k2", KEYS["k2"]), {"k1": KEYS["k1"]})
+        verify(sign(example(), "k2", SIGNING["k2"]), {"k1": KEYS["k1"]})
 
 
 @pytest.mark.parametrize(
@@ -68,7 +76,7 @@ def test_key_rotation_accepts_any_known_key() -> None:
     ],
 )
 def test_any_change_breaks_the_signature(mutate) -> None:  # type: ignore[no-untyped-def]
-    document = json.loads(sign(example(), "k1", KEYS["k1"]))
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
     mutate(document)
     with pytest.raises(AllocationError, match="does not verify"):
         verify(json.dumps(document), KEYS)
@@ -110,7 +118,7 @@ def test_unsigned_and_garbage() -> None:
     ],
 )
 def test_shape_rules(patch: dict, message: str) -> None:
-    document = json.loads(sign(example(), "k1", KEYS["k1"]))
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
     document.update(patch)
     with pytest.raises(AllocationError, match=message):
         verify(resign(document), KEYS)
@@ -121,13 +129,161 @@ def test_shares_within_one_gpu_are_fine() -> None:
         "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
         "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
     })
-    assert verify(sign(allocation, "k1", KEYS["k1"]), KEYS) == allocation
+    assert verify(sign(allocation, "k1", SIGNING["k1"]), KEYS) == allocation
+
+
+def test_a_key_id_signs_only_with_its_own_key() -> None:
+    """Root on a node holds public keys only: it cannot produce a signature that verifies."""
+    document = json.loads(sign(example(), "k1", OTHER_KEY))
+    with pytest.raises(AllocationError, match="does not verify"):
+        verify(json.dumps(document), KEYS)
+    with pytest.raises(AllocationError, match="does not verify"):  # a key id names its key
+        verify(sign(example(), "k1", SIGNING["k2"]), KEYS)
+
+
+@pytest.mark.parametrize("signature", ["é", "☃" * 88, "AAAA", "!!notbase64!!", "A" * 87 + "=", "\x00"])
+def test_a_malformed_signature_is_a_clean_refusal(signature: str) -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    document["signature"] = signature
+    with pytest.raises(AllocationError, match="not base64|does not verify"):
+        verify(json.dumps(document, ensure_ascii=False), KEYS)
+
+
+def test_the_size_limit_counts_utf8_bytes() -> None:
+    # 30000 two-byte characters: 30000 characters, 60000 bytes, fine; 40000 of them: 80000 bytes.
+    inside = json.dumps({"pad": "é" * 30000}, ensure_ascii=False)
+    with pytest.raises(AllocationError, match="unsigned"):
+        verify(inside, KEYS)
+    outside = json.dumps({"pad": "é" * 40000}, ensure_ascii=False)
+    assert len(outside) < MAX_ANNOTATION_BYTES < len(outside.encode())
+    with pytest.raises(AllocationError, match="80011 bytes, more than 65536"):
+        verify(outside, KEYS)
+
+
+def test_the_device_limits() -> None:
+    many = [f"GPU-{i}" for i in range(MAX_DEVICES_PER_CONTAINER)]
+    fits = Allocation("n", "u", {"c": ContainerAllocation(tuple(many))})
+    assert verify(sign(fits, "k1", SIGNING["k1"]), KEYS) == fits
+    document = json.loads(sign(fits, "k1", SIGNING["k1"]))
+    document["containers"]["c"]["devices"].append("GPU-64")
+    with pytest.raises(AllocationError, match="65 devices, more than 64"):
+        verify(resign(document), KEYS)
+    document["containers"] = {f"c{i}": {"devices": [f"GPU-{i}"]} for i in range(65)}
+    with pytest.raises(AllocationError, match="65 containers, more than 64"):
+        verify(resign(document), KEYS)
+
+
+@pytest.mark.parametrize("memory", [-1, 1 << 31, "4096", 1.5, None, True])
+def test_memory_mib_must_be_a_sane_integer(memory: object) -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    document["containers"]["infer"]["shares"]["GPU-c"]["memoryMiB"] = memory
+    with pytest.raises(AllocationError, match="invalid memoryMiB"):
+        verify(resign(document), KEYS)
+    document["containers"]["infer"]["shares"]["GPU-c"]["memoryMiB"] = 1 << 30
+    assert verify(resign(document), KEYS).containers["infer"].shares["GPU-c"].memory_mib == 1 << 30
+
+
+def test_key_file_formats(tmp_path: Path) -> None:
+    key = SIGNING["k1"]
+    assert parse_key(private_key_pem(key)).public_key() == key.public_key()  # type: ignore[union-attr]
+    assert parse_key(public_key_pem(key)) == key.public_key()
+    assert parse_key(public_key_base64(key).encode() + b"\n") == key.public_key()
+    for bad, why in [
+        (b"", "raw public key is 32 bytes"),
+        (b"not a key!", "neither PEM nor base64"),
+        (base64.b64encode(os.urandom(16)), "32 bytes"),
+        (b"-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n", "unsupported PEM"),
+        (b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", "not a readable PEM"),
+    ]:
+        with pytest.raises(KeyFileError, match=why):
+            parse_key(bad)
+
+
+def test_openssl_keys_are_accepted(tmp_path: Path) -> None:
+    """The formats openssl (and Helm's genPrivateKey "ed25519": PKCS#8) produce."""
+    openssl = require_executable("openssl")
+    private = tmp_path / "private.pem"
+    subprocess.run([openssl, "genpkey", "-algorithm", "ed25519", "-out", str(private)], check=True)
+    pub = subprocess.run(
+        [openssl, "pkey", "-in", str(private), "-pubout"], check=True, capture_output=True
+    ).stdout
+    assert private.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+    signer = parse_key(private.read_bytes())
+    verifier = parse_key(pub)
+    assert verify(sign(example(), "k9", signer), {"k9": verifier}) == example()  # type: ignore[arg-type]
 
 
 def test_load_keys_from_a_secret_volume(tmp_path: Path) -> None:
-    (tmp_path / "..2026_11_26").mkdir()
-    (tmp_path / "..data").symlink_to(tmp_path / "..2026_11_26")
-    (tmp_path / "k1").write_bytes(KEYS["k1"] + b"\n")
-    (tmp_path / "short").write_bytes(b"tooshort")
-    assert load_keys(tmp_path) == {"k1": KEYS["k1"]}
-    assert load_keys(tmp_path / "missing") == {}
+    data = tmp_path / "..2026_11_26"
+    data.mkdir()
+    (tmp_path / "..data").symlink_to(data.name)
+    (data / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    (tmp_path / "k1").symlink_to("..data/k1")
+    (tmp_path / "k2").write_bytes(public_key_base64(SIGNING["k2"]).encode() + b"\n")
+    (tmp_path / "bad").write_bytes(b"tooshort")
+    (tmp_path / "bad name!").write_bytes(public_key_pem(SIGNING["k1"]))
+    loaded = load_keys(tmp_path)
+    assert loaded.public == KEYS and not loaded.private
+    assert any(p.startswith("bad:") for p in loaded.problems)
+    assert any("not a valid key id" in p for p in loaded.problems)
+    assert not load_keys(tmp_path / "missing").public
+
+
+def test_a_node_never_uses_a_private_key(tmp_path: Path) -> None:
+    (tmp_path / "k1").write_bytes(private_key_pem(SIGNING["k1"]))
+    node = load_keys(tmp_path)
+    assert not node.public and "nodes must hold public keys only" in node.problems[0]
+    scheduler = load_keys(tmp_path, allow_private=True)
+    assert scheduler.public == {"k1": KEYS["k1"]}
+    assert private_key_pem(scheduler.private["k1"]) == private_key_pem(SIGNING["k1"])
+    ring = KeyRing(tmp_path, allow_private=True, recheck_seconds=0)
+    signer = ring.signing_key("k1")
+    assert signer is not None and private_key_pem(signer) == private_key_pem(SIGNING["k1"])
+    assert ring.signing_key("k2") is None
+
+
+def test_key_ring_rereads_added_rewritten_and_deleted_keys(tmp_path: Path) -> None:
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    (tmp_path / "k2").write_bytes(public_key_pem(SIGNING["k2"]))
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert set(ring.keys()) == {"k1", "k2"}
+    stamp = time.time() + 5  # the remaining files' mtimes say nothing about a deletion
+    os.utime(tmp_path / "k1", (stamp, stamp))
+    (tmp_path / "k2").unlink()
+    assert set(ring.keys()) == {"k1"}  # revoked without a restart
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k2"]))  # rewritten in place
+    os.utime(tmp_path / "k1", (stamp, stamp))
+    assert ring.keys()["k1"] == KEYS["k2"]
+    (tmp_path / "k3").write_bytes(public_key_pem(SIGNING["k1"]))
+    assert set(ring.keys()) == {"k1", "k3"}
+
+
+def test_key_ring_follows_a_secret_volume_update(tmp_path: Path) -> None:
+    """kubelet updates a Secret volume by re-pointing ..data at a new timestamped directory."""
+    old, new = tmp_path / "..2026_11_26_1", tmp_path / "..2026_11_26_2"
+    old.mkdir()
+    new.mkdir()
+    for key_id in ("k1", "k2"):
+        (old / key_id).write_bytes(public_key_pem(SIGNING[key_id]))
+    (new / "k2").write_bytes(public_key_pem(SIGNING["k2"]))
+    (tmp_path / "..data").symlink_to(old.name)
+    (tmp_path / "k1").symlink_to("..data/k1")
+    (tmp_path / "k2").symlink_to("..data/k2")
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert set(ring.keys()) == {"k1", "k2"}
+    (tmp_path / "..data_tmp").symlink_to(new.name)
+    (tmp_path / "..data_tmp").rename(tmp_path / "..data")
+    (tmp_path / "k1").unlink()
+    assert set(ring.keys()) == {"k2"}
+
+
+def test_the_managed_names_are_the_ones_the_scheduler_and_the_advertiser_use() -> None:
+    """One place names how pods ask for devices; the other components must agree with it."""
+    from crishim.advertiser import DEFAULT_RESOURCES
+    from kubegpu.allocation import GPU_RESOURCE, MANAGED_RESOURCES, SHARE_ANNOTATIONS
+    from scheduler.live import podspec
+    from scheduler.live.config import SchedulerConfig
+
+    assert set(DEFAULT_RESOURCES.values()) == set(MANAGED_RESOURCES)
+    assert SchedulerConfig().gpu_resource == GPU_RESOURCE
+    assert {podspec.GPU_MILLI_ANNOTATION, podspec.GPU_MEMORY_ANNOTATION} == set(SHARE_ANNOTATIONS)

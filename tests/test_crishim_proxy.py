@@ -227,11 +227,16 @@ class Tagging(PassthroughInterceptor):
 
     def __init__(self) -> None:
         self.completed: list[str | None] = []
+        self.ambiguous: list[bool] = []
         self.removed: list[str] = []
 
     async def create_container(self, request):  # type: ignore[no-untyped-def]
         request.config.envs.add(key="REWRITTEN", value=b"yes")
-        return request, self.completed.append
+        return request, self.done
+
+    def done(self, container_id: str | None, ambiguous: bool) -> None:
+        self.completed.append(container_id)
+        self.ambiguous.append(ambiguous)
 
     def removed_container(self, container_id: str) -> None:
         self.removed.append("container:" + container_id)

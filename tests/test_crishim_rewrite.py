@@ -18,15 +18,15 @@ import pytest
 
 from crishim.cri import api_pb2
 from devices.sim import sim_gpu_id
-from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, Share, sign
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, Share, SigningKey, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
+from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, write_node_keys
 
 pytestmark = pytest.mark.containerd
 
 NODE = "node-a"
-KEY_ID, KEY = "k1", b"test-signing-key-0123456789abcdef"
 
 
 def gpu(index: int) -> str:
@@ -49,7 +49,7 @@ class Node:
         containers: dict[str, list[str]],
         node: str = NODE,
         shares: dict[str, dict[str, Share]] | None = None,
-        key: bytes = KEY,
+        key: SigningKey = KEY,
     ) -> str:
         allocation = Allocation(
             node,
@@ -117,9 +117,7 @@ class Node:
 
 @pytest.fixture
 def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[Node]:
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / KEY_ID).write_bytes(KEY)
+    keys = write_node_keys(tmp_path / "keys")
     state = tmp_path / "sim"
     shim = ShimProcess(
         socket=Path(f"/tmp/kgshim-rw-{uuid.uuid4().hex[:8]}.sock"),
@@ -190,7 +188,7 @@ REJECTIONS: list[tuple[str, Callable[[Node, str], str], grpc.StatusCode, str]] =
     ),
     (
         "badsig",
-        lambda n, uid: n.signed(uid, {"app": [gpu(0)]}, key=b"another-key-0123456789abcdef"),
+        lambda n, uid: n.signed(uid, {"app": [gpu(0)]}, key=OTHER_KEY),
         grpc.StatusCode.INVALID_ARGUMENT,
         "does not verify",
     ),

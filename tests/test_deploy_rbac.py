@@ -556,9 +556,10 @@ def test_the_scheduler_runs_with_its_service_account(
     import threading
     import time
 
-    from crishim.rewrite import KeyRing
+    from kubegpu.allocation import KeyRing
     from scheduler.live.config import LeaderElection, SchedulerConfig
     from scheduler.live.scheduler import Scheduler
+    from tests.fixtures.keys import SIGNING
     from tests.test_scheduler_api import advertise, gpu_pod, wait_bound
 
     core = k8s.CoreV1Api(admin_api)
@@ -569,7 +570,7 @@ def test_the_scheduler_runs_with_its_service_account(
         leader_election=LeaderElection(enabled=True, namespace=NAMESPACE, lease_name=LEASE, lease_seconds=4.0,
                                        renew_deadline_seconds=3.0, retry_period_seconds=0.5),
     )
-    scheduler = Scheduler(config, scheduler_api, KeyRing(None, {"k1": b"rbac-test-key-0123456789abcdef"}))
+    scheduler = Scheduler(config, scheduler_api, KeyRing(None, SIGNING))
     scheduler.start_watching()
     assert scheduler.wait_synced(30)
     scheduler.start_leading(scheduler_api)
