@@ -120,7 +120,7 @@ def canonical_bytes(document: Mapping[str, Any]) -> bytes:
 
 def sign(allocation: Allocation, key_id: str, key: SigningKey) -> str:
     """The annotation value for ``allocation``, signed with the private ``key`` under ``key_id``."""
-    if not KEY_ID.match(key_id):
+    if not KEY_ID.fullmatch(key_id):
         raise AllocationError(f"invalid key id {key_id!r}")
     document = allocation.to_document()
     document["keyId"] = key_id
@@ -165,8 +165,9 @@ def verify(value: str, keys: Mapping[str, VerifyingKey]) -> Allocation:
 
 def parse_document(document: Mapping[str, Any]) -> Allocation:
     """Validate the shape of an allocation document (signature already checked)."""
-    if document.get("version") != VERSION:
-        raise AllocationError(f"unsupported allocation version {document.get('version')!r}")
+    version = document.get("version")
+    if type(version) is not int or version != VERSION:
+        raise AllocationError(f"unsupported allocation version {str(version)[:20]!r}")
     node, pod_uid, containers = document.get("node"), document.get("podUID"), document.get("containers")
     if not isinstance(node, str) or not node:
         raise AllocationError("allocation has no node name")
@@ -197,7 +198,7 @@ def _check_device_sharing(containers: Mapping[str, ContainerAllocation]) -> None
 
 
 def _parse_container(name: Any, entry: Any) -> ContainerAllocation:
-    if not isinstance(name, str) or not CONTAINER_NAME.match(name):
+    if not isinstance(name, str) or not CONTAINER_NAME.fullmatch(name):
         raise AllocationError(f"invalid container name {str(name)[:80]!r}")
     if not isinstance(entry, dict):
         raise AllocationError(f"container {name}: entry is not an object")
@@ -209,7 +210,7 @@ def _parse_container(name: Any, entry: Any) -> ContainerAllocation:
             f"container {name}: {len(devices)} devices, more than {MAX_DEVICES_PER_CONTAINER}"
         )
     for device in devices:
-        if not isinstance(device, str) or not DEVICE_ID.match(device):
+        if not isinstance(device, str) or not DEVICE_ID.fullmatch(device):
             raise AllocationError(f"container {name}: invalid device id {str(device)[:80]!r}")
     if len(set(devices)) != len(devices):
         raise AllocationError(f"container {name}: a device is listed twice")
@@ -324,7 +325,7 @@ def load_keys(directory: Path, allow_private: bool = False) -> Keys:
     for path in sorted(directory.iterdir()):
         if path.name.startswith("."):
             continue  # Secret volumes hold ..data symlinks and timestamped dirs
-        if not KEY_ID.match(path.name):
+        if not KEY_ID.fullmatch(path.name):
             problems.append(f"{path.name}: not a valid key id, skipped")
             continue
         try:

@@ -10,9 +10,9 @@ import pytest
 
 from crishim import edits
 from crishim.cri import api_pb2
+from crishim.hostpaths import ManagedDevices
 from crishim.intercept import Rejected
 from crishim.ledger import Holding, Ledger, mark_value, parse_mark
-from crishim.hostpaths import ManagedDevices
 from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.plugin import ContainerEdits, DeviceNode, Mount, load_plugins
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, sign
