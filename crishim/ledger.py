@@ -37,6 +37,7 @@ class Holding:
     milli: int
     attempt: int = 0
     unknown: bool = False  # the create failed ambiguously: containerd may have made the container
+    ticket: int = 0  # tells apart the reservations of two creates of the same container and attempt
 
     @property
     def state(self) -> str:

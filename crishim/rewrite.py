@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import glob
+import itertools
 import logging
 import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
@@ -226,6 +227,7 @@ class AllocationRewriter:
         self._runtime: api_pb2_grpc.RuntimeServiceStub | None = None
         self.rebuilt = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
+        self._tickets = itertools.count(1)
 
     def attach(self, channel: grpc.aio.Channel) -> None:
         """Give the rewriter the runtime connection (for rebuild and liveness checks)."""
@@ -424,9 +426,10 @@ class AllocationRewriter:
                 grpc.StatusCode.UNAVAILABLE, f"pod {pod}: the device ledger is still being rebuilt, retry"
             )
         milli = {d.id: (shares[d.id].milli if d.id in shares else WHOLE) for d in granted}
-        attempt = request.config.metadata.attempt
+        attempt, ticket = request.config.metadata.attempt, next(self._tickets)
         holdings = [
-            Holding("", request.pod_sandbox_id, pod.uid, container, d, m, attempt) for d, m in milli.items()
+            Holding("", request.pod_sandbox_id, pod.uid, container, d, m, attempt, ticket=ticket)
+            for d, m in milli.items()
         ]
         await self._reserve(pod, container, holdings)
         try:

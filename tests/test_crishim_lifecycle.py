@@ -1,0 +1,286 @@
+"""The rewriter over time, with stand-in plugins and runtime: discovery retried until it works,
+rediscovery on health changes, creates of unknown outcome reconciled with the runtime, static
+pods never sent to the API server. (Real containerd: test_crishim_rewrite.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crishim.cri import api_pb2
+from crishim.intercept import Rejected
+from crishim.ledger import MARK_ANNOTATION, Holding, mark_value
+from crishim.rewrite import CONFIG_SOURCE_ANNOTATION, AllocationRewriter, DevicesNotDiscovered, NodeDevices
+from devices.model import Device, DeviceKind, NodeInventory
+from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginError
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, Share, sign
+from tests.fixtures.keys import SIGNING
+
+NODE, UID = "life-node", "11111111-0000-4000-8000-000000000001"
+
+
+class Flaky:
+    """A GPU plugin whose discovery fails ``failures`` times (NVML not up yet), then works."""
+
+    name = "flaky"
+    kinds = frozenset({DeviceKind.GPU})
+    device_patterns = ("/dev/flaky-gpu*",)
+
+    def __init__(self, failures: int, gpus: int = 2) -> None:
+        self.failures = failures
+        self.gpus = gpus
+        self.calls = 0
+        self.healthy = True
+
+    def discover(self) -> NodeInventory:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise PluginError("flaky: NVML not available: driver not loaded")
+        return NodeInventory(
+            tuple(
+                Device(
+                    id=f"GPU-{i}",
+                    kind=DeviceKind.GPU,
+                    index=i,
+                    model="x",
+                    device_nodes=(f"/dev/flaky-gpu{i}",),
+                )
+                for i in range(self.gpus)
+            )
+        )
+
+    def health(self) -> dict[str, bool]:
+        if self.calls <= self.failures:
+            raise PluginError("flaky: not discovered")
+        return {f"GPU-{i}": self.healthy for i in range(self.gpus)}
+
+    def container_edits(
+        self, devices: Sequence[Device], shares: Mapping[str, GpuShare] | None = None
+    ) -> ContainerEdits:
+        return ContainerEdits(
+            device_nodes=tuple(DeviceNode(d.device_nodes[0], d.device_nodes[0]) for d in devices),
+            env={"NVIDIA_VISIBLE_DEVICES": ",".join(d.id for d in devices)},
+        )
+
+
+def request(
+    container: str = "app",
+    grant: dict[str, list[str]] | None = None,
+    shares: dict[str, dict[str, Share]] | None = None,
+    uid: str = UID,
+    sandbox: str = "sb",
+    attempt: int = 0,
+    annotations: dict[str, str] | None = None,
+) -> api_pb2.CreateContainerRequest:
+    req = api_pb2.CreateContainerRequest(pod_sandbox_id=sandbox)
+    req.sandbox_config.metadata.name, req.sandbox_config.metadata.namespace = "p", "default"
+    req.sandbox_config.metadata.uid = uid
+    req.sandbox_config.annotations.update(annotations or {})
+    if grant is not None:
+        allocation = Allocation(
+            NODE,
+            uid,
+            {n: ContainerAllocation(tuple(d), (shares or {}).get(n, {})) for n, d in grant.items()},
+        )
+        req.sandbox_config.annotations[ANNOTATION] = sign(allocation, "k1", SIGNING["k1"])
+    req.config.metadata.name = container
+    req.config.metadata.attempt = attempt
+    return req
+
+
+def rewriter_for(node: NodeDevices, lookup: object = None) -> AllocationRewriter:
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING), lookup)  # type: ignore[arg-type]
+    rewriter.rebuilt.set()
+    return rewriter
+
+
+def test_discovery_is_retried_and_creates_wait_for_it() -> None:
+    plugin = Flaky(failures=3)
+    node = NodeDevices([plugin], sysfs_root=None)
+    with pytest.raises(PluginError):
+        node.discover()
+    rewriter = rewriter_for(node)
+    with pytest.raises(DevicesNotDiscovered):
+        node.current_inventory()  # the advertiser publishes nothing rather than an empty node
+
+    async def run() -> None:
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        assert caught.value.code is grpc.StatusCode.UNAVAILABLE
+        assert (
+            "device discovery has not succeeded" in caught.value.message
+            and "driver not loaded" in caught.value.message
+        )
+        # A container without devices is served meanwhile, and still scrubbed of the known paths.
+        plain = request()
+        plain.config.devices.add(host_path="/dev/flaky-gpu0", container_path="/dev/x")
+        created, _ = await rewriter.create_container(plain)
+        assert not created.config.devices
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01))
+        for _ in range(500):
+            if node.discovered:
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+        assert node.discovered and sorted(node.devices) == ["GPU-0", "GPU-1"]
+        granted, completion = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        assert [d.host_path for d in granted.config.devices] == ["/dev/flaky-gpu0"]
+        assert completion is not None
+
+    asyncio.run(run())
+    assert [d.id for d in node.current_inventory().devices] == ["GPU-0", "GPU-1"]
+
+
+def test_a_health_change_triggers_rediscovery() -> None:
+    plugin = Flaky(failures=0, gpus=1)
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+
+    async def run() -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=10**6))
+        await asyncio.sleep(0.1)
+        plugin.gpus, plugin.healthy = 3, False  # a GPU fell off and two more came up
+        for _ in range(500):
+            if len(node.devices) == 3:
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(run())
+    assert sorted(node.devices) == ["GPU-0", "GPU-1", "GPU-2"]
+
+
+class FakeRuntime:
+    """Answers ListContainers and ContainerStatus from a list of containers."""
+
+    def __init__(self) -> None:
+        self.containers: list[api_pb2.Container] = []
+        self.lists = 0
+
+    def add(self, container_id: str, sandbox: str, name: str, attempt: int, devices: dict[str, int]) -> None:
+        self.containers.append(
+            api_pb2.Container(
+                id=container_id,
+                pod_sandbox_id=sandbox,
+                metadata=api_pb2.ContainerMetadata(name=name, attempt=attempt),
+                state=api_pb2.CONTAINER_CREATED,
+                annotations={MARK_ANNOTATION: mark_value(UID, name, devices)},
+            )
+        )
+
+    async def ListContainers(self, req: api_pb2.ListContainersRequest, timeout: float = 0) -> object:
+        self.lists += 1
+        wanted = req.filter.pod_sandbox_id
+        return api_pb2.ListContainersResponse(
+            containers=[c for c in self.containers if not wanted or c.pod_sandbox_id == wanted]
+        )
+
+    async def ContainerStatus(self, req: api_pb2.ContainerStatusRequest, timeout: float = 0) -> object:
+        for c in self.containers:
+            if c.id == req.container_id:
+                return api_pb2.ContainerStatusResponse(status=api_pb2.ContainerStatus(id=c.id, state=c.state))
+        raise _NotFound()
+
+
+class _NotFound(grpc.aio.AioRpcError):
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(), "not found")
+
+
+def sim_node(tmp_path: Path) -> NodeDevices:
+    node = NodeDevices([Flaky(failures=0, gpus=2)], sysfs_root=None)
+    node.discover()
+    return node
+
+
+@pytest.mark.parametrize("created", [False, True])
+def test_an_unknown_outcome_is_settled_by_asking_the_runtime(tmp_path: Path, created: bool) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    share = {"app": {"GPU-1": Share(600)}}
+
+    async def run() -> None:
+        _, completion = await rewriter.create_container(request(grant={"app": ["GPU-1"]}, shares=share))
+        assert completion is not None
+        completion(None, True)  # DEADLINE_EXCEEDED: containerd may or may not have made it
+        [held] = rewriter.ledger.holdings()
+        assert held.unknown and not held.container_id
+        if created:
+            runtime.add("c-ghost", "sb", "app", 0, {"GPU-1": 600})
+        other = request(
+            container="c", grant={"c": ["GPU-1"]}, shares={"c": {"GPU-1": Share(500)}}, uid="Q", sandbox="sq"
+        )
+        if created:  # the ghost exists and may be started: its 600 stand, 500 more do not fit
+            with pytest.raises(Rejected) as caught:
+                await rewriter.create_container(other)
+            assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        else:  # nothing was created: the 600 go, and 500 fit
+            await rewriter.create_container(other)
+        assert runtime.lists == 1
+        mine = [h for h in rewriter.ledger.holdings() if h.pod_uid == UID]
+        assert [(h.container_id, h.unknown) for h in mine] == ([("c-ghost", False)] if created else [])
+
+    asyncio.run(run())
+
+
+def test_the_retry_of_an_unknown_create_does_not_count_twice(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    share = {"app": {"GPU-0": Share(600)}}
+
+    async def run() -> None:
+        _, first = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, shares=share))
+        first(None, True)  # type: ignore[misc]
+        _, retry = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, shares=share))
+        runtime.add("c-retry", "sb", "app", 0, {"GPU-0": 600})
+        retry("c-retry", False)  # type: ignore[misc]
+        assert await rewriter.reconcile_unknown("sb")
+        assert [(h.container_id, h.milli) for h in rewriter.ledger.holdings()] == [("c-retry", 600)]
+
+    asyncio.run(run())
+
+
+def test_reconciliation_keeps_the_holding_while_the_runtime_is_unreachable(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+
+    class Down(FakeRuntime):
+        async def ListContainers(self, req: object, timeout: float = 0) -> object:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
+            )
+
+    rewriter._runtime = Down()  # type: ignore[assignment]
+    rewriter.ledger.try_reserve([Holding("", "sb", UID, "app", "GPU-0", 1000)])
+    rewriter.ledger.mark_unknown([Holding("", "sb", UID, "app", "GPU-0", 1000)])
+    assert not asyncio.run(rewriter.reconcile_unknown())
+    assert [h.unknown for h in rewriter.ledger.holdings()] == [True]  # still counts: the safe side
+
+
+def test_static_pods_never_need_the_api_server(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    async def lookup(namespace: str, name: str, uid: str) -> str | None:
+        asked.append(name)
+        raise AssertionError("a static pod must not be looked up")
+
+    rewriter = rewriter_for(sim_node(tmp_path), lookup)
+    static = request(annotations={CONFIG_SOURCE_ANNOTATION: "file"})
+    static.config.envs.add(key="NVIDIA_VISIBLE_DEVICES", value=b"all")
+    created, completion = asyncio.run(rewriter.create_container(static))
+    assert completion is None and not asked
+    assert {kv.key: kv.value for kv in created.config.envs}["NVIDIA_VISIBLE_DEVICES"] == b"void"
+
+    async def found(namespace: str, name: str, uid: str) -> str | None:
+        asked.append(name)
+        return None
+
+    api_pod = request(annotations={CONFIG_SOURCE_ANNOTATION: "api"})
+    asyncio.run(rewriter_for(sim_node(tmp_path), found).create_container(api_pod))
+    assert asked == ["p"]
