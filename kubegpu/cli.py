@@ -11,6 +11,7 @@ from typing import Any
 
 from devices.cli import register as _add_devices
 from kubegpu import __version__, logs
+from kubegpu.keyscli import register as _add_keys
 from scheduler.sim.cli import register as _add_simulate
 
 
@@ -246,6 +247,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_devices(sub)
     _add_scheduler(sub)
     _add_simulate(sub)
+    _add_keys(sub)
     return parser
 
 

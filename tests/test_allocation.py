@@ -287,3 +287,30 @@ def test_the_managed_names_are_the_ones_the_scheduler_and_the_advertiser_use() -
     assert set(DEFAULT_RESOURCES.values()) == set(MANAGED_RESOURCES)
     assert SchedulerConfig().gpu_resource == GPU_RESOURCE
     assert {podspec.GPU_MILLI_ANNOTATION, podspec.GPU_MEMORY_ANNOTATION} == set(SHARE_ANNOTATIONS)
+
+
+def test_keys_cli_generates_derives_and_checks(tmp_path: Path) -> None:
+    """kubegpu keys: generate a private key, derive the public key the nodes hold, check both dirs."""
+    import sys
+
+    def kubegpu(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        return subprocess.run([sys.executable, "-m", "kubegpu", "keys", *args], input=stdin, capture_output=True)
+
+    scheduler, node = tmp_path / "scheduler", tmp_path / "node"
+    scheduler.mkdir()
+    node.mkdir()
+    assert kubegpu("generate", "--out", str(scheduler / "k1")).returncode == 0
+    assert oct((scheduler / "k1").stat().st_mode & 0o777) == "0o600"
+    assert kubegpu("generate", "--out", str(scheduler / "k1")).returncode == 2  # never overwrites
+    pem = kubegpu("public", str(scheduler / "k1")).stdout
+    raw = kubegpu("public", "--format", "base64", "-", stdin=(scheduler / "k1").read_bytes()).stdout
+    (node / "k1").write_bytes(pem)
+    (node / "k2").write_bytes(raw)
+    signer = parse_key((scheduler / "k1").read_bytes())
+    assert parse_key(pem) == parse_key(raw) == signer.public_key()  # type: ignore[union-attr]
+    ok = kubegpu("check", str(node))
+    assert ok.returncode == 0 and json.loads(ok.stdout)["verifying"] == ["k1", "k2"]
+    assert kubegpu("check", str(scheduler)).returncode == 1  # a private key where a node reads keys
+    assert json.loads(kubegpu("check", "--private", str(scheduler)).stdout)["signing"] == ["k1"]
+    bad = kubegpu("public", str(tmp_path / "missing"))
+    assert bad.returncode == 2 and len(bad.stderr.decode().strip().splitlines()) == 1
