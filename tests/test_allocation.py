@@ -294,7 +294,8 @@ def test_keys_cli_generates_derives_and_checks(tmp_path: Path) -> None:
     import sys
 
     def kubegpu(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
-        return subprocess.run([sys.executable, "-m", "kubegpu", "keys", *args], input=stdin, capture_output=True)
+        command = [sys.executable, "-m", "kubegpu", "keys", *args]
+        return subprocess.run(command, input=stdin, capture_output=True)
 
     scheduler, node = tmp_path / "scheduler", tmp_path / "node"
     scheduler.mkdir()
