@@ -127,15 +127,10 @@ class Ledger:
         with self._lock:
             for h in reserved:
                 entries = self._by_device.setdefault(h.device, [])
-                if any(e.container_id == container_id for e in entries):
-                    continue
-                done = replace(h, container_id=container_id, unknown=False)
-                for i, e in enumerate(entries):
-                    if e == h or e == replace(h, unknown=True):
-                        entries[i] = done
-                        break
-                else:
-                    entries.append(done)
+                pending = (h, replace(h, unknown=True))
+                entries[:] = [e for e in entries if e not in pending]
+                if not any(e.container_id == container_id for e in entries):  # reconciled already
+                    entries.append(replace(h, container_id=container_id, unknown=False))
 
     def release(self, reserved: Iterable[Holding]) -> None:
         """Drop in-flight (or unknown) holdings of a create that did not make a container."""

@@ -126,3 +126,18 @@ def test_allocated_create_waits_for_the_ledger(tmp_path: Path) -> None:
     rewritten, completion = asyncio.run(rewriter.create_container(request))
     assert completion is not None
     assert [kv.value for kv in rewritten.config.envs if kv.key == "NVIDIA_VISIBLE_DEVICES"] == [gpu.encode()]
+
+
+def test_a_create_committed_after_reconciliation_claimed_its_container_counts_once() -> None:
+    """An unknown holding was settled onto container C just before C's own create reported it:
+    the create's in-flight holding must go, not linger as a second claim."""
+    ledger = Ledger()
+    unknown = Holding("", "sb", "P", "app", "GPU-1", 600, ticket=1)
+    retry = Holding("", "sb", "P", "app", "GPU-1", 600, ticket=2)
+    assert not ledger.try_reserve([unknown])
+    ledger.mark_unknown([unknown])
+    assert not ledger.try_reserve([retry])
+    ledger.commit([unknown], "C")  # the reconciliation found C first
+    ledger.commit([retry], "C")  # then the retry's answer arrives
+    assert [(h.container_id, h.milli) for h in ledger.holdings()] == [("C", 600)]
+    assert not ledger.try_reserve([Holding("", "sq", "Q", "c", "GPU-1", 400)])

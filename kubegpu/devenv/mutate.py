@@ -59,13 +59,20 @@ def prepare(workdir: Path, mutate: list[str], tests: list[str], pytest_args: lis
         f"also_copy = {_toml_value([p for p in PACKAGES if p not in sources])}",
     ]
     (workdir / "pyproject.toml").write_text("\n".join(lines) + "\n")
+    # mutmut imports the tests from mutants/, which it makes later: the directory must exist when
+    # Python starts, or the import system caches it as missing (PYTHONPATH names it).
+    (workdir / "mutants").mkdir()
 
 
 def run(workdir: Path, jobs: int) -> int:
     env = {**os.environ, "PYTHONPATH": str(workdir / "mutants")}
     mutmut = [sys.executable, "-m", "mutmut"]
-    done = subprocess.run([*mutmut, "run", "--max-children", str(jobs)], cwd=workdir, env=env)
+    with open(workdir / "run.log", "w") as log:
+        done = subprocess.run(
+            [*mutmut, "run", "--max-children", str(jobs)], cwd=workdir, env=env, stdout=log, stderr=log
+        )
     if done.returncode not in (0, 1):  # 1: some mutants survived, which is a result, not an error
+        print(f"mutate: mutmut run failed ({done.returncode}), see {workdir / 'run.log'}", file=sys.stderr)
         return done.returncode
     results = subprocess.run(
         [*mutmut, "results", "--all", "true"], cwd=workdir, env=env, capture_output=True, text=True
