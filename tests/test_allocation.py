@@ -315,3 +315,36 @@ def test_keys_cli_generates_derives_and_checks(tmp_path: Path) -> None:
     assert json.loads(kubegpu("check", "--private", str(scheduler)).stdout)["signing"] == ["k1"]
     bad = kubegpu("public", str(tmp_path / "missing"))
     assert bad.returncode == 2 and len(bad.stderr.decode().strip().splitlines()) == 1
+
+
+def test_the_annotation_is_written_in_canonical_form() -> None:
+    """Compact and sorted, as the canonical form: the smallest value under the size limit."""
+    value = sign(example(), "k1", SIGNING["k1"])
+    assert value == json.dumps(json.loads(value), sort_keys=True, separators=(",", ":"))
+    with pytest.raises(AllocationError, match="invalid key id 'no such/id'"):
+        sign(example(), "no such/id", SIGNING["k1"])
+
+
+def test_a_clean_secret_volume_loads_without_complaint_and_bad_files_skip_alone(tmp_path: Path) -> None:
+    data = tmp_path / "..2026_11_26"
+    data.mkdir()
+    (tmp_path / "..data").symlink_to(data.name)
+    (data / "k2").write_bytes(public_key_pem(SIGNING["k2"]))
+    (tmp_path / "k2").symlink_to("..data/k2")
+    assert load_keys(tmp_path).problems == ()
+    (tmp_path / "a-bad").write_bytes(b"junk!")  # sorts before k2
+    (tmp_path / "Bad name").write_bytes(b"junk!")
+    loaded = load_keys(tmp_path)
+    assert set(loaded.public) == {"k2"} and len(loaded.problems) == 2
+    assert "is not a directory" in load_keys(tmp_path / "missing").problems[0]
+
+
+def test_the_key_file_size_limit(tmp_path: Path) -> None:
+    from kubegpu.allocation import MAX_KEY_FILE_BYTES
+
+    pem = public_key_pem(SIGNING["k1"])
+    (tmp_path / "k1").write_bytes(pem + b" " * (MAX_KEY_FILE_BYTES - len(pem)))
+    assert set(load_keys(tmp_path).public) == {"k1"}
+    (tmp_path / "k1").write_bytes(pem + b" " * (MAX_KEY_FILE_BYTES + 1 - len(pem)))
+    loaded = load_keys(tmp_path)
+    assert not loaded.public and loaded.problems == (f"k1: larger than {MAX_KEY_FILE_BYTES} bytes",)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import grpc
@@ -141,3 +142,56 @@ def test_a_create_committed_after_reconciliation_claimed_its_container_counts_on
     ledger.commit([retry], "C")  # then the retry's answer arrives
     assert [(h.container_id, h.milli) for h in ledger.holdings()] == [("C", 600)]
     assert not ledger.try_reserve([Holding("", "sq", "Q", "c", "GPU-1", 400)])
+
+
+def test_mark_fields_must_all_have_their_types() -> None:
+    good = {"pod": "u", "container": "c", "devices": {"GPU-1": 1}}
+    assert parse_mark(json.dumps(good)) == ("u", "c", {"GPU-1": 1})
+    for field, wrong in (("pod", 1), ("container", None), ("devices", ["GPU-1"])):
+        assert parse_mark(json.dumps({**good, field: wrong})) is None, field
+    for milli in (0, -1, 1001, True, 1.0):
+        assert parse_mark(json.dumps({**good, "devices": {"GPU-1": milli}})) is None, milli
+    assert parse_mark(json.dumps({**good, "devices": {"GPU-1": 1000}})) == ("u", "c", {"GPU-1": 1000})
+
+
+def test_ledger_bookkeeping_of_creates_whose_device_entries_went_away() -> None:
+    ledger = Ledger()
+    mine = Holding("", "sb", "P", "app", "GPU-1", 300, ticket=1)
+    other = Holding("", "sq", "Q", "app", "GPU-1", 300, ticket=2)
+    assert not ledger.try_reserve([mine]) and not ledger.try_reserve([other])
+    ledger.remove_sandbox("sb")
+    ledger.remove_sandbox("sq")
+    ledger.mark_unknown([mine])  # nothing left to mark: no error
+    ledger.commit([mine], "c1")  # containerd made it after all: it holds the device
+    assert [(h.container_id, h.device) for h in ledger.holdings()] == [("c1", "GPU-1")]
+    assert not ledger.try_reserve([other])
+    ledger.commit([other], "c2")  # another container on the same device is its own claim
+    assert sorted(h.container_id for h in ledger.holdings()) == ["c1", "c2"]
+
+
+def test_ledger_releases_and_lists_only_what_it_is_asked_about() -> None:
+    ledger = Ledger()
+    first = Holding("", "sb", "P", "a", "GPU-1", 100, ticket=1)
+    second = Holding("", "sb", "P", "b", "GPU-1", 100, ticket=2)
+    third = Holding("", "sc", "R", "a", "GPU-2", 100, ticket=3)
+    for h in (first, second, third):
+        assert not ledger.try_reserve([h])
+    ledger.mark_unknown([first, third])
+    assert sorted(h.ticket for h in ledger.unknown()) == [1, 3]
+    assert [h.ticket for h in ledger.unknown("sb")] == [1]
+    ledger.release([first])  # an unknown one
+    assert sorted(h.ticket for h in ledger.holdings()) == [2, 3]
+    ledger.release([second])
+    assert [h.ticket for h in ledger.holdings()] == [3]
+
+
+def test_a_conflict_names_every_holder() -> None:
+    ledger = Ledger()
+    ledger.try_reserve([Holding("c1234567890abcdef", "s1", "P", "a", "GPU-1", 500)])
+    ledger.try_reserve([Holding("", "s2", "Q", "b", "GPU-1", 400)])
+    ledger.mark_unknown([Holding("", "s2", "Q", "b", "GPU-1", 400)])
+    [conflict] = ledger.try_reserve([Holding("", "s3", "R", "c", "GPU-1", 200)])
+    assert (
+        conflict.describe()
+        == "device GPU-1 is held by a of pod P (c1234567890a), b of pod Q (outcome unknown)"
+    )

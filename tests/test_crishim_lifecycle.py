@@ -5,6 +5,9 @@ pods never sent to the API server. (Real containerd: test_crishim_rewrite.py.)""
 from __future__ import annotations
 
 import asyncio
+import gc
+import logging
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
@@ -47,6 +50,7 @@ class Flaky:
                     kind=DeviceKind.GPU,
                     index=i,
                     model="x",
+                    healthy=self.healthy,
                     device_nodes=(f"/dev/flaky-gpu{i}",),
                 )
                 for i in range(self.gpus)
@@ -55,7 +59,7 @@ class Flaky:
 
     def health(self) -> dict[str, bool]:
         if self.calls <= self.failures:
-            raise PluginError("flaky: not discovered")
+            return {}  # knows no device yet, and says so without failing
         return {f"GPU-{i}": self.healthy for i in range(self.gpus)}
 
     def container_edits(
@@ -98,7 +102,13 @@ def rewriter_for(node: NodeDevices, lookup: object = None) -> AllocationRewriter
     return rewriter
 
 
-def test_discovery_is_retried_and_creates_wait_for_it() -> None:
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[tuple[int, dict[str, object]]]:
+    """The structured log events called ``name``: (level, fields)."""
+    return [(r.levelno, getattr(r, "fields", {})) for r in caplog.records if r.getMessage() == name]
+
+
+def test_discovery_is_retried_and_creates_wait_for_it(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     plugin = Flaky(failures=3)
     node = NodeDevices([plugin], sysfs_root=None)
     with pytest.raises(PluginError):
@@ -120,22 +130,32 @@ def test_discovery_is_retried_and_creates_wait_for_it() -> None:
         plain.config.devices.add(host_path="/dev/flaky-gpu0", container_path="/dev/x")
         created, _ = await rewriter.create_container(plain)
         assert not created.config.devices
-        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01))
+        # Discovery is retried on its own schedule, not only by the (rare) full rediscovery.
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=10**6))
         for _ in range(500):
             if node.discovered:
                 break
             await asyncio.sleep(0.01)
         upkeep.cancel()
         assert node.discovered and sorted(node.devices) == ["GPU-0", "GPU-1"]
+        assert plugin.calls == 4
         granted, completion = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
         assert [d.host_path for d in granted.config.devices] == ["/dev/flaky-gpu0"]
         assert completion is not None
 
     asyncio.run(run())
     assert [d.id for d in node.current_inventory().devices] == ["GPU-0", "GPU-1"]
+    assert (
+        events(caplog, "devices.discovery_failed")
+        == [(logging.WARNING, {"node": NODE, "error": "flaky: NVML not available: driver not loaded"})] * 2
+    )
+    assert events(caplog, "devices.discovered") == [
+        (logging.INFO, {"node": NODE, "devices": ["GPU-0", "GPU-1"]})
+    ]
 
 
-def test_a_health_change_triggers_rediscovery() -> None:
+def test_a_health_change_triggers_rediscovery(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     plugin = Flaky(failures=0, gpus=1)
     node = NodeDevices([plugin], sysfs_root=None)
     node.discover()
@@ -153,6 +173,19 @@ def test_a_health_change_triggers_rediscovery() -> None:
 
     asyncio.run(run())
     assert sorted(node.devices) == ["GPU-0", "GPU-1", "GPU-2"]
+    changed = {"GPU-0": False, "GPU-1": False, "GPU-2": False}  # GPU-0 went bad, two came (bad)
+    assert events(caplog, "health.changed")[0] == (logging.INFO, {"node": NODE, "devices": changed})
+    assert events(caplog, "devices.rediscovered")[0] == (
+        logging.INFO,
+        {"node": NODE, "devices": ["GPU-0", "GPU-1", "GPU-2"]},
+    )
+    inventory = node.current_inventory()  # what the advertiser publishes: today's health folded in
+    assert [(d.id, d.healthy) for d in inventory.devices] == [
+        ("GPU-0", False),
+        ("GPU-1", False),
+        ("GPU-2", False),
+    ]
+    assert inventory.topology == node.inventory.topology
 
 
 class FakeRuntime:
@@ -161,6 +194,7 @@ class FakeRuntime:
     def __init__(self) -> None:
         self.containers: list[api_pb2.Container] = []
         self.lists = 0
+        self.asked: list[tuple[str, float | None]] = []  # (sandbox filter, timeout) of each list
 
     def add(self, container_id: str, sandbox: str, name: str, attempt: int, devices: dict[str, int]) -> None:
         self.containers.append(
@@ -173,8 +207,11 @@ class FakeRuntime:
             )
         )
 
-    async def ListContainers(self, req: api_pb2.ListContainersRequest, timeout: float = 0) -> object:
+    async def ListContainers(
+        self, req: api_pb2.ListContainersRequest, timeout: float | None = None
+    ) -> object:
         self.lists += 1
+        self.asked.append((req.filter.pod_sandbox_id, timeout))
         wanted = req.filter.pod_sandbox_id
         return api_pb2.ListContainersResponse(
             containers=[c for c in self.containers if not wanted or c.pod_sandbox_id == wanted]
@@ -223,6 +260,8 @@ def test_an_unknown_outcome_is_settled_by_asking_the_runtime(tmp_path: Path, cre
         else:  # nothing was created: the 600 go, and 500 fit
             await rewriter.create_container(other)
         assert runtime.lists == 1
+        [(sandbox, timeout)] = runtime.asked
+        assert sandbox == "sb" and timeout is not None and 0 < timeout <= 30  # one sandbox, bounded
         mine = [h for h in rewriter.ledger.holdings() if h.pod_uid == UID]
         assert [(h.container_id, h.unknown) for h in mine] == ([("c-ghost", False)] if created else [])
 
@@ -284,3 +323,190 @@ def test_static_pods_never_need_the_api_server(tmp_path: Path) -> None:
     api_pod = request(annotations={CONFIG_SOURCE_ANNOTATION: "api"})
     asyncio.run(rewriter_for(sim_node(tmp_path), found).create_container(api_pod))
     assert asked == ["p"]
+
+
+def test_the_ledger_is_rebuilt_from_the_runtimes_marked_live_containers(tmp_path: Path) -> None:
+    node = sim_node(tmp_path)
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.add("c-live", "sb", "app", 2, {"GPU-0": 1000, "GPU-1": 300})
+    runtime.add("c-done", "sb", "old", 0, {"GPU-1": 700})
+    runtime.containers[-1].state = api_pb2.CONTAINER_EXITED
+    runtime.containers.append(api_pb2.Container(id="c-plain", pod_sandbox_id="sb"))  # not ours
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    assert not rewriter.rebuilt.is_set()
+    asyncio.run(rewriter.rebuild())
+    assert rewriter.rebuilt.is_set()
+    held = sorted(
+        (h.container_id, h.device, h.milli, h.attempt, h.sandbox_id) for h in rewriter.ledger.holdings()
+    )
+    assert held == [("c-live", "GPU-0", 1000, 2, "sb"), ("c-live", "GPU-1", 300, 2, "sb")]
+    rewriter.removed_container("c-live")
+    assert not rewriter.ledger.holdings()
+
+
+def test_the_rebuild_waits_for_the_runtime(tmp_path: Path) -> None:
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+
+    class Late(FakeRuntime):
+        async def ListContainers(self, req: object, timeout: float = 0) -> object:
+            self.lists += 1
+            if self.lists < 3:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
+                )
+            return await super().ListContainers(req, timeout)  # type: ignore[arg-type]  (counts again)
+
+    late = Late()
+    late.add("c1", "sb", "app", 0, {"GPU-0": 1000})
+    rewriter._runtime = late  # type: ignore[assignment]
+    asyncio.run(rewriter.rebuild(retry_seconds=0.01))
+    assert late.lists == 4 and [h.container_id for h in rewriter.ledger.holdings()] == ["c1"]
+
+
+def test_an_exited_or_vanished_holder_of_another_pod_is_dropped_on_conflict(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    runtime.add("c-exited", "s-old", "app", 0, {"GPU-0": 1000})
+    runtime.containers[-1].state = api_pb2.CONTAINER_EXITED
+    runtime.add("c-running", "s-run", "app", 0, {"GPU-1": 1000})
+    runtime.containers[-1].state = api_pb2.CONTAINER_RUNNING
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    rewriter.ledger.try_reserve([Holding("c-exited", "s-old", "other", "app", "GPU-0", 1000)])
+    rewriter.ledger.try_reserve([Holding("c-gone", "s-gone", "other2", "app", "GPU-0", 1)])
+    rewriter.ledger.try_reserve([Holding("c-running", "s-run", "other3", "app", "GPU-1", 1000)])
+
+    async def run() -> None:
+        _, done = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        assert done is not None
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(request(container="b", grant={"b": ["GPU-1"]}))
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "GPU-1 is held by app of pod other3 (c-running)" in caught.value.message
+
+    asyncio.run(run())
+    owners = sorted((h.pod_uid, h.device) for h in rewriter.ledger.holdings())
+    assert owners == [(UID, "GPU-0"), ("other3", "GPU-1")]
+    rewriter.removed_sandbox("s-run")
+    assert sorted(h.pod_uid for h in rewriter.ledger.holdings()) == [UID]
+
+
+def test_health_refresh_reports_only_changes_and_rediscovery_when_health_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    plugin = Flaky(failures=0, gpus=2)
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    assert node.refresh_health() == {}
+    plugin.healthy = False
+    assert node.refresh_health() == {"GPU-0": False, "GPU-1": False}
+    assert node.healthy == {"GPU-0": False, "GPU-1": False}
+    assert [d.healthy for d in node.inventory.devices] == [True, True]  # as discovered
+    assert [d.healthy for d in node.current_inventory().devices] == [False, False]  # as published
+
+    class Broken(Flaky):
+        def health(self) -> dict[str, bool]:
+            raise PluginError("broken: NVML went away")
+
+    broken = Broken(failures=0, gpus=1)
+    node = NodeDevices([broken], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+
+    async def run() -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=10**6))
+        for _ in range(500):
+            if broken.calls >= 3:
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(run())
+    assert broken.calls >= 3  # health failing: discovery again, every round
+    assert events(caplog, "devices.health_refresh_failed")[0] == (
+        logging.WARNING,
+        {"node": NODE, "error": "broken: NVML went away"},
+    )
+
+
+def test_reconciliation_settles_only_the_sandbox_asked_about_and_logs_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    here = Holding("", "sb", UID, "app", "GPU-0", 500, attempt=1, ticket=1)
+    there = Holding("", "sc", "other", "app", "GPU-1", 500, ticket=2)
+    for h in (here, there):
+        rewriter.ledger.try_reserve([h])
+        rewriter.ledger.mark_unknown([h])
+    runtime.add("c-made", "sb", "app", 1, {"GPU-0": 500})
+    runtime.add("c-other-attempt", "sb", "app", 0, {"GPU-0": 500})
+    assert asyncio.run(rewriter.reconcile_unknown("sb"))
+    held = sorted((h.sandbox_id, h.container_id, h.unknown) for h in rewriter.ledger.holdings())
+    assert held == [("sb", "c-made", False), ("sc", "", True)]
+    assert events(caplog, "ledger.reconciled") == [
+        (
+            logging.INFO,
+            {"pod_uid": UID, "container": "app", "attempt": 1, "created": "c-made", "devices": ["GPU-0"]},
+        )
+    ]
+
+
+def test_an_unknown_outcome_is_settled_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import crishim.rewrite
+
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(crishim.rewrite, "RECONCILE_DELAY_SECONDS", 0.01)
+    rewriter = rewriter_for(sim_node(tmp_path))
+
+    class Flapping(FakeRuntime):
+        async def ListContainers(
+            self, req: api_pb2.ListContainersRequest, timeout: float | None = None
+        ) -> object:
+            self.lists += 1
+            if self.lists < 3:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), ""
+                )
+            return await super().ListContainers(req, timeout)
+
+    runtime = Flapping()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    other = Holding("", "sc", "other", "app", "GPU-1", 500, ticket=99)
+    rewriter.ledger.try_reserve([other])
+    rewriter.ledger.mark_unknown([other])
+
+    async def run() -> None:
+        _, done = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        assert done is not None
+        done(None, True)
+        for _ in range(300):
+            if not rewriter.ledger.unknown("sb"):
+                break
+            await asyncio.sleep(0.01)
+        assert not rewriter.ledger.unknown("sb") and runtime.lists >= 3
+        await asyncio.sleep(0.05)
+        assert not rewriter._background  # finished tasks are not kept
+
+    asyncio.run(run())
+    assert [h.ticket for h in rewriter.ledger.holdings()] == [99]  # the other sandbox's stays
+    assert events(caplog, "ledger.outcome_unknown") == [
+        (logging.WARNING, {"pod_uid": UID, "container": "app", "attempt": 0, "devices": ["GPU-0"]})
+    ]
+    assert [f["code"] for _, f in events(caplog, "ledger.reconcile_failed")] == ["UNAVAILABLE"] * 2
+
+
+def test_an_unknown_outcome_outside_an_event_loop_leaves_nothing_dangling(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    _, done = asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0"]})))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done(None, True)  # type: ignore[misc]
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert [h.unknown for h in rewriter.ledger.holdings()] == [True]  # settled at the next conflict

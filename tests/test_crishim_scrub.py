@@ -256,3 +256,24 @@ def test_a_real_device_node_under_another_name_is_caught_by_its_number(tmp_path:
         missing_component("mknod needs root (CAP_MKNOD)")
     assert not device_entry_verdict(str(alias), ManagedDevices(char_majors=frozenset({195})))
     assert device_entry_verdict(str(alias), ManagedDevices(patterns=("/dev/nvidia*",)))  # names alone miss it
+
+
+@pytest.mark.parametrize(
+    ("name", "scrubbed_away"),
+    [
+        ("nvidia.com/gpu=GPU-1/extra", True),  # the vendor is what precedes the first slash
+        ("vendor.example/fpga=a/nvidia.com", False),
+        ("gpu.nvidia.com/gpu=0", True),
+        ("GPU.NVIDIA.COM/gpu=0", True),
+        ("nvidia.company.example/gpu=0", False),
+    ],
+)
+def test_cdi_vendor_is_the_part_before_the_first_slash(name: str, scrubbed_away: bool) -> None:
+    config = scrubbed(ManagedDevices(), cdi=[(name, "")])
+    assert (not config.CDI_devices) is scrubbed_away
+
+
+@pytest.mark.parametrize("name", ["nvidia.com/gpu", "/gpu=0", "  /gpu=0", "nvidia.com"])
+def test_malformed_cdi_names_are_refused(name: str) -> None:
+    with pytest.raises(Ambiguous, match="is not vendor/class=device"):
+        scrubbed(ManagedDevices(), cdi=[(name, "")])
