@@ -139,7 +139,8 @@ def scrub_sandbox_annotations(sandbox: api_pb2.PodSandboxConfig) -> None:
 def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
     """Add the plugins' device nodes, env, mounts and CDI names. What the plugins give wins: env
     of the same name, and device nodes or mounts at the same container path (in any spelling),
-    are replaced, so a request cannot shadow a granted device with something else."""
+    are replaced, so a request cannot shadow a granted device with something else (and an MPS
+    client's /dev/shm is the daemon's)."""
     if edits.env:
         kept = [kv for kv in config.envs if kv.key not in edits.env]
         del config.envs[:]

@@ -37,6 +37,7 @@ from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.hostpaths import Ambiguous, ManagedDevices, numbers_of
 from crishim.intercept import Completion, Rejected
 from crishim.ledger import MARK_ANNOTATION, WHOLE, Holding, Ledger, mark_value, parse_mark
+from crishim.mps import DaemonError, MpsSharing, share_devices
 from devices.model import Device, NodeInventory
 from devices.plugin import (
     DevicePlugin,
@@ -46,6 +47,7 @@ from devices.plugin import (
     discover_all,
     edits_for,
     health_all,
+    merge_edits,
 )
 from kubegpu.allocation import ANNOTATION, Allocation, AllocationError, KeyRing, Share, verify
 from kubegpu.logs import log_event
@@ -88,6 +90,7 @@ class NodeDevices:
     devices: dict[str, Device] = field(default_factory=dict)
     healthy: dict[str, bool] = field(default_factory=dict)
     inventory: NodeInventory = field(default_factory=lambda: NodeInventory(()))
+    sharing: MpsSharing | None = None  # how GPU shares are enforced (crishim.mps); None: advisory
     discovered: bool = False
     last_error: str = ""
     managed: ManagedDevices = field(default_factory=ManagedDevices)
@@ -140,7 +143,8 @@ class NodeDevices:
         if not self.discovered:
             raise DevicesNotDiscovered(f"device discovery has not succeeded yet: {self.last_error}")
         devices = tuple(replace(d, healthy=self.healthy.get(d.id, d.healthy)) for d in self.inventory.devices)
-        return NodeInventory(devices, self.inventory.topology)
+        inventory = NodeInventory(devices, self.inventory.topology)
+        return self.sharing.annotate(inventory) if self.sharing else inventory
 
 
 @dataclass(frozen=True)
@@ -316,6 +320,8 @@ class AllocationRewriter:
             )
         self.ledger.replace_all(holdings)
         self.rebuilt.set()
+        if self.node_devices.sharing is not None:  # from now on the MPS daemons follow the ledger's shares
+            self.node_devices.sharing.start(self._shared_devices)
         log_event(
             log,
             "ledger.rebuilt",
@@ -327,11 +333,20 @@ class AllocationRewriter:
         freed = self.ledger.remove_container(container_id)
         if freed:
             log_event(log, "ledger.freed", container=container_id, devices=[h.device for h in freed])
+            self._shares_changed()
 
     def removed_sandbox(self, sandbox_id: str) -> None:
         freed = self.ledger.remove_sandbox(sandbox_id)
         if freed:
             log_event(log, "ledger.freed", sandbox=sandbox_id, devices=[h.device for h in freed])
+            self._shares_changed()
+
+    def _shared_devices(self) -> set[str]:
+        return share_devices((h.device, h.milli) for h in self.ledger.holdings())
+
+    def _shares_changed(self) -> None:
+        if self.node_devices.sharing is not None:
+            self.node_devices.sharing.poke()
 
     async def reconcile_unknown(self, sandbox_id: str | None = None) -> bool:
         """Settle holdings of creates that failed ambiguously, by asking containerd which of them
@@ -376,6 +391,8 @@ class AllocationRewriter:
                     created=container_id or None,
                     devices=[h.device for h in group],
                 )
+            if groups:
+                self._shares_changed()
         return True
 
     async def _reconcile_later(self, sandbox_id: str) -> None:
@@ -432,13 +449,21 @@ class AllocationRewriter:
             for d, m in milli.items()
         ]
         await self._reserve(pod, container, holdings)
+        sharing = self.node_devices.sharing
         try:
-            edits.apply(request.config, edits_for(self.node_devices.plugins, granted, shares))
-        except PluginError as error:
+            applied = edits_for(self.node_devices.plugins, granted, shares)
+            if sharing is not None:  # a share on a node that enforces shares: the container is an MPS client
+                applied = merge_edits([applied, await sharing.container_edits(granted, shares)])
+            edits.apply(request.config, applied)
+        except (PluginError, DaemonError) as error:
             self.ledger.release(holdings)
-            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"pod {pod}: {error}") from None
+            self._shares_changed()
+            retry = isinstance(error, DaemonError)  # the GPU's MPS daemon did not start: kubelet retries
+            code = grpc.StatusCode.UNAVAILABLE if retry else grpc.StatusCode.FAILED_PRECONDITION
+            raise Rejected(code, f"pod {pod}: {error}") from None
         except BaseException:
             self.ledger.release(holdings)
+            self._shares_changed()
             raise
         request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli)
         log_event(
@@ -463,7 +488,8 @@ class AllocationRewriter:
                 await self.reconcile_unknown(sandbox)
         for holder in holders:
             if holder.container_id and not await self._is_live(holder.container_id):
-                self.ledger.remove_container(holder.container_id)
+                if self.ledger.remove_container(holder.container_id):
+                    self._shares_changed()
         conflicts = self.ledger.try_reserve(holdings)
         if conflicts:
             reason = "; ".join(c.describe() for c in conflicts)
@@ -494,6 +520,7 @@ class AllocationRewriter:
                 self.ledger.commit(holdings, container_id)
             elif not ambiguous:
                 self.ledger.release(holdings)
+                self._shares_changed()
             else:
                 self.ledger.mark_unknown(holdings)
                 log_event(
