@@ -54,7 +54,8 @@ lint:
 # survivors in docs/testing.md). Works in build/mutate-node/; the report is build/mutate-node/report.txt.
 MUTATE_NODE_SOURCES := crishim/ledger.py crishim/edits.py crishim/rewrite.py kubegpu/allocation.py
 MUTATE_NODE_TESTS := tests/test_allocation.py tests/test_crishim_edits.py tests/test_crishim_scrub.py \
-	tests/test_crishim_scrub_fuzz.py tests/test_crishim_fuzz.py tests/test_crishim_lifecycle.py
+	tests/test_crishim_scrub_fuzz.py tests/test_crishim_fuzz.py tests/test_crishim_lifecycle.py \
+	tests/test_mps_rewrite.py
 mutate-node: install
 	$(VPY) -m pip install -q 'mutmut==3.8.1'
 	$(VPY) -m kubegpu.devenv.mutate node --mutate $(MUTATE_NODE_SOURCES) --tests $(MUTATE_NODE_TESTS)

@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from kubegpu.allocation import (
     MAX_ANNOTATION_BYTES,
@@ -348,3 +349,35 @@ def test_the_key_file_size_limit(tmp_path: Path) -> None:
     (tmp_path / "k1").write_bytes(pem + b" " * (MAX_KEY_FILE_BYTES + 1 - len(pem)))
     loaded = load_keys(tmp_path)
     assert not loaded.public and loaded.problems == (f"k1: larger than {MAX_KEY_FILE_BYTES} bytes",)
+
+
+def test_an_unsupported_pem_block_is_named() -> None:
+    block = "-----BEGIN ÜBER RSA PRIVATE KEY " + "X" * 40 + "-----"
+    with pytest.raises(KeyFileError) as caught:
+        parse_key(f"{block}\nAAAA\n-----END RSA PRIVATE KEY-----\n".encode())
+    named = block.encode().decode("ascii", "replace")[:60]
+    assert str(caught.value) == f"unsupported PEM block {named!r} (want PRIVATE KEY or PUBLIC KEY)"
+
+
+def test_a_key_directory_with_subdirectories_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "aaa").mkdir()  # a directory with a valid key id name, listed first
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    assert set(load_keys(tmp_path).public) == {"k1"}
+    missing = load_keys(tmp_path / "missing")
+    assert missing.public == {} and missing.private == {} and len(missing.problems) == 1
+
+
+def test_only_ed25519_keys_and_strict_base64_are_keys() -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    other = ec.generate_private_key(ec.SECP256R1())
+    pem = other.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    with pytest.raises(KeyFileError) as caught:
+        parse_key(pem)
+    assert str(caught.value) == "not an Ed25519 key but ECPrivateKey"
+    loose = b"!" + public_key_base64(SIGNING["k1"]).encode()  # decodes only if junk is ignored
+    with pytest.raises(KeyFileError) as caught:
+        parse_key(loose)
+    assert str(caught.value) == "neither PEM nor base64"

@@ -15,6 +15,7 @@ import grpc
 import pytest
 
 from crishim.cri import api_pb2
+from crishim.hostpaths import CHAR, DeviceNumber
 from crishim.intercept import Rejected
 from crishim.ledger import MARK_ANNOTATION, Holding, mark_value
 from crishim.rewrite import CONFIG_SOURCE_ANNOTATION, AllocationRewriter, DevicesNotDiscovered, NodeDevices
@@ -114,7 +115,7 @@ def test_discovery_is_retried_and_creates_wait_for_it(caplog: pytest.LogCaptureF
     with pytest.raises(PluginError):
         node.discover()
     rewriter = rewriter_for(node)
-    with pytest.raises(DevicesNotDiscovered):
+    with pytest.raises(DevicesNotDiscovered, match="has not succeeded yet: flaky: NVML not available"):
         node.current_inventory()  # the advertiser publishes nothing rather than an empty node
 
     async def run() -> None:
@@ -325,27 +326,57 @@ def test_static_pods_never_need_the_api_server(tmp_path: Path) -> None:
     assert asked == ["p"]
 
 
-def test_the_ledger_is_rebuilt_from_the_runtimes_marked_live_containers(tmp_path: Path) -> None:
+def test_the_ledger_is_rebuilt_from_the_runtimes_marked_live_containers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     node = sim_node(tmp_path)
+
+    class Sharing:  # stands in for crishim.mps.MpsSharing: told how to read the ledger's shares
+        def __init__(self) -> None:
+            self.shared: object = None
+
+        def start(self, shared: object) -> None:
+            self.shared = shared
+
+        def poke(self) -> None:
+            pass
+
+    sharing = Sharing()
+    node.sharing = sharing  # type: ignore[assignment]
     rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
     runtime = FakeRuntime()
-    runtime.add("c-live", "sb", "app", 2, {"GPU-0": 1000, "GPU-1": 300})
+    runtime.containers.append(api_pb2.Container(id="c-plain", pod_sandbox_id="sb"))  # not ours, listed first
     runtime.add("c-done", "sb", "old", 0, {"GPU-1": 700})
     runtime.containers[-1].state = api_pb2.CONTAINER_EXITED
-    runtime.containers.append(api_pb2.Container(id="c-plain", pod_sandbox_id="sb"))  # not ours
+    runtime.add("c-live", "sb", "app", 2, {"GPU-0": 1000, "GPU-1": 300})
     rewriter._runtime = runtime  # type: ignore[assignment]
     assert not rewriter.rebuilt.is_set()
     asyncio.run(rewriter.rebuild())
     assert rewriter.rebuilt.is_set()
     held = sorted(
-        (h.container_id, h.device, h.milli, h.attempt, h.sandbox_id) for h in rewriter.ledger.holdings()
+        (h.container_id, h.pod_uid, h.container, h.device, h.milli, h.attempt, h.sandbox_id)
+        for h in rewriter.ledger.holdings()
     )
-    assert held == [("c-live", "GPU-0", 1000, 2, "sb"), ("c-live", "GPU-1", 300, 2, "sb")]
+    assert held == [
+        ("c-live", UID, "app", "GPU-0", 1000, 2, "sb"),
+        ("c-live", UID, "app", "GPU-1", 300, 2, "sb"),
+    ]
+    assert callable(sharing.shared) and sharing.shared() == {"GPU-1"}  # type: ignore[operator]
+    assert events(caplog, "ledger.rebuilt") == [
+        (logging.INFO, {"containers": 1, "devices": ["GPU-0", "GPU-1"]})
+    ]
+    # What was rebuilt counts: another pod cannot take GPU-0.
+    assert rewriter.ledger.try_reserve([Holding("", "sq", "Q", "c", "GPU-0", 1)])
     rewriter.removed_container("c-live")
     assert not rewriter.ledger.holdings()
+    assert events(caplog, "ledger.freed") == [
+        (logging.INFO, {"container": "c-live", "devices": ["GPU-0", "GPU-1"]})
+    ]
 
 
-def test_the_rebuild_waits_for_the_runtime(tmp_path: Path) -> None:
+def test_the_rebuild_waits_for_the_runtime(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
     rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
 
     class Late(FakeRuntime):
@@ -362,9 +393,14 @@ def test_the_rebuild_waits_for_the_runtime(tmp_path: Path) -> None:
     rewriter._runtime = late  # type: ignore[assignment]
     asyncio.run(rewriter.rebuild(retry_seconds=0.01))
     assert late.lists == 4 and [h.container_id for h in rewriter.ledger.holdings()] == ["c1"]
+    assert [t for _, t in late.asked if t is None] == []  # every list is bounded
+    assert events(caplog, "ledger.rebuild_retry") == [(logging.WARNING, {"code": "UNAVAILABLE"})] * 2
 
 
-def test_an_exited_or_vanished_holder_of_another_pod_is_dropped_on_conflict(tmp_path: Path) -> None:
+def test_an_exited_or_vanished_holder_of_another_pod_is_dropped_on_conflict(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
     rewriter = rewriter_for(sim_node(tmp_path))
     runtime = FakeRuntime()
     runtime.add("c-exited", "s-old", "app", 0, {"GPU-0": 1000})
@@ -372,8 +408,8 @@ def test_an_exited_or_vanished_holder_of_another_pod_is_dropped_on_conflict(tmp_
     runtime.add("c-running", "s-run", "app", 0, {"GPU-1": 1000})
     runtime.containers[-1].state = api_pb2.CONTAINER_RUNNING
     rewriter._runtime = runtime  # type: ignore[assignment]
-    rewriter.ledger.try_reserve([Holding("c-exited", "s-old", "other", "app", "GPU-0", 1000)])
-    rewriter.ledger.try_reserve([Holding("c-gone", "s-gone", "other2", "app", "GPU-0", 1)])
+    assert not rewriter.ledger.try_reserve([Holding("c-gone", "s-gone", "other2", "app", "GPU-0", 1)])
+    assert not rewriter.ledger.try_reserve([Holding("c-exited", "s-old", "other", "app", "GPU-0", 999)])
     rewriter.ledger.try_reserve([Holding("c-running", "s-run", "other3", "app", "GPU-1", 1000)])
 
     async def run() -> None:
@@ -389,6 +425,9 @@ def test_an_exited_or_vanished_holder_of_another_pod_is_dropped_on_conflict(tmp_
     assert owners == [(UID, "GPU-0"), ("other3", "GPU-1")]
     rewriter.removed_sandbox("s-run")
     assert sorted(h.pod_uid for h in rewriter.ledger.holdings()) == [UID]
+    assert events(caplog, "ledger.freed") == [(logging.INFO, {"sandbox": "s-run", "devices": ["GPU-1"]})]
+    [(level, conflict)] = events(caplog, "create_container.conflict")
+    assert level == logging.WARNING and conflict["pod"] == "default/p" and conflict["container"] == "b"
 
 
 def test_health_refresh_reports_only_changes_and_rediscovery_when_health_fails(
@@ -442,11 +481,16 @@ def test_reconciliation_settles_only_the_sandbox_asked_about_and_logs_it(
     for h in (here, there):
         rewriter.ledger.try_reserve([h])
         rewriter.ledger.mark_unknown([h])
+    runtime.containers.append(api_pb2.Container(id="c-plain", pod_sandbox_id="sb"))  # unmarked
+    runtime.add("c-exited", "sb", "app", 1, {"GPU-0": 500})  # same create, but it has exited
+    runtime.containers[-1].state = api_pb2.CONTAINER_EXITED
+    runtime.add("c-claimed", "sb", "app", 1, {"GPU-0": 500})  # same create, already accounted for
+    rewriter.ledger.try_reserve([Holding("c-claimed", "sb", UID, "app", "GPU-2", 1)])
     runtime.add("c-made", "sb", "app", 1, {"GPU-0": 500})
     runtime.add("c-other-attempt", "sb", "app", 0, {"GPU-0": 500})
     assert asyncio.run(rewriter.reconcile_unknown("sb"))
     held = sorted((h.sandbox_id, h.container_id, h.unknown) for h in rewriter.ledger.holdings())
-    assert held == [("sb", "c-made", False), ("sc", "", True)]
+    assert held == [("sb", "c-claimed", False), ("sb", "c-made", False), ("sc", "", True)]
     assert events(caplog, "ledger.reconciled") == [
         (
             logging.INFO,
@@ -498,7 +542,10 @@ def test_an_unknown_outcome_is_settled_in_the_background(
     assert events(caplog, "ledger.outcome_unknown") == [
         (logging.WARNING, {"pod_uid": UID, "container": "app", "attempt": 0, "devices": ["GPU-0"]})
     ]
-    assert [f["code"] for _, f in events(caplog, "ledger.reconcile_failed")] == ["UNAVAILABLE"] * 2
+    assert (
+        events(caplog, "ledger.reconcile_failed")
+        == [(logging.WARNING, {"sandbox": "sb", "code": "UNAVAILABLE"})] * 2
+    )
 
 
 def test_an_unknown_outcome_outside_an_event_loop_leaves_nothing_dangling(tmp_path: Path) -> None:
@@ -510,3 +557,47 @@ def test_an_unknown_outcome_outside_an_event_loop_leaves_nothing_dangling(tmp_pa
         gc.collect()
     assert not [w for w in caught if "never awaited" in str(w.message)]
     assert [h.unknown for h in rewriter.ledger.holdings()] == [True]  # settled at the next conflict
+
+
+def test_rediscovery_follows_its_schedule_and_the_managed_set_follows_the_host(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every third health check rediscovers (rediscover_every=3); in between the managed set is
+    refreshed, so a device node that appears on the host is scrubbed from then on."""
+    caplog.set_level(logging.DEBUG)
+    calls: list[str] = []
+    dev = tmp_path / "dev"
+    dev.mkdir()
+
+    class Steady(Flaky):
+        device_patterns = (f"{dev}/late*",)
+
+        def discover(self) -> NodeInventory:
+            calls.append("d")
+            return super().discover()
+
+        def health(self) -> dict[str, bool]:
+            calls.append("h")
+            return super().health()
+
+    plugin = Steady(failures=0, gpus=1)
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+    (dev / "late0").symlink_to("/dev/zero")  # a node that appears after discovery
+    assert DeviceNumber(CHAR, 1, 5) not in node.managed.numbers
+
+    async def run() -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=3))
+        for _ in range(500):
+            if calls.count("h") >= 7:
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(run())
+    rounds = "".join(calls[1:])  # after the first discovery
+    assert rounds.startswith("hhhdhhhd"), rounds
+    assert DeviceNumber(CHAR, 1, 5) in node.managed.numbers
+    assert events(caplog, "devices.rediscovered") == []  # the devices did not change
+    assert events(caplog, "devices.managed_refresh_failed") == []
