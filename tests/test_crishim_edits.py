@@ -63,7 +63,7 @@ def test_apply_replaces_env_and_adds_nodes_once() -> None:
     edits.scrub(config, ManagedDevices())
     change = ContainerEdits(
         device_nodes=(
-            DeviceNode("/dev/nvidia3", "/dev/nvidia3"),
+            DeviceNode("/dev/nvidia3", "/dev/nvidia3", "rw"),
             DeviceNode("/dev/nvidiactl", "/dev/nvidiactl"),
         ),
         env={"NVIDIA_VISIBLE_DEVICES": "GPU-3"},
@@ -71,9 +71,13 @@ def test_apply_replaces_env_and_adds_nodes_once() -> None:
         cdi_devices=("nvidia.com/gpu=GPU-3",),
     )
     edits.apply(config, change)
+    assert [c.name for c in config.CDI_devices] == ["nvidia.com/gpu=GPU-3"]
     edits.apply(config, change)  # idempotent for nodes and mounts
     assert [kv.value for kv in config.envs if kv.key == "NVIDIA_VISIBLE_DEVICES"] == [b"GPU-3"]
-    assert [d.container_path for d in config.devices] == ["/dev/nvidia3", "/dev/nvidiactl"]
+    assert [(d.container_path, d.permissions) for d in config.devices] == [
+        ("/dev/nvidia3", "rw"),
+        ("/dev/nvidiactl", "rwm"),
+    ]
     assert [m.container_path for m in config.mounts] == ["/usr/lib/x"]
 
 

@@ -134,7 +134,7 @@ def test_discovery_is_retried_and_creates_wait_for_it(caplog: pytest.LogCaptureF
         # Discovery is retried on its own schedule, not only by the (rare) full rediscovery.
         upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=10**6))
         for _ in range(500):
-            if node.discovered:
+            if events(caplog, "devices.discovered"):  # logged just after discovery succeeded
                 break
             await asyncio.sleep(0.01)
         upkeep.cancel()
@@ -167,7 +167,7 @@ def test_a_health_change_triggers_rediscovery(caplog: pytest.LogCaptureFixture) 
         await asyncio.sleep(0.1)
         plugin.gpus, plugin.healthy = 3, False  # a GPU fell off and two more came up
         for _ in range(500):
-            if len(node.devices) == 3:
+            if events(caplog, "devices.rediscovered"):  # logged just after the devices changed
                 break
             await asyncio.sleep(0.01)
         upkeep.cancel()
@@ -427,7 +427,13 @@ def test_an_exited_or_vanished_holder_of_another_pod_is_dropped_on_conflict(
     assert sorted(h.pod_uid for h in rewriter.ledger.holdings()) == [UID]
     assert events(caplog, "ledger.freed") == [(logging.INFO, {"sandbox": "s-run", "devices": ["GPU-1"]})]
     [(level, conflict)] = events(caplog, "create_container.conflict")
-    assert level == logging.WARNING and conflict["pod"] == "default/p" and conflict["container"] == "b"
+    assert level == logging.WARNING
+    assert conflict == {
+        "pod": "default/p",
+        "container": "b",
+        "node": NODE,
+        "reason": "device GPU-1 is held by app of pod other3 (c-running)",
+    }
 
 
 def test_health_refresh_reports_only_changes_and_rediscovery_when_health_fails(
@@ -562,8 +568,8 @@ def test_an_unknown_outcome_outside_an_event_loop_leaves_nothing_dangling(tmp_pa
 def test_rediscovery_follows_its_schedule_and_the_managed_set_follows_the_host(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """Every third health check rediscovers (rediscover_every=3); in between the managed set is
-    refreshed, so a device node that appears on the host is scrubbed from then on."""
+    """Every fourth health check rediscovers (rediscover_every=4); every health check refreshes
+    the managed set, so a device node that appears on the host is scrubbed from then on."""
     caplog.set_level(logging.DEBUG)
     calls: list[str] = []
     dev = tmp_path / "dev"
@@ -587,17 +593,97 @@ def test_rediscovery_follows_its_schedule_and_the_managed_set_follows_the_host(
     (dev / "late0").symlink_to("/dev/zero")  # a node that appears after discovery
     assert DeviceNumber(CHAR, 1, 5) not in node.managed.numbers
 
-    async def run() -> None:
-        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=3))
+    async def until(health_checks: int, every: int) -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=every))
         for _ in range(500):
-            if calls.count("h") >= 7:
+            if calls.count("h") >= health_checks:
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(until(2, 10**6))  # health checks only, no rediscovery
+    assert "d" not in calls[1:] and DeviceNumber(CHAR, 1, 5) in node.managed.numbers
+    calls.clear()
+    asyncio.run(until(9, 4))
+    assert "".join(calls).startswith("hhhhdhhhhd"), calls
+    assert events(caplog, "devices.rediscovered") == []  # the devices did not change
+    assert events(caplog, "devices.managed_refresh_failed") == []
+
+
+def test_failures_of_rediscovery_and_of_the_managed_refresh_are_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    class Failing(Flaky):
+        def __init__(self) -> None:
+            super().__init__(failures=0, gpus=1)
+            self.broken = False
+
+        def discover(self) -> NodeInventory:
+            if self.broken:
+                raise PluginError("failing: rediscovery broke")
+            return super().discover()
+
+        @property
+        def device_patterns(self) -> tuple[str, ...]:
+            if self.broken:
+                raise RuntimeError("cannot list patterns")
+            return ()
+
+    plugin = Failing()
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    plugin.broken = True
+    rewriter = rewriter_for(node)
+
+    async def run() -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=2))
+        for _ in range(500):
+            if events(caplog, "devices.rediscovery_failed") and events(
+                caplog, "devices.managed_refresh_failed"
+            ):
                 break
             await asyncio.sleep(0.01)
         upkeep.cancel()
 
     asyncio.run(run())
-    rounds = "".join(calls[1:])  # after the first discovery
-    assert rounds.startswith("hhhdhhhd"), rounds
-    assert DeviceNumber(CHAR, 1, 5) in node.managed.numbers
-    assert events(caplog, "devices.rediscovered") == []  # the devices did not change
-    assert events(caplog, "devices.managed_refresh_failed") == []
+    assert events(caplog, "devices.rediscovery_failed")[0] == (
+        logging.WARNING,
+        {"node": NODE, "error": "failing: rediscovery broke"},
+    )
+    assert events(caplog, "devices.managed_refresh_failed")[0] == (
+        logging.WARNING,
+        {"node": NODE, "error": "cannot list patterns"},
+    )
+    assert node.discovered and sorted(node.devices) == ["GPU-0"]  # the last good state stays
+
+
+def test_a_device_that_turned_unhealthy_after_discovery_is_refused(tmp_path: Path) -> None:
+    plugin = Flaky(failures=0, gpus=2)
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    plugin.healthy = False
+    node.refresh_health()  # the inventory still says healthy; today's health says not
+    rewriter = rewriter_for(node)
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-1"]})))
+    assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.message == "pod default/p container app: device GPU-1 is unhealthy"
+
+
+def test_the_published_inventory_keeps_the_topology(tmp_path: Path) -> None:
+    from devices.plugin import load_plugins
+
+    plugins = load_plugins(["sim"], {"node_name": NODE, "topology": "dgx1-v100", "state_dir": str(tmp_path)})
+    node = NodeDevices(plugins, sysfs_root=None)
+    node.discover()
+    published = node.current_inventory()
+    assert published.topology == node.inventory.topology and published.topology.nvlinks
+
+
+def test_unavailable_before_discovery_says_why(tmp_path: Path) -> None:
+    node = NodeDevices([Flaky(failures=10)], sysfs_root=None)  # never tried yet
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter_for(node).create_container(request(grant={"app": ["GPU-0"]})))
+    assert "has not succeeded on this node yet (not run), retry" in caught.value.message
