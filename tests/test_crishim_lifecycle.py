@@ -318,12 +318,31 @@ def test_static_pods_never_need_the_api_server(tmp_path: Path) -> None:
     assert {kv.key: kv.value for kv in created.config.envs}["NVIDIA_VISIBLE_DEVICES"] == b"void"
 
     async def found(namespace: str, name: str, uid: str) -> str | None:
-        asked.append(name)
+        asked.append(f"{namespace}/{name}/{uid}")
         return None
 
     api_pod = request(annotations={CONFIG_SOURCE_ANNOTATION: "api"})
     asyncio.run(rewriter_for(sim_node(tmp_path), found).create_container(api_pod))
-    assert asked == ["p"]
+    assert asked == [f"default/p/{UID}"]
+
+
+def test_a_privileged_container_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    privileged = request()
+    privileged.config.linux.security_context.privileged = True
+    asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(privileged))
+    asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(request(container="plain")))
+    assert events(caplog, "create_container.privileged") == [
+        (
+            logging.WARNING,
+            {
+                "pod": "default/p",
+                "container": "app",
+                "node": NODE,
+                "note": "a privileged container sees every device node; Pod Security must forbid it",
+            },
+        )
+    ]
 
 
 def test_the_ledger_is_rebuilt_from_the_runtimes_marked_live_containers(
