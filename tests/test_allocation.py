@@ -110,10 +110,12 @@ def test_unsigned_and_garbage() -> None:
         ({"containers": {"c": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": True}}}}}, "milli"),
         ({"containers": {"a": {"devices": ["GPU-a"]}, "b": {"devices": ["GPU-a"]}}}, "given whole"),
         (
-            {"containers": {
-                "a": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": 600}}},
-                "b": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": 600}}},
-            }},
+            {
+                "containers": {
+                    "a": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": 600}}},
+                    "b": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": 600}}},
+                }
+            },
             "add up",
         ),
     ],
@@ -126,10 +128,14 @@ def test_shape_rules(patch: dict, message: str) -> None:
 
 
 def test_shares_within_one_gpu_are_fine() -> None:
-    allocation = Allocation("n", "u", {
-        "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
-        "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
-    })
+    allocation = Allocation(
+        "n",
+        "u",
+        {
+            "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
+            "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
+        },
+    )
     assert verify(sign(allocation, "k1", SIGNING["k1"]), KEYS) == allocation
 
 
@@ -384,3 +390,89 @@ def test_only_ed25519_keys_and_strict_base64_are_keys() -> None:
     with pytest.raises(KeyFileError) as caught:
         parse_key(loose)
     assert str(caught.value) == "neither PEM nor base64"
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"version": "one"}, "unsupported allocation version 'one'"),
+        ({"node": None}, "allocation has no node name"),
+        ({"podUID": ""}, "allocation has no pod UID"),
+        ({"containers": {"Bad": {"devices": ["GPU-a"]}}}, "invalid container name 'Bad'"),
+        ({"containers": {"c": []}}, "container c: entry is not an object"),
+        ({"containers": {"c": {"devices": []}}}, "container c: no device list"),
+        ({"containers": {"c": {"devices": ["GPU-a", "x/y"]}}}, "container c: invalid device id 'x/y'"),
+        ({"containers": {"c": {"devices": ["GPU-a"], "shares": []}}}, "container c: shares is not an object"),
+        (
+            {"containers": {"c": {"devices": ["GPU-a"], "shares": {"GPU-b": {}}}}},
+            "container c: share for unlisted device 'GPU-b'",
+        ),
+        (
+            {"containers": {"c": {"devices": ["GPU-a"], "shares": {"GPU-a": 5}}}},
+            "container c: share of GPU-a is not an object",
+        ),
+        (
+            {"containers": {"a": {"devices": ["GPU-x"]}, "b": {"devices": ["GPU-x"]}}},
+            "device GPU-x is given whole to one of a, b",
+        ),
+    ],
+)
+def test_refusals_name_the_problem_exactly(patch: dict, message: str) -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    document.update(patch)
+    with pytest.raises(AllocationError) as caught:
+        verify(resign(document), KEYS)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(("milli", "ok"), [(0, False), (1, True), (999, True), (1000, True), (1001, False)])
+def test_share_milli_bounds(milli: int, ok: bool) -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    document["containers"]["infer"]["shares"]["GPU-c"]["milli"] = milli
+    if ok:
+        assert verify(resign(document), KEYS).containers["infer"].shares["GPU-c"].milli == milli
+    else:
+        with pytest.raises(AllocationError, match="needs milli in 1..1000"):
+            verify(resign(document), KEYS)
+
+
+def test_shares_of_one_device_may_add_up_to_exactly_1000() -> None:
+    def pod(a: int, b: int) -> Allocation:
+        return Allocation(
+            "n",
+            "u",
+            {
+                "solo": ContainerAllocation(("GPU-s",)),  # listed once: fine, and listed first
+                "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(a)}),
+                "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(b)}),
+            },
+        )
+
+    assert verify(sign(pod(600, 400), "k1", SIGNING["k1"]), KEYS) == pod(600, 400)
+    document = json.loads(sign(pod(600, 400), "k1", SIGNING["k1"]))
+    document["containers"]["b"]["shares"]["GPU-a"]["milli"] = 401
+    with pytest.raises(AllocationError, match="add up to more than 1000"):
+        verify(resign(document), KEYS)
+
+
+def test_the_key_ring_logs_what_it_loads_once_per_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    (tmp_path / "junk").write_bytes(b"junk!")
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    for _ in range(3):
+        assert set(ring.keys()) == {"k1"}
+
+    def logged(event: str) -> list[tuple[int, dict]]:
+        return [(r.levelno, getattr(r, "fields", {})) for r in caplog.records if r.getMessage() == event]
+
+    assert logged("keys.loaded") == [
+        (logging.INFO, {"directory": str(tmp_path), "key_ids": ["k1"], "signing_key_ids": []})
+    ]
+    assert logged("keys.skipped") == [
+        (logging.WARNING, {"directory": str(tmp_path), "problem": "junk: neither PEM nor base64"})
+    ]

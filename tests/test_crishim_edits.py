@@ -199,3 +199,9 @@ def test_a_conflict_names_every_holder() -> None:
         conflict.describe()
         == "device GPU-1 is held by a of pod P (c1234567890a), b of pod Q (outcome unknown)"
     )
+
+
+def test_the_mark_is_compact_and_sorted() -> None:
+    assert mark_value("u", "c", {"GPU-b": 5, "GPU-a": 1000}) == (
+        '{"container":"c","devices":{"GPU-a":1000,"GPU-b":5},"pod":"u"}'
+    )

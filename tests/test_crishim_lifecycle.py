@@ -706,3 +706,79 @@ def test_unavailable_before_discovery_says_why(tmp_path: Path) -> None:
     with pytest.raises(Rejected) as caught:
         asyncio.run(rewriter_for(node).create_container(request(grant={"app": ["GPU-0"]})))
     assert "has not succeeded on this node yet (not run), retry" in caught.value.message
+
+
+def test_a_rewritten_create_reserves_marks_and_logs_exactly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    rewriter = rewriter_for(sim_node(tmp_path))
+    shares = {"app": {"GPU-1": Share(250)}}
+    rewritten, _ = asyncio.run(
+        rewriter.create_container(request(grant={"app": ["GPU-0", "GPU-1"]}, shares=shares, attempt=3))
+    )
+    held = sorted(
+        (h.container_id, h.sandbox_id, h.pod_uid, h.container, h.device, h.milli, h.attempt)
+        for h in rewriter.ledger.holdings()
+    )
+    assert held == [("", "sb", UID, "app", "GPU-0", 1000, 3), ("", "sb", UID, "app", "GPU-1", 250, 3)]
+    assert len({h.ticket for h in rewriter.ledger.holdings()}) == 1
+    assert rewritten.config.annotations[MARK_ANNOTATION] == mark_value(
+        UID, "app", {"GPU-0": 1000, "GPU-1": 250}
+    )
+    assert events(caplog, "create_container.rewritten") == [
+        (
+            logging.INFO,
+            {
+                "pod": "default/p",
+                "pod_uid": UID,
+                "node": NODE,
+                "container": "app",
+                "devices": ["GPU-0", "GPU-1"],
+            },
+        )
+    ]
+
+
+def test_a_plugin_that_cannot_edit_releases_the_reservation(tmp_path: Path) -> None:
+    class Refusing(Flaky):
+        def container_edits(self, devices: Sequence[Device], shares: object = None) -> ContainerEdits:
+            raise PluginError("refusing: no minor number")
+
+    node = NodeDevices([Refusing(failures=0)], sysfs_root=None)
+    try:
+        node.discover()
+    except PluginError:
+        pass
+    rewriter = rewriter_for(node)
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0"]})))
+    assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.message == "pod default/p: refusing: no minor number"
+    assert not rewriter.ledger.holdings()
+
+
+def test_creates_wait_for_the_ledger_rebuild_with_a_reason(tmp_path: Path) -> None:
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0"]})))
+    assert caught.value.code is grpc.StatusCode.UNAVAILABLE
+    assert caught.value.message == "pod default/p: the device ledger is still being rebuilt, retry"
+
+
+@pytest.mark.parametrize("where", ["env value", "mount"])
+def test_a_nul_in_an_env_value_or_mount_path_is_refused(tmp_path: Path, where: str) -> None:
+    odd = request()
+    if where == "env value":
+        odd.config.envs.add(key="A", value=b"x\x00y")
+    else:
+        odd.config.mounts.add(host_path="/tmp", container_path="/data\x00x")
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(odd))
+    assert caught.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    expected = (
+        "environment variable 'A' has '=' or NUL in its name or value"
+        if where == "env value"
+        else "mount path '/data\\x00x' has a NUL"
+    )
+    assert caught.value.message == f"pod default/p container app: refused: {expected}"
