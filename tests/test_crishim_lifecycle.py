@@ -782,3 +782,20 @@ def test_a_nul_in_an_env_value_or_mount_path_is_refused(tmp_path: Path, where: s
         else "mount path '/data\\x00x' has a NUL"
     )
     assert caught.value.message == f"pod default/p container app: refused: {expected}"
+
+
+def test_start_attaches_to_the_runtime_and_runs_the_background_work(tmp_path: Path) -> None:
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+
+    async def run() -> None:
+        channel = grpc.aio.insecure_channel(f"unix:{tmp_path}/no-runtime.sock")
+        tasks = rewriter.start(channel, 0.01)
+        assert rewriter._runtime is not None and len(tasks) == 2
+        await asyncio.sleep(0.3)
+        assert not any(t.done() for t in tasks)  # the rebuild keeps retrying, the upkeep keeps going
+        assert not rewriter.rebuilt.is_set()
+        for task in tasks:
+            task.cancel()
+        await channel.close()
+
+    asyncio.run(run())
