@@ -442,7 +442,7 @@ def test_shares_of_one_device_may_add_up_to_exactly_1000() -> None:
             "n",
             "u",
             {
-                "solo": ContainerAllocation(("GPU-s",)),  # listed once: fine, and listed first
+                "0-solo": ContainerAllocation(("GPU-s",)),  # listed once: fine, and checked first
                 "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(a)}),
                 "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(b)}),
             },
@@ -476,3 +476,58 @@ def test_the_key_ring_logs_what_it_loads_once_per_change(
     assert logged("keys.skipped") == [
         (logging.WARNING, {"directory": str(tmp_path), "problem": "junk: neither PEM nor base64"})
     ]
+
+
+def test_verify_names_each_refusal_exactly() -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    cases = [
+        ("[1]", "annotation is not a JSON object"),
+        (json.dumps({**document, "signature": ""}), "annotation is unsigned"),
+        (json.dumps({**document, "signature": 5}), "annotation is unsigned"),
+        (json.dumps({**document, "keyId": "k9"}), "annotation is signed with unknown key id 'k9'"),
+        (
+            json.dumps({**document, "signature": "!" + document["signature"]}),
+            "annotation signature is not base64",
+        ),
+        (json.dumps({**document, "containers": {}}), "annotation signature does not verify with key 'k1'"),
+    ]
+    for value, message in cases:
+        with pytest.raises(AllocationError) as caught:
+            verify(value, KEYS)
+        assert str(caught.value) == message, value
+    with pytest.raises(AllocationError) as caught:
+        verify("{", KEYS)
+    assert str(caught.value).startswith("annotation is not JSON: ")
+    exactly = "x" * MAX_ANNOTATION_BYTES  # at the limit: too big only one byte later
+    with pytest.raises(AllocationError, match="not JSON"):
+        verify(exactly, KEYS)
+    with pytest.raises(AllocationError, match="more than"):
+        verify(exactly + "x", KEYS)
+    document["containers"] = {}
+    with pytest.raises(AllocationError) as caught:
+        verify(resign(document), KEYS)
+    assert str(caught.value) == "allocation has no containers"
+
+
+def test_sixty_four_containers_are_allowed() -> None:
+    allocation = Allocation("n", "u", {f"c{i}": ContainerAllocation((f"GPU-{i}",)) for i in range(64)})
+    assert verify(sign(allocation, "k1", SIGNING["k1"]), KEYS) == allocation
+
+
+def test_the_canonical_form_is_ascii_json_with_sorted_keys() -> None:
+    """A fixed vector: another implementation of the contract must produce these bytes."""
+    document = {
+        "version": 1,
+        "node": "nöde",
+        "signature": "dropped",
+        "keyId": "k1",
+        "a": [1, {"z": 1, "b": 2}],
+    }
+    assert (
+        canonical_bytes(document) == b'{"a":[1,{"b":2,"z":1}],"keyId":"k1","node":"n\\u00f6de","version":1}'
+    )
+
+
+def test_a_ring_without_a_directory_or_keys() -> None:
+    ring = KeyRing(None)
+    assert ring.keys() == {} and ring.signing_key("k1") is None

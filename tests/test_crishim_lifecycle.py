@@ -740,7 +740,11 @@ def test_a_rewritten_create_reserves_marks_and_logs_exactly(
     ]
 
 
-def test_a_plugin_that_cannot_edit_releases_the_reservation(tmp_path: Path) -> None:
+def test_a_plugin_that_cannot_edit_releases_the_reservation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
     class Refusing(Flaky):
         def container_edits(self, devices: Sequence[Device], shares: object = None) -> ContainerEdits:
             raise PluginError("refusing: no minor number")
@@ -756,6 +760,12 @@ def test_a_plugin_that_cannot_edit_releases_the_reservation(tmp_path: Path) -> N
     assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
     assert caught.value.message == "pod default/p: refusing: no minor number"
     assert not rewriter.ledger.holdings()
+    # Its well-known paths and its devices' own nodes are still managed; the failure is logged.
+    assert events(caplog, "devices.managed_partial")[0] == (
+        logging.WARNING,
+        {"error": "refusing: no minor number"},
+    )
+    assert node.managed.has_path("/dev/flaky-gpu0")
 
 
 def test_creates_wait_for_the_ledger_rebuild_with_a_reason(tmp_path: Path) -> None:
@@ -799,3 +809,35 @@ def test_start_attaches_to_the_runtime_and_runs_the_background_work(tmp_path: Pa
         await channel.close()
 
     asyncio.run(run())
+
+
+def test_an_unexpected_plugin_failure_releases_the_reservation_too(tmp_path: Path) -> None:
+    class Buggy(Flaky):
+        calls_to_edit = 0
+
+        def container_edits(self, devices: Sequence[Device], shares: object = None) -> ContainerEdits:
+            Buggy.calls_to_edit += 1
+            if Buggy.calls_to_edit > 1:  # the first call is the managed-set refresh at discovery
+                raise ValueError("a bug in a plugin")
+            return super().container_edits(devices)
+
+    node = NodeDevices([Buggy(failures=0)], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+    with pytest.raises(ValueError, match="a bug in a plugin"):
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0"]})))
+    assert not rewriter.ledger.holdings()  # the proxy answers INTERNAL; nothing stays reserved
+
+
+def test_plugin_paths_are_managed_through_symlinked_directories(tmp_path: Path) -> None:
+    from devices.plugin import load_plugins
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    plugins = load_plugins(
+        ["sim"], {"node_name": NODE, "topology": "pcie-4gpu", "state_dir": str(tmp_path / "link")}
+    )
+    node = NodeDevices(plugins, sysfs_root=None)
+    for spelled in (f"{tmp_path}/link/dev/kubegpu-sim/gpu9", f"{real}/dev/kubegpu-sim/gpu9"):
+        assert node.managed.has_path(spelled), spelled
