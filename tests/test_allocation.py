@@ -531,3 +531,10 @@ def test_the_canonical_form_is_ascii_json_with_sorted_keys() -> None:
 def test_a_ring_without_a_directory_or_keys() -> None:
     ring = KeyRing(None)
     assert ring.keys() == {} and ring.signing_key("k1") is None
+
+
+def test_a_key_ring_uses_no_private_key_unless_told_to(tmp_path: Path) -> None:
+    """The shim's ring is built with the defaults: a private key file there must not count."""
+    (tmp_path / "k1").write_bytes(private_key_pem(SIGNING["k1"]))
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert ring.keys() == {} and ring.signing_key("k1") is None
