@@ -136,11 +136,16 @@ def scrub_sandbox_annotations(sandbox: api_pb2.PodSandboxConfig) -> None:
         del sandbox.annotations[key]
 
 
+def _under(path: str, directory: str) -> bool:
+    return path == directory or path.startswith(directory.rstrip("/") + "/")
+
+
 def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
     """Add the plugins' device nodes, env, mounts and CDI names. What the plugins give wins: env
-    of the same name, and device nodes or mounts at the same container path (in any spelling),
-    are replaced, so a request cannot shadow a granted device with something else (and an MPS
-    client's /dev/shm is the daemon's)."""
+    of the same name, device nodes at the same container path and mounts at or inside a plugin
+    mount's container path (in any spelling) are replaced or dropped, so a request cannot shadow
+    a granted device with something else (and an MPS client's /dev/shm is the daemon's, with no
+    pod mount points in it)."""
     if edits.env:
         kept = [kv for kv in config.envs if kv.key not in edits.env]
         del config.envs[:]
@@ -152,24 +157,18 @@ def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
         kept_devices = [d for d in config.devices if clean(d.container_path) not in ours]
         del config.devices[:]
         config.devices.extend(kept_devices)
-        added: set[str] = set()
         for node in edits.device_nodes:
-            if node.container_path not in added:
-                added.add(node.container_path)
-                config.devices.add(
-                    container_path=node.container_path, host_path=node.host_path, permissions=node.permissions
-                )
+            config.devices.add(
+                container_path=node.container_path, host_path=node.host_path, permissions=node.permissions
+            )
     if edits.mounts:
-        ours = {clean(m.container_path) for m in edits.mounts}
-        kept_mounts = [m for m in config.mounts if clean(m.container_path) not in ours]
+        taken = [clean(m.container_path) for m in edits.mounts]
+        kept_mounts = [m for m in config.mounts if not any(_under(clean(m.container_path), t) for t in taken)]
         del config.mounts[:]
         config.mounts.extend(kept_mounts)
-        added = set()
         for mount in edits.mounts:
-            if mount.container_path not in added:
-                added.add(mount.container_path)
-                config.mounts.add(
-                    container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly
-                )
+            config.mounts.add(
+                container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly
+            )
     for name in edits.cdi_devices:
         config.CDI_devices.add(name=name)
