@@ -57,9 +57,7 @@ DEFAULT_METRICS = "127.0.0.1:9464"
 DEFAULT_KUBECONFIG = "/etc/kubegpu/node.kubeconfig"
 DEFAULT_BINARY = "/usr/local/bin/kubegpu"
 READY_TRIES = 4
-MIN_KEY_BYTES = 16  # kubegpu.allocation.load_keys ignores shorter keys
 KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")  # as kubegpu/allocation.py
-MAX_KEY_BYTES = 64 * 1024
 # Unit-file values: no whitespace, quotes, '%' (systemd specifiers), '$' (variables) or '\'.
 SAFE_VALUE = re.compile(r"^[A-Za-z0-9_@:/.,+=\-\[\]]+$")
 
@@ -249,16 +247,24 @@ def check_value(what: str, value: str) -> str:
 
 
 def validate_key(key_id: str, data: bytes) -> bytes:
-    """The key file's bytes, or InstallError: a valid id, and at least MIN_KEY_BYTES after strip
-    (the shim ignores a shorter key: every allocation signed with it would be refused)."""
+    """The key file's bytes, or InstallError: a valid id and an Ed25519 *public* key in one of
+    the key file formats (docs/allocation.md). A node holds only public keys: the shim refuses
+    a private key there, so install refuses it first."""
+    from kubegpu.allocation import MAX_KEY_FILE_BYTES, KeyFileError, SigningKey, parse_key
+
     if not KEY_ID.match(key_id):
         raise InstallError(f"key id {key_id!r}: want letters, digits, '_', '.', '-' (at most 63)")
-    if len(data) > MAX_KEY_BYTES:
-        raise InstallError(f"key {key_id}: {len(data)} bytes is not a key file (at most {MAX_KEY_BYTES})")
-    if len(data.strip()) < MIN_KEY_BYTES:
+    if len(data) > MAX_KEY_FILE_BYTES:
         raise InstallError(
-            f"key {key_id}: {len(data.strip())} bytes; a signing key has at least {MIN_KEY_BYTES} "
-            "(the Secret's item, e.g. 32 random bytes)"
+            f"key {key_id}: {len(data)} bytes is not a key file (at most {MAX_KEY_FILE_BYTES})"
+        )
+    try:
+        key = parse_key(data)
+    except KeyFileError as exc:
+        raise InstallError(f"key {key_id}: {exc}") from None
+    if isinstance(key, SigningKey):
+        raise InstallError(
+            f"key {key_id} is a private key; a node holds only the public key (kubegpu keys public)"
         )
     return data
 

@@ -20,6 +20,7 @@ import yaml
 from kubernetes import client as k8s
 
 from kubegpu import __version__
+from kubegpu.allocation import SigningKey, parse_key
 from kubegpu.devenv.controlplane import ControlPlane, ensure_namespace
 from kubegpu.devenv.manifests import Discovery, ManifestError, apply_manifests, iter_objects, load_documents
 from scheduler.live.config import load_config
@@ -95,7 +96,7 @@ def test_defaults_render_deploy(helm: Helm) -> None:
     assert without_helm_bookkeeping(secret)["metadata"] == template["metadata"]
     assert secret["type"] == template["type"]
     assert set(secret["data"]) == set(template["data"]) == {"k1"}
-    assert len(base64.b64decode(secret["data"]["k1"])) == 32
+    assert isinstance(parse_key(base64.b64decode(secret["data"]["k1"])), SigningKey)
     # the image deploy/ and the chart run is the one `make image` builds
     container = plain[("Deployment", "kubegpu-system", "kubegpu-scheduler")]["spec"]["template"]["spec"][
         "containers"
@@ -196,7 +197,7 @@ def test_ed25519_key_is_a_pkcs8_pem(helm: Helm) -> None:
     [
         (
             "signingKey.algorithm=rsa",
-            "at '/signingKey/algorithm': value must be one of 'hmac-sha256', 'ed25519'",
+            "at '/signingKey/algorithm': value must be 'ed25519'",
         ),
         ("namespace.name=", "at '/namespace/name': '' does not match pattern"),
         ("namespace.name=Not_A_Name", "at '/namespace/name': 'Not_A_Name' does not match pattern"),
@@ -261,11 +262,11 @@ spec:
     "values",
     [
         [],
-        ["signingKey.algorithm=ed25519"],
+        ["scheduler.config.signingKeyId=k9"],
         ["signingKey.existingSecret=mine", "nodeAgent.rbac=false"],
         ["metrics.serviceMonitor.enabled=true"],
     ],
-    ids=["defaults", "ed25519", "existing-secret", "service-monitor"],
+    ids=["defaults", "other-key-id", "existing-secret", "service-monitor"],
 )
 def test_server_side_dry_run(helm: Helm, admin_api: k8s.ApiClient, tmp_path: Path, values: list[str]) -> None:
     """Every rendered object passes the real apiserver's validation and admission (dry run), in
@@ -349,7 +350,7 @@ def test_install_upgrade_keeps_the_key_uninstall_removes_all(helm: Helm, private
     try:
         helm("install", "kubegpu", str(CHART), "--namespace", "releases", kubeconfig=kubeconfig)
         installed = secret_data(api, namespace)
-        assert set(installed) == {"k1"} and len(installed["k1"]) == 32
+        assert set(installed) == {"k1"} and isinstance(parse_key(installed["k1"]), SigningKey)
         labels = k8s.CoreV1Api(api).read_namespace(namespace).metadata.labels
         assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
 
@@ -381,7 +382,9 @@ def test_install_upgrade_keeps_the_key_uninstall_removes_all(helm: Helm, private
         )
         rotated = secret_data(api, namespace)
         assert (
-            rotated["k1"] == installed["k1"] and len(rotated["k2"]) == 32 and rotated["k2"] != rotated["k1"]
+            rotated["k1"] == installed["k1"]
+            and isinstance(parse_key(rotated["k2"]), SigningKey)
+            and rotated["k2"] != rotated["k1"]
         )
         config = k8s.CoreV1Api(api).read_namespaced_config_map("kubegpu-scheduler-config", namespace)
         assert yaml.safe_load(config.data["scheduler.yaml"])["signingKeyId"] == "k2"

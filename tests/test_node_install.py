@@ -24,13 +24,16 @@ from pathlib import Path
 import pytest
 
 from kubegpu import cli, nodeinstall
+from kubegpu.allocation import private_key_pem, public_key_pem
 from kubegpu.devenv.containerd import Containerd
 from kubegpu.devenv.shimproc import ShimProcess
 from tests.fixtures.common import require_executable
+from tests.fixtures.keys import private_key
 from tests.support.waiting import wait_for
 
 REPO = Path(__file__).resolve().parent.parent
-KEY = os.urandom(32)
+KEY = public_key_pem(private_key("node-install"))  # a node holds public keys only
+PRIVATE = private_key_pem(private_key("node-install"))
 HOST_UNITS = Path("/lib/systemd/system")
 
 pytestmark = pytest.mark.containerd
@@ -314,7 +317,17 @@ def bad_cases(
         (base + ["--containerd-socket", str(not_cri)], b"", "does not answer the CRI v1 Version call"),
         (base + ok + ["--key-file", str(tmp_path / "missing.key")], b"", "cannot read the key file"),
         (base + ok + ["--key-file", str(tmp_path)], b"", "cannot read the key file"),
-        (base + ok + ["--key-file", "-"], b"short\n", "key k1: 5 bytes; a signing key has at least 16"),
+        (base + ok + ["--key-file", "-"], b"short\n", "key k1: neither PEM nor base64"),
+        (
+            base + ok + ["--key-file", "-"],
+            b"c2hvcnQ=\n",
+            "key k1: a raw public key is 32 bytes in base64, this is 5",
+        ),
+        (
+            base + ok + ["--key-file", "-"],
+            PRIVATE,
+            "key k1 is a private key; a node holds only the public key",
+        ),
         (base + ok + ["--key-file", "-", "--key-id", "../k1"], KEY, "key id '../k1'"),
         (
             base + ok + ["--device-plugin", "amd", "--key-file", "-"],
@@ -455,7 +468,7 @@ def test_a_failed_write_rolls_everything_back(
         "--key-file",
         "-",
     )
-    code, _, err = run(capsys, monkeypatch, *other, stdin=os.urandom(32))
+    code, _, err = run(capsys, monkeypatch, *other, stdin=public_key_pem(private_key("other")))
     assert code == 2 and "No space left on device" in err and "nothing was changed" in err
     assert tree(root) == before
 
@@ -560,13 +573,13 @@ def test_check_reports_a_working_node_at_a_glance(
     assert f"talks to {containerd.endpoint} (--container-runtime-endpoint), not to the shim" in out
     assert out.strip().splitlines()[-1] == "1 problem(s)"
 
-    # the shim down, the key too short: each reported
+    # the shim down, the key unreadable: each reported
     shim.stop()
     (root / "etc/kubegpu/keys/k1").write_bytes(b"short")
     code, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root), "--kubelet-pid", str(pid))
     assert code == 1
     assert "[FAIL] shim health" in out and "[FAIL] CRI via shim" in out
-    assert "[FAIL] signing keys  k1: key k1: 5 bytes" in out
+    assert "[FAIL] signing keys  k1: key k1: neither PEM nor base64" in out
 
 
 def test_check_without_an_install(
