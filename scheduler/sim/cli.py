@@ -129,7 +129,7 @@ def run(args: argparse.Namespace) -> int:
         try:
             import scipy.optimize  # noqa: F401
         except ImportError:
-            print("kubegpu simulate: --bound needs scipy (pip install scipy)", file=sys.stderr)
+            print("kubegpu simulate: --bound needs scipy (pip install 'kubegpu[bound]')", file=sys.stderr)
             return 2
     experiment = run_experiment(nodes, pods, args.policy, seeds, args.inflation, args.ties, args.bound)
     if args.plot:
