@@ -107,3 +107,11 @@ def test_cli_without_bound_has_no_bound_keys(capsys: pytest.CaptureFixture[str])
     assert cli.main(["--seed", "42", "--json"]) == 0
     doc = json.loads(capsys.readouterr().out)
     assert "bound_alloc_pct_at_100" not in doc and "bound_alloc_pct_at_130" not in doc["runs"][0]
+
+
+def test_cli_bound_without_the_130_point(capsys: pytest.CaptureFixture[str]) -> None:
+    """Inflation to 100% never reaches 130% arrived: that bound is null, the other one is there."""
+    assert cli.main(["--seed", "42", "--bound", "--json", "--inflation", "1.0"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["bound_alloc_pct_at_130"] is None and 0 < doc["bound_alloc_pct_at_100"] <= 100
+    assert "bound_alloc_pct_at_130" not in doc["runs"][0]

@@ -67,6 +67,12 @@ def test_machine_file_of_ones_own(tmp_path: Path) -> None:
     bad.write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}], "nvlink": [[0]]}))
     with pytest.raises(MachineError, match="nvlink must be a 2x2 matrix"):
         load_shape(str(bad))
+    bad.write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}], "nvlink": [[0, -1], [-1, 0]]}))
+    with pytest.raises(MachineError, match="negative NVLink count"):
+        load_shape(str(bad))
+    bad.write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}], "pcie": [["X", "QPI"], ["QPI", "X"]]}))
+    with pytest.raises(MachineError, match="malformed"):
+        load_shape(str(bad))
     bad.write_text("[1, 2]")
     with pytest.raises(MachineError, match="not a JSON object"):
         load_shape(str(bad))

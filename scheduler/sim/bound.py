@@ -250,8 +250,8 @@ def allocation_bound(
                 gain += t.count * t.gpus * reduced
                 added += add_pattern(ti, counts)
         bound = min(bound, lp_value + gain)
-        if not added:
-            converged = True
+        if not added:  # no new improving pattern: the LP optimum (up to the solver's tolerance)
+            converged = gain <= TOLERANCE * MILLI * sum(t.count * t.gpus for t in types)
             break
     return BoundResult(
         bound_milli=max(min(bound, float(min(arrived, capacity))), 0.0),

@@ -83,6 +83,8 @@ def parse_shape(name: str, doc: Mapping[str, Any]) -> MachineShape:
             raise MachineError(f"machine shape {name}: nvlink must be a {n}x{n} matrix")
         if pcie is not None and (len(pcie) != n or any(len(r) != n for r in pcie)):
             raise MachineError(f"machine shape {name}: pcie must be a {n}x{n} matrix")
+        if any(int(v) < 0 for r in nvlink for v in r):
+            raise MachineError(f"machine shape {name}: negative NVLink count")
         return MachineShape(
             name=name,
             nvlink=tuple(tuple(int(v) for v in r) for r in nvlink),
