@@ -344,3 +344,18 @@ def test_fgd_reserve_keeps_a_whole_node_host_where_fgd_breaks_it() -> None:
         policy.bind(cluster, WHOLE_NODE_WORKLOAD, RNG)
         chosen[name] = schedule_one(pod, cluster, policy, RNG).node
     assert chosen == {"fgd": "idle0", "fgd-reserve": "used"}
+
+
+def test_whole_node_reserve_keeps_in_proportion_to_the_demand() -> None:
+    from scheduler.core.policies import WholeNodeReserve
+
+    cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(50)] + [gpu_node("s", 2)])
+    # 8-GPU pods: 10 x 8000 of 800,000 milli demanded = 10% -> 10% of the 50 eight-GPU nodes
+    workload = [PodRequest(f"big{i}", cpu_milli=64_000, gpu_count=8) for i in range(10)]
+    workload += [PodRequest(f"one{i}", cpu_milli=4000, gpu_count=1) for i in range(720)]
+    reserve = WholeNodeReserve()
+    reserve.bind(cluster, workload)
+    assert reserve.keep == 5
+    reserve.bind(cluster, workload[10:])  # no whole-node pods: nothing to keep, the floor stays
+    assert reserve.keep == WholeNodeReserve.MIN_KEEP and reserve.shapes == []
+    assert WholeNodeReserve(keep=7).keep == 7
