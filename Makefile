@@ -48,6 +48,7 @@ bench: deps install testbin
 	$(VPY) bench/create_container_rewrite.py
 	$(VPY) bench/scheduler_throughput.py
 	$(VPY) bench/simulate_openb.py
+	$(VPY) bench/node_placement.py
 
 # The scheduler image without a registry (docs/install.md): an OCI tar under build/image/,
 # imported into the containerd at CONTAINERD_ADDRESS when that socket exists. Needs root.
