@@ -1,0 +1,192 @@
+"""Records of the daemons a local cluster starts, stopping them by record, and the leftover sweep.
+
+A record is (name, pid, start time): the start time (field 22 of /proc/<pid>/stat) tells a
+recorded process from a later one that reuses its pid, so ``kubegpu down`` in a new Python process
+stops exactly what ``kubegpu up`` started. Every daemon is started in its own session, so its pid
+is also its process group and a stop reaches its children.
+
+``leftovers(state_dir, mount_namespaces)`` is the proof of a clean teardown: processes whose
+command line names the state directory, processes in one of the node namespaces, their
+descendants, and mounts under the state directory. ``sweep`` SIGKILLs those processes.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+PROC = Path("/proc")
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    """Fields of /proc/<pid>/stat after the command name (field 3 first), or None if gone."""
+    try:
+        text = (PROC / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()
+
+
+def start_time(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot, or None when it does not exist."""
+    fields = _stat_fields(pid)
+    return int(fields[19]) if fields else None
+
+
+def is_running(pid: int) -> bool:
+    """True when ``pid`` exists and is not a zombie."""
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] not in ("Z", "X")
+
+
+def _reap(pid: int) -> None:
+    """Collect ``pid``'s exit status when it is our child (no zombie stays behind)."""
+    try:
+        os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+@dataclass(frozen=True)
+class ProcessRecord:
+    """One started daemon: its name, pid (= process group) and start time."""
+
+    name: str
+    pid: int
+    start_time: int
+
+    @classmethod
+    def of(cls, name: str, pid: int) -> ProcessRecord:
+        started = start_time(pid)
+        if started is None:
+            raise ProcessLookupError(f"{name} (pid {pid}) is not running")
+        return cls(name, pid, started)
+
+    def alive(self) -> bool:
+        """True while the recorded process (not a later one with its pid) runs."""
+        return start_time(self.pid) == self.start_time and is_running(self.pid)
+
+    def signal_group(self, sig: signal.Signals) -> None:
+        """Signal the process group, only while the recorded leader still exists."""
+        if start_time(self.pid) != self.start_time:
+            return
+        try:
+            os.killpg(self.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """SIGTERM the group, wait up to ``timeout``, then SIGKILL the group; reap our children."""
+        self.signal_group(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            _reap(self.pid)
+            if not self.alive():
+                break
+            time.sleep(0.05)
+        self.signal_group(signal.SIGKILL)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            _reap(self.pid)
+            if not is_running(self.pid) or start_time(self.pid) != self.start_time:
+                return
+            time.sleep(0.05)
+
+    def as_dict(self) -> dict[str, object]:
+        return {"name": self.name, "pid": self.pid, "startTime": self.start_time}
+
+    @classmethod
+    def from_dict(cls, doc: dict[str, object]) -> ProcessRecord:
+        return cls(str(doc["name"]), int(str(doc["pid"])), int(str(doc["startTime"])))
+
+
+# --------------------------------------------------------------------------- leftovers
+
+
+def mount_namespace(pid: int) -> str | None:
+    """The mount namespace of ``pid`` (e.g. ``mnt:[4026532451]``), or None when unreadable."""
+    try:
+        return os.readlink(PROC / str(pid) / "ns" / "mnt")
+    except OSError:
+        return None
+
+
+def _pids() -> Iterator[int]:
+    for entry in PROC.iterdir():
+        if entry.name.isdigit():
+            yield int(entry.name)
+
+
+def _parents() -> dict[int, int]:
+    parents = {}
+    for pid in _pids():
+        fields = _stat_fields(pid)
+        if fields is not None and fields[0] not in ("Z", "X"):
+            parents[pid] = int(fields[1])
+    return parents
+
+
+def processes_of(state_dir: Path, mount_namespaces: Iterable[str] = ()) -> set[int]:
+    """Live processes that belong to a local cluster, with all their descendants.
+
+    A process belongs when its command line names ``state_dir`` or it runs in one of the
+    ``mount_namespaces`` (the node namespaces); container processes are found as descendants
+    of the containerd shims, which run in a node namespace.
+    """
+    needle = os.fsencode(str(state_dir))
+    namespaces = set(mount_namespaces)
+    parents = _parents()
+    roots = set()
+    for pid in parents:
+        if pid == os.getpid():
+            continue
+        try:
+            cmdline = (PROC / str(pid) / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if needle in cmdline or (namespaces and mount_namespace(pid) in namespaces):
+            roots.add(pid)
+    found = set(roots)
+    changed = True
+    while changed:
+        changed = False
+        for pid, parent in parents.items():
+            if parent in found and pid not in found and pid != os.getpid():
+                found.add(pid)
+                changed = True
+    return found
+
+
+def mounts_under(path: Path) -> list[str]:
+    """Mount points (in this process's mount namespace) at or under ``path``."""
+    prefix = str(path).rstrip("/")
+    points = []
+    for line in (PROC / "self" / "mountinfo").read_text().splitlines():
+        point = line.split()[4].replace("\\040", " ")
+        if point == prefix or point.startswith(prefix + "/"):
+            points.append(point)
+    return points
+
+
+def sweep(state_dir: Path, mount_namespaces: Iterable[str] = (), timeout: float = 10.0) -> list[int]:
+    """SIGKILL every process of the local cluster that is still there; return their pids."""
+    namespaces = list(mount_namespaces)
+    killed: list[int] = []
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        pids = processes_of(state_dir, namespaces)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+            except ProcessLookupError:
+                pass
+            _reap(pid)
+        time.sleep(0.1)
+    return sorted(set(killed))
