@@ -3,4 +3,5 @@
 pytest_plugins = [
     "tests.fixtures.containerd",
     "tests.fixtures.cluster",
+    "tests.fixtures.localcluster",
 ]

@@ -143,6 +143,13 @@ def node_ready(node: k8s.V1Node) -> bool:
     return False
 
 
+def blocking_taints(node: k8s.V1Node) -> list[str]:
+    """Taints that keep ordinary pods off the node (the node lifecycle controller lifts the
+    not-ready one a moment after the node turns Ready)."""
+    return [t.key for t in (node.spec.taints if node.spec else None) or []
+            if t.effect in ("NoSchedule", "NoExecute")]
+
+
 @dataclass
 class LocalCluster:
     """A local cluster under ``state_dir``. Start it, add nodes, stop it."""
@@ -307,7 +314,8 @@ class LocalCluster:
                     if exc.status != 404:
                         raise
                     last = None
-                if last is not None and node_ready(last) and self._advertised(node, last):
+                if last is not None and node_ready(last) and not blocking_taints(last) \
+                        and self._advertised(node, last):
                     return last
                 time.sleep(0.5)
         kubelet_log = node.kubelet.tail(30) if node.kubelet else ""
