@@ -151,3 +151,23 @@ def check_view(view: ContainerView, node: str, allocation: Allocation | None, co
     for device, share in granted.shares.items():
         shares = view.env.get("KUBEGPU_GPU_SHARES", "")
         assert f"{device}:{share.milli}" in shares, f"{container_name}: share {share} not in {shares!r}"
+
+
+def read_view(core: k8s.CoreV1Api, namespace: str, name: str, container_name: str,
+              timeout: float = 30) -> ContainerView:
+    """The container's report, read through the API.
+
+    The log can lag the Running state, and a kubelet that just restarted answers 404 until it
+    knows the pod again: both are retried until ``timeout``.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            log = core.read_namespaced_pod_log(name, namespace, container=container_name)
+        except k8s.ApiException as exc:
+            if exc.status != 404 or time.monotonic() > deadline:
+                raise
+            log = ""
+        if END_MARKER in log.splitlines() or time.monotonic() > deadline:
+            return ContainerView.parse(log)
+        time.sleep(0.2)
