@@ -11,6 +11,7 @@ from typing import Any
 
 from devices.cli import register as _add_devices
 from kubegpu import __version__, logs
+from kubegpu.localcluster.cli import register as _add_localcluster
 from scheduler.sim.cli import register as _add_simulate
 
 
@@ -245,6 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_devices(sub)
     _add_scheduler(sub)
     _add_simulate(sub)
+    _add_localcluster(sub)
     return parser
 
 

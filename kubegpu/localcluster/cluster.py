@@ -442,6 +442,17 @@ def leftovers(state_dir: Path, namespaces: Iterable[str], tunables: dict[str, st
     return found
 
 
+def collect_logs(state_dir: Path, into: str = "logs") -> Path:
+    """Copy every ``*.log`` under the state dir to ``<state>/logs/`` (path separators become ``_``)."""
+    target = state_dir / into
+    target.mkdir(exist_ok=True)
+    for path in state_dir.rglob("*.log"):
+        if target in path.parents or not path.is_file():
+            continue
+        shutil.copyfile(path, target / "_".join(path.relative_to(state_dir).parts))
+    return target
+
+
 def teardown(state_dir: Path, remove_files: bool = True, keep: Iterable[str] = ("logs",)) -> list[str]:
     """Stop the cluster recorded in ``state_dir`` and return the leftovers (none on success).
 
@@ -475,6 +486,7 @@ def teardown(state_dir: Path, remove_files: bool = True, keep: Iterable[str] = (
     found = leftovers(state_dir, namespaces, tunables)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     if remove_files and not found:
+        collect_logs(state_dir)
         kept = set(keep)
         for entry in state_dir.iterdir():
             if entry.name in kept:
