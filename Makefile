@@ -5,14 +5,16 @@ VPY     := $(VENV)/bin/python
 PROTO_SRC := proto/runtime/v1/api.proto
 PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
-.PHONY: deps install proto test bench lint testbin demo demo-crishim clean
+.PHONY: deps install proto test bench lint testbin demo demo-down soak demo-crishim simulate clean
 
-# System packages the tests need (containerd, runc, busybox for test images, systemd-analyze).
+# System packages the tests and the local cluster need (containerd, runc, busybox for test images,
+# systemd-analyze, the loopback CNI plugin a kubelet node needs to turn Ready).
 # Skips apt entirely when everything is already there.
-APT_PACKAGES := containerd runc busybox-static systemd openssl
+APT_PACKAGES := containerd runc busybox-static systemd openssl containernetworking-plugins
 deps:
 	@if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] \
-	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null; then \
+	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null \
+	    && [ -x /usr/lib/cni/loopback ]; then \
 	    echo "deps: system packages present"; \
 	else apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES); fi
 
@@ -50,9 +52,23 @@ bench: deps install testbin
 lint:
 	$(VENV)/bin/ruff check .
 
-# The main job with no cluster: the scheduling core on the built-in cluster and workload.
-demo: install
+# The main job: a one-node GPU cluster on this machine (kubegpu up; needs root). The first run
+# builds the Kubernetes binaries. It keeps running: `make demo-down` (kubegpu down) removes it.
+demo: deps install
+	$(VENV)/bin/kubegpu up
+
+demo-down:
+	$(VENV)/bin/kubegpu down
+
+# The scheduling core on the built-in trace cluster and workload, no cluster needed.
+simulate: install
 	$(VENV)/bin/kubegpu simulate
+
+# Churn soak through a real node: 300 GPU pods with random kubelet/shim/scheduler restarts
+# (CI runs a 40-pod version as part of `make test`).
+SOAK_PODS ?= 300
+soak: deps install testbin
+	KUBEGPU_SOAK_PODS=$(SOAK_PODS) $(VPY) -m pytest -q -s tests/test_e2e_soak.py
 
 # The CRI shim in front of a private containerd, driven as kubelet would.
 demo-crishim: deps install
