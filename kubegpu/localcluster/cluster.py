@@ -49,7 +49,7 @@ from kubegpu.devenv.controlplane import (
 from kubegpu.devenv.manifests import apply_manifests
 from kubegpu.localcluster.kubelet import node_ip
 from kubegpu.localcluster.namespace import read_tunables, restore_tunables
-from kubegpu.localcluster.node import LocalNode, PeerProxy
+from kubegpu.localcluster.node import ADVERTISE_INTERVAL_SECONDS, LocalNode, PeerProxy
 from kubegpu.localcluster.processes import ProcessRecord, mounts_under, processes_of, sweep
 
 STATE_FILE = "cluster.json"
@@ -266,6 +266,7 @@ class LocalCluster:
         proxy: str | PeerProxy = "kubegpu",
         topology: str = "dgx1-v100",
         max_pods: int = 110,
+        advertise_interval: float = ADVERTISE_INTERVAL_SECONDS,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> LocalNode:
@@ -289,6 +290,7 @@ class LocalCluster:
             agent_kubeconfig=self._account_kubeconfig(NODE_ACCOUNT) if proxy == "kubegpu" else None,
             keys_dir=self.node_keys if proxy == "kubegpu" else None,
             max_pods=max_pods,
+            advertise_interval=advertise_interval,
         )
         self.nodes[name] = node
         try:

@@ -18,7 +18,6 @@ the end-to-end tests and the soak use to disturb a running node.
 from __future__ import annotations
 
 import shutil
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from kubegpu.localcluster.namespace import MountNamespace
 from kubegpu.localcluster.processes import ProcessRecord, sweep
 
 CNI_PLUGIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
+# The local cluster publishes device changes within 2 s (production default: 10 s).
 ADVERTISE_INTERVAL_SECONDS = 2.0
 
 
@@ -73,6 +73,7 @@ class LocalNode:
     agent_kubeconfig: Path | None = None  # the node agent's API identity (advertiser, lookups)
     keys_dir: Path | None = None  # allocation keys the shim accepts
     max_pods: int = 110
+    advertise_interval: float = ADVERTISE_INTERVAL_SECONDS
     namespace: MountNamespace | None = None
     containerd: Containerd | None = None
     shim: ShimProcess | None = None
@@ -156,7 +157,7 @@ class LocalNode:
                              self.keys_dir if self.keys_dir is not None else None)
         if self.agent_kubeconfig is not None:
             args += ["--kubeconfig", str(self.agent_kubeconfig), "--advertise",
-                     "--advertise-interval", str(ADVERTISE_INTERVAL_SECONDS)]
+                     "--advertise-interval", str(self.advertise_interval)]
         self._shim_starts += 1
         self.shim = ShimProcess(
             socket=self.proxy_socket,
@@ -255,8 +256,3 @@ class LocalNode:
             paths[self.proxy.name] = self.directory / f"{self.proxy.name}.log"
         return {name: path for name, path in paths.items() if path.exists()}
 
-    def wait_containerd(self, timeout: float = 30.0) -> None:
-        """Block until containerd answers again (after a restart)."""
-        assert self.containerd is not None
-        deadline = time.monotonic() + timeout
-        self.containerd.wait_ready(max(1.0, deadline - time.monotonic()))
