@@ -16,9 +16,11 @@ from kubegpu.localcluster.kubelet import KubeletError, default_route_interface, 
 from kubegpu.localcluster.namespace import KUBELET_TUNABLES, MountNamespace, read_tunables, restore_tunables
 from kubegpu.localcluster.processes import (
     ProcessRecord,
+    absent_cgroup_parents,
     mount_namespace,
     mounts_under,
     processes_of,
+    remove_cgroups,
     sweep,
 )
 from kubegpu.localcluster.workload import PodReport, format_table, link_summary
@@ -141,3 +143,22 @@ def test_stop_signals_group_members_too() -> None:
         time.sleep(0.05)
     else:
         raise AssertionError("a member of the stopped process group survived")
+
+
+def test_containerd_cgroup_parents_made_by_the_cluster_are_removed_when_empty(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from kubegpu.localcluster import processes
+
+    for hierarchy in ("memory", "pids"):
+        (tmp_path / hierarchy).mkdir()
+        (tmp_path / hierarchy / "cgroup.procs").touch()
+    (tmp_path / "pids" / processes.CONTAINERD_CGROUP).mkdir()  # there before the cluster
+    monkeypatch.setattr(processes, "CGROUP_ROOT", tmp_path)
+    made = absent_cgroup_parents()
+    assert made == [str(tmp_path / processes.CONTAINERD_CGROUP), str(tmp_path / "memory" / "k8s.io")]
+    (tmp_path / "memory" / "k8s.io" / "busy").mkdir(parents=True)  # still holds a container
+    assert remove_cgroups(made) == [str(tmp_path / "memory" / "k8s.io")]
+    (tmp_path / "memory" / "k8s.io" / "busy").rmdir()
+    assert remove_cgroups(made) == []
+    assert not (tmp_path / "memory" / "k8s.io").exists() and (tmp_path / "pids" / "k8s.io").exists()

@@ -50,7 +50,7 @@ from kubegpu.devenv.manifests import apply_manifests
 from kubegpu.localcluster.kubelet import node_ip
 from kubegpu.localcluster.namespace import read_tunables, restore_tunables
 from kubegpu.localcluster.node import ADVERTISE_INTERVAL_SECONDS, LocalNode, PeerProxy
-from kubegpu.localcluster.processes import ProcessRecord, mounts_under, processes_of, sweep
+from kubegpu.localcluster.processes import ProcessRecord, mounts_under, processes_of, remove_cgroups, sweep
 
 STATE_FILE = "cluster.json"
 STATE_VERSION = 1
@@ -377,6 +377,7 @@ class LocalCluster:
                     "containerdBinDir": str(node.containerd_bin_dir) if node.containerd_bin_dir else None,
                     "namespace": node.namespace.namespace_id if node.namespace else None,
                     "tunables": node.namespace.saved_tunables if node.namespace else {},
+                    "cgroupParents": node.cgroup_parents,
                 }
                 for node in self.nodes.values()
             ],
@@ -485,6 +486,7 @@ def teardown(state_dir: Path, remove_files: bool = True, keep: Iterable[str] = (
         tunables.update(node.get("tunables") or {})
     sweep(state_dir, namespaces)
     restore_tunables(tunables)
+    remove_cgroups([path for node in state.get("nodes", []) for path in node.get("cgroupParents", [])])
     found = leftovers(state_dir, namespaces, tunables)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     if remove_files and not found:

@@ -27,7 +27,14 @@ from typing import Any
 
 import yaml
 
-from kubegpu.devenv.controlplane import Component, ControlPlane, free_ports, http_ok
+from kubegpu.devenv.controlplane import (
+    PORT_ATTEMPTS,
+    Component,
+    ControlPlane,
+    ControlPlaneError,
+    free_ports,
+    http_ok,
+)
 
 SIOCGIFADDR = 0x8915
 NODES_GROUP = "system:nodes"
@@ -177,14 +184,26 @@ class Kubelet:
         ])
 
     def start(self, timeout: float = 60.0) -> Kubelet:
-        """Start kubelet (configuring it first if needed) and wait for its /healthz."""
+        """Start kubelet (configuring it first if needed) and wait for its /healthz.
+
+        Its ports were free when picked; if another process took one meanwhile, kubelet is
+        configured with new ports and started again (3 attempts).
+        """
         if not self.config_path.exists():
             self.configure()
-        self.component = Component("kubelet", self.command(), self.log_path).start()
-        self.component.wait_until(
-            lambda: http_ok(f"http://127.0.0.1:{self.healthz_port}/healthz"), "healthy", timeout
-        )
-        return self
+        for attempt in range(1, PORT_ATTEMPTS + 1):
+            self.component = Component("kubelet", self.command(), self.log_path).start()
+            try:
+                self.component.wait_until(
+                    lambda: http_ok(f"http://127.0.0.1:{self.healthz_port}/healthz"), "healthy", timeout
+                )
+                return self
+            except ControlPlaneError as exc:
+                if "address already in use" not in str(exc) or attempt == PORT_ATTEMPTS:
+                    raise
+                self.component.stop()
+                self.configure()
+        raise AssertionError("unreachable")
 
     def alive(self) -> bool:
         return self.component is not None and self.component.alive()

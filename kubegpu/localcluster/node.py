@@ -31,7 +31,7 @@ from kubegpu.devenv.cri import CriClient
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from kubegpu.localcluster.kubelet import Kubelet
 from kubegpu.localcluster.namespace import MountNamespace
-from kubegpu.localcluster.processes import ProcessRecord, sweep
+from kubegpu.localcluster.processes import ProcessRecord, absent_cgroup_parents, remove_cgroups, sweep
 
 CNI_PLUGIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 # The local cluster publishes device changes within 2 s (production default: 10 s).
@@ -75,6 +75,8 @@ class LocalNode:
     max_pods: int = 110
     advertise_interval: float = ADVERTISE_INTERVAL_SECONDS
     namespace: MountNamespace | None = None
+    # containerd's cgroup parents that did not exist before this node (removed at teardown)
+    cgroup_parents: list[str] = field(default_factory=list)
     containerd: Containerd | None = None
     shim: ShimProcess | None = None
     peer: Component | None = None
@@ -119,6 +121,7 @@ class LocalNode:
         self.directory.mkdir(parents=True, exist_ok=True)
         try:
             self.namespace = MountNamespace(self.directory).start()
+            self.cgroup_parents = absent_cgroup_parents()
             self.containerd = Containerd(
                 base=self.directory / "containerd",
                 bin_dir=self.containerd_bin_dir,
@@ -195,6 +198,7 @@ class LocalNode:
                 namespaces.append(self.namespace.namespace_id)
             self.namespace.stop()
         sweep(self.directory, namespaces)
+        remove_cgroups(self.cgroup_parents)
 
     def remove_files(self) -> None:
         """Delete the node's directory (after stop)."""

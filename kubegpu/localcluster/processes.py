@@ -5,9 +5,11 @@ recorded process from a later one that reuses its pid, so ``kubegpu down`` in a 
 stops exactly what ``kubegpu up`` started. Every daemon is started in its own session, so its pid
 is also its process group and a stop reaches its children.
 
-``leftovers(state_dir, mount_namespaces)`` is the proof of a clean teardown: processes whose
-command line names the state directory, processes in one of the node namespaces, their
-descendants, and mounts under the state directory. ``sweep`` SIGKILLs those processes.
+``processes_of`` and ``mounts_under`` find what a teardown may have left:
+processes whose command line names the state directory, processes in one of the node namespaces,
+their descendants, mounts under the state directory, and the cgroup parent containerd makes on
+first use (``k8s.io`` in each hierarchy) when the cluster made it. ``sweep`` SIGKILLs those
+processes; ``remove_cgroups`` removes those cgroup parents once they are empty.
 """
 
 from __future__ import annotations
@@ -190,3 +192,44 @@ def sweep(state_dir: Path, mount_namespaces: Iterable[str] = (), timeout: float 
             _reap(pid)
         time.sleep(0.1)
     return sorted(set(killed))
+
+
+# --------------------------------------------------------------------------- cgroups
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CONTAINERD_CGROUP = "k8s.io"  # containerd's CRI puts containers without a parent at /k8s.io/<id>
+
+
+def containerd_cgroup_parents() -> list[Path]:
+    """Where containerd's ``k8s.io`` cgroup parent goes: each v1 hierarchy, or the v2 root."""
+    candidates = [CGROUP_ROOT / CONTAINERD_CGROUP]
+    try:
+        candidates += [entry / CONTAINERD_CGROUP for entry in sorted(CGROUP_ROOT.iterdir())
+                       if entry.is_dir() and not entry.is_symlink() and (entry / "cgroup.procs").exists()]
+    except OSError:
+        pass
+    return candidates
+
+
+def absent_cgroup_parents() -> list[str]:
+    """The containerd cgroup parents that do not exist yet (so the cluster will have made them)."""
+    return [str(path) for path in containerd_cgroup_parents()
+            if path.parent.exists() and not path.exists()]
+
+
+def remove_cgroups(paths: Iterable[str]) -> list[str]:
+    """rmdir each cgroup parent the cluster made; return those still there.
+
+    Only an empty cgroup can be removed: a parent that still holds containers of another
+    containerd on the host stays (it is theirs too now), and so does one still holding ours,
+    which the process checks report.
+    """
+    left = []
+    for path in paths:
+        try:
+            Path(path).rmdir()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            left.append(path)
+    return left
