@@ -261,3 +261,80 @@ def test_init_container_and_restartable_sidecar_with_gpus(gpu_node: KubeNode, no
     wait_running(core, ns, "sidecars")
     for name in ("init", "sidecar", "app"):
         check_view(view_of(gpu_node, ns, "sidecars", name), gpu_node.name, allocation, name)
+
+
+def test_controller_manager_runs_deployments_on_the_node(kube_node: KubeNode, node_namespace: str) -> None:
+    """kube-controller-manager: Deployment -> ReplicaSet -> GPU pods (with ServiceAccount tokens and
+    kube-root-ca.crt), scaling down frees the GPUs, deleting the Deployment garbage-collects the rest."""
+    apps, core, ns = k8s.AppsV1Api(kube_node.admin_api), kube_node.core, node_namespace
+    template = {"metadata": {"labels": {"app": "trainer"}},
+                "spec": pod("unused", [container("app", 2)], kube_node.selector)["spec"]}
+    apps.create_namespaced_deployment(ns, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "trainer"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "trainer"}}, "template": template},
+    })
+
+    def pods() -> list[k8s.V1Pod]:
+        return core.list_namespaced_pod(ns, label_selector="app=trainer").items
+
+    deadline = time.monotonic() + 120
+    while not (len(found := pods()) == 2 and all(running(p) for p in found)):
+        assert time.monotonic() < deadline, [p.status.phase for p in found]
+        time.sleep(0.5)
+    granted = set()
+    for replica in found:
+        allocation = allocation_of(replica, kube_node.cluster.node_keys)
+        granted |= set(allocation.containers["app"].devices)
+        ca = kube_node.kubectl("exec", "-n", ns, replica.metadata.name, "--", "cat",
+                               "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt").stdout
+        assert "BEGIN CERTIFICATE" in ca  # kube-root-ca.crt, projected with the token
+    assert len(granted) == 4
+    apps.patch_namespaced_deployment_scale("trainer", ns, {"spec": {"replicas": 0}})
+    deadline = time.monotonic() + 120
+    while pods():
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    core.create_namespaced_pod(ns, pod("all", [container("app", 8)], kube_node.selector))
+    wait_running(core, ns, "all")  # every GPU is free again
+    apps.delete_namespaced_deployment("trainer", ns)
+    deadline = time.monotonic() + 60
+    while apps.list_namespaced_replica_set(ns).items:  # the garbage collector removes the ReplicaSet
+        assert time.monotonic() < deadline
+        time.sleep(0.5)
+    # kubelet's heartbeat Lease, which the node lifecycle controller watches (kubelet creates it
+    # on its second 10 s renewal round, once its Node exists to own it)
+    leases = k8s.CoordinationV1Api(kube_node.admin_api)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            lease = leases.read_namespaced_lease(kube_node.name, "kube-node-lease")
+            break
+        except k8s.ApiException as exc:
+            assert exc.status == 404 and time.monotonic() < deadline
+            time.sleep(1)
+    assert lease.spec.holder_identity == kube_node.name
+
+
+def test_kubelet_has_only_a_nodes_rights(kube_node: KubeNode) -> None:
+    """Node authorizer and NodeRestriction: kubelet's certificate may write its own Node, not another
+    one, and may not read Secrets its pods do not use."""
+    from kubernetes.config import new_client_from_config
+
+    assert kube_node.node.kubelet is not None
+    other = f"other-{kube_node.name}"
+    kube_node.core.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": other}})
+    try:
+        with new_client_from_config(config_file=str(kube_node.node.kubelet.kubeconfig)) as api:
+            core = k8s.CoreV1Api(api)
+            label = {"metadata": {"labels": {"kubegpu.io/e2e-touched": "yes"}}}
+            core.patch_node(kube_node.name, label)  # its own Node: allowed
+            third = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"third-{kube_node.name}"}}
+            for attempt in (lambda: core.patch_node(other, label),
+                            lambda: core.delete_node(other),
+                            lambda: core.create_node(third),
+                            lambda: core.list_namespaced_secret("kubegpu-system")):
+                with pytest.raises(k8s.ApiException) as denied:
+                    attempt()
+                assert denied.value.status == 403, denied.value.body
+    finally:
+        kube_node.core.delete_node(other)
