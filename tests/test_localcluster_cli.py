@@ -55,6 +55,11 @@ def test_up_runs_the_demo_and_down_leaves_nothing(tmp_path_factory: pytest.TempP
         assert nodes.stdout.strip() == "node/kubegpu-node", nodes.stderr
         assert processes_of(state)
         assert read_tunables() == tunables  # kubelet wrote its tunables inside the node only
+        again = kubegpu("up", "--state-dir", str(state), "--no-workload")
+        assert again.returncode == 2 and "already recorded" in again.stderr
+        assert subprocess.run([str(binaries.kubectl), "--kubeconfig", str(state / "control-plane" /
+                               "admin.kubeconfig"), "get", "nodes"], capture_output=True,
+                              timeout=60).returncode == 0  # the refused second `up` touched nothing
     finally:
         down = kubegpu("down", "--state-dir", str(state))
     assert down.returncode == 0, down.stdout + down.stderr

@@ -165,6 +165,7 @@ class LocalCluster:
     nodes: dict[str, LocalNode] = field(default_factory=dict)
     address: str = ""
     key_id: str = KEY_ID
+    _started: bool = field(default=False, repr=False)
 
     def __post_init__(self) -> None:
         self.state_dir = check_state_dir(Path(self.state_dir))
@@ -200,7 +201,20 @@ class LocalCluster:
             raise LocalClusterError(
                 f"a local cluster is already recorded in {self.state_dir} (kubegpu down --state-dir ...)"
             )
+        running = processes_of(self.state_dir)
+        if running:
+            raise LocalClusterError(
+                f"processes of an earlier cluster still use {self.state_dir}: pids {sorted(running)}"
+            )
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        for stale in self.state_dir.iterdir():  # what a crashed run left; nothing uses it
+            if stale.name == "logs":
+                continue
+            if stale.is_dir() and not stale.is_symlink():
+                shutil.rmtree(stale)
+            else:
+                stale.unlink()
+        self._started = True
         self.address = node_ip()
         try:
             progress("etcd and kube-apiserver")
@@ -394,7 +408,12 @@ class LocalCluster:
     # ---- stop
 
     def stop(self) -> list[str]:
-        """Stop everything this process started; return the leftovers found afterwards."""
+        """Stop everything this process started; return the leftovers found afterwards.
+
+        A cluster whose ``start`` refused (another cluster owns the state dir) stops nothing.
+        """
+        if not self._started:
+            return []
         namespaces = [n.namespace.namespace_id for n in self.nodes.values()
                       if n.namespace is not None and n.namespace.namespace_id]
         tunables = {}
