@@ -68,7 +68,7 @@ def test_up_runs_the_demo_and_down_leaves_nothing(tmp_path_factory: pytest.TempP
     assert mounts_under(state) == []
     assert read_tunables() == tunables
     assert {path: os.path.exists(path) for path in HOST_PATHS} == present
-    assert [p.name for p in state.iterdir()] == ["logs"]
+    assert sorted(p.name for p in state.iterdir()) == [".kubegpu-cluster", "logs"]
     assert {"kube-apiserver", "kubelet", "crishim"} <= {
         name for log in (state / "logs").iterdir() for name in ("kube-apiserver", "kubelet", "crishim")
         if name in log.name
@@ -81,6 +81,14 @@ def test_down_without_a_cluster_says_so(tmp_path: Path) -> None:
     assert result.returncode == 2
     message = f"kubegpu down: no local cluster recorded in {tmp_path} (cluster.json missing)"
     assert result.stderr.strip() == message
+
+
+def test_up_never_takes_over_a_directory_with_other_files(tmp_path_factory: pytest.TempPathFactory) -> None:
+    tmp_path = tmp_path_factory.mktemp("own")
+    (tmp_path / "precious").write_text("mine")
+    result = kubegpu("up", "--state-dir", str(tmp_path), "--no-workload")
+    assert result.returncode == 2 and "not a kubegpu state dir" in result.stderr
+    assert [p.name for p in tmp_path.iterdir()] == ["precious"]
 
 
 def test_up_refuses_a_state_dir_a_node_would_hide(tmp_path: Path) -> None:

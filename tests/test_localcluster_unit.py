@@ -92,7 +92,10 @@ def test_a_record_stops_its_process_group_and_never_a_reused_pid() -> None:
 def test_sweep_finds_processes_by_state_dir_and_their_descendants(tmp_path: Path) -> None:
     marker = tmp_path / "state"
     marker.mkdir()
-    parent = _spawn("sh", "-c", "sleep 100 & sleep 100 & wait", str(marker))
+    other = tmp_path / "state2"  # a sibling whose name starts the same is not ours
+    other.mkdir()
+    stranger = _spawn("sh", "-c", "sleep 100", str(other / "config"))
+    parent = _spawn("sh", "-c", "sleep 100 & sleep 100 & wait", str(marker / "config"))
     deadline = time.monotonic() + 5
     while len(processes_of(marker)) < 3 and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -100,6 +103,9 @@ def test_sweep_finds_processes_by_state_dir_and_their_descendants(tmp_path: Path
     killed = sweep(marker)
     assert parent.pid in killed and processes_of(marker) == set()
     parent.wait(timeout=5)
+    assert stranger.poll() is None
+    stranger.kill()
+    stranger.wait()
 
 
 @pytest.mark.skipif(os.geteuid() != 0 or shutil.which("unshare") is None, reason="needs root and unshare")

@@ -53,6 +53,8 @@ from kubegpu.localcluster.node import ADVERTISE_INTERVAL_SECONDS, LocalNode, Pee
 from kubegpu.localcluster.processes import ProcessRecord, mounts_under, processes_of, remove_cgroups, sweep
 
 STATE_FILE = "cluster.json"
+# Marks a directory as a local cluster's state dir: only such a dir is ever emptied.
+MARKER = ".kubegpu-cluster"
 STATE_VERSION = 1
 SYSTEM_NAMESPACE = "kubegpu-system"
 SCHEDULER_ACCOUNT = "kubegpu-scheduler"
@@ -207,8 +209,13 @@ class LocalCluster:
                 f"processes of an earlier cluster still use {self.state_dir}: pids {sorted(running)}"
             )
         self.state_dir.mkdir(parents=True, exist_ok=True)
+        entries = {entry.name for entry in self.state_dir.iterdir()}
+        if entries - {"logs", MARKER} and MARKER not in entries:
+            raise LocalClusterError(f"{self.state_dir} is not empty and not a kubegpu state dir; "
+                                    "pick an empty or new directory")
+        (self.state_dir / MARKER).touch()
         for stale in self.state_dir.iterdir():  # what a crashed run left; nothing uses it
-            if stale.name == "logs":
+            if stale.name in ("logs", MARKER):
                 continue
             if stale.is_dir() and not stale.is_symlink():
                 shutil.rmtree(stale)
@@ -508,9 +515,9 @@ def teardown(state_dir: Path, remove_files: bool = True, keep: Iterable[str] = (
     remove_cgroups([path for node in state.get("nodes", []) for path in node.get("cgroupParents", [])])
     found = leftovers(state_dir, namespaces, tunables)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
-    if remove_files and not found:
+    if remove_files and not found and (state_dir / MARKER).exists():
         collect_logs(state_dir)
-        kept = set(keep)
+        kept = set(keep) | {MARKER}
         for entry in state_dir.iterdir():
             if entry.name in kept:
                 continue

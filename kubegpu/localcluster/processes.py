@@ -135,14 +135,16 @@ def _parents() -> dict[int, int]:
 def processes_of(state_dir: Path, mount_namespaces: Iterable[str] = ()) -> set[int]:
     """Live processes that belong to a local cluster, with all their descendants.
 
-    A process belongs when its command line names ``state_dir`` or it runs in one of the
-    ``mount_namespaces`` (the node namespaces); container processes are found as descendants
-    of the containerd shims, which run in a node namespace.
+    A process belongs when its command line names a path inside ``state_dir``, or it runs in one
+    of the ``mount_namespaces`` (the node namespaces) and so does a process of the first kind:
+    a namespace id alone is not proof, since the kernel reuses the ids of namespaces that are
+    gone. Container processes are found as descendants of the containerd shims.
     """
-    needle = os.fsencode(str(state_dir))
+    needle = os.fsencode(str(state_dir).rstrip("/") + "/")
     namespaces = set(mount_namespaces)
     parents = _parents()
     roots = set()
+    namespace_of: dict[int, str | None] = {}
     for pid in parents:
         if pid == os.getpid():
             continue
@@ -150,8 +152,12 @@ def processes_of(state_dir: Path, mount_namespaces: Iterable[str] = ()) -> set[i
             cmdline = (PROC / str(pid) / "cmdline").read_bytes()
         except OSError:
             continue
-        if needle in cmdline or (namespaces and mount_namespace(pid) in namespaces):
+        if namespaces:
+            namespace_of[pid] = mount_namespace(pid)
+        if needle in cmdline:
             roots.add(pid)
+    ours = {namespace_of.get(pid) for pid in roots} & namespaces
+    roots |= {pid for pid, namespace in namespace_of.items() if namespace in ours}
     found = set(roots)
     changed = True
     while changed:
