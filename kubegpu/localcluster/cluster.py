@@ -27,7 +27,7 @@ import shutil
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,6 +35,7 @@ from typing import Any
 import yaml
 from kubernetes import client as k8s
 
+from kubegpu.allocation import load_keys
 from kubegpu.devenv.containerd import Containerd, ContainerdError
 from kubegpu.devenv.controlplane import (
     REPO_ROOT,
@@ -136,6 +137,11 @@ def write_allocation_keys(scheduler_dir: Path, node_dir: Path) -> str:
         path.write_bytes(key)
         path.chmod(0o400)
     return KEY_ID
+
+
+def verifying_keys(node_keys: Path) -> Mapping[str, Any]:
+    """The keys a node verifies allocations with (what ``kubegpu.allocation.verify`` takes)."""
+    return load_keys(node_keys)
 
 
 def node_ready(node: k8s.V1Node) -> bool:

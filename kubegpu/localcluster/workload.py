@@ -19,16 +19,16 @@ from __future__ import annotations
 import itertools
 import json
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from kubernetes import client as k8s
 
 from devices.model import NodeInventory, PCIeRelation, Topology
-from kubegpu.allocation import ANNOTATION, load_keys, verify
+from kubegpu.allocation import ANNOTATION, verify
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE
-from kubegpu.localcluster.cluster import INVENTORY_ANNOTATION, LocalCluster
+from kubegpu.localcluster.cluster import INVENTORY_ANNOTATION, LocalCluster, verifying_keys
 
 NAMESPACE = "kubegpu-demo"
 JOB_SECONDS = 15
@@ -99,7 +99,7 @@ def _indices(inventory: NodeInventory, devices: list[str]) -> list[str]:
     return [f"gpu{by_id[d].index}" if d in by_id else d for d in devices]
 
 
-def report_pod(core: k8s.CoreV1Api, found: k8s.V1Pod, keys: dict[str, bytes], inventory: NodeInventory
+def report_pod(core: k8s.CoreV1Api, found: k8s.V1Pod, keys: Mapping[str, Any], inventory: NodeInventory
                ) -> PodReport:
     name = found.metadata.name
     value = (found.metadata.annotations or {}).get(ANNOTATION)
@@ -146,7 +146,7 @@ def _waiting_reason(core: k8s.CoreV1Api, name: str) -> str:
 
 def run(cluster: LocalCluster, node: str, out: Callable[[str], None] = print, timeout: float = 120) -> int:
     """Run the workload on ``node``, print what happened; 0 when every pod ran as expected."""
-    keys = load_keys(cluster.node_keys)
+    keys = verifying_keys(cluster.node_keys)
     with cluster.admin_client() as admin:
         core = k8s.CoreV1Api(admin)
         if not any(n.metadata.name == NAMESPACE for n in core.list_namespace().items):

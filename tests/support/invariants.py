@@ -23,8 +23,9 @@ from pathlib import Path
 from kubernetes import client as k8s
 
 from crishim.cri import api_pb2
-from kubegpu.allocation import ANNOTATION, AllocationError, load_keys, verify
+from kubegpu.allocation import ANNOTATION, AllocationError, verify
 from kubegpu.devenv.cri import CriClient
+from kubegpu.localcluster.cluster import verifying_keys
 
 MARK = "kubegpu.io/devices"
 LIVE_STATES = (api_pb2.CONTAINER_CREATED, api_pb2.CONTAINER_RUNNING)
@@ -50,7 +51,7 @@ class NodeView:
 
 def api_allocations(core: k8s.CoreV1Api, node: str, keys_dir: Path) -> tuple[
         dict[str, dict[str, dict[str, int]]], dict[str, str], set[str]]:
-    keys = load_keys(keys_dir)
+    keys = verifying_keys(keys_dir)
     allocations: dict[str, dict[str, dict[str, int]]] = {}
     names: dict[str, str] = {}
     running: set[str] = set()

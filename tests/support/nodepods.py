@@ -17,8 +17,9 @@ from typing import Any
 from kubernetes import client as k8s
 
 from devices.sim import CONTAINER_DEV_DIR, sim_gpu_id
-from kubegpu.allocation import ANNOTATION, Allocation, load_keys, verify
+from kubegpu.allocation import ANNOTATION, Allocation, verify
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE
+from kubegpu.localcluster.cluster import verifying_keys
 
 DEVICES_MARKER = "--- devices ---"
 END_MARKER = "--- end ---"
@@ -101,7 +102,7 @@ def allocation_of(found: k8s.V1Pod, keys_dir: Path) -> Allocation:
     """The pod's verified allocation (checked with the node's keys, as the shim checks it)."""
     value = (found.metadata.annotations or {}).get(ANNOTATION)
     assert value, f"pod {found.metadata.name} has no {ANNOTATION} annotation"
-    return verify(value, load_keys(keys_dir))
+    return verify(value, verifying_keys(keys_dir))
 
 
 def gpu_index(node: str, device: str) -> int:
