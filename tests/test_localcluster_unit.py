@@ -168,3 +168,24 @@ def test_containerd_cgroup_parents_made_by_the_cluster_are_removed_when_empty(
     (tmp_path / "memory" / "k8s.io" / "busy").rmdir()
     assert remove_cgroups(made) == []
     assert not (tmp_path / "memory" / "k8s.io").exists() and (tmp_path / "pids" / "k8s.io").exists()
+
+
+def test_the_first_up_shows_build_progress(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import io
+
+    from kubegpu.devenv.controlplane import BinariesMissing
+    from kubegpu.localcluster import cli
+
+    monkeypatch.setattr(cli, "HEARTBEAT_SECONDS", 0.5)
+    script = tmp_path / "build.sh"
+    script.write_text("echo 'testbin: building kubelet (k8s.io/kubernetes/cmd/kubelet) ...'; sleep 2.5\n"
+                      "echo 'testbin: built kubelet in 2s'\n")
+    out = io.StringIO()
+    cli.build_binaries(script, out)
+    lines = out.getvalue().splitlines()
+    assert lines[0] == "  testbin: building kubelet (k8s.io/kubernetes/cmd/kubelet) ..."
+    assert any(line.startswith("  ... still building kubelet") for line in lines[1:-1]), lines
+    assert lines[-1] == "  testbin: built kubelet in 2s"
+    script.write_text("echo 'go: no network' >&2; exit 3\n")
+    with pytest.raises(BinariesMissing, match=r"failed \(exit 3\)"):
+        cli.build_binaries(script, io.StringIO())

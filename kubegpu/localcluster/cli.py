@@ -88,7 +88,7 @@ def build_binaries(script: Path, out: object = sys.stdout) -> None:
             last[1] = line.split("testbin: ", 1)[-1].strip().rstrip(" .")
         last[0] = time.monotonic()
     if process.wait() != 0:
-        raise BinariesMissing(f"{script.relative_to(REPO_ROOT)} failed (exit {process.returncode})")
+        raise BinariesMissing(f"{script} failed (exit {process.returncode})")
     beat.join(timeout=2)
 
 
