@@ -81,7 +81,6 @@ class LocalNode:
     shim: ShimProcess | None = None
     peer: Component | None = None
     kubelet: Kubelet | None = None
-    _shim_starts: int = field(default=0, repr=False)
 
     # ---- paths and endpoints
 
@@ -98,17 +97,8 @@ class LocalNode:
         return f"unix://{self.proxy_socket}"
 
     @property
-    def containerd_line(self) -> str:
-        return "debian" if self.containerd_bin_dir is None else self.containerd_bin_dir.name
-
-    @property
     def sim_state_dir(self) -> Path:
         return self.directory / "sim"
-
-    @property
-    def pod_logs_dir(self) -> Path:
-        """/var/log/pods inside the node, seen from the host."""
-        return self.directory / "var-log" / "pods"
 
     def _enter(self, argv: list[str]) -> list[str]:
         assert self.namespace is not None
@@ -156,12 +146,10 @@ class LocalNode:
             return
         if self.proxy != "kubegpu":
             raise NodeError(f"unknown proxy {self.proxy!r} (kubegpu, none or a PeerProxy)")
-        args = sim_node_args(self.name, self.topology, self.sim_state_dir,
-                             self.keys_dir if self.keys_dir is not None else None)
+        args = sim_node_args(self.name, self.topology, self.sim_state_dir, self.keys_dir)
         if self.agent_kubeconfig is not None:
             args += ["--kubeconfig", str(self.agent_kubeconfig), "--advertise",
                      "--advertise-interval", str(self.advertise_interval)]
-        self._shim_starts += 1
         self.shim = ShimProcess(
             socket=self.proxy_socket,
             runtime_endpoint=self.containerd.endpoint,
