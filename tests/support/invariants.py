@@ -7,7 +7,8 @@
 
 ``problems(...)`` lists every violation:
 
-* a device held past 1000 milli by live containers (a double allocation, the one that matters);
+* a device held past 1000 milli by live containers (a double allocation, the one that matters;
+  the attempts of one container count once, as the shim's ledger counts them);
 * a live container holding a device its pod's allocation does not give that container;
 * (``settled=True``) a live container of a pod the API no longer has, or a running GPU pod
   whose containers containerd does not know (a lost pod).
@@ -36,6 +37,13 @@ class Holding:
     pod_uid: str
     container: str
     devices: dict[str, int]
+    container_id: str = ""
+    state: str = ""
+    attempt: int = 0
+
+    def describe(self, names: Mapping[str, str]) -> str:
+        pod = names.get(self.pod_uid, f"pod {self.pod_uid} (gone from the API)")
+        return f"{pod}/{self.container} attempt {self.attempt} ({self.container_id[:12]}, {self.state})"
 
 
 @dataclass
@@ -86,7 +94,8 @@ def runtime_holdings(endpoint: str) -> list[Holding]:
             continue
         mark = json.loads(entry.annotations[MARK])
         devices = {k: int(v) for k, v in mark["devices"].items()}
-        holdings.append(Holding(mark["pod"], mark["container"], devices))
+        holdings.append(Holding(mark["pod"], mark["container"], devices, entry.id,
+                                api_pb2.ContainerState.Name(entry.state), entry.metadata.attempt))
     return holdings
 
 
@@ -97,10 +106,12 @@ def look(core: k8s.CoreV1Api, node: str, keys_dir: Path, containerd_endpoint: st
 
 def problems(view: NodeView, settled: bool = False) -> list[str]:
     found = []
-    held: dict[str, int] = {}
+    # device -> (pod uid, container name) -> the live attempts holding it. Attempts of one
+    # container (kubelet creates the next before the last is removed) count once.
+    held: dict[str, dict[tuple[str, str], list[Holding]]] = {}
     for holding in view.live:
-        for device, milli in holding.devices.items():
-            held[device] = held.get(device, 0) + milli
+        for device in holding.devices:
+            held.setdefault(device, {}).setdefault((holding.pod_uid, holding.container), []).append(holding)
         granted = view.api.get(holding.pod_uid)
         if granted is None:
             if settled:
@@ -112,8 +123,11 @@ def problems(view: NodeView, settled: bool = False) -> list[str]:
         if extra:
             found.append(f"{view.names[holding.pod_uid]}/{holding.container} holds {extra}, "
                          f"its allocation gives {dict(allowed)}")
-    found += [f"device {device} held {milli} milli (> 1000)"
-              for device, milli in held.items() if milli > 1000]
+    for device, holders in held.items():
+        milli = sum(max(h.devices[device] for h in attempts) for attempts in holders.values())
+        if milli > 1000:
+            who = "; ".join(h.describe(view.names) for attempts in holders.values() for h in attempts)
+            found.append(f"device {device} held {milli} milli (> 1000) by {who}")
     if settled:
         live_pods = {h.pod_uid for h in view.live}
         found += [f"{view.names[uid]} runs per the API but containerd has no container of it"
