@@ -5,17 +5,19 @@ same containerd line: kubelet pointed directly at containerd (``direct``), throu
 crishim`` with the sim plugin and its advertiser as a GPU node runs it (``shim``), and with
 ``--peer-binary`` through another CRI proxy (``peer``, e.g. Koordinator's koord-runtime-proxy).
 
-* Pod start: ``--pods`` host-network pods bound by ``spec.nodeName`` (no scheduler in the loop)
-  are created at once on one path; each pod's time from its create call to the watch event that
-  shows all its containers running is recorded; then they are deleted and the next path goes.
-  ``--rounds`` rounds, the path order rotating each round, so machine noise hits every path alike.
-  Reported: p50 and p99 per path, and shim/direct (peer/direct) ratios.
-* Steady state: ``--steady-pods`` pods (kubelet's default max, 110) running on the shim's node for
-  ``--steady-seconds``: kubelet's CRI calls per second by method (from the shim's metrics) and
-  the shim's CPU as a percent of one core (utime+stime from /proc); the same CPU figure for the
-  peer proxy, and kubelet's own CPU on each node for scale.
+* Pod start: ``--pods`` host-network pods per path, bound by ``spec.nodeName`` (no scheduler in
+  the loop), started one at a time with the paths interleaved pod by pod (the order rotating), so
+  machine noise hits every path alike. A pod's time runs from its create call to the event of one
+  long-lived watch that shows all its containers running. Reported: p50 and p99 per path, and
+  the shim/direct (peer/direct) ratios. The pods stay, so later pods start on a fuller node, on
+  every path alike.
+* Steady state: every node topped up to ``--steady-pods`` (kubelet's default max, 110), then, after
+  a settling pause, all measured over the same ``--steady-seconds``: kubelet's CRI calls per second
+  by method (from the shim's metrics), the shim's and the peer's CPU as a percent of one core
+  (utime+stime from /proc), and each kubelet's CPU for scale. No pod was deleted before, so no
+  garbage collection runs in the window.
 
-Usage: ``python bench/node_overhead.py [--json] [--pods N] [--rounds N] [--steady-pods N]
+Usage: ``python bench/node_overhead.py [--json] [--pods N] [--steady-pods N]
 [--steady-seconds S] [--containerd debian|2] [--peer-binary PATH]``. Needs root and the testbin
 binaries. Prints a table and one JSON object (only the JSON object with ``--json``).
 """
@@ -102,14 +104,77 @@ def all_running(found: Any) -> bool:
         "running" in (s.get("state") or {}) for s in statuses)
 
 
+class RunningTimes:
+    """One watch on a namespace for the whole run: when each pod was first seen with all its
+    containers running (monotonic seconds)."""
+
+    def __init__(self, core: k8s.CoreV1Api, namespace: str) -> None:
+        self.core, self.namespace = core, namespace
+        self.times: dict[str, float] = {}
+        self.changed = threading.Condition()
+        self.stream = watch.Watch()
+        self.stopped = False
+        listing = core.list_namespaced_pod(namespace)
+        self.version = listing.metadata.resource_version
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        while not self.stopped:
+            try:
+                for event in self.stream.stream(self.core.list_namespaced_pod, self.namespace,
+                                                resource_version=self.version, _preload_content=False,
+                                                timeout_seconds=300):
+                    found = event["raw_object"]
+                    self.version = found["metadata"]["resourceVersion"]
+                    name = found["metadata"]["name"]
+                    if name not in self.times and all_running(found):
+                        with self.changed:
+                            self.times[name] = time.monotonic()
+                            self.changed.notify_all()
+            except Exception:  # an expired or broken watch: list again and go on
+                if not self.stopped:
+                    time.sleep(0.5)
+                    self.version = self.core.list_namespaced_pod(self.namespace).metadata.resource_version
+
+    def wait(self, names: list[str], timeout: float) -> dict[str, float]:
+        deadline = time.monotonic() + timeout
+        with self.changed:
+            while not all(name in self.times for name in names):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    missing = [n for n in names if n not in self.times]
+                    raise TimeoutError(f"{self.namespace}: {len(missing)} pods not running after "
+                                       f"{timeout:.0f}s: {missing[:5]}")
+                self.changed.wait(min(left, 1.0))
+            return {name: self.times[name] for name in names}
+
+    def stop(self) -> None:
+        self.stopped = True
+        self.stream.stop()
+
+
 @dataclass
 class Route:
-    """One way kubelet reaches containerd (a node), and the namespace of its pods."""
+    """One way kubelet reaches containerd (a node), the namespace of its pods and their watch."""
 
     name: str
     node: LocalNode
     namespace: str
+    running: RunningTimes
     latencies: list[float] = field(default_factory=list)
+    started: int = 0
+
+    def start(self, core: k8s.CoreV1Api, count: int, timeout: float) -> list[float]:
+        """Create ``count`` pods at once; return each one's create-to-running time."""
+        created = {}
+        for _ in range(count):
+            name = f"pod-{self.started}"
+            self.started += 1
+            created[name] = time.monotonic()
+            core.create_namespaced_pod(self.namespace, plain_pod(name, self.node.name))
+        running = self.running.wait(list(created), timeout)
+        return [running[name] - created[name] for name in created]
 
 
 def ensure_namespace(core: k8s.CoreV1Api, name: str) -> None:
@@ -119,51 +184,6 @@ def ensure_namespace(core: k8s.CoreV1Api, name: str) -> None:
         if time.monotonic() > deadline:
             raise TimeoutError(f"no default ServiceAccount in {name}")
         time.sleep(0.2)
-
-
-def start_pods(core: k8s.CoreV1Api, path: Route, count: int, prefix: str, timeout: float) -> list[float]:
-    """Create ``count`` pods at once on the path's node; return each one's create-to-running time."""
-    created: dict[str, float] = {}
-    running: dict[str, float] = {}
-    stream = watch.Watch()
-    ready = threading.Event()
-
-    def watcher() -> None:
-        listing = core.list_namespaced_pod(path.namespace)
-        ready.set()
-        for event in stream.stream(core.list_namespaced_pod, path.namespace,
-                                   resource_version=listing.metadata.resource_version,
-                                   _preload_content=False, timeout_seconds=int(timeout)):
-            found = event["raw_object"]
-            name = found["metadata"]["name"]
-            if name not in running and all_running(found):
-                running[name] = time.monotonic()
-                if len(running) == count:
-                    stream.stop()
-
-    thread = threading.Thread(target=watcher, daemon=True)
-    thread.start()
-    ready.wait(30)
-    for index in range(count):
-        name = f"{prefix}-{index}"
-        created[name] = time.monotonic()
-        core.create_namespaced_pod(path.namespace, plain_pod(name, path.node.name))
-    thread.join(timeout)
-    stream.stop()
-    missing = sorted(set(created) - set(running))
-    if missing:
-        raise TimeoutError(f"{path.name}: {len(missing)} pods not running after {timeout:.0f}s: "
-                           f"{missing[:5]}")
-    return [running[name] - created[name] for name in created]
-
-
-def delete_pods(core: k8s.CoreV1Api, namespace: str, timeout: float) -> None:
-    core.delete_collection_namespaced_pod(namespace, grace_period_seconds=1)
-    deadline = time.monotonic() + timeout
-    while core.list_namespaced_pod(namespace).items:
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"pods of {namespace} not gone after {timeout:.0f}s")
-        time.sleep(0.5)
 
 
 def shim_calls(node: LocalNode) -> dict[str, float]:
@@ -187,32 +207,37 @@ def proxy_pid(node: LocalNode) -> int | None:
     return None
 
 
-def steady_state(core: k8s.CoreV1Api, path: Route, pods: int, seconds: float, timeout: float
-                 ) -> dict[str, Any]:
-    start_pods(core, path, pods, "steady", timeout)
-    time.sleep(SETTLE_SECONDS)
-    node = path.node
+def kubelet_pid(node: LocalNode) -> int:
     assert node.kubelet is not None and node.kubelet.component is not None
     assert node.kubelet.component.process is not None
-    kubelet = node.kubelet.component.process.pid
-    proxy = proxy_pid(node)
-    calls_before = shim_calls(node) if node.shim else {}
-    cpu_before = {pid: process_cpu_seconds(pid) for pid in (kubelet, proxy) if pid}
+    return node.kubelet.component.process.pid
+
+
+def steady_state(routes: list[Route], seconds: float) -> dict[str, dict[str, Any]]:
+    """CPU of each route's proxy and kubelet (and, through the shim, kubelet's CRI calls by
+    method) over the same ``seconds``, all routes at once."""
+    pids = {route.name: (kubelet_pid(route.node), proxy_pid(route.node)) for route in routes}
+    calls_before = {r.name: shim_calls(r.node) for r in routes if r.node.shim is not None}
+    cpu_before = {pid: process_cpu_seconds(pid) for pair in pids.values() for pid in pair if pid}
     started = time.monotonic()
     time.sleep(seconds)
     elapsed = time.monotonic() - started
     cpu = {pid: (process_cpu_seconds(pid) - before) / elapsed * 100 for pid, before in cpu_before.items()}
-    result: dict[str, Any] = {"pods": pods, "seconds": round(elapsed, 1),
-                              "kubelet_cpu_percent_of_core": round(cpu[kubelet], 2)}
-    if proxy:
-        result["proxy_cpu_percent_of_core"] = round(cpu[proxy], 2)
-    if node.shim:
-        after = shim_calls(node)
-        rates = {m: round((after[m] - calls_before.get(m, 0.0)) / elapsed, 3) for m in sorted(after)}
-        result["cri_calls_per_second"] = {m: r for m, r in rates.items() if r > 0}
-        result["cri_calls_per_second_total"] = round(sum(rates.values()), 3)
-    delete_pods(core, path.namespace, timeout)
-    return result
+    results: dict[str, dict[str, Any]] = {}
+    for route in routes:
+        kubelet, proxy = pids[route.name]
+        result: dict[str, Any] = {"seconds": round(elapsed, 1),
+                                  "kubelet_cpu_percent_of_core": round(cpu[kubelet], 2)}
+        if proxy:
+            result["proxy_cpu_percent_of_core"] = round(cpu[proxy], 2)
+        if route.name in calls_before:
+            after = shim_calls(route.node)
+            before = calls_before[route.name]
+            rates = {m: round((after[m] - before.get(m, 0.0)) / elapsed, 3) for m in sorted(after)}
+            result["cri_calls_per_second"] = {m: r for m, r in rates.items() if r > 0}
+            result["cri_calls_per_second_total"] = round(sum(rates.values()), 3)
+        results[route.name] = result
+    return results
 
 
 def summary(latencies: list[float]) -> dict[str, float]:
@@ -225,54 +250,54 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     bin_dir = containerd2_bin_dir() if args.containerd == "2" else None
     if args.containerd == "2" and bin_dir is None:
         raise SystemExit("containerd 2.x is not built: bash tests/containerd/build.sh")
+    max_pods = max(args.pods + 1, args.steady_pods)
+    routes: dict[str, Route] = {}
     try:
         say("starting the cluster")
         cluster.start()
         nodes = {
-            "direct": cluster.add_node("bench-direct", bin_dir, proxy="none", max_pods=args.steady_pods),
-            "shim": cluster.add_node("bench-shim", bin_dir, proxy="kubegpu", max_pods=args.steady_pods,
+            "direct": cluster.add_node("bench-direct", bin_dir, proxy="none", max_pods=max_pods),
+            "shim": cluster.add_node("bench-shim", bin_dir, proxy="kubegpu", max_pods=max_pods,
                                      advertise_interval=PRODUCTION_ADVERTISE_INTERVAL),
         }
         if args.peer_binary:
             peer = PeerProxy(Path(args.peer_binary).name, koord_runtime_proxy(args.peer_binary))
-            nodes["peer"] = cluster.add_node("bench-peer", bin_dir, proxy=peer, max_pods=args.steady_pods)
+            nodes["peer"] = cluster.add_node("bench-peer", bin_dir, proxy=peer, max_pods=max_pods)
         with cluster.admin_client() as admin:
             core = k8s.CoreV1Api(admin)
-            paths = {}
             for name, node in nodes.items():
                 ensure_namespace(core, f"bench-{name}")
-                paths[name] = Route(name, node, f"bench-{name}")
-            for route in paths.values():  # unpack the image and warm each node's caches first
-                start_pods(core, route, 1, "warmup", args.timeout)
-                delete_pods(core, route.namespace, args.timeout)
-            order = list(paths)
-            for round_index in range(args.rounds):
-                rotated = order[round_index % len(order):] + order[:round_index % len(order)]
-                for name in rotated:
-                    latencies = start_pods(core, paths[name], args.pods, f"r{round_index}", args.timeout)
-                    paths[name].latencies += latencies
-                    say(f"round {round_index + 1}/{args.rounds} {name}: p50 "
-                        f"{statistics.median(latencies):.3f}s")
-                    delete_pods(core, paths[name].namespace, args.timeout)
-            say(f"steady state: {args.steady_pods} pods for {args.steady_seconds:.0f}s on the shim's node")
-            steady = steady_state(core, paths["shim"], args.steady_pods, args.steady_seconds, args.timeout)
-            peer_steady = None
-            if "peer" in paths:
-                say(f"steady state: {args.steady_pods} pods for {args.steady_seconds:.0f}s on the peer's "
-                    "node")
-                peer_steady = steady_state(core, paths["peer"], args.steady_pods, args.steady_seconds,
-                                           args.timeout)
+                routes[name] = Route(name, node, f"bench-{name}", RunningTimes(core, f"bench-{name}"))
+            for route in routes.values():  # unpack the image, warm each node's caches
+                route.start(core, 1, args.timeout)
+            say(f"pod start: {args.pods} pods per path, one at a time, paths interleaved")
+            order = list(routes)
+            for index in range(args.pods):
+                turn = index % len(order)
+                for name in order[turn:] + order[:turn]:
+                    routes[name].latencies += routes[name].start(core, 1, args.timeout)
+                if (index + 1) % 20 == 0:
+                    say(f"  {index + 1}/{args.pods}: " + ", ".join(
+                        f"{n} p50 {statistics.median(r.latencies):.3f}s" for n, r in routes.items()))
+            for route in routes.values():  # every node up to the steady-state count
+                missing = args.steady_pods - route.started
+                if missing > 0:
+                    route.start(core, missing, args.timeout)
+            say(f"steady state: {args.steady_pods} pods per node, {args.steady_seconds:.0f}s")
+            time.sleep(SETTLE_SECONDS)
+            steady = steady_state(list(routes.values()), args.steady_seconds)
+            for route in routes.values():
+                route.running.stop()
     finally:
         left = cluster.stop()
         shutil.rmtree(state, ignore_errors=True)
         if left:
             say(f"warning: left behind: {left}")
-    direct, shim = summary(paths["direct"].latencies), summary(paths["shim"].latencies)
+    direct, shim = summary(routes["direct"].latencies), summary(routes["shim"].latencies)
+    shim_steady = steady["shim"]
     result: dict[str, Any] = {
         "pod_start": {
-            "pods": len(paths["shim"].latencies),
-            "rounds": args.rounds,
-            "pods_per_round": args.pods,
+            "pods": len(routes["shim"].latencies),
             "direct_p50_s": direct["p50_s"],
             "shim_p50_s": shim["p50_s"],
             "direct_p99_s": direct["p99_s"],
@@ -281,20 +306,21 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             "ratio_p99": round(shim["p99_s"] / direct["p99_s"], 3),
         },
         "steady_state": {
-            "pods": steady["pods"],
-            "seconds": steady["seconds"],
-            "cri_calls_per_second": steady.get("cri_calls_per_second", {}),
-            "cri_calls_per_second_total": steady.get("cri_calls_per_second_total", 0.0),
-            "shim_cpu_percent_of_core": steady.get("proxy_cpu_percent_of_core"),
-            "kubelet_cpu_percent_of_core": steady["kubelet_cpu_percent_of_core"],
+            "pods": args.steady_pods,
+            "seconds": shim_steady["seconds"],
+            "cri_calls_per_second": shim_steady.get("cri_calls_per_second", {}),
+            "cri_calls_per_second_total": shim_steady.get("cri_calls_per_second_total", 0.0),
+            "shim_cpu_percent_of_core": shim_steady.get("proxy_cpu_percent_of_core"),
+            "kubelet_cpu_percent_of_core": shim_steady["kubelet_cpu_percent_of_core"],
+            "direct_kubelet_cpu_percent_of_core": steady["direct"]["kubelet_cpu_percent_of_core"],
         },
         "peer": None,
         "containerd": "debian 1.6" if bin_dir is None else bin_dir.name,
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "load_average": [round(x, 2) for x in os.getloadavg()]},
     }
-    if "peer" in paths and peer_steady is not None:
-        peer = summary(paths["peer"].latencies)
+    if "peer" in routes:
+        peer = summary(routes["peer"].latencies)
         result["peer"] = {
             "name": Path(args.peer_binary).name,
             "binary": str(args.peer_binary),
@@ -302,8 +328,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             "p99_s": peer["p99_s"],
             "ratio_p50": round(peer["p50_s"] / direct["p50_s"], 3),
             "ratio_p99": round(peer["p99_s"] / direct["p99_s"], 3),
-            "cpu_percent_of_core": peer_steady.get("proxy_cpu_percent_of_core"),
-            "kubelet_cpu_percent_of_core": peer_steady["kubelet_cpu_percent_of_core"],
+            "cpu_percent_of_core": steady["peer"].get("proxy_cpu_percent_of_core"),
+            "kubelet_cpu_percent_of_core": steady["peer"]["kubelet_cpu_percent_of_core"],
         }
     return result
 
@@ -329,8 +355,7 @@ def table(result: dict[str, Any]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
-    parser.add_argument("--pods", type=int, default=100, help="pods per pod-start run (default 100)")
-    parser.add_argument("--rounds", type=int, default=3, help="pod-start rounds per path (default 3)")
+    parser.add_argument("--pods", type=int, default=100, help="pods started per path (default 100)")
     parser.add_argument("--steady-pods", type=int, default=110, help="steady-state pods (default 110)")
     parser.add_argument("--steady-seconds", type=float, default=120.0, help="steady window, s (default 120)")
     parser.add_argument("--containerd", choices=["debian", "2"], default="debian")
@@ -338,8 +363,8 @@ def main(argv: list[str] | None = None) -> int:
                         "(koord-runtime-proxy command line)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-run timeout in seconds")
     args = parser.parse_args(argv)
-    if args.pods < 1 or args.rounds < 1 or args.steady_pods < 1 or args.steady_seconds <= 0:
-        parser.error("--pods, --rounds, --steady-pods and --steady-seconds must be positive")
+    if args.pods < 1 or args.steady_pods < 1 or args.steady_seconds <= 0:
+        parser.error("--pods, --steady-pods and --steady-seconds must be positive")
     if args.peer_binary and not os.access(args.peer_binary, os.X_OK):
         parser.error(f"--peer-binary {args.peer_binary} is not an executable file")
     say: Callable[[str], None] = (lambda _: None) if args.json else (lambda m: print(m, file=sys.stderr))
