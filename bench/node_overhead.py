@@ -17,9 +17,13 @@ crishim`` with the sim plugin and its advertiser as a GPU node runs it (``shim``
   (utime+stime from /proc), and each kubelet's CPU for scale. No pod was deleted before, so no
   garbage collection runs in the window.
 
+``--shim-without-api`` adds the shim with no API access (no advertiser, no pod lookups) as a
+fourth path, to show what the API lookup of a pod without an allocation costs.
+
 Usage: ``python bench/node_overhead.py [--json] [--pods N] [--steady-pods N]
-[--steady-seconds S] [--containerd debian|2] [--peer-binary PATH]``. Needs root and the testbin
-binaries. Prints a table and one JSON object (only the JSON object with ``--json``).
+[--steady-seconds S] [--containerd debian|2] [--peer-binary PATH] [--shim-without-api]``.
+Needs root and the testbin binaries. Prints a table and one JSON object (only the JSON object
+with ``--json``).
 """
 
 from __future__ import annotations
@@ -260,6 +264,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             "shim": cluster.add_node("bench-shim", bin_dir, proxy="kubegpu", max_pods=max_pods,
                                      advertise_interval=PRODUCTION_ADVERTISE_INTERVAL),
         }
+        if args.shim_without_api:
+            nodes["shim-no-api"] = cluster.add_node("bench-shim-no-api", bin_dir, proxy="kubegpu",
+                                                    max_pods=max_pods, node_agent_api=False)
         if args.peer_binary:
             peer = PeerProxy(Path(args.peer_binary).name, koord_runtime_proxy(args.peer_binary))
             nodes["peer"] = cluster.add_node("bench-peer", bin_dir, proxy=peer, max_pods=max_pods)
@@ -319,6 +326,14 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "load_average": [round(x, 2) for x in os.getloadavg()]},
     }
+    if "shim-no-api" in routes:
+        bare = summary(routes["shim-no-api"].latencies)
+        result["shim_without_api"] = {
+            "p50_s": bare["p50_s"], "p99_s": bare["p99_s"],
+            "ratio_p50": round(bare["p50_s"] / direct["p50_s"], 3),
+            "ratio_p99": round(bare["p99_s"] / direct["p99_s"], 3),
+            "cpu_percent_of_core": steady["shim-no-api"].get("proxy_cpu_percent_of_core"),
+        }
     if "peer" in routes:
         peer = summary(routes["peer"].latencies)
         result["peer"] = {
@@ -340,6 +355,10 @@ def table(result: dict[str, Any]) -> str:
             ("direct", f"{start['direct_p50_s']:.3f}", f"{start['direct_p99_s']:.3f}", "1.000", "-"),
             ("kubegpu shim", f"{start['shim_p50_s']:.3f}", f"{start['shim_p99_s']:.3f}",
              f"{start['ratio_p50']:.3f}", f"{steady['shim_cpu_percent_of_core']}")]
+    bare = result.get("shim_without_api")
+    if bare:
+        rows.append(("shim, no API access", f"{bare['p50_s']:.3f}", f"{bare['p99_s']:.3f}",
+                     f"{bare['ratio_p50']:.3f}", f"{bare['cpu_percent_of_core']}"))
     if peer:
         rows.append((peer["name"], f"{peer['p50_s']:.3f}", f"{peer['p99_s']:.3f}", f"{peer['ratio_p50']:.3f}",
                      f"{peer['cpu_percent_of_core']}"))
@@ -361,6 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--containerd", choices=["debian", "2"], default="debian")
     parser.add_argument("--peer-binary", help="another CRI proxy to measure beside the shim "
                         "(koord-runtime-proxy command line)")
+    parser.add_argument("--shim-without-api", action="store_true",
+                        help="also measure the shim with no API access (no advertiser, no pod lookups)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-run timeout in seconds")
     args = parser.parse_args(argv)
     if args.pods < 1 or args.steady_pods < 1 or args.steady_seconds <= 0:

@@ -294,12 +294,15 @@ class LocalCluster:
         topology: str = "dgx1-v100",
         max_pods: int = 110,
         advertise_interval: float = ADVERTISE_INTERVAL_SECONDS,
+        node_agent_api: bool = True,
         wait: bool = True,
         timeout: float = 120.0,
     ) -> LocalNode:
         """Start a node (namespace, containerd, proxy, kubelet) and wait until it is usable.
 
         With ``proxy="kubegpu"`` usable means Ready and advertising its GPUs; otherwise Ready.
+        ``node_agent_api=False`` gives the shim no API access: no advertiser, no pod lookups
+        (bench/node_overhead.py measures what those cost; the scheduler cannot use such a node).
         """
         assert self.plane is not None
         name = name or f"kubegpu-node-{uuid.uuid4().hex[:6]}"
@@ -314,7 +317,8 @@ class LocalCluster:
             containerd_bin_dir=containerd_bin_dir,
             proxy=proxy,
             topology=topology,
-            agent_kubeconfig=self._account_kubeconfig(NODE_ACCOUNT) if proxy == "kubegpu" else None,
+            agent_kubeconfig=(self._account_kubeconfig(NODE_ACCOUNT)
+                              if proxy == "kubegpu" and node_agent_api else None),
             keys_dir=self.node_keys if proxy == "kubegpu" else None,
             max_pods=max_pods,
             advertise_interval=advertise_interval,
@@ -355,7 +359,7 @@ class LocalCluster:
 
     @staticmethod
     def _advertised(node: LocalNode, seen: k8s.V1Node) -> bool:
-        if node.proxy != "kubegpu":
+        if node.proxy != "kubegpu" or node.agent_kubeconfig is None:
             return True
         capacity = (seen.status.capacity if seen.status else None) or {}
         annotations = seen.metadata.annotations or {}
