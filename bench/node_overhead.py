@@ -8,9 +8,10 @@ crishim`` with the sim plugin and its advertiser as a GPU node runs it (``shim``
 * Pod start: ``--pods`` host-network pods per path, bound by ``spec.nodeName`` (no scheduler in
   the loop), started one at a time with the paths interleaved pod by pod (the order rotating), so
   machine noise hits every path alike. A pod's time runs from its create call to the event of one
-  long-lived watch that shows all its containers running. Reported: p50 and p99 per path, and
-  the shim/direct (peer/direct) ratios. The pods stay, so later pods start on a fuller node, on
-  every path alike.
+  long-lived watch that shows all its containers running. Reported: p50 and p99 per path, the
+  shim/direct (peer/direct) ratios, and the median of the paired differences (each path's pod
+  minus direct's pod of the same turn), which cancels load that moves a whole turn. The pods
+  stay, so later pods start on a fuller node, on every path alike.
 * Steady state: every node topped up to ``--steady-pods`` (kubelet's default max, 110), then, after
   a settling pause, all measured over the same ``--steady-seconds``: kubelet's CRI calls per second
   by method (from the shim's metrics), the shim's and the peer's CPU as a percent of one core
@@ -248,6 +249,12 @@ def summary(latencies: list[float]) -> dict[str, float]:
     return {"p50_s": round(statistics.median(latencies), 4), "p99_s": round(percentile(latencies, 99), 4)}
 
 
+def paired_difference(path: list[float], direct: list[float]) -> float:
+    """Median over the interleaved turns of (path's pod start - direct's pod start in the same turn):
+    noise that moves a whole turn (the machine's load) cancels out."""
+    return round(statistics.median(a - b for a, b in zip(path, direct, strict=True)), 4)
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="kgbench-", dir="/tmp"))
     cluster = LocalCluster(state)
@@ -301,6 +308,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         if left:
             say(f"warning: left behind: {left}")
     direct, shim = summary(routes["direct"].latencies), summary(routes["shim"].latencies)
+    direct_latencies = routes["direct"].latencies
     shim_steady = steady["shim"]
     result: dict[str, Any] = {
         "pod_start": {
@@ -311,6 +319,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             "shim_p99_s": shim["p99_s"],
             "ratio_p50": round(shim["p50_s"] / direct["p50_s"], 3),
             "ratio_p99": round(shim["p99_s"] / direct["p99_s"], 3),
+            "paired_difference_p50_s": paired_difference(routes["shim"].latencies, direct_latencies),
         },
         "steady_state": {
             "pods": args.steady_pods,
@@ -332,6 +341,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             "p50_s": bare["p50_s"], "p99_s": bare["p99_s"],
             "ratio_p50": round(bare["p50_s"] / direct["p50_s"], 3),
             "ratio_p99": round(bare["p99_s"] / direct["p99_s"], 3),
+            "paired_difference_p50_s": paired_difference(routes["shim-no-api"].latencies, direct_latencies),
             "cpu_percent_of_core": steady["shim-no-api"].get("proxy_cpu_percent_of_core"),
         }
     if "peer" in routes:
@@ -343,6 +353,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             "p99_s": peer["p99_s"],
             "ratio_p50": round(peer["p50_s"] / direct["p50_s"], 3),
             "ratio_p99": round(peer["p99_s"] / direct["p99_s"], 3),
+            "paired_difference_p50_s": paired_difference(routes["peer"].latencies, direct_latencies),
             "cpu_percent_of_core": steady["peer"].get("proxy_cpu_percent_of_core"),
             "kubelet_cpu_percent_of_core": steady["peer"]["kubelet_cpu_percent_of_core"],
         }
@@ -351,17 +362,20 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
 
 def table(result: dict[str, Any]) -> str:
     start, steady, peer = result["pod_start"], result["steady_state"], result["peer"]
-    rows = [("path", "pod start p50 s", "p99 s", "p50 / direct", f"CPU % of a core ({steady['pods']} pods)"),
-            ("direct", f"{start['direct_p50_s']:.3f}", f"{start['direct_p99_s']:.3f}", "1.000", "-"),
+    rows = [("path", "pod start p50 s", "p99 s", "p50 / direct", "paired diff s",
+             f"CPU % of a core ({steady['pods']} pods)"),
+            ("direct", f"{start['direct_p50_s']:.3f}", f"{start['direct_p99_s']:.3f}", "1.000", "-", "-"),
             ("kubegpu shim", f"{start['shim_p50_s']:.3f}", f"{start['shim_p99_s']:.3f}",
-             f"{start['ratio_p50']:.3f}", f"{steady['shim_cpu_percent_of_core']}")]
+             f"{start['ratio_p50']:.3f}", f"{start['paired_difference_p50_s']:+.3f}",
+             f"{steady['shim_cpu_percent_of_core']}")]
     bare = result.get("shim_without_api")
     if bare:
         rows.append(("shim, no API access", f"{bare['p50_s']:.3f}", f"{bare['p99_s']:.3f}",
-                     f"{bare['ratio_p50']:.3f}", f"{bare['cpu_percent_of_core']}"))
+                     f"{bare['ratio_p50']:.3f}", f"{bare['paired_difference_p50_s']:+.3f}",
+                     f"{bare['cpu_percent_of_core']}"))
     if peer:
         rows.append((peer["name"], f"{peer['p50_s']:.3f}", f"{peer['p99_s']:.3f}", f"{peer['ratio_p50']:.3f}",
-                     f"{peer['cpu_percent_of_core']}"))
+                     f"{peer['paired_difference_p50_s']:+.3f}", f"{peer['cpu_percent_of_core']}"))
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
     lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip() for row in rows]
     rates = sorted(steady["cri_calls_per_second"].items(), key=lambda item: -item[1])
