@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 PROTO_SRC := proto/runtime/v1/api.proto
 PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
-.PHONY: deps install proto test bench lint testbin demo demo-down soak demo-crishim simulate clean
+.PHONY: deps install proto test bench lint testbin demo demo-down soak demo-crishim simulate clean mutate-node
 
 # System packages the tests and the local cluster need (containerd, runc, busybox for test images,
 # systemd-analyze, the loopback CNI plugin a kubelet node needs to turn Ready).
@@ -51,6 +51,16 @@ bench: deps install testbin
 
 lint:
 	$(VENV)/bin/ruff check .
+
+# Mutation testing of the node agent's decisions with mutmut (not part of `make test`; score and
+# survivors in docs/testing.md). Works in build/mutate-node/; the report is build/mutate-node/report.txt.
+MUTATE_NODE_SOURCES := crishim/ledger.py crishim/edits.py crishim/rewrite.py kubegpu/allocation.py
+MUTATE_NODE_TESTS := tests/test_allocation.py tests/test_crishim_edits.py tests/test_crishim_scrub.py \
+	tests/test_crishim_scrub_fuzz.py tests/test_crishim_fuzz.py tests/test_crishim_lifecycle.py \
+	tests/test_mps_rewrite.py
+mutate-node: install
+	$(VPY) -m pip install -q 'mutmut==3.8.1'
+	$(VPY) -m kubegpu.devenv.mutate node --mutate $(MUTATE_NODE_SOURCES) --tests $(MUTATE_NODE_TESTS)
 
 # The main job: a one-node GPU cluster on this machine (kubegpu up; needs root). The first run
 # builds the Kubernetes binaries. It keeps running: `make demo-down` (kubegpu down) removes it.

@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import sys
 import time
@@ -33,9 +32,10 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kubernetes import client as k8s
 
-from kubegpu.allocation import load_keys
+from kubegpu.allocation import VerifyingKey, load_keys, private_key_pem, public_key_pem
 from kubegpu.devenv.containerd import Containerd, ContainerdError
 from kubegpu.devenv.controlplane import (
     REPO_ROOT,
@@ -125,23 +125,24 @@ def check_state_dir(state_dir: Path) -> Path:
 
 
 def write_allocation_keys(scheduler_dir: Path, node_dir: Path) -> str:
-    """Make the cluster's allocation key; return its key id.
+    """Make the cluster's Ed25519 allocation key; return its key id.
 
-    The scheduler signs with what is in ``scheduler_dir``; nodes verify with ``node_dir``.
+    The scheduler signs with the private key in ``scheduler_dir``; nodes hold only the public key,
+    in ``node_dir`` (the file formats of docs/allocation.md).
     """
-    key = secrets.token_bytes(32)
-    for directory in (scheduler_dir, node_dir):
+    key = Ed25519PrivateKey.generate()
+    for directory, data in ((scheduler_dir, private_key_pem(key)), (node_dir, public_key_pem(key))):
         directory.mkdir(parents=True, exist_ok=True)
         directory.chmod(0o700)
         path = directory / KEY_ID
-        path.write_bytes(key)
+        path.write_bytes(data)
         path.chmod(0o400)
     return KEY_ID
 
 
-def verifying_keys(node_keys: Path) -> Mapping[str, Any]:
+def verifying_keys(node_keys: Path) -> Mapping[str, VerifyingKey]:
     """The keys a node verifies allocations with (what ``kubegpu.allocation.verify`` takes)."""
-    return load_keys(node_keys)
+    return load_keys(node_keys).public
 
 
 def node_ready(node: k8s.V1Node) -> bool:

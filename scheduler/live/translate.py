@@ -137,7 +137,7 @@ def pod_usage(pod: Mapping[str, Any]) -> tuple[int, int]:
 
 
 def bound_allocation(
-    pod: Mapping[str, Any], node: NodeState, keys: Mapping[str, bytes]
+    pod: Mapping[str, Any], node: NodeState, keys: Mapping[str, contract.VerifyingKey]
 ) -> tuple[Allocation, str]:
     """The core allocation of a pod bound to ``node``: its CPU/memory and its signed devices.
 
@@ -186,7 +186,7 @@ def bound_allocation(
     ), ""
 
 
-def signed_annotation(alloc: Allocation, key_id: str, key: bytes) -> str:
+def signed_annotation(alloc: Allocation, key_id: str, key: contract.SigningKey) -> str:
     """The ``kubegpu.io/allocation`` value for a core allocation (a pod's share split evenly)."""
     shares = {g.id: g for g in alloc.gpus if g.is_share}
     containers = dict(alloc.containers)
