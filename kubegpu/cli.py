@@ -13,6 +13,7 @@ from devices.cli import register as _add_devices
 from kubegpu import __version__, logs
 from kubegpu.keyscli import register as _add_keys
 from kubegpu.localcluster.cli import register as _add_localcluster
+from kubegpu.nodeinstall import register as _add_node
 from scheduler.sim.cli import register as _add_simulate
 
 
@@ -269,6 +270,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_simulate(sub)
     _add_keys(sub)
     _add_localcluster(sub)
+    _add_node(sub)
     return parser
 
 

@@ -4,4 +4,6 @@ pytest_plugins = [
     "tests.fixtures.containerd",
     "tests.fixtures.cluster",
     "tests.fixtures.localcluster",
+    "tests.fixtures.image",
+    "tests.fixtures.helm",
 ]
