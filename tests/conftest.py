@@ -5,4 +5,5 @@ pytest_plugins = [
     "tests.fixtures.cluster",
     "tests.fixtures.image",
     "tests.fixtures.helm",
+    "tests.fixtures.schedulerpods",
 ]
