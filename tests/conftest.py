@@ -6,4 +6,5 @@ pytest_plugins = [
     "tests.fixtures.localcluster",
     "tests.fixtures.image",
     "tests.fixtures.helm",
+    "tests.fixtures.schedulerpods",
 ]
