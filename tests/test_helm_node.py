@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from kubernetes import client as k8s
 
-from kubegpu.allocation import ANNOTATION
+from kubegpu.allocation import ANNOTATION, SigningKey, parse_key, public_key_pem
 from kubegpu.devenv.controlplane import free_ports, http_ok
 from kubegpu.localcluster.cluster import SYSTEM_NAMESPACE
 from tests.fixtures.helm import CHART, Helm
@@ -121,8 +121,8 @@ def test_install_upgrade_uninstall_on_the_real_node(
         # the generated key, placed on the node as NOTES.txt says (the shim re-reads its keys)
         secret = env.core.read_namespaced_secret("kubegpu-allocation-keys", SYSTEM_NAMESPACE)
         key = base64.b64decode(secret.data[key_id])
-        assert len(key) == 32
-        node_key = key_file(env.cluster.node_keys, key_id, key)
+        assert isinstance(parse_key(key), SigningKey)  # the chart's generated Ed25519 private key
+        node_key = key_file(env.cluster.node_keys, key_id, public_key_pem(parse_key(key)))
         started = gpu_pod(env, node_namespace, "gpu-a")
         assert json.loads(started.metadata.annotations[ANNOTATION])["keyId"] == key_id
         assert len(allocation_of(started, env.cluster.node_keys).all_devices()) == 1
