@@ -120,11 +120,8 @@ def test_deploy_runs_two_replicas_that_hand_over_the_lease(
     scheduler_pod_env: SchedulerPodEnv, node_namespace: str, tmp_path: Path
 ) -> None:
     env = scheduler_pod_env
-    containerd = env.node.node.containerd
-    assert containerd is not None
     # the image under the name deploy/ uses (kubegpu:0.1.0 is docker.io/library/kubegpu:0.1.0)
-    full_name = "docker.io/library/" + DEPLOYED_IMAGE
-    containerd.run_ctr("images", "tag", "--force", env.image, full_name)
+    env.tag_image("docker.io/library/" + DEPLOYED_IMAGE)
     key = env.cluster.scheduler_keys / env.cluster.key_id
     # what the test removes after: deploy/ less the namespace and RBAC (the cluster's own)
     ours = [str(p) for p in manifest_files([DEPLOY]) if not p.name.startswith(("00-", "10-", "11-"))]
@@ -175,7 +172,7 @@ def test_deploy_runs_two_replicas_that_hand_over_the_lease(
         assert sorted(p.metadata.name for p in pods) == ["gpu-1", "gpu-2", "gpu-3", "gpu-4"]
         devices = [d for p in pods for d in allocation_of(p, env.cluster.node_keys).all_devices()]
         assert len(devices) == len(set(devices)) == 4  # no GPU given twice
-        view = look(env.core, env.node.name, env.cluster.node_keys, containerd.endpoint)
+        view = look(env.core, env.node.name, env.cluster.node_keys, env.node.node.containerd.endpoint)
         assert problems(view, settled=True) == []
 
         logs = env.node.kubectl("-n", SYSTEM_NAMESPACE, "logs", survivor).stdout
