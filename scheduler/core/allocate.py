@@ -51,6 +51,7 @@ def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> 
         gpus=grants,
         containers=split_containers(pod, grants),
         gpu_tag=pod.gpu_tag,
+        init_containers=frozenset(c.name for c in pod.containers if c.kind == ContainerKind.INIT),
     )
 
 

@@ -99,6 +99,8 @@ class Allocation:
     # GPUs the kubelet charges against the node's ``nvidia.com/gpu`` allocatable (the pod's
     # extended-resource request); None: one per whole GPU granted (none for a share)
     gpu_resource: int | None = None
+    # regular init containers: they run alone before the others and may reuse their devices
+    init_containers: frozenset[str] = field(default=frozenset(), hash=False)
 
     @property
     def charged_gpus(self) -> int:
@@ -132,6 +134,7 @@ class Allocation:
             "containers": {name: list(ids) for name, ids in sorted(self.containers.items())},
             "gpuTag": self.gpu_tag,
             "gpuResource": self.gpu_resource,
+            "initContainers": sorted(self.init_containers),
         }
 
     @classmethod
@@ -151,6 +154,7 @@ class Allocation:
             containers={str(k): tuple(str(d) for d in v) for k, v in dict(doc.get("containers", {})).items()},
             gpu_tag=str(doc.get("gpuTag", "no-gpu")),
             gpu_resource=None if doc.get("gpuResource") is None else int(doc["gpuResource"]),
+            init_containers=frozenset(str(c) for c in doc.get("initContainers", ())),
         )
 
 
@@ -302,7 +306,8 @@ class NodeState:
             seen.add(grant.id)
             if not gpu.healthy:
                 raise AllocationConflict(f"pod {alloc.pod_uid}: GPU {grant.id} is unhealthy")
-            if grant.milli > gpu.free_milli or (gpu.memory_mib and grant.memory_mib > gpu.free_memory_mib):
+            memory = gpu.memory_mib if grant.milli >= MILLI else grant.memory_mib
+            if grant.milli > gpu.free_milli or (gpu.memory_mib and memory > gpu.free_memory_mib):
                 raise AllocationConflict(f"pod {alloc.pod_uid}: GPU {grant.id} has not enough free")
 
     def overbooked(self, alloc: Allocation) -> list[str]:
@@ -325,8 +330,8 @@ class NodeState:
             if gpu is None:
                 continue
             gpu.free_milli -= sign * grant.milli
-            if gpu.memory_mib:
-                gpu.free_memory_mib -= sign * grant.memory_mib
+            if gpu.memory_mib:  # a whole GPU takes all its memory, a share what it names
+                gpu.free_memory_mib -= sign * (gpu.memory_mib if grant.milli >= MILLI else grant.memory_mib)
         if alloc.gpu_tag != "no-gpu":
             self.tags[alloc.gpu_tag] += sign
             if self.tags[alloc.gpu_tag] <= 0:
