@@ -200,3 +200,16 @@ def test_pods_limit_and_the_kubelets_gpu_count() -> None:
         cluster.assume(Allocation("b", "y", gpus=(GpuGrant(0, "b0"), GpuGrant(1, "b1"))))
     cluster.forget("foreign")
     assert run_filters(PodRequest("p", gpu_count=2), cluster)[0].tolist() == [1]
+
+
+def test_a_pod_asking_nothing_fits_a_node_that_bound_pods_over_commit() -> None:
+    """kube-scheduler checks a resource only when the pod asks for it (the randomized test found
+    the over-committed case: free CPU and GPU count below zero refused every pod)."""
+    n = NodeState("n", 4000, 1000, [GpuState(0, "g0")], gpu_resource=1)
+    cluster = ClusterState([n])
+    cluster.book(Allocation("n", "hog", cpu_milli=8000, memory_mib=2000, gpu_resource=3))
+    nothing = PodRequest("nothing")
+    assert run_filters(nothing, cluster)[0].tolist() == [0]
+    cluster.assume(Allocation("n", "nothing"))
+    _idx, why = run_filters(PodRequest("cpu", cpu_milli=1), cluster)
+    assert why == {"Insufficient cpu": 1}

@@ -93,7 +93,8 @@ class ResourcesFit(FilterPlugin):
     name = "resources"
 
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        ok = cluster.cpu_free[idx] >= pod.cpu_milli
+        # A pod asking no CPU fits a node whose bound pods over-commit it (free below zero).
+        ok = cluster.cpu_free[idx] >= pod.cpu_milli if pod.cpu_milli else np.ones(len(idx), dtype=bool)
         if pod.memory_mib:
             ok &= cluster.mem_free[idx] >= pod.memory_mib
         if cluster.any_pod_limit:
@@ -104,17 +105,17 @@ class ResourcesFit(FilterPlugin):
         out = []
         if cluster.pods_free[i] < 1:
             out.append("Too many pods")
-        if cluster.cpu_free[i] < pod.cpu_milli:
+        if pod.cpu_milli and cluster.cpu_free[i] < pod.cpu_milli:
             out.append("Insufficient cpu")
-        if cluster.mem_free[i] < pod.memory_mib:
+        if pod.memory_mib and cluster.mem_free[i] < pod.memory_mib:
             out.append("Insufficient memory")
         return out
 
     def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
         counts: Counter[str] = Counter()
         pods = int(np.count_nonzero(cluster.pods_free[rejected] < 1))
-        cpu = int(np.count_nonzero(cluster.cpu_free[rejected] < pod.cpu_milli))
-        mem = int(np.count_nonzero(cluster.mem_free[rejected] < pod.memory_mib))
+        cpu = int(np.count_nonzero(cluster.cpu_free[rejected] < pod.cpu_milli)) if pod.cpu_milli else 0
+        mem = int(np.count_nonzero(cluster.mem_free[rejected] < pod.memory_mib)) if pod.memory_mib else 0
         if pods:
             counts["Too many pods"] = pods
         if cpu:

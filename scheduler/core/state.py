@@ -288,13 +288,17 @@ class NodeState:
             raise AllocationConflict(f"allocation for node {alloc.node} applied to {self.name}")
         if alloc.pod_uid in self.allocations:
             raise AllocationConflict(f"pod {alloc.pod_uid} already allocated on {self.name}")
-        if alloc.cpu_milli > self.cpu_free or alloc.memory_mib > self.memory_free:
+        # Like the kubelet and kube-scheduler, a resource is checked only when the pod asks for it:
+        # a pod asking none fits a node that bound pods over-commit.
+        if (alloc.cpu_milli and alloc.cpu_milli > self.cpu_free) or (
+            alloc.memory_mib and alloc.memory_mib > self.memory_free
+        ):
             raise AllocationConflict(f"pod {alloc.pod_uid}: not enough CPU/memory on {self.name}")
         pods_free = self.pods_free
         if pods_free is not None and pods_free < 1:
             raise AllocationConflict(f"pod {alloc.pod_uid}: {self.name} runs its maximum number of pods")
         gpu_free = self.gpu_resource_free
-        if gpu_free is not None and alloc.charged_gpus > gpu_free:
+        if gpu_free is not None and alloc.charged_gpus and alloc.charged_gpus > gpu_free:
             raise AllocationConflict(f"pod {alloc.pod_uid}: {self.name} admits only {gpu_free} more GPUs")
         seen: set[str] = set()
         for grant in alloc.gpus:
