@@ -503,3 +503,23 @@ def test_nics_in_an_allocation_are_not_reported_missing(caplog: pytest.LogCaptur
         drive(scheduler, jobs, feed, clock)
     assert world.node_of("q") is None
     assert not [r for r in caplog.records if "allocation_" in r.getMessage()]
+
+
+def test_a_bound_pods_devices_stay_booked_when_its_annotation_is_tampered_with() -> None:
+    """Its containers got the devices the first valid annotation named; a later edit frees none."""
+    world, scheduler, jobs, _core, clock, feed = setup([node_json("n1", 2)])
+    world.put_pod(pod_json("p", 2))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("p") == "n1"
+    for value in ("garbage", None):
+        pod = world.find("ns", "p")
+        if value is None:
+            del pod["metadata"]["annotations"][contract.ANNOTATION]
+        else:
+            pod["metadata"]["annotations"][contract.ANNOTATION] = value
+        world.put_pod(pod)
+        world.put_pod(pod_json(f"q-{value}", 1))
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+        assert world.node_of(f"q-{value}") is None
