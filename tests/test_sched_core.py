@@ -420,3 +420,211 @@ def test_requests_normalise_and_refuse_nonsense() -> None:
     assert PodRequest("h", gpu_models=frozenset({"T4"})).allows_model("T4")
     assert not PodRequest("h", gpu_models=frozenset({"T4"})).allows_model("A100")
     assert PodRequest("i").allows_model("anything")
+
+
+# --- the second round: what mutation testing showed the tests above could not tell apart ----------
+
+
+class ByCpu(ScorePlugin):
+    """Scores every node with the pod's CPU request (so a wrong pod shows)."""
+
+    def score(self, pod, cluster, idx) -> np.ndarray:
+        return np.full(len(idx), float(pod.cpu_milli))
+
+
+def test_weighted_scores_come_from_the_pod_being_scheduled() -> None:
+    cluster = ClusterState([node("a")])
+    policy = Policy("w", ((ByCpu(), 2.0),))
+    assert policy.score(PodRequest("p", cpu_milli=7), cluster, cluster.all_indices).tolist() == [14.0]
+
+
+def test_reasons_name_only_what_fails_at_the_exact_boundary() -> None:
+    """A node with exactly the CPU, pods and memory asked for is short of nothing."""
+    exact = node("exact", gpus=0, cpu=1000, mem=500, max_pods=2)
+    short = node("short", gpus=0, cpu=1000, mem=100, max_pods=1)
+    cluster = ClusterState([exact, short])
+    cluster.book(Allocation("short", "x", cpu_milli=0))  # its one pod slot is taken
+    pod = PodRequest("p", cpu_milli=1000, memory_mib=500)
+    assert run_filters(pod, cluster)[0].tolist() == [0]
+    cluster.book(Allocation("exact", "y", memory_mib=1))
+    idx, why = run_filters(pod, cluster)
+    assert idx.tolist() == [] and why == {"Insufficient memory": 2, "Too many pods": 1}
+    assert failed_nodes(pod, cluster) == {
+        "exact": "Insufficient memory",
+        "short": "Too many pods, Insufficient memory",
+    }
+    nothing = PodRequest("n")
+    assert failed_nodes(nothing, cluster) == {"short": "Too many pods"}
+    assert run_filters(nothing, cluster)[1] == {}  # exact still fits, so nothing is explained
+
+
+def test_taint_reasons_are_counted_per_taint() -> None:
+    a, b = node("a", taints=(Taint("x"),)), node("b", taints=(Taint("y", "1"),))
+    cluster = ClusterState([a, b, node("c", taints=(Taint("x"),))])
+    idx, why = run_filters(PodRequest("p"), cluster)
+    assert idx.tolist() == []
+    assert why == {"node(s) had untolerated taint {x}": 2, "node(s) had untolerated taint {y: 1}": 1}
+
+
+def test_the_message_orders_reasons_by_count_then_name() -> None:
+    assert unschedulable_message(6, {"b": 1, "a": 1, "c": 4}) == "0/6 nodes are available: 4 c, 1 a, 1 b."
+    assert unschedulable_message(3, {"a": 1, "z": 2}) == "0/3 nodes are available: 2 z, 1 a."
+
+
+def test_model_names_are_joined_in_order() -> None:
+    cluster = ClusterState([node("a")])
+    pod = PodRequest("p", gpu_count=1, gpu_models=frozenset({"T4", "L4"}))
+    assert run_filters(pod, cluster)[1] == {"no GPU of model L4|T4": 1}
+    assert failed_nodes(pod, cluster) == {"a": "no GPU of model L4|T4"}
+    share = PodRequest("s", gpu_count=1, gpu_milli=10, gpu_models=frozenset({"T4", "L4"}))
+    assert run_filters(share, cluster)[1] == {"no GPU of model L4|T4": 1}
+
+
+def test_share_arithmetic_on_known_and_unknown_gpu_memory() -> None:
+    known = NodeState("k", 8000, 8000, [GpuState(0, "k0", "A100", 40_000)])
+    unknown = NodeState("u", 8000, 8000, [GpuState(0, "u0", "A100", 0)])
+    cluster = ClusterState([known, unknown])
+    # 10001 MiB of 40000 is 250.025 milli, charged 251: a GPU with 250 milli free cannot take it.
+    cluster.book(Allocation("k", "x", gpus=(GpuGrant(0, "k0", 750, 0),), gpu_tag="share-gpu"))
+    by_memory = PodRequest("m", gpu_count=1, gpu_memory_mib=10_001)
+    assert known.gpus[0].share_for(by_memory) == (251, 10_001)
+    assert unknown.gpus[0].share_for(by_memory) == (MILLI, 10_001)  # unknown memory: the whole GPU
+    assert run_filters(by_memory, cluster)[0].tolist() == [1]  # only as the unknown node's whole GPU
+    assert run_filters(PodRequest("f", gpu_count=1, gpu_memory_mib=10_000), cluster)[0].tolist() == [0, 1]
+    cluster.book(Allocation("u", "y", gpus=(GpuGrant(0, "u0", 1, 0),), gpu_tag="share-gpu"))
+    assert run_filters(by_memory, cluster)[0].tolist() == []
+    # A milli share takes its fraction of the memory, rounded down: 300 of 40001 MiB is 12000 MiB.
+    odd = NodeState("o", 8000, 8000, [GpuState(0, "o0", "A100", 40_001)])
+    cluster = ClusterState([odd])
+    cluster.book(Allocation("o", "z", gpus=(GpuGrant(0, "o0", 100, 28_001),), gpu_tag="share-gpu"))
+    assert odd.gpus[0].free_memory_mib == 12_000
+    milli = PodRequest("s", gpu_count=1, gpu_milli=300)
+    assert odd.gpus[0].share_for(milli) == (300, 12_000) and odd.gpus[0].fits_share(milli)
+    assert run_filters(milli, cluster)[0].tolist() == [0]
+    alloc = allocate(milli, odd)
+    assert alloc is not None and alloc.gpus == (GpuGrant(0, "o0", 300, 12_000),)
+    cluster.book(Allocation("o", "w", gpus=(GpuGrant(0, "o0", 1, 1),), gpu_tag="share-gpu"))
+    assert not odd.gpus[0].fits_share(milli) and run_filters(milli, cluster)[0].tolist() == []
+
+
+def test_a_models_share_needs_room_on_a_gpu_of_that_model() -> None:
+    mixed = NodeState("m", 8000, 8000, [GpuState(0, "t", "T4", 16_000), GpuState(1, "a", "A100", 80_000)])
+    cluster = ClusterState([mixed])
+    cluster.book(Allocation("m", "x", gpus=(GpuGrant(0, "t", 900, 0),), gpu_tag="share-gpu"))
+    t4 = PodRequest("s", gpu_count=1, gpu_milli=200, gpu_models=frozenset({"T4"}))
+    assert run_filters(t4, cluster)[0].tolist() == []
+    assert allocate(t4, mixed) is None
+    small = PodRequest("s", gpu_count=1, gpu_milli=100, gpu_models=frozenset({"T4"}))
+    assert mixed.gpus[0].fits_share(small) and not mixed.gpus[1].fits_share(small)
+    assert allocate(small, mixed).gpus[0].id == "t"
+    whole = PodRequest("w", gpu_count=1, gpu_models=frozenset({"A100"}))
+    assert mixed.free_gpu_indices(whole) == [1] and allocate(whole, mixed).gpus[0].id == "a"
+
+
+def test_required_topology_counts_only_gpus_of_the_pods_models() -> None:
+    """Two NVLinked A100s and two unlinked T4s: two T4s with NVLink required do not fit."""
+    from devices.model import Topology, pair
+
+    gpus = [GpuState(0, "a0", "A100", numa=0), GpuState(1, "a1", "A100", numa=0)]
+    gpus += [GpuState(2, "t0", "T4", numa=0), GpuState(3, "t1", "T4", numa=1)]
+    n = NodeState("n", 8000, 8000, gpus, topology=Topology(nvlinks={pair("a0", "a1"): 2}))
+    cluster = ClusterState([n])
+    linked = TopologyWish(nvlink=Wish.REQUIRE)
+    t4 = PodRequest("p", gpu_count=2, gpu_models=frozenset({"T4"}), topology=linked)
+    assert run_filters(t4, cluster)[1] == {"no NVLink-connected set of 2 GPUs": 1}
+    a100 = PodRequest("q", gpu_count=2, gpu_models=frozenset({"A100"}), topology=linked)
+    assert allocate(a100, n).device_ids() == ("a0", "a1")
+    # One NUMA node required: never the NVLinked pair when it spans two.
+    split = NodeState(
+        "s",
+        8000,
+        8000,
+        [GpuState(0, "x0", numa=0), GpuState(1, "x1", numa=1), GpuState(2, "x2", numa=1)],
+        topology=Topology(nvlinks={pair("x0", "x1"): 4}),
+    )
+    numa = PodRequest("r", gpu_count=2, topology=TopologyWish(same_numa=Wish.REQUIRE))
+    assert allocate(numa, split).device_ids() == ("x1", "x2")
+    assert allocate(PodRequest("r", gpu_count=2), split).device_ids() == ("x0", "x1")
+
+
+def test_dicts_round_trip_every_field() -> None:
+    alloc = Allocation(
+        "n",
+        "u",
+        "ns/p",
+        1,
+        2,
+        (GpuGrant(3, "g", 250, 7),),
+        {"c": ("g",)},
+        "share-gpu",
+        gpu_resource=4,
+        init_containers=frozenset({"i"}),
+    )
+    doc = alloc.to_dict()
+    assert doc == {
+        "node": "n",
+        "podUID": "u",
+        "podName": "ns/p",
+        "cpuMilli": 1,
+        "memoryMiB": 2,
+        "gpus": [{"index": 3, "id": "g", "milli": 250, "memoryMiB": 7}],
+        "containers": {"c": ["g"]},
+        "gpuTag": "share-gpu",
+        "gpuResource": 4,
+        "initContainers": ["i"],
+    }
+    assert Allocation.from_dict(doc) == alloc and Allocation.from_dict(doc).gpu_resource == 4
+    minimal = Allocation.from_dict({"node": "n", "podUID": "u", "gpus": [{"index": 0, "id": "g"}]})
+    assert minimal.gpus == (GpuGrant(0, "g", MILLI, 0),) and minimal.gpu_resource is None
+    assert minimal.charged_gpus == 1 and Allocation("n", "u", gpu_resource=0).charged_gpus == 0
+
+
+def test_a_node_from_its_inventory_keeps_every_fact() -> None:
+    from devices.model import Device, DeviceKind, NodeInventory
+
+    inventory = NodeInventory(
+        (
+            Device("g1", DeviceKind.GPU, 1, "H100", 80_000, numa_node=1, healthy=False),
+            Device("g0", DeviceKind.GPU, 0, "A100", 40_000, numa_node=0),
+            Device("nic", DeviceKind.RDMA, 0, "CX7"),
+        )
+    )
+    n = NodeState.from_inventory(
+        "n", 1000, 2000, inventory, labels={"a": "b"}, taints=(Taint("t"),), max_pods=3, gpu_resource=1
+    )
+    assert [(g.index, g.id, g.model, g.memory_mib, g.numa, g.healthy) for g in n.gpus] == [
+        (0, "g0", "A100", 40_000, 0, True),
+        (1, "g1", "H100", 80_000, 1, False),
+    ]
+    assert (n.labels, n.taints, n.max_pods, n.gpu_resource) == ({"a": "b"}, (Taint("t"),), 3, 1)
+    assert (n.cpu_capacity, n.memory_capacity) == (1000, 2000)
+
+
+def test_checks_at_the_boundary_and_their_messages() -> None:
+    n = node("n", gpus=1, cpu=1000, mem=500)
+    cluster = ClusterState([n])
+    cluster.assume(Allocation("n", "a", cpu_milli=1000, memory_mib=500))  # exactly what is free
+    with pytest.raises(AllocationConflict, match=r"^pod a already allocated on n$"):
+        n.check(Allocation("n", "a"))
+    with pytest.raises(KeyError, match="pod b has no allocation"):
+        cluster.forget("b")
+
+
+def test_layouts_with_several_sidecars_and_app_containers() -> None:
+    containers = (
+        ContainerRequest("s1", 1, ContainerKind.SIDECAR),
+        ContainerRequest("s2", 1, ContainerKind.SIDECAR),
+        ContainerRequest("init", 1, ContainerKind.INIT),
+        ContainerRequest("a", 1),
+        ContainerRequest("b", 1),
+    )
+    assert container_gpus(containers) == 4
+    grants = tuple(GpuGrant(i, f"g{i}") for i in range(4))
+    assert split_containers(PodRequest("p", gpu_count=4, containers=containers), grants) == {
+        "s1": ("g0",),
+        "s2": ("g1",),
+        "init": ("g2",),
+        "a": ("g2",),
+        "b": ("g3",),
+    }
+    assert effective_request([1], [(1, True), (2, True)]) == 4
