@@ -628,3 +628,55 @@ def test_layouts_with_several_sidecars_and_app_containers() -> None:
         "b": ("g3",),
     }
     assert effective_request([1], [(1, True), (2, True)]) == 4
+
+
+def test_bookings_accumulate_per_node_and_over_the_cluster() -> None:
+    n = node("n", gpus=3, cpu=8000, mem=8000, memory_mib=1000, gpu_resource=3)
+    cluster = ClusterState([n, NodeState("empty", 1000, 1000, [])])
+    assert cluster.max_gpus == 3 and ClusterState([]).max_gpus == 0
+    assert cluster.cpu_capacity.tolist() == [8000, 1000] and cluster.mem_capacity.tolist() == [8000, 1000]
+    assert cluster.gpu_max_free.tolist() == [MILLI, -1] and cluster.gpu_key[1] == ()
+    cluster.assume(Allocation("n", "a", memory_mib=100, gpus=(GpuGrant(0, "n-g0"),), gpu_tag="1-gpu"))
+    cluster.book(Allocation("n", "b", memory_mib=200, gpus=(GpuGrant(-1, "n-g1"),), gpu_tag="1-gpu"))
+    cluster.assume(Allocation("n", "c", memory_mib=300))  # CPU-only: no GPU shape
+    assert n.memory_used == 600 and n.gpu_resource_used == 2 and n.tags == {"1-gpu": 2}
+    assert cluster.allocated_gpu_milli() == 2000 and cluster.tag_kinds[0] == 1
+    # A whole GPU takes all its memory, whatever its grant says.
+    assert [g.free_memory_mib for g in n.gpus] == [0, 0, 1000]
+    cluster.book(Allocation("n", "d", gpus=(GpuGrant(2, "n-g2", MILLI, 0),), gpu_tag="1-gpu"))
+    assert cluster.gpu_max_free[0] == 0 and cluster.gpu_key[0] == (0, 0, 0)
+    assert cluster.gpu_free_total[0] == 0 and cluster.gpu_full_free[0] == 0
+    cluster.forget("b")
+    assert n.memory_used == 400 and n.gpu_resource_used == 2 and n.tags == {"1-gpu": 2}
+    assert cluster.allocated_gpu_milli() == 2000 and n.gpus[1].free_memory_mib == 1000
+
+
+def test_a_gpu_can_start_with_no_memory_free() -> None:
+    assert GpuState(0, "g", memory_mib=100, free_memory_mib=0).free_memory_mib == 0
+    assert GpuState(0, "g", memory_mib=100).free_memory_mib == 100
+
+
+def test_a_memory_share_on_gpus_of_unknown_memory_needs_a_whole_gpu() -> None:
+    cluster = ClusterState([node("n", gpus=1)])
+    cluster.assume(Allocation("n", "x", gpus=(GpuGrant(0, "n-g0", 10),), gpu_tag="share-gpu"))
+    by_memory = PodRequest("m", gpu_count=1, gpu_memory_mib=10)
+    assert run_filters(by_memory, cluster)[1] == {"no GPU with 10 MiB free": 1}
+
+
+def test_each_resource_is_named_only_when_it_is_short() -> None:
+    cpu_short = node("cpu", gpus=0, cpu=500, mem=1000)
+    mem_short = node("mem", gpus=0, cpu=1000, mem=500)
+    cluster = ClusterState([cpu_short, mem_short])
+    pod = PodRequest("p", cpu_milli=1000, memory_mib=1000)
+    assert failed_nodes(PodRequest("p", cpu_milli=1000, memory_mib=1000), cluster) == {
+        "cpu": "Insufficient cpu",
+        "mem": "Insufficient memory",
+    }
+    assert run_filters(pod, cluster)[1] == {"Insufficient cpu": 1, "Insufficient memory": 1}
+    # Over-committed CPU does not count against a pod that asks for none.
+    hog = Allocation("mem", "hog", cpu_milli=2000)
+    cluster.book(hog)
+    no_cpu = PodRequest("n", memory_mib=1000)
+    assert failed_nodes(no_cpu, cluster) == {"mem": "Insufficient memory"}
+    too_big = PodRequest("b", memory_mib=2000)
+    assert run_filters(too_big, cluster)[1] == {"Insufficient memory": 2}
