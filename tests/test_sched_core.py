@@ -241,23 +241,13 @@ def test_pick() -> None:
 
 
 def test_a_filter_that_lies_is_a_bug_named_as_such() -> None:
-    cluster = ClusterState([node("a", gpus=2)])
-
-    class Liar(ScorePlugin):
-        def score(self, pod, cluster, idx):
-            return np.zeros(len(idx))
-
-        def share_gpu(self, pod, cluster, i):
-            return 0
-
+    """Without the GPU filter the chosen node cannot take the pod: a bug, said as such."""
+    cluster = ClusterState([node("a", gpus=1)])
     cluster.assume(Allocation("a", "x", gpus=(GpuGrant(0, "a-g0", 950),), gpu_tag="share-gpu"))
+    policy = Policy("p", ((Fixed({"a": 0}), 1.0),))
+    share = PodRequest("s", gpu_count=1, gpu_milli=100)
     with pytest.raises(RuntimeError, match="pod s passed the filters on a but does not fit"):
-        schedule_one(
-            PodRequest("s", gpu_count=1, gpu_milli=100),
-            cluster,
-            Policy("l", ((Liar(), 1.0),)),
-            random.Random(0),
-        )
+        schedule_one(share, cluster, policy, random.Random(0), filters=())
 
 
 # --- allocation ---------------------------------------------------------------------------------------
@@ -294,18 +284,20 @@ def test_allocations_carry_everything_the_pod_asked() -> None:
     assert Allocation.from_dict({"node": "n", "podUID": "u"}) == Allocation("n", "u")
 
 
-def test_a_share_honours_an_override_only_when_it_fits() -> None:
+def test_a_share_honours_an_override_when_it_fits() -> None:
     n = node("n", gpus=3)
     n.gpus[0].free_milli, n.gpus[1].free_milli = 200, 600
     share = PodRequest("s", gpu_count=1, gpu_milli=500)
     assert best_fit_share_gpu(share, n) == 1
-    assert allocate(share, n, share_gpu=0) is None
+    fallback = allocate(share, n, share_gpu=0)  # does not fit: the best fit instead
+    assert fallback is not None and fallback.gpus == (GpuGrant(1, "n-g1", 500, 0),)
     chosen = allocate(share, n, share_gpu=2)
     assert chosen is not None and chosen.gpus == (GpuGrant(2, "n-g2", 500, 0),)
     assert chosen.charged_gpus == 0 and chosen.shares() == {"n-g2": (500, 0)}
     n.gpus[2].healthy = False
-    assert allocate(share, n, share_gpu=2) is None
+    assert allocate(share, n, share_gpu=2).gpus[0].id == "n-g1"
     assert allocate(PodRequest("x", gpu_count=1, gpu_milli=900), n) is None
+    assert allocate(PodRequest("y", gpu_count=1, gpu_milli=700), n, share_gpu=1) is None
 
 
 def test_container_layout_rules() -> None:
