@@ -44,11 +44,9 @@ from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import Allocation, AllocationConflict, ClusterState
 from scheduler.live.cache import (
-    TERMINAL,
     Cache,
     NodeFacts,
     PodChange,
-    is_bound,
     is_pending_for,
     pod_key,
 )
@@ -58,8 +56,6 @@ from scheduler.live.podspec import PodSpecError, pod_request
 from scheduler.live.queue import SchedulingQueue
 from scheduler.live.reflector import Reflector
 from scheduler.live.translate import parse_time, signed_annotation
-
-__all__ = ["TERMINAL", "NodeFacts", "Scheduler", "drain", "is_bound", "is_pending_for", "pod_key"]
 
 log = logging.getLogger("kubegpu.scheduler")
 EVENT_REPEAT_SECONDS = 30.0
