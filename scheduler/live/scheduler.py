@@ -353,9 +353,9 @@ class Scheduler:
                     self.pod_reflector.list_once()
                 finally:
                     self.cond.acquire()
-            except Exception as error:  # try again on the next round
+            except Exception as error:  # try again after a backoff
                 log_event(log, "leader.relist_failed", logging.WARNING, error=str(error)[:300])
-                self._fence = (until, None)
+                self._fence = (self.clock() + self.config.backoff_initial_seconds, None)
                 return False
         if self._pod_lists >= (self._fence[1] or 0):
             self._fence = None
