@@ -30,6 +30,7 @@ from scheduler.core import (
     Wish,
     allocate,
     failed_nodes,
+    make_policy,
     run_filters,
     schedule_one,
     unschedulable_message,
@@ -672,3 +673,85 @@ def test_each_resource_is_named_only_when_it_is_short() -> None:
     assert failed_nodes(no_cpu, cluster) == {"mem": "Insufficient memory"}
     too_big = PodRequest("b", memory_mib=2000)
     assert run_filters(too_big, cluster)[1] == {"Insufficient memory": 2}
+
+
+# --- the live policies, as docs/scheduler.md describes them ---------------------------------------
+
+
+def test_spread_is_least_allocated_hand_computed() -> None:
+    """(CPU left / largest CPU x 0.5 + GPU milli left / largest GPU milli x 0.5) x 100, floored."""
+    from scheduler.core.policies import SpreadScore
+
+    a, b = node("a", gpus=4, cpu=10_000), node("b", gpus=2, cpu=8000)
+    cluster = ClusterState([a, b])
+    cluster.assume(
+        Allocation("a", "x", cpu_milli=6000, gpus=(GpuGrant(0, "a-g0", 500),), gpu_tag="share-gpu")
+    )
+    plugin = SpreadScore()
+    plugin.bind(cluster, [], random.Random(0))
+    assert (plugin.max_cpu, plugin.max_gpu_milli) == (10_000.0, 4000.0)
+    pod = PodRequest("p", cpu_milli=1000, gpu_count=1)
+    # a: (3000/10000 x .5 + 2500/4000 x .5) x 100 = 46.25 -> 46
+    # b: (7000/10000 x .5 + 1000/4000 x .5) x 100 = 47.5 -> 47
+    assert plugin.score(pod, cluster, cluster.all_indices).tolist() == [46.0, 47.0]
+    assert make_policy("spread").plugins[0][1] == 1.0
+
+
+def test_the_topology_policy_puts_multi_gpu_pods_where_their_gpus_connect_best() -> None:
+    """A 4-GPU pod: on the DGX-1 the best free set is NVLinked; on the PCIe-only node nothing is.
+    The topology score outweighs FGD (x1000); a 1-GPU pod is placed by fgd-align alone."""
+    from pathlib import Path
+
+    from scheduler.core.topology import load_machine
+
+    dgx = Path(__file__).resolve().parent.parent / "scheduler" / "data" / "topologies" / "dgx1-v100.json"
+    linked = NodeState.from_inventory("linked", 80_000, 512_000, load_machine(dgx, prefix="l-gpu"))
+    plain = NodeState("plain", 80_000, 512_000, [GpuState(i, f"p-gpu{i}", "V100", numa=0) for i in range(8)])
+    cluster = ClusterState([plain, linked])
+    cluster.set_tie_order([0, 1])
+    four = PodRequest("four", cpu_milli=1000, gpu_count=4, topology=TopologyWish(nvlink=Wish.PREFER))
+    topology = make_policy("topology")
+    topology.bind(cluster, [four], random.Random(0))
+    scores = topology.score(four, cluster, cluster.all_indices)
+    assert scores[1] > scores[0] + 1000  # the topology score decides, not FGD
+    result = schedule_one(four, cluster, topology, random.Random(0))
+    assert isinstance(result, Placement) and result.node == "linked"
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    align = make_policy("fgd-align")
+    align.bind(cluster, [one], random.Random(0))
+    topology.bind(cluster, [one], random.Random(0))
+    assert (
+        schedule_one(one, cluster, topology, random.Random(0)).node
+        == schedule_one(one, cluster, align, random.Random(0)).node
+    )
+    assert (
+        topology.score(one, cluster, cluster.all_indices).tolist()
+        == align.score(one, cluster, cluster.all_indices).tolist()
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fgd_places_a_memory_share_like_the_same_share_by_milli(seed: int) -> None:
+    """On GPUs of one memory size, a share of m MiB is a share of ceil(m x 1000 / size) milli: FGD
+    must score every node and pick every GPU the same way for both (two code paths)."""
+    rng = random.Random(seed)
+    nodes = []
+    for n in range(4):
+        state = node(f"n{n}", gpus=4, cpu=64_000, mem=256_000, memory_mib=40_000)
+        for gpu in state.gpus:
+            gpu.free_milli = rng.choice([1000, 1000, 750, 500, 250, 0])
+            gpu.free_memory_mib = 40_000  # no memory pressure: the two forms fit the same GPUs
+        nodes.append(state)
+    cluster = ClusterState(nodes)
+    memory = rng.choice([4000, 10_000, 20_000])
+    by_memory = PodRequest("m", cpu_milli=2000, gpu_count=1, gpu_memory_mib=memory)
+    by_milli = PodRequest("k", cpu_milli=2000, gpu_count=1, gpu_milli=-(-memory * MILLI // 40_000))
+    workload = [by_milli, PodRequest("w", cpu_milli=4000, gpu_count=1), PodRequest("c", cpu_milli=8000)]
+    first, second = make_policy("fgd"), make_policy("fgd")
+    first.bind(cluster, workload, random.Random(0))
+    second.bind(cluster, workload, random.Random(0))
+    idx, _ = run_filters(by_memory, cluster)
+    assert idx.tolist() == run_filters(by_milli, cluster)[0].tolist()
+    assert first.score(by_memory, cluster, idx).tolist() == second.score(by_milli, cluster, idx).tolist()
+    for i in idx.tolist():
+        assert first.share_gpu(by_memory, cluster, i) == second.share_gpu(by_milli, cluster, i), i
