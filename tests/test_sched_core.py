@@ -368,6 +368,7 @@ def test_arrays_and_summaries_follow_every_change() -> None:
     assert cluster.gpu_full_free[0] == 0 and cluster.gpu_free_total[0] == 750
     assert cluster.forget("u") == alloc and cluster.allocated_gpu_milli() == 0
     assert cluster.tag_kinds.tolist() == [0, 0] and cluster.pods_free[0] == 5
+    assert cluster.tag_count("share-gpu").tolist() == [0, 0]
     assert b.free_gpu_indices() == [] and a.free_gpu_indices() == [1]
     assert a.free_gpu_indices(PodRequest("p", gpu_count=1, gpu_models=frozenset({"H100"}))) == []
     assert a.models() == frozenset({"A100"})
@@ -399,8 +400,9 @@ def test_node_checks_name_what_is_wrong() -> None:
 
 
 def test_requests_normalise_and_refuse_nonsense() -> None:
-    with pytest.raises(ValueError, match="negative GPU request"):
-        PodRequest("p", gpu_count=-1)
+    for field in ("gpu_count", "gpu_milli", "gpu_memory_mib"):
+        with pytest.raises(ValueError, match="negative GPU request"):
+            PodRequest("p", **{field: -1})
     by_memory = PodRequest("m", gpu_count=1, gpu_memory_mib=100)
     assert by_memory.gpu_milli == 0 and by_memory.is_share and by_memory.total_gpu_milli == 0
     assert PodRequest("w", gpu_count=2).total_gpu_milli == 2000
@@ -755,3 +757,9 @@ def test_fgd_places_a_memory_share_like_the_same_share_by_milli(seed: int) -> No
     assert first.score(by_memory, cluster, idx).tolist() == second.score(by_milli, cluster, idx).tolist()
     for i in idx.tolist():
         assert first.share_gpu(by_memory, cluster, i) == second.share_gpu(by_milli, cluster, i), i
+
+
+def test_whole_gpus_of_a_model_skip_a_free_gpu_of_another() -> None:
+    mixed = NodeState("m", 8000, 8000, [GpuState(0, "t", "T4"), GpuState(1, "a", "A100")])
+    alloc = allocate(PodRequest("w", gpu_count=1, gpu_models=frozenset({"A100"})), mixed)
+    assert alloc is not None and alloc.device_ids() == ("a",)

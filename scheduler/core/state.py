@@ -413,11 +413,10 @@ class ClusterState:
                 self.gpu_model[i, gpu.index] = model_index[gpu.model]
                 self.gpu_mem_total[i, gpu.index] = gpu.memory_mib
                 self.gpu_enforced[i, gpu.index] = gpu.share_enforced
-        self.model_sets: list[frozenset[str]] = []
         codes: dict[frozenset[str], int] = {}
         for node in self.nodes:
             codes.setdefault(node.models(), len(codes))
-        self.model_sets = list(codes)
+        self.model_sets: list[frozenset[str]] = list(codes)
         self.model_code = np.array([codes[node.models()] for node in self.nodes], dtype=np.int64)
         self.tag_counts: dict[str, np.ndarray] = {}
         self.tag_kinds = np.zeros(n, dtype=np.int64)  # distinct GPU shapes placed on each node
