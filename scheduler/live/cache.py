@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
+import heapq
 import logging
 import math
 from collections.abc import Callable, Iterable, Mapping
@@ -98,6 +99,9 @@ class Assumed:
     confirm_at: float = math.inf  # when to read the pod back to learn the outcome
     reads: int = 0  # reads so far
     reading: bool = False  # a read is in flight
+    sent: bool = False  # the Binding is on its way (annotation and signed are what it carries)
+    annotation: str | None = None  # the allocation annotation the Binding carries (None: none)
+    signed: contract.Allocation | None = None
 
 
 class PodChange(enum.StrEnum):
@@ -111,11 +115,17 @@ class PodChange(enum.StrEnum):
 
 @dataclass(frozen=True)
 class _Fact:
-    """A bound pod's booking, memoised by resourceVersion."""
+    """A bound pod's booking, memoised on what it depends on: node, annotation and spec (a status
+    update changes none of them)."""
 
-    version: str
+    node: str
+    raw: Any  # the allocation annotation's value
+    spec: Any  # the pod's spec, compared by value
     alloc: Allocation
     problem: str
+
+    def same_pod(self, node: str, raw: Any, spec: Any) -> bool:
+        return node == self.node and raw == self.raw and (spec is self.spec or spec == self.spec)
 
 
 class Cache:
@@ -147,6 +157,7 @@ class Cache:
         self._verified: dict[str, tuple[str, str, contract.Allocation | None, str]] = {}
         self._reported: dict[str, str] = {}  # uid -> the booking problem last logged
         self._other_devices: dict[str, frozenset[str]] = {}  # node -> its non-GPU device ids
+        self._reads: list[tuple[float, str]] = []  # (confirm_at, uid); stale entries skipped
 
     # --- nodes --------------------------------------------------------------------------------
 
@@ -246,7 +257,10 @@ class Cache:
         if self.dirty or cluster is None:
             return PodChange.BOUND if first else PodChange.NONE
         booked = cluster.allocation(uid)
-        fact = self._fact(uid, pod)
+        own = self._own_binding(uid, pod, assumed) if assumed is not None else None
+        if own is not None and booked is not None:
+            return PodChange.BOUND  # our own Binding, booked as we assumed it
+        fact = own or self._fact(uid, pod)
         unchanged = booked is not None and booked == self._gpu_only(fact.alloc)
         if unchanged and assumed is None and previous is not None:
             return PodChange.NONE  # a status update of a pod already booked as it is
@@ -275,19 +289,30 @@ class Cache:
         cluster.assume(alloc)
         self.assumed[uid] = Assumed(alloc, Binding.IN_FLIGHT, now)
 
+    def sending(self, uid: str, annotation: str | None, signed: contract.Allocation | None) -> None:
+        """The Binding about to be POSTed carries ``annotation`` (the signed ``signed``): a pod
+        seen bound with exactly it is this replica's binding and needs no second verification."""
+        assumed = self.assumed.get(uid)
+        if assumed is not None:
+            assumed.sent, assumed.annotation, assumed.signed = True, annotation, signed
+
     def bind_succeeded(self, uid: str, now: float, confirm_after: float) -> None:
         """The Binding was stored: keep the booking until the pod is seen bound."""
         assumed = self.assumed.get(uid)
         if assumed is not None:
-            assumed.binding, assumed.since, assumed.confirm_at = Binding.SUCCEEDED, now, now + confirm_after
-            assumed.reads = 0
+            assumed.binding, assumed.since = Binding.SUCCEEDED, now
+            self._read_at(uid, assumed, now + confirm_after)
 
     def bind_uncertain(self, uid: str, now: float, confirm_after: float) -> None:
         """The Binding may have been stored: keep the booking, read the pod back later."""
         assumed = self.assumed.get(uid)
         if assumed is not None:
-            assumed.binding, assumed.since, assumed.confirm_at = Binding.UNCERTAIN, now, now + confirm_after
-            assumed.reads = 0
+            assumed.binding, assumed.since = Binding.UNCERTAIN, now
+            self._read_at(uid, assumed, now + confirm_after)
+
+    def _read_at(self, uid: str, assumed: Assumed, when: float) -> None:
+        assumed.confirm_at = when
+        heapq.heappush(self._reads, (when, uid))
 
     def release(self, uid: str) -> Allocation | None:
         """The Binding was certainly not stored (or the pod is gone): free what it booked."""
@@ -301,22 +326,30 @@ class Cache:
 
     def due_reads(self, now: float) -> list[str]:
         """Assumptions whose outcome should now be read back from the API (marked as reading)."""
-        due = [uid for uid, a in self.assumed.items() if not a.reading and a.confirm_at <= now]
-        for uid in due:
-            self.assumed[uid].reading = True
+        due = []
+        while self._reads and self._reads[0][0] <= now:
+            when, uid = heapq.heappop(self._reads)
+            assumed = self.assumed.get(uid)
+            if assumed is not None and not assumed.reading and assumed.confirm_at == when:
+                assumed.reading = True
+                due.append(uid)
         return due
 
     def next_read_at(self) -> float | None:
-        times = [a.confirm_at for a in self.assumed.values() if not a.reading]
-        finite = [t for t in times if t != math.inf]
-        return min(finite) if finite else None
+        while self._reads:
+            when, uid = self._reads[0]
+            assumed = self.assumed.get(uid)
+            if assumed is not None and not assumed.reading and assumed.confirm_at == when:
+                return when
+            heapq.heappop(self._reads)
+        return None
 
     def read_failed(self, uid: str, now: float, retry_after: float) -> None:
         assumed = self.assumed.get(uid)
         if assumed is not None:
             assumed.reading = False
             assumed.reads += 1
-            assumed.confirm_at = now + retry_after
+            self._read_at(uid, assumed, now + retry_after)
 
     def read_back(self, uid: str, pod: dict[str, Any] | None) -> str:
         """The pod as read from the API after its Binding's outcome was unclear.
@@ -409,16 +442,16 @@ class Cache:
         return replace(alloc, gpus=tuple(g for g in alloc.gpus if g.id not in others))
 
     def _fact(self, uid: str, pod: Mapping[str, Any]) -> _Fact:
-        """The booking of a bound pod (memoised per resourceVersion; signatures per value)."""
+        """The booking of a bound pod (memoised per node, annotation and spec; signatures per value)."""
         meta = _meta(pod)
-        version = str(meta.get("resourceVersion", ""))
-        memo = self._facts_memo.get(uid)
-        if memo is not None and memo.version == version and version:
-            return memo
-        node = str((pod.get("spec") or {}).get("nodeName", ""))
-        usage = pod_usage(pod, self.gpu_resource)
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName", ""))
         annotations = meta.get("annotations") or {}
         raw = annotations.get(contract.ANNOTATION) if isinstance(annotations, Mapping) else None
+        memo = self._facts_memo.get(uid)
+        if memo is not None and memo.same_pod(node, raw, spec):
+            return memo
+        usage = pod_usage(pod, self.gpu_resource)
         cached = self._verified.get(uid)
         if cached is not None and cached[0] == raw and cached[1] == node:
             signed, problem = cached[2], cached[3]
@@ -434,8 +467,25 @@ class Cache:
                 problem = f"annotation changed after binding ({problem or 'removed'}); keeping its devices"
             self._verified[uid] = (raw, node, signed, problem)
         problem = "; ".join(p for p in (usage.problem, problem) if p)
-        fact = _Fact(version, fact_allocation(node, uid, pod_key(pod), usage, signed), problem)
+        fact = _Fact(node, raw, spec, fact_allocation(node, uid, pod_key(pod), usage, signed), problem)
         self._facts_memo[uid] = fact
+        return fact
+
+    def _own_binding(self, uid: str, pod: Mapping[str, Any], assumed: Assumed) -> _Fact | None:
+        """The fact of a pod seen bound by the very Binding this replica sent (same node, same
+        annotation): the assumption itself, with no second parse or verification."""
+        if not assumed.sent:
+            return None
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName", ""))
+        annotations = _meta(pod).get("annotations") or {}
+        raw = annotations.get(contract.ANNOTATION) if isinstance(annotations, Mapping) else None
+        if node != assumed.alloc.node or raw != assumed.annotation:
+            return None
+        fact = _Fact(node, raw, spec, assumed.alloc, "")
+        self._facts_memo[uid] = fact
+        if assumed.signed is not None:
+            self._verified[uid] = (raw, node, assumed.signed, "")
         return fact
 
     def _book_fact(self, cluster: ClusterState, uid: str, pod: Mapping[str, Any], fact: _Fact) -> None:

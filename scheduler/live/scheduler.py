@@ -37,6 +37,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from crishim.rewrite import KeyRing
+from kubegpu import allocation as contract
 from kubegpu.logs import log_event
 from scheduler.core.filters import unschedulable_message
 from scheduler.core.policies import make_policy
@@ -55,7 +56,7 @@ from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.podspec import PodSpecError, pod_request
 from scheduler.live.queue import SchedulingQueue
 from scheduler.live.reflector import Reflector
-from scheduler.live.translate import parse_time, signed_annotation
+from scheduler.live.translate import allocation_contract, parse_time
 
 log = logging.getLogger("kubegpu.scheduler")
 EVENT_REPEAT_SECONDS = 30.0
@@ -455,6 +456,8 @@ class Scheduler:
             # Lost the lease since deciding: never sent; the new leader decides this pod.
             self._bind_outcome(pod, alloc, "not-leader", release=True, retry=False)
             return
+        annotation: str | None = None
+        signed = None
         try:
             if alloc.gpus:
                 key = self.keys.keys().get(self.config.signing_key_id)
@@ -462,12 +465,14 @@ class Scheduler:
                     raise RuntimeError(
                         f"signing key {self.config.signing_key_id!r} not in {self.config.keys_dir}"
                     )
-                binding["metadata"]["annotations"] = {
-                    "kubegpu.io/allocation": signed_annotation(alloc, self.config.signing_key_id, key)
-                }
+                signed = allocation_contract(alloc)
+                annotation = contract.sign(signed, self.config.signing_key_id, key)
+                binding["metadata"]["annotations"] = {contract.ANNOTATION: annotation}
         except Exception as error:  # never sent: release and retry later
             self._bind_outcome(pod, alloc, "error", release=True, retry=True, error=error)
             return
+        with self.cond:
+            self.cache.sending(uid, annotation, signed)
         try:
             drain(
                 self.core.create_namespaced_pod_binding(

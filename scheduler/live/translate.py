@@ -8,7 +8,8 @@
 - A pod bound to a node is a fact (``BoundPod``): its CPU, memory, pod slot and GPU count, and, if
   it carries a valid signed allocation, the device ids it holds. That annotation is the source of
   truth for device usage.
-- A core ``Allocation`` becomes the signed ``kubegpu.io/allocation`` annotation value.
+- A core ``Allocation`` becomes the allocation contract's form (``allocation_contract``), which the
+  scheduler signs into the ``kubegpu.io/allocation`` annotation.
 """
 
 from __future__ import annotations
@@ -271,8 +272,8 @@ def fact_allocation(
     )
 
 
-def signed_annotation(alloc: Allocation, key_id: str, key: bytes) -> str:
-    """The ``kubegpu.io/allocation`` value for a core allocation (a pod's share split evenly)."""
+def allocation_contract(alloc: Allocation) -> contract.Allocation:
+    """The allocation contract's form of a core allocation (a pod's share split evenly)."""
     shares = {g.id: g for g in alloc.gpus if g.is_share}
     containers = dict(alloc.containers)
     if not containers:
@@ -294,4 +295,4 @@ def signed_annotation(alloc: Allocation, key_id: str, key: bytes) -> str:
         entries[name] = contract.ContainerAllocation(
             tuple(devices), entry_shares, init=name in alloc.init_containers
         )
-    return contract.sign(contract.Allocation(alloc.node, alloc.pod_uid, entries), key_id, key)
+    return contract.Allocation(alloc.node, alloc.pod_uid, entries)
