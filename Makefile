@@ -5,14 +5,16 @@ VPY     := $(VENV)/bin/python
 PROTO_SRC := proto/runtime/v1/api.proto
 PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
-.PHONY: deps install proto test bench lint testbin demo demo-crishim clean soak-scheduler mutate-scheduler
+.PHONY: deps install proto test bench lint testbin image demo demo-down soak demo-crishim simulate clean mutate-node mutate-scheduler soak-scheduler mutate
 
-# System packages the tests need (containerd, runc, busybox for test images, systemd-analyze).
-# Skips apt entirely when everything is already there.
-APT_PACKAGES := containerd runc busybox-static systemd openssl
+# System packages the tests and the local cluster need (containerd, runc, busybox for test images,
+# systemd-analyze, mmdebstrap for the image, the loopback CNI plugin a kubelet node needs to turn
+# Ready). Skips apt entirely when everything is already there.
+APT_PACKAGES := containerd runc busybox-static systemd openssl mmdebstrap containernetworking-plugins
 deps:
 	@if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] \
-	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null; then \
+	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null \
+	    && command -v mmdebstrap >/dev/null && [ -x /usr/lib/cni/loopback ]; then \
 	    echo "deps: system packages present"; \
 	else apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES); fi
 
@@ -31,11 +33,12 @@ proto: $(PROTO_OUT)
 $(PROTO_OUT) &: $(PROTO_SRC)
 	$(VPY) -m grpc_tools.protoc -Icrishim/cri=proto/runtime/v1 --python_out=. --grpc_python_out=. crishim/cri/api.proto
 
-# Go-built kube-apiserver, kube-scheduler, etcd and containerd 2.x, cached per version
+# Go-built kube-apiserver, kube-scheduler, etcd, containerd 2.x and helm, cached per version
 # (see docs/test-cluster.md and docs/test-containerd.md).
 testbin:
 	bash tests/cluster/build.sh
 	bash tests/containerd/build.sh
+	bash tests/helm/build.sh
 
 # Everything from a fresh machine: system packages, Python env, Go-built test binaries, tests.
 test: deps install testbin
@@ -47,8 +50,24 @@ bench: deps install testbin
 	$(VPY) bench/scheduler_throughput.py
 	$(VPY) bench/simulate_openb.py
 
+# The scheduler image without a registry (docs/install.md): an OCI tar under build/image/,
+# imported into the containerd at CONTAINERD_ADDRESS when that socket exists. Needs root.
+CONTAINERD_ADDRESS ?= /run/containerd/containerd.sock
+image: deps install
+	$(VPY) -m tools.image.build $(if $(wildcard $(CONTAINERD_ADDRESS)),--import $(CONTAINERD_ADDRESS))
+
 lint:
 	$(VENV)/bin/ruff check .
+
+# Mutation testing of the node agent's decisions with mutmut (not part of `make test`; score and
+# survivors in docs/testing.md). Works in build/mutate-node/; the report is build/mutate-node/report.txt.
+MUTATE_NODE_SOURCES := crishim/ledger.py crishim/edits.py crishim/rewrite.py kubegpu/allocation.py
+MUTATE_NODE_TESTS := tests/test_allocation.py tests/test_crishim_edits.py tests/test_crishim_scrub.py \
+	tests/test_crishim_scrub_fuzz.py tests/test_crishim_fuzz.py tests/test_crishim_lifecycle.py \
+	tests/test_mps_rewrite.py
+mutate-node: install
+	$(VPY) -m pip install -q 'mutmut==3.8.1'
+	$(VPY) -m kubegpu.devenv.mutate node --mutate $(MUTATE_NODE_SOURCES) --tests $(MUTATE_NODE_TESTS)
 
 # The scheduler cache's randomized model-based test, long: SOAK_SEEDS walks of SOAK_STEPS steps
 # (CI runs 20 x 500). Not part of `make test`. docs/testing.md.
@@ -60,14 +79,31 @@ soak-scheduler: install
 	    nice -n 10 $(VPY) -m pytest -q -p no:cacheprovider tests/test_sched_model.py -k interleavings
 
 # Mutation testing of scheduler/core with mutmut (installed here, not a project dependency);
-# score and survivors: docs/testing.md. Not part of `make test` (about half an hour on 2 cores).
+# score and survivors: docs/testing.md. Not part of `make test` (about 15 minutes on 2 cores).
 mutate-scheduler: install
 	$(VPY) -m pip install -q 'mutmut==3.8.1'
 	bash tests/mutate-scheduler.sh
 
-# The main job with no cluster: the scheduling core on the built-in cluster and workload.
-demo: install
+# Both mutation targets.
+mutate: mutate-node mutate-scheduler
+
+# The main job: a one-node GPU cluster on this machine (kubegpu up; needs root). The first run
+# builds the Kubernetes binaries. It keeps running: `make demo-down` (kubegpu down) removes it.
+demo: deps install
+	$(VENV)/bin/kubegpu up
+
+demo-down:
+	$(VENV)/bin/kubegpu down
+
+# The scheduling core on the built-in trace cluster and workload, no cluster needed.
+simulate: install
 	$(VENV)/bin/kubegpu simulate
+
+# Churn soak through a real node: 300 GPU pods with random kubelet/shim/scheduler restarts
+# (CI runs a 40-pod version as part of `make test`), after the scheduler cache's soak-scheduler.
+SOAK_PODS ?= 300
+soak: soak-scheduler deps install testbin
+	KUBEGPU_SOAK_PODS=$(SOAK_PODS) $(VPY) -m pytest -q -s tests/test_e2e_soak.py
 
 # The CRI shim in front of a private containerd, driven as kubelet would.
 demo-crishim: deps install

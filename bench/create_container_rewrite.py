@@ -22,17 +22,20 @@ import time
 import uuid
 from pathlib import Path
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
 from crishim.cri import api_pb2
 from crishim.intercept import PassthroughInterceptor, intercept_create_container
-from crishim.rewrite import AllocationRewriter, KeyRing, NodeDevices
+from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.plugin import load_plugins
 from devices.sim import sim_gpu_id
-from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, sign
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, public_key_pem, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 
-NODE, KEY_ID, KEY = "bench-node", "k1", b"bench-signing-key-0123456789abcdef"
+NODE, KEY_ID = "bench-node", "k1"
+KEY = Ed25519PrivateKey.from_private_bytes(bytes(range(32)))  # a fixed bench key
 
 
 def percentile(samples: list[float], pct: float) -> float:
@@ -79,7 +82,7 @@ def in_process(calls: int, state_dir: Path) -> dict[str, object]:
                 _, completion = await intercept_create_container(raw_bytes, interceptor)
                 times[name].append(time.perf_counter() - started)
                 if completion is not None:
-                    completion(None)
+                    completion(None, False)
 
     asyncio.run(run())
     added = [r - p for r, p in zip(times["rewrite"], times["passthrough"], strict=True)]
@@ -96,7 +99,7 @@ def end_to_end(creates: int) -> dict[str, object]:
     with Containerd() as containerd, tempfile.TemporaryDirectory(prefix="kgbench-") as tmp:
         keys = Path(tmp) / "keys"
         keys.mkdir()
-        (keys / KEY_ID).write_bytes(KEY)
+        (keys / KEY_ID).write_bytes(public_key_pem(KEY))
         plain = ShimProcess(Path(tmp) / "plain.sock", containerd.endpoint, Path(tmp) / "plain.log").start()
         rewriting = ShimProcess(
             Path(tmp) / "rw.sock",

@@ -70,12 +70,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kubernetes import client as k8s
 from kubernetes.config import load_kube_config
 
 from crishim.advertiser import Advertiser
-from crishim.rewrite import KeyRing
 from devices.sim import SimPlugin
+from kubegpu.allocation import KeyRing
 from kubegpu.devenv.controlplane import ControlPlane, create_fake_node, ensure_namespace
 from scheduler.core.policies import make_policy, policy_names
 from scheduler.core.request import PodRequest
@@ -91,7 +92,7 @@ NODE_CPU = "96"
 NODE_MEMORY = "768Gi"
 NODE_CPU_MILLI = 96_000
 NODE_MEMORY_MIB = 768 * 1024
-KEYS = {"k1": b"scheduler-throughput-bench-key-0123456789"}
+KEYS = {"k1": Ed25519PrivateKey.from_private_bytes(bytes(range(32)))}  # a fixed bench key
 KUBEGPU_NAME = "kubegpu-bench"
 KUBE_SCHEDULER_NAME = "default-scheduler"
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")

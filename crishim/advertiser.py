@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from devices.model import DeviceKind, NodeInventory
+from kubegpu.allocation import GPU_RESOURCE, RDMA_RESOURCE
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.advertiser")
@@ -32,8 +33,8 @@ INVENTORY_ANNOTATION = "kubegpu.io/inventory"
 HEARTBEAT_ANNOTATION = "kubegpu.io/heartbeat"
 INVENTORY_VERSION = 1
 DEFAULT_RESOURCES: Mapping[DeviceKind, str] = {
-    DeviceKind.GPU: "nvidia.com/gpu",
-    DeviceKind.RDMA: "kubegpu.io/rdma",
+    DeviceKind.GPU: GPU_RESOURCE,
+    DeviceKind.RDMA: RDMA_RESOURCE,
 }
 
 

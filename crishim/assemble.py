@@ -11,15 +11,20 @@ from kubernetes import client
 from crishim.advertiser import Advertiser
 from crishim.mps import build_sharing
 from crishim.podlookup import ApiPodLookup
-from crishim.rewrite import AllocationRewriter, KeyRing, NodeDevices
+from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.plugin import PluginError, load_plugins
+from kubegpu.allocation import KeyRing
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim")
 
 
 def node_devices_from(args: argparse.Namespace) -> NodeDevices:
-    """Load the plugins named on the command line and discover; a discovery failure is logged."""
+    """Load the plugins named on the command line and discover.
+
+    A discovery failure is logged, not fatal: the shim serves kubelet (pods without devices run;
+    device-bearing creates get UNAVAILABLE) and retries discovery in the background.
+    """
     options = {
         "node_name": args.node_name,
         "topology": args.sim_topology,
@@ -43,6 +48,7 @@ def node_devices_from(args: argparse.Namespace) -> NodeDevices:
     except PluginError as error:
         # Keep serving kubelet: pods without devices still run; allocated ones are refused.
         log_event(log, "devices.discovery_failed", logging.ERROR, node=args.node_name, error=str(error))
+        return node_devices
     log_event(
         log,
         "devices.discovered",

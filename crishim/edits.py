@@ -1,95 +1,174 @@
-"""Pure functions that change a CRI ContainerConfig: scrub device visibility, apply plugin edits.
+"""Functions that change a CRI ContainerConfig: scrub device visibility, apply plugin edits.
 
 Scrubbing comes first for every container: whatever a user put in the pod spec or an image can
-make visible (NVIDIA_VISIBLE_DEVICES=all from a CUDA base image, KUBEGPU_* variables, CDI
-requests, the NVIDIA runtime's volume-mount device list, device nodes the node's plugins manage)
-is removed, and NVIDIA_VISIBLE_DEVICES is set to ``void``. Only then are the edits for the
-devices the allocation grants applied, so a container sees exactly its allocation.
+make visible is removed or overridden, whatever its spelling:
+- environment the NVIDIA toolkit reads to pick devices (``NVIDIA_VISIBLE_DEVICES``,
+  ``NVIDIA_IMEX_CHANNELS``, the MIG and feature switches that add device nodes) and the plugins'
+  own ``KUBEGPU_*`` variables are removed, then set to values that select nothing, so that an
+  image's own values (a CUDA base image says ``NVIDIA_VISIBLE_DEVICES=all``) are overridden;
+- mounts over the toolkit's device-list directory (``/var/run/nvidia-container-devices``) in any
+  spelling: the toolkit cleans the path and prefix-matches it, so ``/var/run//nvidia-container-
+  devices/all`` and ``/var/run/nvidia-container-devicesall`` are requests too;
+- CDI requests of NVIDIA's and our vendors, as names or as ``cdi.k8s.io/`` annotations;
+- device entries whose host path reaches a managed device node, however it is spelled
+  (``crishim.hostpaths``: cleaned, resolved through symlinks and ``/dev/char/M:m``, compared by
+  device number);
+- our own ``kubegpu.io/`` marks.
+What the shim cannot decide (a relative or unresolvable device path, a directory holding managed
+nodes, an environment name with ``=``, a malformed CDI name) raises ``Ambiguous``: the container
+is refused rather than guessed about. Only then are the edits for the devices the allocation
+grants applied, so a container sees exactly its allocation.
 """
 
 from __future__ import annotations
 
-import posixpath
-from collections.abc import Collection
-
 from crishim.cri import api_pb2
+from crishim.hostpaths import Ambiguous, HostFS, ManagedDevices, clean, device_entry_verdict
 from devices.plugin import ContainerEdits
 
-# NVIDIA's runtime hook reads these; "void" means: no GPU at all.
 NVIDIA_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
 NO_DEVICES = "void"
-# Environment a user may not set: the plugins' own variables and the runtime's device selectors.
-SCRUBBED_ENV_PREFIXES = ("KUBEGPU_",)
-SCRUBBED_ENV = frozenset({NVIDIA_VISIBLE, "NVIDIA_REQUIRE_CUDA_DEVICES"})
-# The NVIDIA runtime can also take the device list as volume mounts under this directory.
+# What every container gets after the scrub: toolkit selectors that select nothing. Setting them
+# (not only removing them) overrides the image's own environment, which the shim never sees.
+NEUTRAL_ENV = (
+    (NVIDIA_VISIBLE, NO_DEVICES),
+    ("NVIDIA_IMEX_CHANNELS", NO_DEVICES),
+    # The toolkit adds every GDS, MOFED (all of /dev/infiniband), NVSwitch or GDRCopy device
+    # node to a container that asks for any GPU and sets one of these to "enabled".
+    ("NVIDIA_GDS", "disabled"),
+    ("NVIDIA_MOFED", "disabled"),
+    ("NVIDIA_NVSWITCH", "disabled"),
+    ("NVIDIA_GDRCOPY", "disabled"),
+)
+# Environment a user may not set (compared upper-cased): the above, MIG management selectors,
+# the plugins' own variables, and Docker swarm's generic-resource selectors.
+SCRUBBED_ENV = frozenset(
+    {key for key, _ in NEUTRAL_ENV}
+    | {"NVIDIA_MIG_CONFIG_DEVICES", "NVIDIA_MIG_MONITOR_DEVICES", "NVIDIA_REQUIRE_CUDA_DEVICES"}
+)
+SCRUBBED_ENV_PREFIXES = ("KUBEGPU_", "DOCKER_RESOURCE_")
+# The NVIDIA toolkit reads volume mounts under this directory as device requests (its
+# accept-nvidia-visible-devices-as-volume-mounts setting); /run is where /var/run points.
 NVIDIA_DEVICE_MOUNTS = "/var/run/nvidia-container-devices"
-SCRUBBED_CDI_VENDORS = ("nvidia.com/", "kubegpu.io/")
-# CDI device requests by annotation, and our own marks (only the shim may write those).
-SCRUBBED_ANNOTATION_PREFIXES = ("cdi.k8s.io/", "kubegpu.io/")
+DEVICE_MOUNT_ROOTS = (NVIDIA_DEVICE_MOUNTS, "/run/nvidia-container-devices")
+# CDI vendors whose devices are managed here (compared lower-cased): NVIDIA's GPUs, its
+# management devices, its device plugin's specs, and ours.
+SCRUBBED_CDI_VENDORS = frozenset(
+    {"nvidia.com", "management.nvidia.com", "k8s.device-plugin.nvidia.com", "kubegpu.io"}
+)
+# Annotation keys (lower-cased) that request CDI devices (containerd reads cdi.k8s.io/; the
+# toolkit's annotation prefixes are configurable, NVIDIA's device plugin uses nvidia.cdi.k8s.io/).
+CDI_ANNOTATION = "cdi.k8s.io/"
+OWN_ANNOTATION_PREFIX = "kubegpu.io/"
 
 
 def _scrubbed_env(key: str) -> bool:
-    return key in SCRUBBED_ENV or key.startswith(SCRUBBED_ENV_PREFIXES)
+    upper = key.upper()
+    return upper in SCRUBBED_ENV or upper.startswith(SCRUBBED_ENV_PREFIXES)
 
 
-def scrub(config: api_pb2.ContainerConfig, managed_host_paths: Collection[str]) -> None:
-    """Remove every way the request could make a managed device visible; set NVIDIA to void."""
-    kept_env = [kv for kv in config.envs if not _scrubbed_env(kv.key)]
+def is_device_request_mount(container_path: str) -> bool:
+    """Whether the NVIDIA toolkit could read this mount as a device request, in any spelling."""
+    canonical = clean(container_path).lower()
+    return canonical.startswith(DEVICE_MOUNT_ROOTS)
+
+
+def cdi_vendor(name: str) -> str:
+    """The vendor part of a qualified CDI name ``vendor/class=device``; Ambiguous if malformed."""
+    vendor, slash, rest = name.partition("/")
+    if not slash or "=" not in rest or not vendor.strip():
+        raise Ambiguous(f"CDI device name {name[:200]!r} is not vendor/class=device")
+    return vendor.strip().lower()
+
+
+def is_scrubbed_cdi(name: str) -> bool:
+    vendor = cdi_vendor(name)
+    return vendor in SCRUBBED_CDI_VENDORS or vendor.endswith(".nvidia.com")
+
+
+def is_scrubbed_annotation(key: str) -> bool:
+    lowered = key.lower()
+    return CDI_ANNOTATION in lowered or lowered.startswith(OWN_ANNOTATION_PREFIX)
+
+
+def scrub(config: api_pb2.ContainerConfig, managed: ManagedDevices, fs: HostFS | None = None) -> None:
+    """Remove every way the request could make a managed device visible (see module docstring).
+
+    Raises Ambiguous, naming the entry, for what cannot be decided; ``config`` is then unusable.
+    """
+    kept_env = []
+    for kv in config.envs:
+        if "=" in kv.key or "\x00" in kv.key or b"\x00" in kv.value:
+            raise Ambiguous(f"environment variable {kv.key[:200]!r} has '=' or NUL in its name or value")
+        if not _scrubbed_env(kv.key):
+            kept_env.append(kv)
     del config.envs[:]
     config.envs.extend(kept_env)
-    config.envs.add(key=NVIDIA_VISIBLE, value=NO_DEVICES.encode())
+    for key, value in NEUTRAL_ENV:
+        config.envs.add(key=key, value=value.encode())
 
-    kept_devices = [d for d in config.devices if d.host_path not in managed_host_paths]
-    del config.devices[:]
-    config.devices.extend(kept_devices)
+    if config.devices:
+        kept_devices = [d for d in config.devices if device_entry_verdict(d.host_path, managed, fs)]
+        del config.devices[:]
+        config.devices.extend(kept_devices)
 
-    kept_mounts = [m for m in config.mounts if not _under(m.container_path, NVIDIA_DEVICE_MOUNTS)]
+    kept_mounts = []
+    for mount in config.mounts:
+        if "\x00" in mount.container_path:
+            raise Ambiguous(f"mount path {mount.container_path[:200]!r} has a NUL")
+        if not is_device_request_mount(mount.container_path):
+            kept_mounts.append(mount)
     del config.mounts[:]
     config.mounts.extend(kept_mounts)
 
-    kept_cdi = [c for c in config.CDI_devices if not c.name.startswith(SCRUBBED_CDI_VENDORS)]
-    del config.CDI_devices[:]
-    config.CDI_devices.extend(kept_cdi)
+    if config.CDI_devices:
+        kept_cdi = [c for c in config.CDI_devices if not is_scrubbed_cdi(c.name)]
+        del config.CDI_devices[:]
+        config.CDI_devices.extend(kept_cdi)
 
-    for key in [k for k in config.annotations if k.startswith(SCRUBBED_ANNOTATION_PREFIXES)]:
+    for key in [k for k in config.annotations if is_scrubbed_annotation(k)]:
         del config.annotations[key]
+
+
+def scrub_sandbox_annotations(sandbox: api_pb2.PodSandboxConfig) -> None:
+    """CDI requests in the pod's annotations (containerd passes matching ones to containers)."""
+    for key in [k for k in sandbox.annotations if CDI_ANNOTATION in k.lower()]:
+        del sandbox.annotations[key]
 
 
 def _under(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def _clean(path: str) -> str:
-    """A container path as the runtime reads it: ``/dev//shm/`` and ``/dev/./shm`` are ``/dev/shm``."""
-    return "/" + posixpath.normpath("/" + path).lstrip("/")
-
-
 def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
-    """Add the plugins' device nodes, env, mounts and CDI names (env and mounts replace the request's
-    at the same name or container path, and a plugin's mount drops the request's inside it: an MPS
-    client's /dev/shm must be the daemon's, and no pod may put mount points in it)."""
+    """Add the plugins' device nodes, env, mounts and CDI names. What the plugins give wins: env
+    of the same name, device nodes at the same container path and mounts at or inside a plugin
+    mount's container path (in any spelling) are replaced or dropped, so a request cannot shadow
+    a granted device with something else (and an MPS client's /dev/shm is the daemon's, with no
+    pod mount points in it)."""
     if edits.env:
         kept = [kv for kv in config.envs if kv.key not in edits.env]
         del config.envs[:]
         config.envs.extend(kept)
         for key, value in sorted(edits.env.items()):
             config.envs.add(key=key, value=value.encode())
-    taken = {d.container_path for d in config.devices}
-    for node in edits.device_nodes:
-        if node.container_path not in taken:
+    if edits.device_nodes:
+        ours = {clean(n.container_path) for n in edits.device_nodes}
+        kept_devices = [d for d in config.devices if clean(d.container_path) not in ours]
+        del config.devices[:]
+        config.devices.extend(kept_devices)
+        for node in edits.device_nodes:
             config.devices.add(
                 container_path=node.container_path, host_path=node.host_path, permissions=node.permissions
             )
-    if edits.mounts:  # a plugin's mount replaces the request's at its container path and inside it
-        taken = [_clean(m.container_path) for m in edits.mounts]
-        kept_mounts = [
-            m for m in config.mounts if not any(_under(_clean(m.container_path), t) for t in taken)
-        ]
+    if edits.mounts:
+        taken = [clean(m.container_path) for m in edits.mounts]
+        kept_mounts = [m for m in config.mounts if not any(_under(clean(m.container_path), t) for t in taken)]
         del config.mounts[:]
         config.mounts.extend(kept_mounts)
-    for mount in edits.mounts:
-        config.mounts.add(
-            container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly
-        )
+        for mount in edits.mounts:
+            config.mounts.add(
+                container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly
+            )
     for name in edits.cdi_devices:
         config.CDI_devices.add(name=name)

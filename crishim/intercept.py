@@ -4,8 +4,10 @@ Every other CRI call is forwarded as raw bytes. CreateContainer alone is parsed 
 ``CreateContainerRequest``, handed to the interceptor, which may change it, and re-serialised.
 protobuf keeps fields it does not know (from a newer CRI) through parse and serialise, so a
 rewrite never drops what kubelet sent. An interceptor refuses a request by raising ``Rejected``.
-It may return a completion, called with the new container's id once containerd answered, or with
-None when the create failed. RemoveContainer and RemovePodSandbox are forwarded untouched; after
+It may return a completion, called once the create is over: with the new container's id, or with
+None and ``ambiguous`` False when nothing was created, or None and ``ambiguous`` True when the
+create failed in a way that leaves it open whether containerd created the container (deadline,
+cancellation, UNKNOWN). RemoveContainer and RemovePodSandbox are forwarded untouched; after
 they succeed the interceptor is told which container or sandbox is gone.
 """
 
@@ -20,7 +22,7 @@ import grpc.aio
 
 from crishim.cri import api_pb2
 
-Completion = Callable[[str | None], None]
+Completion = Callable[[str | None, bool], None]  # (container id, ambiguous)
 
 
 class Rejected(Exception):

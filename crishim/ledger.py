@@ -3,9 +3,15 @@
 Filled when the shim creates a container from an allocation, freed on RemoveContainer and
 RemovePodSandbox, rebuilt after a restart from containerd's own list of containers (the shim
 marks every container it rewrote with ``MARK_ANNOTATION``). A whole device counts 1000 milli; a
-fractional share counts its milli. A new container may take a device only if the live holders
-of *other* pods leave room; containers of the same pod never conflict with each other (kubelet
-restarts a container by creating a new one while the exited one still exists).
+fractional share counts its milli. A new container may take a device only if the holders that
+are not the same container leave room: only a restart of the same container (same pod, same
+container name; kubelet creates the new one while the exited one still exists) is exempt, never
+another container of the same pod.
+
+A holding is in flight (no container id yet) from its reservation until the create's outcome is
+known; a create that failed ambiguously (deadline, cancellation, UNKNOWN) leaves it ``unknown``
+until it is reconciled against containerd by (pod, container name, attempt): it becomes the
+container containerd did create, or goes.
 """
 
 from __future__ import annotations
@@ -13,7 +19,7 @@ from __future__ import annotations
 import json
 import threading
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 MARK_ANNOTATION = "kubegpu.io/devices"
 WHOLE = 1000
@@ -23,12 +29,29 @@ WHOLE = 1000
 class Holding:
     """One container's claim on one device."""
 
-    container_id: str  # "" while the create is in flight
+    container_id: str  # "" while the create is in flight or its outcome is unknown
     sandbox_id: str
     pod_uid: str
     container: str
     device: str
     milli: int
+    attempt: int = 0
+    unknown: bool = False  # the create failed ambiguously: containerd may have made the container
+    ticket: int = 0  # tells apart the reservations of two creates of the same container and attempt
+
+    @property
+    def state(self) -> str:
+        return self.container_id[:12] or ("outcome unknown" if self.unknown else "creating")
+
+    @property
+    def owner(self) -> tuple[str, str]:
+        """The container (pod UID, container name) across its restarts."""
+        return (self.pod_uid, self.container)
+
+    @property
+    def create_key(self) -> tuple[str, str, int]:
+        """What identifies the create in containerd: pod, container name, attempt."""
+        return (self.pod_uid, self.container, self.attempt)
 
 
 @dataclass(frozen=True)
@@ -37,9 +60,7 @@ class Conflict:
     holders: tuple[Holding, ...]
 
     def describe(self) -> str:
-        who = ", ".join(
-            f"{h.container} of pod {h.pod_uid} ({h.container_id[:12] or 'creating'})" for h in self.holders
-        )
+        who = ", ".join(f"{h.container} of pod {h.pod_uid} ({h.state})" for h in self.holders)
         return f"device {self.device} is held by {who}"
 
 
@@ -73,19 +94,19 @@ class Ledger:
         self._lock = threading.Lock()
         self._by_device: dict[str, list[Holding]] = {}
 
-    def _conflicts_locked(self, pod_uid: str, wanted: Mapping[str, int]) -> list[Conflict]:
+    def _conflicts_locked(self, owner: tuple[str, str], wanted: Mapping[str, int]) -> list[Conflict]:
         found = []
         for device, milli in wanted.items():
-            others = tuple(h for h in self._by_device.get(device, ()) if h.pod_uid != pod_uid)
+            others = tuple(h for h in self._by_device.get(device, ()) if h.owner != owner)
             if others and sum(h.milli for h in others) + milli > WHOLE:
                 found.append(Conflict(device, others))
         return found
 
     def try_reserve(self, holdings: Iterable[Holding]) -> list[Conflict]:
-        """Atomically check the holdings against other pods' and record them if all fit.
+        """Atomically check the holdings against everyone else's and record them if all fit.
 
-        The holdings (all of one pod; container id may still be empty) are later given their
-        container id by ``commit`` or dropped by ``release``.
+        The holdings (all of one container; container id still empty) are later given their
+        container id by ``commit``, dropped by ``release`` or left ``unknown`` by ``mark_unknown``.
         """
         kept = list(holdings)
         if not kept:
@@ -94,31 +115,52 @@ class Ledger:
         for h in kept:
             wanted[h.device] = wanted.get(h.device, 0) + h.milli
         with self._lock:
-            conflicts = self._conflicts_locked(kept[0].pod_uid, wanted)
+            conflicts = self._conflicts_locked(kept[0].owner, wanted)
             if not conflicts:
                 for h in kept:
                     self._by_device.setdefault(h.device, []).append(h)
             return conflicts
 
     def commit(self, reserved: Iterable[Holding], container_id: str) -> None:
-        """Give in-flight holdings their container id once containerd created the container."""
+        """containerd created the container: the holdings get its id (recorded again if they
+        were dropped meanwhile, since the container exists and may use the device)."""
         with self._lock:
             for h in reserved:
-                entries = self._by_device.get(h.device, [])
-                if h in entries:
-                    entries[entries.index(h)] = Holding(
-                        container_id, h.sandbox_id, h.pod_uid, h.container, h.device, h.milli
-                    )
+                entries = self._by_device.setdefault(h.device, [])
+                pending = (h, replace(h, unknown=True))
+                entries[:] = [e for e in entries if e not in pending]
+                if not any(e.container_id == container_id for e in entries):  # reconciled already
+                    entries.append(replace(h, container_id=container_id, unknown=False))
 
     def release(self, reserved: Iterable[Holding]) -> None:
-        """Drop in-flight holdings of a create that failed."""
+        """Drop in-flight (or unknown) holdings of a create that did not make a container."""
+        gone = set()
+        for h in reserved:
+            gone.add(h)
+            gone.add(replace(h, unknown=True))
+        self._remove(lambda h: not h.container_id and h in gone)
+
+    def mark_unknown(self, reserved: Iterable[Holding]) -> None:
+        """The create failed ambiguously: keep the holdings, to be reconciled with containerd."""
         with self._lock:
             for h in reserved:
                 entries = self._by_device.get(h.device, [])
                 if h in entries:
-                    entries.remove(h)
-                if not entries:
-                    self._by_device.pop(h.device, None)
+                    entries[entries.index(h)] = replace(h, unknown=True)
+
+    def unknown(self, sandbox_id: str | None = None) -> list[Holding]:
+        """Holdings whose create failed ambiguously (of one sandbox, or all)."""
+        with self._lock:
+            return [
+                h
+                for entries in self._by_device.values()
+                for h in entries
+                if h.unknown and (sandbox_id is None or h.sandbox_id == sandbox_id)
+            ]
+
+    def container_ids(self) -> set[str]:
+        with self._lock:
+            return {h.container_id for entries in self._by_device.values() for h in entries if h.container_id}
 
     def remove_container(self, container_id: str) -> list[Holding]:
         return self._remove(lambda h: h.container_id == container_id)

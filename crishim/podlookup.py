@@ -1,8 +1,12 @@
 """API-server fallback for a sandbox whose config lacks the allocation annotation.
 
 Only used when kubelet did not copy ``kubegpu.io/allocation`` into the sandbox config. The pod
-is read once per UID (cached), off the event loop, with a short timeout. A pod that requests a
-managed resource but carries no allocation is refused: it was not scheduled by kubegpu.
+is read once per UID (cached), off the event loop, with a short timeout. A pod that asks for
+managed devices (a resource in ``kubegpu.allocation.MANAGED_RESOURCES`` or a share annotation in
+``SHARE_ANNOTATIONS``) but carries no allocation is refused: it was not scheduled by kubegpu.
+When the API server cannot answer, whatever the error, the lookup says "no allocation": the
+container is created with every device scrubbed. Static pods never get here (the rewriter knows
+them by kubelet's ``kubernetes.io/config.source``).
 """
 
 from __future__ import annotations
@@ -14,14 +18,12 @@ from functools import partial
 
 import grpc
 from kubernetes import client
-from kubernetes.client.rest import ApiException
 
 from crishim.intercept import Rejected
-from kubegpu.allocation import ANNOTATION
+from kubegpu.allocation import ANNOTATION, MANAGED_RESOURCES, SHARE_ANNOTATIONS
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim.podlookup")
-DEFAULT_RESOURCES = ("nvidia.com/gpu", "kubegpu.io/gpu-memory", "kubegpu.io/gpu-share", "rdma/hca")
 
 
 def requested_resources(pod: client.V1Pod, managed: Collection[str]) -> list[str]:
@@ -34,11 +36,17 @@ def requested_resources(pod: client.V1Pod, managed: Collection[str]) -> list[str
     return sorted(names)
 
 
+def device_requests(pod: client.V1Pod, managed: Collection[str]) -> list[str]:
+    """How the pod asks for managed devices: resource names and share annotations."""
+    asked = [a for a in SHARE_ANNOTATIONS if a in (pod.metadata.annotations or {})]
+    return requested_resources(pod, managed) + asked
+
+
 class ApiPodLookup:
     """Read a pod's allocation annotation from the API server (the shim's slow path)."""
 
     def __init__(
-        self, api: client.CoreV1Api, managed: Collection[str] = DEFAULT_RESOURCES, timeout: float = 3.0
+        self, api: client.CoreV1Api, managed: Collection[str] = MANAGED_RESOURCES, timeout: float = 3.0
     ) -> None:
         self._api = api
         self._managed = frozenset(managed)
@@ -52,7 +60,7 @@ class ApiPodLookup:
         read = partial(self._api.read_namespaced_pod, name, namespace, _request_timeout=self._timeout)
         try:
             pod = await loop.run_in_executor(None, read)
-        except (ApiException, OSError, ValueError) as error:
+        except Exception as error:  # ApiException, urllib3's MaxRetryError, timeouts, bad answers
             # Without the API we cannot know; the container is created with every device scrubbed.
             log_event(
                 log, "pod_lookup.failed", logging.WARNING, pod=f"{namespace}/{name}", error=str(error)[:200]
@@ -61,7 +69,7 @@ class ApiPodLookup:
         if pod.metadata.uid != uid:
             return None
         value = (pod.metadata.annotations or {}).get(ANNOTATION)
-        wants = requested_resources(pod, self._managed)
+        wants = device_requests(pod, self._managed)
         if value is None and wants:
             raise Rejected(
                 grpc.StatusCode.FAILED_PRECONDITION,

@@ -5,7 +5,10 @@ Methods of the CRI v1 descriptor use handlers of their streaming kind; any other
 CRI, or something we have never heard of) is forwarded as a bidirectional stream, which carries
 every kind of call on the wire. Deadlines, cancellation and request metadata go upstream;
 status codes, messages and trailing metadata (with rich error details) come back unchanged.
-CreateContainer is routed through ``intercept.rewrite_create_container``.
+CreateContainer is routed through ``intercept.intercept_create_container``. The CRI v1alpha2
+CreateContainer (still served by containerd 1.6 and 1.7) is refused with UNIMPLEMENTED rather than
+forwarded: forwarding it would bypass the rewrite. A failure inside the shim itself comes back
+as INTERNAL and is counted as such, never as OK.
 """
 
 from __future__ import annotations
@@ -35,9 +38,13 @@ log = logging.getLogger("kubegpu.crishim")
 CREATE_CONTAINER = "/runtime.v1.RuntimeService/CreateContainer"
 REMOVE_CONTAINER = "/runtime.v1.RuntimeService/RemoveContainer"
 REMOVE_SANDBOX = "/runtime.v1.RuntimeService/RemovePodSandbox"
+# Older CRI versions' creates: refused, never forwarded (they would bypass the rewrite).
+REFUSED_METHODS = frozenset({"/runtime.v1alpha2.RuntimeService/CreateContainer"})
 # A hook sees the request bytes before forwarding; it returns the bytes to send and a callback
-# told the outcome (the response bytes, or None when the call failed).
-Hook = Callable[[bytes], Awaitable[tuple[bytes, "Callable[[bytes | None], None] | None"]]]
+# told the outcome: the response bytes, or None when the call failed, with ``ambiguous`` True
+# when the runtime may have done the work anyway (see AMBIGUOUS_FAILURES).
+Outcome = Callable[[bytes | None, bool], None]
+Hook = Callable[[bytes], Awaitable[tuple[bytes, Outcome | None]]]
 UNKNOWN_METHOD_LABEL = "unknown"
 # Failures after which the runtime may still have done the work: keep what a hook reserved.
 AMBIGUOUS_FAILURES = frozenset(
@@ -108,15 +115,21 @@ class ForwardingHandler(grpc.GenericRpcHandler):
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = handler_call_details.method
         handler = self._handlers.get(method)
+        if handler is None and method in REFUSED_METHODS:
+            handler = self._handlers[method] = grpc.unary_unary_rpc_method_handler(
+                _refuse(method, self._recorder(UNKNOWN_METHOD_LABEL))
+            )
         if handler is None:
             # Not cached: unknown method names come from callers and must not grow memory.
             handler = self._build(method, MethodKind(method, True, True), UNKNOWN_METHOD_LABEL)
         return handler
 
-    def _build(self, path: str, kind: MethodKind, label: str) -> grpc.RpcMethodHandler:
+    def _recorder(self, label: str) -> _Recorder:
         ok = self._metrics.calls.labels(label, "OK")
-        observe = self._metrics.latency.labels(label).observe
-        record = _Recorder(self._metrics, label, ok, observe)
+        return _Recorder(self._metrics, label, ok, self._metrics.latency.labels(label).observe)
+
+    def _build(self, path: str, kind: MethodKind, label: str) -> grpc.RpcMethodHandler:
+        record = self._recorder(label)
         if not kind.client_streaming and not kind.server_streaming:
             upstream_uu = self._channel.unary_unary(path)
             return grpc.unary_unary_rpc_method_handler(
@@ -129,22 +142,22 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         streamed = _streaming(self._channel.stream_stream(path), record)
         return grpc.stream_stream_rpc_method_handler(_any_kind(single, streamed))
 
-    async def _create_container_hook(self, raw: bytes) -> tuple[bytes, Callable[[bytes | None], None] | None]:
+    async def _create_container_hook(self, raw: bytes) -> tuple[bytes, Outcome | None]:
         rewritten, completion = await intercept_create_container(raw, self._interceptor)
         if completion is None:
             return rewritten, None
         return rewritten, _created(completion)
 
-    async def _remove_container_hook(self, raw: bytes) -> tuple[bytes, Callable[[bytes | None], None]]:
-        def removed(response: bytes | None) -> None:
+    async def _remove_container_hook(self, raw: bytes) -> tuple[bytes, Outcome]:
+        def removed(response: bytes | None, ambiguous: bool) -> None:
             if response is not None:
                 request = api_pb2.RemoveContainerRequest.FromString(raw)
                 self._interceptor.removed_container(request.container_id)
 
         return raw, removed
 
-    async def _remove_sandbox_hook(self, raw: bytes) -> tuple[bytes, Callable[[bytes | None], None]]:
-        def removed(response: bytes | None) -> None:
+    async def _remove_sandbox_hook(self, raw: bytes) -> tuple[bytes, Outcome]:
+        def removed(response: bytes | None, ambiguous: bool) -> None:
             if response is not None:
                 request = api_pb2.RemovePodSandboxRequest.FromString(raw)
                 self._interceptor.removed_sandbox(request.pod_sandbox_id)
@@ -152,16 +165,42 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         return raw, removed
 
 
-def _created(completion: Completion) -> Callable[[bytes | None], None]:
+def _created(completion: Completion) -> Outcome:
     """Translate the CreateContainer response bytes into the new container id for a completion."""
 
-    def done(response: bytes | None) -> None:
+    def done(response: bytes | None, ambiguous: bool) -> None:
         if response is None:
-            completion(None)
+            completion(None, ambiguous)
         else:
-            completion(api_pb2.CreateContainerResponse.FromString(response).container_id)
+            completion(api_pb2.CreateContainerResponse.FromString(response).container_id, False)
 
     return done
+
+
+def _settle(outcome: Outcome | None, response: bytes | None, ambiguous: bool) -> None:
+    """Tell a hook how its call ended; a failing hook is logged, never the caller's problem
+    (the runtime has already answered)."""
+    if outcome is None:
+        return
+    try:
+        outcome(response, ambiguous)
+    except Exception as error:  # noqa: BLE001 - bookkeeping must not turn a done call into an error
+        log_event(log, "hook.outcome_failed", logging.ERROR, error=f"{type(error).__name__}: {error}"[:300])
+
+
+def _refuse(method: str, record: _Recorder) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
+    async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+        started = time.perf_counter()
+        log_event(log, "call.refused", logging.WARNING, method=method)
+        record.done(started, grpc.StatusCode.UNIMPLEMENTED)
+        await context.abort(
+            grpc.StatusCode.UNIMPLEMENTED,
+            f"kubegpu crishim: {method} is refused: this node serves CreateContainer only through "
+            f"CRI v1 (runtime.v1), where device allocations are applied",
+        )
+        raise AssertionError("unreachable")  # abort raises
+
+    return refuse
 
 
 class _Recorder:
@@ -199,7 +238,8 @@ def _unary_unary(
     async def forward(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
         started = time.perf_counter()
         code: grpc.StatusCode | None = None
-        outcome: Callable[[bytes | None], None] | None = None
+        outcome: Outcome | None = None
+        settled = False
         record.inflight.inc()
         try:
             if hook is not None:
@@ -215,6 +255,12 @@ def _unary_unary(
                         reason=rejected.message,
                     )
                     await context.abort(rejected.code, rejected.message)
+                except Exception as error:  # a bug or an unexpected input: INTERNAL, named, logged
+                    code = grpc.StatusCode.INTERNAL
+                    message = f"kubegpu crishim: internal error: {type(error).__name__}: {error}"[:1000]
+                    log.exception("internal error in the %s hook", record.label)
+                    log_event(log, "call.internal_error", logging.ERROR, method=record.label, error=message)
+                    await context.abort(code, message)
             call = upstream(
                 request,
                 timeout=_timeout(context),
@@ -224,16 +270,24 @@ def _unary_unary(
                 response = await call
             except grpc.aio.AioRpcError as error:
                 code = error.code()
-                if outcome is not None and code not in AMBIGUOUS_FAILURES:
-                    outcome(None)
+                settled = True
+                _settle(outcome, None, code in AMBIGUOUS_FAILURES)
                 await _abort_with(context, error)
-            if outcome is not None:
-                outcome(response)
+            settled = True
+            _settle(outcome, response, False)
             trailing = await call.trailing_metadata()
             if trailing:
                 context.set_trailing_metadata(trailing)
             return response
+        except asyncio.CancelledError:
+            code = code or grpc.StatusCode.CANCELLED
+            raise
+        except BaseException:
+            code = code or grpc.StatusCode.UNKNOWN
+            raise
         finally:
+            if not settled:  # cancelled or failed before the runtime answered: it may have acted
+                _settle(outcome, None, True)
             record.inflight.dec()
             record.done(started, code)
 
@@ -328,6 +382,12 @@ def _streaming(
         except grpc.aio.AioRpcError as error:
             code = error.code()
             await _abort_with(context, error)
+        except (asyncio.CancelledError, GeneratorExit):
+            code = code or grpc.StatusCode.CANCELLED
+            raise
+        except BaseException:
+            code = code or grpc.StatusCode.UNKNOWN
+            raise
         finally:
             call.cancel()  # the caller went away or we failed: stop the upstream stream too
             if pump is not None:

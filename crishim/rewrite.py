@@ -2,36 +2,54 @@
 
 For each CreateContainer the rewriter
 1. finds the pod's ``kubegpu.io/allocation`` annotation in the sandbox config (kubelet copied it
-   there), falling back to the API server only when it is absent and a lookup is configured;
-2. verifies signature, node name and pod UID, and that every device is known and healthy here;
-3. reserves the devices in the node ledger (refusing devices live containers of other pods hold);
-4. scrubs every way the request could make a managed device visible, applies the plugins' edits
-   for exactly the granted devices, and marks the container so a restarted shim can rebuild the
-   ledger from ListContainers.
-A refusal raises ``Rejected`` with INVALID_ARGUMENT (the annotation itself is bad) or
-FAILED_PRECONDITION (it does not fit this node now), naming the pod; nothing is created.
+   there), falling back to the API server only when it is absent, a lookup is configured and
+   the pod is not a static pod (kubelet's ``kubernetes.io/config.source`` is not ``api``);
+2. scrubs every way the request could make a managed device visible (``crishim.edits``);
+3. verifies signature, node name and pod UID, and that every device is known and healthy here;
+4. reserves the devices in the node ledger (refusing devices other containers hold);
+5. applies the plugins' edits for exactly the granted devices, and marks the container so a
+   restarted shim can rebuild the ledger from ListContainers.
+A refusal raises ``Rejected`` with INVALID_ARGUMENT (the request or annotation itself is bad),
+FAILED_PRECONDITION (it does not fit this node now) or UNAVAILABLE (retry: the ledger is being
+rebuilt, or device discovery has not succeeded yet), naming the pod; nothing is created.
+
+In the background it keeps the node's devices current (``maintain_devices``: discovery retried
+until it succeeds, health re-read, rediscovery on health changes and on a slow schedule) and
+reconciles creates whose outcome was unknown against containerd.
 """
 
 from __future__ import annotations
 
 import asyncio
+import glob
+import itertools
 import logging
-import time
+import os
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from typing import Any
 
 import grpc
 import grpc.aio
 
 from crishim import edits
 from crishim.cri import api_pb2, api_pb2_grpc
+from crishim.hostpaths import Ambiguous, ManagedDevices, numbers_of
 from crishim.intercept import Completion, Rejected
 from crishim.ledger import MARK_ANNOTATION, WHOLE, Holding, Ledger, mark_value, parse_mark
 from crishim.mps import DaemonError, MpsSharing, share_devices
 from devices.model import Device, NodeInventory
-from devices.plugin import DevicePlugin, PluginError, discover_all, edits_for, health_all, merge_edits
-from kubegpu.allocation import ANNOTATION, Allocation, AllocationError, Share, load_keys, verify
+from devices.plugin import (
+    DevicePlugin,
+    PluginError,
+    device_char_majors,
+    device_patterns,
+    discover_all,
+    edits_for,
+    health_all,
+    merge_edits,
+)
+from kubegpu.allocation import ANNOTATION, Allocation, AllocationError, KeyRing, Share, verify
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim.rewrite")
@@ -42,63 +60,88 @@ PodAnnotationLookup = Callable[[str, str, str], Awaitable[str | None]]
 GONE_STATES = (api_pb2.CONTAINER_EXITED,)
 
 
-class KeyRing:
-    """The cluster's allocation keys from a mounted Secret directory, re-read when it changes."""
+# kubelet's annotation naming where a pod came from: "api", or "file"/"http" for static pods.
+CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
+# Creates that failed ambiguously are reconciled this long after the failure (containerd may
+# still be finishing them), and again whenever their holdings are in another create's way.
+RECONCILE_DELAY_SECONDS = 2.0
+RECONCILE_TRIES = 5
 
-    def __init__(
-        self, directory: Path | None, static: Mapping[str, bytes] | None = None, recheck_seconds: float = 5.0
-    ) -> None:
-        self._directory = directory
-        self._keys: dict[str, bytes] = dict(static or {})
-        self._recheck = recheck_seconds
-        self._checked = 0.0
-        self._stamp: float | None = None
 
-    def keys(self) -> Mapping[str, bytes]:
-        if self._directory is None:
-            return self._keys
-        now = time.monotonic()
-        if now - self._checked >= self._recheck:
-            self._checked = now
-            try:
-                stamp = max((p.stat().st_mtime for p in self._directory.iterdir()), default=0.0)
-            except OSError:
-                stamp = -1.0
-            if stamp != self._stamp:
-                self._stamp = stamp
-                self._keys = load_keys(self._directory)
-                log_event(log, "keys.loaded", directory=str(self._directory), key_ids=sorted(self._keys))
-        return self._keys
+def _real_dir(pattern: str) -> str:
+    """A path pattern with its directory resolved through symlinks (containerd resolves them)."""
+    return os.path.join(os.path.realpath(os.path.dirname(pattern)), os.path.basename(pattern))
+
+
+class DevicesNotDiscovered(PluginError):
+    """Device discovery has not succeeded yet on this node."""
 
 
 @dataclass
 class NodeDevices:
-    """The node's plugins with their last inventory and health (refreshed off the CRI path)."""
+    """The node's plugins with their last inventory and health (refreshed off the CRI path).
+
+    ``managed`` covers the device nodes the plugins own whether or not discovery has succeeded:
+    the plugins' well-known paths and majors always, plus every discovered device's nodes.
+    """
 
     plugins: Sequence[DevicePlugin]
     sysfs_root: str | None = "/"
     devices: dict[str, Device] = field(default_factory=dict)
     healthy: dict[str, bool] = field(default_factory=dict)
-    managed_host_paths: frozenset[str] = frozenset()
     inventory: NodeInventory = field(default_factory=lambda: NodeInventory(()))
     sharing: MpsSharing | None = None  # how GPU shares are enforced (crishim.mps); None: advisory
+    discovered: bool = False
+    last_error: str = ""
+    managed: ManagedDevices = field(default_factory=ManagedDevices)
+
+    def __post_init__(self) -> None:
+        self.refresh_managed()
 
     def discover(self) -> None:
-        inventory = discover_all(self.plugins, self.sysfs_root)
+        """Discover with every plugin; on failure the previous state stays and PluginError rises."""
+        try:
+            inventory = discover_all(self.plugins, self.sysfs_root)
+        except PluginError as error:
+            self.last_error = str(error)
+            raise
         self.inventory = inventory
         self.devices = inventory.by_id()
         self.healthy = {d.id: d.healthy for d in inventory.devices}
-        every = edits_for(self.plugins, list(self.devices.values())) if self.devices else None
-        self.managed_host_paths = frozenset(
-            {p for d in self.devices.values() for p in d.device_nodes}
-            | ({n.host_path for n in every.device_nodes} if every else set())
+        self.discovered = True
+        self.last_error = ""
+        self.refresh_managed()
+
+    def refresh_managed(self) -> None:
+        """Recompute the managed device set (the plugins' paths as they exist now on the host)."""
+        paths: set[str] = {p for d in self.devices.values() for p in d.device_nodes}
+        if self.devices:
+            try:
+                every = edits_for(self.plugins, list(self.devices.values()))
+                paths |= {n.host_path for n in every.device_nodes}
+            except PluginError as error:  # a plugin that cannot say today: its patterns still hold
+                log_event(log, "devices.managed_partial", logging.WARNING, error=str(error)[:300])
+        patterns = set(device_patterns(self.plugins))
+        patterns |= {_real_dir(p) for p in set(patterns)}
+        patterns |= {glob.escape(p) for p in paths} | {glob.escape(os.path.realpath(p)) for p in paths}
+        existing = {hit for pattern in patterns for hit in glob.glob(pattern)}
+        self.managed = ManagedDevices(
+            numbers=numbers_of(paths | existing),
+            char_majors=frozenset(device_char_majors(self.plugins)),
+            patterns=tuple(sorted(patterns)),
         )
 
-    def refresh_health(self) -> None:
-        self.healthy.update(health_all(self.plugins))
+    def refresh_health(self) -> dict[str, bool]:
+        """Re-read health; returns the devices whose health changed."""
+        fresh = health_all(self.plugins)
+        changed = {k: v for k, v in fresh.items() if self.healthy.get(k) != v}
+        self.healthy.update(fresh)
+        return changed
 
     def current_inventory(self) -> NodeInventory:
         """The discovered inventory with today's health folded in (what the advertiser publishes)."""
+        if not self.discovered:
+            raise DevicesNotDiscovered(f"device discovery has not succeeded yet: {self.last_error}")
         devices = tuple(replace(d, healthy=self.healthy.get(d.id, d.healthy)) for d in self.inventory.devices)
         inventory = NodeInventory(devices, self.inventory.topology)
         return self.sharing.annotate(inventory) if self.sharing else inventory
@@ -124,8 +167,7 @@ def check_allocation(
     pod: PodRef,
     container: str,
     node_name: str,
-    devices: Mapping[str, Device],
-    healthy: Mapping[str, bool],
+    node_devices: NodeDevices,
 ) -> tuple[list[Device], dict[str, Share]]:
     """The devices (and shares) this container gets; raise Rejected if the node cannot honour it."""
     if allocation.node != node_name:
@@ -141,6 +183,13 @@ def check_allocation(
     entry = allocation.containers.get(container)
     if entry is None:
         return [], {}
+    if not node_devices.discovered:
+        raise Rejected(
+            grpc.StatusCode.UNAVAILABLE,
+            f"pod {pod} container {container}: device discovery has not succeeded on this node yet "
+            f"({node_devices.last_error or 'not run'}), retry",
+        )
+    devices, healthy = node_devices.devices, node_devices.healthy
     granted = []
     for device_id in entry.devices:
         device = devices.get(device_id)
@@ -156,6 +205,12 @@ def check_allocation(
             )
         granted.append(device)
     return granted, dict(entry.shares)
+
+
+def is_static_pod(sandbox_annotations: Mapping[str, str]) -> bool:
+    """A pod kubelet read from a file or URL: it has no API object of its own to look up."""
+    source = sandbox_annotations.get(CONFIG_SOURCE_ANNOTATION)
+    return source is not None and source != "api"
 
 
 class AllocationRewriter:
@@ -175,36 +230,63 @@ class AllocationRewriter:
         self._lookup = lookup
         self._runtime: api_pb2_grpc.RuntimeServiceStub | None = None
         self.rebuilt = asyncio.Event()
+        self._background: set[asyncio.Task[None]] = set()
+        self._tickets = itertools.count(1)
 
     def attach(self, channel: grpc.aio.Channel) -> None:
         """Give the rewriter the runtime connection (for rebuild and liveness checks)."""
         self._runtime = api_pb2_grpc.RuntimeServiceStub(channel)
 
     def start(self, channel: grpc.aio.Channel, health_interval: float) -> list[asyncio.Task[None]]:
-        """Attach to the runtime and start the background work: ledger rebuild, health refresh."""
+        """Attach to the runtime and start the background work: ledger rebuild, device upkeep."""
         self.attach(channel)
-        return [asyncio.create_task(self.rebuild()), asyncio.create_task(self._watch_health(health_interval))]
+        return [
+            asyncio.create_task(self.rebuild()),
+            asyncio.create_task(self.maintain_devices(health_interval)),
+        ]
 
     async def ready(self) -> None:
         """Creates with devices can be decided once the ledger is rebuilt."""
         await self.rebuilt.wait()
 
-    async def _watch_health(self, interval: float) -> None:
-        """Re-read device health off the CRI path (plugin calls may block)."""
+    # --- devices ------------------------------------------------------------------------------
+
+    async def _run_plugins(self, what: str, call: Callable[[], Any]) -> tuple[bool, Any]:
+        """Run a blocking plugin call off the event loop; (False, None) if it fails (logged)."""
         loop = asyncio.get_running_loop()
+        try:
+            return True, await loop.run_in_executor(None, call)
+        except Exception as error:  # any plugin failure: logged, retried by the caller's schedule
+            log_event(
+                log, f"devices.{what}_failed", logging.WARNING, node=self.node_name, error=str(error)[:300]
+            )
+            return False, None
+
+    async def maintain_devices(self, interval: float, rediscover_every: int = 30) -> None:
+        """Keep devices current: discover until it works, then re-read health every ``interval``;
+        rediscover when health changes or cannot be read, and every ``rediscover_every`` rounds."""
+        node = self.node_devices
+        rounds = 0
         while True:
-            await asyncio.sleep(interval)
-            before = dict(self.node_devices.healthy)
-            try:
-                await loop.run_in_executor(None, self.node_devices.refresh_health)
-            except Exception as error:  # a plugin failing must not stop the loop
-                log_event(
-                    log, "health.refresh_failed", logging.WARNING, node=self.node_name, error=str(error)
-                )
+            if not node.discovered:
+                if (await self._run_plugins("discovery", node.discover))[0]:
+                    log_event(log, "devices.discovered", node=self.node_name, devices=sorted(node.devices))
+                else:
+                    await self._run_plugins("managed_refresh", node.refresh_managed)
+                await asyncio.sleep(interval)
                 continue
-            changed = {k: v for k, v in self.node_devices.healthy.items() if before.get(k) != v}
+            await asyncio.sleep(interval)
+            rounds += 1
+            healthy, changed = await self._run_plugins("health_refresh", node.refresh_health)
             if changed:
                 log_event(log, "health.changed", node=self.node_name, devices=changed)
+            if not healthy or changed or rounds % rediscover_every == 0:
+                before = sorted(node.devices)
+                ok, _ = await self._run_plugins("rediscovery", node.discover)
+                if ok and sorted(node.devices) != before:
+                    log_event(log, "devices.rediscovered", node=self.node_name, devices=sorted(node.devices))
+            else:
+                await self._run_plugins("managed_refresh", node.refresh_managed)
 
     # --- ledger lifecycle ---------------------------------------------------------------------
 
@@ -225,7 +307,15 @@ class AllocationRewriter:
                 continue
             pod_uid, name, devices = mark
             holdings.extend(
-                Holding(container.id, container.pod_sandbox_id, pod_uid, name, device, milli)
+                Holding(
+                    container.id,
+                    container.pod_sandbox_id,
+                    pod_uid,
+                    name,
+                    device,
+                    milli,
+                    container.metadata.attempt,
+                )
                 for device, milli in devices.items()
             )
         self.ledger.replace_all(holdings)
@@ -258,6 +348,59 @@ class AllocationRewriter:
         if self.node_devices.sharing is not None:
             self.node_devices.sharing.poke()
 
+    async def reconcile_unknown(self, sandbox_id: str | None = None) -> bool:
+        """Settle holdings of creates that failed ambiguously, by asking containerd which of them
+        made a container: matched by pod, container name and attempt on our mark. Returns False
+        if containerd could not be asked (the holdings stay, and count)."""
+        assert self._runtime is not None
+        pending = self.ledger.unknown(sandbox_id)
+        for sandbox in sorted({h.sandbox_id for h in pending}):
+            try:
+                listing = await self._runtime.ListContainers(
+                    api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox)),
+                    timeout=10,
+                )
+            except grpc.aio.AioRpcError as error:
+                log_event(
+                    log, "ledger.reconcile_failed", logging.WARNING, sandbox=sandbox, code=error.code().name
+                )
+                return False
+            claimed = self.ledger.container_ids()
+            made: dict[tuple[str, str, int], str] = {}
+            for c in listing.containers:
+                mark = parse_mark(c.annotations.get(MARK_ANNOTATION, ""))
+                if mark is None or c.state in GONE_STATES or c.id in claimed:
+                    continue
+                made.setdefault((mark[0], mark[1], c.metadata.attempt), c.id)
+            groups: dict[tuple[str, str, int], list[Holding]] = {}
+            for h in pending:
+                if h.sandbox_id == sandbox:
+                    groups.setdefault(h.create_key, []).append(h)
+            for key, group in groups.items():
+                container_id = made.get(key)
+                if container_id:
+                    self.ledger.commit(group, container_id)
+                else:
+                    self.ledger.release(group)
+                log_event(
+                    log,
+                    "ledger.reconciled",
+                    pod_uid=key[0],
+                    container=key[1],
+                    attempt=key[2],
+                    created=container_id or None,
+                    devices=[h.device for h in group],
+                )
+            if groups:
+                self._shares_changed()
+        return True
+
+    async def _reconcile_later(self, sandbox_id: str) -> None:
+        for attempt in range(RECONCILE_TRIES):
+            await asyncio.sleep(RECONCILE_DELAY_SECONDS * (2**attempt))
+            if await self.reconcile_unknown(sandbox_id):
+                return
+
     # --- the rewrite ----------------------------------------------------------------------------
 
     async def create_container(
@@ -265,19 +408,34 @@ class AllocationRewriter:
     ) -> tuple[api_pb2.CreateContainerRequest, Completion | None]:
         pod = pod_of(request)
         container = request.config.metadata.name
-        value = request.sandbox_config.annotations.get(ANNOTATION)
-        if value is None and self._lookup is not None:
+        sandbox_annotations = request.sandbox_config.annotations
+        value = sandbox_annotations.get(ANNOTATION)
+        if value is None and self._lookup is not None and not is_static_pod(sandbox_annotations):
             value = await self._lookup(pod.namespace, pod.name, pod.uid)
-        edits.scrub(request.config, self.node_devices.managed_host_paths)
+        try:
+            edits.scrub(request.config, self.node_devices.managed)
+        except Ambiguous as error:
+            raise Rejected(
+                grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod} container {container}: refused: {error}"
+            ) from None
+        edits.scrub_sandbox_annotations(request.sandbox_config)
+        if request.config.linux.security_context.privileged:
+            log_event(
+                log,
+                "create_container.privileged",
+                logging.WARNING,
+                pod=str(pod),
+                container=container,
+                node=self.node_name,
+                note="a privileged container sees every device node; Pod Security must forbid it",
+            )
         if value is None:
             return request, None
         try:
             allocation = verify(value, self.keys.keys())
         except AllocationError as error:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod}: {error}") from None
-        granted, shares = check_allocation(
-            allocation, pod, container, self.node_name, self.node_devices.devices, self.node_devices.healthy
-        )
+        granted, shares = check_allocation(allocation, pod, container, self.node_name, self.node_devices)
         if not granted:
             return request, None
         if not self.rebuilt.is_set():
@@ -285,7 +443,11 @@ class AllocationRewriter:
                 grpc.StatusCode.UNAVAILABLE, f"pod {pod}: the device ledger is still being rebuilt, retry"
             )
         milli = {d.id: (shares[d.id].milli if d.id in shares else WHOLE) for d in granted}
-        holdings = [Holding("", request.pod_sandbox_id, pod.uid, container, d, m) for d, m in milli.items()]
+        attempt, ticket = request.config.metadata.attempt, next(self._tickets)
+        holdings = [
+            Holding("", request.pod_sandbox_id, pod.uid, container, d, m, attempt, ticket=ticket)
+            for d, m in milli.items()
+        ]
         await self._reserve(pod, container, holdings)
         sharing = self.node_devices.sharing
         try:
@@ -299,6 +461,10 @@ class AllocationRewriter:
             retry = isinstance(error, DaemonError)  # the GPU's MPS daemon did not start: kubelet retries
             code = grpc.StatusCode.UNAVAILABLE if retry else grpc.StatusCode.FAILED_PRECONDITION
             raise Rejected(code, f"pod {pod}: {error}") from None
+        except BaseException:
+            self.ledger.release(holdings)
+            self._shares_changed()
+            raise
         request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli)
         log_event(
             log,
@@ -312,14 +478,18 @@ class AllocationRewriter:
         return request, self._completion(holdings)
 
     async def _reserve(self, pod: PodRef, container: str, holdings: list[Holding]) -> None:
-        """Reserve, after dropping holders that are no longer live if they are in the way."""
+        """Reserve, after settling holders that may no longer be real if they are in the way."""
         conflicts = self.ledger.try_reserve(holdings)
         if not conflicts:
             return
-        for conflict in conflicts:
-            for holder in conflict.holders:
-                if holder.container_id and not await self._is_live(holder.container_id):
-                    self.ledger.remove_container(holder.container_id)
+        holders = [holder for conflict in conflicts for holder in conflict.holders]
+        if any(h.unknown for h in holders):
+            for sandbox in sorted({h.sandbox_id for h in holders if h.unknown}):
+                await self.reconcile_unknown(sandbox)
+        for holder in holders:
+            if holder.container_id and not await self._is_live(holder.container_id):
+                if self.ledger.remove_container(holder.container_id):
+                    self._shares_changed()
         conflicts = self.ledger.try_reserve(holdings)
         if conflicts:
             reason = "; ".join(c.describe() for c in conflicts)
@@ -345,11 +515,33 @@ class AllocationRewriter:
         return status.status.state not in GONE_STATES
 
     def _completion(self, holdings: list[Holding]) -> Completion:
-        def done(container_id: str | None) -> None:
+        def done(container_id: str | None, ambiguous: bool = False) -> None:
             if container_id:
                 self.ledger.commit(holdings, container_id)
-            else:
+            elif not ambiguous:
                 self.ledger.release(holdings)
                 self._shares_changed()
+            else:
+                self.ledger.mark_unknown(holdings)
+                log_event(
+                    log,
+                    "ledger.outcome_unknown",
+                    logging.WARNING,
+                    pod_uid=holdings[0].pod_uid,
+                    container=holdings[0].container,
+                    attempt=holdings[0].attempt,
+                    devices=[h.device for h in holdings],
+                )
+                self._spawn(self._reconcile_later(holdings[0].sandbox_id))
 
         return done
+
+    def _spawn(self, work: Awaitable[None]) -> None:
+        try:
+            task = asyncio.get_running_loop().create_task(work)  # type: ignore[arg-type]
+        except RuntimeError:  # no loop (a direct call in a test): the next conflict reconciles
+            if asyncio.iscoroutine(work):
+                work.close()
+            return
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)

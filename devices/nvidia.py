@@ -258,6 +258,10 @@ class NvidiaPlugin:
 
     name = "nvidia"
     kinds = frozenset({DeviceKind.GPU})
+    # Every NVIDIA device node (GPUs, control, UVM, modeset, NVSwitch, GDS, MIG and IMEX caps);
+    # 195 is the NVIDIA driver's fixed char major (GPUs, nvidiactl, nvidia-modeset).
+    device_patterns = ("/dev/nvidia*", "/dev/nvidia-caps/*", "/dev/nvidia-caps-imex-channels/*")
+    device_char_majors = frozenset({195})
 
     def __init__(
         self,

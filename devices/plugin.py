@@ -7,6 +7,10 @@ A device plugin runs on the node. It does three things:
 3. ``container_edits(devices, shares)``: say what a container must get so that it can use exactly
    ``devices``: device nodes, environment, mounts and, optionally, CDI device names.
 
+A plugin may also name the device nodes it owns even before discovery finds them (optional
+attributes ``device_patterns``, fnmatch patterns of host paths, and ``device_char_majors``): the
+CRI shim scrubs those from every container that was not granted them.
+
 Edits are plain data (``ContainerEdits``); the CRI shim turns them into CreateContainer changes.
 ``merge_edits`` combines the edits of several plugins (GPUs from one, NICs from another) and
 refuses contradictions. ``load_plugins`` builds plugins by name from one options mapping, so the
@@ -204,6 +208,17 @@ def discover_all(plugins: Iterable[DevicePlugin], sysfs_root: str | None = "/") 
     """
     inventory = merge(plugin.discover() for plugin in plugins)
     return inventory if sysfs_root is None else add_nic_affinity(inventory, sysfs_root)
+
+
+def device_patterns(plugins: Iterable[DevicePlugin]) -> list[str]:
+    """The host paths (fnmatch patterns) of every device node the plugins manage, whether or not
+    discovery has found them: a plugin's optional ``device_patterns`` attribute."""
+    return [p for plugin in plugins for p in getattr(plugin, "device_patterns", ())]
+
+
+def device_char_majors(plugins: Iterable[DevicePlugin]) -> set[int]:
+    """Char-device majors wholly owned by the plugins' drivers (optional ``device_char_majors``)."""
+    return {m for plugin in plugins for m in getattr(plugin, "device_char_majors", ())}
 
 
 def health_all(plugins: Iterable[DevicePlugin]) -> dict[str, bool]:

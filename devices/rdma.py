@@ -224,6 +224,8 @@ class RdmaPlugin:
 
     name = "rdma"
     kinds = frozenset({DeviceKind.RDMA})
+    device_patterns = (f"{DEV_DIR}/*",)  # uverbsN, rdma_cm, umadN, issmN
+    device_char_majors = frozenset({231})  # the InfiniBand char major (uverbs, umad, issm)
 
     def __init__(self, sysfs_root: str = "/", exists: Callable[[str], bool] | None = None) -> None:
         self.root = sysfs_root

@@ -266,6 +266,7 @@ class SimPlugin:
         self.state_dir = os.path.abspath(state_dir)
         self.create_nodes = create_nodes
         self.dev_dir = os.path.join(self.state_dir, DEV_SUBDIR)
+        self.device_patterns = (f"{self.dev_dir}/*",)
         self._inventory = parse_topology(self._doc, node_name, self.dev_dir, self._where)  # fail early
 
     @classmethod

@@ -8,34 +8,63 @@ where the shim reads it. Schema (version 1; docs/allocation.md is the normative 
      "containers": {"train": {"devices": ["GPU-aaaa", "GPU-bbbb"]},
                     "infer": {"devices": ["GPU-cccc"],
                               "shares": {"GPU-cccc": {"milli": 250, "memoryMiB": 4096}}}},
-     "keyId": "k1", "signature": "<base64 HMAC-SHA256>"}
+     "keyId": "k1", "signature": "<base64 Ed25519 signature>"}
 
-The signature is HMAC-SHA256 with the cluster key named by ``keyId`` over the canonical form: the
-document without ``signature``, as JSON with sorted keys, no whitespace, ASCII only. Annotations
-never carry host paths: paths come only from the node's own plugins.
+The signature is Ed25519 with the private key named by ``keyId`` over the canonical form: the
+document without ``signature``, as JSON with sorted keys, no whitespace, ASCII only. Only the
+scheduler holds private keys; nodes hold the public keys, one file per key id (``KeyRing``).
+Annotations never carry host paths: paths come only from the node's own plugins.
+
+This module also owns what both sides must agree on besides the document: the key files and
+the names of the resources and annotations through which a pod asks for managed devices.
 """
 
 from __future__ import annotations
 
 import base64
-import hashlib
-import hmac
+import binascii
 import json
+import logging
+import os
 import re
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+
+from kubegpu.logs import log_event
+
+log = logging.getLogger("kubegpu.allocation")
+
 ANNOTATION = "kubegpu.io/allocation"
 VERSION = 1
-MAX_ANNOTATION_BYTES = 64 * 1024
+MAX_ANNOTATION_BYTES = 64 * 1024  # UTF-8 bytes of the annotation value
 MAX_CONTAINERS = 64
 MAX_DEVICES_PER_CONTAINER = 64
+MAX_MEMORY_MIB = 1 << 30
 # Device ids are GPU UUIDs, RDMA device names, or sim ids: no slashes, no dots-only, no spaces.
 DEVICE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:\-]{0,127}$")
 CONTAINER_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # DNS-1123 label
 KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")
+SIGNATURE_BYTES = 64
+
+# How a pod asks for managed devices: the extended resources the advertiser publishes (and the
+# scheduler counts), and the annotations that ask for a share of one GPU. A pod that asks through
+# any of these but carries no allocation was not scheduled by kubegpu (the shim refuses it).
+GPU_RESOURCE = "nvidia.com/gpu"
+RDMA_RESOURCE = "kubegpu.io/rdma"
+MANAGED_RESOURCES = (GPU_RESOURCE, RDMA_RESOURCE)
+GPU_MILLI_ANNOTATION = "kubegpu.io/gpu-milli"
+GPU_MEMORY_ANNOTATION = "kubegpu.io/gpu-memory-mib"
+SHARE_ANNOTATIONS = (GPU_MILLI_ANNOTATION, GPU_MEMORY_ANNOTATION)
+
+SigningKey = Ed25519PrivateKey
+VerifyingKey = Ed25519PublicKey
 
 
 class AllocationError(ValueError):
@@ -94,24 +123,26 @@ def canonical_bytes(document: Mapping[str, Any]) -> bytes:
     return json.dumps(unsigned, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode()
 
 
-def _mac(key: bytes, document: Mapping[str, Any]) -> str:
-    return base64.b64encode(hmac.new(key, canonical_bytes(document), hashlib.sha256).digest()).decode()
-
-
-def sign(allocation: Allocation, key_id: str, key: bytes) -> str:
-    """The annotation value for ``allocation``, signed with ``key`` under ``key_id``."""
-    if not KEY_ID.match(key_id):
+def sign(allocation: Allocation, key_id: str, key: SigningKey) -> str:
+    """The annotation value for ``allocation``, signed with the private ``key`` under ``key_id``."""
+    if not KEY_ID.fullmatch(key_id):
         raise AllocationError(f"invalid key id {key_id!r}")
     document = allocation.to_document()
     document["keyId"] = key_id
-    document["signature"] = _mac(key, document)
+    document["signature"] = base64.b64encode(key.sign(canonical_bytes(document))).decode()
     return json.dumps(document, sort_keys=True, separators=(",", ":"))
 
 
-def verify(value: str, keys: Mapping[str, bytes]) -> Allocation:
+def annotation_size(value: str) -> int:
+    """The annotation's size as the API server counts it: UTF-8 bytes."""
+    return len(value.encode("utf-8", "surrogatepass"))
+
+
+def verify(value: str, keys: Mapping[str, VerifyingKey]) -> Allocation:
     """Parse and verify an annotation value; raise AllocationError naming the problem."""
-    if len(value) > MAX_ANNOTATION_BYTES:
-        raise AllocationError(f"annotation is {len(value)} bytes, more than {MAX_ANNOTATION_BYTES}")
+    size = annotation_size(value)
+    if size > MAX_ANNOTATION_BYTES:
+        raise AllocationError(f"annotation is {size} bytes, more than {MAX_ANNOTATION_BYTES}")
     try:
         document = json.loads(value)
     except (ValueError, RecursionError) as exc:
@@ -123,16 +154,25 @@ def verify(value: str, keys: Mapping[str, bytes]) -> Allocation:
     if not isinstance(signature, str) or not signature:
         raise AllocationError("annotation is unsigned")
     if not isinstance(key_id, str) or key_id not in keys:
-        raise AllocationError(f"annotation is signed with unknown key id {key_id!r}")
-    if not hmac.compare_digest(_mac(keys[key_id], document), signature):
-        raise AllocationError(f"annotation signature does not verify with key {key_id!r}")
+        raise AllocationError(f"annotation is signed with unknown key id {str(key_id)[:80]!r}")
+    try:
+        raw = base64.b64decode(signature.encode("ascii"), validate=True)
+    except (UnicodeEncodeError, binascii.Error):
+        raise AllocationError("annotation signature is not base64") from None
+    try:
+        if len(raw) != SIGNATURE_BYTES:
+            raise InvalidSignature
+        keys[key_id].verify(raw, canonical_bytes(document))
+    except InvalidSignature:
+        raise AllocationError(f"annotation signature does not verify with key {key_id!r}") from None
     return parse_document(document)
 
 
 def parse_document(document: Mapping[str, Any]) -> Allocation:
     """Validate the shape of an allocation document (signature already checked)."""
-    if document.get("version") != VERSION:
-        raise AllocationError(f"unsupported allocation version {document.get('version')!r}")
+    version = document.get("version")
+    if type(version) is not int or version != VERSION:
+        raise AllocationError(f"unsupported allocation version {str(version)[:20]!r}")
     node, pod_uid, containers = document.get("node"), document.get("podUID"), document.get("containers")
     if not isinstance(node, str) or not node:
         raise AllocationError("allocation has no node name")
@@ -165,7 +205,7 @@ def _check_device_sharing(containers: Mapping[str, ContainerAllocation]) -> None
 
 
 def _parse_container(name: Any, entry: Any) -> ContainerAllocation:
-    if not isinstance(name, str) or not CONTAINER_NAME.match(name):
+    if not isinstance(name, str) or not CONTAINER_NAME.fullmatch(name):
         raise AllocationError(f"invalid container name {str(name)[:80]!r}")
     if not isinstance(entry, dict):
         raise AllocationError(f"container {name}: entry is not an object")
@@ -177,7 +217,7 @@ def _parse_container(name: Any, entry: Any) -> ContainerAllocation:
             f"container {name}: {len(devices)} devices, more than {MAX_DEVICES_PER_CONTAINER}"
         )
     for device in devices:
-        if not isinstance(device, str) or not DEVICE_ID.match(device):
+        if not isinstance(device, str) or not DEVICE_ID.fullmatch(device):
             raise AllocationError(f"container {name}: invalid device id {str(device)[:80]!r}")
     if len(set(devices)) != len(devices):
         raise AllocationError(f"container {name}: a device is listed twice")
@@ -193,7 +233,7 @@ def _parse_container(name: Any, entry: Any) -> ContainerAllocation:
         milli, memory = share.get("milli"), share.get("memoryMiB", 0)
         if type(milli) is not int or not 1 <= milli <= 1000:
             raise AllocationError(f"container {name}: share of {device} needs milli in 1..1000")
-        if type(memory) is not int or not 0 <= memory <= 1 << 30:
+        if type(memory) is not int or not 0 <= memory <= MAX_MEMORY_MIB:
             raise AllocationError(f"container {name}: share of {device} has invalid memoryMiB")
         shares[device] = Share(milli=milli, memory_mib=memory)
     init = entry.get("init", False)
@@ -202,15 +242,197 @@ def _parse_container(name: Any, entry: Any) -> ContainerAllocation:
     return ContainerAllocation(devices=tuple(devices), shares=shares, init=init)
 
 
-def load_keys(directory: Path) -> dict[str, bytes]:
-    """Keys from a mounted Secret: one file per key id, the file's bytes are the key."""
-    keys: dict[str, bytes] = {}
+# --- keys -------------------------------------------------------------------------------------
+# On disk (docs/allocation.md, "Key files"): one file per key id, named after it (a Secret volume,
+# or files copied onto a node). A file holds one Ed25519 key:
+#   - private: PEM PKCS#8, "-----BEGIN PRIVATE KEY-----" (openssl genpkey -algorithm ed25519,
+#     Helm's genPrivateKey "ed25519", kubegpu keys generate); only the scheduler may hold these;
+#   - public: PEM SubjectPublicKeyInfo, "-----BEGIN PUBLIC KEY-----" (openssl pkey -pubout,
+#     kubegpu keys public), or the raw 32-byte key as base64 on one line.
+MAX_KEY_FILE_BYTES = 16 * 1024
+PUBLIC_KEY_BYTES = 32
+_PRIVATE_PEM = b"-----BEGIN PRIVATE KEY-----"
+_PUBLIC_PEM = b"-----BEGIN PUBLIC KEY-----"
+
+
+class KeyFileError(ValueError):
+    """A key file holds no usable Ed25519 key; the message says why."""
+
+
+def parse_key(data: bytes) -> SigningKey | VerifyingKey:
+    """The Ed25519 key in a key file's bytes (see the formats above)."""
+    text = data.strip()
+    if text.startswith(b"-----BEGIN"):
+        try:
+            if text.startswith(_PRIVATE_PEM):
+                key: Any = serialization.load_pem_private_key(text, password=None)
+            elif text.startswith(_PUBLIC_PEM):
+                key = serialization.load_pem_public_key(text)
+            else:
+                label = text.split(b"\n", 1)[0].decode("ascii", "replace")[:60]
+                raise KeyFileError(f"unsupported PEM block {label!r} (want PRIVATE KEY or PUBLIC KEY)")
+        except (ValueError, TypeError) as exc:
+            if isinstance(exc, KeyFileError):
+                raise
+            raise KeyFileError(f"not a readable PEM key: {exc}") from None
+        if not isinstance(key, Ed25519PrivateKey | Ed25519PublicKey):
+            raise KeyFileError(f"not an Ed25519 key but {type(key).__name__}")
+        return key
+    try:
+        raw = base64.b64decode(text, validate=True)
+    except binascii.Error:
+        raise KeyFileError("neither PEM nor base64") from None
+    if len(raw) != PUBLIC_KEY_BYTES:
+        raise KeyFileError(f"a raw public key is {PUBLIC_KEY_BYTES} bytes in base64, this is {len(raw)}")
+    return Ed25519PublicKey.from_public_bytes(raw)
+
+
+def public_key_of(key: SigningKey | VerifyingKey) -> VerifyingKey:
+    return key.public_key() if isinstance(key, Ed25519PrivateKey) else key
+
+
+def private_key_pem(key: SigningKey) -> bytes:
+    """PEM PKCS#8, the private key file format."""
+    return key.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+
+
+def public_key_pem(key: SigningKey | VerifyingKey) -> bytes:
+    """PEM SubjectPublicKeyInfo, the usual public key file format."""
+    return public_key_of(key).public_bytes(
+        serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
+    )
+
+
+def public_key_base64(key: SigningKey | VerifyingKey) -> str:
+    """The raw public key in base64 (the one-line public key file format)."""
+    raw = public_key_of(key).public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return base64.b64encode(raw).decode()
+
+
+@dataclass(frozen=True)
+class Keys:
+    """What a key directory holds: verifying keys by id, signing keys by id, and what was skipped."""
+
+    public: Mapping[str, VerifyingKey]
+    private: Mapping[str, SigningKey]
+    problems: tuple[str, ...] = ()
+
+
+def load_keys(directory: Path, allow_private: bool = False) -> Keys:
+    """The keys in a key directory: one file per key id (see the formats above).
+
+    Private keys are used only with ``allow_private`` (the scheduler); on a node a private key
+    file is a deployment mistake: it is skipped and reported, never used. Unreadable or malformed
+    files are skipped and reported too, so one bad file does not revoke the other keys.
+    """
+    public: dict[str, VerifyingKey] = {}
+    private: dict[str, SigningKey] = {}
+    problems: list[str] = []
     if not directory.is_dir():
-        return keys
+        return Keys(public, private, (f"{directory} is not a directory",))
     for path in sorted(directory.iterdir()):
-        if path.name.startswith(".") or not path.is_file() or not KEY_ID.match(path.name):
+        if path.name.startswith("."):
             continue  # Secret volumes hold ..data symlinks and timestamped dirs
-        key = path.read_bytes().strip()
-        if len(key) >= 16:
-            keys[path.name] = key
-    return keys
+        if not KEY_ID.fullmatch(path.name):
+            problems.append(f"{path.name}: not a valid key id, skipped")
+            continue
+        try:
+            if not path.is_file():
+                continue
+            if path.stat().st_size > MAX_KEY_FILE_BYTES:
+                raise KeyFileError(f"larger than {MAX_KEY_FILE_BYTES} bytes")
+            key = parse_key(path.read_bytes())
+        except (OSError, KeyFileError) as error:
+            problems.append(f"{path.name}: {error}")
+            continue
+        if isinstance(key, Ed25519PrivateKey):
+            if not allow_private:
+                problems.append(f"{path.name}: a private key; nodes must hold public keys only, skipped")
+                continue
+            private[path.name] = key
+        public[path.name] = public_key_of(key)
+    return Keys(public, private, tuple(problems))
+
+
+def directory_stamp(directory: Path) -> Any:
+    """Changes whenever an entry of ``directory`` is added, removed, renamed or rewritten.
+
+    Covers what a Secret volume update does (a new timestamped dir, ``..data`` re-pointed) and
+    what an operator does by hand (deleting a key file, overwriting one in place).
+    """
+    try:
+        entries = []
+        with os.scandir(directory) as scan:
+            for entry in scan:
+                try:
+                    st = entry.stat()  # follows symlinks: ..data and the key links
+                    facts: tuple[int, ...] = (st.st_ino, st.st_size, st.st_mtime_ns, st.st_ctime_ns)
+                except OSError:
+                    facts = ()
+                entries.append((entry.name, entry.inode(), facts))
+        own = os.stat(directory)
+    except OSError as error:
+        return ("error", error.errno)
+    return (own.st_ino, own.st_mtime_ns, tuple(sorted(entries)))
+
+
+class KeyRing:
+    """The allocation keys from a key directory, re-read whenever the directory's entries change.
+
+    ``static`` gives keys directly (tests, benchmarks): private keys also count as their public
+    key. ``allow_private``: the directory may hold private keys (the scheduler); a node's ring
+    uses public keys only. The directory is checked at most every ``recheck_seconds``.
+    """
+
+    def __init__(
+        self,
+        directory: Path | None,
+        static: Mapping[str, SigningKey | VerifyingKey] | None = None,
+        *,
+        allow_private: bool = False,
+        recheck_seconds: float = 5.0,
+    ) -> None:
+        self._directory = directory
+        self._allow_private = allow_private
+        self._public: dict[str, VerifyingKey] = {k: public_key_of(v) for k, v in (static or {}).items()}
+        self._private: dict[str, SigningKey] = {
+            k: v for k, v in (static or {}).items() if isinstance(v, Ed25519PrivateKey)
+        }
+        self._recheck = recheck_seconds
+        self._checked = -float("inf")
+        self._stamp: Any = None
+
+    def _refresh(self) -> None:
+        if self._directory is None:
+            return
+        now = time.monotonic()
+        if now - self._checked < self._recheck:
+            return
+        self._checked = now
+        stamp = directory_stamp(self._directory)
+        if stamp == self._stamp:
+            return
+        self._stamp = stamp
+        loaded = load_keys(self._directory, self._allow_private)
+        self._public, self._private = dict(loaded.public), dict(loaded.private)
+        for problem in loaded.problems:
+            log_event(log, "keys.skipped", logging.WARNING, directory=str(self._directory), problem=problem)
+        log_event(
+            log,
+            "keys.loaded",
+            directory=str(self._directory),
+            key_ids=sorted(self._public),
+            signing_key_ids=sorted(self._private),
+        )
+
+    def keys(self) -> Mapping[str, VerifyingKey]:
+        """The verifying (public) keys by key id."""
+        self._refresh()
+        return self._public
+
+    def signing_key(self, key_id: str) -> SigningKey | None:
+        """The private key of ``key_id``, if this ring holds it (only the scheduler's does)."""
+        self._refresh()
+        return self._private.get(key_id)

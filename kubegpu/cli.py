@@ -11,6 +11,9 @@ from typing import Any
 
 from devices.cli import register as _add_devices
 from kubegpu import __version__, logs
+from kubegpu.keyscli import register as _add_keys
+from kubegpu.localcluster.cli import register as _add_localcluster
+from kubegpu.nodeinstall import register as _add_node
 from scheduler.sim.cli import register as _add_simulate
 
 
@@ -191,11 +194,12 @@ def _run_advertise(args: argparse.Namespace) -> int:
 
     try:
         node_devices = node_devices_from(args)
+        inventory = node_devices.current_inventory()  # raises if discovery failed
     except PluginError as exc:
         print(f"kubegpu advertise: {exc}", file=sys.stderr)
         return 2
     if args.dry_run:
-        wanted = publication(node_devices.current_inventory())
+        wanted = publication(inventory)
         print(json.dumps({"node": args.node_name, **wanted.as_dict()}, indent=2, sort_keys=True))
         return 0
     api = api_client(args.kubeconfig)
@@ -264,6 +268,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_devices(sub)
     _add_scheduler(sub)
     _add_simulate(sub)
+    _add_keys(sub)
+    _add_localcluster(sub)
+    _add_node(sub)
     return parser
 
 

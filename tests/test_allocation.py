@@ -1,24 +1,39 @@
-"""The signed allocation annotation: round trip, tampering, keys, and the shape rules."""
+"""The signed allocation annotation: round trip, tampering, keys and key files, the shape rules."""
 
 from __future__ import annotations
 
+import base64
 import json
+import os
+import subprocess
+import time
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives import serialization
 
 from kubegpu.allocation import (
+    MAX_ANNOTATION_BYTES,
+    MAX_DEVICES_PER_CONTAINER,
     Allocation,
     AllocationError,
     ContainerAllocation,
+    KeyFileError,
+    KeyRing,
     Share,
     canonical_bytes,
     load_keys,
+    parse_key,
+    private_key_pem,
+    public_key_base64,
+    public_key_pem,
     sign,
     verify,
 )
+from tests.fixtures.common import require_executable
+from tests.fixtures.keys import OTHER_KEY, SIGNING, public
 
-KEYS = {"k1": b"0123456789abcdef0123456789abcdef", "k2": b"fedcba9876543210fedcba9876543210"}
+KEYS = public()
 
 
 def example() -> Allocation:
@@ -32,29 +47,23 @@ def example() -> Allocation:
     )
 
 
-def resign(document: dict, key: bytes = KEYS["k1"]) -> str:
+def resign(document: dict, key_id: str = "k1") -> str:
     """Re-sign a modified document correctly, to test shape rules past the signature check."""
-    import base64
-    import hashlib
-    import hmac
-
-    document = dict(document)
-    document["signature"] = base64.b64encode(
-        hmac.new(key, canonical_bytes(document), hashlib.sha256).digest()
-    ).decode()
+    document = dict(document, keyId=key_id)
+    document["signature"] = base64.b64encode(SIGNING[key_id].sign(canonical_bytes(document))).decode()
     return json.dumps(document)
 
 
 def test_round_trip() -> None:
-    value = sign(example(), "k1", KEYS["k1"])
+    value = sign(example(), "k1", SIGNING["k1"])
     assert verify(value, KEYS) == example()
     assert "/" not in json.dumps(json.loads(value)["containers"])  # no host paths
 
 
 def test_key_rotation_accepts_any_known_key() -> None:
-    assert verify(sign(example(), "k2", KEYS["k2"]), KEYS) == example()
+    assert verify(sign(example(), "k2", SIGNING["k2"]), KEYS) == example()
     with pytest.raises(AllocationError, match="unknown key id 'k2'"):
-        verify(sign(example(), "k2", KEYS["k2"]), {"k1": KEYS["k1"]})
+        verify(sign(example(), "k2", SIGNING["k2"]), {"k1": KEYS["k1"]})
 
 
 @pytest.mark.parametrize(
@@ -68,7 +77,7 @@ def test_key_rotation_accepts_any_known_key() -> None:
     ],
 )
 def test_any_change_breaks_the_signature(mutate) -> None:  # type: ignore[no-untyped-def]
-    document = json.loads(sign(example(), "k1", KEYS["k1"]))
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
     mutate(document)
     with pytest.raises(AllocationError, match="does not verify"):
         verify(json.dumps(document), KEYS)
@@ -101,33 +110,431 @@ def test_unsigned_and_garbage() -> None:
         ({"containers": {"c": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": True}}}}}, "milli"),
         ({"containers": {"a": {"devices": ["GPU-a"]}, "b": {"devices": ["GPU-a"]}}}, "given whole"),
         (
-            {"containers": {
-                "a": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": 600}}},
-                "b": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": 600}}},
-            }},
+            {
+                "containers": {
+                    "a": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": 600}}},
+                    "b": {"devices": ["GPU-a"], "shares": {"GPU-a": {"milli": 600}}},
+                }
+            },
             "add up",
         ),
     ],
 )
 def test_shape_rules(patch: dict, message: str) -> None:
-    document = json.loads(sign(example(), "k1", KEYS["k1"]))
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
     document.update(patch)
     with pytest.raises(AllocationError, match=message):
         verify(resign(document), KEYS)
 
 
 def test_shares_within_one_gpu_are_fine() -> None:
-    allocation = Allocation("n", "u", {
-        "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
-        "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
-    })
-    assert verify(sign(allocation, "k1", KEYS["k1"]), KEYS) == allocation
+    allocation = Allocation(
+        "n",
+        "u",
+        {
+            "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
+            "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(500)}),
+        },
+    )
+    assert verify(sign(allocation, "k1", SIGNING["k1"]), KEYS) == allocation
+
+
+def test_a_key_id_signs_only_with_its_own_key() -> None:
+    """Root on a node holds public keys only: it cannot produce a signature that verifies."""
+    document = json.loads(sign(example(), "k1", OTHER_KEY))
+    with pytest.raises(AllocationError, match="does not verify"):
+        verify(json.dumps(document), KEYS)
+    with pytest.raises(AllocationError, match="does not verify"):  # a key id names its key
+        verify(sign(example(), "k1", SIGNING["k2"]), KEYS)
+
+
+@pytest.mark.parametrize("signature", ["é", "☃" * 88, "AAAA", "!!notbase64!!", "A" * 87 + "=", "\x00"])
+def test_a_malformed_signature_is_a_clean_refusal(signature: str) -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    document["signature"] = signature
+    with pytest.raises(AllocationError, match="not base64|does not verify"):
+        verify(json.dumps(document, ensure_ascii=False), KEYS)
+
+
+def test_the_size_limit_counts_utf8_bytes() -> None:
+    # 30000 two-byte characters: 30000 characters, 60000 bytes, fine; 40000 of them: 80000 bytes.
+    inside = json.dumps({"pad": "é" * 30000}, ensure_ascii=False)
+    with pytest.raises(AllocationError, match="unsigned"):
+        verify(inside, KEYS)
+    outside = json.dumps({"pad": "é" * 40000}, ensure_ascii=False)
+    assert len(outside) < MAX_ANNOTATION_BYTES < len(outside.encode())
+    with pytest.raises(AllocationError, match="80011 bytes, more than 65536"):
+        verify(outside, KEYS)
+
+
+def test_the_device_limits() -> None:
+    many = [f"GPU-{i}" for i in range(MAX_DEVICES_PER_CONTAINER)]
+    fits = Allocation("n", "u", {"c": ContainerAllocation(tuple(many))})
+    assert verify(sign(fits, "k1", SIGNING["k1"]), KEYS) == fits
+    document = json.loads(sign(fits, "k1", SIGNING["k1"]))
+    document["containers"]["c"]["devices"].append("GPU-64")
+    with pytest.raises(AllocationError, match="65 devices, more than 64"):
+        verify(resign(document), KEYS)
+    document["containers"] = {f"c{i}": {"devices": [f"GPU-{i}"]} for i in range(65)}
+    with pytest.raises(AllocationError, match="65 containers, more than 64"):
+        verify(resign(document), KEYS)
+
+
+@pytest.mark.parametrize("memory", [-1, 1 << 31, "4096", 1.5, None, True])
+def test_memory_mib_must_be_a_sane_integer(memory: object) -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    document["containers"]["infer"]["shares"]["GPU-c"]["memoryMiB"] = memory
+    with pytest.raises(AllocationError, match="invalid memoryMiB"):
+        verify(resign(document), KEYS)
+    document["containers"]["infer"]["shares"]["GPU-c"]["memoryMiB"] = 1 << 30
+    assert verify(resign(document), KEYS).containers["infer"].shares["GPU-c"].memory_mib == 1 << 30
+
+
+def test_key_file_formats(tmp_path: Path) -> None:
+    key = SIGNING["k1"]
+    assert parse_key(private_key_pem(key)).public_key() == key.public_key()  # type: ignore[union-attr]
+    assert parse_key(public_key_pem(key)) == key.public_key()
+    assert parse_key(public_key_base64(key).encode() + b"\n") == key.public_key()
+    for bad, why in [
+        (b"", "raw public key is 32 bytes"),
+        (b"not a key!", "neither PEM nor base64"),
+        (base64.b64encode(os.urandom(16)), "32 bytes"),
+        (b"-----BEGIN RSA PRIVATE KEY-----\nAAAA\n-----END RSA PRIVATE KEY-----\n", "unsupported PEM"),
+        (b"-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n", "not a readable PEM"),
+    ]:
+        with pytest.raises(KeyFileError, match=why):
+            parse_key(bad)
+
+
+def test_openssl_keys_are_accepted(tmp_path: Path) -> None:
+    """The formats openssl (and Helm's genPrivateKey "ed25519": PKCS#8) produce."""
+    openssl = require_executable("openssl")
+    private = tmp_path / "private.pem"
+    subprocess.run([openssl, "genpkey", "-algorithm", "ed25519", "-out", str(private)], check=True)
+    pub = subprocess.run(
+        [openssl, "pkey", "-in", str(private), "-pubout"], check=True, capture_output=True
+    ).stdout
+    assert private.read_bytes().startswith(b"-----BEGIN PRIVATE KEY-----")
+    signer = parse_key(private.read_bytes())
+    verifier = parse_key(pub)
+    assert verify(sign(example(), "k9", signer), {"k9": verifier}) == example()  # type: ignore[arg-type]
 
 
 def test_load_keys_from_a_secret_volume(tmp_path: Path) -> None:
-    (tmp_path / "..2026_11_26").mkdir()
-    (tmp_path / "..data").symlink_to(tmp_path / "..2026_11_26")
-    (tmp_path / "k1").write_bytes(KEYS["k1"] + b"\n")
-    (tmp_path / "short").write_bytes(b"tooshort")
-    assert load_keys(tmp_path) == {"k1": KEYS["k1"]}
-    assert load_keys(tmp_path / "missing") == {}
+    data = tmp_path / "..2026_11_26"
+    data.mkdir()
+    (tmp_path / "..data").symlink_to(data.name)
+    (data / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    (tmp_path / "k1").symlink_to("..data/k1")
+    (tmp_path / "k2").write_bytes(public_key_base64(SIGNING["k2"]).encode() + b"\n")
+    (tmp_path / "bad").write_bytes(b"tooshort")
+    (tmp_path / "bad name!").write_bytes(public_key_pem(SIGNING["k1"]))
+    loaded = load_keys(tmp_path)
+    assert loaded.public == KEYS and not loaded.private
+    assert any(p.startswith("bad:") for p in loaded.problems)
+    assert any("not a valid key id" in p for p in loaded.problems)
+    assert not load_keys(tmp_path / "missing").public
+
+
+def test_a_node_never_uses_a_private_key(tmp_path: Path) -> None:
+    (tmp_path / "k1").write_bytes(private_key_pem(SIGNING["k1"]))
+    node = load_keys(tmp_path)
+    assert not node.public and "nodes must hold public keys only" in node.problems[0]
+    (tmp_path / "k2").write_bytes(public_key_pem(SIGNING["k2"]))  # listed after the private one
+    assert set(load_keys(tmp_path).public) == {"k2"}
+    (tmp_path / "k2").unlink()
+    scheduler = load_keys(tmp_path, allow_private=True)
+    assert scheduler.public == {"k1": KEYS["k1"]}
+    assert private_key_pem(scheduler.private["k1"]) == private_key_pem(SIGNING["k1"])
+    ring = KeyRing(tmp_path, allow_private=True, recheck_seconds=0)
+    signer = ring.signing_key("k1")
+    assert signer is not None and private_key_pem(signer) == private_key_pem(SIGNING["k1"])
+    assert ring.signing_key("k2") is None
+
+
+def test_key_ring_rereads_added_rewritten_and_deleted_keys(tmp_path: Path) -> None:
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    (tmp_path / "k2").write_bytes(public_key_pem(SIGNING["k2"]))
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert set(ring.keys()) == {"k1", "k2"}
+    stamp = time.time() + 5  # the remaining files' mtimes say nothing about a deletion
+    os.utime(tmp_path / "k1", (stamp, stamp))
+    (tmp_path / "k2").unlink()
+    assert set(ring.keys()) == {"k1"}  # revoked without a restart
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k2"]))  # rewritten in place
+    os.utime(tmp_path / "k1", (stamp, stamp))
+    assert ring.keys()["k1"] == KEYS["k2"]
+    (tmp_path / "k3").write_bytes(public_key_pem(SIGNING["k1"]))
+    assert set(ring.keys()) == {"k1", "k3"}
+
+
+def test_key_ring_follows_a_secret_volume_update(tmp_path: Path) -> None:
+    """kubelet updates a Secret volume by re-pointing ..data at a new timestamped directory."""
+    old, new = tmp_path / "..2026_11_26_1", tmp_path / "..2026_11_26_2"
+    old.mkdir()
+    new.mkdir()
+    for key_id in ("k1", "k2"):
+        (old / key_id).write_bytes(public_key_pem(SIGNING[key_id]))
+    (new / "k2").write_bytes(public_key_pem(SIGNING["k2"]))
+    (tmp_path / "..data").symlink_to(old.name)
+    (tmp_path / "k1").symlink_to("..data/k1")
+    (tmp_path / "k2").symlink_to("..data/k2")
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert set(ring.keys()) == {"k1", "k2"}
+    (tmp_path / "..data_tmp").symlink_to(new.name)
+    (tmp_path / "..data_tmp").rename(tmp_path / "..data")
+    (tmp_path / "k1").unlink()
+    assert set(ring.keys()) == {"k2"}
+
+
+def test_the_managed_names_are_the_ones_the_scheduler_and_the_advertiser_use() -> None:
+    """One place names how pods ask for devices; the other components must agree with it."""
+    from crishim.advertiser import DEFAULT_RESOURCES
+    from kubegpu.allocation import GPU_RESOURCE, MANAGED_RESOURCES, SHARE_ANNOTATIONS
+    from scheduler.live import podspec
+    from scheduler.live.config import SchedulerConfig
+
+    assert set(DEFAULT_RESOURCES.values()) == set(MANAGED_RESOURCES)
+    assert SchedulerConfig().gpu_resource == GPU_RESOURCE
+    assert {podspec.GPU_MILLI_ANNOTATION, podspec.GPU_MEMORY_ANNOTATION} == set(SHARE_ANNOTATIONS)
+
+
+def test_keys_cli_generates_derives_and_checks(tmp_path: Path) -> None:
+    """kubegpu keys: generate a private key, derive the public key the nodes hold, check both dirs."""
+    import sys
+
+    def kubegpu(*args: str, stdin: bytes | None = None) -> subprocess.CompletedProcess[bytes]:
+        command = [sys.executable, "-m", "kubegpu", "keys", *args]
+        return subprocess.run(command, input=stdin, capture_output=True)
+
+    scheduler, node = tmp_path / "scheduler", tmp_path / "node"
+    scheduler.mkdir()
+    node.mkdir()
+    assert kubegpu("generate", "--out", str(scheduler / "k1")).returncode == 0
+    assert oct((scheduler / "k1").stat().st_mode & 0o777) == "0o600"
+    assert kubegpu("generate", "--out", str(scheduler / "k1")).returncode == 2  # never overwrites
+    pem = kubegpu("public", str(scheduler / "k1")).stdout
+    raw = kubegpu("public", "--format", "base64", "-", stdin=(scheduler / "k1").read_bytes()).stdout
+    (node / "k1").write_bytes(pem)
+    (node / "k2").write_bytes(raw)
+    signer = parse_key((scheduler / "k1").read_bytes())
+    assert parse_key(pem) == parse_key(raw) == signer.public_key()  # type: ignore[union-attr]
+    ok = kubegpu("check", str(node))
+    assert ok.returncode == 0 and json.loads(ok.stdout)["verifying"] == ["k1", "k2"]
+    assert kubegpu("check", str(scheduler)).returncode == 1  # a private key where a node reads keys
+    assert json.loads(kubegpu("check", "--private", str(scheduler)).stdout)["signing"] == ["k1"]
+    bad = kubegpu("public", str(tmp_path / "missing"))
+    assert bad.returncode == 2 and len(bad.stderr.decode().strip().splitlines()) == 1
+
+
+def test_the_annotation_is_written_in_canonical_form() -> None:
+    """Compact and sorted, as the canonical form: the smallest value under the size limit."""
+    value = sign(example(), "k1", SIGNING["k1"])
+    assert value == json.dumps(json.loads(value), sort_keys=True, separators=(",", ":"))
+    with pytest.raises(AllocationError, match="invalid key id 'no such/id'"):
+        sign(example(), "no such/id", SIGNING["k1"])
+
+
+def test_a_clean_secret_volume_loads_without_complaint_and_bad_files_skip_alone(tmp_path: Path) -> None:
+    data = tmp_path / "..2026_11_26"
+    data.mkdir()
+    (tmp_path / "..data").symlink_to(data.name)
+    (data / "k2").write_bytes(public_key_pem(SIGNING["k2"]))
+    (tmp_path / "k2").symlink_to("..data/k2")
+    assert load_keys(tmp_path).problems == ()
+    (tmp_path / "a-bad").write_bytes(b"junk!")  # sorts before k2
+    (tmp_path / "Bad name").write_bytes(b"junk!")
+    loaded = load_keys(tmp_path)
+    assert set(loaded.public) == {"k2"} and len(loaded.problems) == 2
+    assert "is not a directory" in load_keys(tmp_path / "missing").problems[0]
+
+
+def test_the_key_file_size_limit(tmp_path: Path) -> None:
+    from kubegpu.allocation import MAX_KEY_FILE_BYTES
+
+    pem = public_key_pem(SIGNING["k1"])
+    (tmp_path / "k1").write_bytes(pem + b" " * (MAX_KEY_FILE_BYTES - len(pem)))
+    assert set(load_keys(tmp_path).public) == {"k1"}
+    (tmp_path / "k1").write_bytes(pem + b" " * (MAX_KEY_FILE_BYTES + 1 - len(pem)))
+    loaded = load_keys(tmp_path)
+    assert not loaded.public and loaded.problems == (f"k1: larger than {MAX_KEY_FILE_BYTES} bytes",)
+
+
+def test_an_unsupported_pem_block_is_named() -> None:
+    block = "-----BEGIN ÜBER RSA KEY-----"  # short: the label is this line, not more
+    with pytest.raises(KeyFileError) as caught:
+        parse_key(f"{block}\nAAAA\n-----END RSA PRIVATE KEY-----\n".encode())
+    named = block.encode().decode("ascii", "replace")[:60]
+    assert str(caught.value) == f"unsupported PEM block {named!r} (want PRIVATE KEY or PUBLIC KEY)"
+
+
+def test_a_key_directory_with_subdirectories_and_nothing_else(tmp_path: Path) -> None:
+    (tmp_path / "aaa").mkdir()  # a directory with a valid key id name, listed first
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    assert set(load_keys(tmp_path).public) == {"k1"}
+    missing = load_keys(tmp_path / "missing")
+    assert missing.public == {} and missing.private == {} and len(missing.problems) == 1
+
+
+def test_only_ed25519_keys_and_strict_base64_are_keys() -> None:
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    other = ec.generate_private_key(ec.SECP256R1())
+    pem = other.private_bytes(
+        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
+    )
+    with pytest.raises(KeyFileError) as caught:
+        parse_key(pem)
+    assert str(caught.value) == "not an Ed25519 key but ECPrivateKey"
+    loose = b"!" + public_key_base64(SIGNING["k1"]).encode()  # decodes only if junk is ignored
+    with pytest.raises(KeyFileError) as caught:
+        parse_key(loose)
+    assert str(caught.value) == "neither PEM nor base64"
+
+
+@pytest.mark.parametrize(
+    ("patch", "message"),
+    [
+        ({"version": "one"}, "unsupported allocation version 'one'"),
+        ({"node": None}, "allocation has no node name"),
+        ({"podUID": ""}, "allocation has no pod UID"),
+        ({"containers": {"Bad": {"devices": ["GPU-a"]}}}, "invalid container name 'Bad'"),
+        ({"containers": {"c": []}}, "container c: entry is not an object"),
+        ({"containers": {"c": {"devices": []}}}, "container c: no device list"),
+        ({"containers": {"c": {"devices": ["GPU-a", "x/y"]}}}, "container c: invalid device id 'x/y'"),
+        ({"containers": {"c": {"devices": ["GPU-a"], "shares": []}}}, "container c: shares is not an object"),
+        (
+            {"containers": {"c": {"devices": ["GPU-a"], "shares": {"GPU-b": {}}}}},
+            "container c: share for unlisted device 'GPU-b'",
+        ),
+        (
+            {"containers": {"c": {"devices": ["GPU-a"], "shares": {"GPU-a": 5}}}},
+            "container c: share of GPU-a is not an object",
+        ),
+        (
+            {"containers": {"a": {"devices": ["GPU-x"]}, "b": {"devices": ["GPU-x"]}}},
+            "device GPU-x is given whole to one of a, b",
+        ),
+    ],
+)
+def test_refusals_name_the_problem_exactly(patch: dict, message: str) -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    document.update(patch)
+    with pytest.raises(AllocationError) as caught:
+        verify(resign(document), KEYS)
+    assert str(caught.value) == message
+
+
+@pytest.mark.parametrize(("milli", "ok"), [(0, False), (1, True), (999, True), (1000, True), (1001, False)])
+def test_share_milli_bounds(milli: int, ok: bool) -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    document["containers"]["infer"]["shares"]["GPU-c"]["milli"] = milli
+    if ok:
+        assert verify(resign(document), KEYS).containers["infer"].shares["GPU-c"].milli == milli
+    else:
+        with pytest.raises(AllocationError, match="needs milli in 1..1000"):
+            verify(resign(document), KEYS)
+
+
+def test_shares_of_one_device_may_add_up_to_exactly_1000() -> None:
+    def pod(a: int, b: int) -> Allocation:
+        return Allocation(
+            "n",
+            "u",
+            {
+                "0-solo": ContainerAllocation(("GPU-s",)),  # listed once: fine, and checked first
+                "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(a)}),
+                "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(b)}),
+            },
+        )
+
+    assert verify(sign(pod(600, 400), "k1", SIGNING["k1"]), KEYS) == pod(600, 400)
+    document = json.loads(sign(pod(600, 400), "k1", SIGNING["k1"]))
+    document["containers"]["b"]["shares"]["GPU-a"]["milli"] = 401
+    with pytest.raises(AllocationError, match="add up to more than 1000"):
+        verify(resign(document), KEYS)
+
+
+def test_the_key_ring_logs_what_it_loads_once_per_change(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    (tmp_path / "junk").write_bytes(b"junk!")
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    for _ in range(3):
+        assert set(ring.keys()) == {"k1"}
+
+    def logged(event: str) -> list[tuple[int, dict]]:
+        return [(r.levelno, getattr(r, "fields", {})) for r in caplog.records if r.getMessage() == event]
+
+    assert logged("keys.loaded") == [
+        (logging.INFO, {"directory": str(tmp_path), "key_ids": ["k1"], "signing_key_ids": []})
+    ]
+    assert logged("keys.skipped") == [
+        (logging.WARNING, {"directory": str(tmp_path), "problem": "junk: neither PEM nor base64"})
+    ]
+
+
+def test_verify_names_each_refusal_exactly() -> None:
+    document = json.loads(sign(example(), "k1", SIGNING["k1"]))
+    cases = [
+        ("[1]", "annotation is not a JSON object"),
+        (json.dumps({**document, "signature": ""}), "annotation is unsigned"),
+        (json.dumps({**document, "signature": 5}), "annotation is unsigned"),
+        (json.dumps({**document, "keyId": "k9"}), "annotation is signed with unknown key id 'k9'"),
+        (
+            json.dumps({**document, "signature": "!" + document["signature"]}),
+            "annotation signature is not base64",
+        ),
+        (json.dumps({**document, "containers": {}}), "annotation signature does not verify with key 'k1'"),
+    ]
+    for value, message in cases:
+        with pytest.raises(AllocationError) as caught:
+            verify(value, KEYS)
+        assert str(caught.value) == message, value
+    with pytest.raises(AllocationError) as caught:
+        verify("{", KEYS)
+    assert str(caught.value).startswith("annotation is not JSON: ")
+    exactly = "x" * MAX_ANNOTATION_BYTES  # at the limit: too big only one byte later
+    with pytest.raises(AllocationError, match="not JSON"):
+        verify(exactly, KEYS)
+    with pytest.raises(AllocationError, match="more than"):
+        verify(exactly + "x", KEYS)
+    document["containers"] = {}
+    with pytest.raises(AllocationError) as caught:
+        verify(resign(document), KEYS)
+    assert str(caught.value) == "allocation has no containers"
+
+
+def test_sixty_four_containers_are_allowed() -> None:
+    allocation = Allocation("n", "u", {f"c{i}": ContainerAllocation((f"GPU-{i}",)) for i in range(64)})
+    assert verify(sign(allocation, "k1", SIGNING["k1"]), KEYS) == allocation
+
+
+def test_the_canonical_form_is_ascii_json_with_sorted_keys() -> None:
+    """A fixed vector: another implementation of the contract must produce these bytes."""
+    document = {
+        "version": 1,
+        "node": "nöde",
+        "signature": "dropped",
+        "keyId": "k1",
+        "a": [1, {"z": 1, "b": 2}],
+    }
+    assert (
+        canonical_bytes(document) == b'{"a":[1,{"b":2,"z":1}],"keyId":"k1","node":"n\\u00f6de","version":1}'
+    )
+
+
+def test_a_ring_without_a_directory_or_keys() -> None:
+    ring = KeyRing(None)
+    assert ring.keys() == {} and ring.signing_key("k1") is None
+
+
+def test_a_key_ring_uses_no_private_key_unless_told_to(tmp_path: Path) -> None:
+    """The shim's ring is built with the defaults: a private key file there must not count."""
+    (tmp_path / "k1").write_bytes(private_key_pem(SIGNING["k1"]))
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert ring.keys() == {} and ring.signing_key("k1") is None

@@ -10,6 +10,7 @@ import os
 import signal
 import stat
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Callable
@@ -269,10 +270,19 @@ def test_metrics_and_health(shim: ShimProcess, proxied: CriClient) -> None:
         proxied.runtime.Version(api_pb2.VersionRequest())
     with pytest.raises(grpc.RpcError):
         proxied.runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id="nope"))
-    body = urllib.request.urlopen(shim.metrics_url + "/metrics", timeout=5).read().decode()
-    assert 'kubegpu_crishim_calls_total{code="OK",method="Version"} 3.0' in body
-    assert 'kubegpu_crishim_calls_total{code="NOT_FOUND",method="ContainerStatus"} 1.0' in body
-    assert 'kubegpu_crishim_call_duration_seconds_count{method="Version"} 3.0' in body
+    wanted = (
+        'kubegpu_crishim_calls_total{code="OK",method="Version"} 3.0',
+        'kubegpu_crishim_calls_total{code="NOT_FOUND",method="ContainerStatus"} 1.0',
+        'kubegpu_crishim_call_duration_seconds_count{method="Version"} 3.0',
+    )
+
+    def scrape() -> str:
+        return urllib.request.urlopen(shim.metrics_url + "/metrics", timeout=5).read().decode()
+
+    # A failed call is counted once its status has gone out, so the client may see the error
+    # first: wait for the counters to settle rather than read them once.
+    wait_for(lambda: all(line in scrape() for line in wanted), timeout=10)
+    body = scrape()
     assert "process_cpu_seconds_total" in body
     assert urllib.request.urlopen(shim.metrics_url + "/healthz", timeout=5).status == 200
     ready = urllib.request.urlopen(shim.metrics_url + "/readyz", timeout=5)
@@ -351,3 +361,56 @@ def _running(client: CriClient, container_id: str) -> bool:
         return container_state(client, container_id) == api_pb2.CONTAINER_RUNNING
     except grpc.RpcError:
         return False
+
+
+def test_readyz_is_503_while_containerd_is_not_ready(tmp_path: Path) -> None:
+    """/healthz says the shim serves; /readyz also needs containerd's connection."""
+    missing = Path(f"/tmp/kgctd-missing-{uuid.uuid4().hex[:6]}.sock")
+    shim = ShimProcess(
+        Path(f"/tmp/kgshim-notready-{uuid.uuid4().hex[:6]}.sock"), f"unix://{missing}", tmp_path / "shim.log"
+    )
+    try:
+        shim.start()
+        assert urllib.request.urlopen(shim.metrics_url + "/healthz", timeout=5).status == 200
+        with pytest.raises(urllib.error.HTTPError) as caught:
+            urllib.request.urlopen(shim.metrics_url + "/readyz", timeout=5)
+        assert caught.value.code == 503 and b"runtime" in caught.value.read()
+    finally:
+        shim.stop()
+        shim.socket.unlink(missing_ok=True)
+
+
+def test_readyz_follows_a_containerd_restart(containerd: Containerd, shim: ShimProcess) -> None:
+    def ready() -> int:
+        try:
+            return int(urllib.request.urlopen(shim.metrics_url + "/readyz", timeout=5).status)
+        except urllib.error.HTTPError as error:
+            return int(error.code)
+
+    wait_for(lambda: ready() == 200)
+    containerd.terminate()
+    try:
+        wait_for(lambda: ready() == 503, timeout=15)
+    finally:
+        containerd.restart()
+    wait_for(lambda: ready() == 200, timeout=20)
+
+
+def test_messages_larger_than_grpcs_default_pass_both_ways(
+    proxied: CriClient, direct: CriClient, sandbox_factory: SandboxFactory, tmp_path: Path
+) -> None:
+    """gRPC's default limit is 4 MiB; the shim must never be tighter than kubelet (16 MiB)."""
+    huge = api_pb2.ListContainersRequest(
+        filter=api_pb2.ContainerFilter(label_selector={"kubegpu.test/huge": "x" * (6 * 1024 * 1024)})
+    )
+    assert proxied.runtime.ListContainers(huge, timeout=30) == direct.runtime.ListContainers(huge, timeout=30)
+    sandbox_id = sandbox_factory(proxied, name="bigoutput")
+    container_id = create_container(proxied, sandbox_id, tmp_path, "big", "exec sleep 100000")
+    proxied.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=container_id))
+    out = proxied.runtime.ExecSync(
+        api_pb2.ExecSyncRequest(
+            container_id=container_id, cmd=["sh", "-c", "head -c 6000000 /dev/zero"], timeout=30
+        ),
+        timeout=60,
+    )
+    assert len(out.stdout) == 6000000

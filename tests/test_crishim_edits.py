@@ -1,10 +1,9 @@
-"""Pure parts of the rewrite: scrubbing, applying edits, key reloads, the ledger's rules."""
+"""Pure parts of the rewrite: scrubbing, applying edits, the ledger's rules."""
 
 from __future__ import annotations
 
 import asyncio
-import os
-import time
+import json
 from pathlib import Path
 
 import grpc
@@ -12,11 +11,15 @@ import pytest
 
 from crishim import edits
 from crishim.cri import api_pb2
+from crishim.hostpaths import ManagedDevices
 from crishim.intercept import Rejected
 from crishim.ledger import Holding, Ledger, mark_value, parse_mark
-from crishim.rewrite import AllocationRewriter, KeyRing, NodeDevices
+from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.plugin import ContainerEdits, DeviceNode, Mount, load_plugins
-from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, sign
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, sign
+from tests.fixtures.keys import SIGNING
+
+NEUTRAL = {k: v.encode() for k, v in edits.NEUTRAL_ENV}
 
 
 def config_with_everything() -> api_pb2.ContainerConfig:
@@ -42,12 +45,13 @@ def config_with_everything() -> api_pb2.ContainerConfig:
 
 def test_scrub_removes_every_way_to_see_a_managed_device() -> None:
     config = config_with_everything()
-    edits.scrub(config, managed_host_paths={"/dev/nvidia0"})
+    edits.scrub(config, ManagedDevices(patterns=("/dev/nvidia*",)))
     assert {kv.key: kv.value for kv in config.envs} == {
         "HOME": b"/root",
         "CUDA_VISIBLE_DEVICES": b"0",
-        "NVIDIA_VISIBLE_DEVICES": b"void",
+        **NEUTRAL,
     }
+    assert NEUTRAL["NVIDIA_VISIBLE_DEVICES"] == b"void"
     assert [d.host_path for d in config.devices] == ["/dev/fuse"]
     assert [m.container_path for m in config.mounts] == ["/data"]
     assert [c.name for c in config.CDI_devices] == ["vendor.example/fpga=0"]
@@ -56,10 +60,10 @@ def test_scrub_removes_every_way_to_see_a_managed_device() -> None:
 
 def test_apply_replaces_env_and_adds_nodes_once() -> None:
     config = api_pb2.ContainerConfig()
-    edits.scrub(config, managed_host_paths=set())
+    edits.scrub(config, ManagedDevices())
     change = ContainerEdits(
         device_nodes=(
-            DeviceNode("/dev/nvidia3", "/dev/nvidia3"),
+            DeviceNode("/dev/nvidia3", "/dev/nvidia3", "rw"),
             DeviceNode("/dev/nvidiactl", "/dev/nvidiactl"),
         ),
         env={"NVIDIA_VISIBLE_DEVICES": "GPU-3"},
@@ -67,23 +71,39 @@ def test_apply_replaces_env_and_adds_nodes_once() -> None:
         cdi_devices=("nvidia.com/gpu=GPU-3",),
     )
     edits.apply(config, change)
+    assert [c.name for c in config.CDI_devices] == ["nvidia.com/gpu=GPU-3"]
     edits.apply(config, change)  # idempotent for nodes and mounts
     assert [kv.value for kv in config.envs if kv.key == "NVIDIA_VISIBLE_DEVICES"] == [b"GPU-3"]
-    assert [d.container_path for d in config.devices] == ["/dev/nvidia3", "/dev/nvidiactl"]
+    assert [(d.container_path, d.permissions) for d in config.devices] == [
+        ("/dev/nvidia3", "rw"),
+        ("/dev/nvidiactl", "rwm"),
+    ]
     assert [m.container_path for m in config.mounts] == ["/usr/lib/x"]
 
 
-def test_ledger_sums_shares_and_ignores_own_pod() -> None:
+def test_ledger_sums_shares_and_exempts_only_the_same_container() -> None:
     ledger = Ledger()
     assert not ledger.try_reserve([Holding("c1", "s1", "podA", "app", "GPU-1", 700)])
     assert not ledger.try_reserve([Holding("", "s2", "podB", "app", "GPU-1", 300)])
     conflicts = ledger.try_reserve([Holding("", "s3", "podC", "app", "GPU-1", 1)])
     assert [c.device for c in conflicts] == ["GPU-1"]
     assert "podA" in conflicts[0].describe() and "podB" in conflicts[0].describe()
-    # The same pod may always take what it already holds (container restarts).
-    assert not ledger.try_reserve([Holding("", "s1", "podA", "app", "GPU-1", 700)])
+    # A restart of the same container may take what its earlier instance holds...
+    assert not ledger.try_reserve([Holding("", "s1", "podA", "app", "GPU-1", 700, attempt=1)])
+    # ...another container of the same pod may not.
+    assert ledger.try_reserve([Holding("", "s1", "podA", "side", "GPU-1", 1)])
     ledger.remove_sandbox("s1")
     assert {h.pod_uid for h in ledger.holdings()} == {"podB"}
+
+
+def test_shares_of_one_pod_and_another_never_add_past_a_whole_device() -> None:
+    """P holds a:600 and b:400 of one GPU, Q holds c:400: in the order P/a, Q/c, P/b the last is
+    refused (1400 milli otherwise)."""
+    ledger = Ledger()
+    assert not ledger.try_reserve([Holding("", "sP", "P", "a", "GPU-X", 600)])
+    assert not ledger.try_reserve([Holding("", "sQ", "Q", "c", "GPU-X", 400)])
+    conflicts = ledger.try_reserve([Holding("", "sP", "P", "b", "GPU-X", 400)])
+    assert conflicts and sum(h.milli for h in conflicts[0].holders) == 1000
 
 
 def test_mark_round_trip_and_forgeries() -> None:
@@ -92,28 +112,17 @@ def test_mark_round_trip_and_forgeries() -> None:
         assert parse_mark(forged) is None
 
 
-def test_key_ring_rereads_a_rotated_secret(tmp_path: Path) -> None:
-    (tmp_path / "k1").write_bytes(b"k" * 32)
-    ring = KeyRing(tmp_path, recheck_seconds=0)
-    assert set(ring.keys()) == {"k1"}
-    (tmp_path / "k2").write_bytes(b"j" * 32)
-    later = time.time() + 5
-    os.utime(tmp_path / "k2", (later, later))
-    assert set(ring.keys()) == {"k1", "k2"}
-
-
 def test_allocated_create_waits_for_the_ledger(tmp_path: Path) -> None:
     plugins = load_plugins(["sim"], {"node_name": "n", "topology": "pcie-4gpu", "state_dir": str(tmp_path)})
     node_devices = NodeDevices(plugins, sysfs_root=None)
     node_devices.discover()
-    keys = {"k1": b"x" * 32}
-    rewriter = AllocationRewriter("n", node_devices, KeyRing(None, keys))
+    rewriter = AllocationRewriter("n", node_devices, KeyRing(None, SIGNING))
     gpu = sorted(node_devices.devices)[0]
     request = api_pb2.CreateContainerRequest(pod_sandbox_id="sb")
     request.sandbox_config.metadata.uid = "u"
     request.config.metadata.name = "app"
     request.sandbox_config.annotations[ANNOTATION] = sign(
-        Allocation("n", "u", {"app": ContainerAllocation((gpu,))}), "k1", keys["k1"]
+        Allocation("n", "u", {"app": ContainerAllocation((gpu,))}), "k1", SIGNING["k1"]
     )
     with pytest.raises(Rejected) as caught:
         asyncio.run(rewriter.create_container(request))
@@ -122,3 +131,77 @@ def test_allocated_create_waits_for_the_ledger(tmp_path: Path) -> None:
     rewritten, completion = asyncio.run(rewriter.create_container(request))
     assert completion is not None
     assert [kv.value for kv in rewritten.config.envs if kv.key == "NVIDIA_VISIBLE_DEVICES"] == [gpu.encode()]
+
+
+def test_a_create_committed_after_reconciliation_claimed_its_container_counts_once() -> None:
+    """An unknown holding was settled onto container C just before C's own create reported it:
+    the create's in-flight holding must go, not linger as a second claim."""
+    ledger = Ledger()
+    unknown = Holding("", "sb", "P", "app", "GPU-1", 600, ticket=1)
+    retry = Holding("", "sb", "P", "app", "GPU-1", 600, ticket=2)
+    assert not ledger.try_reserve([unknown])
+    ledger.mark_unknown([unknown])
+    assert not ledger.try_reserve([retry])
+    ledger.commit([unknown], "C")  # the reconciliation found C first
+    ledger.commit([retry], "C")  # then the retry's answer arrives
+    assert [(h.container_id, h.milli) for h in ledger.holdings()] == [("C", 600)]
+    assert not ledger.try_reserve([Holding("", "sq", "Q", "c", "GPU-1", 400)])
+
+
+def test_mark_fields_must_all_have_their_types() -> None:
+    good = {"pod": "u", "container": "c", "devices": {"GPU-1": 1}}
+    assert parse_mark(json.dumps(good)) == ("u", "c", {"GPU-1": 1})
+    for field, wrong in (("pod", 1), ("container", None), ("devices", ["GPU-1"])):
+        assert parse_mark(json.dumps({**good, field: wrong})) is None, field
+    for milli in (0, -1, 1001, True, 1.0):
+        assert parse_mark(json.dumps({**good, "devices": {"GPU-1": milli}})) is None, milli
+    assert parse_mark(json.dumps({**good, "devices": {"GPU-1": 1000}})) == ("u", "c", {"GPU-1": 1000})
+
+
+def test_ledger_bookkeeping_of_creates_whose_device_entries_went_away() -> None:
+    ledger = Ledger()
+    mine = Holding("", "sb", "P", "app", "GPU-1", 300, ticket=1)
+    other = Holding("", "sq", "Q", "app", "GPU-1", 300, ticket=2)
+    assert not ledger.try_reserve([mine]) and not ledger.try_reserve([other])
+    ledger.remove_sandbox("sb")
+    ledger.remove_sandbox("sq")
+    ledger.mark_unknown([mine])  # nothing left to mark: no error
+    ledger.commit([mine], "c1")  # containerd made it after all: it holds the device
+    assert [(h.container_id, h.device) for h in ledger.holdings()] == [("c1", "GPU-1")]
+    assert not ledger.try_reserve([other])
+    ledger.commit([other], "c2")  # another container on the same device is its own claim
+    assert sorted(h.container_id for h in ledger.holdings()) == ["c1", "c2"]
+
+
+def test_ledger_releases_and_lists_only_what_it_is_asked_about() -> None:
+    ledger = Ledger()
+    first = Holding("", "sb", "P", "a", "GPU-1", 100, ticket=1)
+    second = Holding("", "sb", "P", "b", "GPU-1", 100, ticket=2)
+    third = Holding("", "sc", "R", "a", "GPU-2", 100, ticket=3)
+    for h in (first, second, third):
+        assert not ledger.try_reserve([h])
+    ledger.mark_unknown([first, third])
+    assert sorted(h.ticket for h in ledger.unknown()) == [1, 3]
+    assert [h.ticket for h in ledger.unknown("sb")] == [1]
+    ledger.release([first])  # an unknown one
+    assert sorted(h.ticket for h in ledger.holdings()) == [2, 3]
+    ledger.release([second])
+    assert [h.ticket for h in ledger.holdings()] == [3]
+
+
+def test_a_conflict_names_every_holder() -> None:
+    ledger = Ledger()
+    ledger.try_reserve([Holding("c1234567890abcdef", "s1", "P", "a", "GPU-1", 500)])
+    ledger.try_reserve([Holding("", "s2", "Q", "b", "GPU-1", 400)])
+    ledger.mark_unknown([Holding("", "s2", "Q", "b", "GPU-1", 400)])
+    [conflict] = ledger.try_reserve([Holding("", "s3", "R", "c", "GPU-1", 200)])
+    assert (
+        conflict.describe()
+        == "device GPU-1 is held by a of pod P (c1234567890a), b of pod Q (outcome unknown)"
+    )
+
+
+def test_the_mark_is_compact_and_sorted() -> None:
+    assert mark_value("u", "c", {"GPU-b": 5, "GPU-a": 1000}) == (
+        '{"container":"c","devices":{"GPU-a":1000,"GPU-b":5},"pod":"u"}'
+    )

@@ -67,6 +67,20 @@ class FakeRuntime:
                     yield api_pb2.ContainerEventResponse(container_id=f"c{index}").SerializeToString()
 
             return grpc.unary_stream_rpc_method_handler(events)
+        if method.endswith("/CreateContainer"):
+
+            def create(request: bytes, context: grpc.ServicerContext) -> bytes:
+                record(request, context)
+                sandbox = api_pb2.CreateContainerRequest.FromString(request).pod_sandbox_id
+                if sandbox == "slow":  # never answers: the caller's deadline ends the call
+                    while context.is_active():
+                        threading.Event().wait(0.02)
+                    return b""
+                if sandbox == "missing":
+                    context.abort(grpc.StatusCode.NOT_FOUND, "no such sandbox")
+                return request  # an echo: field 1 (pod_sandbox_id) reads as the response's container_id
+
+            return grpc.unary_unary_rpc_method_handler(create)
         if method.endswith("/Sleep"):
 
             def sleep(request: bytes, context: grpc.ServicerContext) -> bytes:
@@ -227,11 +241,16 @@ class Tagging(PassthroughInterceptor):
 
     def __init__(self) -> None:
         self.completed: list[str | None] = []
+        self.ambiguous: list[bool] = []
         self.removed: list[str] = []
 
     async def create_container(self, request):  # type: ignore[no-untyped-def]
         request.config.envs.add(key="REWRITTEN", value=b"yes")
-        return request, self.completed.append
+        return request, self.done
+
+    def done(self, container_id: str | None, ambiguous: bool) -> None:
+        self.completed.append(container_id)
+        self.ambiguous.append(ambiguous)
 
     def removed_container(self, container_id: str) -> None:
         self.removed.append("container:" + container_id)
@@ -253,8 +272,64 @@ def test_create_container_goes_through_the_interceptor(
     seen = api_pb2.CreateContainerRequest.FromString(answer)
     assert seen.pod_sandbox_id == "sb"
     assert [(e.key, e.value) for e in seen.config.envs] == [("REWRITTEN", b"yes")]
-    # The fake echoes the request; its field 1 (pod_sandbox_id) reads as the response's container_id.
-    assert tagging.completed == ["sb"]
+    assert tagging.completed == ["sb"] and tagging.ambiguous == [False]
+
+
+def test_a_create_that_ends_without_an_answer_is_reported_ambiguous(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    """A deadline (or cancellation) may leave a container behind: the interceptor must hear
+    "unknown", never "nothing was created"; a plain refusal by the runtime is "nothing"."""
+    tagging = Tagging()
+    call = shim_over(tagging).unary_unary("/runtime.v1.RuntimeService/CreateContainer")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(api_pb2.CreateContainerRequest(pod_sandbox_id="slow").SerializeToString(), timeout=0.5)
+    assert caught.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    _wait(lambda: len(tagging.completed) == 1)
+    assert tagging.completed == [None] and tagging.ambiguous == [True]
+    with pytest.raises(grpc.RpcError) as refused:
+        call(api_pb2.CreateContainerRequest(pod_sandbox_id="missing").SerializeToString(), timeout=5)
+    assert refused.value.code() is grpc.StatusCode.NOT_FOUND
+    assert tagging.completed == [None, None] and tagging.ambiguous == [True, False]
+
+
+def test_an_internal_failure_is_internal_and_counted_as_such(fake_runtime: FakeRuntime) -> None:
+    class Broken(PassthroughInterceptor):
+        async def create_container(self, request):  # type: ignore[no-untyped-def]
+            raise TypeError("something the shim did not expect")
+
+    listen = Path(f"/tmp/kgshim-unit-{uuid.uuid4().hex[:8]}.sock")
+    shim = ShimThread(
+        ShimConfig(
+            listen=f"unix://{listen}", runtime_endpoint=f"unix://{fake_runtime.socket}", drain_seconds=1
+        ),
+        Broken(),
+    )
+    channel = grpc.insecure_channel(f"unix:{listen}")
+    try:
+        call = channel.unary_unary("/runtime.v1.RuntimeService/CreateContainer")
+        with pytest.raises(grpc.RpcError) as caught:
+            call(api_pb2.CreateContainerRequest(pod_sandbox_id="sb").SerializeToString(), timeout=5)
+        assert caught.value.code() is grpc.StatusCode.INTERNAL
+        assert "TypeError: something the shim did not expect" in caught.value.details()
+        _wait(lambda: b'code="INTERNAL",method="CreateContainer"} 1.0' in shim.shim.metrics.render())
+        assert b'code="OK",method="CreateContainer"} 0.0' in shim.shim.metrics.render()
+        assert not any(m.endswith("/CreateContainer") for m, _, _ in fake_runtime.received)
+    finally:
+        channel.close()
+        shim.stop()
+
+
+def test_the_v1alpha2_create_is_refused_not_forwarded(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    channel = shim_over(Tagging())
+    with pytest.raises(grpc.RpcError) as caught:
+        channel.unary_unary("/runtime.v1alpha2.RuntimeService/CreateContainer")(b"", timeout=5)
+    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert not fake_runtime.received
+    # Other v1alpha2 methods are still forwarded (containerd answers them as before).
+    assert channel.unary_unary("/runtime.v1alpha2.RuntimeService/Version")(b"", timeout=5)
 
 
 def test_removals_are_reported_after_success(

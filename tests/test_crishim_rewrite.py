@@ -7,7 +7,9 @@ of what they were given. Every rejection must leave no container behind.
 from __future__ import annotations
 
 import json
+import os
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -18,15 +20,16 @@ import pytest
 
 from crishim.cri import api_pb2
 from devices.sim import sim_gpu_id
-from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, Share, sign
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, Share, SigningKey, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
+from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, write_node_keys
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.containerd
 
 NODE = "node-a"
-KEY_ID, KEY = "k1", b"test-signing-key-0123456789abcdef"
 
 
 def gpu(index: int) -> str:
@@ -49,7 +52,7 @@ class Node:
         containers: dict[str, list[str]],
         node: str = NODE,
         shares: dict[str, dict[str, Share]] | None = None,
-        key: bytes = KEY,
+        key: SigningKey = KEY,
     ) -> str:
         allocation = Allocation(
             node,
@@ -83,6 +86,8 @@ class Node:
         envs: dict[str, str] | None = None,
         script: str = "",
         attempt: int = 0,
+        devices: list[tuple[str, str]] | None = None,
+        mounts: list[tuple[str, str]] | None = None,
     ) -> str:
         script = script or "env; echo ---; ls -l /dev/kubegpu-sim 2>&1; echo END; exec sleep 100000"
         request = api_pb2.CreateContainerRequest(
@@ -91,6 +96,10 @@ class Node:
             config=shell_container(container, BUSYBOX_IMAGE, script, log_path=f"{container}.log", envs=envs),
         )
         request.config.metadata.attempt = attempt
+        for host, inside in devices or []:
+            request.config.devices.add(host_path=host, container_path=inside, permissions="rwm")
+        for host, inside in mounts or []:
+            request.config.mounts.add(host_path=host, container_path=inside, readonly=True)
         return self.client.runtime.CreateContainer(request, timeout=60).container_id
 
     def start_and_read(self, container_id: str, pod: str, container: str) -> str:
@@ -117,9 +126,7 @@ class Node:
 
 @pytest.fixture
 def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[Node]:
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / KEY_ID).write_bytes(KEY)
+    keys = write_node_keys(tmp_path / "keys")
     state = tmp_path / "sim"
     shim = ShimProcess(
         socket=Path(f"/tmp/kgshim-rw-{uuid.uuid4().hex[:8]}.sock"),
@@ -190,7 +197,7 @@ REJECTIONS: list[tuple[str, Callable[[Node, str], str], grpc.StatusCode, str]] =
     ),
     (
         "badsig",
-        lambda n, uid: n.signed(uid, {"app": [gpu(0)]}, key=b"another-key-0123456789abcdef"),
+        lambda n, uid: n.signed(uid, {"app": [gpu(0)]}, key=OTHER_KEY),
         grpc.StatusCode.INVALID_ARGUMENT,
         "does not verify",
     ),
@@ -213,6 +220,14 @@ REJECTIONS: list[tuple[str, Callable[[Node, str], str], grpc.StatusCode, str]] =
         "not on this node",
     ),
     (
+        "nonascii-signature",
+        lambda n, uid: json.dumps(
+            {**json.loads(n.signed(uid, {"app": [gpu(0)]})), "signature": "é"}, ensure_ascii=False
+        ),
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "not base64",
+    ),
+    (
         "othernodegpu",
         lambda n, uid: n.signed(uid, {"app": [sim_gpu_id("node-b", 0)]}),
         grpc.StatusCode.FAILED_PRECONDITION,
@@ -232,6 +247,13 @@ def test_rejections_create_nothing(
     assert caught.value.code() is code
     assert reason in caught.value.details() and f"default/rej-{case}" in caught.value.details()
     assert node.containers_in(sandbox) == []
+    counted = f'kubegpu_crishim_calls_total{{code="{code.name}",method="CreateContainer"}} 1.0'
+
+    def metrics() -> str:
+        return urllib.request.urlopen(node.shim.metrics_url + "/metrics", timeout=5).read().decode()
+
+    wait_for(lambda: counted in metrics())  # the shim counts a call just after answering it
+    assert 'kubegpu_crishim_calls_total{code="OK",method="CreateContainer"} 0.0' in metrics()  # never OK
 
 
 def test_unhealthy_device_is_refused(node: Node) -> None:
@@ -319,3 +341,135 @@ def test_fractional_shares_fit_together(node: Node) -> None:
     with pytest.raises(grpc.RpcError) as caught:
         node.create(*made[2], "app")  # 600 + 400 + 100 > 1000
     assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+
+
+# --- hardening (issue 10): every item that crosses containerd is proven against it ---------------
+
+
+def test_spelled_device_paths_symlinks_and_toolkit_mounts_are_scrubbed(node: Node, tmp_path: Path) -> None:
+    """The scrub decides on what containerd and the toolkit resolve, not on the spelling."""
+    dev = node.state_dir / "dev" / "kubegpu-sim"
+    link = tmp_path / "innocent-looking"
+    link.symlink_to(dev / "gpu4")
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("spelled", node.signed(uid, {"app": [gpu(0)]}), uid)
+    app = node.create(
+        sandbox,
+        config,
+        "app",
+        script="ls -l /dev; echo ---; cat /proc/mounts; echo END; exec sleep 100000",
+        devices=[
+            (f"{dev}/./gpu1", "/dev/spelled-dot"),
+            (f"{dev}//gpu2", "/dev/spelled-slashes"),
+            (f"{dev}/../kubegpu-sim/gpu3", "/dev/spelled-dotdot"),
+            (str(link), "/dev/spelled-link"),
+            ("/dev/null", "/dev/plain-null"),  # the sim's nodes are /dev/null's numbers: managed here
+            ("/dev/zero", "/dev/kept-zero"),  # not managed: kept
+        ],
+        mounts=[
+            ("/dev/null", "/var/run//nvidia-container-devices/all"),
+            ("/dev/null", "/var/run/./nvidia-container-devices/1"),
+            ("/dev/null", "/run/../var/run/nvidia-container-devices/2"),
+            ("/dev/null", "/var/run/nvidia-container-devicesall"),
+        ],
+    )
+    output = node.start_and_read(app, "spelled", "app")
+    devices, _, mounts = output.partition("---")
+    assert "kept-zero" in devices and "gpu0" not in devices  # gpu0 is at /dev/kubegpu-sim/gpu0
+    for name in ("spelled-dot", "spelled-slashes", "spelled-dotdot", "spelled-link", "plain-null"):
+        assert name not in devices, output
+    assert "nvidia-container-devices" not in mounts, output
+
+
+def test_a_directory_holding_managed_nodes_is_refused(node: Node) -> None:
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("devdir", None, uid)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.create(sandbox, config, "app", devices=[(str(node.state_dir / "dev"), "/dev/all-of-it")])
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "directory holding managed device nodes" in caught.value.details()
+    assert "default/devdir" in caught.value.details() and node.containers_in(sandbox) == []
+
+
+def test_the_v1alpha2_create_is_refused_not_forwarded(node: Node) -> None:
+    """containerd 1.6 still serves runtime.v1alpha2, whose CreateContainer would skip the rewrite."""
+    method = "/runtime.v1alpha2.RuntimeService/CreateContainer"
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("alpha", None, uid)
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        sandbox_config=config,
+        config=shell_container("app", BUSYBOX_IMAGE, "sleep 1", log_path="app.log", envs={"X": "1"}),
+    )
+    request.config.devices.add(host_path="/dev/null", container_path="/dev/forged", permissions="rwm")
+    with pytest.raises(grpc.RpcError) as caught:
+        node.client.channel.unary_unary(method)(request.SerializeToString(), timeout=30)
+    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert "runtime.v1" in caught.value.details()
+    assert node.containers_in(sandbox) == []
+    # The same bytes straight to containerd do create a container: the refusal is what stops it.
+    node.direct.channel.unary_unary(method)(request.SerializeToString(), timeout=60)
+    assert len(node.containers_in(sandbox)) == 1
+
+
+def test_shares_of_another_container_of_the_same_pod_count(node: Node) -> None:
+    """P holds a:600 and b:400 of one GPU, Q c:400: in the order P/a, Q/c, P/b, P/b is refused."""
+    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    device = gpu(3)
+    p_annotation = node.signed(
+        p_uid,
+        {"a": [device], "b": [device]},
+        shares={"a": {device: Share(600)}, "b": {device: Share(400)}},
+    )
+    q_annotation = node.signed(q_uid, {"c": [device]}, shares={"c": {device: Share(400)}})
+    p_sandbox, p_config = node.run_pod("share-p", p_annotation, p_uid)
+    q_sandbox, q_config = node.run_pod("share-q", q_annotation, q_uid)
+    node.create(p_sandbox, p_config, "a")
+    node.create(q_sandbox, q_config, "c")
+    with pytest.raises(grpc.RpcError) as caught:
+        node.create(p_sandbox, p_config, "b")
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "held by" in caught.value.details() and len(node.containers_in(p_sandbox)) == 1
+
+
+def test_an_ambiguously_failed_create_leaves_no_reservation(node: Node) -> None:
+    """containerd answers UNKNOWN (it cannot open a device): the shim cannot know from the code
+    alone whether a container exists, so it asks containerd; the retry's success must not leave
+    a second 600 milli behind that keeps another pod's 400 out."""
+    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    device = gpu(5)
+    p_sandbox, p_config = node.run_pod(
+        "ambig-p", node.signed(p_uid, {"app": [device]}, shares={"app": {device: Share(600)}}), p_uid
+    )
+    q_sandbox, q_config = node.run_pod(
+        "ambig-q", node.signed(q_uid, {"app": [device]}, shares={"app": {device: Share(400)}}), q_uid
+    )
+    with pytest.raises(grpc.RpcError) as failed:
+        node.create(p_sandbox, p_config, "app", devices=[("/dev/kubegpu-no-such-device", "/dev/x")])
+    assert failed.value.code() is grpc.StatusCode.UNKNOWN, failed.value.details()
+    node.create(p_sandbox, p_config, "app")  # kubelet's retry, same attempt
+    node.create(q_sandbox, q_config, "app")  # 600 + 400 fit
+
+
+def test_deleting_a_key_file_revokes_it_without_a_restart(node: Node, tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    write_node_keys(keys, ["k2"])
+    later = time.time() + 3600  # k2 is the newest file: its mtime does not change when k1 goes
+    os.utime(keys / "k2", (later, later))
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("revoke", node.signed(uid, {"app": [gpu(6)]}), uid)
+    assert node.create(sandbox, config, "app")
+    (keys / KEY_ID).unlink()
+    deadline = time.monotonic() + 20  # the shim looks at the directory every 5 s
+    while True:
+        uid = str(uuid.uuid4())
+        annotation = node.signed(uid, {"app": [gpu(6)]})
+        sandbox, config = node.run_pod(f"revoked-{uid[:4]}", annotation, uid)
+        try:
+            node.create(sandbox, config, "other")  # not in the allocation: no devices, just verified
+        except grpc.RpcError as error:
+            assert error.code() is grpc.StatusCode.INVALID_ARGUMENT
+            assert "unknown key id 'k1'" in error.details()
+            break
+        assert time.monotonic() < deadline, "a deleted key was still accepted"
+        time.sleep(0.5)

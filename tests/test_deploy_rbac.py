@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -27,8 +26,10 @@ from typing import Any
 
 import pytest
 import yaml
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kubernetes import client as k8s
 
+from kubegpu.allocation import parse_key, private_key_pem, public_key_pem
 from kubegpu.devenv.controlplane import MERGE_PATCH, create_fake_node
 from kubegpu.devenv.manifests import (
     apply_manifests,
@@ -43,6 +44,7 @@ pytestmark = pytest.mark.apiserver
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 SECRET_TEMPLATE = DEPLOY / "allocation-keys.secret.yaml.template"
+PUBLIC_KEYS_TEMPLATE = DEPLOY / "allocation-public-keys.configmap.yaml.template"
 NAMESPACE = "kubegpu-system"
 SCHEDULER, NODE_AGENT = "kubegpu-scheduler", "kubegpu-node"
 LEASE = "kubegpu-scheduler"
@@ -64,12 +66,14 @@ def status_of(call: Callable[..., Any], *args: Any, **kwargs: Any) -> int:
     return 200
 
 
-def rendered_secret(key: bytes) -> str:
-    """The Secret template with its placeholder replaced by ``key``."""
-    text = SECRET_TEMPLATE.read_text()
-    placeholder = '"<BASE64 OF 32 RANDOM BYTES>"'
-    assert placeholder in text
-    return text.replace(placeholder, base64.b64encode(key).decode())
+def rendered(template: Path, placeholder: str, content: bytes) -> str:
+    """A key template with its placeholder replaced by ``content`` (base64, as the apiserver wants)."""
+    text = template.read_text()
+    assert f'"{placeholder}"' in text
+    return text.replace(f'"{placeholder}"', base64.b64encode(content).decode())
+
+
+SIGNING_KEY = Ed25519PrivateKey.generate()
 
 
 @pytest.fixture(scope="module")
@@ -77,9 +81,14 @@ def deployed(admin_api: k8s.ApiClient, tmp_path_factory: pytest.TempPathFactory)
     """deploy/ applied (twice: it must be idempotent), plus the Secret from its template."""
     apply_manifests(admin_api, [DEPLOY])
     applied = apply_manifests(admin_api, [DEPLOY])
-    secret = tmp_path_factory.mktemp("deploy") / "allocation-keys.secret.yaml"
-    secret.write_text(rendered_secret(os.urandom(32)))
-    applied += apply_manifests(admin_api, [secret])
+    out = tmp_path_factory.mktemp("deploy")
+    secret, public = out / "allocation-keys.secret.yaml", out / "allocation-public-keys.yaml"
+    private_placeholder = "<BASE64 OF THE PEM PKCS8 ED25519 PRIVATE KEY>"
+    secret.write_text(rendered(SECRET_TEMPLATE, private_placeholder, private_key_pem(SIGNING_KEY)))
+    public.write_text(
+        rendered(PUBLIC_KEYS_TEMPLATE, "<BASE64 OF THE PEM ED25519 PUBLIC KEY>", public_key_pem(SIGNING_KEY))
+    )
+    applied += apply_manifests(admin_api, [secret, public])
     return applied
 
 
@@ -213,19 +222,29 @@ def test_the_manifests_are_accepted(deployed: list[Any], admin_api: k8s.ApiClien
             ("ClusterRole", "", NODE_AGENT),
             ("ClusterRoleBinding", "", NODE_AGENT),
             ("ConfigMap", NAMESPACE, "kubegpu-scheduler-config"),
+            ("Lease", NAMESPACE, "kubegpu-scheduler"),
             ("Deployment", NAMESPACE, SCHEDULER),
+            ("PodDisruptionBudget", NAMESPACE, SCHEDULER),
             ("Secret", NAMESPACE, "kubegpu-allocation-keys"),
+            ("ConfigMap", NAMESPACE, "kubegpu-allocation-public-keys"),
         ]
     )
     deployment = k8s.AppsV1Api(admin_api).read_namespaced_deployment(SCHEDULER, NAMESPACE)
     assert deployment.spec.replicas == 2
     container = deployment.spec.template.spec.containers[0]
-    assert container.command == ["kubegpu", "scheduler", "--config", "/etc/kubegpu/scheduler.yaml"]
+    assert container.command == [
+        "kubegpu", "scheduler", "--config", "/etc/kubegpu/scheduler.yaml", "--identity", "$(POD_NAME)"
+    ]
     assert container.security_context.read_only_root_filesystem is True
     mounts = {m.mount_path: m for m in container.volume_mounts}
     assert mounts["/etc/kubegpu/keys"].read_only is True
-    secret = k8s.CoreV1Api(admin_api).read_namespaced_secret("kubegpu-allocation-keys", NAMESPACE)
-    assert secret.type == "Opaque" and len(base64.b64decode(secret.data["k1"])) == 32
+    core = k8s.CoreV1Api(admin_api)
+    secret = core.read_namespaced_secret("kubegpu-allocation-keys", NAMESPACE)
+    assert secret.type == "Opaque"
+    signer = parse_key(base64.b64decode(secret.data["k1"]))  # what the scheduler reads from its mount
+    public = core.read_namespaced_config_map("kubegpu-allocation-public-keys", NAMESPACE)
+    verifier = parse_key(base64.b64decode(public.binary_data["k1"]))  # what a node copies
+    assert isinstance(signer, Ed25519PrivateKey) and verifier == signer.public_key()
 
 
 def test_the_scheduler_pod_template_passes_restricted_pod_security(
@@ -250,12 +269,13 @@ def test_the_scheduler_pod_template_passes_restricted_pod_security(
     assert k8s.CoreV1Api(admin_api).list_namespaced_pod(NAMESPACE).items == []
 
 
-def test_the_secret_template_is_not_applied_with_its_placeholder(
-    admin_api: k8s.ApiClient, tmp_path: Path
+@pytest.mark.parametrize("template", [SECRET_TEMPLATE, PUBLIC_KEYS_TEMPLATE], ids=["private", "public"])
+def test_the_key_templates_are_not_applied_with_their_placeholders(
+    admin_api: k8s.ApiClient, tmp_path: Path, template: Path
 ) -> None:
-    assert SECRET_TEMPLATE not in manifest_files([DEPLOY])  # `kubectl apply -f deploy/` skips it
+    assert template not in manifest_files([DEPLOY])  # `kubectl apply -f deploy/` skips it
     raw = tmp_path / "as-shipped.yaml"
-    raw.write_text(SECRET_TEMPLATE.read_text())
+    raw.write_text(template.read_text())
     with pytest.raises(k8s.ApiException) as caught:
         apply_manifests(admin_api, [raw], dry_run=True)
     # kubectl apply (client side) gets 400; server-side apply reports the decode failure as 500.
@@ -556,9 +576,10 @@ def test_the_scheduler_runs_with_its_service_account(
     import threading
     import time
 
-    from crishim.rewrite import KeyRing
+    from kubegpu.allocation import KeyRing
     from scheduler.live.config import LeaderElection, SchedulerConfig
     from scheduler.live.scheduler import Scheduler
+    from tests.fixtures.keys import SIGNING
     from tests.test_scheduler_api import advertise, gpu_pod, wait_bound
 
     core = k8s.CoreV1Api(admin_api)
@@ -569,7 +590,7 @@ def test_the_scheduler_runs_with_its_service_account(
         leader_election=LeaderElection(enabled=True, namespace=NAMESPACE, lease_name=LEASE, lease_seconds=4.0,
                                        renew_deadline_seconds=3.0, retry_period_seconds=0.5),
     )
-    scheduler = Scheduler(config, scheduler_api, KeyRing(None, {"k1": b"rbac-test-key-0123456789abcdef"}))
+    scheduler = Scheduler(config, scheduler_api, KeyRing(None, SIGNING))
     scheduler.start_watching()
     assert scheduler.wait_synced(30)
     scheduler.start_leading(scheduler_api)

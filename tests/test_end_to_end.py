@@ -16,18 +16,17 @@ import pytest
 from kubernetes import client as k8s
 
 from crishim.cri import api_pb2
-from crishim.rewrite import KeyRing
-from kubegpu.allocation import ANNOTATION, verify
+from kubegpu.allocation import ANNOTATION, KeyRing, verify
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.controlplane import ControlPlane, create_fake_node
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
+from tests.fixtures.keys import KEY_ID, public, write_node_keys, write_scheduler_keys
 from tests.test_scheduler_api import gpu_index, gpu_pod, wait_bound
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.containerd]
-KEY_ID, KEY = "k1", b"end-to-end-signing-key-0123456789"
 
 
 def test_container_sees_exactly_the_scheduled_gpus(
@@ -45,9 +44,9 @@ def test_container_sees_exactly_the_scheduled_gpus(
     create_fake_node(
         core, node, labels={"run": run}, capacity={"cpu": "64", "memory": "256Gi", "pods": "110"}
     )
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / KEY_ID).write_bytes(KEY)
+    # As deployed: the scheduler holds the private key, the node only the public one.
+    keys = write_node_keys(tmp_path / "node-keys")
+    scheduler_keys = write_scheduler_keys(tmp_path / "scheduler-keys")
     shim = ShimProcess(
         socket=Path(f"/tmp/kgshim-e2e-{run}.sock"),
         runtime_endpoint=containerd.endpoint,
@@ -68,7 +67,7 @@ def test_container_sees_exactly_the_scheduled_gpus(
     scheduler = Scheduler(
         SchedulerConfig(scheduler_name=f"kubegpu-{run}", signing_key_id=KEY_ID, policy="bestfit"),
         admin_api,
-        KeyRing(keys),
+        KeyRing(scheduler_keys, allow_private=True),
         seed=3,
     )
     scheduler.start_watching()
@@ -83,7 +82,7 @@ def test_container_sees_exactly_the_scheduled_gpus(
             gpu_pod(kube_namespace, "train", 2, scheduler=f"kubegpu-{run}", selector={"run": run}),
         )
         pod = wait_bound(core, kube_namespace, ["train"])["train"]
-        granted = verify(pod.metadata.annotations[ANNOTATION], {KEY_ID: KEY}).containers["app"].devices
+        granted = verify(pod.metadata.annotations[ANNOTATION], public()).containers["app"].devices
         assert pod.spec.node_name == node and len(granted) == 2
 
         # kubelet's part: sandbox with the pod's identity and annotations, then the container.

@@ -25,9 +25,10 @@ from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from tests.fixtures.common import missing_component
+from tests.fixtures.keys import write_node_keys
 from tests.support.mps_standin import events, os_pid_alive, write_standin
 from tests.support.waiting import wait_for
-from tests.test_crishim_rewrite import KEY, KEY_ID, NODE, Node, gpu, visible
+from tests.test_crishim_rewrite import NODE, Node, gpu, visible
 
 pytestmark = pytest.mark.containerd
 
@@ -51,9 +52,7 @@ class MpsNode(Node):
 def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[MpsNode]:
     if os.geteuid() != 0:
         missing_component("the MPS daemons' private /dev/shm needs root")
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / KEY_ID).write_bytes(KEY)
+    keys = write_node_keys(tmp_path / "keys")
     control = write_standin(tmp_path / "bin")
     mps_dir = tmp_path / "mps"
     shim = ShimProcess(

@@ -19,15 +19,16 @@ import pytest
 from crishim.cri import api_pb2
 from crishim.intercept import Rejected
 from crishim.mps import MpsSharing, MpsSupervisor
-from crishim.rewrite import AllocationRewriter, KeyRing, NodeDevices
+from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.plugin import load_plugins
 from devices.sim import sim_gpu_id
-from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, Share, sign
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, Share, sign
+from tests.fixtures.keys import SIGNING
 from tests.support.mps_standin import events, write_standin
 from tests.support.waiting import wait_for
 
 NODE = "mps-node"
-KEYS = {"k1": b"mps-signing-key-0123456789abcdef"}
+KEYS = SIGNING
 
 
 def gpu(index: int) -> str:

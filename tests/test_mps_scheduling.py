@@ -10,10 +10,9 @@ import random
 import kubernetes.client as k8s
 import pytest
 
-from crishim.rewrite import KeyRing
 from devices.model import Device, DeviceKind, NodeInventory, Sharing, with_sharing
 from kubegpu.allocation import Allocation as Signed
-from kubegpu.allocation import ContainerAllocation, sign
+from kubegpu.allocation import ContainerAllocation, KeyRing, sign
 from kubegpu.allocation import Share as SignedShare
 from scheduler.core import (
     Allocation,
@@ -34,6 +33,7 @@ from scheduler.live.config import SchedulerConfig
 from scheduler.live.podspec import SHARE_ENFORCED_ANNOTATION, PodSpecError, pod_request
 from scheduler.live.scheduler import Scheduler
 from scheduler.live.translate import node_facts, node_state
+from tests.fixtures.keys import SIGNING
 
 
 def node(name: str, enforced: list[bool], memory: int = 81920) -> NodeState:
@@ -171,7 +171,7 @@ def test_the_live_cache_follows_a_gpu_flipping_between_mps_and_advisory_while_a_
     """The advertiser flips GPU 0 to advisory (its daemon failed) while a bound share runs there:
     the cache rebuilds, keeps the running share booked, and places enforced shares only on GPU 1;
     flipped back, GPU 0 takes enforced shares again, in the room the running share leaves."""
-    key = b"flip-test-key-0123456789abcdef01"
+    key = SIGNING["k1"]
     gpus = tuple(Device(f"GPU-{i}", DeviceKind.GPU, i, "H100", memory_mib=81920) for i in range(2))
 
     def api_node(gpu0: Sharing) -> dict[str, object]:
@@ -201,7 +201,7 @@ def test_the_live_cache_follows_a_gpu_flipping_between_mps_and_advisory_while_a_
         "spec": {"nodeName": "n", "containers": [{"name": "app"}]},
         "status": {"phase": "Running"},
     }
-    scheduler = Scheduler(SchedulerConfig(), k8s.ApiClient(), KeyRing(None, {"k1": key}), seed=0)
+    scheduler = Scheduler(SchedulerConfig(), k8s.ApiClient(), KeyRing(None, SIGNING), seed=0)
     try:
         scheduler.replace_nodes([api_node(Sharing.MPS)])
         scheduler.replace_pods([bound])

@@ -115,11 +115,16 @@ def test_advertiser_loop_survives_an_unreachable_apiserver(tmp_path: Path) -> No
     assert advertiser.patches == 0
 
 
-def pod(namespace: str, name: str, limits: dict[str, str] | None, annotation: str | None) -> k8s.V1Pod:
+def pod(
+    namespace: str,
+    name: str,
+    limits: dict[str, str] | None,
+    annotation: str | None,
+    extra: dict[str, str] | None = None,
+) -> k8s.V1Pod:
+    annotations = {**({ANNOTATION: annotation} if annotation else {}), **(extra or {})}
     return k8s.V1Pod(
-        metadata=k8s.V1ObjectMeta(
-            name=name, namespace=namespace, annotations={ANNOTATION: annotation} if annotation else None
-        ),
+        metadata=k8s.V1ObjectMeta(name=name, namespace=namespace, annotations=annotations or None),
         spec=k8s.V1PodSpec(
             scheduler_name="nobody",
             containers=[
@@ -153,3 +158,36 @@ def test_pod_lookup_fallback(admin_api: k8s.ApiClient, kube_namespace: str) -> N
         assert await lookup(kube_namespace, "missing", "uid") is None  # 404: scrubbed, not crashed
 
     asyncio.run(run())
+
+
+def test_pods_asking_for_devices_any_managed_way_are_refused_without_an_allocation(
+    admin_api: k8s.ApiClient, kube_namespace: str
+) -> None:
+    """The names come from the contract: the advertiser's kubegpu.io/rdma, the scheduler's
+    share annotation kubegpu.io/gpu-milli, not a list of guesses."""
+    core = k8s.CoreV1Api(admin_api)
+    rdma = core.create_namespaced_pod(
+        kube_namespace, pod(kube_namespace, "wants-rdma", {"kubegpu.io/rdma": "1"}, None)
+    )
+    share = core.create_namespaced_pod(
+        kube_namespace, pod(kube_namespace, "wants-share", None, None, {"kubegpu.io/gpu-milli": "250"})
+    )
+    lookup = ApiPodLookup(core)
+
+    async def run() -> None:
+        for created, what in ((rdma, "kubegpu.io/rdma"), (share, "kubegpu.io/gpu-milli")):
+            with pytest.raises(Rejected) as caught:
+                await lookup(kube_namespace, created.metadata.name, created.metadata.uid)
+            assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+            assert f"requests {what} but carries no kubegpu allocation" in caught.value.message
+
+    asyncio.run(run())
+
+
+def test_an_unreachable_api_server_means_no_allocation_never_an_exception() -> None:
+    """urllib3's MaxRetryError used to escape the lookup and fail every such create with UNKNOWN."""
+    configuration = k8s.Configuration()
+    configuration.host = "https://127.0.0.1:1"  # nothing listens there
+    configuration.retries = 1
+    lookup = ApiPodLookup(k8s.CoreV1Api(k8s.ApiClient(configuration)), timeout=1.0)
+    assert asyncio.run(lookup("default", "anything", "uid")) is None

@@ -16,6 +16,7 @@ import pytest
 from crishim.advertiser import INVENTORY_ANNOTATION
 from kubegpu import allocation as contract
 from scheduler.live.config import LeaderElection
+from tests.fixtures.keys import SIGNING
 from tests.support.schedworld import (
     KEYS,
     Clock,
@@ -47,7 +48,7 @@ def signed(pod: dict, node: str, devices: list[str], container: str = "app") -> 
     allocation = contract.Allocation(
         node, pod["metadata"]["uid"], {container: contract.ContainerAllocation(tuple(devices))}
     )
-    pod["metadata"]["annotations"][contract.ANNOTATION] = contract.sign(allocation, "k1", KEYS["k1"])
+    pod["metadata"]["annotations"][contract.ANNOTATION] = contract.sign(allocation, "k1", SIGNING["k1"])
     return pod
 
 

@@ -14,16 +14,17 @@ import pytest
 from kubernetes import client as k8s
 
 from crishim.advertiser import Advertiser
-from crishim.rewrite import KeyRing, NodeDevices
+from crishim.rewrite import NodeDevices
 from devices.plugin import load_plugins
 from devices.sim import sim_gpu_id
-from kubegpu.allocation import ANNOTATION, verify
+from kubegpu.allocation import ANNOTATION, KeyRing, verify
 from kubegpu.devenv.controlplane import create_fake_node
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
+from tests.fixtures.keys import SIGNING, public, write_scheduler_keys
 
 pytestmark = pytest.mark.apiserver
-KEYS = {"k1": b"scheduler-test-key-0123456789abcdef"}
+KEYS = public()  # verifying keys; the scheduler signs with tests.fixtures.keys.SIGNING
 
 
 def advertise(
@@ -77,7 +78,7 @@ def scheduler_factory(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Schedu
 
     def start(name: str, policy: str = SchedulerConfig().policy, **overrides: Any) -> Scheduler:
         config = SchedulerConfig(scheduler_name=name, policy=policy, **overrides)
-        scheduler = Scheduler(config, admin_api, KeyRing(None, KEYS), seed=7)
+        scheduler = Scheduler(config, admin_api, KeyRing(None, SIGNING), seed=7)
         scheduler.start_watching()
         assert scheduler.wait_synced(30)
         scheduler.leading.set()
@@ -286,7 +287,7 @@ def test_two_replicas_with_leader_election(admin_api: k8s.ApiClient, trial: Tria
             identity=identity,
             leader_election=LeaderElection(**vars(election)),
         )
-        scheduler = Scheduler(config, admin_api, KeyRing(None, KEYS), seed=1)
+        scheduler = Scheduler(config, admin_api, KeyRing(None, SIGNING), seed=1)
         scheduler.start_watching()
         assert scheduler.wait_synced(30)
         scheduler.start_leading(admin_api)
@@ -322,9 +323,7 @@ def test_scheduler_command_serves_metrics_and_health(
     from kubegpu.devenv.shimproc import free_port
 
     node = trial.node("cli", "pcie-4gpu")
-    keys = tmp_path / "keys"
-    keys.mkdir()
-    (keys / "k1").write_bytes(KEYS["k1"])
+    keys = write_scheduler_keys(tmp_path / "keys")
     port = free_port()
     config = tmp_path / "scheduler.yaml"
     config.write_text(f"schedulerName: {trial.name}\npolicy: bestfit\nkeysDir: {keys}\nsigningKeyId: k1\n")

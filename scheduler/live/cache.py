@@ -135,7 +135,7 @@ class Cache:
     def __init__(
         self,
         scheduler_name: str,
-        keys: Callable[[], Mapping[str, bytes]],
+        keys: Callable[[], Mapping[str, contract.VerifyingKey]],
         gpu_resource: str = "nvidia.com/gpu",
         stale_after: float = 120.0,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),

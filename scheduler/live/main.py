@@ -7,7 +7,7 @@ import signal
 from pathlib import Path
 from types import FrameType
 
-from crishim.rewrite import KeyRing
+from kubegpu.allocation import KeyRing
 from kubegpu.httpserve import MetricsServer
 from kubegpu.kube import api_client
 from kubegpu.logs import log_event
@@ -25,7 +25,7 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
             log, "scheduler.no_api", logging.ERROR, reason="needs --kubeconfig or an in-cluster account"
         )
         return 2
-    scheduler = Scheduler(config, api, KeyRing(Path(config.keys_dir)))
+    scheduler = Scheduler(config, api, KeyRing(Path(config.keys_dir), allow_private=True))
     stop = scheduler.stop_event
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -36,8 +36,8 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
-from crishim.rewrite import KeyRing
 from kubegpu import allocation as contract
+from kubegpu.allocation import KeyRing
 from kubegpu.logs import log_event
 from scheduler.core.filters import unschedulable_message
 from scheduler.core.policies import make_policy
@@ -460,10 +460,10 @@ class Scheduler:
         signed = None
         try:
             if alloc.gpus:
-                key = self.keys.keys().get(self.config.signing_key_id)
+                key = self.keys.signing_key(self.config.signing_key_id)
                 if key is None:
                     raise RuntimeError(
-                        f"signing key {self.config.signing_key_id!r} not in {self.config.keys_dir}"
+                        f"private signing key {self.config.signing_key_id!r} not in {self.config.keys_dir}"
                     )
                 signed = allocation_contract(alloc)
                 annotation = contract.sign(signed, self.config.signing_key_id, key)

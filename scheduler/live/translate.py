@@ -214,7 +214,7 @@ def pod_usage(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> P
 
 
 def verified_allocation(
-    raw: str | None, keys: Mapping[str, bytes], node: str, uid: str
+    raw: str | None, keys: Mapping[str, contract.VerifyingKey], node: str, uid: str
 ) -> tuple[contract.Allocation | None, str]:
     """The pod's verified allocation for ``node`` (or None), and why it is ignored if it is."""
     if raw is None:

@@ -32,13 +32,13 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION, publication
-from crishim.rewrite import KeyRing
 from devices.model import Device, DeviceKind, NodeInventory
-from kubegpu.allocation import ANNOTATION, verify
+from kubegpu.allocation import ANNOTATION, KeyRing, verify
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
+from tests.fixtures.keys import SIGNING, public
 
-KEYS = {"k1": b"schedworld-test-key-0123456789abcdef"}
+KEYS = public()  # verifying keys; the scheduler signs with SIGNING (tests.fixtures.keys)
 GPU_MEMORY_MIB = 40960
 
 
@@ -401,7 +401,7 @@ def make_scheduler(
         scheduler_name=name, policy=overrides.pop("policy", "bestfit"), signing_key_id="k1", **overrides
     )
     scheduler = Scheduler(
-        config, k8s.ApiClient(), KeyRing(None, KEYS), seed=seed, clock=clock, submit=jobs.submit, core=core
+        config, k8s.ApiClient(), KeyRing(None, SIGNING), seed=seed, clock=clock, submit=jobs.submit, core=core
     )
     scheduler._binders.shutdown()
     scheduler._binders = jobs  # type: ignore[assignment]

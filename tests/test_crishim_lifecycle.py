@@ -1,0 +1,843 @@
+"""The rewriter over time, with stand-in plugins and runtime: discovery retried until it works,
+rediscovery on health changes, creates of unknown outcome reconciled with the runtime, static
+pods never sent to the API server. (Real containerd: test_crishim_rewrite.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import warnings
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crishim.cri import api_pb2
+from crishim.hostpaths import CHAR, DeviceNumber
+from crishim.intercept import Rejected
+from crishim.ledger import MARK_ANNOTATION, Holding, mark_value
+from crishim.rewrite import CONFIG_SOURCE_ANNOTATION, AllocationRewriter, DevicesNotDiscovered, NodeDevices
+from devices.model import Device, DeviceKind, NodeInventory
+from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginError
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, Share, sign
+from tests.fixtures.keys import SIGNING
+
+NODE, UID = "life-node", "11111111-0000-4000-8000-000000000001"
+
+
+class Flaky:
+    """A GPU plugin whose discovery fails ``failures`` times (NVML not up yet), then works."""
+
+    name = "flaky"
+    kinds = frozenset({DeviceKind.GPU})
+    device_patterns = ("/dev/flaky-gpu*",)
+
+    def __init__(self, failures: int, gpus: int = 2) -> None:
+        self.failures = failures
+        self.gpus = gpus
+        self.calls = 0
+        self.healthy = True
+
+    def discover(self) -> NodeInventory:
+        self.calls += 1
+        if self.calls <= self.failures:
+            raise PluginError("flaky: NVML not available: driver not loaded")
+        return NodeInventory(
+            tuple(
+                Device(
+                    id=f"GPU-{i}",
+                    kind=DeviceKind.GPU,
+                    index=i,
+                    model="x",
+                    healthy=self.healthy,
+                    device_nodes=(f"/dev/flaky-gpu{i}",),
+                )
+                for i in range(self.gpus)
+            )
+        )
+
+    def health(self) -> dict[str, bool]:
+        if self.calls <= self.failures:
+            return {}  # knows no device yet, and says so without failing
+        return {f"GPU-{i}": self.healthy for i in range(self.gpus)}
+
+    def container_edits(
+        self, devices: Sequence[Device], shares: Mapping[str, GpuShare] | None = None
+    ) -> ContainerEdits:
+        return ContainerEdits(
+            device_nodes=tuple(DeviceNode(d.device_nodes[0], d.device_nodes[0]) for d in devices),
+            env={"NVIDIA_VISIBLE_DEVICES": ",".join(d.id for d in devices)},
+        )
+
+
+def request(
+    container: str = "app",
+    grant: dict[str, list[str]] | None = None,
+    shares: dict[str, dict[str, Share]] | None = None,
+    uid: str = UID,
+    sandbox: str = "sb",
+    attempt: int = 0,
+    annotations: dict[str, str] | None = None,
+) -> api_pb2.CreateContainerRequest:
+    req = api_pb2.CreateContainerRequest(pod_sandbox_id=sandbox)
+    req.sandbox_config.metadata.name, req.sandbox_config.metadata.namespace = "p", "default"
+    req.sandbox_config.metadata.uid = uid
+    req.sandbox_config.annotations.update(annotations or {})
+    if grant is not None:
+        allocation = Allocation(
+            NODE,
+            uid,
+            {n: ContainerAllocation(tuple(d), (shares or {}).get(n, {})) for n, d in grant.items()},
+        )
+        req.sandbox_config.annotations[ANNOTATION] = sign(allocation, "k1", SIGNING["k1"])
+    req.config.metadata.name = container
+    req.config.metadata.attempt = attempt
+    return req
+
+
+def rewriter_for(node: NodeDevices, lookup: object = None) -> AllocationRewriter:
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING), lookup)  # type: ignore[arg-type]
+    rewriter.rebuilt.set()
+    return rewriter
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[tuple[int, dict[str, object]]]:
+    """The structured log events called ``name``: (level, fields)."""
+    return [(r.levelno, getattr(r, "fields", {})) for r in caplog.records if r.getMessage() == name]
+
+
+def test_discovery_is_retried_and_creates_wait_for_it(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    plugin = Flaky(failures=3)
+    node = NodeDevices([plugin], sysfs_root=None)
+    with pytest.raises(PluginError):
+        node.discover()
+    rewriter = rewriter_for(node)
+    with pytest.raises(DevicesNotDiscovered, match="has not succeeded yet: flaky: NVML not available"):
+        node.current_inventory()  # the advertiser publishes nothing rather than an empty node
+
+    async def run() -> None:
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        assert caught.value.code is grpc.StatusCode.UNAVAILABLE
+        assert (
+            "device discovery has not succeeded" in caught.value.message
+            and "driver not loaded" in caught.value.message
+        )
+        # A container without devices is served meanwhile, and still scrubbed of the known paths.
+        plain = request()
+        plain.config.devices.add(host_path="/dev/flaky-gpu0", container_path="/dev/x")
+        created, _ = await rewriter.create_container(plain)
+        assert not created.config.devices
+        # Discovery is retried on its own schedule, not only by the (rare) full rediscovery.
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=10**6))
+        for _ in range(500):
+            if events(caplog, "devices.discovered"):  # logged just after discovery succeeded
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+        assert node.discovered and sorted(node.devices) == ["GPU-0", "GPU-1"]
+        assert plugin.calls == 4
+        granted, completion = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        assert [d.host_path for d in granted.config.devices] == ["/dev/flaky-gpu0"]
+        assert completion is not None
+
+    asyncio.run(run())
+    assert [d.id for d in node.current_inventory().devices] == ["GPU-0", "GPU-1"]
+    assert (
+        events(caplog, "devices.discovery_failed")
+        == [(logging.WARNING, {"node": NODE, "error": "flaky: NVML not available: driver not loaded"})] * 2
+    )
+    assert events(caplog, "devices.discovered") == [
+        (logging.INFO, {"node": NODE, "devices": ["GPU-0", "GPU-1"]})
+    ]
+
+
+def test_a_health_change_triggers_rediscovery(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    plugin = Flaky(failures=0, gpus=1)
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+
+    async def run() -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=10**6))
+        await asyncio.sleep(0.1)
+        plugin.gpus, plugin.healthy = 3, False  # a GPU fell off and two more came up
+        for _ in range(500):
+            if events(caplog, "devices.rediscovered"):  # logged just after the devices changed
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(run())
+    assert sorted(node.devices) == ["GPU-0", "GPU-1", "GPU-2"]
+    changed = {"GPU-0": False, "GPU-1": False, "GPU-2": False}  # GPU-0 went bad, two came (bad)
+    assert events(caplog, "health.changed")[0] == (logging.INFO, {"node": NODE, "devices": changed})
+    assert events(caplog, "devices.rediscovered")[0] == (
+        logging.INFO,
+        {"node": NODE, "devices": ["GPU-0", "GPU-1", "GPU-2"]},
+    )
+    inventory = node.current_inventory()  # what the advertiser publishes: today's health folded in
+    assert [(d.id, d.healthy) for d in inventory.devices] == [
+        ("GPU-0", False),
+        ("GPU-1", False),
+        ("GPU-2", False),
+    ]
+    assert inventory.topology == node.inventory.topology
+
+
+class FakeRuntime:
+    """Answers ListContainers and ContainerStatus from a list of containers."""
+
+    def __init__(self) -> None:
+        self.containers: list[api_pb2.Container] = []
+        self.lists = 0
+        self.asked: list[tuple[str, float | None]] = []  # (sandbox filter, timeout) of each list
+
+    def add(self, container_id: str, sandbox: str, name: str, attempt: int, devices: dict[str, int]) -> None:
+        self.containers.append(
+            api_pb2.Container(
+                id=container_id,
+                pod_sandbox_id=sandbox,
+                metadata=api_pb2.ContainerMetadata(name=name, attempt=attempt),
+                state=api_pb2.CONTAINER_CREATED,
+                annotations={MARK_ANNOTATION: mark_value(UID, name, devices)},
+            )
+        )
+
+    async def ListContainers(
+        self, req: api_pb2.ListContainersRequest, timeout: float | None = None
+    ) -> object:
+        self.lists += 1
+        self.asked.append((req.filter.pod_sandbox_id, timeout))
+        wanted = req.filter.pod_sandbox_id
+        return api_pb2.ListContainersResponse(
+            containers=[c for c in self.containers if not wanted or c.pod_sandbox_id == wanted]
+        )
+
+    async def ContainerStatus(self, req: api_pb2.ContainerStatusRequest, timeout: float = 0) -> object:
+        for c in self.containers:
+            if c.id == req.container_id:
+                return api_pb2.ContainerStatusResponse(status=api_pb2.ContainerStatus(id=c.id, state=c.state))
+        raise _NotFound()
+
+
+class _NotFound(grpc.aio.AioRpcError):
+    def __init__(self) -> None:
+        super().__init__(grpc.StatusCode.NOT_FOUND, grpc.aio.Metadata(), grpc.aio.Metadata(), "not found")
+
+
+def sim_node(tmp_path: Path) -> NodeDevices:
+    node = NodeDevices([Flaky(failures=0, gpus=2)], sysfs_root=None)
+    node.discover()
+    return node
+
+
+@pytest.mark.parametrize("created", [False, True])
+def test_an_unknown_outcome_is_settled_by_asking_the_runtime(tmp_path: Path, created: bool) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    share = {"app": {"GPU-1": Share(600)}}
+
+    async def run() -> None:
+        _, completion = await rewriter.create_container(request(grant={"app": ["GPU-1"]}, shares=share))
+        assert completion is not None
+        completion(None, True)  # DEADLINE_EXCEEDED: containerd may or may not have made it
+        [held] = rewriter.ledger.holdings()
+        assert held.unknown and not held.container_id
+        if created:
+            runtime.add("c-ghost", "sb", "app", 0, {"GPU-1": 600})
+        other = request(
+            container="c", grant={"c": ["GPU-1"]}, shares={"c": {"GPU-1": Share(500)}}, uid="Q", sandbox="sq"
+        )
+        if created:  # the ghost exists and may be started: its 600 stand, 500 more do not fit
+            with pytest.raises(Rejected) as caught:
+                await rewriter.create_container(other)
+            assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        else:  # nothing was created: the 600 go, and 500 fit
+            await rewriter.create_container(other)
+        assert runtime.lists == 1
+        [(sandbox, timeout)] = runtime.asked
+        assert sandbox == "sb" and timeout is not None and 0 < timeout <= 30  # one sandbox, bounded
+        mine = [h for h in rewriter.ledger.holdings() if h.pod_uid == UID]
+        assert [(h.container_id, h.unknown) for h in mine] == ([("c-ghost", False)] if created else [])
+
+    asyncio.run(run())
+
+
+def test_the_retry_of_an_unknown_create_does_not_count_twice(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    share = {"app": {"GPU-0": Share(600)}}
+
+    async def run() -> None:
+        _, first = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, shares=share))
+        first(None, True)  # type: ignore[misc]
+        _, retry = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, shares=share))
+        runtime.add("c-retry", "sb", "app", 0, {"GPU-0": 600})
+        retry("c-retry", False)  # type: ignore[misc]
+        assert await rewriter.reconcile_unknown("sb")
+        assert [(h.container_id, h.milli) for h in rewriter.ledger.holdings()] == [("c-retry", 600)]
+
+    asyncio.run(run())
+
+
+def test_reconciliation_keeps_the_holding_while_the_runtime_is_unreachable(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+
+    class Down(FakeRuntime):
+        async def ListContainers(self, req: object, timeout: float = 0) -> object:
+            raise grpc.aio.AioRpcError(
+                grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
+            )
+
+    rewriter._runtime = Down()  # type: ignore[assignment]
+    rewriter.ledger.try_reserve([Holding("", "sb", UID, "app", "GPU-0", 1000)])
+    rewriter.ledger.mark_unknown([Holding("", "sb", UID, "app", "GPU-0", 1000)])
+    assert not asyncio.run(rewriter.reconcile_unknown())
+    assert [h.unknown for h in rewriter.ledger.holdings()] == [True]  # still counts: the safe side
+
+
+def test_static_pods_never_need_the_api_server(tmp_path: Path) -> None:
+    asked: list[str] = []
+
+    async def lookup(namespace: str, name: str, uid: str) -> str | None:
+        asked.append(name)
+        raise AssertionError("a static pod must not be looked up")
+
+    rewriter = rewriter_for(sim_node(tmp_path), lookup)
+    static = request(annotations={CONFIG_SOURCE_ANNOTATION: "file"})
+    static.config.envs.add(key="NVIDIA_VISIBLE_DEVICES", value=b"all")
+    created, completion = asyncio.run(rewriter.create_container(static))
+    assert completion is None and not asked
+    assert {kv.key: kv.value for kv in created.config.envs}["NVIDIA_VISIBLE_DEVICES"] == b"void"
+
+    async def found(namespace: str, name: str, uid: str) -> str | None:
+        asked.append(f"{namespace}/{name}/{uid}")
+        return None
+
+    api_pod = request(annotations={CONFIG_SOURCE_ANNOTATION: "api"})
+    asyncio.run(rewriter_for(sim_node(tmp_path), found).create_container(api_pod))
+    assert asked == [f"default/p/{UID}"]
+
+
+def test_a_privileged_container_is_logged(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    privileged = request()
+    privileged.config.linux.security_context.privileged = True
+    asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(privileged))
+    asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(request(container="plain")))
+    assert events(caplog, "create_container.privileged") == [
+        (
+            logging.WARNING,
+            {
+                "pod": "default/p",
+                "container": "app",
+                "node": NODE,
+                "note": "a privileged container sees every device node; Pod Security must forbid it",
+            },
+        )
+    ]
+
+
+def test_the_ledger_is_rebuilt_from_the_runtimes_marked_live_containers(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    node = sim_node(tmp_path)
+
+    class Sharing:  # stands in for crishim.mps.MpsSharing: told how to read the ledger's shares
+        def __init__(self) -> None:
+            self.shared: object = None
+
+        def start(self, shared: object) -> None:
+            self.shared = shared
+
+        def poke(self) -> None:
+            pass
+
+    sharing = Sharing()
+    node.sharing = sharing  # type: ignore[assignment]
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.containers.append(api_pb2.Container(id="c-plain", pod_sandbox_id="sb"))  # not ours, listed first
+    runtime.add("c-done", "sb", "old", 0, {"GPU-1": 700})
+    runtime.containers[-1].state = api_pb2.CONTAINER_EXITED
+    runtime.add("c-live", "sb", "app", 2, {"GPU-0": 1000, "GPU-1": 300})
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    assert not rewriter.rebuilt.is_set()
+    asyncio.run(rewriter.rebuild())
+    assert rewriter.rebuilt.is_set()
+    held = sorted(
+        (h.container_id, h.pod_uid, h.container, h.device, h.milli, h.attempt, h.sandbox_id)
+        for h in rewriter.ledger.holdings()
+    )
+    assert held == [
+        ("c-live", UID, "app", "GPU-0", 1000, 2, "sb"),
+        ("c-live", UID, "app", "GPU-1", 300, 2, "sb"),
+    ]
+    assert callable(sharing.shared) and sharing.shared() == {"GPU-1"}  # type: ignore[operator]
+    assert events(caplog, "ledger.rebuilt") == [
+        (logging.INFO, {"containers": 1, "devices": ["GPU-0", "GPU-1"]})
+    ]
+    # What was rebuilt counts: another pod cannot take GPU-0.
+    assert rewriter.ledger.try_reserve([Holding("", "sq", "Q", "c", "GPU-0", 1)])
+    rewriter.removed_container("c-live")
+    assert not rewriter.ledger.holdings()
+    assert events(caplog, "ledger.freed") == [
+        (logging.INFO, {"container": "c-live", "devices": ["GPU-0", "GPU-1"]})
+    ]
+
+
+def test_the_rebuild_waits_for_the_runtime(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.DEBUG)
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+
+    class Late(FakeRuntime):
+        async def ListContainers(self, req: object, timeout: float = 0) -> object:
+            self.lists += 1
+            if self.lists < 3:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), "down"
+                )
+            return await super().ListContainers(req, timeout)  # type: ignore[arg-type]  (counts again)
+
+    late = Late()
+    late.add("c1", "sb", "app", 0, {"GPU-0": 1000})
+    rewriter._runtime = late  # type: ignore[assignment]
+    asyncio.run(rewriter.rebuild(retry_seconds=0.01))
+    assert late.lists == 4 and [h.container_id for h in rewriter.ledger.holdings()] == ["c1"]
+    assert [t for _, t in late.asked if t is None] == []  # every list is bounded
+    assert events(caplog, "ledger.rebuild_retry") == [(logging.WARNING, {"code": "UNAVAILABLE"})] * 2
+
+
+def test_an_exited_or_vanished_holder_of_another_pod_is_dropped_on_conflict(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    runtime.add("c-exited", "s-old", "app", 0, {"GPU-0": 1000})
+    runtime.containers[-1].state = api_pb2.CONTAINER_EXITED
+    runtime.add("c-running", "s-run", "app", 0, {"GPU-1": 1000})
+    runtime.containers[-1].state = api_pb2.CONTAINER_RUNNING
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    assert not rewriter.ledger.try_reserve([Holding("c-gone", "s-gone", "other2", "app", "GPU-0", 1)])
+    assert not rewriter.ledger.try_reserve([Holding("c-exited", "s-old", "other", "app", "GPU-0", 999)])
+    rewriter.ledger.try_reserve([Holding("c-running", "s-run", "other3", "app", "GPU-1", 1000)])
+
+    async def run() -> None:
+        _, done = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        assert done is not None
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(request(container="b", grant={"b": ["GPU-1"]}))
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "GPU-1 is held by app of pod other3 (c-running)" in caught.value.message
+
+    asyncio.run(run())
+    owners = sorted((h.pod_uid, h.device) for h in rewriter.ledger.holdings())
+    assert owners == [(UID, "GPU-0"), ("other3", "GPU-1")]
+    rewriter.removed_sandbox("s-run")
+    assert sorted(h.pod_uid for h in rewriter.ledger.holdings()) == [UID]
+    assert events(caplog, "ledger.freed") == [(logging.INFO, {"sandbox": "s-run", "devices": ["GPU-1"]})]
+    [(level, conflict)] = events(caplog, "create_container.conflict")
+    assert level == logging.WARNING
+    assert conflict == {
+        "pod": "default/p",
+        "container": "b",
+        "node": NODE,
+        "reason": "device GPU-1 is held by app of pod other3 (c-running)",
+    }
+
+
+def test_health_refresh_reports_only_changes_and_rediscovery_when_health_fails(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    plugin = Flaky(failures=0, gpus=2)
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    assert node.refresh_health() == {}
+    plugin.healthy = False
+    assert node.refresh_health() == {"GPU-0": False, "GPU-1": False}
+    assert node.healthy == {"GPU-0": False, "GPU-1": False}
+    assert [d.healthy for d in node.inventory.devices] == [True, True]  # as discovered
+    assert [d.healthy for d in node.current_inventory().devices] == [False, False]  # as published
+
+    class Broken(Flaky):
+        def health(self) -> dict[str, bool]:
+            raise PluginError("broken: NVML went away")
+
+    broken = Broken(failures=0, gpus=1)
+    node = NodeDevices([broken], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+
+    async def run() -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=10**6))
+        for _ in range(500):
+            if broken.calls >= 3:
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(run())
+    assert broken.calls >= 3  # health failing: discovery again, every round
+    assert events(caplog, "devices.health_refresh_failed")[0] == (
+        logging.WARNING,
+        {"node": NODE, "error": "broken: NVML went away"},
+    )
+
+
+def test_reconciliation_settles_only_the_sandbox_asked_about_and_logs_it(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    here = Holding("", "sb", UID, "app", "GPU-0", 500, attempt=1, ticket=1)
+    there = Holding("", "sc", "other", "app", "GPU-1", 500, ticket=2)
+    for h in (here, there):
+        rewriter.ledger.try_reserve([h])
+        rewriter.ledger.mark_unknown([h])
+    runtime.containers.append(api_pb2.Container(id="c-plain", pod_sandbox_id="sb"))  # unmarked
+    runtime.add("c-exited", "sb", "app", 1, {"GPU-0": 500})  # same create, but it has exited
+    runtime.containers[-1].state = api_pb2.CONTAINER_EXITED
+    runtime.add("c-claimed", "sb", "app", 1, {"GPU-0": 500})  # same create, already accounted for
+    rewriter.ledger.try_reserve([Holding("c-claimed", "sb", UID, "app", "GPU-2", 1)])
+    runtime.add("c-made", "sb", "app", 1, {"GPU-0": 500})
+    runtime.add("c-other-attempt", "sb", "app", 0, {"GPU-0": 500})
+    assert asyncio.run(rewriter.reconcile_unknown("sb"))
+    held = sorted((h.sandbox_id, h.container_id, h.unknown) for h in rewriter.ledger.holdings())
+    assert held == [("sb", "c-claimed", False), ("sb", "c-made", False), ("sc", "", True)]
+    assert events(caplog, "ledger.reconciled") == [
+        (
+            logging.INFO,
+            {"pod_uid": UID, "container": "app", "attempt": 1, "created": "c-made", "devices": ["GPU-0"]},
+        )
+    ]
+
+
+def test_an_unknown_outcome_is_settled_in_the_background(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    import crishim.rewrite
+
+    caplog.set_level(logging.DEBUG)
+    monkeypatch.setattr(crishim.rewrite, "RECONCILE_DELAY_SECONDS", 0.01)
+    rewriter = rewriter_for(sim_node(tmp_path))
+
+    class Flapping(FakeRuntime):
+        async def ListContainers(
+            self, req: api_pb2.ListContainersRequest, timeout: float | None = None
+        ) -> object:
+            self.lists += 1
+            if self.lists < 3:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.UNAVAILABLE, grpc.aio.Metadata(), grpc.aio.Metadata(), ""
+                )
+            return await super().ListContainers(req, timeout)
+
+    runtime = Flapping()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    other = Holding("", "sc", "other", "app", "GPU-1", 500, ticket=99)
+    rewriter.ledger.try_reserve([other])
+    rewriter.ledger.mark_unknown([other])
+
+    async def run() -> None:
+        _, done = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        assert done is not None
+        done(None, True)
+        for _ in range(300):
+            if not rewriter.ledger.unknown("sb"):
+                break
+            await asyncio.sleep(0.01)
+        assert not rewriter.ledger.unknown("sb") and runtime.lists >= 3
+        await asyncio.sleep(0.05)
+        assert not rewriter._background  # finished tasks are not kept
+
+    asyncio.run(run())
+    assert [h.ticket for h in rewriter.ledger.holdings()] == [99]  # the other sandbox's stays
+    assert events(caplog, "ledger.outcome_unknown") == [
+        (logging.WARNING, {"pod_uid": UID, "container": "app", "attempt": 0, "devices": ["GPU-0"]})
+    ]
+    assert (
+        events(caplog, "ledger.reconcile_failed")
+        == [(logging.WARNING, {"sandbox": "sb", "code": "UNAVAILABLE"})] * 2
+    )
+
+
+def test_an_unknown_outcome_outside_an_event_loop_leaves_nothing_dangling(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    _, done = asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0"]})))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        done(None, True)  # type: ignore[misc]
+        gc.collect()
+    assert not [w for w in caught if "never awaited" in str(w.message)]
+    assert [h.unknown for h in rewriter.ledger.holdings()] == [True]  # settled at the next conflict
+
+
+def test_rediscovery_follows_its_schedule_and_the_managed_set_follows_the_host(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every fourth health check rediscovers (rediscover_every=4); every health check refreshes
+    the managed set, so a device node that appears on the host is scrubbed from then on."""
+    caplog.set_level(logging.DEBUG)
+    calls: list[str] = []
+    dev = tmp_path / "dev"
+    dev.mkdir()
+
+    class Steady(Flaky):
+        device_patterns = (f"{dev}/late*",)
+
+        def discover(self) -> NodeInventory:
+            calls.append("d")
+            return super().discover()
+
+        def health(self) -> dict[str, bool]:
+            calls.append("h")
+            return super().health()
+
+    plugin = Steady(failures=0, gpus=1)
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+    (dev / "late0").symlink_to("/dev/zero")  # a node that appears after discovery
+    assert DeviceNumber(CHAR, 1, 5) not in node.managed.numbers
+
+    async def until(health_checks: int, every: int) -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=every))
+        for _ in range(500):
+            if calls.count("h") >= health_checks:
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(until(2, 10**6))  # health checks only, no rediscovery
+    assert "d" not in calls[1:] and DeviceNumber(CHAR, 1, 5) in node.managed.numbers
+    calls.clear()
+    asyncio.run(until(9, 4))
+    assert "".join(calls).startswith("hhhhdhhhhd"), calls
+    assert events(caplog, "devices.rediscovered") == []  # the devices did not change
+    assert events(caplog, "devices.managed_refresh_failed") == []
+
+
+def test_failures_of_rediscovery_and_of_the_managed_refresh_are_logged(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    class Failing(Flaky):
+        def __init__(self) -> None:
+            super().__init__(failures=0, gpus=1)
+            self.broken = False
+
+        def discover(self) -> NodeInventory:
+            if self.broken:
+                raise PluginError("failing: rediscovery broke")
+            return super().discover()
+
+        @property
+        def device_patterns(self) -> tuple[str, ...]:
+            if self.broken:
+                raise RuntimeError("cannot list patterns")
+            return ()
+
+    plugin = Failing()
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    plugin.broken = True
+    rewriter = rewriter_for(node)
+
+    async def run() -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01, rediscover_every=2))
+        for _ in range(500):
+            if events(caplog, "devices.rediscovery_failed") and events(
+                caplog, "devices.managed_refresh_failed"
+            ):
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(run())
+    assert events(caplog, "devices.rediscovery_failed")[0] == (
+        logging.WARNING,
+        {"node": NODE, "error": "failing: rediscovery broke"},
+    )
+    assert events(caplog, "devices.managed_refresh_failed")[0] == (
+        logging.WARNING,
+        {"node": NODE, "error": "cannot list patterns"},
+    )
+    assert node.discovered and sorted(node.devices) == ["GPU-0"]  # the last good state stays
+
+
+def test_a_device_that_turned_unhealthy_after_discovery_is_refused(tmp_path: Path) -> None:
+    plugin = Flaky(failures=0, gpus=2)
+    node = NodeDevices([plugin], sysfs_root=None)
+    node.discover()
+    plugin.healthy = False
+    node.refresh_health()  # the inventory still says healthy; today's health says not
+    rewriter = rewriter_for(node)
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-1"]})))
+    assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.message == "pod default/p container app: device GPU-1 is unhealthy"
+
+
+def test_the_published_inventory_keeps_the_topology(tmp_path: Path) -> None:
+    from devices.plugin import load_plugins
+
+    plugins = load_plugins(["sim"], {"node_name": NODE, "topology": "dgx1-v100", "state_dir": str(tmp_path)})
+    node = NodeDevices(plugins, sysfs_root=None)
+    node.discover()
+    published = node.current_inventory()
+    assert published.topology == node.inventory.topology and published.topology.nvlinks
+
+
+def test_unavailable_before_discovery_says_why(tmp_path: Path) -> None:
+    node = NodeDevices([Flaky(failures=10)], sysfs_root=None)  # never tried yet
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter_for(node).create_container(request(grant={"app": ["GPU-0"]})))
+    assert "has not succeeded on this node yet (not run), retry" in caught.value.message
+
+
+def test_a_rewritten_create_reserves_marks_and_logs_exactly(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    rewriter = rewriter_for(sim_node(tmp_path))
+    shares = {"app": {"GPU-1": Share(250)}}
+    rewritten, _ = asyncio.run(
+        rewriter.create_container(request(grant={"app": ["GPU-0", "GPU-1"]}, shares=shares, attempt=3))
+    )
+    held = sorted(
+        (h.container_id, h.sandbox_id, h.pod_uid, h.container, h.device, h.milli, h.attempt)
+        for h in rewriter.ledger.holdings()
+    )
+    assert held == [("", "sb", UID, "app", "GPU-0", 1000, 3), ("", "sb", UID, "app", "GPU-1", 250, 3)]
+    assert len({h.ticket for h in rewriter.ledger.holdings()}) == 1
+    assert rewritten.config.annotations[MARK_ANNOTATION] == mark_value(
+        UID, "app", {"GPU-0": 1000, "GPU-1": 250}
+    )
+    assert events(caplog, "create_container.rewritten") == [
+        (
+            logging.INFO,
+            {
+                "pod": "default/p",
+                "pod_uid": UID,
+                "node": NODE,
+                "container": "app",
+                "devices": ["GPU-0", "GPU-1"],
+            },
+        )
+    ]
+
+
+def test_a_plugin_that_cannot_edit_releases_the_reservation(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+
+    class Refusing(Flaky):
+        def container_edits(self, devices: Sequence[Device], shares: object = None) -> ContainerEdits:
+            raise PluginError("refusing: no minor number")
+
+    node = NodeDevices([Refusing(failures=0)], sysfs_root=None)
+    try:
+        node.discover()
+    except PluginError:
+        pass
+    rewriter = rewriter_for(node)
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0"]})))
+    assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.message == "pod default/p: refusing: no minor number"
+    assert not rewriter.ledger.holdings()
+    # Its well-known paths and its devices' own nodes are still managed; the failure is logged.
+    assert events(caplog, "devices.managed_partial")[0] == (
+        logging.WARNING,
+        {"error": "refusing: no minor number"},
+    )
+    assert node.managed.has_path("/dev/flaky-gpu0")
+
+
+def test_creates_wait_for_the_ledger_rebuild_with_a_reason(tmp_path: Path) -> None:
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0"]})))
+    assert caught.value.code is grpc.StatusCode.UNAVAILABLE
+    assert caught.value.message == "pod default/p: the device ledger is still being rebuilt, retry"
+
+
+@pytest.mark.parametrize("where", ["env value", "mount"])
+def test_a_nul_in_an_env_value_or_mount_path_is_refused(tmp_path: Path, where: str) -> None:
+    odd = request()
+    if where == "env value":
+        odd.config.envs.add(key="A", value=b"x\x00y")
+    else:
+        odd.config.mounts.add(host_path="/tmp", container_path="/data\x00x")
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(odd))
+    assert caught.value.code is grpc.StatusCode.INVALID_ARGUMENT
+    expected = (
+        "environment variable 'A' has '=' or NUL in its name or value"
+        if where == "env value"
+        else "mount path '/data\\x00x' has a NUL"
+    )
+    assert caught.value.message == f"pod default/p container app: refused: {expected}"
+
+
+def test_start_attaches_to_the_runtime_and_runs_the_background_work(tmp_path: Path) -> None:
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+
+    async def run() -> None:
+        channel = grpc.aio.insecure_channel(f"unix:{tmp_path}/no-runtime.sock")
+        tasks = rewriter.start(channel, 0.01)
+        assert rewriter._runtime is not None and len(tasks) == 2
+        await asyncio.sleep(0.3)
+        assert not any(t.done() for t in tasks)  # the rebuild keeps retrying, the upkeep keeps going
+        assert not rewriter.rebuilt.is_set()
+        for task in tasks:
+            task.cancel()
+        await channel.close()
+
+    asyncio.run(run())
+
+
+def test_an_unexpected_plugin_failure_releases_the_reservation_too(tmp_path: Path) -> None:
+    class Buggy(Flaky):
+        calls_to_edit = 0
+
+        def container_edits(self, devices: Sequence[Device], shares: object = None) -> ContainerEdits:
+            Buggy.calls_to_edit += 1
+            if Buggy.calls_to_edit > 1:  # the first call is the managed-set refresh at discovery
+                raise ValueError("a bug in a plugin")
+            return super().container_edits(devices)
+
+    node = NodeDevices([Buggy(failures=0)], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+    with pytest.raises(ValueError, match="a bug in a plugin"):
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0"]})))
+    assert not rewriter.ledger.holdings()  # the proxy answers INTERNAL; nothing stays reserved
+
+
+def test_plugin_paths_are_managed_through_symlinked_directories(tmp_path: Path) -> None:
+    from devices.plugin import load_plugins
+
+    real = tmp_path / "real"
+    real.mkdir()
+    (tmp_path / "link").symlink_to(real)
+    plugins = load_plugins(
+        ["sim"], {"node_name": NODE, "topology": "pcie-4gpu", "state_dir": str(tmp_path / "link")}
+    )
+    node = NodeDevices(plugins, sysfs_root=None)
+    for spelled in (f"{tmp_path}/link/dev/kubegpu-sim/gpu9", f"{real}/dev/kubegpu-sim/gpu9"):
+        assert node.managed.has_path(spelled), spelled
