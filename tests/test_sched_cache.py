@@ -554,3 +554,26 @@ def test_a_new_leader_lists_before_it_decides_and_retries_a_failed_list_after_a_
     while scheduler.schedule_next(0):
         pass
     assert len(lists) == 2 and len(jobs.binds()) == 1
+
+
+def test_the_contract_lets_only_init_containers_reuse_a_whole_device() -> None:
+    def doc(init: object) -> dict:
+        return {
+            "version": 1,
+            "node": "n",
+            "podUID": "u",
+            "containers": {
+                "warm": {"devices": ["g0"], "init": init},
+                "app": {"devices": ["g0"]},
+            },
+        }
+
+    assert contract.parse_document(doc(True)).containers["warm"].init
+    with pytest.raises(contract.AllocationError, match="given whole to one of app, warm"):
+        contract.parse_document(doc(False))
+    with pytest.raises(contract.AllocationError, match="init must be true or false"):
+        contract.parse_document(doc("yes"))
+    two_apps = doc(True)
+    two_apps["containers"]["side"] = {"devices": ["g0"]}
+    with pytest.raises(contract.AllocationError, match="given whole to one of app, side"):
+        contract.parse_document(two_apps)
