@@ -1,0 +1,441 @@
+"""Node affinity and inter-pod affinity, with kube-scheduler's filter and score semantics.
+
+**Node affinity** (plugin NodeAffinity). A node passes when it has every ``nodeSelector`` label and,
+if the pod has required node affinity, matches one of its terms. Its score is the sum of the
+weights of the preferred terms it matches, normalised over the feasible nodes to
+``100 * score // max`` (all 0 when the best is 0).
+
+**Inter-pod affinity** (plugin InterPodAffinity), over the pods already placed (``PodIndex``) and
+the nodes' topology domains (``NodeDomains``: a node's domain for a topology key is its value of
+that label). A pair (topology key, value) counts the placed pods in that domain that a term
+matches. A node fails, in this order:
+
+1. the pod's required affinity: some term's key is not a label of the node, or no placed pod that
+   matches *all* required terms lies in the node's domain of some term. Exception: when no placed
+   pod anywhere matches all of them and the pod matches its own terms, any node that has the keys
+   passes (the first pod of a group that attracts itself);
+2. the pod's required anti-affinity: a placed pod matching a term lies in the node's domain of
+   that term's key;
+3. placed pods' required anti-affinity (the symmetry rule): a placed pod has a term that matches
+   the incoming pod, and the node lies in that pod's domain of the term's key.
+
+A term matches a pod when the pod's namespace is in the term's namespaces (by default the
+namespace of the term's own pod) or its namespace's labels match the term's namespace selector,
+and the pod's labels match the term's label selector.
+
+The score of a node sums, over the domains it lies in, the weights of: the pod's preferred
+affinity terms (+) and anti-affinity terms (-) per placed pod they match; placed pods' required
+affinity terms that match the pod (+``hard_weight``, 1 by default) and their preferred affinity
+(+) and anti-affinity (-) terms that match it. It is normalised over the feasible nodes to
+``int(100 * (s - min) / (max - min))`` (all 0 when equal or when no term matched anything).
+
+Terminating pods count like running ones (they still hold their place). ``exclude`` leaves pods
+out (preemption asks how a node looks without its victims).
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Collection, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scheduler.core.selectors import NOTHING, LabelSelector, NodeSelector, NodeSelectorTerm
+
+MAX_NODE_SCORE = 100
+NODE_AFFINITY_REASON = "node(s) didn't match Pod's node affinity/selector"
+AFFINITY_REASON = "node(s) didn't match pod affinity rules"
+ANTI_AFFINITY_REASON = "node(s) didn't match pod anti-affinity rules"
+EXISTING_ANTI_AFFINITY_REASON = "node(s) didn't satisfy existing pods anti-affinity rules"
+
+PASS, FAIL_AFFINITY, FAIL_ANTI_AFFINITY, FAIL_EXISTING_ANTI_AFFINITY = 0, 1, 2, 3
+INTERPOD_REASONS = {
+    FAIL_AFFINITY: AFFINITY_REASON,
+    FAIL_ANTI_AFFINITY: ANTI_AFFINITY_REASON,
+    FAIL_EXISTING_ANTI_AFFINITY: EXISTING_ANTI_AFFINITY_REASON,
+}
+NO_LABELS: Mapping[str, str] = {}
+
+
+# -- node affinity ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NodeAffinity:
+    """``nodeSelector``, required node affinity (None: none) and weighted preferred terms."""
+
+    node_selector: tuple[tuple[str, str], ...] = ()
+    required: NodeSelector | None = None
+    preferred: tuple[tuple[int, NodeSelectorTerm], ...] = ()
+
+    @property
+    def has_required(self) -> bool:
+        return bool(self.node_selector) or self.required is not None
+
+    def matches(self, node_name: str, labels: Mapping[str, str]) -> bool:
+        """The node satisfies ``nodeSelector`` and the required node affinity."""
+        for key, value in self.node_selector:
+            if labels.get(key) != value:
+                return False
+        return self.required is None or self.required.matches(node_name, labels)
+
+    def preferred_score(self, node_name: str, labels: Mapping[str, str]) -> int:
+        """The sum of the weights of the preferred terms the node matches."""
+        return sum(w for w, term in self.preferred if term.matches(node_name, labels))
+
+
+NO_NODE_AFFINITY = NodeAffinity()
+
+
+def node_affinity_mask(
+    affinity: NodeAffinity, names: Sequence[str], labels: Sequence[Mapping[str, str]], idx: np.ndarray
+) -> np.ndarray:
+    """Which of the nodes ``idx`` satisfy the pod's node selector and required node affinity."""
+    if not affinity.has_required:
+        return np.ones(len(idx), dtype=bool)
+    return np.fromiter(
+        (affinity.matches(names[i], labels[i]) for i in idx.tolist()), dtype=bool, count=len(idx)
+    )
+
+
+def default_normalize(raw: np.ndarray) -> np.ndarray:
+    """kube-scheduler's ``DefaultNormalizeScore``: ``100 * s // max``, unchanged when max is 0."""
+    top = int(raw.max()) if len(raw) else 0
+    if top <= 0:
+        return raw.astype(np.float64)
+    return (MAX_NODE_SCORE * raw.astype(np.int64) // top).astype(np.float64)
+
+
+def node_affinity_scores(
+    affinity: NodeAffinity, names: Sequence[str], labels: Sequence[Mapping[str, str]], idx: np.ndarray
+) -> np.ndarray:
+    """Normalised preferred-node-affinity scores (0..100) of the feasible nodes ``idx``."""
+    if not affinity.preferred:
+        return np.zeros(len(idx))
+    raw = np.fromiter(
+        (affinity.preferred_score(names[i], labels[i]) for i in idx.tolist()), dtype=np.int64, count=len(idx)
+    )
+    return default_normalize(raw)
+
+
+# -- pod affinity terms -------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PodAffinityTerm:
+    """Pods selected by ``selector`` in ``namespaces`` or in namespaces ``namespace_selector``
+    selects, in the same domain of ``topology_key``."""
+
+    selector: LabelSelector
+    topology_key: str
+    namespaces: frozenset[str] = frozenset()
+    namespace_selector: LabelSelector = NOTHING
+
+    def matches(self, namespace: str, labels: Mapping[str, str], ns_labels: Mapping[str, str] | None) -> bool:
+        """Whether the term selects a pod of ``namespace`` with ``labels`` (``ns_labels``: the
+        namespace's labels, when known)."""
+        if namespace in self.namespaces or self.namespace_selector.matches(ns_labels or NO_LABELS):
+            return self.selector.matches(labels)
+        return False
+
+
+@dataclass(frozen=True)
+class WeightedPodAffinityTerm:
+    weight: int
+    term: PodAffinityTerm
+
+
+@dataclass(frozen=True)
+class PodAffinity:
+    """A pod's inter-pod affinity and anti-affinity, required and preferred."""
+
+    required: tuple[PodAffinityTerm, ...] = ()
+    required_anti: tuple[PodAffinityTerm, ...] = ()
+    preferred: tuple[WeightedPodAffinityTerm, ...] = ()
+    preferred_anti: tuple[WeightedPodAffinityTerm, ...] = ()
+
+    @property
+    def any(self) -> bool:
+        return bool(self.required or self.required_anti or self.preferred or self.preferred_anti)
+
+    @property
+    def has_required(self) -> bool:
+        return bool(self.required or self.required_anti)
+
+
+NO_POD_AFFINITY = PodAffinity()
+
+
+@dataclass(frozen=True)
+class PodFacts:
+    """What the placement rules of other pods see of one pod."""
+
+    uid: str
+    namespace: str = "default"
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+    affinity: PodAffinity = NO_POD_AFFINITY
+    terminating: bool = False
+
+
+def matches_all(terms: Sequence[PodAffinityTerm], pod: PodFacts, ns_labels: Mapping[str, str] | None) -> bool:
+    """True iff there are terms and every one of them matches ``pod``."""
+    return bool(terms) and all(t.matches(pod.namespace, pod.labels, ns_labels) for t in terms)
+
+
+# -- where pods and domains are -----------------------------------------------------------------
+
+
+class NodeDomains:
+    """Every node's labels, and per topology key each node's domain as an integer code (-1 where
+    the node lacks the label), so a domain test over all nodes is one array comparison."""
+
+    def __init__(self, names: Sequence[str], labels: Sequence[Mapping[str, str]]) -> None:
+        if len(names) != len(labels):
+            raise ValueError("one label set per node")
+        self.names = list(names)
+        self.labels = [dict(ls) for ls in labels]
+        self._codes: dict[str, tuple[np.ndarray, dict[str, int]]] = {}
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+    def _key(self, key: str) -> tuple[np.ndarray, dict[str, int]]:
+        known = self._codes.get(key)
+        if known is None:
+            values: dict[str, int] = {}
+            codes = np.fromiter(
+                (values.setdefault(ls[key], len(values)) if key in ls else -1 for ls in self.labels),
+                dtype=np.int64,
+                count=len(self.labels),
+            )
+            known = self._codes[key] = (codes, values)
+        return known
+
+    def codes(self, key: str) -> np.ndarray:
+        """Per node, the code of its value of ``key`` (-1: no such label)."""
+        return self._key(key)[0]
+
+    def code(self, key: str, value: str) -> int:
+        """The code of domain ``key=value`` (-1 when no node is in it)."""
+        return self._key(key)[1].get(value, -1)
+
+    def in_domains(self, key: str, values: Iterable[str], idx: np.ndarray) -> np.ndarray:
+        """Which of the nodes ``idx`` lie in one of the domains ``key=value``."""
+        wanted = [c for c in (self.code(key, v) for v in values) if c >= 0]
+        if not wanted:
+            return np.zeros(len(idx), dtype=bool)
+        return np.isin(self.codes(key)[idx], wanted)
+
+
+class PodIndex:
+    """The placed pods by node, with the ones that carry pod (anti-)affinity terms kept apart."""
+
+    def __init__(self, n_nodes: int) -> None:
+        self.node_of: dict[str, int] = {}
+        self.facts: dict[str, PodFacts] = {}
+        self.by_node: list[dict[str, PodFacts]] = [{} for _ in range(n_nodes)]
+        self.with_affinity: dict[str, PodFacts] = {}  # any pod (anti-)affinity term
+        self.with_required_anti: dict[str, PodFacts] = {}
+
+    def __len__(self) -> int:
+        return len(self.facts)
+
+    def add(self, pod: PodFacts, node: int) -> None:
+        """Place ``pod`` on node ``node`` (replacing what was known of it)."""
+        self.remove(pod.uid)
+        self.node_of[pod.uid] = node
+        self.facts[pod.uid] = pod
+        self.by_node[node][pod.uid] = pod
+        if pod.affinity.any:
+            self.with_affinity[pod.uid] = pod
+        if pod.affinity.required_anti:
+            self.with_required_anti[pod.uid] = pod
+
+    def remove(self, uid: str) -> int | None:
+        """Forget a pod; its node, or None if it was not placed."""
+        node = self.node_of.pop(uid, None)
+        if node is None:
+            return None
+        del self.facts[uid]
+        del self.by_node[node][uid]
+        self.with_affinity.pop(uid, None)
+        self.with_required_anti.pop(uid, None)
+        return node
+
+    def placed(
+        self, pods: Mapping[str, PodFacts], exclude: Collection[str]
+    ) -> Iterable[tuple[PodFacts, int]]:
+        """(pod, node) for the pods of ``pods`` not in ``exclude``."""
+        node_of = self.node_of
+        for uid, pod in pods.items():
+            if uid not in exclude:
+                yield pod, node_of[uid]
+
+
+# -- inter-pod affinity: filter -----------------------------------------------------------------
+
+
+@dataclass
+class InterPodCounts:
+    """Per (topology key, value): placed pods that match all of the incoming pod's required affinity
+    terms, that match its anti-affinity terms, and whose anti-affinity terms match it."""
+
+    affinity: Counter[tuple[str, str]]
+    anti: Counter[tuple[str, str]]
+    existing_anti: Counter[tuple[str, str]]
+
+
+def interpod_counts(
+    pod: PodFacts,
+    index: PodIndex,
+    domains: NodeDomains,
+    ns_labels: Mapping[str, Mapping[str, str]],
+    exclude: Collection[str] = (),
+) -> InterPodCounts:
+    """kube-scheduler's InterPodAffinity PreFilter state for ``pod``."""
+    affinity: Counter[tuple[str, str]] = Counter()
+    anti: Counter[tuple[str, str]] = Counter()
+    existing: Counter[tuple[str, str]] = Counter()
+    labels = domains.labels
+    own_ns = ns_labels.get(pod.namespace)
+    for other, node in index.placed(index.with_required_anti, exclude):
+        where = labels[node]
+        for term in other.affinity.required_anti:
+            if term.topology_key in where and term.matches(pod.namespace, pod.labels, own_ns):
+                existing[(term.topology_key, where[term.topology_key])] += 1
+    req, req_anti = pod.affinity.required, pod.affinity.required_anti
+    if req or req_anti:
+        for other, node in index.placed(index.facts, exclude):
+            where = labels[node]
+            other_ns = ns_labels.get(other.namespace)
+            if req and matches_all(req, other, other_ns):
+                for term in req:
+                    if term.topology_key in where:
+                        affinity[(term.topology_key, where[term.topology_key])] += 1
+            for term in req_anti:
+                if term.topology_key in where and term.matches(other.namespace, other.labels, other_ns):
+                    anti[(term.topology_key, where[term.topology_key])] += 1
+    return InterPodCounts(affinity, anti, existing)
+
+
+def _domains_hit(counts: Counter[tuple[str, str]], key: str) -> list[str]:
+    return [value for (k, value), n in counts.items() if k == key and n > 0]
+
+
+def interpod_filter(
+    pod: PodFacts,
+    index: PodIndex,
+    domains: NodeDomains,
+    ns_labels: Mapping[str, Mapping[str, str]],
+    idx: np.ndarray,
+    exclude: Collection[str] = (),
+) -> np.ndarray:
+    """Per node of ``idx``: ``PASS`` or the first rule it fails (``FAIL_AFFINITY``,
+    ``FAIL_ANTI_AFFINITY``, ``FAIL_EXISTING_ANTI_AFFINITY``; ``INTERPOD_REASONS`` names them)."""
+    out = np.zeros(len(idx), dtype=np.int8)
+    if not pod.affinity.has_required and not index.with_required_anti:
+        return out
+    counts = interpod_counts(pod, index, domains, ns_labels, exclude)
+    if counts.existing_anti:
+        bad = np.zeros(len(idx), dtype=bool)
+        for key in {k for k, _ in counts.existing_anti}:
+            bad |= domains.in_domains(key, _domains_hit(counts.existing_anti, key), idx)
+        out[bad] = FAIL_EXISTING_ANTI_AFFINITY
+    if counts.anti:
+        bad = np.zeros(len(idx), dtype=bool)
+        for key in {t.topology_key for t in pod.affinity.required_anti}:
+            bad |= domains.in_domains(key, _domains_hit(counts.anti, key), idx)
+        out[bad] = FAIL_ANTI_AFFINITY
+    required = pod.affinity.required
+    if required:
+        has_keys = np.ones(len(idx), dtype=bool)
+        pods_exist = np.ones(len(idx), dtype=bool)
+        for term in required:
+            has_keys &= domains.codes(term.topology_key)[idx] >= 0
+            pods_exist &= domains.in_domains(
+                term.topology_key, _domains_hit(counts.affinity, term.topology_key), idx
+            )
+        if not counts.affinity and matches_all(required, pod, ns_labels.get(pod.namespace)):
+            ok = has_keys
+        else:
+            ok = has_keys & pods_exist
+        out[~ok] = FAIL_AFFINITY
+    return out
+
+
+# -- inter-pod affinity: score ------------------------------------------------------------------
+
+
+def interpod_topology_score(
+    pod: PodFacts,
+    index: PodIndex,
+    domains: NodeDomains,
+    ns_labels: Mapping[str, Mapping[str, str]],
+    hard_weight: int = 1,
+    exclude: Collection[str] = (),
+) -> dict[tuple[str, str], int] | None:
+    """(topology key, value) -> summed weights; None when no term matched anything (kube-scheduler
+    then skips the plugin)."""
+    own = pod.affinity
+    preferred, preferred_anti = own.preferred, own.preferred_anti
+    pods = index.facts if (preferred or preferred_anti) else index.with_affinity
+    own_ns = ns_labels.get(pod.namespace)
+    score: dict[tuple[str, str], int] = defaultdict(int)
+    touched = False
+
+    def add(
+        term: PodAffinityTerm, weight: int, target: PodFacts, target_ns, where: Mapping[str, str]
+    ) -> None:
+        nonlocal touched
+        if term.topology_key in where and term.matches(target.namespace, target.labels, target_ns):
+            score[(term.topology_key, where[term.topology_key])] += weight
+            touched = True
+
+    for other, node in index.placed(pods, exclude):
+        where = domains.labels[node]
+        if not where:
+            continue
+        if preferred or preferred_anti:
+            other_ns = ns_labels.get(other.namespace)
+            for wt in preferred:
+                add(wt.term, wt.weight, other, other_ns, where)
+            for wt in preferred_anti:
+                add(wt.term, -wt.weight, other, other_ns, where)
+        theirs = other.affinity
+        if hard_weight > 0:
+            for term in theirs.required:
+                add(term, hard_weight, pod, own_ns, where)
+        for wt in theirs.preferred:
+            add(wt.term, wt.weight, pod, own_ns, where)
+        for wt in theirs.preferred_anti:
+            add(wt.term, -wt.weight, pod, own_ns, where)
+    return dict(score) if touched else None
+
+
+def interpod_scores(
+    pod: PodFacts,
+    index: PodIndex,
+    domains: NodeDomains,
+    ns_labels: Mapping[str, Mapping[str, str]],
+    idx: np.ndarray,
+    hard_weight: int = 1,
+    exclude: Collection[str] = (),
+) -> np.ndarray:
+    """Normalised InterPodAffinity scores (0..100) of the feasible nodes ``idx``."""
+    if not pod.affinity.preferred and not pod.affinity.preferred_anti and not index.with_affinity:
+        return np.zeros(len(idx))
+    topo = interpod_topology_score(pod, index, domains, ns_labels, hard_weight, exclude)
+    if topo is None:
+        return np.zeros(len(idx))
+    raw = np.zeros(len(idx), dtype=np.int64)
+    for (key, value), weight in topo.items():
+        code = domains.code(key, value)
+        if weight and code >= 0:
+            raw += weight * (domains.codes(key)[idx] == code)
+    if not len(raw):
+        return np.zeros(0)
+    low, high = int(raw.min()), int(raw.max())
+    if high - low <= 0:
+        return np.zeros(len(idx))
+    return np.trunc(float(MAX_NODE_SCORE) * ((raw - low) / float(high - low)))
