@@ -33,12 +33,18 @@ DGX1 = Path(__file__).resolve().parent.parent / "scheduler" / "data" / "topologi
 NVLINK4 = PodRequest("train", uid="train", gpu_count=4, topology=TopologyWish(nvlink=Wish.REQUIRE))
 
 
-def dgx1(pods: list[RunningPod], cpu: int = 64_000, memory: int = 512_000, max_pods: int = 0) -> NodeOffer:
+def dgx1(
+    pods: list[RunningPod],
+    cpu: int = 64_000,
+    memory: int = 512_000,
+    max_pods: int = 0,
+    gpu_resource: int | None = None,
+) -> NodeOffer:
     inventory = load_machine(DGX1, prefix="g")
     gpus = sorted(inventory.devices, key=lambda d: d.index)
     slots = tuple(GpuSlot(d.id, d.model, d.memory_mib) for d in gpus)
     links = LinkMatrix.shared([d.id for d in gpus], [d.numa_node for d in gpus], inventory.topology)
-    return NodeOffer("dgx", cpu, memory, slots, tuple(pods), links, max_pods)
+    return NodeOffer("dgx", cpu, memory, slots, tuple(pods), links, max_pods, gpu_resource)
 
 
 def holding(uid: str, gpus: list[int], priority: int = 0, start: float = 100.0, **kw) -> RunningPod:
@@ -164,14 +170,25 @@ def test_cpu_memory_and_pod_count_add_victims() -> None:
     assert uids(select_victims(PodRequest("t", memory_mib=20_000), 10, mem)) == {"m"}
 
 
-def test_gpus_held_without_ids_take_free_gpus() -> None:
-    """A default-scheduler pod holds 4 GPUs the scheduler cannot name; the 4 free GPUs are its.
-    Evicting the 1-GPU pod on 0 is not enough; evicting the opaque pod is."""
-    pods = [holding("known", [0, 1, 2, 3], priority=5), RunningPod("opaque", priority=1, opaque_gpus=4)]
-    offer = dgx1(pods)
-    assert uids(select_victims(PodRequest("t", gpu_count=2), 10, offer)) == {"opaque"}
-    pods = [holding("known", [0, 1, 2, 3], priority=1), RunningPod("opaque", priority=5, opaque_gpus=4)]
-    assert uids(select_victims(PodRequest("t", gpu_count=2), 10, dgx1(pods))) == {"known"}
+def test_the_kubelets_gpu_count_is_honoured() -> None:
+    """A default-scheduler pod is charged 4 of the node's 8 nvidia.com/gpu without holding GPUs
+    the scheduler can name; with 4 more held by id, no GPU is left to count even though GPUs 4-7
+    are free by id. Evicting either pod frees the count."""
+    pods = [holding("known", [0, 1, 2, 3], priority=5), RunningPod("other", priority=1, charged_gpus=4)]
+    offer = dgx1(pods, gpu_resource=8)
+    two = PodRequest("t", gpu_count=2)
+    assert uids(select_victims(two, 10, offer)) == {"other"}
+    pods = [holding("known", [0, 1, 2, 3], priority=1), RunningPod("other", priority=5, charged_gpus=4)]
+    assert uids(select_victims(two, 10, dgx1(pods, gpu_resource=8))) == {"known"}
+    assert uids(select_victims(two, 10, dgx1(pods))) == set()  # no count to honour: GPUs 4-7 are free
+    assert uids(select_victims(two, 10, dgx1(pods, gpu_resource=10))) == set()  # 4 + 4 + 2 <= 10
+    assert uids(select_victims(two, 10, dgx1(pods, gpu_resource=9))) == {"known"}
+    # shares are charged nothing, whole GPUs held by id one each
+    assert RunningPod("s", gpus={"g0": (500, 0)}).charge == 0
+    assert (
+        holding("w", [0, 1]).charge == 2
+        and RunningPod("o", charged_gpus=3, gpus={"g0": (1000, 0)}).charge == 3
+    )
 
 
 def test_other_rules_are_asked() -> None:

@@ -12,20 +12,23 @@ As kube-scheduler's DefaultPreemption, but the devices freed must make a valid s
   gone; then the cheapest set is chosen by, in order: fewest PDB violations, lowest highest victim
   priority, lowest sum of priorities (each offset by 2^31, so in practice fewest victims first),
   fewest victims, newest victims. For whole GPUs every set of ``k`` GPUs that meets the pod's
-  required topology and model is tried, its victims being the pods holding those GPUs (plus, if
-  CPU, memory or the pod count still do not fit, the least important other victims needed); a
-  share tries every GPU, evicting the cheapest of the shares on it. Nodes with more candidate sets
-  than ``topology.EXHAUSTIVE_LIMIT`` fall back to kube-scheduler's reprieve: evict all potential
-  victims, then give back the most important ones while the pod still fits.
+  required topology and model is tried, its victims being the pods holding those GPUs; a share
+  tries every GPU with the cheapest sets of shares on it to evict. If CPU, memory, the pod count
+  or the GPU count still do not fit, the cheapest other victims are added (every subset of up to
+  ``EXACT_EXTRAS`` candidates, else least important first, then the most important given back).
+  The result is checked once more with the core's own set choice and ``fits_other``. Nodes with
+  more candidate sets than ``topology.EXHAUSTIVE_LIMIT``, or whose cheapest sets ``fits_other``
+  refuses, fall back to kube-scheduler's reprieve: evict all potential victims, then give back
+  the most important ones (PDB-protected first) while the pod still fits.
 - **Which node** (``pick_candidate``). kube-scheduler's order: fewest PDB violations, lowest
   highest victim priority, lowest offset sum of priorities, fewest victims, latest start among
   the highest-priority victims, then the order given.
 
 Whether the pod fits is decided by the core's own rules: CPU, memory, the node's pod count, GPUs
 by id (healthy, of an allowed model, whole or with room for the share), required topology via
-``LinkMatrix`` / ``best_gpu_set``, GPUs counted without ids (``opaque_gpus``) taking free GPUs,
-and an optional ``fits_other(victim uids)`` for the rules this module does not know (pod
-affinity, spread constraints).
+``LinkMatrix`` / ``best_gpu_set``, the kubelet's count of the node's GPU resource (pods of other
+schedulers hold GPUs the scheduler cannot name: ``charged_gpus``), and an optional
+``fits_other(victim uids)`` for the rules this module does not know (pod affinity, spread).
 """
 
 from __future__ import annotations
@@ -70,7 +73,16 @@ class RunningPod:
     cpu_milli: int = 0
     memory_mib: int = 0
     gpus: Mapping[str, tuple[int, int]] = field(default_factory=dict, hash=False, compare=False)
-    opaque_gpus: int = 0  # whole GPUs it holds without the scheduler knowing which
+    # what it counts against the node's GPU resource allocatable (``nvidia.com/gpu``); None: one
+    # per whole GPU it holds (shares count none). Pods of other schedulers: their request.
+    charged_gpus: int | None = None
+
+    @property
+    def charge(self) -> int:
+        if self.charged_gpus is not None:
+            return self.charged_gpus
+        return sum(1 for milli, _memory in self.gpus.values() if milli >= MILLI)
+
     terminating: bool = False
 
     @property
@@ -88,7 +100,8 @@ class NodeOffer:
     gpus: tuple[GpuSlot, ...] = ()
     pods: tuple[RunningPod, ...] = ()
     links: LinkMatrix | None = None  # None: no topology facts (any set of GPUs will do)
-    max_pods: int = 0  # 0: no limit
+    max_pods: int = 0  # status.allocatable.pods; 0: no limit
+    gpu_resource: int | None = None  # status.allocatable of the GPU resource; None: not checked
 
 
 @dataclass(frozen=True)
@@ -196,7 +209,7 @@ class _Node:
                     self.holders[i].append(p)
         self.cpu_used = sum(p.cpu_milli for p in offer.pods)
         self.memory_used = sum(p.memory_mib for p in offer.pods)
-        self.opaque = sum(p.opaque_gpus for p in offer.pods)
+        self.charged = sum(p.charge for p in offer.pods)
 
     def gpu_use(self, i: int, removed: Collection[str]) -> tuple[int, int]:
         milli = memory = 0
@@ -216,9 +229,8 @@ class _Node:
             if g.healthy and all(p.uid in removed for p in self.holders[i])
         ]
 
-    def resources_fit(self, removed: Collection[str], claimed_free: int) -> bool:
-        """CPU, memory, pod count and GPUs without ids fit once ``removed`` are gone, the pod
-        taking ``claimed_free`` of the fully free GPUs."""
+    def resources_fit(self, removed: Collection[str]) -> bool:
+        """CPU, memory, the pod count and the GPU count fit once ``removed`` are gone."""
         offer, pod = self.offer, self.pod
         gone = [self.by_uid[u] for u in removed]
         if self.cpu_used - sum(p.cpu_milli for p in gone) + pod.cpu_milli > offer.cpu_milli:
@@ -227,8 +239,9 @@ class _Node:
             return False
         if offer.max_pods and len(offer.pods) - len(gone) + 1 > offer.max_pods:
             return False
-        opaque = self.opaque - sum(p.opaque_gpus for p in gone)
-        return opaque <= 0 or len(self.fully_free(removed)) - claimed_free >= opaque
+        if offer.gpu_resource is None:
+            return True
+        return self.charged - sum(p.charge for p in gone) + pod.whole_gpus <= offer.gpu_resource
 
     def share_fits_on(self, i: int, removed: Collection[str]) -> bool:
         gpu = self.offer.gpus[i]
@@ -240,14 +253,9 @@ class _Node:
         """The whole test: the core's set choice for whole GPUs, resources, the other rules."""
         pod = self.pod
         if pod.is_share:
-            placed = False
-            for i in self.usable:
-                if self.share_fits_on(i, removed):
-                    claimed = 0 if any(p.uid not in removed for p in self.holders[i]) else 1
-                    if self.resources_fit(removed, claimed):
-                        placed = True
-                        break
-            if not placed:
+            if not any(self.share_fits_on(i, removed) for i in self.usable):
+                return False
+            if not self.resources_fit(removed):
                 return False
         else:
             k = pod.whole_gpus
@@ -260,7 +268,7 @@ class _Node:
                         return False
                 elif best_gpu_set(links, candidates, k, pod.topology) is None:
                     return False
-            if not self.resources_fit(removed, k):
+            if not self.resources_fit(removed):
                 return False
         return self.fits_other is None or self.fits_other(frozenset(removed))
 
@@ -269,22 +277,20 @@ class _Node:
         return cost_key(pods, pdb_violations(pods, self.budgets)[0] if self.budgets else 0)
 
 
-def _complete(
-    node: _Node, chosen: frozenset[str], pool: Sequence[RunningPod], claimed: int
-) -> frozenset[str] | None:
+def _complete(node: _Node, chosen: frozenset[str], pool: Sequence[RunningPod]) -> frozenset[str] | None:
     """The cheapest ``chosen`` plus pods of ``pool`` with which CPU, memory, the pod count and GPUs
     without ids fit: every subset of the pods that free any of these when there are at most
     ``EXACT_EXTRAS`` of them, else the least important first and then the most important given back."""
-    if node.resources_fit(chosen, claimed):
+    if node.resources_fit(chosen):
         return chosen
-    useful = [p for p in pool if p.cpu_milli or p.memory_mib or p.opaque_gpus or node.offer.max_pods]
+    useful = [p for p in pool if p.cpu_milli or p.memory_mib or p.charge or node.offer.max_pods]
     if len(useful) <= EXACT_EXTRAS:
         best: tuple | None = None
         found: frozenset[str] | None = None
         for r in range(1, len(useful) + 1):
             for combo in itertools.combinations(useful, r):
                 removed = chosen | {p.uid for p in combo}
-                if node.resources_fit(removed, claimed):
+                if node.resources_fit(removed):
                     key = node.cost(removed)
                     if best is None or key < best:
                         best, found = key, removed
@@ -295,13 +301,13 @@ def _complete(
     for p in sorted(useful, key=lambda p: (p.uid in alone, importance(p))):  # cheapest first
         removed.add(p.uid)
         added.append(p)
-        if node.resources_fit(removed, claimed):
+        if node.resources_fit(removed):
             break
     else:
         return None
     for p in sorted(added, key=lambda p: (p.uid not in alone, importance(p)), reverse=True):
         removed.discard(p.uid)  # give back the most important first
-        if not node.resources_fit(removed, claimed):
+        if not node.resources_fit(removed):
             removed.add(p.uid)
     return frozenset(removed)
 
@@ -349,29 +355,25 @@ def _reprieve(node: _Node, potential: Sequence[RunningPod]) -> frozenset[str]:
     return frozenset(removed)
 
 
-def _gpu_options(node: _Node, potential: frozenset[str]) -> list[tuple[frozenset[str], int]] | None:
-    """(victims freeing a valid GPU choice, fully free GPUs the pod takes) per distinct choice; None
-    when there are too many choices to try them all."""
+def _gpu_options(node: _Node, potential: frozenset[str]) -> list[frozenset[str]] | None:
+    """The victims that free each distinct valid GPU choice; None when there are too many choices
+    to try them all."""
     pod, links = node.pod, node.offer.links
     if pod.is_share:
-        out: list[tuple[frozenset[str], int]] = []
-        for i in node.usable:
-            for uids in _share_options(node, i, potential):
-                out.append((uids, 1 if all(p.uid in uids for p in node.holders[i]) else 0))
-        return out
+        return [uids for i in node.usable for uids in _share_options(node, i, potential)]
     k = pod.whole_gpus
     if not k:
-        return [(frozenset(), 0)]
+        return [frozenset()]
     obtainable = [i for i in node.usable if all(p.uid in potential for p in node.holders[i])]
     if math.comb(len(obtainable), k) > EXHAUSTIVE_LIMIT:
         return None
     need = links.required_count(pod.topology) if links is not None and k > 1 else 0
-    seen: dict[frozenset[str], int] = {}
+    seen: dict[frozenset[str], None] = {}
     for combo in itertools.combinations(obtainable, k):
         if need and links is not None and links.satisfies(combo, pod.topology, Wish.REQUIRE) < need:
             continue
-        seen.setdefault(frozenset(p.uid for i in combo for p in node.holders[i]), k)
-    return list(seen.items())
+        seen.setdefault(frozenset(p.uid for i in combo for p in node.holders[i]))
+    return list(seen)
 
 
 def select_victims(
@@ -396,9 +398,9 @@ def select_victims(
         return Victims(offer.name, ())
     choices = _gpu_options(node, potential)
     ranked: dict[frozenset[str], tuple] = {}
-    for uids, claimed in choices or ():
+    for uids in choices or ():
         pool = [p for p in potential_pods if p.uid not in uids]
-        done = _complete(node, uids, pool, claimed)
+        done = _complete(node, uids, pool)
         if done is not None and done not in ranked:
             ranked[done] = node.cost(done)
     for uids in sorted(ranked, key=lambda u: ranked[u]):
