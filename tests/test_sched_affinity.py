@@ -334,8 +334,18 @@ def test_first_pod_of_a_self_attracting_group() -> None:
     stranger = pod("web", affinity=PodAffinity(required=(pod_term(ZONE, app="db"),)), app="web")
     assert codes(stranger, index, domains) == [FAIL_AFFINITY] * 4
     # once one db pod exists, the rest of the group must join its zone
-    index.add(pod("db1", app="db"), 2)
+    index.add(pod("db0", app="db"), 2)
     assert codes(self_attracting, index, domains) == [FAIL_AFFINITY, FAIL_AFFINITY, PASS, FAIL_AFFINITY]
+
+
+def test_the_incoming_pod_never_counts_itself() -> None:
+    anti = PodAffinity(required_anti=(pod_term(HOST, app="web"),))
+    me = pod("me", affinity=anti, app="web")
+    index, domains = cluster([(me, 0)])  # say, a stale booking of the pod being scheduled
+    assert codes(me, index, domains) == [PASS] * 4
+    assert codes(pod("other", affinity=anti, app="web"), index, domains)[0] == FAIL_ANTI_AFFINITY
+    prefer = PodAffinity(preferred=(WeightedPodAffinityTerm(10, pod_term(HOST, app="web")),))
+    assert interpod_topology_score(pod("me", affinity=prefer, app="web"), index, domains, {}) is None
 
 
 def test_an_existing_pod_counts_only_if_it_matches_all_required_terms() -> None:

@@ -152,6 +152,11 @@ def test_other_namespaces_terminating_and_excluded_pods_do_not_count() -> None:
     assert run(index, domains, [zone_rule()], namespace="other") == [FAIL_SKEW, PASS]
     counts = node_match_counts(WEB, "default", index, 2)
     assert counts.tolist() == [1, 0]
+    assert node_match_counts(WEB, "default", index, 2, me="here").tolist() == [0, 0]
+    assert run(index, domains, [zone_rule()], uid="here") == [PASS, PASS]
+    soft = [zone_rule(hard=False)]
+    assert spread_scores("default", soft, index, domains, np.arange(2)).tolist() == [0, 100]
+    assert spread_scores("default", soft, index, domains, np.arange(2), uid="here").tolist() == [100, 100]
     assert node_match_counts(NOTHING, "default", index, 2).tolist() == [0, 0]
 
 

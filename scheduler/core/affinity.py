@@ -30,7 +30,8 @@ affinity terms that match the pod (+``hard_weight``, 1 by default) and their pre
 ``int(100 * (s - min) / (max - min))`` (all 0 when equal or when no term matched anything).
 
 Terminating pods count like running ones (they still hold their place). ``exclude`` leaves pods
-out (preemption asks how a node looks without its victims).
+out (preemption asks how a node looks without its victims); the incoming pod itself never counts,
+should the index already hold it.
 """
 
 from __future__ import annotations
@@ -264,12 +265,12 @@ class PodIndex:
         return node
 
     def placed(
-        self, pods: Mapping[str, PodFacts], exclude: Collection[str]
+        self, pods: Mapping[str, PodFacts], exclude: Collection[str], me: str = ""
     ) -> Iterable[tuple[PodFacts, int]]:
-        """(pod, node) for the pods of ``pods`` not in ``exclude``."""
+        """(pod, node) for the pods of ``pods`` other than ``me`` and those in ``exclude``."""
         node_of = self.node_of
         for uid, pod in pods.items():
-            if uid not in exclude:
+            if uid not in exclude and uid != me:
                 yield pod, node_of[uid]
 
 
@@ -299,14 +300,14 @@ def interpod_counts(
     existing: Counter[tuple[str, str]] = Counter()
     labels = domains.labels
     own_ns = ns_labels.get(pod.namespace)
-    for other, node in index.placed(index.with_required_anti, exclude):
+    for other, node in index.placed(index.with_required_anti, exclude, pod.uid):
         where = labels[node]
         for term in other.affinity.required_anti:
             if term.topology_key in where and term.matches(pod.namespace, pod.labels, own_ns):
                 existing[(term.topology_key, where[term.topology_key])] += 1
     req, req_anti = pod.affinity.required, pod.affinity.required_anti
     if req or req_anti:
-        for other, node in index.placed(index.facts, exclude):
+        for other, node in index.placed(index.facts, exclude, pod.uid):
             where = labels[node]
             other_ns = ns_labels.get(other.namespace)
             if req and matches_all(req, other, other_ns):
@@ -392,7 +393,7 @@ def interpod_topology_score(
             score[(term.topology_key, where[term.topology_key])] += weight
             touched = True
 
-    for other, node in index.placed(pods, exclude):
+    for other, node in index.placed(pods, exclude, pod.uid):
         where = domains.labels[node]
         if not where:
             continue

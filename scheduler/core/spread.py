@@ -55,16 +55,21 @@ class SpreadConstraint:
 
 
 def node_match_counts(
-    selector: LabelSelector, namespace: str, index: PodIndex, n_nodes: int, exclude: Collection[str] = ()
+    selector: LabelSelector,
+    namespace: str,
+    index: PodIndex,
+    n_nodes: int,
+    exclude: Collection[str] = (),
+    me: str = "",
 ) -> np.ndarray:
-    """Per node, the placed non-terminating pods of ``namespace`` that ``selector`` matches."""
+    """Per node, the placed non-terminating pods of ``namespace`` that ``selector`` matches
+    (other than ``me`` and those in ``exclude``)."""
     counts = np.zeros(n_nodes, dtype=np.int64)
     if selector.nothing:
         return counts
-    for uid, pod in index.facts.items():
-        if pod.namespace == namespace and not pod.terminating and uid not in exclude:
-            if selector.matches(pod.labels):
-                counts[index.node_of[uid]] += 1
+    for pod, node in index.placed(index.facts, exclude, me):
+        if pod.namespace == namespace and not pod.terminating and selector.matches(pod.labels):
+            counts[node] += 1
     return counts
 
 
@@ -96,11 +101,13 @@ def spread_filter(
     affinity_ok: np.ndarray | None = None,
     taints_ok: np.ndarray | None = None,
     exclude: Collection[str] = (),
+    uid: str = "",
 ) -> np.ndarray:
     """Per node of ``idx``: ``PASS``, ``FAIL_MISSING_LABEL`` or ``FAIL_SKEW`` (``SPREAD_REASONS``).
 
     ``affinity_ok`` / ``taints_ok`` (over all nodes): which nodes match the pod's required node
-    affinity and selector, and which have only taints it tolerates (None: all).
+    affinity and selector, and which have only taints it tolerates (None: all). ``uid``: the
+    incoming pod's, which never counts should the index already hold it.
     """
     out = np.zeros(len(idx), dtype=np.int8)
     hard = [c for c in constraints if c.hard]
@@ -111,7 +118,7 @@ def spread_filter(
     for c in hard:
         codes = domains.codes(c.topology_key)
         eligible = _eligible(c, has_keys, affinity_ok, taints_ok)
-        per_node = node_match_counts(c.selector, namespace, index, n, exclude)
+        per_node = node_match_counts(c.selector, namespace, index, n, exclude, uid)
         n_values = int(codes.max()) + 1 if n else 0
         totals = np.bincount(codes[eligible], weights=per_node[eligible], minlength=n_values).astype(np.int64)
         present = np.bincount(codes[eligible], minlength=n_values) > 0
@@ -140,8 +147,10 @@ def spread_scores(
     affinity_ok: np.ndarray | None = None,
     taints_ok: np.ndarray | None = None,
     exclude: Collection[str] = (),
+    uid: str = "",
 ) -> np.ndarray:
-    """Normalised PodTopologySpread scores (0..100) of the feasible nodes ``idx``."""
+    """Normalised PodTopologySpread scores (0..100) of the feasible nodes ``idx`` (``uid``: the
+    incoming pod's, never counted)."""
     soft = [c for c in constraints if not c.hard]
     if not soft or not len(idx):
         return np.zeros(len(idx))
@@ -152,7 +161,7 @@ def spread_scores(
     raw = np.zeros(len(idx))
     for c in soft:
         codes = domains.codes(c.topology_key)
-        per_node = node_match_counts(c.selector, namespace, index, n, exclude)
+        per_node = node_match_counts(c.selector, namespace, index, n, exclude, uid)
         if c.topology_key == HOSTNAME_KEY:
             size = n_scored
             counts = per_node[idx].astype(np.float64)
