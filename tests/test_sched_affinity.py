@@ -567,3 +567,26 @@ def test_requirement_str() -> None:
     assert str(req("zone", "In", "b", "a")) == "zone In [a,b]"
     assert str(req("zone", "Exists")) == "zone Exists"
     assert Op("Gt") is Op.GT
+
+
+def test_pods_are_looked_up_by_the_terms_namespaces() -> None:
+    likes_web = PodAffinity(preferred=(weighted(3, HOST, ns="b", app="web"),))
+    index, domains = cluster(
+        [(pod("db-a", ns="a", app="db"), 0), (pod("db-b", ns="b", affinity=likes_web, app="db"), 2)]
+    )
+    assert set(index.by_namespace) == {"a", "b"}
+    in_a = PodAffinityTerm(sel(app="db"), ZONE, frozenset({"a"}))
+    assert set(index.selectable([in_a])) == {"db-a"}
+    both = PodAffinityTerm(sel(app="db"), ZONE, frozenset({"a", "b"}))
+    assert set(index.selectable([both])) == {"db-a", "db-b"}
+    by_label = PodAffinityTerm(sel(app="db"), ZONE, frozenset(), EVERYTHING)
+    assert index.selectable([in_a, by_label]) is index.facts
+    assert index.selectable([PodAffinityTerm(sel(app="db"), ZONE, frozenset({"none"}))]) == {}
+    # the incoming web pod of namespace b prefers db pods of namespace a (zone a, +5), and db-b
+    # (placed, namespace b) prefers web pods of its namespace on its host b1 (+3)
+    rules = PodAffinity(preferred=(WeightedPodAffinityTerm(5, in_a),))
+    web = pod("w", ns="b", affinity=rules, app="web")
+    assert interpod_topology_score(web, index, domains, {}) == {(ZONE, "a"): 5, (HOST, "b1"): 3}
+    index.remove("db-b")
+    assert set(index.by_namespace) == {"a"} and index.in_namespace("b") == {}
+    assert interpod_topology_score(web, index, domains, {}) == {(ZONE, "a"): 5}

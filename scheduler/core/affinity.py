@@ -57,6 +57,7 @@ INTERPOD_REASONS = {
     FAIL_EXISTING_ANTI_AFFINITY: EXISTING_ANTI_AFFINITY_REASON,
 }
 NO_LABELS: Mapping[str, str] = {}
+NO_PODS: Mapping[str, PodFacts] = {}
 
 
 # -- node affinity ------------------------------------------------------------------------------
@@ -236,6 +237,7 @@ class PodIndex:
         self.node_of: dict[str, int] = {}
         self.facts: dict[str, PodFacts] = {}
         self.by_node: list[dict[str, PodFacts]] = [{} for _ in range(n_nodes)]
+        self.by_namespace: dict[str, dict[str, PodFacts]] = {}
         self.with_affinity: dict[str, PodFacts] = {}  # any pod (anti-)affinity term
         self.with_required_anti: dict[str, PodFacts] = {}
 
@@ -248,6 +250,7 @@ class PodIndex:
         self.node_of[pod.uid] = node
         self.facts[pod.uid] = pod
         self.by_node[node][pod.uid] = pod
+        self.by_namespace.setdefault(pod.namespace, {})[pod.uid] = pod
         if pod.affinity.any:
             self.with_affinity[pod.uid] = pod
         if pod.affinity.required_anti:
@@ -258,11 +261,30 @@ class PodIndex:
         node = self.node_of.pop(uid, None)
         if node is None:
             return None
-        del self.facts[uid]
+        pod = self.facts.pop(uid)
         del self.by_node[node][uid]
+        same_ns = self.by_namespace[pod.namespace]
+        del same_ns[uid]
+        if not same_ns:
+            del self.by_namespace[pod.namespace]
         self.with_affinity.pop(uid, None)
         self.with_required_anti.pop(uid, None)
         return node
+
+    def in_namespace(self, namespace: str) -> Mapping[str, PodFacts]:
+        return self.by_namespace.get(namespace, NO_PODS)
+
+    def selectable(self, terms: Iterable[PodAffinityTerm]) -> Mapping[str, PodFacts]:
+        """The placed pods any of ``terms`` could select: those of the terms' namespaces, or all
+        pods when a term selects namespaces by label."""
+        namespaces: set[str] = set()
+        for term in terms:
+            if not term.namespace_selector.nothing:
+                return self.facts
+            namespaces |= term.namespaces
+        if len(namespaces) == 1:
+            return self.in_namespace(next(iter(namespaces)))
+        return {uid: pod for ns in sorted(namespaces) for uid, pod in self.in_namespace(ns).items()}
 
     def placed(
         self, pods: Mapping[str, PodFacts], exclude: Collection[str], me: str = ""
@@ -307,7 +329,7 @@ def interpod_counts(
                 existing[(term.topology_key, where[term.topology_key])] += 1
     req, req_anti = pod.affinity.required, pod.affinity.required_anti
     if req or req_anti:
-        for other, node in index.placed(index.facts, exclude, pod.uid):
+        for other, node in index.placed(index.selectable(req + req_anti), exclude, pod.uid):
             where = labels[node]
             other_ns = ns_labels.get(other.namespace)
             if req and matches_all(req, other, other_ns):
@@ -380,7 +402,10 @@ def interpod_topology_score(
     then skips the plugin)."""
     own = pod.affinity
     preferred, preferred_anti = own.preferred, own.preferred_anti
-    pods = index.facts if (preferred or preferred_anti) else index.with_affinity
+    pods: Mapping[str, PodFacts] = index.with_affinity
+    if preferred or preferred_anti:
+        mine = index.selectable(wt.term for wt in preferred + preferred_anti)
+        pods = mine if mine is index.facts or not pods else {**mine, **pods}
     own_ns = ns_labels.get(pod.namespace)
     score: dict[tuple[str, str], int] = defaultdict(int)
     touched = False

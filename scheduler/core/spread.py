@@ -67,8 +67,8 @@ def node_match_counts(
     counts = np.zeros(n_nodes, dtype=np.int64)
     if selector.nothing:
         return counts
-    for pod, node in index.placed(index.facts, exclude, me):
-        if pod.namespace == namespace and not pod.terminating and selector.matches(pod.labels):
+    for pod, node in index.placed(index.in_namespace(namespace), exclude, me):
+        if not pod.terminating and selector.matches(pod.labels):
             counts[node] += 1
     return counts
 
