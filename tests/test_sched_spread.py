@@ -224,6 +224,9 @@ def test_nodes_without_the_key_score_zero_and_all_equal_score_full() -> None:
     assert scores == [100, 0, 100]  # max raw 0: every scored node gets 100
     assert spread_scores("default", [zone_rule(hard=False)], index, domains, np.array([1])).tolist() == [0]
     assert spread_scores("default", [], index, domains, np.arange(3)).tolist() == [0, 0, 0]
+    nowhere = SpreadConstraint(1, "rack", WEB, hard=False)  # no node has the key at all
+    assert spread_scores("default", [nowhere], index, domains, np.arange(3)).tolist() == [0, 0, 0]
+    assert run(index, domains, [SpreadConstraint(1, "rack", WEB)]) == [FAIL_MISSING_LABEL] * 3
 
 
 def test_two_soft_constraints_add_up() -> None:

@@ -158,6 +158,8 @@ def spread_scores(
     has_keys = _has_keys(soft, domains)
     scored = has_keys[idx]  # feasible nodes lacking a key are ignored (score 0)
     n_scored = int(scored.sum())
+    if not n_scored:
+        return np.zeros(len(idx))
     raw = np.zeros(len(idx))
     for c in soft:
         codes = domains.codes(c.topology_key)
@@ -178,8 +180,6 @@ def spread_scores(
     # Go's math.Round (half away from zero; the scores are never negative)
     node_scores = np.where(raw - np.floor(raw) >= 0.5, np.ceil(raw), np.floor(raw)).astype(np.int64)
     out = np.zeros(len(idx))
-    if not n_scored:
-        return out
     valid = node_scores[scored]
     low, high = int(valid.min()), int(valid.max())
     if high == 0:
