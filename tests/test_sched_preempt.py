@@ -19,6 +19,7 @@ from scheduler.core.preempt import (
     NodeOffer,
     RunningPod,
     Victims,
+    choose,
     cost_key,
     eligible,
     pdb_violations,
@@ -440,3 +441,25 @@ def test_large_nodes_fall_back_to_reprieve() -> None:
     victims = select_victims(PodRequest("t", gpu_count=12), 10, offer)
     assert victims is not None and len(victims.pods) == 12
     assert sorted(p.priority for p in victims.pods) == [1] * 8 + [2] * 4  # the least important first
+
+
+def test_choose_across_nodes() -> None:
+    cheap = dgx1([holding("low", [0, 1, 2, 3], priority=1), holding("x", [4, 5, 6, 7], priority=20)])
+    dear = dgx1([holding("mid", [0, 1, 2, 3], priority=5), holding("y", [4, 5, 6, 7], priority=20)])
+    free = dgx1([holding("z", [0, 1, 2, 3], priority=20)])  # fits already: no candidate to preempt on
+    offers = [
+        NodeOffer("dear", dear.cpu_milli, dear.memory_mib, dear.gpus, dear.pods, dear.links),
+        NodeOffer("cheap", cheap.cpu_milli, cheap.memory_mib, cheap.gpus, cheap.pods, cheap.links),
+        NodeOffer("free", free.cpu_milli, free.memory_mib, free.gpus, free.pods, free.links),
+    ]
+    best = choose(NVLINK4, 10, offers)
+    assert best is not None and best.node == "cheap" and uids(best) == {"low"}
+    asked: list[str] = []
+
+    def other_rules(node: str):
+        asked.append(node)
+        return (lambda gone: False) if node == "cheap" else None
+
+    best = choose(NVLINK4, 10, offers, fits_other=other_rules)
+    assert best is not None and best.node == "dear" and set(asked) == {"dear", "cheap", "free"}
+    assert choose(NVLINK4, 1, offers) is None

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from scheduler.core.request import MILLI, PodRequest, Wish
@@ -92,7 +92,9 @@ class RunningPod:
 
 @dataclass(frozen=True)
 class NodeOffer:
-    """A node as preemption sees it: capacity, GPUs, links, and every pod placed on it."""
+    """A node as preemption sees it: capacity, GPUs, links, and every pod placed on it (pods
+    nominated to it with a priority at least the preemptor's belong here too, as if placed: their
+    room is promised to them)."""
 
     name: str
     cpu_milli: int
@@ -278,8 +280,8 @@ class _Node:
 
 
 def _complete(node: _Node, chosen: frozenset[str], pool: Sequence[RunningPod]) -> frozenset[str] | None:
-    """The cheapest ``chosen`` plus pods of ``pool`` with which CPU, memory, the pod count and GPUs
-    without ids fit: every subset of the pods that free any of these when there are at most
+    """The cheapest ``chosen`` plus pods of ``pool`` with which CPU, memory, the pod count and the
+    GPU count fit: every subset of the pods that free any of these when there are at most
     ``EXACT_EXTRAS`` of them, else the least important first and then the most important given back."""
     if node.resources_fit(chosen):
         return chosen
@@ -425,3 +427,29 @@ def pick_candidate(candidates: Sequence[Victims]) -> Victims | None:
         if best is None or cand.cost() < best.cost():
             best = cand
     return best
+
+
+def choose(
+    pod: PodRequest,
+    priority: int,
+    offers: Iterable[NodeOffer],
+    budgets: Sequence[Budget] = (),
+    *,
+    pdb_hard: bool = True,
+    fits_other: Callable[[str], Callable[[frozenset[str]], bool] | None] | None = None,
+) -> Victims | None:
+    """The node and victims to preempt for ``pod`` among ``offers`` (the nodes where evicting pods
+    might help), or None. ``fits_other(node)`` gives that node's test of the other rules."""
+    candidates = []
+    for offer in offers:
+        victims = select_victims(
+            pod,
+            priority,
+            offer,
+            budgets,
+            pdb_hard=pdb_hard,
+            fits_other=fits_other(offer.name) if fits_other is not None else None,
+        )
+        if victims is not None and victims.pods:
+            candidates.append(victims)
+    return pick_candidate(candidates)
