@@ -9,6 +9,7 @@ from pathlib import Path
 from kubernetes import client
 
 from crishim.advertiser import Advertiser
+from crishim.mps import build_sharing
 from crishim.podlookup import ApiPodLookup
 from crishim.rewrite import AllocationRewriter, KeyRing, NodeDevices
 from devices.plugin import PluginError, load_plugins
@@ -26,7 +27,17 @@ def node_devices_from(args: argparse.Namespace) -> NodeDevices:
         "sysfs_root": args.sysfs_root,
     }
     plugins = load_plugins(args.device_plugin, options)
-    node_devices = NodeDevices(plugins, sysfs_root=args.sysfs_root)
+    # GPU shares are enforced through MPS where the control binary is; the NVIDIA plugin (if loaded)
+    # puts each shared GPU in EXCLUSIVE_PROCESS compute mode while its daemon runs.
+    exclusive = [getattr(p, "set_exclusive_compute", None) for p in plugins]
+    compute_mode = next((hook for hook in exclusive if hook is not None), None)
+    sharing = build_sharing(
+        args.mps_control,
+        args.mps_dir,
+        compute_mode if args.mps_compute_mode == "exclusive" else None,
+        node=args.node_name,
+    )
+    node_devices = NodeDevices(plugins, sysfs_root=args.sysfs_root, sharing=sharing)
     try:
         node_devices.discover()
     except PluginError as error:

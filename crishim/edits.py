@@ -9,6 +9,7 @@ devices the allocation grants applied, so a container sees exactly its allocatio
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Collection
 
 from crishim.cri import api_pb2
@@ -58,8 +59,14 @@ def _under(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
+def _clean(path: str) -> str:
+    """A container path as the runtime reads it: ``/dev//shm/`` and ``/dev/./shm`` are ``/dev/shm``."""
+    return "/" + posixpath.normpath("/" + path).lstrip("/")
+
+
 def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
-    """Add the plugins' device nodes, env, mounts and CDI names (env replaces same-named keys)."""
+    """Add the plugins' device nodes, env, mounts and CDI names (env and mounts replace the request's
+    at the same name or container path: an MPS client's /dev/shm must be the daemon's)."""
     if edits.env:
         kept = [kv for kv in config.envs if kv.key not in edits.env]
         del config.envs[:]
@@ -72,11 +79,14 @@ def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
             config.devices.add(
                 container_path=node.container_path, host_path=node.host_path, permissions=node.permissions
             )
-    mounted = {m.container_path for m in config.mounts}
+    if edits.mounts:  # a plugin's mount replaces the request's at the same container path
+        wanted = {_clean(m.container_path) for m in edits.mounts}
+        kept_mounts = [m for m in config.mounts if _clean(m.container_path) not in wanted]
+        del config.mounts[:]
+        config.mounts.extend(kept_mounts)
     for mount in edits.mounts:
-        if mount.container_path not in mounted:
-            config.mounts.add(
-                container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly
-            )
+        config.mounts.add(
+            container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly
+        )
     for name in edits.cdi_devices:
         config.CDI_devices.add(name=name)

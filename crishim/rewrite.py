@@ -28,8 +28,9 @@ from crishim import edits
 from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.intercept import Completion, Rejected
 from crishim.ledger import MARK_ANNOTATION, WHOLE, Holding, Ledger, mark_value, parse_mark
+from crishim.mps import DaemonError, MpsSharing, share_devices
 from devices.model import Device, NodeInventory
-from devices.plugin import DevicePlugin, PluginError, discover_all, edits_for, health_all
+from devices.plugin import DevicePlugin, PluginError, discover_all, edits_for, health_all, merge_edits
 from kubegpu.allocation import ANNOTATION, Allocation, AllocationError, Share, load_keys, verify
 from kubegpu.logs import log_event
 
@@ -80,6 +81,7 @@ class NodeDevices:
     healthy: dict[str, bool] = field(default_factory=dict)
     managed_host_paths: frozenset[str] = frozenset()
     inventory: NodeInventory = field(default_factory=lambda: NodeInventory(()))
+    sharing: MpsSharing | None = None  # how GPU shares are enforced (crishim.mps); None: advisory
 
     def discover(self) -> None:
         inventory = discover_all(self.plugins, self.sysfs_root)
@@ -98,7 +100,8 @@ class NodeDevices:
     def current_inventory(self) -> NodeInventory:
         """The discovered inventory with today's health folded in (what the advertiser publishes)."""
         devices = tuple(replace(d, healthy=self.healthy.get(d.id, d.healthy)) for d in self.inventory.devices)
-        return NodeInventory(devices, self.inventory.topology)
+        inventory = NodeInventory(devices, self.inventory.topology)
+        return self.sharing.annotate(inventory) if self.sharing else inventory
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,8 @@ class AllocationRewriter:
             )
         self.ledger.replace_all(holdings)
         self.rebuilt.set()
+        if self.node_devices.sharing is not None:  # from now on the MPS daemons follow the ledger's shares
+            self.node_devices.sharing.start(self._shared_devices)
         log_event(
             log,
             "ledger.rebuilt",
@@ -238,11 +243,20 @@ class AllocationRewriter:
         freed = self.ledger.remove_container(container_id)
         if freed:
             log_event(log, "ledger.freed", container=container_id, devices=[h.device for h in freed])
+            self._shares_changed()
 
     def removed_sandbox(self, sandbox_id: str) -> None:
         freed = self.ledger.remove_sandbox(sandbox_id)
         if freed:
             log_event(log, "ledger.freed", sandbox=sandbox_id, devices=[h.device for h in freed])
+            self._shares_changed()
+
+    def _shared_devices(self) -> set[str]:
+        return share_devices((h.device, h.milli) for h in self.ledger.holdings())
+
+    def _shares_changed(self) -> None:
+        if self.node_devices.sharing is not None:
+            self.node_devices.sharing.poke()
 
     # --- the rewrite ----------------------------------------------------------------------------
 
@@ -273,11 +287,18 @@ class AllocationRewriter:
         milli = {d.id: (shares[d.id].milli if d.id in shares else WHOLE) for d in granted}
         holdings = [Holding("", request.pod_sandbox_id, pod.uid, container, d, m) for d, m in milli.items()]
         await self._reserve(pod, container, holdings)
+        sharing = self.node_devices.sharing
         try:
-            edits.apply(request.config, edits_for(self.node_devices.plugins, granted, shares))
-        except PluginError as error:
+            applied = edits_for(self.node_devices.plugins, granted, shares)
+            if sharing is not None:  # a share on a node that enforces shares: the container is an MPS client
+                applied = merge_edits([applied, await sharing.container_edits(granted, shares)])
+            edits.apply(request.config, applied)
+        except (PluginError, DaemonError) as error:
             self.ledger.release(holdings)
-            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"pod {pod}: {error}") from None
+            self._shares_changed()
+            retry = isinstance(error, DaemonError)  # the GPU's MPS daemon did not start: kubelet retries
+            code = grpc.StatusCode.UNAVAILABLE if retry else grpc.StatusCode.FAILED_PRECONDITION
+            raise Rejected(code, f"pod {pod}: {error}") from None
         request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli)
         log_event(
             log,
@@ -329,5 +350,6 @@ class AllocationRewriter:
                 self.ledger.commit(holdings, container_id)
             else:
                 self.ledger.release(holdings)
+                self._shares_changed()
 
         return done

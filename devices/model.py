@@ -5,19 +5,34 @@ how the GPUs of one node connect: NVLink count per pair, the PCIe relation per p
 ``nvidia-smi topo -m`` terms, and which NICs sit beside which GPUs. ``NodeInventory`` is what a
 node publishes. Host paths (``device_nodes``) are node-local facts: they are never serialised into
 anything the scheduler writes, only used by the node's own plugins.
+
+A GPU's ``sharing`` attribute says whether fractional shares of it are enforced: ``mps`` (each
+share runs as an MPS client with its memory and compute limits, docs/gpu-sharing.md) or
+``advisory`` (a share is only told its size). ``with_sharing`` sets it; ``Device.share_enforced``
+reads it.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 
 class DeviceKind(enum.StrEnum):
     GPU = "gpu"
     RDMA = "rdma"
+
+
+class Sharing(enum.StrEnum):
+    """How the node enforces fractional shares of a GPU (the GPU's ``sharing`` attribute)."""
+
+    MPS = "mps"  # memory and compute limits enforced by an NVIDIA MPS control daemon
+    ADVISORY = "advisory"  # a share is told its size; nothing stops it using the whole GPU
+
+
+SHARING_ATTRIBUTE = "sharing"
 
 
 class PCIeRelation(enum.IntEnum):
@@ -51,6 +66,11 @@ class Device:
     healthy: bool = True
     device_nodes: tuple[str, ...] = ()  # host paths; node-local, never published
     attributes: Mapping[str, str] = field(default_factory=dict, hash=False)
+
+    @property
+    def share_enforced(self) -> bool:
+        """The node enforces fractional shares of this GPU (attribute ``sharing`` is ``mps``)."""
+        return self.attributes.get(SHARING_ATTRIBUTE) == Sharing.MPS
 
     def public(self) -> dict[str, Any]:
         """What the node publishes about this device (no host paths)."""
@@ -155,3 +175,14 @@ def merge(inventories: Iterable[NodeInventory]) -> NodeInventory:
         pcie.update(inventory.topology.pcie)
         nic_gpus.update(inventory.topology.nic_gpus)
     return NodeInventory(tuple(devices), Topology(nvlinks, pcie, nic_gpus))
+
+
+def with_sharing(inventory: NodeInventory, sharing: Callable[[Device], Sharing]) -> NodeInventory:
+    """``inventory`` with every GPU's ``sharing`` attribute set to ``sharing(gpu)``."""
+    devices = tuple(
+        replace(d, attributes={**d.attributes, SHARING_ATTRIBUTE: sharing(d).value})
+        if d.kind is DeviceKind.GPU
+        else d
+        for d in inventory.devices
+    )
+    return NodeInventory(devices, inventory.topology)

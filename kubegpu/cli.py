@@ -90,6 +90,25 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         help="how often device health is re-read (default: %(default)s)",
     )
     devices.add_argument(
+        "--mps-control",
+        default="nvidia-cuda-mps-control",
+        metavar="PATH",
+        help="MPS control binary: GPU shares are enforced through MPS where it is found "
+        "(docs/gpu-sharing.md); '' turns enforcement off (default: %(default)s)",
+    )
+    devices.add_argument(
+        "--mps-dir",
+        default="/run/kubegpu/mps",
+        help="the MPS daemons' pipe, log and shm directories, one folder per GPU (default: %(default)s)",
+    )
+    devices.add_argument(
+        "--mps-compute-mode",
+        choices=["exclusive", "unchanged"],
+        default="exclusive",
+        help="nvidia: put a GPU in EXCLUSIVE_PROCESS compute mode while its MPS daemon runs "
+        "(default: %(default)s)",
+    )
+    devices.add_argument(
         "--kubeconfig",
         default=None,
         help="API access (advertiser, and pods whose sandbox lacks the allocation); "

@@ -65,8 +65,10 @@ class FakeNvml:
         lost: tuple[int, ...] = (),
         numa_supported: bool = True,
         remote_types: bool = True,
+        memory_affinity: bool = True,
     ) -> None:
         self.doc = doc
+        self.memory_affinity = memory_affinity
         self.init_error = init_error
         self.lost = set(lost)
         self.numa_supported = numa_supported
@@ -152,6 +154,13 @@ class FakeNvml:
         if not self.numa_supported:
             raise FakeNVMLError(NOT_SUPPORTED)
         return self.doc["gpus"][self._handle(handle)]["numa"]
+
+    def nvmlDeviceGetMemoryAffinity(self, handle: SimpleNamespace, words: int, scope: int) -> list[int]:
+        self._check("memory_affinity")
+        if not self.memory_affinity or scope != 0:
+            raise FakeNVMLError(NOT_SUPPORTED)
+        numa = self.doc["gpus"][self._handle(handle)]["numa"]
+        return [(1 << numa) if w == numa // 64 else 0 for w in range(words)]
 
     def nvmlDeviceGetCpuAffinity(self, handle: SimpleNamespace, words: int) -> list[int]:
         self._check("affinity")
@@ -342,10 +351,23 @@ def test_numa_falls_back_to_sysfs(tmp_path: Any) -> None:
         (d / "numa_node").write_text(f"{i % 2}\n")
     inventory = NvidiaPlugin(nvml=fake, sysfs_root=str(tmp_path)).discover()
     assert [g.numa_node for g in inventory.devices] == [0, 1, 0, 1, 0, 1, 0, 1]
-    # and without sysfs either: unknown
-    fake = FakeNvml(fixture("pcie-4gpu"), numa_supported=False)
+    # and without sysfs or memory affinity either: unknown
+    fake = FakeNvml(fixture("pcie-4gpu"), numa_supported=False, memory_affinity=False)
     inventory = NvidiaPlugin(nvml=fake, sysfs_root=str(tmp_path / "empty")).discover()
     assert {g.numa_node for g in inventory.devices} == {-1}
+
+
+def test_numa_from_memory_affinity_when_nvml_and_sysfs_say_nothing(tmp_path: Any) -> None:
+    """Seen on a real H200 VM: NVML's NUMA id N/A, sysfs numa_node -1, nvidia-smi "NUMA Affinity" 0."""
+    doc = fixture("dgx1-v100")
+    fake = FakeNvml(doc, numa_supported=False)
+    for bus in fake.bus_ids:
+        d = tmp_path / "sys/bus/pci/devices" / bus.lower()[4:]
+        d.mkdir(parents=True)
+        (d / "numa_node").write_text("-1\n")
+    inventory = NvidiaPlugin(nvml=fake, sysfs_root=str(tmp_path)).discover()
+    assert [g.numa_node for g in inventory.devices] == [g["numa"] for g in doc["gpus"]]
+    assert "memory_affinity" in fake.calls
 
 
 def test_cpu_affinity_attribute() -> None:

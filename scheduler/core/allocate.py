@@ -32,7 +32,11 @@ def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> 
     grants: tuple[GpuGrant, ...] = ()
     if pod.is_share:
         index = share_gpu if share_gpu is not None else best_fit_share_gpu(pod, node)
-        if index is None or not node.gpus[index].fits_share(pod):
+        if index is not None and not node.gpus[index].fits_share(pod):
+            # A policy's pick that does not fit (it scores free milli; an enforced share must also
+            # land on a GPU that enforces shares): the best fit among the GPUs that do.
+            index = best_fit_share_gpu(pod, node)
+        if index is None:
             return None
         gpu = node.gpus[index]
         milli, memory = gpu.share_for(pod)

@@ -19,6 +19,8 @@ from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.state import ClusterState
 from scheduler.core.topology import best_gpu_set
 
+NO_ENFORCING_GPU = "no GPU that enforces shares (MPS)"
+
 
 class FilterPlugin:
     """Base class: override ``keep`` (vectorised) and ``reasons`` (per rejected node)."""
@@ -144,11 +146,14 @@ class GpuFit(FilterPlugin):
             fits &= (cluster.gpu_mem_free[idx] >= memory) | (total == 0)
         if pod.gpu_models:
             fits &= cluster.gpu_model_mask(pod.gpu_models)[idx]
+        if pod.enforced_share:
+            fits &= cluster.gpu_enforced[idx]
         return fits
 
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if pod.is_share:
-            if not pod.gpu_models and not pod.gpu_memory_mib and not cluster.any_gpu_memory:
+            plain = not (pod.gpu_models or pod.gpu_memory_mib or pod.enforced_share or cluster.any_gpu_memory)
+            if plain:
                 return cluster.gpu_max_free[idx] >= pod.gpu_milli
             return self.share_fits(pod, cluster, idx).any(axis=1)
         if not pod.gpu_models:
@@ -160,8 +165,11 @@ class GpuFit(FilterPlugin):
         if pod.gpu_models and not cluster.model_mask(pod.gpu_models)[i]:
             return [f"no GPU of model {'|'.join(sorted(pod.gpu_models))}"]
         if pod.is_share:
+            if pod.enforced_share and not cluster.gpu_enforced[i].any():
+                return [NO_ENFORCING_GPU]
             what = f"{pod.gpu_milli} milli" if pod.gpu_milli else f"{pod.gpu_memory_mib} MiB"
-            return [f"no GPU with {what} free"]
+            enforcing = " that enforces shares (MPS)" if pod.enforced_share else ""
+            return [f"no GPU{enforcing} with {what} free"]
         return ["Insufficient nvidia.com/gpu"]
 
     def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
@@ -172,6 +180,12 @@ class GpuFit(FilterPlugin):
             if n_wrong:
                 counts[f"no GPU of model {'|'.join(sorted(pod.gpu_models))}"] = n_wrong
             rejected = rejected[~wrong]
+        if pod.is_share and pod.enforced_share:
+            unenforced = ~cluster.gpu_enforced[rejected].any(axis=1)
+            n_unenforced = int(np.count_nonzero(unenforced))
+            if n_unenforced:
+                counts[NO_ENFORCING_GPU] = n_unenforced
+            rejected = rejected[~unenforced]
         if len(rejected):
             counts[self.reasons(pod, cluster, int(rejected[0]))[0]] = len(rejected)
         return counts

@@ -6,6 +6,7 @@ by the simulator from a trace row. GPU requests come in two forms:
 - whole GPUs: ``gpu_count = k`` and ``gpu_milli = 1000`` (the default when only a count is given);
 - a share of ONE GPU: ``gpu_count = 1`` and ``gpu_milli < 1000`` (the openb trace's milli-GPU), and/or
   ``gpu_memory_mib`` (a share by GPU memory; the milli charged is then derived from the GPU's memory).
+  ``enforced_share`` asks for a GPU whose node enforces shares (MPS; the GPU's ``sharing`` attribute).
 
 ``shape()`` is a hashable key of everything that affects scheduling (not the pod's name), so scores
 can be memoised per request shape.
@@ -99,6 +100,7 @@ class PodRequest:
     gpu_milli: int = 0  # per GPU: 1000 whole, < 1000 a share of one GPU
     gpu_memory_mib: int = 0  # a share by GPU memory (sharing pods only); 0 = none asked
     gpu_models: frozenset[str] = frozenset()  # allowed GPU models; empty = any
+    enforced_share: bool = False  # a share only on a GPU whose limits the node enforces (MPS)
     topology: TopologyWish = TopologyWish()
     node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
     tolerations: tuple[Toleration, ...] = ()
@@ -114,6 +116,8 @@ class PodRequest:
             raise ValueError(f"pod {self.name}: gpu_milli {self.gpu_milli} > {MILLI} (ask for whole GPUs)")
         if self.is_share and self.gpu_count != 1:
             raise ValueError(f"pod {self.name}: a GPU share is a share of one GPU (gpu_count must be 1)")
+        if self.enforced_share and not self.is_share:
+            raise ValueError(f"pod {self.name}: only a share of one GPU can ask for enforcement")
         if not self.uid:
             object.__setattr__(self, "uid", self.name)
         shape = (
@@ -123,6 +127,7 @@ class PodRequest:
             self.gpu_milli,
             self.gpu_memory_mib,
             self.gpu_models,
+            self.enforced_share,
             self.topology if self.gpu_count > 1 else TopologyWish(),
             tuple(sorted(self.node_selector.items())),
             self.tolerations,

@@ -38,6 +38,7 @@ class GpuState:
     healthy: bool = True
     free_milli: int = MILLI
     free_memory_mib: int = -1  # -1: initialise to memory_mib
+    share_enforced: bool = False  # the node enforces shares of this GPU (MPS)
 
     def __post_init__(self) -> None:
         if self.free_memory_mib < 0:
@@ -62,6 +63,8 @@ class GpuState:
 
     def fits_share(self, pod: PodRequest) -> bool:
         if not self.healthy or not pod.allows_model(self.model):
+            return False
+        if pod.enforced_share and not self.share_enforced:
             return False
         milli, memory = self.share_for(pod)
         return milli <= self.free_milli and (not self.memory_mib or memory <= self.free_memory_mib)
@@ -197,7 +200,8 @@ class NodeState:
         """A node from what its advertiser published (GPUs sorted by index)."""
         gpus = sorted(inventory.by_kind(DeviceKind.GPU), key=lambda d: d.index)
         states = [
-            GpuState(i, d.id, d.model, d.memory_mib, d.numa_node, d.healthy) for i, d in enumerate(gpus)
+            GpuState(i, d.id, d.model, d.memory_mib, d.numa_node, d.healthy, share_enforced=d.share_enforced)
+            for i, d in enumerate(gpus)
         ]
         return cls(
             name, cpu_milli, memory_mib, states, labels=labels, taints=taints, topology=inventory.topology
@@ -310,10 +314,12 @@ class ClusterState:
         self.gpu_model = np.full((n, max(g, 1)), -1, dtype=np.int64)
         self.gpu_mem_total = np.zeros((n, max(g, 1)), dtype=np.int64)
         self.gpu_mem_free = np.zeros((n, max(g, 1)), dtype=np.int64)
+        self.gpu_enforced = np.zeros((n, max(g, 1)), dtype=bool)  # GPU slots whose shares are enforced
         for i, node in enumerate(self.nodes):
             for gpu in node.gpus:
                 self.gpu_model[i, gpu.index] = model_index[gpu.model]
                 self.gpu_mem_total[i, gpu.index] = gpu.memory_mib
+                self.gpu_enforced[i, gpu.index] = gpu.share_enforced
         self.model_sets: list[frozenset[str]] = []
         codes: dict[frozenset[str], int] = {}
         for node in self.nodes:

@@ -8,6 +8,8 @@ What a pod can ask for (docs/scheduler.md is the user-facing description):
 - a share of one GPU: annotation ``kubegpu.io/gpu-milli`` (1..999) and/or
   ``kubegpu.io/gpu-memory-mib``; the share goes to the containers named in
   ``kubegpu.io/gpu-containers`` (comma separated), by default the first container;
+  ``kubegpu.io/gpu-share-enforced: "true"`` places the share only on a GPU whose node enforces
+  shares (MPS, docs/gpu-sharing.md);
 - GPU models: annotation ``kubegpu.io/gpu-model``, models separated by ``|``;
 - topology of a multi-GPU set: annotation ``kubegpu.io/topology``, comma-separated
   ``nvlink``/``numa``/``pcie-switch`` each ``=require`` or ``=prefer``;
@@ -28,6 +30,7 @@ from scheduler.core.request import ContainerRequest, PodRequest, Toleration, Top
 GPU_MILLI_ANNOTATION = "kubegpu.io/gpu-milli"
 GPU_MEMORY_ANNOTATION = "kubegpu.io/gpu-memory-mib"
 GPU_CONTAINERS_ANNOTATION = "kubegpu.io/gpu-containers"
+SHARE_ENFORCED_ANNOTATION = "kubegpu.io/gpu-share-enforced"
 GPU_MODEL_ANNOTATION = "kubegpu.io/gpu-model"
 TOPOLOGY_ANNOTATION = "kubegpu.io/topology"
 TOPOLOGY_KEYS = {"nvlink": "nvlink", "numa": "same_numa", "pcie-switch": "same_pcie_switch"}
@@ -82,6 +85,16 @@ def _int_annotation(annotations: Mapping[str, str], key: str, low: int, high: in
     return value
 
 
+def _bool_annotation(annotations: Mapping[str, str], key: str) -> bool:
+    raw = annotations.get(key)
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value not in ("true", "false"):
+        raise PodSpecError(f"annotation {key}={raw!r} is not true or false")
+    return value == "true"
+
+
 def parse_topology(raw: str | None) -> TopologyWish:
     """``nvlink=require,numa=prefer`` -> TopologyWish."""
     if not raw:
@@ -126,6 +139,12 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
     milli = _int_annotation(annotations, GPU_MILLI_ANNOTATION, 1, 999)
     gpu_memory = _int_annotation(annotations, GPU_MEMORY_ANNOTATION, 1, 1 << 24)
     sharing = bool(milli or gpu_memory)
+    enforced = _bool_annotation(annotations, SHARE_ENFORCED_ANNOTATION)
+    if enforced and not sharing:
+        raise PodSpecError(
+            f"annotation {SHARE_ENFORCED_ANNOTATION} needs a GPU share "
+            f"({GPU_MILLI_ANNOTATION} or {GPU_MEMORY_ANNOTATION}); whole GPUs are never shared"
+        )
     total_whole = sum(count for _, count in whole)
     if sharing and total_whole:
         raise PodSpecError(f"a pod asks for whole GPUs ({gpu_resource}) or a share of one GPU, not both")
@@ -153,6 +172,7 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
             gpu_milli=milli if sharing else 0,
             gpu_memory_mib=gpu_memory,
             gpu_models=models,
+            enforced_share=enforced,
             topology=parse_topology(annotations.get(TOPOLOGY_ANNOTATION)),
             node_selector=dict(spec.get("nodeSelector") or {}),
             tolerations=_tolerations(spec),

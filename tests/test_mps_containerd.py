@@ -1,0 +1,144 @@
+"""Enforced shares through the shim and a real containerd: what an MPS client container really gets.
+
+The node runs the sim plugin and the stand-in MPS control binary (tests/support/mps_standin.py),
+which the shim starts as each shared GPU's daemon in a private mount namespace. Inside the share's
+container: the CUDA_MPS_* variables, the daemon's pipe directory (its pid file readable), its log
+directory read-only, and the daemon's own /dev/shm (the marker the daemon wrote there). A
+whole-GPU container gets none of it. The daemon stops when the last share's pod is removed, and a
+shim killed and restarted adopts the running daemon instead of starting another.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from crishim.cri import api_pb2
+from kubegpu.allocation import Share
+from kubegpu.devenv.containerd import Containerd
+from kubegpu.devenv.cri import CriClient
+from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
+from tests.fixtures.common import missing_component
+from tests.support.mps_standin import events, os_pid_alive, write_standin
+from tests.support.waiting import wait_for
+from tests.test_crishim_rewrite import KEY, KEY_ID, NODE, Node, gpu, visible
+
+pytestmark = pytest.mark.containerd
+
+PROBE = (
+    "env; echo ---; ls -l /dev/kubegpu-sim 2>&1; echo ===; "
+    "echo pid=$(cat $CUDA_MPS_PIPE_DIRECTORY/nvidia-cuda-mps-control.pid 2>/dev/null); "
+    "echo shm=$(ls /dev/shm | tr '\\n' ' '); "
+    "echo logs=$(ls $CUDA_MPS_LOG_DIRECTORY 2>/dev/null | tr '\\n' ' '); "
+    "(touch $CUDA_MPS_LOG_DIRECTORY/x 2>/dev/null && echo log=writable) || echo log=readonly; "
+    "echo END; exec sleep 100000"
+)
+
+
+@dataclass
+class MpsNode(Node):
+    control: Path = Path()
+    mps_dir: Path = Path()
+
+
+@pytest.fixture
+def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[MpsNode]:
+    import os
+
+    if os.geteuid() != 0:
+        missing_component("the MPS daemons' private /dev/shm needs root")
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / KEY_ID).write_bytes(KEY)
+    control = write_standin(tmp_path / "bin")
+    mps_dir = tmp_path / "mps"
+    shim = ShimProcess(
+        socket=Path(f"/tmp/kgshim-mps-{uuid.uuid4().hex[:8]}.sock"),
+        runtime_endpoint=containerd.endpoint,
+        log_path=tmp_path / "crishim.log",
+        extra_args=[
+            *sim_node_args(NODE, "dgx1-v100", str(tmp_path / "sim"), str(keys)),
+            *("--mps-control", str(control), "--mps-dir", str(mps_dir)),
+        ],
+        env={"STANDIN_SHM_MARKER": "1"},  # the daemons' /dev/shm is private here
+    ).start()
+    client = CriClient(shim.endpoint)
+    before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}
+    yield MpsNode(shim, client, direct, tmp_path / "sim", tmp_path / "logs", control, mps_dir)
+    client.close()
+    shim.stop()
+    for sandbox in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items:
+        if sandbox.id not in before:
+            direct.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
+            direct.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id))
+    for started in events(control, "started"):  # nothing may outlive the test
+        pid = int(started["pid"])  # type: ignore[call-overload]
+        if os_pid_alive(pid):
+            os.kill(pid, 15)
+
+
+def probe(output: str) -> dict[str, str]:
+    tail = output.split("===", 1)[1]
+    return dict(line.split("=", 1) for line in tail.splitlines() if "=" in line)
+
+
+def share_pod(node: MpsNode, name: str, index: int, milli: int, memory: int) -> tuple[str, str]:
+    uid = str(uuid.uuid4())
+    annotation = node.signed(uid, {"app": [gpu(index)]}, shares={"app": {gpu(index): Share(milli, memory)}})
+    sandbox, config = node.run_pod(name, annotation, uid)
+    container = node.create(sandbox, config, "app", script=PROBE)
+    return sandbox, node.start_and_read(container, name, "app")
+
+
+def test_share_container_is_an_mps_client_of_its_gpus_daemon(node: MpsNode) -> None:
+    sandbox, output = share_pod(node, "mps-share", 1, 250, 4096)
+    env, devices = visible(output.split("===", 1)[0])
+    assert devices == ["gpu1"]
+    assert env["CUDA_MPS_PIPE_DIRECTORY"] == str(node.mps_dir / gpu(1) / "pipe")
+    assert env["CUDA_MPS_LOG_DIRECTORY"] == str(node.mps_dir / gpu(1) / "log")
+    assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    assert env["CUDA_MPS_PINNED_DEVICE_MEM_LIMIT"] == "0=4096M"
+    (started,) = events(node.control, "started")
+    assert started["visible"] == gpu(1)
+    seen = probe(output)
+    assert seen["pid"] == str(started["pid"])  # the daemon's pipe directory, read through the mount
+    assert f"kubegpu-standin-{started['pid']}" in seen["shm"].split()  # the daemon's own /dev/shm
+    assert "control.log" in seen["logs"].split()
+    assert seen["log"] == "readonly"
+
+    # Another share of the same GPU joins the same daemon; a whole GPU gets no MPS at all.
+    _, second = share_pod(node, "mps-share2", 1, 500, 8192)
+    assert probe(second)["pid"] == str(started["pid"])
+    assert visible(second.split("===", 1)[0])[0]["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "50"
+    uid = str(uuid.uuid4())
+    whole_sandbox, config = node.run_pod("mps-whole", node.signed(uid, {"app": [gpu(2)]}), uid)
+    whole = node.start_and_read(node.create(whole_sandbox, config, "app", script=PROBE), "mps-whole", "app")
+    env, devices = visible(whole.split("===", 1)[0])
+    assert devices == ["gpu2"]
+    assert not [k for k in env if k.startswith("CUDA_MPS_")]
+    assert probe(whole)["pid"] == "" and f"kubegpu-standin-{started['pid']}" not in probe(whole)["shm"]
+    assert len(events(node.control, "started")) == 1
+
+
+def test_daemon_stops_with_the_last_share_and_survives_a_shim_restart(node: MpsNode) -> None:
+    first, output = share_pod(node, "mps-a", 4, 300, 2048)
+    second, _ = share_pod(node, "mps-b", 4, 300, 2048)
+    (started,) = events(node.control, "started")
+    pid = int(started["pid"])  # type: ignore[call-overload]
+
+    node.restart_shim(kill=True)  # SIGKILL: the daemon and its clients keep running, and are adopted
+    wait_for(lambda: node.shim.log_path.read_text().count("mps.daemon_adopted") >= 1)
+    assert os_pid_alive(pid) and len(events(node.control, "started")) == 1
+
+    for sandbox in (first, second):
+        node.client.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox))
+    node.client.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=first))
+    assert os_pid_alive(pid)  # the second share still holds the GPU
+    node.client.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=second))
+    wait_for(lambda: not os_pid_alive(pid))
+    assert [c["command"] for c in events(node.control, "command")] == ["quit"]
+    wait_for(lambda: not (node.mps_dir / gpu(4)).exists())
