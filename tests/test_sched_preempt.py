@@ -240,6 +240,21 @@ def test_share_by_memory() -> None:
     assert uids(select_victims(fits, 10, dgx1(pods))) == set()
 
 
+def test_enforced_shares_only_on_enforcing_gpus() -> None:
+    pods = [holding(f"w{i}", [i], priority=9) for i in range(2, 8)]
+    pods += [share("a", 0, 800, 1), share("b", 1, 800, 2)]
+    offer = dgx1(pods)
+    gpus = tuple(
+        GpuSlot(g.id, g.model, g.memory_mib, share_enforced=(i == 1)) for i, g in enumerate(offer.gpus)
+    )
+    enforcing = NodeOffer(offer.name, offer.cpu_milli, offer.memory_mib, gpus, offer.pods, offer.links)
+    plain = PodRequest("s", gpu_count=1, gpu_milli=500)
+    enforced = PodRequest("s", gpu_count=1, gpu_milli=500, enforced_share=True)
+    assert uids(select_victims(plain, 10, enforcing)) == {"a"}  # the cheaper share, on GPU 0
+    assert uids(select_victims(enforced, 10, enforcing)) == {"b"}  # only GPU 1 enforces shares
+    assert select_victims(enforced, 10, offer) is None
+
+
 @pytest.mark.parametrize("memory", [0, 16384, 40960])
 @pytest.mark.parametrize(("milli", "mem_ask"), [(300, 0), (0, 5000), (0, 50_000), (250, 4000), (999, 0)])
 def test_share_need_is_the_cores_rule(memory: int, milli: int, mem_ask: int) -> None:

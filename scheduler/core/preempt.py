@@ -25,7 +25,8 @@ As kube-scheduler's DefaultPreemption, but the devices freed must make a valid s
   the highest-priority victims, then the order given.
 
 Whether the pod fits is decided by the core's own rules: CPU, memory, the node's pod count, GPUs
-by id (healthy, of an allowed model, whole or with room for the share), required topology via
+by id (healthy, of an allowed model, enforcing shares for an enforced share, whole or with room
+for the share), required topology via
 ``LinkMatrix`` / ``best_gpu_set``, the kubelet's count of the node's GPU resource (pods of other
 schedulers hold GPUs the scheduler cannot name: ``charged_gpus``), and an optional
 ``fits_other(victim uids)`` for the rules this module does not know (pod affinity, spread).
@@ -58,6 +59,7 @@ class GpuSlot:
     model: str = ""
     memory_mib: int = 0
     healthy: bool = True
+    share_enforced: bool = False  # the node enforces shares of this GPU (MPS)
 
 
 @dataclass(frozen=True)
@@ -202,7 +204,11 @@ class _Node:
         self.budgets = budgets
         self.by_uid = {p.uid: p for p in offer.pods}
         index = {g.id: i for i, g in enumerate(offer.gpus)}
-        self.usable = [i for i, g in enumerate(offer.gpus) if g.healthy and pod.allows_model(g.model)]
+        self.usable = [
+            i
+            for i, g in enumerate(offer.gpus)
+            if g.healthy and pod.allows_model(g.model) and (g.share_enforced or not pod.enforced_share)
+        ]  # the GPUs the pod may get
         self.holders: list[list[RunningPod]] = [[] for _ in offer.gpus]
         for p in offer.pods:
             for gpu_id in p.gpus:
