@@ -89,28 +89,37 @@ class TaintFilter(FilterPlugin):
 
 
 class ResourcesFit(FilterPlugin):
-    """CPU and memory requests fit what is free."""
+    """CPU and memory requests fit what is free, and the node admits one more pod
+    (``status.allocatable.pods``), like kube-scheduler's NodeResourcesFit."""
 
     name = "resources"
 
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        ok = cluster.cpu_free[idx] >= pod.cpu_milli
+        # A pod asking no CPU fits a node whose bound pods over-commit it (free below zero).
+        ok = cluster.cpu_free[idx] >= pod.cpu_milli if pod.cpu_milli else np.ones(len(idx), dtype=bool)
         if pod.memory_mib:
             ok &= cluster.mem_free[idx] >= pod.memory_mib
+        if cluster.any_pod_limit:
+            ok &= cluster.pods_free[idx] >= 1
         return ok
 
     def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
         out = []
-        if cluster.cpu_free[i] < pod.cpu_milli:
+        if cluster.pods_free[i] < 1:
+            out.append("Too many pods")
+        if pod.cpu_milli and cluster.cpu_free[i] < pod.cpu_milli:
             out.append("Insufficient cpu")
-        if cluster.mem_free[i] < pod.memory_mib:
+        if pod.memory_mib and cluster.mem_free[i] < pod.memory_mib:
             out.append("Insufficient memory")
         return out
 
     def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
         counts: Counter[str] = Counter()
-        cpu = int(np.count_nonzero(cluster.cpu_free[rejected] < pod.cpu_milli))
-        mem = int(np.count_nonzero(cluster.mem_free[rejected] < pod.memory_mib))
+        pods = int(np.count_nonzero(cluster.pods_free[rejected] < 1))
+        cpu = int(np.count_nonzero(cluster.cpu_free[rejected] < pod.cpu_milli)) if pod.cpu_milli else 0
+        mem = int(np.count_nonzero(cluster.mem_free[rejected] < pod.memory_mib)) if pod.memory_mib else 0
+        if pods:
+            counts["Too many pods"] = pods
         if cpu:
             counts["Insufficient cpu"] = cpu
         if mem:
@@ -119,7 +128,12 @@ class ResourcesFit(FilterPlugin):
 
 
 class GpuFit(FilterPlugin):
-    """GPUs: k fully free GPUs of an allowed model, or one GPU with room for the share."""
+    """GPUs: k fully free GPUs of an allowed model, or one GPU with room for the share.
+
+    Whole GPUs must also fit the kubelet's count: the node's ``nvidia.com/gpu`` allocatable less
+    what its pods request, whoever scheduled them (pods of other schedulers hold no kubegpu device
+    but the kubelet counts them).
+    """
 
     name = "gpu"
 
@@ -157,9 +171,13 @@ class GpuFit(FilterPlugin):
                 return cluster.gpu_max_free[idx] >= pod.gpu_milli
             return self.share_fits(pod, cluster, idx).any(axis=1)
         if not pod.gpu_models:
-            return cluster.gpu_full_free[idx] >= pod.gpu_count
-        whole = (cluster.gpu_free[idx] == MILLI) & cluster.gpu_model_mask(pod.gpu_models)[idx]
-        return whole.sum(axis=1) >= pod.gpu_count
+            ok = cluster.gpu_full_free[idx] >= pod.gpu_count
+        else:
+            whole = (cluster.gpu_free[idx] == MILLI) & cluster.gpu_model_mask(pod.gpu_models)[idx]
+            ok = whole.sum(axis=1) >= pod.gpu_count
+        if cluster.any_gpu_resource_limit:
+            ok &= cluster.gpu_resource_free[idx] >= pod.gpu_count
+        return ok
 
     def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
         if pod.gpu_models and not cluster.model_mask(pod.gpu_models)[i]:

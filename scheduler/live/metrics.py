@@ -35,6 +35,23 @@ class SchedulerMetrics:
         self.binds = Counter(
             "kubegpu_scheduler_bindings", "Binding calls by result.", ["result"], registry=self.registry
         )
+        self.nodes = Gauge(
+            "kubegpu_scheduler_nodes",
+            "Nodes kubegpu can place pods on (usable) and nodes it leaves out (excluded, reason logged).",
+            ["state"],
+            registry=self.registry,
+        )
+        self.assumed = Gauge(
+            "kubegpu_scheduler_assumed_pods",
+            "Pods decided and booked whose binding is not yet seen on the watch.",
+            registry=self.registry,
+        )
+        self.read_backs = Counter(
+            "kubegpu_scheduler_read_backs",
+            "Pods read back after a binding of unknown outcome, by what the read showed.",
+            ["outcome"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "kubegpu_scheduler_is_leader",
             "1 while this replica holds the leader lease.",
