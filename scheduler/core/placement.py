@@ -18,7 +18,8 @@ Scores (``scores``) are kube-scheduler's default weights: 2 x NodeAffinity + 2 x
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any
 
 import numpy as np
 
@@ -27,6 +28,7 @@ from scheduler.core.affinity import (
     FAIL_ANTI_AFFINITY,
     FAIL_EXISTING_ANTI_AFFINITY,
     INTERPOD_REASONS,
+    NO_POD_AFFINITY,
     NODE_AFFINITY_REASON,
     NodeAffinity,
     NodeDomains,
@@ -36,7 +38,7 @@ from scheduler.core.affinity import (
     interpod_scores,
     node_affinity_scores,
 )
-from scheduler.core.constraints import NO_RULES, PlacementRules
+from scheduler.core.constraints import NO_RULES, PlacementRules, placement_rules, pod_facts
 from scheduler.core.request import Taint, TaintEffect, Toleration
 from scheduler.core.spread import (
     FAIL_MISSING_LABEL,
@@ -72,7 +74,9 @@ METADATA_NAME_LABEL = "kubernetes.io/metadata.name"
 
 @dataclass(frozen=True)
 class PodPlacement:
-    """What the placement rules need of the pod being scheduled."""
+    """What the placement rules need of the pod being scheduled: its facts (uid, namespace,
+    labels, pod affinity terms, as placed pods' rules and its own see them), its rules (node
+    affinity, spread, priority) and tolerations. ``placement_of`` builds one from the Pod's JSON."""
 
     facts: PodFacts
     rules: PlacementRules = NO_RULES
@@ -81,6 +85,15 @@ class PodPlacement:
     @property
     def node_affinity(self) -> NodeAffinity:
         return self.rules.node_affinity
+
+
+def placement_of(pod: Mapping[str, Any], tolerations: tuple[Toleration, ...] = ()) -> PodPlacement:
+    """The placement of a Pod (API JSON) being scheduled; raise ``SpecError`` for bad rules."""
+    rules = placement_rules(pod)
+    facts = replace(
+        pod_facts(pod), affinity=rules.pod_affinity if rules.pod_affinity.any else NO_POD_AFFINITY
+    )
+    return PodPlacement(facts, rules, tolerations)
 
 
 def untolerated(taints: Sequence[Taint], tolerations: Sequence[Toleration]) -> bool:
@@ -166,21 +179,25 @@ class PlacementView:
 
     # -- filter ---------------------------------------------------------------------------------
 
-    def filters_apply(self, pod: PodPlacement) -> bool:
+    def filters_apply(self, pod: PodPlacement, node_affinity: bool = True) -> bool:
+        """Whether ``filter`` can reject anything (``node_affinity``: counting node affinity)."""
         rules = pod.rules
         return (
-            rules.node_affinity.has_required
+            (node_affinity and rules.node_affinity.has_required)
             or any(c.hard for c in rules.spread)
             or pod.facts.affinity.has_required
             or bool(self.index.with_required_anti)
         )
 
-    def filter(self, pod: PodPlacement, idx: np.ndarray, exclude: Collection[str] = ()) -> np.ndarray:
-        """Per node of ``idx`` (cluster rows): ``PASS`` or the first rule failed (``REASONS``)."""
+    def filter(
+        self, pod: PodPlacement, idx: np.ndarray, exclude: Collection[str] = (), node_affinity: bool = True
+    ) -> np.ndarray:
+        """Per node of ``idx`` (cluster rows): ``PASS`` or the first rule failed (``REASONS``);
+        without ``node_affinity`` the nodes are known to satisfy the pod's node affinity."""
         out = np.zeros(len(idx), dtype=np.int8)
         rules, facts = pod.rules, pod.facts
         affinity_ok = self.node_affinity_mask(rules.node_affinity)
-        if rules.node_affinity.has_required:
+        if node_affinity and rules.node_affinity.has_required:
             out[~affinity_ok[idx]] = NODE_AFFINITY
         left = np.flatnonzero(out == PASS)
         if any(c.hard for c in rules.spread) and len(left):
