@@ -175,7 +175,7 @@ class PodFacts:
 
     uid: str
     namespace: str = "default"
-    labels: Mapping[str, str] = field(default_factory=dict, hash=False, compare=False)
+    labels: Mapping[str, str] = field(default_factory=dict, hash=False)
     affinity: PodAffinity = NO_POD_AFFINITY
     terminating: bool = False
 

@@ -126,7 +126,10 @@ class PlacementView:
             raise ValueError("one taint list per node")
         self.n_cluster = len(names) if n_cluster is None else n_cluster
         self.index = PodIndex(len(names))
-        self.namespace_labels: dict[str, Mapping[str, str]] = dict(namespace_labels or {})
+        # the caller's mapping, kept by reference: it may update it as namespaces change
+        self.namespace_labels: Mapping[str, Mapping[str, str]] = (
+            namespace_labels if namespace_labels is not None else {}
+        )
         self._affinity_masks: dict[NodeAffinity, np.ndarray] = {}
         self._taint_masks: dict[tuple[Toleration, ...], np.ndarray] = {}
 
