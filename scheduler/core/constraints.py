@@ -46,6 +46,9 @@ DO_NOT_SCHEDULE, SCHEDULE_ANYWAY = "DoNotSchedule", "ScheduleAnyway"
 HONOR, IGNORE = "Honor", "Ignore"
 
 
+RULE_FIELDS = ("nodeSelector", "affinity", "topologySpreadConstraints", "priority", "preemptionPolicy")
+
+
 class SpecError(ValueError):
     """A placement rule of the pod cannot be read; the message names the field."""
 
@@ -165,6 +168,8 @@ def parse_pod_affinity_term(
 
 
 def _terms(raw: Mapping[str, Any], where: str, namespace: str, labels: Mapping[str, str]):
+    if not raw:
+        return (), ()
     req_where = f"{where}.requiredDuringSchedulingIgnoredDuringExecution"
     required = tuple(
         parse_pod_affinity_term(t, f"{req_where}[{i}]", namespace, labels)
@@ -185,6 +190,8 @@ def _terms(raw: Mapping[str, Any], where: str, namespace: str, labels: Mapping[s
 def parse_pod_affinity(spec: Mapping[str, Any], namespace: str, labels: Mapping[str, str]) -> PodAffinity:
     """``spec.affinity.podAffinity`` and ``podAntiAffinity``."""
     affinity = _obj(spec.get("affinity"), "spec.affinity")
+    if affinity.get("podAffinity") is None and affinity.get("podAntiAffinity") is None:
+        return NO_POD_AFFINITY
     where, anti_where = "spec.affinity.podAffinity", "spec.affinity.podAntiAffinity"
     required, preferred = _terms(_obj(affinity.get("podAffinity"), where), where, namespace, labels)
     anti = _obj(affinity.get("podAntiAffinity"), anti_where)
@@ -248,6 +255,8 @@ def _meta(pod: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any],
 def placement_rules(pod: Mapping[str, Any]) -> PlacementRules:
     """The placement rules of the pod being scheduled; raise ``SpecError``."""
     _meta_, spec, namespace, labels = _meta(pod)
+    if not any(spec.get(k) is not None for k in RULE_FIELDS):
+        return NO_RULES
     priority = _int(spec.get("priority"), "spec.priority", -(1 << 31), INT32_MAX, default=0)
     policy = spec.get("preemptionPolicy") or PREEMPT_LOWER
     if policy not in (PREEMPT_LOWER, PREEMPT_NEVER):
@@ -268,6 +277,10 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
     except SpecError:
         meta, spec, namespace, labels = {}, {}, "default", {}
     affinity_raw = spec.get("affinity") if isinstance(spec.get("affinity"), Mapping) else {}
+    uid = str(meta.get("uid") or f"{namespace}/{meta.get('name', '')}")
+    terminating = meta.get("deletionTimestamp") is not None
+    if not affinity_raw.get("podAffinity") and not affinity_raw.get("podAntiAffinity"):
+        return PodFacts(uid, namespace, labels, NO_POD_AFFINITY, terminating)
     parts: dict[str, Any] = {}
     for kind, field in (("pod", "podAffinity"), ("anti", "podAntiAffinity")):
         raw = affinity_raw.get(field)
@@ -276,14 +289,7 @@ def pod_facts(pod: Mapping[str, Any]) -> PodFacts:
         except SpecError:
             parts[kind] = ((), ())
     affinity = PodAffinity(parts["pod"][0], parts["anti"][0], parts["pod"][1], parts["anti"][1])
-    uid = str(meta.get("uid") or f"{namespace}/{meta.get('name', '')}")
-    return PodFacts(
-        uid,
-        namespace,
-        labels,
-        affinity if affinity.any else NO_POD_AFFINITY,
-        terminating=meta.get("deletionTimestamp") is not None,
-    )
+    return PodFacts(uid, namespace, labels, affinity if affinity.any else NO_POD_AFFINITY, terminating)
 
 
 def priority_of(pod: Mapping[str, Any]) -> int:

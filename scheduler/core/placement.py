@@ -90,9 +90,10 @@ class PodPlacement:
 def placement_of(pod: Mapping[str, Any], tolerations: tuple[Toleration, ...] = ()) -> PodPlacement:
     """The placement of a Pod (API JSON) being scheduled; raise ``SpecError`` for bad rules."""
     rules = placement_rules(pod)
-    facts = replace(
-        pod_facts(pod), affinity=rules.pod_affinity if rules.pod_affinity.any else NO_POD_AFFINITY
-    )
+    facts = pod_facts(pod)
+    if rules.pod_affinity.any or facts.affinity.any:  # the strictly parsed terms are the pod's own
+        affinity = rules.pod_affinity if rules.pod_affinity.any else NO_POD_AFFINITY
+        facts = replace(facts, affinity=affinity)
     return PodPlacement(facts, rules, tolerations)
 
 
