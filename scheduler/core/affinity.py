@@ -39,10 +39,11 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from scheduler.core.selectors import NOTHING, LabelSelector, NodeSelector, NodeSelectorTerm
+from scheduler.core.selectors import NOTHING, LabelSelector, NodeSelector, NodeSelectorTerm, Op
 
 MAX_NODE_SCORE = 100
 NODE_AFFINITY_REASON = "node(s) didn't match Pod's node affinity/selector"
@@ -230,16 +231,49 @@ class NodeDomains:
         return np.isin(self.codes(key)[idx], wanted)
 
 
+HARD = None  # the weight key of placed pods' required affinity terms in ``PodIndex.scoring_terms``
+
+
 class PodIndex:
-    """The placed pods by node, with the ones that carry pod (anti-)affinity terms kept apart."""
+    """The placed pods by node, by namespace and by label, with their affinity terms gathered.
+
+    ``by_label[(key, value)]`` finds the pods a selector's ``In`` requirement can match without
+    looking at the others. ``anti_terms[term][node]`` counts the placed pods on ``node`` having
+    required anti-affinity ``term``, and ``scoring_terms[(term, weight)][node]`` those having a
+    term that weighs the incoming pod's score (``HARD``: required affinity): replicas share their
+    terms, so the symmetric rules cost one match per distinct term, not one per pod.
+    """
 
     def __init__(self, n_nodes: int) -> None:
         self.node_of: dict[str, int] = {}
         self.facts: dict[str, PodFacts] = {}
         self.by_node: list[dict[str, PodFacts]] = [{} for _ in range(n_nodes)]
         self.by_namespace: dict[str, dict[str, PodFacts]] = {}
+        self.by_label: dict[tuple[str, str], dict[str, PodFacts]] = {}
         self.with_affinity: dict[str, PodFacts] = {}  # any pod (anti-)affinity term
         self.with_required_anti: dict[str, PodFacts] = {}
+        self.anti_terms: dict[PodAffinityTerm, Counter[int]] = {}
+        self.scoring_terms: dict[tuple[PodAffinityTerm, int | None], Counter[int]] = {}
+
+    @staticmethod
+    def _scoring(affinity: PodAffinity) -> Iterable[tuple[PodAffinityTerm, int | None]]:
+        for term in affinity.required:
+            yield term, HARD
+        for wt in affinity.preferred:
+            yield wt.term, wt.weight
+        for wt in affinity.preferred_anti:
+            yield wt.term, -wt.weight
+
+    @staticmethod
+    def _count(table: dict, key: Any, node: int, delta: int) -> None:
+        counts = table.get(key)
+        if counts is None:
+            counts = table[key] = Counter()
+        counts[node] += delta
+        if counts[node] <= 0:
+            del counts[node]
+            if not counts:
+                del table[key]
 
     def __len__(self) -> int:
         return len(self.facts)
@@ -251,10 +285,16 @@ class PodIndex:
         self.facts[pod.uid] = pod
         self.by_node[node][pod.uid] = pod
         self.by_namespace.setdefault(pod.namespace, {})[pod.uid] = pod
+        for label in pod.labels.items():
+            self.by_label.setdefault(label, {})[pod.uid] = pod
         if pod.affinity.any:
             self.with_affinity[pod.uid] = pod
+            for key in self._scoring(pod.affinity):
+                self._count(self.scoring_terms, key, node, 1)
         if pod.affinity.required_anti:
             self.with_required_anti[pod.uid] = pod
+            for term in pod.affinity.required_anti:
+                self._count(self.anti_terms, term, node, 1)
 
     def remove(self, uid: str) -> int | None:
         """Forget a pod; its node, or None if it was not placed."""
@@ -267,8 +307,17 @@ class PodIndex:
         del same_ns[uid]
         if not same_ns:
             del self.by_namespace[pod.namespace]
-        self.with_affinity.pop(uid, None)
-        self.with_required_anti.pop(uid, None)
+        for label in pod.labels.items():
+            same = self.by_label[label]
+            del same[uid]
+            if not same:
+                del self.by_label[label]
+        if self.with_affinity.pop(uid, None) is not None:
+            for key in self._scoring(pod.affinity):
+                self._count(self.scoring_terms, key, node, -1)
+        if self.with_required_anti.pop(uid, None) is not None:
+            for term in pod.affinity.required_anti:
+                self._count(self.anti_terms, term, node, -1)
         return node
 
     def in_namespace(self, namespace: str) -> Mapping[str, PodFacts]:
@@ -285,6 +334,26 @@ class PodIndex:
         if len(namespaces) == 1:
             return self.in_namespace(next(iter(namespaces)))
         return {uid: pod for ns in sorted(namespaces) for uid, pod in self.in_namespace(ns).items()}
+
+    def candidates(self, selector: LabelSelector, pods: Mapping[str, PodFacts]) -> Mapping[str, PodFacts]:
+        """Pods of ``pods`` that ``selector`` may match: through its narrowest ``In`` requirement's
+        labels when that is smaller than ``pods`` (the selector must still be checked)."""
+        if selector.nothing:
+            return NO_PODS
+        best: Mapping[str, PodFacts] | None = None
+        size = len(pods)
+        for req in selector.requirements:
+            if req.op is not Op.IN:
+                continue
+            found = [self.by_label.get((req.key, v), NO_PODS) for v in req.values]
+            total = sum(len(f) for f in found)
+            if total < size:
+                size = total
+                best = found[0] if len(found) == 1 else {u: p for f in found for u, p in f.items()}
+        return pods if best is None else best
+
+    def term_candidates(self, term: PodAffinityTerm) -> Mapping[str, PodFacts]:
+        return self.candidates(term.selector, self.selectable([term]))
 
     def placed(
         self, pods: Mapping[str, PodFacts], exclude: Collection[str], me: str = ""
@@ -322,23 +391,35 @@ def interpod_counts(
     existing: Counter[tuple[str, str]] = Counter()
     labels = domains.labels
     own_ns = ns_labels.get(pod.namespace)
-    for other, node in index.placed(index.with_required_anti, exclude, pod.uid):
-        where = labels[node]
-        for term in other.affinity.required_anti:
-            if term.topology_key in where and term.matches(pod.namespace, pod.labels, own_ns):
-                existing[(term.topology_key, where[term.topology_key])] += 1
-    req, req_anti = pod.affinity.required, pod.affinity.required_anti
-    if req or req_anti:
-        for other, node in index.placed(index.selectable(req + req_anti), exclude, pod.uid):
+    if exclude or pod.uid in index.node_of:  # pod by pod, leaving some out
+        for other, node in index.placed(index.with_required_anti, exclude, pod.uid):
             where = labels[node]
-            other_ns = ns_labels.get(other.namespace)
-            if req and matches_all(req, other, other_ns):
+            for term in other.affinity.required_anti:
+                if term.topology_key in where and term.matches(pod.namespace, pod.labels, own_ns):
+                    existing[(term.topology_key, where[term.topology_key])] += 1
+    else:  # per distinct term
+        for term, nodes in index.anti_terms.items():
+            if term.matches(pod.namespace, pod.labels, own_ns):
+                key = term.topology_key
+                for node, n in nodes.items():
+                    if key in labels[node]:
+                        existing[(key, labels[node][key])] += n
+    req, req_anti = pod.affinity.required, pod.affinity.required_anti
+    if req:
+        pool = min((index.term_candidates(t) for t in req), key=len)  # a pod must match them all
+        for other, node in index.placed(pool, exclude, pod.uid):
+            if matches_all(req, other, ns_labels.get(other.namespace)):
+                where = labels[node]
                 for term in req:
                     if term.topology_key in where:
                         affinity[(term.topology_key, where[term.topology_key])] += 1
-            for term in req_anti:
-                if term.topology_key in where and term.matches(other.namespace, other.labels, other_ns):
-                    anti[(term.topology_key, where[term.topology_key])] += 1
+    for term in req_anti:
+        for other, node in index.placed(index.term_candidates(term), exclude, pod.uid):
+            where = labels[node]
+            if term.topology_key in where and term.matches(
+                other.namespace, other.labels, ns_labels.get(other.namespace)
+            ):
+                anti[(term.topology_key, where[term.topology_key])] += 1
     return InterPodCounts(affinity, anti, existing)
 
 
@@ -401,41 +482,38 @@ def interpod_topology_score(
     """(topology key, value) -> summed weights; None when no term matched anything (kube-scheduler
     then skips the plugin)."""
     own = pod.affinity
-    preferred, preferred_anti = own.preferred, own.preferred_anti
-    pods: Mapping[str, PodFacts] = index.with_affinity
-    if preferred or preferred_anti:
-        mine = index.selectable(wt.term for wt in preferred + preferred_anti)
-        pods = mine if mine is index.facts or not pods else {**mine, **pods}
+    labels = domains.labels
     own_ns = ns_labels.get(pod.namespace)
     score: dict[tuple[str, str], int] = defaultdict(int)
     touched = False
 
-    def add(
-        term: PodAffinityTerm, weight: int, target: PodFacts, target_ns, where: Mapping[str, str]
-    ) -> None:
+    def add(term: PodAffinityTerm, weight: int, node: int, times: int = 1) -> None:
         nonlocal touched
-        if term.topology_key in where and term.matches(target.namespace, target.labels, target_ns):
-            score[(term.topology_key, where[term.topology_key])] += weight
+        where = labels[node]
+        if where and term.topology_key in where:
+            score[(term.topology_key, where[term.topology_key])] += weight * times
             touched = True
 
-    for other, node in index.placed(pods, exclude, pod.uid):
-        where = domains.labels[node]
-        if not where:
-            continue
-        if preferred or preferred_anti:
-            other_ns = ns_labels.get(other.namespace)
-            for wt in preferred:
-                add(wt.term, wt.weight, other, other_ns, where)
-            for wt in preferred_anti:
-                add(wt.term, -wt.weight, other, other_ns, where)
-        theirs = other.affinity
-        if hard_weight > 0:
-            for term in theirs.required:
-                add(term, hard_weight, pod, own_ns, where)
-        for wt in theirs.preferred:
-            add(wt.term, wt.weight, pod, own_ns, where)
-        for wt in theirs.preferred_anti:
-            add(wt.term, -wt.weight, pod, own_ns, where)
+    # the pod's own preferences, per placed pod they match
+    for wt, sign in [(wt, 1) for wt in own.preferred] + [(wt, -1) for wt in own.preferred_anti]:
+        for other, node in index.placed(index.term_candidates(wt.term), exclude, pod.uid):
+            if wt.term.matches(other.namespace, other.labels, ns_labels.get(other.namespace)):
+                add(wt.term, sign * wt.weight, node)
+    # placed pods' terms about this pod
+    if exclude or pod.uid in index.node_of:
+        for other, node in index.placed(index.with_affinity, exclude, pod.uid):
+            for term, weight in PodIndex._scoring(other.affinity):
+                if (weight is not HARD or hard_weight > 0) and term.matches(
+                    pod.namespace, pod.labels, own_ns
+                ):
+                    add(term, hard_weight if weight is HARD else weight, node)
+    else:
+        for (term, weight), nodes in index.scoring_terms.items():
+            if weight is HARD and hard_weight <= 0:
+                continue
+            if term.matches(pod.namespace, pod.labels, own_ns):
+                for node, n in nodes.items():
+                    add(term, hard_weight if weight is HARD else weight, node, n)
     return dict(score) if touched else None
 
 

@@ -131,6 +131,7 @@ class PlacementView:
         self.namespace_labels: Mapping[str, Mapping[str, str]] = (
             namespace_labels if namespace_labels is not None else {}
         )
+        self._ns_labels = _NamespaceLabels(self.namespace_labels)
         self._affinity_masks: dict[NodeAffinity, np.ndarray] = {}
         self._taint_masks: dict[tuple[Toleration, ...], np.ndarray] = {}
 
@@ -151,7 +152,7 @@ class PlacementView:
         self.index.remove(uid)
 
     def ns_labels(self) -> Mapping[str, Mapping[str, str]]:
-        return _NamespaceLabels(self.namespace_labels)
+        return self._ns_labels
 
     # -- masks over all rows (memoised: node labels and taints do not change within a view) -----
 
@@ -271,8 +272,7 @@ class _NamespaceLabels(Mapping[str, Mapping[str, str]]):
         found = self.known.get(namespace)
         return found if found is not None else {METADATA_NAME_LABEL: namespace}
 
-    def get(self, namespace: str, default=None):  # type: ignore[override]
-        return self[namespace]
+    get = __getitem__  # type: ignore[assignment]  # every namespace has labels: no default needed
 
     def __iter__(self):
         return iter(self.known)

@@ -67,7 +67,9 @@ def node_match_counts(
     counts = np.zeros(n_nodes, dtype=np.int64)
     if selector.nothing:
         return counts
-    for pod, node in index.placed(index.in_namespace(namespace), exclude, me):
+    for pod, node in index.placed(index.candidates(selector, index.in_namespace(namespace)), exclude, me):
+        if pod.namespace != namespace:
+            continue
         if not pod.terminating and selector.matches(pod.labels):
             counts[node] += 1
     return counts
