@@ -273,7 +273,12 @@ class PlacementFilter(FilterPlugin):
 
     def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
         view = cluster.placement
-        return view is not None and view.filters_apply(pod_placement(pod), node_affinity=False)
+        if view is None:
+            return False
+        placement = pod.placement
+        if placement is None:  # a pod without rules: only placed pods' anti-affinity can matter
+            return bool(view.index.with_required_anti)
+        return view.filters_apply(placement, node_affinity=False)
 
     def codes(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         assert cluster.placement is not None

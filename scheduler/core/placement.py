@@ -187,6 +187,8 @@ class PlacementView:
     def filters_apply(self, pod: PodPlacement, node_affinity: bool = True) -> bool:
         """Whether ``filter`` can reject anything (``node_affinity``: counting node affinity)."""
         rules = pod.rules
+        if rules is NO_RULES and not pod.facts.affinity.any:  # the common case, decided at once
+            return bool(self.index.with_required_anti)
         return (
             (node_affinity and rules.node_affinity.has_required)
             or any(c.hard for c in rules.spread)
@@ -231,6 +233,8 @@ class PlacementView:
 
     def scores_apply(self, pod: PodPlacement) -> bool:
         rules = pod.rules
+        if rules is NO_RULES and not pod.facts.affinity.any:
+            return bool(self.index.with_affinity)
         return (
             bool(rules.node_affinity.preferred)
             or any(not c.hard for c in rules.spread)
