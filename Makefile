@@ -5,7 +5,7 @@ VPY     := $(VENV)/bin/python
 PROTO_SRC := proto/runtime/v1/api.proto
 PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
-.PHONY: deps install proto test bench lint testbin demo demo-crishim clean
+.PHONY: deps install proto test bench lint testbin demo demo-crishim clean soak-scheduler mutate-scheduler
 
 # System packages the tests need (containerd, runc, busybox for test images, systemd-analyze).
 # Skips apt entirely when everything is already there.
@@ -49,6 +49,21 @@ bench: deps install testbin
 
 lint:
 	$(VENV)/bin/ruff check .
+
+# The scheduler cache's randomized model-based test, long: SOAK_SEEDS walks of SOAK_STEPS steps
+# (CI runs 20 x 500). Not part of `make test`. docs/testing.md.
+SOAK_SEEDS ?= 300
+SOAK_STEPS ?= 5000
+SOAK_FIRST_SEED ?= 1000
+soak-scheduler: install
+	KUBEGPU_SOAK_SEEDS=$(SOAK_SEEDS) KUBEGPU_SOAK_STEPS=$(SOAK_STEPS) KUBEGPU_SOAK_FIRST_SEED=$(SOAK_FIRST_SEED) \
+	    nice -n 10 $(VPY) -m pytest -q -p no:cacheprovider tests/test_sched_model.py -k interleavings
+
+# Mutation testing of scheduler/core with mutmut (installed here, not a project dependency);
+# score and survivors: docs/testing.md. Not part of `make test` (about half an hour on 2 cores).
+mutate-scheduler: install
+	$(VPY) -m pip install -q 'mutmut==3.8.1'
+	bash tests/mutate-scheduler.sh
 
 # The main job with no cluster: the scheduling core on the built-in cluster and workload.
 demo: install

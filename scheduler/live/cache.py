@@ -469,6 +469,11 @@ class Cache:
             signed, problem = verified_allocation(text, self.keys(), node, uid)
             if raw is not None and not isinstance(raw, str):
                 problem = "allocation ignored: not a string"
+            if signed is None and cached is not None and cached[2] is not None and cached[1] == node:
+                # The annotation changed after the pod was bound with a valid one: its containers
+                # got the devices that one named, so they stay booked.
+                signed = cached[2]
+                problem = f"annotation changed after binding ({problem or 'removed'}); keeping its devices"
             self._verified[uid] = (raw, node, signed, problem)
         problem = "; ".join(p for p in (usage.problem, problem) if p)
         fact = _Fact(

@@ -259,7 +259,7 @@ class Scheduler:
         while not self.stop_event.is_set():
             if not self.leading.wait(0.5):
                 continue
-            self.schedule_next(timeout=1.0)
+            self.schedule_next(timeout=0.5)
 
     def stop(self) -> None:
         self.stop_event.set()
@@ -452,6 +452,8 @@ class Scheduler:
     def schedule_next(self, timeout: float) -> bool:
         """Decide one pod if one is ready within ``timeout``; True if one was handled."""
         with self.cond:
+            if not self.leading.is_set():
+                return False
             if not self._fence_passed():
                 self.cond.wait(self._wait_seconds(timeout))
                 return False
