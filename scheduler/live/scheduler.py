@@ -607,6 +607,10 @@ class Scheduler:
 
     def _evict(self, victim: dict[str, Any], preemptor: dict[str, Any], node: str) -> None:
         meta = _meta(victim)
+        if self.elector is not None and not self.elector.is_leader:
+            # lost the lease since deciding: the new leader decides again whether to preempt
+            log_event(log, "pod.eviction_skipped", pod=pod_key(victim), node=node, reason="not the leader")
+            return
         name, namespace = meta.get("name", ""), meta.get("namespace", "")
         body = {
             "apiVersion": "policy/v1",
