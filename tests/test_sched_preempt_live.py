@@ -252,3 +252,35 @@ def test_namespace_labels_feed_namespace_selectors() -> None:
     assert by_name(world, "client")["spec"]["nodeName"] == "n1"
     scheduler.apply_namespace("DELETED", {"metadata": {"name": "data"}})
     assert "data" not in scheduler.cache.namespaces
+
+
+def test_a_share_preempts_a_share_on_the_gpu_it_needs() -> None:
+    scheduler, jobs, core, clock, world, feed = setup([node_json("n1", gpus=1)])
+    add(world, feed, pod_json("small", 0, priority=1, annotations={"kubegpu.io/gpu-milli": "300"}))
+    add(world, feed, pod_json("big", 0, priority=2, annotations={"kubegpu.io/gpu-milli": "600"}))
+    settle(scheduler, jobs, feed)
+    assert by_name(world, "small")["spec"]["nodeName"] == "n1" and by_name(world, "big")["spec"]["nodeName"]
+    add(world, feed, pod_json("urgent", 0, priority=9, annotations={"kubegpu.io/gpu-milli": "400"}))
+    settle(scheduler, jobs, feed)
+    assert core.evictions == ["small"]  # 300 freed + 100 free = 400: the cheaper victim suffices
+    world.delete_pod("uid-small")
+    feed.sync()
+    clock.advance(60)
+    settle(scheduler, jobs, feed)
+    assert by_name(world, "urgent")["spec"]["nodeName"] == "n1"
+
+
+def test_a_replica_that_lost_the_lease_evicts_nothing() -> None:
+    scheduler, jobs, core, clock, world, feed = setup([node_json("n1", gpus=1)])
+    add(world, feed, pod_json("low", 1, priority=1))
+    settle(scheduler, jobs, feed)
+
+    class Lost:
+        is_leader = False
+
+    add(world, feed, pod_json("high", 1, priority=9))
+    while scheduler.schedule_next(0):
+        pass
+    scheduler.elector = Lost()  # the lease went between the decision and the eviction
+    jobs.run_all()
+    assert core.evictions == []
