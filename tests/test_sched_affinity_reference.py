@@ -49,9 +49,14 @@ def random_selector(rng: random.Random) -> LabelSelector:
 
 def random_term(rng: random.Random, ns: str) -> PodAffinityTerm:
     namespaces = frozenset({ns}) if rng.random() < 0.7 else frozenset(rng.sample(NAMESPACES, 2))
-    selector = EVERYTHING if rng.random() < 0.15 else LabelSelector(nothing=True)
-    if selector is EVERYTHING:
-        namespaces = frozenset()
+    choice = rng.random()
+    if choice < 0.1:
+        selector, namespaces = EVERYTHING, frozenset()
+    elif choice < 0.25:  # namespaces by their labels (the test's NS_LABELS)
+        team = rng.choice(["x", "y"])
+        selector, namespaces = LabelSelector((Requirement("team", Op.IN, frozenset({team})),)), frozenset()
+    else:
+        selector = LabelSelector(nothing=True)
     return PodAffinityTerm(random_selector(rng), rng.choice(KEYS), namespaces, selector)
 
 
@@ -326,3 +331,55 @@ def test_spread_matches_kube_scheduler(seed: int) -> None:
         ns, constraints, index, domains, np.array(feasible), affinity_ok, taints_ok
     ).tolist()
     assert scores == ref_spread_scores(ns, constraints, index, domains, feasible, affinity_ok, taints_ok)
+
+
+def without(index: PodIndex, domains: NodeDomains, gone: set[str]) -> PodIndex:
+    fresh = PodIndex(len(domains))
+    for uid, pod in index.facts.items():
+        if uid not in gone:
+            fresh.add(pod, index.node_of[uid])
+    return fresh
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_excluding_pods_is_removing_them(seed: int) -> None:
+    """The pod-by-pod path (``exclude``, or the pod itself placed) agrees with the per-term path
+    on an index that never held the excluded pods."""
+    rng, domains, index = random_world(seed)
+    ns = rng.choice(NAMESPACES)
+    pod = PodFacts("new", ns, {"app": rng.choice(APPS)}, random_affinity(rng, ns, 0.6))
+    nodes = np.arange(len(domains))
+    gone = {uid for uid in index.facts if rng.random() < 0.3}
+    fresh = without(index, domains, gone)
+    for ghost in (gone, {"no-such-pod"}):
+        expect = without(index, domains, ghost)
+        assert (
+            interpod_filter(pod, index, domains, NS_LABELS, nodes, ghost).tolist()
+            == interpod_filter(pod, expect, domains, NS_LABELS, nodes).tolist()
+        )
+        assert (
+            interpod_scores(pod, index, domains, NS_LABELS, nodes, exclude=ghost).tolist()
+            == interpod_scores(pod, expect, domains, NS_LABELS, nodes).tolist()
+        )
+    assert interpod_filter(pod, fresh, domains, NS_LABELS, nodes).tolist() == ref_interpod_filter(
+        pod, fresh, domains
+    )
+    # the incoming pod already in the index (a stale booking) counts as if it were not
+    placed = without(index, domains, set())
+    placed.add(pod, 0)
+    assert interpod_filter(pod, placed, domains, NS_LABELS, nodes).tolist() == ref_interpod_filter(
+        pod, index, domains
+    )
+    assert interpod_scores(pod, placed, domains, NS_LABELS, nodes).tolist() == ref_interpod_scores(
+        pod, index, domains, list(range(len(domains)))
+    )
+    constraints = [random_constraint(rng, rng.random() < 0.5) for _ in range(2)]
+    ok = np.ones(len(domains), dtype=bool)
+    assert (
+        spread_filter(ns, pod.labels, constraints, index, domains, nodes, ok, ok, gone).tolist()
+        == spread_filter(ns, pod.labels, constraints, fresh, domains, nodes, ok, ok).tolist()
+    )
+    assert (
+        spread_scores(ns, constraints, index, domains, nodes, ok, ok, gone).tolist()
+        == spread_scores(ns, constraints, fresh, domains, nodes, ok, ok).tolist()
+    )

@@ -327,3 +327,62 @@ def test_pod_facts_of_placed_pods() -> None:
     assert pod_facts({"metadata": "x", "spec": 5}).uid == "default/"
     assert pod_facts({"metadata": {"name": "n"}}).uid == "default/n"
     assert pod_facts(pod({"affinity": "nonsense"})).affinity is NO_POD_AFFINITY
+
+
+def test_placed_pods_keep_every_kind_of_term() -> None:
+    preferred_only = pod_affinity(preferred=[{"weight": 3, "podAffinityTerm": term("host")}])
+    facts = pod_facts(pod(preferred_only))
+    assert [w.weight for w in facts.affinity.preferred] == [3] and not facts.affinity.required
+    anti_only = pod_affinity("podAntiAffinity", preferred=[{"weight": 4, "podAffinityTerm": term()}])
+    facts = pod_facts(pod(anti_only))
+    assert [w.weight for w in facts.affinity.preferred_anti] == [4] and not facts.affinity.preferred
+    assert facts.affinity.preferred_anti[0].term.namespaces == frozenset({"team"})
+    assert facts.affinity.preferred_anti[0].term.selector.matches({"app": "db"})
+    assert facts.terminating is False and pod_facts(pod()).terminating is False
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        (
+            {"affinity": {"nodeAffinity": []}},
+            "spec.affinity.nodeAffinity must be an object",
+        ),
+        (
+            {"affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": "x"}}},
+            "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution must be an object",
+        ),
+        (
+            {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": {}}}},
+            "spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution must be a list",
+        ),
+        (
+            {"affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": ["x"]}}},
+            r"spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution\[0\]"
+            r" must be an object",
+        ),
+        (
+            node_affinity(preferred=[{"weight": 0, "preference": {}}]),
+            r"spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution\[0\].weight must be",
+        ),
+        (
+            node_affinity(
+                preferred=[{"weight": 1, "preference": {"matchExpressions": [expr("k", "Gt", "x")]}}]
+            ),
+            r"^spec.affinity.nodeAffinity.preferredDuringSchedulingIgnoredDuringExecution\[0\].preference"
+            r".matchExpressions\[0\]: k Gt: needs exactly one integer value",
+        ),
+    ],
+)
+def test_node_affinity_messages_give_the_full_path(spec: dict, message: str) -> None:
+    with pytest.raises(SpecError, match=message):
+        parse_node_affinity(spec)
+
+
+def test_a_required_term_that_does_not_parse_names_its_path() -> None:
+    na = parse_node_affinity(node_affinity({"matchExpressions": [expr("k", "Gt", "x")]}))
+    assert na.required is not None
+    assert na.required.terms[0].error.startswith(
+        "spec.affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0]"
+        ".matchExpressions[0]: k Gt"
+    )

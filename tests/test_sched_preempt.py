@@ -478,3 +478,32 @@ def test_choose_across_nodes() -> None:
     best = choose(NVLINK4, 10, offers, fits_other=other_rules)
     assert best is not None and best.node == "dear" and set(asked) == {"dear", "cheap", "free"}
     assert choose(NVLINK4, 1, offers) is None
+
+
+def test_many_shares_on_one_gpu_take_the_greedy_path() -> None:
+    """Eleven shares on GPU 0 (more than every subset is tried for): the least important are
+    evicted until the pod fits, then the most important given back while it still fits."""
+    pods = [holding(f"w{i}", [i], priority=9) for i in range(1, 8)]
+    pods += [share(f"s{k}", 0, 90, priority=1 + k % 3, start=float(k)) for k in range(11)]  # 990 used
+    offer = dgx1(pods)
+    assert len([p for p in pods if p.uid.startswith("s")]) > 10
+    victims = select_victims(PodRequest("t", gpu_count=1, gpu_milli=250), 10, offer)
+    assert victims is not None
+    # 240 more milli needed than the 10 free: three shares of 90; the lowest priority (1) ones,
+    # newest first among equals: s9, s6, s3
+    assert uids(victims) == {"s9", "s6", "s3"}
+    assert select_victims(PodRequest("t", gpu_count=1, gpu_milli=250), 2, offer) is not None
+    assert uids(select_victims(PodRequest("t", gpu_count=1, gpu_milli=250), 2, offer)) == {"s9", "s6", "s3"}
+    assert select_victims(PodRequest("t", gpu_count=1, gpu_milli=999), 2, offer) is None  # priority-2+ stay
+
+
+def test_many_cpu_pods_take_the_greedy_path_for_extras() -> None:
+    """Nine CPU pods that could make room (more than every subset is tried for): the least
+    important go first and the most important come back while the rest still fits."""
+    pods = [RunningPod(f"c{k}", priority=1 + k // 3, start_time=float(k), cpu_milli=7000) for k in range(9)]
+    offer = dgx1(pods, cpu=64_000)  # 63,000 used
+    victims = select_victims(PodRequest("t", cpu_milli=15_000), 10, offer)
+    assert victims is not None
+    # 14,000 to free: two pods of priority 1; the newest two of c0..c2
+    assert uids(victims) == {"c1", "c2"}
+    assert uids(select_victims(PodRequest("t", cpu_milli=22_000), 10, offer)) == {"c0", "c1", "c2"}

@@ -324,10 +324,8 @@ def _share_options(node: _Node, i: int, potential: frozenset[str]) -> list[froze
     """Sets of shares on GPU ``i`` whose eviction makes room for the pod's share there, cheapest
     first (every subset for up to ``EXACT_SHARE_HOLDERS`` movable holders, else the greedy one)."""
     movable = [p for p in node.holders[i] if p.uid in potential]
-    if any(p.uid not in potential for p in node.holders[i]) and not node.share_fits_on(
-        i, frozenset(p.uid for p in movable)
-    ):
-        return []
+    if not node.share_fits_on(i, frozenset(p.uid for p in movable)):
+        return []  # even with every movable share gone there is no room here
     if len(movable) <= EXACT_SHARE_HOLDERS:
         found = []
         for r in range(len(movable) + 1):
