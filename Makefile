@@ -52,8 +52,8 @@ lint:
 
 # The scheduler cache's randomized model-based test, long: SOAK_SEEDS walks of SOAK_STEPS steps
 # (CI runs 20 x 500). Not part of `make test`. docs/testing.md.
-SOAK_SEEDS ?= 300
-SOAK_STEPS ?= 5000
+SOAK_SEEDS ?= 200
+SOAK_STEPS ?= 3000
 SOAK_FIRST_SEED ?= 1000
 soak-scheduler: install
 	KUBEGPU_SOAK_SEEDS=$(SOAK_SEEDS) KUBEGPU_SOAK_STEPS=$(SOAK_STEPS) KUBEGPU_SOAK_FIRST_SEED=$(SOAK_FIRST_SEED) \

@@ -66,7 +66,8 @@ def _clean(path: str) -> str:
 
 def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
     """Add the plugins' device nodes, env, mounts and CDI names (env and mounts replace the request's
-    at the same name or container path: an MPS client's /dev/shm must be the daemon's)."""
+    at the same name or container path, and a plugin's mount drops the request's inside it: an MPS
+    client's /dev/shm must be the daemon's, and no pod may put mount points in it)."""
     if edits.env:
         kept = [kv for kv in config.envs if kv.key not in edits.env]
         del config.envs[:]
@@ -79,9 +80,11 @@ def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
             config.devices.add(
                 container_path=node.container_path, host_path=node.host_path, permissions=node.permissions
             )
-    if edits.mounts:  # a plugin's mount replaces the request's at the same container path
-        wanted = {_clean(m.container_path) for m in edits.mounts}
-        kept_mounts = [m for m in config.mounts if _clean(m.container_path) not in wanted]
+    if edits.mounts:  # a plugin's mount replaces the request's at its container path and inside it
+        taken = [_clean(m.container_path) for m in edits.mounts]
+        kept_mounts = [
+            m for m in config.mounts if not any(_under(_clean(m.container_path), t) for t in taken)
+        ]
         del config.mounts[:]
         config.mounts.extend(kept_mounts)
     for mount in edits.mounts:

@@ -7,15 +7,17 @@ client of that GPU's own control daemon (docs/gpu-sharing.md is the contract):
   its pipe, log and shared-memory directories under ``<mps dir>/<GPU id>/``, in a private mount
   namespace whose ``/dev/shm`` is that shm directory (the MPS server and its clients must share
   ``/dev/shm``, and a container has its own);
-- the container gets the pipe directory and, read-only, the log directory at the same paths as
-  on the host (daemon, server and clients then name every pipe and socket alike), the shm
-  directory at ``/dev/shm``, and ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``,
+- the container gets the pipe and log directories, read-only, at the same paths as on the host
+  (daemon, server and clients then name every pipe and socket alike), the shm directory at
+  ``/dev/shm``, and ``CUDA_MPS_PIPE_DIRECTORY``, ``CUDA_MPS_LOG_DIRECTORY``,
   ``CUDA_MPS_ACTIVE_THREAD_PERCENTAGE`` (milli / 10, rounded up) and, when the share's memory is
   known, ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT=0=<memory MiB>M``.
 
 ``MpsSupervisor`` starts a GPU's daemon on first use (``ensure``), knows whether it still lives
-(the ``nvidia-cuda-mps-control.pid`` file the daemon writes in its pipe directory), stops it
-(``quit`` on the control's stdin, then signals) and adopts daemons a previous agent left running.
+(its pid and start time, recorded at the start in ``<mps dir>/<GPU id>/kubegpu-daemon``, where no
+container reaches), stops it (``quit`` on the control's stdin, then signals) and adopts daemons a
+previous agent left running. A restart keeps the pipe and shm directories (emptied, same inodes),
+so running client containers, which have them mounted, reach the new daemon.
 ``MpsSharing`` is the node's policy on top: which GPUs enforce shares (the advertiser publishes
 each GPU's ``sharing`` attribute), the client edits for one container, and a watchdog thread that
 keeps the running daemons equal to the GPUs the ledger holds shares of (restarting dead ones,
@@ -47,6 +49,9 @@ log = logging.getLogger("kubegpu.mps")
 
 CONTROL = "nvidia-cuda-mps-control"
 PID_FILE = "nvidia-cuda-mps-control.pid"  # written by the control daemon in its pipe directory
+# The supervisor's own record of a GPU's daemon (pid and start time), beside (not in) the directories
+# client containers mount: they can write the pipe directory's pid file, never this one.
+RECORD_FILE = "kubegpu-daemon"
 DEFAULT_MPS_DIR = "/run/kubegpu/mps"
 START_LOG = "kubegpu-start.log"  # the control's own output when started, in the log directory
 CLIENT_SHM_DIR = "/dev/shm"  # where a client container gets its daemon's shared memory
@@ -95,6 +100,10 @@ class DaemonDirs:
     def pid_file(self) -> Path:
         return self.pipe / PID_FILE
 
+    @property
+    def record(self) -> Path:
+        return self.root / RECORD_FILE
+
     def daemon_env(self, gpu: str) -> dict[str, str]:
         """What the control daemon (and the control client talking to it) is started with."""
         return {"CUDA_VISIBLE_DEVICES": gpu, PIPE_ENV: str(self.pipe), LOG_ENV: str(self.log)}
@@ -130,7 +139,9 @@ def client_edits(dirs: DaemonDirs, milli: int, memory_mib: int) -> ContainerEdit
     return ContainerEdits(
         env=env,
         mounts=(
-            Mount(str(dirs.pipe), str(dirs.pipe), readonly=False),
+            # Read-only: clients only connect to the daemon's sockets and FIFOs there (a real MPS
+            # client works so, docs/gpu-sharing.md); they cannot remove them or plant files.
+            Mount(str(dirs.pipe), str(dirs.pipe), readonly=True),
             Mount(str(dirs.log), str(dirs.log), readonly=True),
             Mount(str(dirs.shm), CLIENT_SHM_DIR, readonly=False),
         ),
@@ -151,6 +162,42 @@ def _process_alive(pid: int, name: str) -> bool:
     if state in (["Z"], ["X"]):
         return False
     return any(os.path.basename(arg.decode(errors="replace")) == name for arg in argv if arg)
+
+
+def _start_time(pid: int) -> int | None:
+    """When the process started (clock ticks after boot, /proc/<pid>/stat field 22): with the pid,
+    it names one process for good, where a pid alone may be reused."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[-1].split()
+        return int(fields[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _serves(pid: int, pipe: Path) -> bool:
+    """The process was started with ``CUDA_MPS_PIPE_DIRECTORY=<pipe>`` (an MPS process of that GPU)."""
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return f"{PIPE_ENV}={pipe}".encode() in environ
+
+
+def _empty(directory: Path) -> None:
+    """Remove what ``directory`` holds, keeping the directory itself (its inode: client containers
+    have it bind-mounted). Links are removed, never followed."""
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return
+    for entry in entries:
+        try:
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path, ignore_errors=True)
+            else:
+                os.unlink(entry.path)
+        except OSError:
+            pass
 
 
 def mps_processes(pipe: Path) -> list[int]:
@@ -227,9 +274,23 @@ class MpsSupervisor:
             return self._gpu_locks.setdefault(gpu, threading.Lock())
 
     def pid(self, gpu: str) -> int | None:
-        """The PID of the GPU's live control daemon (from the pid file it writes), or None."""
-        pid = _read_pid(self.dirs(gpu).pid_file)
-        return pid if pid is not None and _process_alive(pid, self.name) else None
+        """The PID of the GPU's live control daemon, or None.
+
+        The daemon is the process the supervisor recorded when it started it (pid and start time,
+        in a file no container can reach), still alive under that start time and name. The pid
+        file the daemon writes in its pipe directory is never trusted after the start: client
+        containers mount that directory, and a pid may since belong to another process (another
+        GPU's daemon, say).
+        """
+        dirs = self.dirs(gpu)
+        try:
+            pid_text, start_text = dirs.record.read_text().split()
+            pid, start = int(pid_text), int(start_text)
+        except (OSError, ValueError):
+            return None
+        if _start_time(pid) != start or not _process_alive(pid, self.name):
+            return None
+        return pid
 
     def is_running(self, gpu: str) -> bool:
         return self.pid(gpu) is not None
@@ -320,10 +381,15 @@ class MpsSupervisor:
 
     def _start(self, gpu: str, dirs: DaemonDirs) -> int:
         # No live daemon (pid() said so): whatever a dead one left (an orphaned server, its pipes,
-        # pid file and shared memory) goes before a new one starts.
+        # pid file and shared memory) goes before a new one starts. The pipe and shm directories
+        # themselves stay: running clients' containers have them mounted, and a new daemon in
+        # the same directories (same inodes) is one their next CUDA processes reach.
         self._kill_leftovers(dirs)
+        dirs.record.unlink(missing_ok=True)
         for stale in (dirs.pipe, dirs.shm):
-            shutil.rmtree(stale, ignore_errors=True)
+            if stale.is_symlink() or (stale.exists() and not stale.is_dir()):
+                stale.unlink()
+            _empty(stale)
         for path, mode in ((dirs.pipe, 0o755), (dirs.log, 0o755), (dirs.shm, 0o1777)):
             path.mkdir(parents=True, exist_ok=True)
             os.chmod(path, mode)
@@ -352,9 +418,15 @@ class MpsSupervisor:
             raise DaemonError(f"GPU {gpu}: {self.control} -d exited with {done.returncode}: {_tail(output)}")
         deadline = time.monotonic() + self.start_timeout
         while time.monotonic() < deadline:
-            pid = self.pid(gpu)
-            if pid is not None:
-                return pid
+            pid = _read_pid(dirs.pid_file)
+            # The daemon -d just started: alive, named so, and serving this GPU's pipe directory.
+            if pid is not None and _process_alive(pid, self.name) and _serves(pid, dirs.pipe):
+                start = _start_time(pid)
+                if start is not None:
+                    record = dirs.record.with_name(RECORD_FILE + ".tmp")
+                    record.write_text(f"{pid} {start}\n")
+                    record.replace(dirs.record)
+                    return pid
             time.sleep(0.05)
         self._kill_leftovers(dirs)
         self._undo_compute_mode(gpu)
@@ -399,11 +471,9 @@ class MpsSupervisor:
             return True
 
     def _kill_leftovers(self, dirs: DaemonDirs) -> bool:
-        """SIGTERM, then SIGKILL, whatever MPS processes still serve this pipe directory."""
+        """SIGTERM, then SIGKILL, whatever MPS processes still serve this pipe directory (found by
+        their environment; the pid file, which client containers can write, names nobody)."""
         pids = mps_processes(dirs.pipe)
-        pid = _read_pid(dirs.pid_file)
-        if pid is not None and _process_alive(pid, self.name) and pid not in pids:
-            pids.append(pid)
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for p in pids:
                 try:
@@ -506,14 +576,31 @@ class MpsSharing:
         self, devices: Sequence[Device], shares: Mapping[str, GpuShare]
     ) -> ContainerEdits:
         """The MPS client edits for a container's devices (starting the GPU's daemon if needed).
-        Raises ``ShareRefused`` (cannot be enforced as allocated) or ``DaemonError`` (try again)."""
+        A GPU the container gets whole first loses any daemon still running for it (the watchdog
+        stops it only on its next pass; until then the GPU is in EXCLUSIVE_PROCESS mode beside an
+        MPS server, busy for anyone else). Raises ``ShareRefused`` (cannot be enforced as
+        allocated) or ``DaemonError`` (try again)."""
         found = self.share_to_enforce(devices, shares)
+        supervisor = self.supervisor
+        if supervisor is None:
+            return ContainerEdits()
+        loop = asyncio.get_running_loop()
+        whole = [
+            d.id
+            for d in devices
+            if d.kind is DeviceKind.GPU and (d.id not in shares or int(shares[d.id].milli) >= WHOLE)
+        ]
+        for gpu in set(whole) & supervisor.known():
+            await loop.run_in_executor(None, self._stop_unless_shared, gpu)
         if found is None:
             return ContainerEdits()
-        assert self.supervisor is not None
         device, share = found
-        dirs = await asyncio.get_running_loop().run_in_executor(None, self.supervisor.ensure, device.id)
+        dirs = await loop.run_in_executor(None, supervisor.ensure, device.id)
         return client_edits(dirs, int(share.milli), share_memory_mib(share, device))
+
+    def _stop_unless_shared(self, gpu: str) -> None:
+        assert self.supervisor is not None
+        self.supervisor.stop(gpu, keep=lambda: gpu in set(self._wanted()))
 
     # -- watchdog -------------------------------------------------------------------------------
 

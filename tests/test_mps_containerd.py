@@ -10,6 +10,8 @@ shim killed and restarted adopts the running daemon instead of starting another.
 
 from __future__ import annotations
 
+import os
+import signal
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -19,8 +21,8 @@ import pytest
 
 from crishim.cri import api_pb2
 from kubegpu.allocation import Share
-from kubegpu.devenv.containerd import Containerd
-from kubegpu.devenv.cri import CriClient
+from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
+from kubegpu.devenv.cri import CriClient, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from tests.fixtures.common import missing_component
 from tests.support.mps_standin import events, os_pid_alive, write_standin
@@ -47,8 +49,6 @@ class MpsNode(Node):
 
 @pytest.fixture
 def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[MpsNode]:
-    import os
-
     if os.geteuid() != 0:
         missing_component("the MPS daemons' private /dev/shm needs root")
     keys = tmp_path / "keys"
@@ -142,3 +142,67 @@ def test_daemon_stops_with_the_last_share_and_survives_a_shim_restart(node: MpsN
     wait_for(lambda: not os_pid_alive(pid))
     assert [c["command"] for c in events(node.control, "command")] == ["quit"]
     wait_for(lambda: not (node.mps_dir / gpu(4)).exists())
+
+
+def exec_in(node: MpsNode, container: str, script: str) -> tuple[int, str]:
+    done = node.client.runtime.ExecSync(
+        api_pb2.ExecSyncRequest(container_id=container, cmd=["/bin/sh", "-c", script], timeout=20), timeout=60
+    )
+    return done.exit_code, (done.stdout + done.stderr).decode()
+
+
+def test_a_running_client_reaches_the_restarted_daemon_through_its_read_only_mounts(node: MpsNode) -> None:
+    uid = str(uuid.uuid4())
+    annotation = node.signed(uid, {"app": [gpu(2)]}, shares={"app": {gpu(2): Share(250, 2048)}})
+    sandbox, config = node.run_pod("mps-restart", annotation, uid)
+    container = node.create(sandbox, config, "app", script=PROBE)
+    node.start_and_read(container, "mps-restart", "app")
+    (started,) = events(node.control, "started")
+    pipe = node.mps_dir / gpu(2) / "pipe"
+
+    # The client cannot change the daemon's pipe directory: not its pid file, not a new file.
+    code, out = exec_in(node, container, f"rm -f {pipe}/nvidia-cuda-mps-control.pid; touch {pipe}/x")
+    assert code != 0 and "Read-only file system" in out, out
+    assert (pipe / "nvidia-cuda-mps-control.pid").exists() and not (pipe / "x").exists()
+
+    os.kill(int(started["pid"]), signal.SIGKILL)  # type: ignore[call-overload]
+    wait_for(lambda: len(events(node.control, "started")) == 2, timeout=30)  # the watchdog's restart
+    new_pid = events(node.control, "started")[1]["pid"]
+    # The container's mounts (made before the restart) show the new daemon, and reach it.
+    code, out = exec_in(node, container, f"cat {pipe}/nvidia-cuda-mps-control.pid")
+    assert (code, out.strip()) == (0, str(new_pid))
+    code, out = exec_in(node, container, f"echo get_server_list > {pipe}/control")
+    assert code == 0, out
+    wait_for(
+        lambda: (
+            [(c["pid"], c["command"]) for c in events(node.control, "command")]
+            == [(new_pid, "get_server_list")]
+        )
+    )
+    marker = f"kubegpu-standin-{new_pid}"
+    assert marker in exec_in(node, container, "ls /dev/shm")[1].split()  # the new daemon's /dev/shm
+
+
+def test_user_mounts_inside_the_clients_mounts_are_dropped(node: MpsNode, tmp_path: Path) -> None:
+    """A pod's volume at /dev/shm/<x> or inside the pipe directory would make the runtime create
+    its mount point in the directories every share of the GPU shares (or fail on the read-only one)."""
+    volume = tmp_path / "volume"
+    volume.mkdir()
+    uid = str(uuid.uuid4())
+    annotation = node.signed(uid, {"app": [gpu(5)]}, shares={"app": {gpu(5): Share(250, 2048)}})
+    sandbox, config = node.run_pod("mps-nested", annotation, uid)
+    pipe = node.mps_dir / gpu(5) / "pipe"
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        sandbox_config=config,
+        config=shell_container("app", BUSYBOX_IMAGE, PROBE, log_path="app.log"),
+    )
+    for path in ("/dev/shm/cache", "/dev//shm/./other/", f"{pipe}/sub"):
+        request.config.mounts.add(host_path=str(volume), container_path=path)
+    container = node.client.runtime.CreateContainer(request, timeout=60).container_id
+    output = node.start_and_read(container, "mps-nested", "app")
+    (started,) = events(node.control, "started")
+    assert f"kubegpu-standin-{started['pid']}" in probe(output)["shm"].split()
+    assert sorted(os.listdir(node.mps_dir / gpu(5) / "shm")) == [f"kubegpu-standin-{started['pid']}"]
+    assert not (pipe / "sub").exists()
+    assert list(volume.iterdir()) == []

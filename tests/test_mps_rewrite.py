@@ -89,7 +89,7 @@ def test_share_container_is_an_mps_client(node: tuple[AllocationRewriter, MpsSup
     assert env["KUBEGPU_GPU_SHARES"] == f"{gpu(1)}:250:4096"
     mounts = {m.container_path: (m.host_path, m.readonly) for m in req.config.mounts}
     assert mounts == {
-        str(dirs.pipe): (str(dirs.pipe), False),
+        str(dirs.pipe): (str(dirs.pipe), True),
         str(dirs.log): (str(dirs.log), True),
         "/dev/shm": (str(dirs.shm), False),
     }
@@ -170,3 +170,56 @@ def test_failed_create_releases_and_the_daemon_goes(
 
     asyncio.run(run())
     wait_for(lambda: gpu(2) not in supervisor.known())
+
+
+def test_user_mounts_at_or_inside_the_clients_mounts_are_dropped(
+    node: tuple[AllocationRewriter, MpsSupervisor, Path],
+) -> None:
+    rewriter, supervisor, _ = node
+    req = request({"app": ContainerAllocation((gpu(0),), {gpu(0): Share(250, 2048)})}, "app")
+    dirs = supervisor.dirs(gpu(0))
+    spelled = ["/dev/shm/cache", "//dev/shm", "/dev/./shm/../shm/x/", f"{dirs.pipe}/sub", f"{dirs.log}//y"]
+    for path in [*spelled, "/dev/shmem", "/data"]:
+        req.config.mounts.add(host_path="/var/lib/kubelet/pods/x/volumes/v", container_path=path)
+    create(rewriter, req, "c1")
+    paths = sorted(m.container_path for m in req.config.mounts)
+    assert paths == sorted(["/data", "/dev/shmem", str(dirs.pipe), str(dirs.log), "/dev/shm"])
+
+
+def test_a_whole_gpu_container_never_starts_beside_the_gpus_mps_daemon(tmp_path: Path) -> None:
+    """A share of GPU 3 ended, but its container was never removed (kubelet removes containers
+    late); a whole-GPU pod's create finds the exited holder, drops it from the ledger and takes the
+    GPU. The GPU's daemon must be gone, and its compute mode back to DEFAULT, before that container
+    exists: in EXCLUSIVE_PROCESS mode beside an MPS server its CUDA processes find the GPU busy."""
+    control = write_standin(tmp_path / "bin")
+    modes: list[tuple[str, bool]] = []
+    supervisor = MpsSupervisor(
+        str(control),
+        tmp_path / "mps",
+        private_shm=False,
+        stop_timeout=5.0,
+        compute_mode=lambda g, exclusive: modes.append((g, exclusive)),
+    )
+    plugins = load_plugins(["sim"], {"node_name": NODE, "topology": "pcie-4gpu", "state_dir": str(tmp_path)})
+    sharing = MpsSharing(supervisor, interval=3600.0)  # no watchdog pass during the test
+    node_devices = NodeDevices(plugins, sysfs_root=None, sharing=sharing)
+    node_devices.discover()
+    rewriter = AllocationRewriter(NODE, node_devices, KeyRing(None, KEYS))
+    rewriter.rebuilt.set()
+    sharing.start(rewriter._shared_devices)
+    try:
+        create(
+            rewriter,
+            request({"a": ContainerAllocation((gpu(3),), {gpu(3): Share(300, 2048)})}, "a"),
+            "c-share",
+        )
+        sharing.reconcile()
+        assert supervisor.is_running(gpu(3)) and modes == [(gpu(3), True)]
+        rewriter.ledger.remove_container("c-share")  # what _reserve does with an exited holder
+        create(rewriter, request({"w": ContainerAllocation((gpu(3),))}, "w"), "c-whole")
+        assert not supervisor.is_running(gpu(3))
+        assert modes == [(gpu(3), True), (gpu(3), False)]
+        assert [c["command"] for c in events(control, "command")] == ["quit"]
+    finally:
+        sharing.close()
+        supervisor.stop_all()

@@ -3,12 +3,18 @@ enforces shares (the advertised ``sharing: mps``), under every policy; other pod
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import random
 
+import kubernetes.client as k8s
 import pytest
 
+from crishim.rewrite import KeyRing
 from devices.model import Device, DeviceKind, NodeInventory, Sharing, with_sharing
+from kubegpu.allocation import Allocation as Signed
+from kubegpu.allocation import ContainerAllocation, sign
+from kubegpu.allocation import Share as SignedShare
 from scheduler.core import (
     Allocation,
     ClusterState,
@@ -24,7 +30,9 @@ from scheduler.core import (
     schedule_one,
 )
 from scheduler.core.filters import failed_nodes
+from scheduler.live.config import SchedulerConfig
 from scheduler.live.podspec import SHARE_ENFORCED_ANNOTATION, PodSpecError, pod_request
+from scheduler.live.scheduler import Scheduler
 from scheduler.live.translate import node_facts, node_state
 
 
@@ -125,3 +133,98 @@ def test_podspec_refuses_a_meaningless_enforcement_request(
 def test_core_refuses_enforcement_of_whole_gpus() -> None:
     with pytest.raises(ValueError, match="only a share of one GPU"):
         PodRequest("w", gpu_count=2, enforced_share=True)
+
+
+@pytest.mark.parametrize("warm", [False, True])
+@pytest.mark.parametrize("memory", [0, 81920])
+@pytest.mark.parametrize("policy", ["fgd", "fgd-align", "gpupacking"])
+def test_packing_policies_score_an_enforced_share_on_the_gpus_it_can_take(
+    policy: str, memory: int, warm: bool
+) -> None:
+    """Each node has one GPU half used and one free; only one of them enforces shares. Scored on the
+    GPUs it can take, the share fills the half-used enforcing GPU (n1) instead of breaking the free
+    one (n0), whatever the seed, and whether or not a share of the same size that does not ask for
+    enforcement was scored first (the scores are memoised per request shape)."""
+    layout = {"n0": [False, True], "n1": [True, False]}
+    workload = [share("a", 250), share("b", 500, enforced=False), PodRequest("w", cpu_milli=100, gpu_count=1)]
+    chosen = set()
+    for seed in range(6):
+        cluster = ClusterState([node(name, enforced, memory=memory) for name, enforced in layout.items()])
+        for name, enforced in layout.items():
+            half = enforced.index(name == "n1")  # n0: its advisory GPU, n1: its enforcing GPU
+            grant = GpuGrant(half, f"{name}-g{half}", 500, memory // 2)
+            cluster.assume(Allocation(name, f"{name}-half", gpus=(grant,), gpu_tag="share-gpu"))
+        scheduler = make_policy(policy)
+        scheduler.bind(cluster, workload, random.Random(seed))
+        if warm:
+            plain = share("p", 100, enforced=False)
+            scheduler.score(plain, cluster, cluster.all_indices)
+            for i in range(len(cluster)):
+                scheduler.share_gpu(plain, cluster, i)
+        result = schedule_one(share("s", 100), cluster, scheduler, random.Random(seed))
+        assert isinstance(result, Placement)
+        chosen.add(result.allocation.gpus[0].id)
+    assert chosen == {"n1-g0"}
+
+
+def test_the_live_cache_follows_a_gpu_flipping_between_mps_and_advisory_while_a_share_runs() -> None:
+    """The advertiser flips GPU 0 to advisory (its daemon failed) while a bound share runs there:
+    the cache rebuilds, keeps the running share booked, and places enforced shares only on GPU 1;
+    flipped back, GPU 0 takes enforced shares again, in the room the running share leaves."""
+    key = b"flip-test-key-0123456789abcdef01"
+    gpus = tuple(Device(f"GPU-{i}", DeviceKind.GPU, i, "H100", memory_mib=81920) for i in range(2))
+
+    def api_node(gpu0: Sharing) -> dict[str, object]:
+        published = with_sharing(NodeInventory(gpus), lambda d: gpu0 if d.index == 0 else Sharing.MPS)
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        return {
+            "metadata": {
+                "name": "n",
+                "annotations": {
+                    "kubegpu.io/inventory": json.dumps({"version": 1, **published.public()}),
+                    "kubegpu.io/heartbeat": now,
+                },
+            },
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi"}},
+        }
+
+    running = Signed(
+        "n", "u-running", {"app": ContainerAllocation(("GPU-0",), {"GPU-0": SignedShare(600, 8192)})}
+    )
+    bound = {
+        "metadata": {
+            "namespace": "ns",
+            "name": "running",
+            "uid": "u-running",
+            "annotations": {"kubegpu.io/allocation": sign(running, "k1", key)},
+        },
+        "spec": {"nodeName": "n", "containers": [{"name": "app"}]},
+        "status": {"phase": "Running"},
+    }
+    scheduler = Scheduler(SchedulerConfig(), k8s.ApiClient(), KeyRing(None, {"k1": key}), seed=0)
+    try:
+        scheduler.replace_nodes([api_node(Sharing.MPS)])
+        scheduler.replace_pods([bound])
+        scheduler._view()
+
+        def place(milli: int) -> str | None:
+            assert scheduler.cluster is not None
+            result = schedule_one(share("new", milli), scheduler.cluster, scheduler.policy, random.Random(0))
+            return result.allocation.gpus[0].id if isinstance(result, Placement) else None
+
+        assert scheduler.cluster is not None and scheduler.cluster.node("n").gpus[0].free_milli == 400
+        scheduler.apply_node("MODIFIED", api_node(Sharing.ADVISORY))
+        assert scheduler.cache.dirty
+        scheduler._view()
+        gpu0 = scheduler.cluster.node("n").gpus[0]
+        assert (gpu0.share_enforced, gpu0.free_milli) == (False, 400)  # the running share stays booked
+        assert place(300) == "GPU-1"
+        scheduler.apply_node("MODIFIED", api_node(Sharing.MPS))
+        scheduler._view()
+        scheduler.cluster.assume(
+            Allocation("n", "u-gpu1", gpus=(GpuGrant(1, "GPU-1", 1000, 81920),), gpu_tag="1-gpu")
+        )
+        assert place(300) == "GPU-0"
+        assert place(500) is None  # GPU 0 has 400 left beside the running share
+    finally:
+        scheduler.stop()

@@ -88,7 +88,7 @@ def test_client_edits_env_and_mounts(tmp_path: Path) -> None:
         "CUDA_MPS_PINNED_DEVICE_MEM_LIMIT": "0=4096M",
     }
     assert edits.mounts == (
-        Mount(str(dirs.pipe), str(dirs.pipe), readonly=False),  # the same paths as the daemon's
+        Mount(str(dirs.pipe), str(dirs.pipe), readonly=True),  # the same paths as the daemon's
         Mount(str(dirs.log), str(dirs.log), readonly=True),
         Mount(str(dirs.shm), "/dev/shm", readonly=False),
     )

@@ -524,3 +524,32 @@ def test_a_bound_pods_devices_stay_booked_when_its_annotation_is_tampered_with()
         feed.sync()
         drive(scheduler, jobs, feed, clock)
         assert world.node_of(f"q-{value}") is None
+
+
+def test_a_new_leader_lists_before_it_decides_and_retries_a_failed_list_after_a_backoff() -> None:
+    world = World()
+    world.put_node(node_json("n1", 1))
+    world.put_pod(pod_json("p", 1))
+    scheduler, jobs, core, clock = make_scheduler(world, leader_election=LeaderElection(enabled=True))
+    Feed(world, scheduler).relist()
+    scheduler.became_leader()
+    assert not scheduler.schedule_next(0) and not jobs.pending  # still within the fence
+    clock.advance(scheduler.config.bind_timeout_seconds)
+    core.list_error = lambda: ConnectionRefusedError("apiserver down")
+    lists = []
+    real = core.list_pod_for_all_namespaces
+
+    def counted(**kwargs):
+        lists.append(clock.now)
+        return real(**kwargs)
+
+    core.list_pod_for_all_namespaces = counted  # type: ignore[method-assign]
+    scheduler.pod_reflector._list_call = counted
+    for _ in range(5):
+        assert not scheduler.schedule_next(0)
+    assert len(lists) == 1  # not again before the backoff
+    core.list_error = None
+    clock.advance(scheduler.config.backoff_initial_seconds)
+    while scheduler.schedule_next(0):
+        pass
+    assert len(lists) == 2 and len(jobs.binds()) == 1

@@ -30,6 +30,7 @@ from scheduler.core import (
     Wish,
     allocate,
     failed_nodes,
+    make_policy,
     run_filters,
     schedule_one,
     unschedulable_message,
@@ -241,23 +242,13 @@ def test_pick() -> None:
 
 
 def test_a_filter_that_lies_is_a_bug_named_as_such() -> None:
-    cluster = ClusterState([node("a", gpus=2)])
-
-    class Liar(ScorePlugin):
-        def score(self, pod, cluster, idx):
-            return np.zeros(len(idx))
-
-        def share_gpu(self, pod, cluster, i):
-            return 0
-
+    """Without the GPU filter the chosen node cannot take the pod: a bug, said as such."""
+    cluster = ClusterState([node("a", gpus=1)])
     cluster.assume(Allocation("a", "x", gpus=(GpuGrant(0, "a-g0", 950),), gpu_tag="share-gpu"))
+    policy = Policy("p", ((Fixed({"a": 0}), 1.0),))
+    share = PodRequest("s", gpu_count=1, gpu_milli=100)
     with pytest.raises(RuntimeError, match="pod s passed the filters on a but does not fit"):
-        schedule_one(
-            PodRequest("s", gpu_count=1, gpu_milli=100),
-            cluster,
-            Policy("l", ((Liar(), 1.0),)),
-            random.Random(0),
-        )
+        schedule_one(share, cluster, policy, random.Random(0), filters=())
 
 
 # --- allocation ---------------------------------------------------------------------------------------
@@ -294,18 +285,20 @@ def test_allocations_carry_everything_the_pod_asked() -> None:
     assert Allocation.from_dict({"node": "n", "podUID": "u"}) == Allocation("n", "u")
 
 
-def test_a_share_honours_an_override_only_when_it_fits() -> None:
+def test_a_share_honours_an_override_when_it_fits() -> None:
     n = node("n", gpus=3)
     n.gpus[0].free_milli, n.gpus[1].free_milli = 200, 600
     share = PodRequest("s", gpu_count=1, gpu_milli=500)
     assert best_fit_share_gpu(share, n) == 1
-    assert allocate(share, n, share_gpu=0) is None
+    fallback = allocate(share, n, share_gpu=0)  # does not fit: the best fit instead
+    assert fallback is not None and fallback.gpus == (GpuGrant(1, "n-g1", 500, 0),)
     chosen = allocate(share, n, share_gpu=2)
     assert chosen is not None and chosen.gpus == (GpuGrant(2, "n-g2", 500, 0),)
     assert chosen.charged_gpus == 0 and chosen.shares() == {"n-g2": (500, 0)}
     n.gpus[2].healthy = False
-    assert allocate(share, n, share_gpu=2) is None
+    assert allocate(share, n, share_gpu=2).gpus[0].id == "n-g1"
     assert allocate(PodRequest("x", gpu_count=1, gpu_milli=900), n) is None
+    assert allocate(PodRequest("y", gpu_count=1, gpu_milli=700), n, share_gpu=1) is None
 
 
 def test_container_layout_rules() -> None:
@@ -628,3 +621,137 @@ def test_layouts_with_several_sidecars_and_app_containers() -> None:
         "b": ("g3",),
     }
     assert effective_request([1], [(1, True), (2, True)]) == 4
+
+
+def test_bookings_accumulate_per_node_and_over_the_cluster() -> None:
+    n = node("n", gpus=3, cpu=8000, mem=8000, memory_mib=1000, gpu_resource=3)
+    cluster = ClusterState([n, NodeState("empty", 1000, 1000, [])])
+    assert cluster.max_gpus == 3 and ClusterState([]).max_gpus == 0
+    assert cluster.cpu_capacity.tolist() == [8000, 1000] and cluster.mem_capacity.tolist() == [8000, 1000]
+    assert cluster.gpu_max_free.tolist() == [MILLI, -1] and cluster.gpu_key[1] == ()
+    cluster.assume(Allocation("n", "a", memory_mib=100, gpus=(GpuGrant(0, "n-g0"),), gpu_tag="1-gpu"))
+    cluster.book(Allocation("n", "b", memory_mib=200, gpus=(GpuGrant(-1, "n-g1"),), gpu_tag="1-gpu"))
+    cluster.assume(Allocation("n", "c", memory_mib=300))  # CPU-only: no GPU shape
+    assert n.memory_used == 600 and n.gpu_resource_used == 2 and n.tags == {"1-gpu": 2}
+    assert cluster.allocated_gpu_milli() == 2000 and cluster.tag_kinds[0] == 1
+    # A whole GPU takes all its memory, whatever its grant says.
+    assert [g.free_memory_mib for g in n.gpus] == [0, 0, 1000]
+    cluster.book(Allocation("n", "d", gpus=(GpuGrant(2, "n-g2", MILLI, 0),), gpu_tag="1-gpu"))
+    assert cluster.gpu_max_free[0] == 0 and cluster.gpu_key[0] == (0, 0, 0)
+    assert cluster.gpu_free_total[0] == 0 and cluster.gpu_full_free[0] == 0
+    cluster.forget("b")
+    assert n.memory_used == 400 and n.gpu_resource_used == 2 and n.tags == {"1-gpu": 2}
+    assert cluster.allocated_gpu_milli() == 2000 and n.gpus[1].free_memory_mib == 1000
+
+
+def test_a_gpu_can_start_with_no_memory_free() -> None:
+    assert GpuState(0, "g", memory_mib=100, free_memory_mib=0).free_memory_mib == 0
+    assert GpuState(0, "g", memory_mib=100).free_memory_mib == 100
+
+
+def test_a_memory_share_on_gpus_of_unknown_memory_needs_a_whole_gpu() -> None:
+    cluster = ClusterState([node("n", gpus=1)])
+    cluster.assume(Allocation("n", "x", gpus=(GpuGrant(0, "n-g0", 10),), gpu_tag="share-gpu"))
+    by_memory = PodRequest("m", gpu_count=1, gpu_memory_mib=10)
+    assert run_filters(by_memory, cluster)[1] == {"no GPU with 10 MiB free": 1}
+
+
+def test_each_resource_is_named_only_when_it_is_short() -> None:
+    cpu_short = node("cpu", gpus=0, cpu=500, mem=1000)
+    mem_short = node("mem", gpus=0, cpu=1000, mem=500)
+    cluster = ClusterState([cpu_short, mem_short])
+    pod = PodRequest("p", cpu_milli=1000, memory_mib=1000)
+    assert failed_nodes(PodRequest("p", cpu_milli=1000, memory_mib=1000), cluster) == {
+        "cpu": "Insufficient cpu",
+        "mem": "Insufficient memory",
+    }
+    assert run_filters(pod, cluster)[1] == {"Insufficient cpu": 1, "Insufficient memory": 1}
+    # Over-committed CPU does not count against a pod that asks for none.
+    hog = Allocation("mem", "hog", cpu_milli=2000)
+    cluster.book(hog)
+    no_cpu = PodRequest("n", memory_mib=1000)
+    assert failed_nodes(no_cpu, cluster) == {"mem": "Insufficient memory"}
+    too_big = PodRequest("b", memory_mib=2000)
+    assert run_filters(too_big, cluster)[1] == {"Insufficient memory": 2}
+
+
+# --- the live policies, as docs/scheduler.md describes them ---------------------------------------
+
+
+def test_spread_is_least_allocated_hand_computed() -> None:
+    """(CPU left / largest CPU x 0.5 + GPU milli left / largest GPU milli x 0.5) x 100, floored."""
+    from scheduler.core.policies import SpreadScore
+
+    a, b = node("a", gpus=4, cpu=10_000), node("b", gpus=2, cpu=8000)
+    cluster = ClusterState([a, b])
+    cluster.assume(
+        Allocation("a", "x", cpu_milli=6000, gpus=(GpuGrant(0, "a-g0", 500),), gpu_tag="share-gpu")
+    )
+    plugin = SpreadScore()
+    plugin.bind(cluster, [], random.Random(0))
+    assert (plugin.max_cpu, plugin.max_gpu_milli) == (10_000.0, 4000.0)
+    pod = PodRequest("p", cpu_milli=1000, gpu_count=1)
+    # a: (3000/10000 x .5 + 2500/4000 x .5) x 100 = 46.25 -> 46
+    # b: (7000/10000 x .5 + 1000/4000 x .5) x 100 = 47.5 -> 47
+    assert plugin.score(pod, cluster, cluster.all_indices).tolist() == [46.0, 47.0]
+    assert make_policy("spread").plugins[0][1] == 1.0
+
+
+def test_the_topology_policy_puts_multi_gpu_pods_where_their_gpus_connect_best() -> None:
+    """A 4-GPU pod: on the DGX-1 the best free set is NVLinked; on the PCIe-only node nothing is.
+    The topology score outweighs FGD (x1000); a 1-GPU pod is placed by fgd-align alone."""
+    from pathlib import Path
+
+    from scheduler.core.topology import load_machine
+
+    dgx = Path(__file__).resolve().parent.parent / "scheduler" / "data" / "topologies" / "dgx1-v100.json"
+    linked = NodeState.from_inventory("linked", 80_000, 512_000, load_machine(dgx, prefix="l-gpu"))
+    plain = NodeState("plain", 80_000, 512_000, [GpuState(i, f"p-gpu{i}", "V100", numa=0) for i in range(8)])
+    cluster = ClusterState([plain, linked])
+    cluster.set_tie_order([0, 1])
+    four = PodRequest("four", cpu_milli=1000, gpu_count=4, topology=TopologyWish(nvlink=Wish.PREFER))
+    topology = make_policy("topology")
+    topology.bind(cluster, [four], random.Random(0))
+    scores = topology.score(four, cluster, cluster.all_indices)
+    assert scores[1] > scores[0] + 1000  # the topology score decides, not FGD
+    result = schedule_one(four, cluster, topology, random.Random(0))
+    assert isinstance(result, Placement) and result.node == "linked"
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    align = make_policy("fgd-align")
+    align.bind(cluster, [one], random.Random(0))
+    topology.bind(cluster, [one], random.Random(0))
+    assert (
+        schedule_one(one, cluster, topology, random.Random(0)).node
+        == schedule_one(one, cluster, align, random.Random(0)).node
+    )
+    assert (
+        topology.score(one, cluster, cluster.all_indices).tolist()
+        == align.score(one, cluster, cluster.all_indices).tolist()
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_fgd_places_a_memory_share_like_the_same_share_by_milli(seed: int) -> None:
+    """On GPUs of one memory size, a share of m MiB is a share of ceil(m x 1000 / size) milli: FGD
+    must score every node and pick every GPU the same way for both (two code paths)."""
+    rng = random.Random(seed)
+    nodes = []
+    for n in range(4):
+        state = node(f"n{n}", gpus=4, cpu=64_000, mem=256_000, memory_mib=40_000)
+        for gpu in state.gpus:
+            gpu.free_milli = rng.choice([1000, 1000, 750, 500, 250, 0])
+            gpu.free_memory_mib = 40_000  # no memory pressure: the two forms fit the same GPUs
+        nodes.append(state)
+    cluster = ClusterState(nodes)
+    memory = rng.choice([4000, 10_000, 20_000])
+    by_memory = PodRequest("m", cpu_milli=2000, gpu_count=1, gpu_memory_mib=memory)
+    by_milli = PodRequest("k", cpu_milli=2000, gpu_count=1, gpu_milli=-(-memory * MILLI // 40_000))
+    workload = [by_milli, PodRequest("w", cpu_milli=4000, gpu_count=1), PodRequest("c", cpu_milli=8000)]
+    first, second = make_policy("fgd"), make_policy("fgd")
+    first.bind(cluster, workload, random.Random(0))
+    second.bind(cluster, workload, random.Random(0))
+    idx, _ = run_filters(by_memory, cluster)
+    assert idx.tolist() == run_filters(by_milli, cluster)[0].tolist()
+    assert first.score(by_memory, cluster, idx).tolist() == second.score(by_milli, cluster, idx).tolist()
+    for i in idx.tolist():
+        assert first.share_gpu(by_memory, cluster, i) == second.share_gpu(by_milli, cluster, i), i

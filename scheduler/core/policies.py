@@ -118,6 +118,8 @@ class GpuPackingScore(ScorePlugin):
         idle = np.maximum(MAX_NODE_SCORE // 3 - full, full)
         if pod.is_share:
             rows = cluster.gpu_free[idx]
+            if pod.enforced_share:  # only GPUs whose node enforces shares can take it
+                rows = np.where(cluster.gpu_enforced[idx], rows, -1)
             chosen = np.where(rows >= pod.gpu_milli, rows, MILLI + 1).min(axis=1)
             on_used = np.maximum(MAX_NODE_SCORE - (chosen * 100 // MILLI) // 10, MAX_NODE_SCORE // 2)
             used = np.where(chosen >= MILLI, max(MAX_NODE_SCORE // 2 - 1, MAX_NODE_SCORE // 3), on_used)
@@ -192,7 +194,8 @@ class FGDScore(ScorePlugin):
         if pod.is_share and (pod.gpu_milli == 0 or (pod.gpu_models and len(models) > 1)):
             return self._share_general(pod, cluster, i)
         candidates: frozenset[int] | None = None  # free values of the GPUs the share fits (None: all)
-        if pod.is_share and memory:
+        restricted = memory or pod.enforced_share  # not every GPU with room can take it
+        if pod.is_share and restricted:
             candidates = frozenset(g.free_milli for g in cluster.nodes[i].gpus if g.fits_share(pod))
         free = cluster.gpu_key[i]
         cpu = int(cluster.cpu_free[i])
@@ -214,7 +217,7 @@ class FGDScore(ScorePlugin):
         score, best_values = hit
         if not pod.is_share:
             return score, -1
-        if memory:
+        if restricted:
             gpus = cluster.nodes[i].gpus
             return score, next(g.index for g in gpus if g.free_milli in best_values and g.fits_share(pod))
         row = cluster.gpu_rows[i]
@@ -264,7 +267,14 @@ class FGDScore(ScorePlugin):
 
     def _entry(self, pod: PodRequest, cluster: ClusterState) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per-node (score, version seen, share GPU) arrays of the pod's request shape."""
-        key = (pod.cpu_milli, pod.gpu_count, pod.gpu_milli, pod.gpu_memory_mib, pod.gpu_models)
+        key = (
+            pod.cpu_milli,
+            pod.gpu_count,
+            pod.gpu_milli,
+            pod.gpu_memory_mib,
+            pod.gpu_models,
+            pod.enforced_share,
+        )
         entry = self._cache.get(key)
         if entry is None:
             if len(self._cache) >= self.MAX_SHAPES:

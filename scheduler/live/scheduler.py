@@ -48,11 +48,9 @@ from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import Allocation, AllocationConflict, ClusterState
 from scheduler.live.cache import (
-    TERMINAL,
     Cache,
     NodeFacts,
     PodChange,
-    is_bound,
     is_pending_for,
     pod_key,
 )
@@ -63,8 +61,6 @@ from scheduler.live.preemption import budget, candidate_nodes, node_offer, other
 from scheduler.live.queue import SchedulingQueue
 from scheduler.live.reflector import Reflector
 from scheduler.live.translate import parse_time, signed_annotation
-
-__all__ = ["TERMINAL", "NodeFacts", "Scheduler", "drain", "is_bound", "is_pending_for", "pod_key"]
 
 log = logging.getLogger("kubegpu.scheduler")
 EVENT_REPEAT_SECONDS = 30.0
@@ -426,9 +422,9 @@ class Scheduler:
                     self.pod_reflector.list_once()
                 finally:
                     self.cond.acquire()
-            except Exception as error:  # try again on the next round
+            except Exception as error:  # try again after a backoff
                 log_event(log, "leader.relist_failed", logging.WARNING, error=str(error)[:300])
-                self._fence = (until, None)
+                self._fence = (self.clock() + self.config.backoff_initial_seconds, None)
                 return False
         if self._pod_lists >= (self._fence[1] or 0):
             self._fence = None

@@ -8,8 +8,9 @@
 - ``torch/``: just enough of PyTorch for the proof's workers. Matrix products mark the GPU busy
   (``$FAKE_GPU_STATE/busy``, which the fake NVML reports as 97 % utilisation). Allocations obey
   ``CUDA_MPS_PINNED_DEVICE_MEM_LIMIT`` only when the client reaches an MPS daemon (a pid file in
-  ``$CUDA_MPS_PIPE_DIRECTORY``), and then list a server in ``standin-servers`` there, which the
-  stand-in control's ``get_server_list`` prints.
+  ``$CUDA_MPS_PIPE_DIRECTORY``), and then register a server with the daemon (a line on its FIFO;
+  the daemon lists it in ``standin-servers`` there, which the stand-in control's
+  ``get_server_list`` prints).
 
 Put ``directory`` first on PYTHONPATH and ``directory/bin`` first on PATH.
 """
@@ -251,12 +252,30 @@ def _pipe():
     return None
 
 
+def _register(pipe, server):
+    # Through the daemon's FIFO, as a real client reaches its daemon: the pipe directory is
+    # read-only in a client's container. The daemon lists the server in standin-servers there.
+    import time
+
+    try:
+        fd = os.open(os.path.join(pipe, "control"), os.O_WRONLY | os.O_NONBLOCK)
+    except OSError:
+        return  # no daemon serves the FIFO (a test's bare pid file): nothing to register with
+    os.write(fd, b"register_server %%d\\n" %% server)
+    os.close(fd)
+    listing = os.path.join(pipe, "standin-servers")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if os.path.exists(listing) and str(server) in open(listing).read().split():
+            return
+        time.sleep(0.02)
+
+
 def _limit_bytes():
     pipe = _pipe()
     if pipe is None:
         return None  # no MPS daemon reached: an ordinary CUDA process, no limit
-    with open(os.path.join(pipe, "standin-servers"), "a") as f:
-        f.write("%%d\\n" %% (os.getpid() + 100000))
+    _register(pipe, os.getpid() + 100000)
     raw = os.environ.get("CUDA_MPS_PINNED_DEVICE_MEM_LIMIT", "")
     for part in raw.split(","):
         device, _, value = part.partition("=")

@@ -10,8 +10,8 @@ It behaves like the real control program where the node agent depends on it:
   ``quit`` (or SIGTERM), removing its pid file, FIFO and marker on the way out;
 - no argument: the control client. It sends its stdin's commands to the daemon of
   ``$CUDA_MPS_PIPE_DIRECTORY`` and exits 1 with a message when no daemon serves that directory;
-  ``get_server_list`` prints the servers listed in ``standin-servers`` there (the fake PyTorch of
-  tests/support/fake_gpu.py writes them when it reaches the daemon).
+  ``get_server_list`` prints the servers listed in ``standin-servers`` there (the daemon writes
+  them when the fake PyTorch of tests/support/fake_gpu.py registers on its FIFO).
 
 Every start, command and exit is appended as one JSON line to ``<script>.record``. Environment
 knobs for failure tests: ``STANDIN_FAIL=start`` (``-d`` fails with a message), ``STANDIN_FAIL=vanish``
@@ -78,6 +78,10 @@ def daemon():
             for line in f:
                 command = line.strip()
                 if not command:
+                    continue
+                if command.startswith("register_server "):  # from the fake PyTorch (fake_gpu.py)
+                    with open(os.path.join(PIPE, "standin-servers"), "a") as servers:
+                        servers.write(command.split()[1] + "\n")
                     continue
                 record("command", command=command)
                 if command == "quit" and os.environ.get("STANDIN_IGNORE_QUIT") != "1":
