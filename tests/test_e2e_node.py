@@ -248,7 +248,6 @@ def test_a_pod_bypassing_the_scheduler_never_gets_a_device(gpu_node: KubeNode, n
     assert status.state.waiting and not status.state.running
 
 
-@pytest.mark.xfail(strict=True, reason="issue #9: the scheduler ignores nvidia.com/gpu in init containers")
 def test_init_container_and_restartable_sidecar_with_gpus(gpu_node: KubeNode, node_namespace: str) -> None:
     core, ns = gpu_node.core, node_namespace
     init = container("init", 1, then="true")

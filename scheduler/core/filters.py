@@ -15,6 +15,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from scheduler.core.affinity import NodeAffinity, PodFacts
+from scheduler.core.placement import PASS as PLACEMENT_PASS
+from scheduler.core.placement import REASONS as PLACEMENT_REASONS
+from scheduler.core.placement import PodPlacement
 from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.state import ClusterState
 from scheduler.core.topology import best_gpu_set
@@ -48,13 +52,21 @@ class FilterPlugin:
 
 
 class NodeSelectorFilter(FilterPlugin):
+    """``nodeSelector`` and required node affinity (kube-scheduler's NodeAffinity filter)."""
+
     name = "node selector"
 
     def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
-        return bool(pod.node_selector)
+        return bool(pod.node_selector) or (
+            pod.placement is not None and pod.placement.rules.node_affinity.required is not None
+        )
 
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        return cluster.label_mask(pod.node_selector)[idx]
+        ok = cluster.label_mask(pod.node_selector)[idx]
+        placement = pod.placement
+        if placement is not None and placement.rules.node_affinity.required is not None:
+            ok &= required_affinity_mask(placement.rules.node_affinity, cluster)[idx]
+        return ok
 
     def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
         return ["node(s) didn't match Pod's node affinity/selector"]
@@ -242,12 +254,65 @@ class TopologyFit(FilterPlugin):
         return [f"no {' '.join(parts)} set of {k} GPUs"]
 
 
+def required_affinity_mask(affinity: NodeAffinity, cluster: ClusterState) -> np.ndarray:
+    """Per cluster node: it satisfies the required node affinity (memoised on the placement view,
+    or computed for the nodes alone when the cluster keeps none)."""
+    if cluster.placement is not None:
+        return cluster.placement.node_affinity_mask(affinity)[: len(cluster)]
+    return np.fromiter(
+        (affinity.matches(node.name, node.labels) for node in cluster.nodes), dtype=bool, count=len(cluster)
+    )
+
+
+class PlacementFilter(FilterPlugin):
+    """Topology spread constraints (DoNotSchedule) and inter-pod affinity, including placed pods'
+    required anti-affinity against this pod (kube-scheduler's PodTopologySpread and
+    InterPodAffinity filters, in that order)."""
+
+    name = "placement"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        view = cluster.placement
+        if view is None:
+            return False
+        placement = pod.placement
+        if placement is None:  # a pod without rules: only placed pods' anti-affinity can matter
+            return bool(view.index.with_required_anti)
+        return view.filters_apply(placement, node_affinity=False)
+
+    def codes(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        assert cluster.placement is not None
+        return cluster.placement.filter(pod_placement(pod), idx, node_affinity=False)
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return self.codes(pod, cluster, idx) == PLACEMENT_PASS
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        code = int(self.codes(pod, cluster, np.array([i]))[0])
+        return [PLACEMENT_REASONS[code]] if code else []
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        codes = self.codes(pod, cluster, rejected)
+        return Counter(PLACEMENT_REASONS[int(c)] for c in codes.tolist() if c)
+
+
+def pod_placement(pod: PodRequest) -> PodPlacement:
+    """The pod's placement facts and rules (a pod without any: its uid and namespace, no labels)."""
+    if pod.placement is not None:
+        return pod.placement
+    namespace, slash, _name = pod.name.partition("/")
+    return PodPlacement(
+        PodFacts(pod.uid, namespace if slash and namespace else "default"), tolerations=pod.tolerations
+    )
+
+
 DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (
     NodeSelectorFilter(),
     TaintFilter(),
     ResourcesFit(),
     GpuFit(),
     TopologyFit(),
+    PlacementFilter(),
 )
 
 

@@ -17,6 +17,10 @@ from __future__ import annotations
 import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler.core.placement import PodPlacement
 
 MILLI = 1000  # one whole GPU in milli-GPU
 
@@ -145,6 +149,9 @@ class PodRequest:
     node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
     tolerations: tuple[Toleration, ...] = ()
     containers: tuple[ContainerRequest, ...] = ()
+    # placement rules beyond resources (node and pod affinity, spread, priority): not part of the
+    # shape, as they depend on other pods; None: none (the simulator's pods)
+    placement: PodPlacement | None = field(default=None, compare=False, hash=False, repr=False)
     _shape: tuple = field(default=(), init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:

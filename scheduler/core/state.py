@@ -22,6 +22,8 @@ from typing import Any
 import numpy as np
 
 from devices.model import DeviceKind, NodeInventory, Topology
+from scheduler.core.affinity import PodFacts
+from scheduler.core.placement import PlacementView
 from scheduler.core.request import MILLI, PodRequest, Taint, TaintEffect
 from scheduler.core.topology import LinkMatrix
 
@@ -159,6 +161,12 @@ class Allocation:
             gpu_resource=None if doc.get("gpuResource") is None else int(doc["gpuResource"]),
             init_containers=frozenset(str(c) for c in doc.get("initContainers", ())),
         )
+
+
+def anonymous(alloc: Allocation) -> PodFacts:
+    """What the placement view knows of a pod booked without its facts: its namespace, no labels."""
+    namespace, slash, _name = alloc.pod_name.partition("/")
+    return PodFacts(alloc.pod_uid, namespace if slash and namespace else "default")
 
 
 class AllocationConflict(ValueError):
@@ -369,6 +377,11 @@ class ClusterState:
     ``assume`` books a decision and refuses what does not fit; ``book`` records a fact (a pod the
     API shows bound): its devices are booked whatever the node's state, and free CPU, memory, pods
     may go below zero, as kube-scheduler's NodeInfo does.
+
+    ``placement`` (``enable_placement``) is the view the placement rules need (nodes' labels and
+    taints, the placed pods' labels and affinity terms, namespaces' labels); ``assume`` and
+    ``book`` given a pod's ``PodFacts`` record it there, ``forget`` removes it. Without it (the
+    simulator) no placement rule costs anything.
     """
 
     def __init__(self, nodes: Iterable[NodeState]) -> None:
@@ -429,6 +442,7 @@ class ClusterState:
         self.all_indices = np.arange(n, dtype=np.int64)
         # node order for equal scores (lower first); None: uniformly at random
         self.tie_rank: np.ndarray | None = None
+        self.placement: PlacementView | None = None
         for i in range(n):
             self._sync(i)
         self.version[:] = 0
@@ -477,14 +491,31 @@ class ClusterState:
             self._label_masks[key] = mask
         return mask
 
+    def enable_placement(
+        self,
+        others: Sequence[tuple[str, Mapping[str, str], Sequence[Taint]]] = (),
+        namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> PlacementView:
+        """Keep a placement view over these nodes plus ``others`` (name, labels, taints: nodes whose
+        pods count for pod affinity and spreading but that take no pods from this scheduler)."""
+        names = [node.name for node in self.nodes] + [name for name, _, _ in others]
+        labels = [node.labels for node in self.nodes] + [ls for _, ls, _ in others]
+        taints = [node.taints for node in self.nodes] + [tuple(t) for _, _, t in others]
+        self.placement = PlacementView(names, labels, taints, len(self.nodes), namespace_labels)
+        for i, node in enumerate(self.nodes):
+            for uid in node.allocations:
+                self.placement.index.add(anonymous(node.allocations[uid]), i)  # until booked with facts
+        return self.placement
+
     def allocation(self, pod_uid: str) -> Allocation | None:
         i = self.where.get(pod_uid)
         return None if i is None else self.nodes[i].allocations.get(pod_uid)
 
     # -- assume / forget ------------------------------------------------------------------------
 
-    def assume(self, alloc: Allocation) -> None:
-        """Book a decision ``alloc`` on its node (raises ``AllocationConflict`` if it does not fit)."""
+    def assume(self, alloc: Allocation, facts: PodFacts | None = None) -> None:
+        """Book a decision ``alloc`` on its node (raises ``AllocationConflict`` if it does not fit);
+        ``facts``: what the placement view records of the pod."""
         i = self.index.get(alloc.node)
         if i is None:
             raise AllocationConflict(f"unknown node {alloc.node}")
@@ -493,9 +524,9 @@ class ClusterState:
             raise AllocationConflict(f"pod {alloc.pod_uid} is already allocated on node {other}")
         node = self.nodes[i]
         node.check(alloc)
-        self._add(i, alloc)
+        self._add(i, alloc, facts)
 
-    def book(self, alloc: Allocation) -> list[str]:
+    def book(self, alloc: Allocation, facts: PodFacts | None = None) -> list[str]:
         """Record a fact: ``alloc`` is booked on its node unconditionally (replacing the pod's
         earlier booking, if any). Returns the problems (GPUs missing from the node, or now booked
         beyond their capacity) for the caller to report; raises only for an unknown node."""
@@ -505,15 +536,17 @@ class ClusterState:
         if alloc.pod_uid in self.where:
             self.forget(alloc.pod_uid)
         node = self.nodes[i]
-        self._add(i, alloc)
+        self._add(i, alloc, facts)
         problems = [f"GPU {d} is not listed by node {node.name}" for d in node.missing_gpus(alloc)]
         problems += [f"GPU {d} is booked beyond its capacity" for d in node.overbooked(alloc)]
         return problems
 
-    def _add(self, i: int, alloc: Allocation) -> None:
+    def _add(self, i: int, alloc: Allocation, facts: PodFacts | None = None) -> None:
         self.nodes[i].apply(alloc, 1)
         self.where[alloc.pod_uid] = i
         self.allocated_milli += alloc.gpu_milli
+        if self.placement is not None:
+            self.placement.index.add(facts if facts is not None else anonymous(alloc), i)
         self._sync(i)
 
     def forget(self, pod_uid: str) -> Allocation:
@@ -525,6 +558,8 @@ class ClusterState:
         alloc = node.allocations[pod_uid]
         node.apply(alloc, -1)
         self.allocated_milli -= alloc.gpu_milli
+        if self.placement is not None:
+            self.placement.index.remove(pod_uid)
         self._sync(i)
         return alloc
 

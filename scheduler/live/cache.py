@@ -39,6 +39,8 @@ from typing import Any
 from devices.model import DeviceKind
 from kubegpu import allocation as contract
 from kubegpu.logs import log_event
+from scheduler.core.affinity import PodFacts
+from scheduler.core.constraints import pod_facts
 from scheduler.core.state import Allocation, ClusterState, NodeState
 from scheduler.live.translate import (
     NodeFacts,
@@ -115,17 +117,30 @@ class PodChange(enum.StrEnum):
 
 @dataclass(frozen=True)
 class _Fact:
-    """A bound pod's booking, memoised on what it depends on: node, annotation and spec (a status
-    update changes none of them)."""
+    """A bound pod's booking, memoised on what it depends on: node, annotation, spec and the
+    metadata placement rules read (a status update changes none of them)."""
 
     node: str
     raw: Any  # the allocation annotation's value
     spec: Any  # the pod's spec, compared by value
+    seen: Any  # what placement rules read of the metadata (_seen_by_rules)
     alloc: Allocation
     problem: str
+    facts: PodFacts  # what placement rules see of the pod (labels, affinity terms)
 
-    def same_pod(self, node: str, raw: Any, spec: Any) -> bool:
-        return node == self.node and raw == self.raw and (spec is self.spec or spec == self.spec)
+    def same_pod(self, node: str, raw: Any, spec: Any, seen: Any) -> bool:
+        return (
+            node == self.node
+            and raw == self.raw
+            and seen == self.seen
+            and (spec is self.spec or spec == self.spec)
+        )
+
+
+def _seen_by_rules(pod: Mapping[str, Any]) -> tuple[Any, Any, bool]:
+    """The metadata that ``pod_facts`` reads besides the spec: namespace, labels, terminating."""
+    meta = _meta(pod)
+    return meta.get("namespace"), meta.get("labels"), meta.get("deletionTimestamp") is not None
 
 
 class Cache:
@@ -158,6 +173,7 @@ class Cache:
         self._reported: dict[str, str] = {}  # uid -> the booking problem last logged
         self._other_devices: dict[str, frozenset[str]] = {}  # node -> its non-GPU device ids
         self._reads: list[tuple[float, str]] = []  # (confirm_at, uid); stale entries skipped
+        self.namespaces: dict[str, dict[str, str]] = {}  # namespace -> its labels
 
     # --- nodes --------------------------------------------------------------------------------
 
@@ -195,6 +211,28 @@ class Cache:
         if flipped:
             self.dirty = True
         return flipped
+
+    # --- namespaces (their labels, for pod affinity's namespace selectors) --------------------
+
+    def replace_namespaces(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.namespaces.clear()
+        for item in items:
+            self.apply_namespace("ADDED", item)
+
+    def apply_namespace(self, event_type: str, namespace: Mapping[str, Any]) -> bool:
+        """Apply a watch event; True if a namespace's labels changed."""
+        meta = _meta(namespace)
+        name = str(meta.get("name", ""))
+        if not name:
+            return False
+        if event_type == "DELETED":
+            return self.namespaces.pop(name, None) is not None
+        raw = meta.get("labels")
+        labels = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+        if self.namespaces.get(name) == labels:
+            return False
+        self.namespaces[name] = labels
+        return True
 
     # --- pods ---------------------------------------------------------------------------------
 
@@ -263,6 +301,10 @@ class Cache:
         fact = own or self._fact(uid, pod)
         unchanged = booked is not None and booked == self._gpu_only(fact.alloc)
         if unchanged and assumed is None and previous is not None:
+            view = cluster.placement
+            if view is not None and view.index.facts.get(uid) != fact.facts:
+                view.index.add(fact.facts, cluster.where[uid])  # new labels, or now terminating
+                return PodChange.BOUND
             return PodChange.NONE  # a status update of a pod already booked as it is
         if booked is not None:
             cluster.forget(uid)
@@ -277,16 +319,20 @@ class Cache:
         self._facts_memo.pop(uid, None)
         self._verified.pop(uid, None)
         self._reported.pop(uid, None)
-        if not self.dirty and self.cluster is not None and uid in self.cluster.where:
-            self.cluster.forget(uid)
+        if not self.dirty and self.cluster is not None:
+            if uid in self.cluster.where:
+                self.cluster.forget(uid)
+            elif self.cluster.placement is not None:
+                self.cluster.placement.remove(uid)  # a pod on a node kubegpu does not use
         return known or assumed
 
     # --- assumptions ---------------------------------------------------------------------------
 
-    def assume(self, uid: str, alloc: Allocation, now: float) -> None:
-        """Book a decision (raises AllocationConflict if it does not fit the current view)."""
+    def assume(self, uid: str, alloc: Allocation, now: float, facts: PodFacts | None = None) -> None:
+        """Book a decision (raises AllocationConflict if it does not fit the current view);
+        ``facts``: what placement rules see of the pod (read from the pod when not given)."""
         cluster = self.view()
-        cluster.assume(alloc)
+        cluster.assume(alloc, facts if facts is not None else self._pod_facts(uid))
         self.assumed[uid] = Assumed(alloc, Binding.IN_FLIGHT, now)
 
     def sending(self, uid: str, annotation: str | None, signed: contract.Allocation | None) -> None:
@@ -406,12 +452,16 @@ class Cache:
                 )
         self.excluded = excluded
         cluster = ClusterState(nodes)
+        others = [
+            (n, self.facts[n].labels, self.facts[n].taints) for n in sorted(excluded) if n in self.facts
+        ]
+        cluster.enable_placement(others, self.namespaces)
         for uid, pod in self.pods.items():
             if uid in self._bound:
                 self._book_fact(cluster, uid, pod, self._fact(uid, pod))
         for uid, assumed in self.assumed.items():
             if assumed.alloc.node in cluster.index and uid not in cluster.where:
-                problems = cluster.book(self._gpu_only(assumed.alloc))
+                problems = cluster.book(self._gpu_only(assumed.alloc), self._pod_facts(uid))
                 if problems:
                     log_event(
                         log,
@@ -434,6 +484,10 @@ class Cache:
             assumed=len(self.assumed),
         )
 
+    def _pod_facts(self, uid: str) -> PodFacts | None:
+        pod = self.pods.get(uid)
+        return pod_facts(pod) if pod is not None else None
+
     def _gpu_only(self, alloc: Allocation) -> Allocation:
         """``alloc`` without the devices its node lists as other than GPUs (NICs)."""
         others = self._other_devices.get(alloc.node)
@@ -442,14 +496,14 @@ class Cache:
         return replace(alloc, gpus=tuple(g for g in alloc.gpus if g.id not in others))
 
     def _fact(self, uid: str, pod: Mapping[str, Any]) -> _Fact:
-        """The booking of a bound pod (memoised per node, annotation and spec; signatures per value)."""
+        """The booking of a bound pod (memoised per node, annotation, spec, labels; signatures per value)."""
         meta = _meta(pod)
         spec = pod.get("spec") or {}
         node = str(spec.get("nodeName", ""))
         annotations = meta.get("annotations") or {}
         raw = annotations.get(contract.ANNOTATION) if isinstance(annotations, Mapping) else None
         memo = self._facts_memo.get(uid)
-        if memo is not None and memo.same_pod(node, raw, spec):
+        if memo is not None and memo.same_pod(node, raw, spec, _seen_by_rules(pod)):
             return memo
         usage = pod_usage(pod, self.gpu_resource)
         cached = self._verified.get(uid)
@@ -467,7 +521,8 @@ class Cache:
                 problem = f"annotation changed after binding ({problem or 'removed'}); keeping its devices"
             self._verified[uid] = (raw, node, signed, problem)
         problem = "; ".join(p for p in (usage.problem, problem) if p)
-        fact = _Fact(node, raw, spec, fact_allocation(node, uid, pod_key(pod), usage, signed), problem)
+        alloc = fact_allocation(node, uid, pod_key(pod), usage, signed)
+        fact = _Fact(node, raw, spec, _seen_by_rules(pod), alloc, problem, pod_facts(pod))
         self._facts_memo[uid] = fact
         return fact
 
@@ -482,7 +537,7 @@ class Cache:
         raw = annotations.get(contract.ANNOTATION) if isinstance(annotations, Mapping) else None
         if node != assumed.alloc.node or raw != assumed.annotation:
             return None
-        fact = _Fact(node, raw, spec, assumed.alloc, "")
+        fact = _Fact(node, raw, spec, _seen_by_rules(pod), assumed.alloc, "", pod_facts(pod))
         self._facts_memo[uid] = fact
         if assumed.signed is not None:
             self._verified[uid] = (raw, node, assumed.signed, "")
@@ -490,8 +545,12 @@ class Cache:
 
     def _book_fact(self, cluster: ClusterState, uid: str, pod: Mapping[str, Any], fact: _Fact) -> None:
         if fact.alloc.node not in cluster.index:
-            return  # on a node kubegpu does not use (now): nothing to hold there
-        problems = cluster.book(self._gpu_only(fact.alloc))
+            # on a node kubegpu does not use (now): nothing to hold there, but its labels and
+            # affinity terms still count for the placement rules of pods placed nearby
+            if cluster.placement is not None:
+                cluster.placement.place(fact.facts, fact.alloc.node)
+            return
+        problems = cluster.book(self._gpu_only(fact.alloc), fact.facts)
         report = "; ".join(p for p in [fact.problem, *problems] if p)
         if report != self._reported.get(uid, ""):
             self._reported[uid] = report

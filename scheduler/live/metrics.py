@@ -52,6 +52,17 @@ class SchedulerMetrics:
             ["outcome"],
             registry=self.registry,
         )
+        self.preemptions = Counter(
+            "kubegpu_scheduler_preemptions",
+            "Preemptions started: a pod that fit nowhere had lower-priority pods evicted.",
+            registry=self.registry,
+        )
+        self.evictions = Counter(
+            "kubegpu_scheduler_evictions",
+            "Eviction API calls for preemption victims, by result (ok, gone, or the HTTP status).",
+            ["result"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "kubegpu_scheduler_is_leader",
             "1 while this replica holds the leader lease.",

@@ -16,7 +16,9 @@ What a pod can ask for (docs/scheduler.md is the user-facing description):
 - CPU, memory and whole GPUs by Kubernetes' rule (``pod_resources``): the larger of the app
   containers plus the restartable (sidecar) init containers, and each regular init container plus
   the sidecars declared before it; ``spec.overhead`` is added to CPU and memory;
-- node selector, tolerations.
+- node selector, tolerations;
+- placement rules (``scheduler.core.constraints``): node affinity, pod affinity and anti-affinity,
+  topology spread constraints, priority and preemption policy, with Kubernetes' semantics.
 """
 
 from __future__ import annotations
@@ -27,6 +29,8 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from scheduler.core.constraints import SpecError
+from scheduler.core.placement import placement_of
 from scheduler.core.request import (
     ContainerKind,
     ContainerRequest,
@@ -209,6 +213,11 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
         container_requests = rows
         gpu_count = container_gpus(rows)
     models = frozenset(m.strip() for m in annotations.get(GPU_MODEL_ANNOTATION, "").split("|") if m.strip())
+    tolerations = _tolerations(spec)
+    try:
+        placement = placement_of(pod, tolerations)
+    except SpecError as error:
+        raise PodSpecError(str(error)) from None
     try:
         return PodRequest(
             name=name,
@@ -222,8 +231,9 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
             enforced_share=enforced,
             topology=parse_topology(annotations.get(TOPOLOGY_ANNOTATION)),
             node_selector=dict(spec.get("nodeSelector") or {}),
-            tolerations=_tolerations(spec),
+            tolerations=tolerations,
             containers=container_requests,
+            placement=placement,
         )
     except ValueError as error:
         raise PodSpecError(str(error)) from None

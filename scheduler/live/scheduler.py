@@ -39,8 +39,12 @@ from kubernetes.client.rest import ApiException
 from kubegpu import allocation as contract
 from kubegpu.allocation import KeyRing
 from kubegpu.logs import log_event
+from scheduler.core.affinity import PodFacts
+from scheduler.core.allocate import allocate
+from scheduler.core.constraints import priority_of
 from scheduler.core.filters import unschedulable_message
 from scheduler.core.policies import make_policy
+from scheduler.core.preempt import PREEMPT_LOWER, Budget, RunningPod, Victims, choose, eligible
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import Allocation, AllocationConflict, ClusterState
@@ -54,6 +58,7 @@ from scheduler.live.cache import (
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.podspec import PodSpecError, pod_request
+from scheduler.live.preemption import budget, candidate_nodes, node_offer, other_rules, running_pod
 from scheduler.live.queue import SchedulingQueue
 from scheduler.live.reflector import Reflector
 from scheduler.live.translate import allocation_contract, parse_time
@@ -110,9 +115,11 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         submit: Callable[..., Any] | None = None,
         core: Any = None,
+        policy_api: Any = None,
     ) -> None:
         self.config = config
         self.core = core if core is not None else k8s.CoreV1Api(api)
+        self.policy_api = policy_api if policy_api is not None else k8s.PolicyV1Api(api)
         self.keys = keys
         self.metrics = metrics or SchedulerMetrics()
         self.policy = make_policy(config.policy)
@@ -134,6 +141,19 @@ class Scheduler:
         self.pod_reflector = Reflector(
             "pods", self.core.list_pod_for_all_namespaces, _Handler(self.replace_pods, self.apply_pod)
         )
+        self.namespace_reflector = Reflector(
+            "namespaces",
+            lambda **kw: self.core.list_namespace(**kw),
+            _Handler(self.replace_namespaces, self.apply_namespace),
+        )
+        self.budget_reflector = Reflector(
+            "poddisruptionbudgets",
+            lambda **kw: self.policy_api.list_pod_disruption_budget_for_all_namespaces(**kw),
+            _Handler(self.replace_budgets, self.apply_budget),
+        )
+        self.budgets: dict[str, Budget] = {}  # namespace/name -> PodDisruptionBudget
+        self.nominated: dict[str, str] = {}  # pending pod uid -> node its preemption freed room on
+        self._pod_rules_waiting: set[str] = set()  # parked pods whose rules look at other pods
         self.elector: Any = None  # LeaderElector when leader election is on
         self._requests: dict[str, tuple[str, PodRequest | PodSpecError]] = {}
         self._planned_shapes: set[tuple] = set()
@@ -159,8 +179,11 @@ class Scheduler:
 
     # --- lifecycle ------------------------------------------------------------------------------
 
+    def reflectors(self) -> tuple[Reflector, ...]:
+        return (self.node_reflector, self.pod_reflector, self.namespace_reflector, self.budget_reflector)
+
     def start_watching(self) -> None:
-        for reflector in (self.node_reflector, self.pod_reflector):
+        for reflector in self.reflectors():
             threading.Thread(
                 target=reflector.run, args=(self.stop_event,), name=f"watch-{reflector.name}", daemon=True
             ).start()
@@ -223,7 +246,7 @@ class Scheduler:
 
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        for reflector in (self.node_reflector, self.pod_reflector):
+        for reflector in self.reflectors():
             if not reflector.synced.wait(max(0.0, deadline - time.monotonic())):
                 return False
         return True
@@ -266,6 +289,9 @@ class Scheduler:
                     self.queue.remove(uid)
             for uid in pending:
                 self.queue.add(uid, *_queue_key(self.cache.pods[uid]))
+            self.nominated = {}
+            for uid in pending:
+                self._note_nomination(uid, self.cache.pods[uid])
             self._pod_lists += 1
             self._changed()
 
@@ -274,15 +300,58 @@ class Scheduler:
         with self.cond:
             before = _relevant(self.cache.pods.get(uid))
             change = self.cache.apply_pod(event_type, pod)
+            self._note_nomination(uid, self.cache.pods.get(uid))
             if change == PodChange.GONE:
                 self.queue.remove(uid)
+                self._pod_rules_waiting.discard(uid)
                 self._changed()
             elif change == PodChange.BOUND:
                 self.queue.remove(uid)
+                self._pod_rules_waiting.discard(uid)
+                if self._pod_rules_waiting:  # a placed pod's labels may satisfy a waiting pod's rules
+                    self._changed()
             elif change == PodChange.PENDING and uid not in self.cache.assumed:
                 if uid not in self.queue or before != _relevant(pod):
                     self.queue.update(uid, *_queue_key(pod))
                     self.cond.notify_all()
+
+    def replace_namespaces(self, items: list[dict[str, Any]]) -> None:
+        with self.cond:
+            self.cache.replace_namespaces(items)
+            self._changed()
+
+    def apply_namespace(self, event_type: str, namespace: dict[str, Any]) -> None:
+        with self.cond:
+            if self.cache.apply_namespace(event_type, namespace):
+                self._changed()  # a namespace selector of a pod affinity term may match now
+
+    def replace_budgets(self, items: list[dict[str, Any]]) -> None:
+        with self.cond:
+            self.budgets = {}
+            for item in items:
+                self._put_budget("ADDED", item)
+            self._changed()
+
+    def apply_budget(self, event_type: str, pdb: dict[str, Any]) -> None:
+        with self.cond:
+            self._put_budget(event_type, pdb)
+            self._changed()  # a budget that allows more disruptions may let a preemption happen
+
+    def _put_budget(self, event_type: str, pdb: Mapping[str, Any]) -> None:
+        key = pod_key(pdb)
+        parsed = budget(pdb) if event_type != "DELETED" else None
+        if parsed is None:
+            self.budgets.pop(key, None)
+        else:
+            self.budgets[key] = parsed
+
+    def _note_nomination(self, uid: str, pod: Mapping[str, Any] | None) -> None:
+        """Keep ``nominated`` in step with the pods' ``status.nominatedNodeName``."""
+        node = ((pod or {}).get("status") or {}).get("nominatedNodeName") if pod is not None else None
+        if pod is not None and node and is_pending_for(pod, self.config.scheduler_name):
+            self.nominated[uid] = str(node)
+        else:
+            self.nominated.pop(uid, None)
 
     def _changed(self) -> None:
         """Something freed or added room: parked pods may fit now."""
@@ -419,16 +488,29 @@ class Scheduler:
             return
         if request.shape() not in self._planned_shapes:
             self._bind_policy(cluster)  # a kind of pod the policy has not planned for: re-plan
-        result = schedule_one(request, cluster, self.policy, self.rng)
+        reserved = self._reserve_nominated(uid, request, cluster)
+        try:
+            result = schedule_one(request, cluster, self.policy, self.rng)
+            preempted = None if isinstance(result, Placement) else self._preempt(uid, pod, request, cluster)
+        finally:
+            for other in reserved:
+                cluster.forget(other)
         self.metrics.latency.observe(time.perf_counter() - started)
         if not isinstance(result, Placement):
             self.metrics.attempts.labels("unschedulable").inc()
             self.queue.park(uid)
+            placement = request.placement
+            if placement is not None and placement.rules.uses_pods:
+                self._pod_rules_waiting.add(uid)
             excluded_count, reasons = merge_reasons(result.reasons, self.cache.excluded)
-            self._emit_failed(pod, unschedulable_message(result.total_nodes + excluded_count, reasons))
+            message = unschedulable_message(result.total_nodes + excluded_count, reasons)
+            if preempted is not None:
+                message += f" Preempting {len(preempted.pods)} pod(s) on node {preempted.node}."
+            self._emit_failed(pod, message)
             return
+        self._pod_rules_waiting.discard(uid)
         try:
-            self.cache.assume(uid, result.allocation, self.clock())
+            self.cache.assume(uid, result.allocation, self.clock(), _facts(request))
         except AllocationConflict as error:  # a core bug: never bind what cannot be booked
             self.metrics.attempts.labels("error").inc()
             log_event(
@@ -439,6 +521,145 @@ class Scheduler:
         self.metrics.attempts.labels("scheduled").inc()
         self.queue.hold(uid)  # keeps its attempts: a Binding that fails backs off from there
         self._submit(self._bind, pod, result.allocation)
+
+    # --- nominated pods and preemption ------------------------------------------------------------
+
+    def _reserve_nominated(self, uid: str, request: PodRequest, cluster: ClusterState) -> list[str]:
+        """Book, for this decision only, the room of pods nominated to a node whose priority is at
+        least this pod's (kube-scheduler counts them as placed): what a preemption freed goes to
+        its preemptor. Returns the uids booked (the caller forgets them)."""
+        if not self.nominated:
+            return []
+        priority = _priority(request)
+        booked = []
+        for other, node in sorted(self.nominated.items()):
+            pod = self.cache.pods.get(other)
+            i = cluster.index.get(node)
+            if other == uid or pod is None or i is None or other in cluster.where:
+                continue
+            wanted = self._request(other, pod)
+            if not isinstance(wanted, PodRequest) or _priority(wanted) < priority:
+                continue
+            alloc = allocate(wanted, cluster.nodes[i])
+            if alloc is None:
+                continue  # its room is not free yet (victims still terminating): nothing to hold
+            try:
+                cluster.assume(alloc, _facts(wanted))
+            except AllocationConflict:
+                continue
+            booked.append(other)
+        return booked
+
+    def _preempt(
+        self, uid: str, pod: dict[str, Any], request: PodRequest, cluster: ClusterState
+    ) -> Victims | None:
+        """If evicting lower-priority pods lets the pod fit, evict them (through the Eviction API,
+        which honours PodDisruptionBudgets), nominate the node and return the victims."""
+        placement = request.placement
+        priority = _priority(request)
+        policy = placement.rules.preemption_policy if placement is not None else PREEMPT_LOWER
+        nominated = self.nominated.get(uid)
+        on_nominated: list[RunningPod] = []
+        if nominated is not None and nominated in cluster.index:
+            node = cluster.nodes[cluster.index[nominated]]
+            on_nominated = [running_pod(a, self.cache.pods.get(u)) for u, a in node.allocations.items()]
+        ok, why = eligible(policy, on_nominated, priority)
+        if not ok:
+            log_event(log, "pod.preemption_skipped", pod=pod_key(pod), reason=why)
+            return None
+        protected = set(self.cache.assumed) | {u for u in self.nominated if u in cluster.where}
+        nodes = candidate_nodes(request, cluster, priority, self.cache.pods, protected)
+        if not nodes:
+            return None
+        offers = [node_offer(cluster.nodes[i], self.cache.pods, protected) for i in nodes]
+        best = choose(
+            request, priority, offers, list(self.budgets.values()), fits_other=other_rules(placement, cluster)
+        )
+        if best is None:
+            return None
+        log_event(
+            log,
+            "pod.preempting",
+            pod=pod_key(pod),
+            node=best.node,
+            victims=[p.name for p in best.pods],
+            pdb_violations=best.pdb_violations,
+        )
+        self.metrics.preemptions.inc()
+        for victim in best.pods:
+            victim_pod = self.cache.pods.get(victim.uid)
+            if victim_pod is not None and not _meta(victim_pod).get("deletionTimestamp"):
+                self._submit(self._evict, victim_pod, pod, best.node)
+        lower = [
+            other
+            for other, node in self.nominated.items()
+            if node == best.node and other != uid and _pod_priority(self.cache.pods.get(other)) < priority
+        ]
+        for other in lower:  # kube-scheduler: they may no longer fit there; let them look elsewhere
+            del self.nominated[other]
+            self._submit(self._nominate, self.cache.pods[other], None)
+        self.nominated[uid] = best.node
+        self._submit(self._nominate, pod, best.node)
+        return best
+
+    def _evict(self, victim: dict[str, Any], preemptor: dict[str, Any], node: str) -> None:
+        meta = _meta(victim)
+        if self.elector is not None and not self.elector.is_leader:
+            # lost the lease since deciding: the new leader decides again whether to preempt
+            log_event(log, "pod.eviction_skipped", pod=pod_key(victim), node=node, reason="not the leader")
+            return
+        name, namespace = meta.get("name", ""), meta.get("namespace", "")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": meta.get("uid")}},
+        }
+        try:
+            drain(self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False))
+        except ApiException as error:
+            outcome = "gone" if error.status in (404, 409) else str(error.status)
+            self.metrics.evictions.labels(outcome).inc()
+            log_event(
+                log,
+                "pod.eviction_failed" if outcome != "gone" else "pod.eviction_gone",
+                logging.WARNING if outcome != "gone" else logging.INFO,
+                pod=pod_key(victim),
+                node=node,
+                preemptor=pod_key(preemptor),
+                status=outcome,
+                reason=str(error.reason or "")[:200],
+            )
+            return
+        except Exception as error:
+            self.metrics.evictions.labels("error").inc()
+            log_event(
+                log, "pod.eviction_failed", logging.WARNING, pod=pod_key(victim), error=str(error)[:300]
+            )
+            return
+        self.metrics.evictions.labels("ok").inc()
+        log_event(log, "pod.evicted", pod=pod_key(victim), node=node, preemptor=pod_key(preemptor))
+        self._post_event(
+            victim,
+            "Preempted",
+            f"Preempted by pod {_meta(preemptor).get('uid', '')} on node {node}",
+            "Normal",
+        )
+
+    def _nominate(self, pod: dict[str, Any], node: str | None) -> None:
+        """Set (or clear, ``node`` None) the pod's ``status.nominatedNodeName``."""
+        meta = _meta(pod)
+        try:
+            drain(
+                self.core.patch_namespaced_pod_status(
+                    meta.get("name"),
+                    meta.get("namespace"),
+                    {"status": {"nominatedNodeName": node}},
+                    _preload_content=False,
+                )
+            )
+        except Exception as error:  # the local nomination holds the room meanwhile; a retry sets it
+            log_event(log, "pod.nomination_failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
 
     # --- binding (binder threads) -----------------------------------------------------------------
 
@@ -601,10 +822,10 @@ class Scheduler:
         log_event(log, "pod.unschedulable", pod=pod_key(pod), reason=message)
         self._submit(self._post_failed, pod, message)
 
-    def _post_failed(self, pod: dict[str, Any], message: str) -> None:
+    def _event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> dict[str, Any]:
         meta = _meta(pod)
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
+        return {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{meta.get('name', 'pod')}.", "namespace": meta.get("namespace")},
@@ -615,9 +836,9 @@ class Scheduler:
                 "namespace": meta.get("namespace"),
                 "uid": meta.get("uid"),
             },
-            "reason": "FailedScheduling",
+            "reason": reason,
             "message": message,
-            "type": "Warning",
+            "type": kind,
             "source": {"component": self.config.scheduler_name},
             "reportingComponent": self.config.scheduler_name,
             "reportingInstance": self.config.identity,
@@ -625,6 +846,21 @@ class Scheduler:
             "lastTimestamp": now,
             "count": 1,
         }
+
+    def _post_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> None:
+        """Post an Event about ``pod`` (best effort)."""
+        try:
+            event = self._event(pod, reason, message, kind)
+            drain(
+                self.core.create_namespaced_event(_meta(pod).get("namespace"), event, _preload_content=False)
+            )
+        except Exception as error:
+            log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
+
+    def _post_failed(self, pod: dict[str, Any], message: str) -> None:
+        meta = _meta(pod)
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = self._event(pod, "FailedScheduling", message, "Warning")
         condition = {
             "status": {
                 "conditions": [
@@ -647,6 +883,18 @@ class Scheduler:
             )
         except Exception as error:  # an Event is best effort; never let it escape into a future
             log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
+
+
+def _facts(request: PodRequest) -> PodFacts | None:
+    return request.placement.facts if request.placement is not None else None
+
+
+def _priority(request: PodRequest) -> int:
+    return request.placement.rules.priority if request.placement is not None else 0
+
+
+def _pod_priority(pod: Mapping[str, Any] | None) -> int:
+    return priority_of(pod) if pod is not None else 0
 
 
 def drain(response: Any) -> None:
