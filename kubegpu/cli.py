@@ -12,6 +12,7 @@ from typing import Any
 from devices.cli import register as _add_devices
 from kubegpu import __version__, logs
 from kubegpu.keyscli import register as _add_keys
+from kubegpu.localcluster.cli import register as _add_localcluster
 from kubegpu.nodeinstall import register as _add_node
 from scheduler.sim.cli import register as _add_simulate
 
@@ -268,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scheduler(sub)
     _add_simulate(sub)
     _add_keys(sub)
+    _add_localcluster(sub)
     _add_node(sub)
     return parser
 
