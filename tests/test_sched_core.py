@@ -701,7 +701,7 @@ def test_spread_is_least_allocated_hand_computed() -> None:
 
 def test_the_topology_policy_puts_multi_gpu_pods_where_their_gpus_connect_best() -> None:
     """A 4-GPU pod: on the DGX-1 the best free set is NVLinked; on the PCIe-only node nothing is.
-    The topology score outweighs FGD (x1000); a 1-GPU pod is placed by fgd-align alone."""
+    The topology score outweighs FGD (x1000); a 1-GPU pod is placed by fgd-reserve alone."""
     from pathlib import Path
 
     from scheduler.core.topology import load_machine
@@ -719,7 +719,7 @@ def test_the_topology_policy_puts_multi_gpu_pods_where_their_gpus_connect_best()
     result = schedule_one(four, cluster, topology, random.Random(0))
     assert isinstance(result, Placement) and result.node == "linked"
     one = PodRequest("one", cpu_milli=1000, gpu_count=1)
-    align = make_policy("fgd-align")
+    align = make_policy("fgd-reserve")
     align.bind(cluster, [one], random.Random(0))
     topology.bind(cluster, [one], random.Random(0))
     assert (

@@ -68,10 +68,10 @@ def test_machine_file_of_ones_own(tmp_path: Path) -> None:
     with pytest.raises(MachineError, match="nvlink must be a 2x2 matrix"):
         load_shape(str(bad))
     bad.write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}], "nvlink": [[0, -1], [-1, 0]]}))
-    with pytest.raises(MachineError, match="negative NVLink count"):
+    with pytest.raises(MachineError, match=r"nvlink\[0\]\[1\] must be a whole count >= 0, not -1"):
         load_shape(str(bad))
     bad.write_text(json.dumps({"gpus": [{"index": 0}, {"index": 1}], "pcie": [["X", "QPI"], ["QPI", "X"]]}))
-    with pytest.raises(MachineError, match="malformed"):
+    with pytest.raises(MachineError, match=r"pcie\[0\]\[1\]"):
         load_shape(str(bad))
     bad.write_text("[1, 2]")
     with pytest.raises(MachineError, match="not a JSON object"):
@@ -108,3 +108,49 @@ def test_cli_machine_options(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "machine shape pcie-4gpu has 4" in capsys.readouterr().err
     assert cli.main(["--seed", "42", "--no-topology", "--machine", "G2=none"]) == 2
     assert "exclude each other" in capsys.readouterr().err
+
+
+TWO = [{"index": 0}, {"index": 1}]
+
+
+@pytest.mark.parametrize(
+    ("doc", "message"),
+    [
+        ({"gpus": TWO, "nvlink": [[0, 2], [0, 0]]}, r"nvlink\[0\]\[1\] != nvlink\[1\]\[0\]"),
+        ({"gpus": TWO, "pcie": [["X", "PIX"], ["SYS", "X"]]}, r"pcie\[0\]\[1\] != pcie\[1\]\[0\]"),
+        ({"gpus": TWO, "pcie": [["PIX", "PIX"], ["PIX", "X"]]}, r"pcie\[0\]\[0\] must be 'X'"),
+        ({"gpus": TWO, "nvlink": [[3, 1], [1, 0]]}, r"nvlink\[0\]\[0\] must be 0"),
+        ({"gpus": [{"index": 0}, {"index": 0}]}, r"by index 0..1, got \[0, 0\]"),
+        ({"gpus": [{"index": 0}, {"index": 5}]}, r"by index 0..1, got \[0, 5\]"),
+        ({"gpus": [{"index": 1}, {"index": 0}]}, r"by index 0..1, got \[1, 0\]"),
+        ({"gpus": []}, "non-empty list"),
+        ({"gpus": {"index": 0}}, "non-empty list"),
+        ({"gpus": [{"index": 0, "numa": "z"}]}, "numa must be an integer"),
+        ({"gpus": TWO, "nvlink": [[0, 1.5], [1.5, 0]]}, "whole count"),
+        ({"gpus": TWO, "nvlink": [[0, True], [True, 0]]}, "whole count"),
+        ({"gpus": TWO, "nvlink": [[0, "2"], ["2", 0]]}, "whole count"),
+        ({"gpus": TWO, "nvlink": None}, "2x2 matrix"),
+        ({"gpus": TWO, "nvlink": "ab"}, "2x2 matrix"),
+    ],
+)
+def test_odd_machine_files_are_refused_with_the_entry_named(tmp_path: Path, doc: dict, message: str) -> None:
+    """A machine file is read by the rules of devices/topologies (as the node agent reads it): no
+    silently used half of an asymmetric matrix, no GPU indices that do not match the matrix rows."""
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(MachineError, match=message):
+        load_shape(str(path))
+
+
+def test_cli_refuses_an_odd_machine_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "odd.json"
+    path.write_text(json.dumps({"gpus": TWO, "nvlink": [[0, 2], [0, 0]]}))
+    assert cli.main(["--seed", "42", "--machine", f"T4={path}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "nvlink[0][1] != nvlink[1][0]" in err[0]
+
+
+def test_every_shipped_file_passes_the_rules() -> None:
+    for path in sorted(SHIPPED.glob("*.json")):
+        shape = load_shape(str(path))
+        assert shape is not None and shape.gpus >= 1

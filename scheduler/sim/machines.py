@@ -72,32 +72,66 @@ class MachineShape:
         return Topology(nvlinks, pcie), list(self.numa[:n])
 
 
+def _square(name: str, key: str, rows: Any, n: int) -> list[list[Any]]:
+    """``rows`` as an n x n symmetric matrix (the rules of devices/topologies files)."""
+    square = isinstance(rows, list) and len(rows) == n
+    if not square or any(not isinstance(r, list) or len(r) != n for r in rows):
+        raise MachineError(f"machine shape {name}: {key} must be a {n}x{n} matrix")
+    for i, j in itertools.combinations(range(n), 2):
+        if rows[i][j] != rows[j][i]:
+            raise MachineError(f"machine shape {name}: {key}[{i}][{j}] != {key}[{j}][{i}]")
+    return rows
+
+
 def parse_shape(name: str, doc: Mapping[str, Any]) -> MachineShape:
-    """A machine shape from a machine JSON document (``gpus``, ``nvlink``, ``pcie``)."""
-    try:
-        gpus = sorted(doc["gpus"], key=lambda g: int(g["index"]))
-        n = len(gpus)
-        nvlink = doc.get("nvlink", [[0] * n] * n)
-        pcie = doc.get("pcie")
-        if len(nvlink) != n or any(len(r) != n for r in nvlink):
-            raise MachineError(f"machine shape {name}: nvlink must be a {n}x{n} matrix")
-        if pcie is not None and (len(pcie) != n or any(len(r) != n for r in pcie)):
-            raise MachineError(f"machine shape {name}: pcie must be a {n}x{n} matrix")
-        if any(int(v) < 0 for r in nvlink for v in r):
-            raise MachineError(f"machine shape {name}: negative NVLink count")
-        return MachineShape(
-            name=name,
-            nvlink=tuple(tuple(int(v) for v in r) for r in nvlink),
-            pcie=tuple(
-                tuple(None if pcie is None or i == j else PCIeRelation.parse(str(r[j])) for j in range(n))
-                for i, r in enumerate(pcie if pcie is not None else [[None] * n] * n)
-            ),
-            numa=tuple(int(g.get("numa", -1)) for g in gpus),
+    """A machine shape from a machine JSON document (``gpus``, ``nvlink``, optional ``pcie``).
+
+    The rules of ``devices/topologies`` files: GPUs listed by index 0..n-1, square symmetric
+    matrices, NVLink counts whole numbers >= 0 (0 on the diagonal), PCIe relations by name ('X' on
+    the diagonal). Anything else is a ``MachineError`` naming the entry.
+    """
+    gpus = doc.get("gpus")
+    if not isinstance(gpus, list) or not gpus:
+        raise MachineError(f"machine shape {name}: 'gpus' must be a non-empty list")
+    indices = [g.get("index") if isinstance(g, dict) else None for g in gpus]
+    if indices != list(range(len(gpus))):
+        raise MachineError(
+            f"machine shape {name}: gpus must be listed by index 0..{len(gpus) - 1}, got {indices}"
         )
-    except MachineError:
-        raise
-    except (KeyError, TypeError, ValueError) as exc:
-        raise MachineError(f"machine shape {name}: malformed ({exc})") from None
+    n = len(gpus)
+    nvlink = _square(name, "nvlink", doc.get("nvlink", [[0] * n for _ in range(n)]), n)
+    for i in range(n):
+        for j in range(n):
+            v = nvlink[i][j]
+            if isinstance(v, bool) or not isinstance(v, int) or v < 0 or (i == j and v):
+                what = "0" if i == j else "a whole count >= 0"
+                raise MachineError(f"machine shape {name}: nvlink[{i}][{j}] must be {what}, not {v!r}")
+    raw = doc.get("pcie")
+    pcie: list[tuple[PCIeRelation | None, ...]] = []
+    if raw is None:
+        pcie = [(None,) * n for _ in range(n)]
+    else:
+        rows = _square(name, "pcie", raw, n)
+        for i in range(n):
+            if str(rows[i][i]).upper() != "X":
+                raise MachineError(f"machine shape {name}: pcie[{i}][{i}] must be 'X'")
+            row: list[PCIeRelation | None] = []
+            for j in range(n):
+                if i == j:
+                    row.append(None)
+                    continue
+                try:
+                    row.append(PCIeRelation.parse(str(rows[i][j])))
+                except ValueError as exc:
+                    raise MachineError(f"machine shape {name}: pcie[{i}][{j}]: {exc}") from None
+            pcie.append(tuple(row))
+    numa: list[int] = []
+    for i, g in enumerate(gpus):
+        value = g.get("numa", -1)
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise MachineError(f"machine shape {name}: gpus[{i}].numa must be an integer, not {value!r}")
+        numa.append(value)
+    return MachineShape(name=name, nvlink=tuple(tuple(r) for r in nvlink), pcie=tuple(pcie), numa=tuple(numa))
 
 
 def load_shape(spec: str) -> MachineShape | None:
