@@ -25,6 +25,7 @@ from scheduler.core import (
     schedule_one,
 )
 from scheduler.core.allocate import allocate
+from scheduler.core.besteffort import gpuallocator_gpu_set
 from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set, load_machine, pair_score
 
 DGX1 = Path(__file__).resolve().parent.parent / "scheduler" / "data" / "topologies" / "dgx1-v100.json"
@@ -354,3 +355,45 @@ def test_topology_score_never_exceeds_its_scale() -> None:
     got = plugin.score(PodRequest("p", gpu_count=2), cluster, cluster.all_indices).tolist()
     # idle: (0,3) = 230 of 250; d1 ({2..7} free): (2,3) = 250; d2 ({2,3,6,7} free): (2,3) = 250
     assert got == [92.0, 100.0, 100.0]
+
+
+@pytest.mark.parametrize("choose", [best_gpu_set, greedy_gpu_set, gpuallocator_gpu_set])
+def test_odd_requests_get_no_set_or_a_clear_error(choose) -> None:
+    """Requests no caller should make still get a defined answer: 0 GPUs the empty set, a negative
+    or larger-than-the-machine count none, an index outside the machine a ValueError naming it."""
+    links = dgx1_node().links()
+    assert choose(links, range(8), 0) == ()
+    assert choose(links, range(8), 0, must=[1]) is None
+    assert choose(links, range(8), -1) is None
+    assert choose(links, range(8), 9) is None
+    assert choose(links, range(8), 8) == tuple(range(8))
+    assert choose(links, [0, 0, 3], 2) == (0, 3)  # repeated indices count once
+    assert choose(links, range(8), 2, must=[0, 0]) == choose(links, range(8), 2, must=[0])
+    assert choose(links, range(8), 2, must=[99]) is None  # an absent GPU
+    assert choose(links, range(8), 2, must=[-1]) is None
+    for stray in ([0, 8], [-1, 0]):
+        with pytest.raises(ValueError, match=r"not GPUs of this machine \(0..7\)"):
+            choose(links, stray, 2)
+
+
+@pytest.mark.parametrize("choose", [best_gpu_set, greedy_gpu_set, gpuallocator_gpu_set])
+def test_must_include_an_unhealthy_gpu_gets_no_set(choose) -> None:
+    """An unhealthy GPU is never free, so a pod that must have it gets nothing on that node."""
+    node = dgx1_node()
+    node.gpus[4].healthy = False
+    free = node.free_gpu_indices()
+    assert 4 not in free
+    assert choose(node.links(), free, 2, must=[4]) is None
+    assert choose(node.links(), free, 2, must=[5]) is not None
+
+
+def test_choices_do_not_depend_on_the_order_free_gpus_are_given_in() -> None:
+    links = dgx1_node().links()
+    rng = random.Random(7)
+    for _ in range(200):
+        free = rng.sample(range(8), rng.randint(1, 8))
+        k = rng.randint(1, len(free))
+        shuffled = free[:]
+        rng.shuffle(shuffled)
+        for choose in (best_gpu_set, greedy_gpu_set, gpuallocator_gpu_set):
+            assert choose(links, free, k) == choose(links, shuffled, k)

@@ -32,7 +32,7 @@ import itertools
 from collections.abc import Iterable, Iterator, Sequence
 
 from scheduler.core.request import TopologyWish, Wish
-from scheduler.core.topology import NO_WISH, Choice, LinkMatrix
+from scheduler.core.topology import NO_WISH, Choice, LinkMatrix, checked_free
 
 _Group = tuple[int | None, ...]
 
@@ -66,11 +66,14 @@ def gpuallocator_gpu_set(
 ) -> Choice:
     """go-gpuallocator best-effort's choice of ``size`` GPUs among ``free``, containing ``must``.
 
-    None where it returns no devices (size <= 0 is the empty set, as ``best_gpu_set``).
+    None where it returns no devices (size 0 is the empty set and a negative size None, as
+    ``best_gpu_set``; a free index outside the machine is a ``ValueError`` as there).
     """
-    available = sorted(set(free))
+    available = checked_free(links, free)
     required = sorted(set(must))
-    if size <= 0:
+    if size < 0:
+        return None
+    if size == 0:
         return () if not required else None
     if len(available) < size or len(required) > size or len(required) > len(available):
         return None

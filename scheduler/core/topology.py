@@ -239,8 +239,9 @@ def best_gpu_set(
 ) -> Choice:
     """kubegpu's choice of ``k`` GPUs among ``free`` (indices), containing ``must``, looking ahead.
 
-    None if no set meets the REQUIRE wishes, fewer than ``k`` GPUs are free, or ``must`` is not
-    free or larger than ``k``.
+    None if no set meets the REQUIRE wishes, fewer than ``k`` GPUs are free (or ``k`` is negative),
+    or ``must`` is not free (an unhealthy or absent GPU is never free) or larger than ``k``. A free
+    index that is not a GPU of the machine is a caller's error (``ValueError``).
     """
     return _choose(links, free, k, wish, must, lookahead=True)
 
@@ -256,12 +257,23 @@ def greedy_gpu_set(
     return _choose(links, free, k, wish, must, lookahead=False)
 
 
+def checked_free(links: LinkMatrix, free: Iterable[int]) -> list[int]:
+    """The free GPU indices, sorted and unique; ``ValueError`` naming any that is not 0..n-1."""
+    out = sorted(set(free))
+    stray = [g for g in out if not 0 <= g < links.n]
+    if stray:
+        raise ValueError(f"GPU indices {stray} are not GPUs of this machine (0..{links.n - 1})")
+    return out
+
+
 def _choose(
     links: LinkMatrix, free: Iterable[int], k: int, wish: TopologyWish, must: Iterable[int], lookahead: bool
 ) -> Choice:
-    free = sorted(set(free))
+    free = checked_free(links, free)
     required = sorted(set(must))
-    if k <= 0:
+    if k < 0:
+        return None
+    if k == 0:
         return () if not required else None
     if len(free) < k or len(required) > k or not set(required) <= set(free):
         return None
