@@ -1,0 +1,66 @@
+"""What the policies may know: the workload's shape distribution, never the arrivals to come.
+
+The openb target (docs/simulator.md) forbids a policy reading the trace's future. The simulator hands
+``Policy.bind`` the trace itself (not the seed's inflated arrival order), and the policies must read
+only its distribution: the same decisions for the trace shuffled, or with every pod repeated.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import pytest
+
+from scheduler.core import Placement, PodRequest, make_policy, schedule_one
+from scheduler.core.scoring import Policy
+from scheduler.sim import protocol
+from scheduler.sim.protocol import arrival_order, run_once
+from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, build_cluster, load_nodes, load_pods
+
+POLICIES = ("fgd", "fgd-align", "fgd-reserve", "topology")
+
+
+def decisions(policy_name: str, workload: Sequence[PodRequest], seed: int = 42) -> list[tuple[str, tuple]]:
+    nodes = load_nodes(DEFAULT_NODES)
+    pods = load_pods(DEFAULT_PODS)
+    cluster = build_cluster(nodes)
+    cluster.set_tie_order(random.Random(seed).sample(range(len(cluster)), len(cluster)))
+    rng = random.Random(seed)
+    policy = make_policy(policy_name)
+    policy.bind(cluster, workload, rng)
+    out: list[tuple[str, tuple]] = []
+    for pod in arrival_order(pods, seed, cluster.total_gpus() * 1000, 1.3):
+        result = schedule_one(pod, cluster, policy, rng, explain=False)
+        if isinstance(result, Placement):
+            cluster.assume(result.allocation)
+            out.append((result.node, tuple(g.index for g in result.allocation.gpus)))
+        else:
+            out.append(("-", ()))
+    return out
+
+
+@pytest.mark.parametrize("policy", POLICIES)
+def test_decisions_depend_on_the_workload_distribution_only(policy: str) -> None:
+    pods = load_pods(DEFAULT_PODS)
+    assert any(p.gpu_count == 8 for p in pods)  # the sample has whole-node pods: the reserve is at work
+    base = decisions(policy, pods)
+    shuffled = pods[:]
+    random.Random(5).shuffle(shuffled)
+    assert decisions(policy, shuffled) == base
+    assert decisions(policy, [p for p in pods for _ in range(3)]) == base
+
+
+def test_the_simulator_binds_the_trace_not_the_arrivals(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[Sequence[PodRequest]] = []
+    original = Policy.bind
+
+    def recording(self: Policy, cluster, workload, rng=None) -> None:  # type: ignore[no-untyped-def]
+        seen.append(workload)
+        original(self, cluster, workload, rng)
+
+    monkeypatch.setattr(Policy, "bind", recording)
+    pods = load_pods(DEFAULT_PODS)
+    run_once(load_nodes(DEFAULT_NODES), pods, "fgd-reserve", 42)
+    assert len(seen) == 1 and seen[0] is pods
+    assert protocol.INFLATION > 1  # the arrivals (with clones) are more than the trace handed over
