@@ -144,9 +144,10 @@ def test_cli_module_is_light_and_agrees_with_the_core() -> None:
     import sys
 
     from scheduler.core.policies import DEFAULT_POLICY
-    from scheduler.sim.protocol import INFLATION
+    from scheduler.sim.protocol import INFLATION, MAX_INFLATION
 
     assert (cli.DEFAULT_POLICY, cli.INFLATION) == (DEFAULT_POLICY, INFLATION)
+    assert cli.MAX_INFLATION == MAX_INFLATION
     code = "import sys, scheduler.sim.cli; sys.exit('numpy' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[1]).returncode == 0
@@ -187,3 +188,26 @@ def test_openb_sample_runs() -> None:
     pods = load_pods(OPENB / "openb_pod_list_default.csv")[::10]
     result = run_once(nodes, pods, "fgd", 42)
     assert result.placed > 0 and 80 < result.alloc_pct_at_130 <= 100
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9"])
+def test_cli_refuses_an_inflation_that_never_ends_or_means_nothing(
+    value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """NaN and infinity never reach the target (the inflation loop would not end), 1e9 would fill the
+    memory with clones; each is one stderr line and exit 2."""
+    assert cli.main(["--seed", "42", "--inflation", value]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--inflation must be in (0, 10]" in err[0]
+    with pytest.raises(ValueError, match="inflation must be in"):
+        arrival_order([PodRequest("p", gpu_count=1)], 42, 1000, float(value))
+
+
+def test_cli_json_has_null_for_points_a_run_never_reaches(capsys: pytest.CaptureFixture[str]) -> None:
+    """Inflated to 110%, a run has no value at 130% arrived: null in the JSON (NaN is not JSON)."""
+    assert cli.main(["--seed", "42", "--inflation", "1.1", "--json"]) == 0
+    out = capsys.readouterr().out
+    assert "NaN" not in out
+    doc = json.loads(out)
+    assert doc["mean_alloc_pct_at_130"] is None and doc["runs"][0]["alloc_pct_at_130"] is None
+    assert isinstance(doc["mean_alloc_pct_at_100"], float)

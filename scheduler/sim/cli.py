@@ -16,6 +16,7 @@ from pathlib import Path
 
 DEFAULT_POLICY = "fgd-reserve"  # == scheduler.core.policies.DEFAULT_POLICY (a test checks)
 INFLATION = 1.3
+MAX_INFLATION = 10.0  # == scheduler.sim.protocol.MAX_INFLATION (a test checks)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -115,6 +116,8 @@ def run(args: argparse.Namespace) -> int:
     nodes_path = args.nodes or DEFAULT_NODES
     pods_path = args.pods or DEFAULT_PODS
     try:
+        if not 0 < args.inflation <= MAX_INFLATION:  # NaN fails too
+            raise ValueError(f"--inflation must be in (0, {MAX_INFLATION:g}], not {args.inflation!r}")
         seeds = _seeds(args)
         nodes = load_nodes(nodes_path)
         pods = load_pods(pods_path)
@@ -143,7 +146,7 @@ def run(args: argparse.Namespace) -> int:
             print(f"kubegpu simulate: {hint}: {exc}", file=sys.stderr)
             return 2
     if args.json:
-        print(json.dumps(experiment.to_json()))
+        print(json.dumps(experiment.to_json(), allow_nan=False))
     else:
         builtin = " (built-in sample of openb)" if args.nodes is None else ""
         cluster = f"{len(nodes)} nodes from {nodes_path.name}{builtin}"

@@ -32,6 +32,7 @@ from scheduler.core.topology import greedy_gpu_set
 from scheduler.sim.trace import NodeSpec, build_cluster
 
 INFLATION = 1.3
+MAX_INFLATION = 10.0  # arrivals beyond 10x the GPU capacity say nothing more and only cost memory
 CURVE_MAX = 130
 
 
@@ -109,14 +110,20 @@ class RunResult:
 def arrival_order(
     pods: Sequence[PodRequest], seed: int, capacity_milli: int, inflation: float = INFLATION
 ) -> list[PodRequest]:
-    """The pods in arrival order for one seed: shuffled, then inflated (or cut) to the target."""
+    """The pods in arrival order for one seed: shuffled, then inflated (or cut) to the target.
+
+    ``ValueError`` for an inflation that is not a number in (0, ``MAX_INFLATION``] (NaN or infinity
+    would never reach the target).
+    """
+    if not 0 < inflation <= MAX_INFLATION:
+        raise ValueError(f"inflation must be in (0, {MAX_INFLATION:g}], not {inflation!r}")
     rng = random.Random(seed)
     base = sorted(pods, key=lambda p: p.name)
     order = list(base)
     rng.shuffle(order)
     target = inflation * capacity_milli
     total = sum(p.total_gpu_milli for p in order)
-    if inflation <= 0 or not any(p.total_gpu_milli for p in base):
+    if not any(p.total_gpu_milli for p in base):
         return order  # nothing to inflate by (a CPU-only trace would never reach the target)
     if total > target:
         while total > target and order:

@@ -65,8 +65,8 @@ class Experiment:
         for r in self.runs:
             run: dict[str, Any] = {
                 "seed": r.seed,
-                "alloc_pct_at_100": r.alloc_pct_at_100,
-                "alloc_pct_at_130": r.alloc_pct_at_130,
+                "alloc_pct_at_100": _finite(r.alloc_pct_at_100),
+                "alloc_pct_at_130": _finite(r.alloc_pct_at_130),
                 "curve": [[x, y] for x, y in sorted(r.curve.items())],
                 "links": r.links.summary(),
             }
@@ -76,8 +76,8 @@ class Experiment:
         doc: dict[str, Any] = {
             "policy": self.policy,
             "runs": runs,
-            "mean_alloc_pct_at_100": round(self.mean_at(100), 2),
-            "mean_alloc_pct_at_130": round(self.mean_at(130), 2),
+            "mean_alloc_pct_at_100": _finite(self.mean_at(100)),
+            "mean_alloc_pct_at_130": _finite(self.mean_at(130)),
             "links": self.links().summary(),
             "seconds": round(self.seconds, 3),
         }
@@ -86,6 +86,12 @@ class Experiment:
                 bound = self.bound_at(x)
                 doc[f"bound_alloc_pct_at_{x}"] = None if math.isnan(bound) else round(bound, 2)
         return doc
+
+
+def _finite(value: float) -> float | None:
+    """A JSON number rounded to 2 decimals, or None (null) for a point the run never reached (NaN
+    is not JSON: a run inflated to less than 130% has no value at 130)."""
+    return None if math.isnan(value) else round(value, 2)
 
 
 def parse_seeds(text: str) -> list[int]:
