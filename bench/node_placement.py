@@ -36,6 +36,12 @@ score divided by the best set of its size on the idle machine, averaged, so ever
 same) and ``max_choice_ms`` (the slowest choice, usually the first on a machine shape, which fills
 the tables). With ``--json`` only ``{"results": [{"topology", "policy", "mean_link_score",
 "all_nvlink_share", "cross_socket_share", "refused_with_free", "mean_choice_ms"}, ...]}``.
+
+``--cold`` instead times the choices no memo helps (``COLD_REPEATS`` times each, the median and
+the largest): ``first_ms`` the first choice on a fresh link matrix (an idle node, 2 GPUs, filling the
+partition tables), ``new_state_ms`` a choice for a free set not seen before once the tables exist
+(every 6-GPU free set of an 8-GPU machine, 2 GPUs). ``--json`` then prints ``{"cold": [{"topology",
+"policy", "first_ms", "first_max_ms", "new_state_ms", "new_state_max_ms"}, ...]}``.
 """
 
 from __future__ import annotations
@@ -44,6 +50,7 @@ import argparse
 import itertools
 import json
 import random
+import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -71,6 +78,7 @@ LOAD = 1.0  # offered GPU load, in multiples of the node's GPUs
 REQUIRE_SHARE = 0.3  # multi-GPU pods that REQUIRE an all-NVLink set (where the machine has one)
 NVLINK = TopologyWish(nvlink=Wish.REQUIRE)
 POLICIES = ("greedy", "gpuallocator", "kubegpu", "optimum")
+COLD_REPEATS = 21
 
 
 @dataclass(frozen=True)
@@ -256,6 +264,48 @@ def run(links: LinkMatrix, policy: str, pods: list[Pod], horizon: int, tally: Ta
             tally.cross += any(links.cross[a][b] for a, b in pairs)
 
 
+def cold(paths: Sequence[Path], policies: Sequence[str], as_json: bool) -> None:
+    """Times of the choices no memo serves (see the module docstring), per machine and policy."""
+    choosers: dict[str, Callable[..., Choice]] = {
+        "greedy": greedy_gpu_set,
+        "gpuallocator": gpuallocator_gpu_set,
+        "kubegpu": best_gpu_set,
+    }
+    rows = []
+    if not as_json:
+        print(f"{'topology':<14}{'policy':<14}{'first ms':>10}{'(max)':>8}{'new state ms':>14}{'(max)':>8}")
+    for path in paths:
+        for policy in [p for p in policies if p in choosers]:
+            choose = choosers[policy]
+            first, later = [], []
+            for _ in range(COLD_REPEATS):
+                links = make_links(path)
+                start = time.perf_counter()
+                choose(links, range(links.n), min(2, links.n))
+                first.append(time.perf_counter() - start)
+            for free in itertools.combinations(range(links.n), max(links.n - 2, 2)):
+                start = time.perf_counter()
+                choose(links, free, min(2, links.n))
+                later.append(time.perf_counter() - start)
+            row = {
+                "topology": path.stem,
+                "policy": policy,
+                "first_ms": round(1000 * statistics.median(first), 4),
+                "first_max_ms": round(1000 * max(first), 4),
+                "new_state_ms": round(1000 * statistics.median(later), 4),
+                "new_state_max_ms": round(1000 * max(later), 4),
+            }
+            rows.append(row)
+            if not as_json:
+                print(
+                    f"{path.stem:<14}{policy:<14}{row['first_ms']:>10.3f}{row['first_max_ms']:>8.2f}"
+                    f"{row['new_state_ms']:>14.4f}{row['new_state_max_ms']:>8.2f}",
+                    flush=True,
+                )
+    if as_json:
+        print(json.dumps({"cold": rows}))
+
+
 def parse_range(text: str) -> list[int]:
     out: list[int] = []
     for part in text.split(","):
@@ -277,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--horizon", type=int, default=2, help="arrivals the optimum looks ahead (default 2)")
     parser.add_argument("--policies", default=",".join(POLICIES))
     parser.add_argument("--topologies", default="", help="shipped topology names (default: all)")
+    parser.add_argument("--cold", action="store_true", help="time the choices no memo serves instead")
     args = parser.parse_args(argv)
     try:
         seeds = parse_range(args.seeds)
@@ -293,6 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not seeds or args.arrivals <= 0 or args.horizon < 0:
         print(f"node_placement: unknown or bad arguments: {', '.join(unknown) or 'counts'}", file=sys.stderr)
         return 2
+    if args.cold:
+        cold(paths, policies, args.json)
+        return 0
     results = []
     if not args.json:
         print(

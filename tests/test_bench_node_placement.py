@@ -62,3 +62,16 @@ def test_bad_arguments(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench.main(["--topologies", "nope"]) == 2
     assert bench.main(["--arrivals", "0"]) == 2
     assert "node_placement:" in capsys.readouterr().err
+
+
+def test_cold_mode_times_every_policy_but_the_oracle(capsys: pytest.CaptureFixture[str]) -> None:
+    bench = load_bench()
+    assert bench.main(["--cold", "--json", "--topologies", "dgx1-v100,pcie-4gpu"]) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert set(doc) == {"cold"}
+    seen = {(r["topology"], r["policy"]) for r in doc["cold"]}
+    assert seen == {(t, p) for t in ("dgx1-v100", "pcie-4gpu") for p in ("greedy", "gpuallocator", "kubegpu")}
+    for r in doc["cold"]:
+        timings = {"first_ms", "first_max_ms", "new_state_ms", "new_state_max_ms"}
+        assert set(r) == {"topology", "policy"} | timings
+        assert 0 <= r["first_ms"] <= r["first_max_ms"] and 0 <= r["new_state_ms"] <= r["new_state_max_ms"]
