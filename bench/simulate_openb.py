@@ -20,7 +20,8 @@ Nodes get the links of ``kubegpu simulate``'s default machine shapes (``schedule
 ratio to the idle node's best set, all-NVLink and cross-socket shares). ``--bound`` adds, per trace,
 the mean over the seeds of the LP upper bound on the allocation at 100% and 130% arrived
 (``scheduler.sim.bound``) and every policy's gap to it. ``--curve`` prints, for the default policy
-against FGD, the smallest difference of the mean curves over every arrival point 10%..130%.
+against FGD, the smallest difference of the mean curves over every arrival point 10%..130% (and how
+many points are below FGD), then both mean curves at ``CURVE_POINTS`` as a markdown table.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from scheduler.sim.trace import load_nodes, load_pods, with_shapes  # noqa: E402
 
 TRACE_DIR = ROOT.parent / "shared" / "traces" / "openb"
 TRACES = ("default", "cpu050", "multigpu20", "gpushare40")
+CURVE_POINTS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 100, 105, 110, 120, 130)  # --curve's table
 
 # Weng et al., "Beware of Fragmentation", USENIX ATC'23: mean of 10 seeds, alloc % at 100 / 130 arrived
 PUBLISHED: dict[str, dict[str, tuple[float, float]]] = {
@@ -265,7 +267,25 @@ def main(argv: list[str] | None = None) -> int:
                 for x in range(10, 131)
             }
             worst = min(diffs, key=lambda x: diffs[x])
-            print(f"  {trace:<11} min {diffs[worst]:+.3f} at {worst}%   at 130%: {diffs[130]:+.2f}")
+            below = sum(1 for d in diffs.values() if d < 0)
+            print(
+                f"  {trace:<11} min {diffs[worst]:+.3f} at {worst}%   points below fgd: {below}/{len(diffs)}"
+                f"   at 130%: {diffs[130]:+.2f}"
+            )
+        print(f"\nmean curves (allocated % at arrived %), {DEFAULT_POLICY} and fgd:")
+        print("| trace | policy | " + " | ".join(f"{x}%" for x in CURVE_POINTS) + " |")
+        print("|---|---|" + "---|" * len(CURVE_POINTS))
+        for trace in traces:
+            for policy in ("fgd", DEFAULT_POLICY):
+                runs = results[(trace, policy)]
+                cells = [f"{statistics.fmean(r.at(x) for r in runs):.2f}" for x in CURVE_POINTS]
+                print(f"| {trace} | {policy} | " + " | ".join(cells) + " |")
+            ours, fgd = results[(trace, DEFAULT_POLICY)], results[(trace, "fgd")]
+            cells = [
+                f"{statistics.fmean(r.at(x) for r in ours) - statistics.fmean(r.at(x) for r in fgd):+.2f}"
+                for x in CURVE_POINTS
+            ]
+            print(f"| {trace} | difference | " + " | ".join(cells) + " |")
     print(
         f"\n{len(jobs)} runs ({len(seeds)} seeds, ties: {args.ties}) in {total:.0f} s with {args.jobs} job(s)"
     )
