@@ -60,6 +60,63 @@ def test_arrived_by_matches_the_curve_buckets() -> None:
     assert len(arrived_by(pods, 4000, 130)) == 5
 
 
+def test_arrived_by_includes_the_event_past_the_point_that_the_curve_averages() -> None:
+    """Capacity 100 GPUs; 99 one-GPU pods (events at 1..99%) then a 2-GPU pod (101%): no event rounds
+    to 100, so the curve's value at 100 averages the events at 99 and 101%, and the bound there must
+    count the 2-GPU pod too (it did not, and came out below what a policy reached on a small trace)."""
+    pods = [whole(f"p{i:03}", 1) for i in range(99)] + [whole("two", 2), whole("more", 1)]
+    assert arrived_by(pods, 100_000, 100) == pods[:100]
+    assert arrived_by(pods, 100_000, 99) == pods[:99]  # an event rounds to 99: the curve uses it alone
+    assert len(arrived_by(pods, 100_000, 50)) == 50
+    assert arrived_by([], 100_000, 100) == []
+
+
+ODD_NODES = [
+    NodeSpec("t4", 8000, 16_000, 2, "T4"),
+    NodeSpec("cpu", 4000, 8000, 0, ""),
+    NodeSpec("v100", 96_000, 400_000, 8, "V100M16"),
+]
+ODD_PODS = [
+    share("half", 500),
+    whole("sixteen", 16),  # never fits
+    PodRequest("free-cpu", cpu_milli=0, memory_mib=0, gpu_count=1),
+    PodRequest("cpu-only", cpu_milli=500, memory_mib=100),
+    PodRequest(
+        "no-such-model",
+        cpu_milli=1000,
+        memory_mib=100,
+        gpu_count=1,
+        gpu_milli=300,
+        gpu_models=frozenset({"A100"}),
+    ),
+    share("too-much-cpu", 200, cpu=200_000),
+    PodRequest("eight", cpu_milli=1000, memory_mib=100, gpu_count=8, gpu_models=frozenset({"V100M16"})),
+    PodRequest(
+        "big-share",
+        cpu_milli=100,
+        memory_mib=10,
+        gpu_count=1,
+        gpu_milli=810,
+        gpu_models=frozenset({"T4", "V100M16"}),
+    ),
+]
+
+
+@pytest.mark.parametrize("policy", ["fgd-reserve", "bestfit", "random"])
+def test_bound_holds_on_a_small_odd_trace(policy: str) -> None:
+    """Few, large pods (the curve's points fall back to the events within one point), pods that never
+    fit, a node without GPUs: at every point where the run has a value the bound is at least that
+    value, and it is left out exactly where the run has none."""
+    for seed in range(42, 52):
+        run = run_once(ODD_NODES, ODD_PODS, policy, seed)
+        bounds = protocol_bounds(ODD_NODES, ODD_PODS, seed, 1.3)
+        for x in (100, 130):
+            if run.curve.get(x) is None:
+                assert x not in bounds, (seed, x)
+            else:
+                assert run.at(x) <= bounds[x].bound_pct + 1e-9, (policy, seed, x)
+
+
 def sample() -> tuple[list[NodeSpec], list[PodRequest]]:
     return load_nodes(DEFAULT_NODES), load_pods(DEFAULT_PODS)
 

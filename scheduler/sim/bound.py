@@ -266,16 +266,19 @@ def allocation_bound(
 
 
 def arrived_by(order: Sequence[PodRequest], capacity_milli: int, point: int) -> list[PodRequest]:
-    """The pods of ``order`` that arrived by the events whose arrived percent rounds to ``point`` or less."""
-    limit = (point + 0.5) * capacity_milli / 100.0
-    out: list[PodRequest] = []
-    total = 0
-    for pod in order:
-        if total + pod.total_gpu_milli >= limit:
-            break
-        total += pod.total_gpu_milli
-        out.append(pod)
-    return out
+    """The pods of ``order`` up to the last event the curve averages at ``point``
+    (``protocol.curve_events``: the events whose arrived percent rounds to ``point``, or within one
+    point of it where none does), so that the allocation the curve reports there is at most the
+    bound of these pods; where no event is that close, the pods whose event rounds to ``point`` or less.
+    """
+    from scheduler.sim.protocol import arrived_percent, curve_events
+
+    if not order:
+        return []
+    x = arrived_percent(np.cumsum([p.total_gpu_milli for p in order]), capacity_milli)
+    sel = np.flatnonzero(curve_events(x, point))
+    last = int(sel[-1]) if len(sel) else int(np.searchsorted(x, point, side="right")) - 1
+    return list(order[: last + 1])
 
 
 def protocol_bounds(
@@ -287,16 +290,18 @@ def protocol_bounds(
 ) -> dict[int, BoundResult]:
     """The bound at each arrival point of one seed's protocol run (the same arrival order as the run).
 
-    A point the run does not reach (inflation below it) is left out.
+    A point where the run's curve has no value (no event close enough: the inflation stops below
+    it, or one large pod jumps over it) is left out, as the run's value there is missing too.
     """
-    from scheduler.sim.protocol import arrival_order
+    from scheduler.sim.protocol import arrival_order, arrived_percent, curve_events
 
     capacity = sum(max(n.gpus, 0) for n in nodes) * MILLI
+    if not capacity:
+        return {}
     order = arrival_order(pods, seed, capacity, inflation)
-    reached = sum(p.total_gpu_milli for p in order) * 100.0 / capacity if capacity else 0.0
+    x = arrived_percent(np.cumsum([p.total_gpu_milli for p in order], dtype=np.int64), capacity)
     out: dict[int, BoundResult] = {}
     for point in points:
-        if reached < point - 0.5:
-            continue
-        out[point] = allocation_bound(nodes, arrived_by(order, capacity, point))
+        if len(order) and curve_events(x, point).any():
+            out[point] = allocation_bound(nodes, arrived_by(order, capacity, point))
     return out

@@ -139,18 +139,29 @@ def arrival_order(
         clone += 1
 
 
+def arrived_percent(arrived: np.ndarray, capacity_milli: int) -> np.ndarray:
+    """Each event's arrived GPU request in percent of the capacity, rounded (the curve's x)."""
+    return np.round(arrived / capacity_milli * 100).astype(np.int64)
+
+
+def curve_events(x: np.ndarray, pct: int) -> np.ndarray:
+    """The events whose allocation the curve averages at ``pct``: those whose ``x`` is ``pct``, or if
+    there are none, those within one point of it (the paper's analysis scripts)."""
+    sel = x == pct
+    if not sel.any():
+        sel = (x >= pct - 1) & (x <= pct + 1)
+    return sel
+
+
 def allocation_curve(arrived: np.ndarray, allocated: np.ndarray, capacity_milli: int) -> dict[int, float]:
     """Arrived % (rounded) -> mean allocated %, per the protocol's bucketing."""
-    x = np.round(arrived / capacity_milli * 100).astype(np.int64)
+    x = arrived_percent(arrived, capacity_milli)
     y = np.round(allocated / capacity_milli * 100, 2)
     curve: dict[int, float] = {}
     for pct in range(0, CURVE_MAX + 1):
-        sel = x == pct
-        if not sel.any():
-            sel = (x >= pct - 1) & (x <= pct + 1)
-            if not sel.any():
-                continue
-        curve[pct] = round(float(y[sel].mean()), 2)
+        sel = curve_events(x, pct)
+        if sel.any():
+            curve[pct] = round(float(y[sel].mean()), 2)
     return curve
 
 
