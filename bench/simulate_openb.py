@@ -184,9 +184,17 @@ def main(argv: list[str] | None = None) -> int:
         "--curve", action="store_true", help="add the default policy's smallest margin over FGD on the curve"
     )
     args = parser.parse_args(argv)
-    seeds = parse_seeds(args.seeds)
+    try:
+        seeds = parse_seeds(args.seeds)
+    except ValueError as exc:
+        print(f"simulate_openb: bad --seeds: {exc}", file=sys.stderr)
+        return 2
     traces = [t for t in args.traces.split(",") if t]
     policies = [p for p in args.policies.split(",") if p]
+    unknown = [t for t in traces if t not in TRACES] + [p for p in policies if p not in POLICIES]
+    if unknown or not traces or not policies or args.jobs < 1:
+        print(f"simulate_openb: unknown or bad arguments: {', '.join(unknown) or 'counts'}", file=sys.stderr)
+        return 2
     if not TRACE_DIR.is_dir():
         print(f"no openb trace at {TRACE_DIR}", file=sys.stderr)
         return 2
