@@ -64,3 +64,28 @@ def test_the_simulator_binds_the_trace_not_the_arrivals(monkeypatch: pytest.Monk
     run_once(load_nodes(DEFAULT_NODES), pods, "fgd-reserve", 42)
     assert len(seen) == 1 and seen[0] is pods
     assert protocol.INFLATION > 1  # the arrivals (with clones) are more than the trace handed over
+
+
+def test_runs_are_identical_across_processes_with_different_string_hashing() -> None:
+    """Nothing a decision depends on iterates a set of strings (GPU models, node names) in hash order:
+    two processes with different PYTHONHASHSEED give the same JSON, but for the wall time."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    outputs = []
+    for hash_seed in ("1", "2"):
+        env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+        done = subprocess.run(
+            [sys.executable, "-m", "scheduler.sim.cli", "--seeds", "42-43", "--json", "--policy", "topology"],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+            timeout=300,
+        )
+        doc = json.loads(done.stdout)
+        doc.pop("seconds")
+        outputs.append(doc)
+    assert outputs[0] == outputs[1]
