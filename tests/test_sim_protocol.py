@@ -190,7 +190,7 @@ def test_openb_sample_runs() -> None:
     assert result.placed > 0 and 80 < result.alloc_pct_at_130 <= 100
 
 
-@pytest.mark.parametrize("value", ["0", "-1", "nan", "inf", "1e9"])
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "1e9"])
 def test_cli_refuses_an_inflation_that_never_ends_or_means_nothing(
     value: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -198,9 +198,15 @@ def test_cli_refuses_an_inflation_that_never_ends_or_means_nothing(
     memory with clones; each is one stderr line and exit 2."""
     assert cli.main(["--seed", "42", "--inflation", value]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "--inflation must be in (0, 10]" in err[0]
+    assert len(err) == 1 and "--inflation must be in [0, 10]" in err[0]
     with pytest.raises(ValueError, match="inflation must be in"):
         arrival_order([PodRequest("p", gpu_count=1)], 42, 1000, float(value))
+
+
+def test_inflation_0_is_the_trace_once() -> None:
+    pods = [PodRequest(f"p{i}", gpu_count=1) for i in range(5)]
+    order = arrival_order(pods, 42, 1000, 0)
+    assert sorted(p.name for p in order) == [p.name for p in pods]
 
 
 def test_cli_json_has_null_for_points_a_run_never_reaches(capsys: pytest.CaptureFixture[str]) -> None:

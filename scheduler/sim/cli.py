@@ -47,7 +47,8 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         type=float,
         default=INFLATION,
         metavar="RATIO",
-        help="inflate the workload to this multiple of GPU capacity (default: %(default)s)",
+        help="inflate the workload to this multiple of GPU capacity, 0: the trace once as it is "
+        "(default: %(default)s)",
     )
     parser.add_argument(
         "--machine",
@@ -116,8 +117,8 @@ def run(args: argparse.Namespace) -> int:
     nodes_path = args.nodes or DEFAULT_NODES
     pods_path = args.pods or DEFAULT_PODS
     try:
-        if not 0 < args.inflation <= MAX_INFLATION:  # NaN fails too
-            raise ValueError(f"--inflation must be in (0, {MAX_INFLATION:g}], not {args.inflation!r}")
+        if not 0 <= args.inflation <= MAX_INFLATION:  # NaN fails too
+            raise ValueError(f"--inflation must be in [0, {MAX_INFLATION:g}], not {args.inflation!r}")
         seeds = _seeds(args)
         nodes = load_nodes(nodes_path)
         pods = load_pods(pods_path)

@@ -112,18 +112,19 @@ def arrival_order(
 ) -> list[PodRequest]:
     """The pods in arrival order for one seed: shuffled, then inflated (or cut) to the target.
 
-    ``ValueError`` for an inflation that is not a number in (0, ``MAX_INFLATION``] (NaN or infinity
-    would never reach the target).
+    ``inflation`` 0 is the trace once, shuffled, neither inflated nor cut. ``ValueError`` for an
+    inflation that is not a number in [0, ``MAX_INFLATION``] (NaN or infinity would never reach the
+    target).
     """
-    if not 0 < inflation <= MAX_INFLATION:
-        raise ValueError(f"inflation must be in (0, {MAX_INFLATION:g}], not {inflation!r}")
+    if not 0 <= inflation <= MAX_INFLATION:
+        raise ValueError(f"inflation must be in [0, {MAX_INFLATION:g}], not {inflation!r}")
     rng = random.Random(seed)
     base = sorted(pods, key=lambda p: p.name)
     order = list(base)
     rng.shuffle(order)
     target = inflation * capacity_milli
     total = sum(p.total_gpu_milli for p in order)
-    if not any(p.total_gpu_milli for p in base):
+    if inflation == 0 or not any(p.total_gpu_milli for p in base):
         return order  # nothing to inflate by (a CPU-only trace would never reach the target)
     if total > target:
         while total > target and order:
