@@ -174,7 +174,16 @@ def device_entry_verdict(host_path: str, managed: ManagedDevices, fs: HostFS | N
     if managed.has_path(canonical):
         return False
     fs = fs or HostFS()
-    resolved = fs.realpath(canonical)
+    # ``..`` after a symlink goes up from the link's target (the kernel, Go's EvalSymlinks), so the
+    # raw spelling is resolved as it stands; the lexically cleaned one too, to be safe both ways.
+    for resolved in dict.fromkeys((fs.realpath(host_path), fs.realpath(canonical))):
+        if not _resolved_verdict(host_path, resolved, managed, fs):
+            return False
+    return True
+
+
+def _resolved_verdict(host_path: str, resolved: str, managed: ManagedDevices, fs: HostFS) -> bool:
+    """``device_entry_verdict`` for one resolution of ``host_path``."""
     if managed.has_path(resolved):
         return False
     try:

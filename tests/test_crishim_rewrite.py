@@ -473,3 +473,22 @@ def test_deleting_a_key_file_revokes_it_without_a_restart(node: Node, tmp_path: 
             break
         assert time.monotonic() < deadline, "a deleted key was still accepted"
         time.sleep(0.5)
+
+
+def test_dotdot_after_a_symlink_is_resolved_as_containerd_does(node: Node, tmp_path: Path) -> None:
+    """``..`` after a symlink goes up from the link's target (the kernel and Go's EvalSymlinks),
+    not from the link: ``<dir-link>/../null`` with the link pointing at /dev/shm reaches
+    /dev/null (managed here) although its lexically cleaned spelling names a missing file."""
+    hop = tmp_path / "hop"
+    hop.symlink_to("/dev/shm")
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("dotdot", None, uid)
+    app = node.create(
+        sandbox,
+        config,
+        "app",
+        script="ls -l /dev; echo END; exec sleep 100000",
+        devices=[(f"{hop}/../null", "/dev/through-hop"), ("/var/run/../dev/null", "/dev/through-var-run")],
+    )
+    output = node.start_and_read(app, "dotdot", "app")
+    assert "through-hop" not in output and "through-var-run" not in output, output

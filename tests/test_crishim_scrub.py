@@ -98,6 +98,19 @@ def test_device_numbers_decide_through_symlinks_and_other_names(tmp_path: Path) 
     assert device_entry_verdict("/dev/zero", managed)
 
 
+def test_dotdot_after_a_symlink_goes_up_from_the_links_target(tmp_path: Path) -> None:
+    """``<link to /dev/shm>/../null`` is /dev/null to the kernel and containerd; its lexically
+    cleaned spelling ``<tmp>/null`` does not exist. /var/run is such a link on most hosts."""
+    hop = tmp_path / "hop"
+    hop.symlink_to("/dev/shm")
+    managed = ManagedDevices(numbers=frozenset({NULL}))
+    assert not device_entry_verdict(f"{hop}/../null", managed)
+    assert not device_entry_verdict(f"{hop}/./../null", ManagedDevices(patterns=("/dev/null",)))
+    if os.path.islink("/var/run") and os.path.realpath("/var/run") == "/run":
+        assert not device_entry_verdict("/var/run/../dev/null", managed)
+    assert device_entry_verdict(f"{hop}/../zero", managed)
+
+
 def test_a_directory_holding_managed_nodes_is_refused_and_one_without_is_kept(tmp_path: Path) -> None:
     holder = tmp_path / "holder" / "deeper"
     holder.mkdir(parents=True)
