@@ -492,3 +492,27 @@ def test_dotdot_after_a_symlink_is_resolved_as_containerd_does(node: Node, tmp_p
     )
     output = node.start_and_read(app, "dotdot", "app")
     assert "through-hop" not in output and "through-var-run" not in output, output
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "runtime.v1.RuntimeService/CreateContainer",
+        "runtime.v1alpha2.RuntimeService/CreateContainer",
+    ],
+)
+def test_a_create_under_another_spelling_of_its_method_is_refused(node: Node, method: str) -> None:
+    """containerd's gRPC server (Go) takes a method path with or without its leading slash: the
+    shim must not forward a spelling it does not recognise as a create to be rewritten."""
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("spelled-method", None, uid)
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        sandbox_config=config,
+        config=shell_container("app", BUSYBOX_IMAGE, "sleep 1", log_path="app.log", envs={"X": "1"}),
+    )
+    request.config.devices.add(host_path="/dev/null", container_path="/dev/forged", permissions="rwm")
+    with pytest.raises(grpc.RpcError) as caught:
+        node.client.channel.unary_unary(method)(request.SerializeToString(), timeout=30)
+    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED, caught.value.details()
+    assert node.containers_in(sandbox) == []
