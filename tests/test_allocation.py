@@ -538,3 +538,28 @@ def test_a_key_ring_uses_no_private_key_unless_told_to(tmp_path: Path) -> None:
     (tmp_path / "k1").write_bytes(private_key_pem(SIGNING["k1"]))
     ring = KeyRing(tmp_path, recheck_seconds=0)
     assert ring.keys() == {} and ring.signing_key("k1") is None
+
+
+def _deep_at(frames: int, call):  # type: ignore[no-untyped-def]
+    return call() if frames == 0 else _deep_at(frames - 1, call)
+
+
+@pytest.mark.parametrize("frames", [0, 40, 200])
+def test_nesting_at_the_parsers_limit_is_a_clean_refusal(frames: int) -> None:
+    """A depth that json.loads just manages must not make the canonical form's json.dumps raise
+    RecursionError (an INTERNAL error in the shim): every depth is an AllocationError. ``frames``
+    stands for how deep in its stack the shim calls verify."""
+    signature = base64.b64encode(bytes(64)).decode()
+    for depth in range(400, 1100):
+        value = '{"keyId":"k1","signature":"' + signature + '","x":' + "[" * depth + "1" + "]" * depth + "}"
+        with pytest.raises(AllocationError):
+            _deep_at(frames, lambda v=value: verify(v, KEYS))
+
+
+def test_the_nesting_limit_is_exact() -> None:
+    document = example().to_document()
+    document["extra"] = json.loads("[" * 31 + "]" * 31)  # 1 (the document) + 31 = 32 deep
+    assert verify(resign(document), KEYS) == example()
+    document["extra"] = json.loads("[" * 32 + "]" * 32)  # 33 deep
+    with pytest.raises(AllocationError, match="more than 32 deep"):
+        verify(resign(document), KEYS)

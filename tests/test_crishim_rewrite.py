@@ -6,6 +6,7 @@ of what they were given. Every rejection must leave no container behind.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -516,3 +517,21 @@ def test_a_create_under_another_spelling_of_its_method_is_refused(node: Node, me
         node.client.channel.unary_unary(method)(request.SerializeToString(), timeout=30)
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED, caught.value.details()
     assert node.containers_in(sandbox) == []
+
+
+def test_an_annotation_nested_to_the_parsers_limit_is_invalid_argument(node: Node) -> None:
+    """Somewhere near 1000 levels json.loads succeeds and the canonical form's json.dumps fails
+    (where exactly depends on the shim's stack): every depth must be INVALID_ARGUMENT, never
+    INTERNAL, and create nothing."""
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("nested", None, uid)
+    signature = base64.b64encode(bytes(64)).decode()
+    codes = set()
+    for depth in range(600, 1000):
+        nested = "[" * depth + "1" + "]" * depth
+        config.annotations[ANNOTATION] = f'{{"keyId":"{KEY_ID}","signature":"{signature}","x":{nested}}}'
+        try:
+            node.create(sandbox, config, "app")
+        except grpc.RpcError as error:
+            codes.add(error.code())
+    assert codes == {grpc.StatusCode.INVALID_ARGUMENT} and node.containers_in(sandbox) == []
