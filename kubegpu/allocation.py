@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -289,7 +289,7 @@ def parse_key(data: bytes) -> SigningKey | VerifyingKey:
             else:
                 label = text.split(b"\n", 1)[0].decode("ascii", "replace")[:60]
                 raise KeyFileError(f"unsupported PEM block {label!r} (want PRIVATE KEY or PUBLIC KEY)")
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             if isinstance(exc, KeyFileError):
                 raise
             raise KeyFileError(f"not a readable PEM key: {exc}") from None

@@ -563,3 +563,25 @@ def test_the_nesting_limit_is_exact() -> None:
     document["extra"] = json.loads("[" * 32 + "]" * 32)  # 33 deep
     with pytest.raises(AllocationError, match="more than 32 deep"):
         verify(resign(document), KEYS)
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_a_key_of_an_unknown_algorithm_is_skipped_alone(tmp_path: Path, private: bool) -> None:
+    """cryptography raises UnsupportedAlgorithm (not a ValueError) for it: one such file must not
+    make the whole directory unreadable, nor the CLI fail with a traceback."""
+    import sys
+
+    from tests.fixtures.keys import unknown_algorithm_pem
+
+    with pytest.raises(KeyFileError, match="1.2.3.4"):
+        parse_key(unknown_algorithm_pem(private))
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    (tmp_path / "k2").write_bytes(unknown_algorithm_pem(private))
+    loaded = load_keys(tmp_path)
+    assert set(loaded.public) == {"k1"} and len(loaded.problems) == 1 and "k2" in loaded.problems[0]
+    assert set(KeyRing(tmp_path).keys()) == {"k1"}
+    command = [sys.executable, "-m", "kubegpu", "keys"]
+    public = subprocess.run([*command, "public", str(tmp_path / "k2")], capture_output=True)
+    assert public.returncode == 2 and len(public.stderr.decode().strip().splitlines()) == 1
+    check = subprocess.run([*command, "check", str(tmp_path)], capture_output=True)
+    assert check.returncode == 1 and json.loads(check.stdout)["verifying"] == ["k1"]

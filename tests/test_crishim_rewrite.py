@@ -535,3 +535,17 @@ def test_an_annotation_nested_to_the_parsers_limit_is_invalid_argument(node: Nod
         except grpc.RpcError as error:
             codes.add(error.code())
     assert codes == {grpc.StatusCode.INVALID_ARGUMENT} and node.containers_in(sandbox) == []
+
+
+def test_a_key_file_of_an_unknown_algorithm_revokes_no_other_key(node: Node, tmp_path: Path) -> None:
+    """An operator drops a key the library cannot read into the node's key directory: the
+    allocations signed with the other keys still verify."""
+    from tests.fixtures.keys import unknown_algorithm_pem
+
+    (tmp_path / "keys" / "k9").write_bytes(unknown_algorithm_pem(private=False))
+    time.sleep(5.5)  # the shim looks at the directory every 5 s
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("exotic-key", node.signed(uid, {"app": [gpu(2)]}), uid)
+    app = node.create(sandbox, config, "app")
+    _, devices = visible(node.start_and_read(app, "exotic-key", "app"))
+    assert devices == ["gpu2"]
