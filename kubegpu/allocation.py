@@ -350,7 +350,11 @@ def load_keys(directory: Path, allow_private: bool = False) -> Keys:
     problems: list[str] = []
     if not directory.is_dir():
         return Keys(public, private, (f"{directory} is not a directory",))
-    for path in sorted(directory.iterdir()):
+    try:
+        listing = sorted(directory.iterdir())
+    except OSError as error:  # removed or replaced since the check above
+        return Keys(public, private, (f"{directory}: {error.strerror}",))
+    for path in listing:
         if path.name.startswith("."):
             continue  # Secret volumes hold ..data symlinks and timestamped dirs
         if not KEY_ID.fullmatch(path.name):

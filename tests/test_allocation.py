@@ -585,3 +585,25 @@ def test_a_key_of_an_unknown_algorithm_is_skipped_alone(tmp_path: Path, private:
     assert public.returncode == 2 and len(public.stderr.decode().strip().splitlines()) == 1
     check = subprocess.run([*command, "check", str(tmp_path)], capture_output=True)
     assert check.returncode == 1 and json.loads(check.stdout)["verifying"] == ["k1"]
+
+
+def test_a_key_directory_that_goes_away_while_being_read_is_no_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory is removed (or swapped for a symlink) between the check that it is one and
+    the listing: the ring has no keys until it is back, and says why; nothing raises."""
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert set(ring.keys()) == {"k1"}
+
+    def vanished(self: Path):  # type: ignore[no-untyped-def]
+        raise FileNotFoundError(2, "No such file or directory", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", vanished)
+    loaded = load_keys(tmp_path)
+    assert loaded.public == {} and "No such file or directory" in loaded.problems[0]
+    (tmp_path / "k2").write_bytes(public_key_pem(SIGNING["k2"]))  # a change: the ring re-reads
+    assert ring.keys() == {}
+    monkeypatch.undo()
+    (tmp_path / "k2").unlink()
+    assert set(ring.keys()) == {"k1"}
