@@ -129,7 +129,8 @@ def reached_devices(path: str, fs: HostFS | None = None) -> tuple[bool, list[Rea
 
     As containerd does it: the path is followed through symlinks; a device node is itself; a
     directory gives every device node below it (entries are not followed through symlinks).
-    Raises OSError when the path cannot be resolved, Ambiguous when a directory is too large.
+    Raises OSError when the path cannot be resolved, Ambiguous when a directory is too large or
+    changes while it is walked.
     """
     fs = fs or HostFS()
     top = fs.stat(path)
@@ -141,7 +142,11 @@ def reached_devices(path: str, fs: HostFS | None = None) -> tuple[bool, list[Rea
     seen = 0
     while pending:
         directory, depth = pending.pop()
-        for entry in fs.scandir(directory):
+        try:
+            entries = fs.scandir(directory)
+        except OSError as error:  # listed a moment ago: the directory is changing under us
+            raise Ambiguous(f"directory {path} changed while it was checked: {error.strerror}") from None
+        for entry in entries:
             seen += 1
             if seen > MAX_WALK_ENTRIES or depth > MAX_WALK_DEPTH:
                 raise Ambiguous(f"directory {path} is too large to check")

@@ -290,3 +290,25 @@ def test_cdi_vendor_is_the_part_before_the_first_slash(name: str, scrubbed_away:
 def test_malformed_cdi_names_are_refused(name: str) -> None:
     with pytest.raises(Ambiguous, match="is not vendor/class=device"):
         scrubbed(ManagedDevices(), cdi=[(name, "")])
+
+
+def test_a_directory_changing_while_it_is_walked_is_refused_not_kept(tmp_path: Path) -> None:
+    """A subdirectory vanishes between listing and walking it (udev at work): the walk already
+    found a managed node, so "not found" must not turn into "keep"."""
+    from crishim.hostpaths import HostFS
+
+    holder = tmp_path / "holder"
+    (holder / "gone").mkdir(parents=True)
+    os.symlink("/dev/null", holder / "link")  # a link is no device to containerd's walk
+    managed = ManagedDevices(numbers=frozenset({NULL}))
+
+    class Vanishing(HostFS):
+        def scandir(self, path: str):  # type: ignore[no-untyped-def]
+            if path.endswith("/gone"):
+                raise FileNotFoundError(2, "No such file or directory", path)
+            entries = list(super().scandir(path))
+            null = [e for e in os.scandir("/dev") if e.name == "null"]
+            return entries + null if path == str(holder) else entries
+
+    with pytest.raises(Ambiguous):
+        device_entry_verdict(str(holder), managed, Vanishing())
