@@ -607,3 +607,24 @@ def test_a_key_directory_that_goes_away_while_being_read_is_no_keys(
     monkeypatch.undo()
     (tmp_path / "k2").unlink()
     assert set(ring.keys()) == {"k1"}
+
+
+def test_keys_public_reads_no_more_than_a_key_file_can_hold() -> None:
+    """``kubegpu keys public /dev/zero`` (or any endless file) is one stderr line and exit 2, not
+    a process reading until memory runs out (here capped at 1 GiB, so that it cannot hurt)."""
+    import resource
+    import sys
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kubegpu", "keys", "public", "/dev/zero"],
+        capture_output=True,
+        preexec_fn=cap,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr.decode()[-500:]
+    assert done.stderr.decode().strip().splitlines() == [
+        "kubegpu keys public: /dev/zero: larger than 16384 bytes"
+    ]
