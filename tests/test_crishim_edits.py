@@ -205,3 +205,25 @@ def test_the_mark_is_compact_and_sorted() -> None:
     assert mark_value("u", "c", {"GPU-b": 5, "GPU-a": 1000}) == (
         '{"container":"c","devices":{"GPU-a":1000,"GPU-b":5},"pod":"u"}'
     )
+
+
+def test_a_refusal_message_is_cut_to_what_grpc_clients_accept() -> None:
+    """Trailers carry the message percent-encoded; C-core clients drop a status whose metadata
+    passes 8 KiB (RESOURCE_EXHAUSTED instead of the refusal), so a refusal is cut at 2000 UTF-8
+    bytes, at a character boundary, and says so. A conflict naming hundreds of share holders of
+    one GPU is such a message."""
+    from crishim.intercept import MAX_MESSAGE_BYTES
+
+    ledger = Ledger()
+    for i in range(300):
+        assert not ledger.try_reserve([Holding(f"c{i}", "sb", f"pod-é-{i:04d}", "app", "GPU-x", 3)])
+    conflicts = ledger.try_reserve([Holding("", "sb", "late", "app", "GPU-x", 200)])
+    reason = "; ".join(c.describe() for c in conflicts)
+    assert len(reason.encode()) > 3 * MAX_MESSAGE_BYTES
+    rejected = Rejected(grpc.StatusCode.FAILED_PRECONDITION, "pod x: " + reason)
+    encoded = rejected.message.encode()
+    assert len(encoded) <= MAX_MESSAGE_BYTES and rejected.message.startswith("pod x: device GPU-x")
+    assert rejected.message.endswith(f"({len(('pod x: ' + reason).encode())} bytes, cut)")
+    assert str(rejected) == rejected.message
+    assert Rejected(grpc.StatusCode.INTERNAL, "é" * 999).message == "é" * 999  # 1998 bytes: whole
+    assert len(Rejected(grpc.StatusCode.INTERNAL, "é" * 1001).message.encode()) <= MAX_MESSAGE_BYTES

@@ -549,3 +549,17 @@ def test_a_key_file_of_an_unknown_algorithm_revokes_no_other_key(node: Node, tmp
     app = node.create(sandbox, config, "app")
     _, devices = visible(node.start_and_read(app, "exotic-key", "app"))
     assert devices == ["gpu2"]
+
+
+@pytest.mark.parametrize("length", [5000, 200_000])
+def test_a_refusal_naming_a_very_long_path_still_arrives_as_such(node: Node, length: int) -> None:
+    """A device host path longer than PATH_MAX cannot be resolved: refused, and the refusal must
+    reach the caller as INVALID_ARGUMENT with its reason, not be lost to the caller's limit on
+    status metadata (gRPC clients accept about 8 KiB of it) because it quotes the whole path."""
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("long-path", None, uid)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.create(sandbox, config, "app", devices=[("/dev/" + "n" * length, "/dev/x")])
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()[:300]
+    assert "cannot be resolved" in caught.value.details() and len(caught.value.details()) < 1000
+    assert node.containers_in(sandbox) == []
