@@ -628,3 +628,27 @@ def test_keys_public_reads_no_more_than_a_key_file_can_hold() -> None:
     assert done.stderr.decode().strip().splitlines() == [
         "kubegpu keys public: /dev/zero: larger than 16384 bytes"
     ]
+
+
+def test_a_key_directory_replaced_by_a_symlink_is_followed(tmp_path: Path) -> None:
+    """The directory is swapped for a symlink to another one holding the same file names (other
+    keys), then the link is re-pointed, then a key file is chmod 000 (root still reads it)."""
+    first, second, ring_dir = tmp_path / "first", tmp_path / "second", tmp_path / "keys"
+    write_dir = {first: "k1", second: "k2"}
+    for directory, key_id in write_dir.items():
+        directory.mkdir()
+        (directory / "k1").write_bytes(public_key_pem(SIGNING[key_id]))
+    ring_dir.mkdir()
+    (ring_dir / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    ring = KeyRing(ring_dir, recheck_seconds=0)
+    assert ring.keys()["k1"] == KEYS["k1"]
+    (ring_dir / "k1").unlink()
+    ring_dir.rmdir()
+    ring_dir.symlink_to(second)
+    assert ring.keys()["k1"] == KEYS["k2"]
+    swap = tmp_path / "swap"
+    swap.symlink_to(first)
+    swap.rename(ring_dir)
+    assert ring.keys()["k1"] == KEYS["k1"]
+    os.chmod(first / "k1", 0)
+    assert set(ring.keys()) == ({"k1"} if os.geteuid() == 0 else set())

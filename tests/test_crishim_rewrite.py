@@ -563,3 +563,38 @@ def test_a_refusal_naming_a_very_long_path_still_arrives_as_such(node: Node, len
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()[:300]
     assert "cannot be resolved" in caught.value.details() and len(caught.value.details()) < 1000
     assert node.containers_in(sandbox) == []
+
+
+def test_shares_survive_a_shim_restart_in_every_state(node: Node) -> None:
+    """P/a 600 running, Q/c 300 created but not started, S/x 500 exited: after a SIGKILL of the
+    shim the rebuilt ledger still counts 900 of the GPU (the exited one nothing), so R's 200 is
+    refused and T's 100 fits; P/a restarting (attempt 1, the old one still there) is the same
+    container and fits too."""
+    device = gpu(1)
+    pods = {}
+    for name, container, milli in (("p", "a", 600), ("q", "c", 300), ("r", "d", 200), ("t", "e", 100)):
+        uid = str(uuid.uuid4())
+        annotation = node.signed(uid, {container: [device]}, shares={container: {device: Share(milli)}})
+        pods[name] = (*node.run_pod(f"restart-{name}", annotation, uid), container)
+    s_uid = str(uuid.uuid4())
+    s_annotation = node.signed(s_uid, {"x": [device]}, shares={"x": {device: Share(500)}})
+    s_sandbox, s_config = node.run_pod("restart-s", s_annotation, s_uid)
+    exited = node.create(s_sandbox, s_config, "x", script="echo END")
+    node.client.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=exited))
+    wait_for(
+        lambda: node.direct.runtime.ContainerStatus(
+            api_pb2.ContainerStatusRequest(container_id=exited)
+        ).status.state
+        == api_pb2.CONTAINER_EXITED,
+        timeout=20,
+    )
+    running = node.create(*pods["p"])
+    node.client.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=running))
+    node.create(*pods["q"])  # created, never started
+    node.restart_shim(kill=True)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.create(*pods["r"])
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+    assert node.create(*pods["t"])
+    p_sandbox, p_config, _ = pods["p"]
+    assert node.create(p_sandbox, p_config, "a", attempt=1)
