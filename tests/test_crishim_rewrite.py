@@ -598,3 +598,29 @@ def test_shares_survive_a_shim_restart_in_every_state(node: Node) -> None:
     assert node.create(*pods["t"])
     p_sandbox, p_config, _ = pods["p"]
     assert node.create(p_sandbox, p_config, "a", attempt=1)
+
+
+def test_a_create_past_its_deadline_and_its_retry_hold_the_share_once(node: Node) -> None:
+    """kubelet's create runs past its deadline (the shim and containerd may still finish it),
+    kubelet retries: however the first one ended, P's 600 is counted once and Q's 400 fits."""
+    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    device = gpu(0)
+    p_sandbox, p_config = node.run_pod(
+        "deadline-p", node.signed(p_uid, {"app": [device]}, shares={"app": {device: Share(600)}}), p_uid
+    )
+    q_sandbox, q_config = node.run_pod(
+        "deadline-q", node.signed(q_uid, {"app": [device]}, shares={"app": {device: Share(400)}}), q_uid
+    )
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=p_sandbox,
+        sandbox_config=p_config,
+        config=shell_container("app", BUSYBOX_IMAGE, "sleep 100000", log_path="app.log"),
+    )
+    with pytest.raises(grpc.RpcError) as late:
+        node.client.runtime.CreateContainer(request, timeout=0.001)
+    assert late.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    try:
+        node.create(p_sandbox, p_config, "app")  # kubelet's retry
+    except grpc.RpcError as error:  # containerd is still making (or has made) the first one
+        assert error.code() is grpc.StatusCode.UNKNOWN and "is reserved for" in error.details()
+    assert node.create(q_sandbox, q_config, "app")
