@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -72,8 +73,10 @@ def gpu_pod(
     }
 
 
-@pytest.fixture
-def scheduler_factory(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Scheduler]]:
+@contextlib.contextmanager
+def scheduler_starter(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Scheduler]]:
+    """Yields ``start(name, policy, **config)``: a leading scheduler on its own thread, signing with
+    the test key; stops every scheduler it started on exit."""
     started: list[tuple[Scheduler, threading.Thread]] = []
 
     def start(name: str, policy: str = SchedulerConfig().policy, **overrides: Any) -> Scheduler:
@@ -87,10 +90,18 @@ def scheduler_factory(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Schedu
         started.append((scheduler, thread))
         return scheduler
 
-    yield start
-    for scheduler, thread in started:
-        scheduler.stop()
-        thread.join(timeout=10)
+    try:
+        yield start
+    finally:
+        for scheduler, thread in started:
+            scheduler.stop()
+            thread.join(timeout=10)
+
+
+@pytest.fixture
+def scheduler_factory(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Scheduler]]:
+    with scheduler_starter(admin_api) as start:
+        yield start
 
 
 @dataclass
