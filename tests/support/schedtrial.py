@@ -13,10 +13,11 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from crishim.rewrite import KeyRing
+from kubegpu.allocation import KeyRing
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
-from tests.test_scheduler_api import KEYS, Trial, advertise, gpu_pod
+from tests.fixtures.keys import SIGNING
+from tests.test_scheduler_api import Trial, advertise, gpu_pod
 
 ZONE, HOST = "topology.kubernetes.io/zone", "kubernetes.io/hostname"
 
@@ -28,7 +29,7 @@ def scheduler_starter(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Schedu
 
     def start(name: str, policy: str = SchedulerConfig().policy, **overrides: Any) -> Scheduler:
         config = SchedulerConfig(scheduler_name=name, policy=policy, **overrides)
-        scheduler = Scheduler(config, admin_api, KeyRing(None, KEYS), seed=7)
+        scheduler = Scheduler(config, admin_api, KeyRing(None, SIGNING), seed=7)
         scheduler.start_watching()
         assert scheduler.wait_synced(30)
         scheduler.leading.set()
