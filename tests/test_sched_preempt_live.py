@@ -284,3 +284,53 @@ def test_a_replica_that_lost_the_lease_evicts_nothing() -> None:
     scheduler.elector = Lost()  # the lease went between the decision and the eviction
     jobs.run_all()
     assert core.evictions == []
+
+
+def test_the_nomination_survives_an_update_that_comes_before_its_patch() -> None:
+    """The preemptor's FailedScheduling condition (or any update, or a list) may reach the watch
+    before the nominatedNodeName patch: the room it freed must still go to it, not to a
+    lower-priority pod tried meanwhile (kube-scheduler keeps its nomination in that case)."""
+    for relist in (False, True):
+        scheduler, jobs, core, clock, world, feed = setup([node_json("n1", gpus=4)])
+        add(world, feed, pod_json("low", 4, priority=1))
+        settle(scheduler, jobs, feed)
+        add(world, feed, pod_json("high", 4, priority=10))
+        while scheduler.schedule_next(0):
+            pass
+        assert scheduler.nominated == {"uid-high": "n1"}
+        evict = [i for i, (fn, _) in enumerate(jobs.pending) if fn.__name__ == "_evict"]
+        jobs.run(evict[0])  # the victim is evicted; the nomination patch has not run yet
+        high = copy.deepcopy(by_name(world, "high"))
+        high["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
+        world.put_pod(high)
+        if relist:
+            feed.relist("pods")
+        else:
+            feed.sync()
+        assert scheduler.nominated == {"uid-high": "n1"}
+        world.delete_pod("uid-low")
+        add(world, feed, pod_json("mid", 4, priority=5))
+        mid = scheduler.queue.pop()
+        assert mid == "uid-mid"  # the preemptor backs off
+        scheduler._decide(mid, scheduler.cache.pods[mid], scheduler._view())
+        assert all(fn.__name__ != "_bind" for fn, _ in jobs.pending)
+        jobs.run_all()
+        clock.advance(60)
+        settle(scheduler, jobs, feed)
+        assert by_name(world, "high")["spec"]["nodeName"] == "n1"
+        assert not by_name(world, "mid")["spec"].get("nodeName")
+        # a nomination cleared in the API is cleared here too
+        assert "uid-high" not in scheduler.nominated
+
+
+def test_a_nomination_cleared_in_the_api_is_dropped() -> None:
+    scheduler, jobs, core, clock, world, feed = setup([node_json("n1", gpus=4)])
+    pod = pod_json("waiting", 8, priority=3)
+    pod["status"]["nominatedNodeName"] = "n1"
+    add(world, feed, pod)
+    assert scheduler.nominated == {"uid-waiting": "n1"}
+    pod = copy.deepcopy(by_name(world, "waiting"))
+    pod["status"]["nominatedNodeName"] = None
+    world.put_pod(pod)
+    feed.sync()
+    assert scheduler.nominated == {}
