@@ -54,6 +54,9 @@ class _Response:
         pass
 
 
+HOSTNAME = "kubernetes.io/hostname"
+
+
 def setup(nodes: list[dict[str, Any]]) -> tuple[Any, Jobs, EvictingCore, Clock, World, Feed]:
     world = World()
     for node in nodes:
@@ -334,3 +337,39 @@ def test_a_nomination_cleared_in_the_api_is_dropped() -> None:
     world.put_pod(pod)
     feed.sync()
     assert scheduler.nominated == {}
+
+
+def test_labels_set_while_the_pods_binding_is_in_flight_reach_the_rules() -> None:
+    """A pod relabelled between the decision and its Binding's watch event (seen as our own
+    Binding, booked as assumed): the view must carry the new labels, not those of the decision."""
+    for when in ("assumed", "bound"):
+        scheduler, jobs, core, clock, world, feed = setup(
+            [node_json(n, gpus=4, labels={HOSTNAME: n}) for n in ("n1", "n2")]
+        )
+        add(world, feed, pod_json("first", 1))
+        while scheduler.schedule_next(0):
+            pass
+        node = scheduler.assumed["uid-first"].node
+        if when == "bound":
+            jobs.run_all()
+        first = copy.deepcopy(by_name(world, "first"))
+        first["metadata"]["labels"] = {"app": "web"}
+        world.put_pod(first)
+        if when == "assumed":
+            feed.sync()
+            jobs.run_all()
+        feed.sync()
+        assert by_name(world, "first")["spec"]["nodeName"] == node
+        assert scheduler.cluster is not None and scheduler.cluster.placement is not None
+        assert scheduler.cluster.placement.index.facts["uid-first"].labels == {"app": "web"}
+        anti = pod_json("second", 1)
+        anti["spec"]["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": HOSTNAME}
+                ]
+            }
+        }
+        add(world, feed, anti)
+        settle(scheduler, jobs, feed)
+        assert by_name(world, "second")["spec"]["nodeName"] not in (None, node), when
