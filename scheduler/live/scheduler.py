@@ -481,9 +481,28 @@ class Scheduler:
             if pod is None or not is_pending_for(pod, self.config.scheduler_name):
                 self.queue.remove(uid)
                 return True
-            self._decide(uid, pod, self._view())
+            try:
+                self._decide(uid, pod, self._view())
+            except Exception as error:  # a bug or an input nobody foresaw: costs only this pod
+                self._decide_failed(uid, pod, error)
             self._set_queue_metrics()
             return True
+
+    def _decide_failed(self, uid: str, pod: dict[str, Any], error: Exception) -> None:
+        """Deciding the pod raised: log it, tell the pod, park it until the cluster changes
+        (with its backoff), and keep scheduling the others."""
+        self.metrics.attempts.labels("error").inc()
+        log_event(
+            log,
+            "pod.decide_failed",
+            logging.ERROR,
+            pod=pod_key(pod),
+            error=f"{type(error).__name__}: {str(error)[:300]}",
+        )
+        if uid not in self.cache.assumed:
+            self.queue.park(uid)
+        reason = f"{type(error).__name__}: {str(error)[:200]}"
+        self._emit_failed(pod, f"kubegpu could not decide this pod: {reason}")
 
     def _set_queue_metrics(self) -> None:
         for name, count in self.queue.counts.items():
