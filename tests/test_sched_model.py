@@ -388,12 +388,13 @@ class Model:
     def check_placement(cache: Any) -> None:
         """The placement view (kept up to date event by event) says of every pod what the pod
         as last seen says: its labels, namespace, whether it is terminating; and every bound pod
-        on a node of the view is in it."""
+        or being bound to a node of the view is in it, and no other pod is."""
         view = cache.cluster.placement
         assert view is not None
         for uid, facts in view.index.facts.items():
             pod = cache.pods.get(uid)
             assert pod is not None, f"placement view holds a pod the cache does not know: {uid}"
+            assert uid in cache.assumed or is_bound(pod), f"placement view holds a pod not placed: {uid}"
             seen = pod_facts(pod)
             assert (facts.namespace, dict(facts.labels), facts.terminating) == (
                 seen.namespace,
@@ -403,6 +404,9 @@ class Model:
         for uid, pod in cache.pods.items():
             if is_bound(pod) and pod["spec"]["nodeName"] in view.row:
                 assert uid in view.index.facts, f"bound pod missing from the placement view: {uid}"
+        for uid, assumed in cache.assumed.items():
+            if assumed.alloc.node in view.row:
+                assert uid in view.index.facts, f"assumed pod missing from the placement view: {uid}"
 
     def check_view_covers_world(self) -> None:
         """Right after a decision, the leader's view holds every device a live pod holds."""

@@ -318,9 +318,10 @@ class Cache:
     def _refresh_facts(cluster: ClusterState, uid: str, facts: PodFacts) -> bool:
         """Give the placement view what rules now see of a booked pod; True if that changed."""
         view = cluster.placement
-        if view is None or uid not in cluster.where or view.index.facts.get(uid) == facts:
+        row = view.index.node_of.get(uid) if view is not None else None
+        if view is None or row is None or view.index.facts.get(uid) == facts:
             return False
-        view.index.add(facts, cluster.where[uid])
+        view.index.add(facts, row)
         return True
 
     def drop_pod(self, uid: str) -> bool:
@@ -378,8 +379,11 @@ class Cache:
         if assumed is None:
             return None
         cluster = self.cluster
-        if not self.dirty and cluster is not None and uid in cluster.where:
-            cluster.forget(uid)  # an assumed pod is never also bound: the booking is the assumption
+        if not self.dirty and cluster is not None:
+            if uid in cluster.where:
+                cluster.forget(uid)  # an assumed pod is never also bound: the booking is the assumption
+            elif cluster.placement is not None:
+                cluster.placement.remove(uid)  # on its way to a node that takes no pods now
         return assumed.alloc
 
     def due_reads(self, now: float) -> list[str]:
@@ -472,7 +476,13 @@ class Cache:
             if uid in self._bound:
                 self._book_fact(cluster, uid, pod, self._fact(uid, pod))
         for uid, assumed in self.assumed.items():
-            if assumed.alloc.node in cluster.index and uid not in cluster.where:
+            if assumed.alloc.node not in cluster.index:
+                # its node takes no pods now (cordoned, stale, ...): nothing to hold there, but
+                # the pod is on its way to it and counts for the rules of pods placed nearby
+                facts = self._pod_facts(uid)
+                if facts is not None and cluster.placement is not None:
+                    cluster.placement.place(facts, assumed.alloc.node)
+            elif uid not in cluster.where:
                 problems = cluster.book(self._gpu_only(assumed.alloc), self._pod_facts(uid))
                 if problems:
                     log_event(

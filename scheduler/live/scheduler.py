@@ -568,6 +568,8 @@ class Scheduler:
             i = cluster.index.get(node)
             if other == uid or pod is None or i is None or other in cluster.where:
                 continue
+            if other in self.cache.assumed:
+                continue  # being bound where it was placed (its node may take no pods now)
             wanted = self._request(other, pod)
             if not isinstance(wanted, PodRequest) or _priority(wanted) < priority:
                 continue
