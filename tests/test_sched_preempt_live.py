@@ -430,3 +430,24 @@ def test_a_nominated_pod_being_bound_elsewhere_reserves_nothing_on_its_nominated
     assert scheduler.assumed["uid-next"].node == full
     assert scheduler.cluster is not None and scheduler.cluster.placement is not None
     assert "uid-wanderer" in scheduler.cluster.placement.index.facts
+
+
+def test_a_waiting_pod_with_pod_rules_gone_while_the_watch_was_down_is_forgotten() -> None:
+    """A pod waiting on other pods' labels makes every placed pod retry the parked ones; once it
+    is gone (seen only by a relist) it must not keep doing so."""
+    scheduler, jobs, core, clock, world, feed = setup([node_json("n1", gpus=4, labels={HOSTNAME: "n1"})])
+    near = pod_json("near", 1)
+    near["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "nobody"}}, "topologyKey": HOSTNAME}
+            ]
+        }
+    }
+    add(world, feed, near)
+    settle(scheduler, jobs, feed)
+    assert scheduler._pod_rules_waiting == {"uid-near"}
+    world.delete_pod("uid-near")
+    feed.skip("pods")
+    feed.relist("pods")
+    assert scheduler._pod_rules_waiting == set()

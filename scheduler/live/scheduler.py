@@ -288,6 +288,7 @@ class Scheduler:
             for uid in self.queue.uids():
                 if uid not in pending and uid not in self.cache.assumed:
                     self.queue.remove(uid)
+            self._pod_rules_waiting &= pending
             for uid in pending:
                 self.queue.add(uid, *_queue_key(self.cache.pods[uid]))
             nominated, self.nominated = self.nominated, {}
