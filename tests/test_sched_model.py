@@ -372,6 +372,9 @@ class Model:
                 continue
             cache = replica.scheduler.cache
             assert not cache.check_consistency(), cache.check_consistency()
+            # deciding never raised (the loop survives it, logging pod.decide_failed) and never
+            # produced an allocation its own view refused
+            assert replica.scheduler.metrics.attempts.labels("error")._value.get() == 0
             cluster = cache.cluster
             if cluster is not None and not cache.dirty:
                 for i, node in enumerate(cluster.nodes):
