@@ -617,7 +617,7 @@ def test_an_error_deciding_one_pod_costs_only_that_pod(monkeypatch: pytest.Monke
     world.put_pod(pod_json("cursed", 1, priority=10))
     world.put_pod(pod_json("fine", 1))
     feed.sync()
-    drive(scheduler, jobs, feed, clock)
+    drive(scheduler, jobs, feed, clock, decide_errors=True)
     assert world.node_of("fine") == "n1" and world.node_of("cursed") is None
     assert any("could not decide" in m and "surprise" in m for m in core.failed_events("cursed"))
     assert scheduler.queue.where("uid-cursed") in ("parked", "backoff", "active")
