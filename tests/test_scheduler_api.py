@@ -286,8 +286,11 @@ def test_two_replicas_with_leader_election(admin_api: k8s.ApiClient, trial: Tria
         enabled=True,
         namespace=trial.namespace,
         lease_name=f"lease-{trial.run}",
-        lease_seconds=2.0,
-        renew_deadline_seconds=1.5,
+        # generous enough for the leader to keep the lease on a loaded machine (with 2 s / 1.5 s
+        # the second replica lost it at load 25 and stopped, as a replica that loses it does);
+        # the hand-over below releases the lease, so it is no slower for that
+        lease_seconds=6.0,
+        renew_deadline_seconds=4.5,
         retry_period_seconds=0.2,
     )
     replicas = []
