@@ -72,7 +72,10 @@ def _public(args: argparse.Namespace) -> int:
         else:
             data = Path(args.key).read_bytes()
         key = parse_key(data)
-    except (OSError, KeyFileError) as error:
+    except OSError as error:
+        print(f"kubegpu keys public: {args.key}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    except KeyFileError as error:
         print(f"kubegpu keys public: {args.key}: {error}", file=sys.stderr)
         return 2
     if args.format == "base64":
