@@ -5,14 +5,15 @@ VPY     := $(VENV)/bin/python
 PROTO_SRC := proto/runtime/v1/api.proto
 PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
-.PHONY: deps install proto test bench lint testbin demo demo-crishim clean mutate-node
+.PHONY: deps install proto test bench lint testbin image demo demo-crishim clean mutate-node
 
-# System packages the tests need (containerd, runc, busybox for test images, systemd-analyze).
-# Skips apt entirely when everything is already there.
-APT_PACKAGES := containerd runc busybox-static systemd openssl
+# System packages the tests need (containerd, runc, busybox for test images, systemd-analyze,
+# mmdebstrap for the image). Skips apt entirely when everything is already there.
+APT_PACKAGES := containerd runc busybox-static systemd openssl mmdebstrap
 deps:
 	@if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] \
-	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null; then \
+	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null \
+	    && command -v mmdebstrap >/dev/null; then \
 	    echo "deps: system packages present"; \
 	else apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES); fi
 
@@ -31,11 +32,12 @@ proto: $(PROTO_OUT)
 $(PROTO_OUT) &: $(PROTO_SRC)
 	$(VPY) -m grpc_tools.protoc -Icrishim/cri=proto/runtime/v1 --python_out=. --grpc_python_out=. crishim/cri/api.proto
 
-# Go-built kube-apiserver, kube-scheduler, etcd and containerd 2.x, cached per version
+# Go-built kube-apiserver, kube-scheduler, etcd, containerd 2.x and helm, cached per version
 # (see docs/test-cluster.md and docs/test-containerd.md).
 testbin:
 	bash tests/cluster/build.sh
 	bash tests/containerd/build.sh
+	bash tests/helm/build.sh
 
 # Everything from a fresh machine: system packages, Python env, Go-built test binaries, tests.
 test: deps install testbin
@@ -46,6 +48,12 @@ bench: deps install testbin
 	$(VPY) bench/create_container_rewrite.py
 	$(VPY) bench/scheduler_throughput.py
 	$(VPY) bench/simulate_openb.py
+
+# The scheduler image without a registry (docs/install.md): an OCI tar under build/image/,
+# imported into the containerd at CONTAINERD_ADDRESS when that socket exists. Needs root.
+CONTAINERD_ADDRESS ?= /run/containerd/containerd.sock
+image: deps install
+	$(VPY) -m tools.image.build $(if $(wildcard $(CONTAINERD_ADDRESS)),--import $(CONTAINERD_ADDRESS))
 
 lint:
 	$(VENV)/bin/ruff check .

@@ -3,4 +3,6 @@
 pytest_plugins = [
     "tests.fixtures.containerd",
     "tests.fixtures.cluster",
+    "tests.fixtures.image",
+    "tests.fixtures.helm",
 ]

@@ -270,10 +270,19 @@ def test_metrics_and_health(shim: ShimProcess, proxied: CriClient) -> None:
         proxied.runtime.Version(api_pb2.VersionRequest())
     with pytest.raises(grpc.RpcError):
         proxied.runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id="nope"))
-    body = urllib.request.urlopen(shim.metrics_url + "/metrics", timeout=5).read().decode()
-    assert 'kubegpu_crishim_calls_total{code="OK",method="Version"} 3.0' in body
-    assert 'kubegpu_crishim_calls_total{code="NOT_FOUND",method="ContainerStatus"} 1.0' in body
-    assert 'kubegpu_crishim_call_duration_seconds_count{method="Version"} 3.0' in body
+    wanted = (
+        'kubegpu_crishim_calls_total{code="OK",method="Version"} 3.0',
+        'kubegpu_crishim_calls_total{code="NOT_FOUND",method="ContainerStatus"} 1.0',
+        'kubegpu_crishim_call_duration_seconds_count{method="Version"} 3.0',
+    )
+
+    def scrape() -> str:
+        return urllib.request.urlopen(shim.metrics_url + "/metrics", timeout=5).read().decode()
+
+    # A failed call is counted once its status has gone out, so the client may see the error
+    # first: wait for the counters to settle rather than read them once.
+    wait_for(lambda: all(line in scrape() for line in wanted), timeout=10)
+    body = scrape()
     assert "process_cpu_seconds_total" in body
     assert urllib.request.urlopen(shim.metrics_url + "/healthz", timeout=5).status == 200
     ready = urllib.request.urlopen(shim.metrics_url + "/readyz", timeout=5)

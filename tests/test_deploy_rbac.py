@@ -222,7 +222,9 @@ def test_the_manifests_are_accepted(deployed: list[Any], admin_api: k8s.ApiClien
             ("ClusterRole", "", NODE_AGENT),
             ("ClusterRoleBinding", "", NODE_AGENT),
             ("ConfigMap", NAMESPACE, "kubegpu-scheduler-config"),
+            ("Lease", NAMESPACE, "kubegpu-scheduler"),
             ("Deployment", NAMESPACE, SCHEDULER),
+            ("PodDisruptionBudget", NAMESPACE, SCHEDULER),
             ("Secret", NAMESPACE, "kubegpu-allocation-keys"),
             ("ConfigMap", NAMESPACE, "kubegpu-allocation-public-keys"),
         ]
@@ -230,7 +232,9 @@ def test_the_manifests_are_accepted(deployed: list[Any], admin_api: k8s.ApiClien
     deployment = k8s.AppsV1Api(admin_api).read_namespaced_deployment(SCHEDULER, NAMESPACE)
     assert deployment.spec.replicas == 2
     container = deployment.spec.template.spec.containers[0]
-    assert container.command == ["kubegpu", "scheduler", "--config", "/etc/kubegpu/scheduler.yaml"]
+    assert container.command == [
+        "kubegpu", "scheduler", "--config", "/etc/kubegpu/scheduler.yaml", "--identity", "$(POD_NAME)"
+    ]
     assert container.security_context.read_only_root_filesystem is True
     mounts = {m.mount_path: m for m in container.volume_mounts}
     assert mounts["/etc/kubegpu/keys"].read_only is True

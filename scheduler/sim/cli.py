@@ -139,6 +139,10 @@ def run(args: argparse.Namespace) -> int:
         except OSError as exc:
             print(f"kubegpu simulate: cannot write the plot: {exc}", file=sys.stderr)
             return 2
+        except ImportError as exc:
+            hint = "--plot needs matplotlib (pip install 'kubegpu[plot]')"
+            print(f"kubegpu simulate: {hint}: {exc}", file=sys.stderr)
+            return 2
     if args.json:
         print(json.dumps(experiment.to_json()))
     else:

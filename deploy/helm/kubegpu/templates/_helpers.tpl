@@ -1,0 +1,45 @@
+{{/* The namespace of every namespaced object (values: namespace.name). */}}
+{{- define "kubegpu.namespace" -}}
+{{- required "namespace.name is required" .Values.namespace.name -}}
+{{- end -}}
+
+{{/* Labels on every object: deploy/'s part-of label plus Helm's bookkeeping. */}}
+{{- define "kubegpu.labels" -}}
+app.kubernetes.io/part-of: kubegpu
+app.kubernetes.io/managed-by: {{ .Release.Service }}
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
+helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version }}
+{{- end -}}
+
+{{- define "kubegpu.schedulerLabels" -}}
+app.kubernetes.io/name: kubegpu-scheduler
+{{ include "kubegpu.labels" . }}
+{{- end -}}
+
+{{- define "kubegpu.nodeLabels" -}}
+app.kubernetes.io/name: kubegpu-node
+{{ include "kubegpu.labels" . }}
+{{- end -}}
+
+{{/* The Secret holding the signing keys: the user's, or the one this chart creates. */}}
+{{- define "kubegpu.keysSecret" -}}
+{{- .Values.signingKey.existingSecret | default "kubegpu-allocation-keys" -}}
+{{- end -}}
+
+{{- define "kubegpu.image" -}}
+{{- printf "%s:%s" .Values.image.repository (.Values.image.tag | default .Chart.AppVersion) -}}
+{{- end -}}
+
+{{- define "kubegpu.leaseName" -}}
+{{- required "scheduler.config.leaderElection.leaseName is required" .Values.scheduler.config.leaderElection.leaseName -}}
+{{- end -}}
+
+{{/* scheduler.yaml: the values' scheduler.config, with the keys the chart owns (the mounted
+     keys directory, the metrics address on metricsPort, the Lease's namespace) set over it. */}}
+{{- define "kubegpu.schedulerConfig" -}}
+{{- $config := deepCopy .Values.scheduler.config -}}
+{{- $leader := merge (dict "namespace" (include "kubegpu.namespace" .)) ($config.leaderElection | default dict) -}}
+{{- $owned := dict "keysDir" "/etc/kubegpu/keys" "metricsAddress" (printf "0.0.0.0:%v" .Values.scheduler.metricsPort) "leaderElection" $leader -}}
+{{- toYaml (merge $owned $config) -}}
+{{- end -}}

@@ -1,0 +1,1063 @@
+"""``kubegpu node install | uninstall | check``: set up a GPU node's agent as docs/deploy.md says.
+
+``install`` checks containerd's CRI socket, then writes the shim's systemd unit (and, with device
+plugins, a drop-in with their flags), the kubelet drop-in that points kubelet at the shim, and
+the signing key (mode 0600), all-or-nothing, and records what it wrote with each file's digest
+in ``/etc/kubegpu/node-install.json``. Running it again with the same options changes nothing.
+``uninstall`` removes exactly the recorded files that are still as install wrote them.
+``check`` reports, on one screen, whether kubelet really talks to the shim and the shim works.
+
+Every path is taken under ``--root`` (default ``/``), so tests install into a throwaway tree.
+The file formats and the record are documented in docs/install.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import fcntl
+import hashlib
+import json
+import os
+import re
+import shlex
+import socket
+import stat
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kubegpu import __version__
+
+UNIT_NAME = "kubegpu-crishim.service"
+SHIM_UNIT = Path("etc/systemd/system") / UNIT_NAME
+SHIM_DEVICES_DROPIN = Path("etc/systemd/system") / f"{UNIT_NAME}.d" / "30-devices.conf"
+KUBELET_DROPIN = Path("etc/systemd/system/kubelet.service.d/20-kubegpu-crishim.conf")
+# Where systemd looks for kubelet drop-ins (a name in an earlier directory masks the same name later).
+KUBELET_DROPIN_DIRS = tuple(
+    Path(d) / "kubelet.service.d"
+    for d in (
+        "etc/systemd/system",
+        "run/systemd/system",
+        "usr/local/lib/systemd/system",
+        "usr/lib/systemd/system",
+        "lib/systemd/system",
+    )
+)
+RECORD = Path("etc/kubegpu/node-install.json")
+DEFAULT_KEYS_DIR = "/etc/kubegpu/keys"
+DEFAULT_LISTEN = "unix:///run/kubegpu/crishim.sock"
+DEFAULT_RUNTIME = "unix:///run/containerd/containerd.sock"
+DEFAULT_METRICS = "127.0.0.1:9464"
+DEFAULT_KUBECONFIG = "/etc/kubegpu/node.kubeconfig"
+DEFAULT_BINARY = "/usr/local/bin/kubegpu"
+READY_TRIES = 4
+KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")  # as kubegpu/allocation.py
+# Unit-file values: no whitespace, quotes, '%' (systemd specifiers), '$' (variables) or '\'.
+SAFE_VALUE = re.compile(r"^[A-Za-z0-9_@:/.,+=\-\[\]]+$")
+
+
+class InstallError(Exception):
+    """Bad input or a state install must not touch; nothing was written. The message says why."""
+
+
+# --------------------------------------------------------------------------- what gets written
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    """What ``install`` was asked for (recorded, and read back by ``check`` and ``uninstall``)."""
+
+    runtime_endpoint: str = DEFAULT_RUNTIME
+    listen: str = DEFAULT_LISTEN
+    metrics_address: str = DEFAULT_METRICS
+    plugins: tuple[str, ...] = ()
+    keys_dir: str = DEFAULT_KEYS_DIR
+    kubeconfig: str = DEFAULT_KUBECONFIG
+    advertise: bool = False
+    node_name: str | None = None
+    sim_topology: str | None = None
+    sim_state_dir: str | None = None
+    binary: str = DEFAULT_BINARY
+    drain_timeout: int = 10
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["plugins"] = list(self.plugins)
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> NodeSettings:
+        known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
+        known["plugins"] = tuple(known.get("plugins", ()))
+        return cls(**known)
+
+
+def _continued(argv: Sequence[str]) -> str:
+    """A command line for ExecStart= as the shipped unit lays it out: one option per line."""
+    lines, i = [argv[0] + " " + argv[1]], 2
+    while i < len(argv):
+        if i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            lines.append(f"{argv[i]} {argv[i + 1]}")
+            i += 2
+        else:
+            lines.append(argv[i])
+            i += 1
+    return " \\\n    ".join(lines)
+
+
+def shim_argv(settings: NodeSettings, with_devices: bool) -> list[str]:
+    argv = [
+        settings.binary,
+        "crishim",
+        "--listen",
+        settings.listen,
+        "--runtime-endpoint",
+        settings.runtime_endpoint,
+        "--metrics-address",
+        settings.metrics_address,
+        "--drain-timeout",
+        str(settings.drain_timeout),
+    ]
+    if not with_devices:
+        return argv
+    for plugin in settings.plugins:
+        argv += ["--device-plugin", plugin]
+    if settings.sim_topology:
+        argv += ["--sim-topology", settings.sim_topology]
+    if settings.sim_state_dir:
+        argv += ["--sim-state-dir", settings.sim_state_dir]
+    argv += ["--allocation-keys-dir", settings.keys_dir]
+    if settings.advertise:
+        argv += [
+            "--kubeconfig",
+            settings.kubeconfig,
+            "--advertise",
+            "--advertise-interval",
+            "10",
+            "--heartbeat-interval",
+            "30",
+        ]
+    if settings.node_name:
+        argv += ["--node-name", settings.node_name]
+    return argv
+
+
+SHIM_UNIT_TEMPLATE = """\
+# kubegpu CRI shim: kubelet talks CRI to this socket, the shim forwards to containerd and
+# applies the scheduler's device allocation to CreateContainer. See docs/crishim.md.
+[Unit]
+Description=kubegpu CRI shim (device-aware proxy between kubelet and containerd)
+Documentation=file:///usr/share/doc/kubegpu/crishim.md
+After=containerd.service
+Requires=containerd.service
+Before=kubelet.service
+
+[Service]
+Type=notify
+NotifyAccess=main
+ExecStart={exec_start}
+Restart=always
+RestartSec=1
+# The drain window plus a margin; SIGKILL after that.
+TimeoutStopSec=20
+KillMode=mixed
+RuntimeDirectory=kubegpu
+RuntimeDirectoryMode=0755
+RuntimeDirectoryPreserve=yes
+# kubelet restarts pods through this socket: never let the OOM killer pick the shim first.
+OOMScoreAdjust=-500
+LimitNOFILE=65536
+
+[Install]
+WantedBy=multi-user.target
+"""
+
+DEVICES_DROPIN_TEMPLATE = """\
+# Written by `kubegpu node install` (docs/install.md): the shim with device allocation{advertiser}.
+[Service]
+ExecStart=
+ExecStart={exec_start}
+"""
+
+KUBELET_DROPIN_TEMPLATE = """\
+# Points kubelet's CRI client at the kubegpu shim instead of containerd.
+# Works with the kubeadm layout of kubelet.service (10-kubeadm.conf): the ExecStart below is
+# kubeadm's, with $KUBEGPU_KUBELET_ARGS appended; command-line flags win over the config file.
+[Unit]
+After=kubegpu-crishim.service
+Requires=kubegpu-crishim.service
+
+[Service]
+Environment="KUBEGPU_KUBELET_ARGS=--container-runtime-endpoint={listen} --image-service-endpoint={listen}"
+EnvironmentFile=-/var/lib/kubelet/kubeadm-flags.env
+EnvironmentFile=-/etc/default/kubelet
+ExecStart=
+ExecStart={kubelet}
+"""
+# kubeadm's kubelet command line, with kubegpu's flags last (the last occurrence of a flag wins).
+KUBELET_EXEC = (
+    "/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_CONFIG_ARGS $KUBELET_KUBEADM_ARGS "
+    "$KUBELET_EXTRA_ARGS $KUBEGPU_KUBELET_ARGS"
+)
+
+
+def shim_unit_text(settings: NodeSettings) -> str:
+    """The shim's unit: systemd/kubegpu-crishim.service, with this node's sockets."""
+    return SHIM_UNIT_TEMPLATE.format(exec_start=_continued(shim_argv(settings, with_devices=False)))
+
+
+def devices_dropin_text(settings: NodeSettings) -> str | None:
+    """The drop-in that turns on device allocation (None without device plugins)."""
+    if not settings.plugins:
+        return None
+    advertiser = " and the advertiser" if settings.advertise else ""
+    return DEVICES_DROPIN_TEMPLATE.format(
+        advertiser=advertiser, exec_start=_continued(shim_argv(settings, with_devices=True))
+    )
+
+
+def kubelet_dropin_text(settings: NodeSettings) -> str:
+    """systemd/kubelet.service.d/20-kubegpu-crishim.conf, with this node's shim socket."""
+    return KUBELET_DROPIN_TEMPLATE.format(listen=settings.listen, kubelet=KUBELET_EXEC)
+
+
+# ---------------------------------------------------------------------------------- validation
+
+
+def socket_path(endpoint: str) -> str:
+    """The path of a ``unix://`` endpoint (a bare absolute path is taken as one)."""
+    path = endpoint.removeprefix("unix://")
+    if not path.startswith("/") or "://" in path:
+        raise InstallError(f"{endpoint!r}: want a unix socket, unix:///path or /path")
+    return path
+
+
+def check_value(what: str, value: str) -> str:
+    if not SAFE_VALUE.match(value):
+        raise InstallError(
+            f"{what} {value!r}: only letters, digits and _@:/.,+=-[] are allowed in a unit file"
+        )
+    return value
+
+
+def validate_key(key_id: str, data: bytes) -> bytes:
+    """The key file's bytes, or InstallError: a valid id and an Ed25519 *public* key in one of
+    the key file formats (docs/allocation.md). A node holds only public keys: the shim refuses
+    a private key there, so install refuses it first."""
+    from kubegpu.allocation import MAX_KEY_FILE_BYTES, KeyFileError, SigningKey, parse_key
+
+    if not KEY_ID.match(key_id):
+        raise InstallError(f"key id {key_id!r}: want letters, digits, '_', '.', '-' (at most 63)")
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise InstallError(
+            f"key {key_id}: {len(data)} bytes is not a key file (at most {MAX_KEY_FILE_BYTES})"
+        )
+    try:
+        key = parse_key(data)
+    except KeyFileError as exc:
+        raise InstallError(f"key {key_id}: {exc}") from None
+    if isinstance(key, SigningKey):
+        raise InstallError(
+            f"key {key_id} is a private key; a node holds only the public key (kubegpu keys public)"
+        )
+    return data
+
+
+def read_key(source: str, stdin: Callable[[], bytes]) -> bytes:
+    if source == "-":
+        return stdin()
+    try:
+        return Path(source).read_bytes()
+    except OSError as exc:
+        raise InstallError(f"cannot read the key file {source}: {exc.strerror or exc}") from None
+
+
+def cri_version(endpoint: str, timeout: float = 5.0) -> tuple[str, str, str]:
+    """(runtime name, runtime version, CRI API version) from the CRI Version call at ``endpoint``."""
+    import grpc
+
+    from crishim.cri import api_pb2, api_pb2_grpc
+
+    with grpc.insecure_channel("unix:" + socket_path(endpoint)) as channel:
+        stub = api_pb2_grpc.RuntimeServiceStub(channel)
+        reply = stub.Version(api_pb2.VersionRequest(version="v1"), timeout=timeout)
+    return reply.runtime_name, reply.runtime_version, reply.runtime_api_version
+
+
+def check_runtime(endpoint: str, listen: str) -> str:
+    """The runtime at ``endpoint`` is a socket that answers CRI v1; a description of it."""
+    import grpc
+
+    path = socket_path(endpoint)
+    if os.path.realpath(path) == os.path.realpath(socket_path(listen)):
+        raise InstallError(f"the runtime endpoint {endpoint} is the shim's own socket")
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as exc:
+        raise InstallError(
+            f"no containerd socket at {path} ({exc.strerror}): is containerd running? "
+            "(--containerd-socket names another)"
+        ) from None
+    if not stat.S_ISSOCK(mode):
+        raise InstallError(f"{path} is not a socket")
+    try:
+        name, version, api = cri_version(endpoint)
+    except grpc.RpcError as exc:
+        raise InstallError(
+            f"{path} does not answer the CRI v1 Version call: {exc.code().name} {exc.details()} "
+            "(is containerd's CRI plugin enabled?)"
+        ) from None
+    if api != "v1":
+        raise InstallError(f"{path}: {name} {version} speaks CRI {api!r}; the shim needs v1")
+    return f"{name} {version} (CRI {api})"
+
+
+def kubelet_dropin_conflicts(root: Path, ours: str, recorded: set[str]) -> list[str]:
+    """Why the kubelet drop-ins under ``root`` would fight ours (empty: no conflict)."""
+    problems = []
+    ours_path = root / KUBELET_DROPIN
+    if (
+        ours_path.exists()
+        and str(KUBELET_DROPIN) not in recorded
+        and ours_path.read_text(errors="replace") != ours
+    ):
+        problems.append(
+            f"/{KUBELET_DROPIN} exists, was not written by `kubegpu node install` and differs "
+            "from what it writes; move it away (or run `kubegpu node uninstall` if it is ours)"
+        )
+    seen: set[str] = set()
+    for directory in KUBELET_DROPIN_DIRS:
+        base = root / directory
+        if not base.is_dir():
+            continue
+        for path in sorted(base.glob("*.conf")):
+            if path.name in seen or path.name == KUBELET_DROPIN.name:
+                seen.add(path.name)
+                continue
+            seen.add(path.name)
+            text = path.read_text(errors="replace")
+            settings = [
+                line.strip() for line in text.splitlines() if not line.lstrip().startswith(("#", ";"))
+            ]
+            where = f"/{directory}/{path.name}"
+            if any(
+                "container-runtime-endpoint" in line or "image-service-endpoint" in line for line in settings
+            ):
+                problems.append(
+                    f"{where} already sets kubelet's runtime endpoint; kubegpu's drop-in would "
+                    "fight it: remove that setting (or the file) first"
+                )
+            elif path.name > KUBELET_DROPIN.name and any(line.startswith("ExecStart=") for line in settings):
+                problems.append(
+                    f"{where} sorts after kubegpu's drop-in and sets ExecStart=, which would drop "
+                    "kubegpu's flags: rename it to sort before 20-kubegpu-crishim.conf or remove it"
+                )
+    return problems
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+# ------------------------------------------------------------------------------- the record
+
+
+@dataclass
+class Record:
+    """What install wrote: files (path under root -> sha256 of the bytes written), directories it
+    created, and the settings."""
+
+    settings: NodeSettings = field(default_factory=NodeSettings)
+    files: dict[str, str] = field(default_factory=dict)
+    dirs: list[str] = field(default_factory=list)
+    version: str = __version__
+
+    def to_bytes(self) -> bytes:
+        doc = {
+            "version": self.version,
+            "settings": self.settings.to_json(),
+            "files": dict(sorted(self.files.items())),
+            "dirs": sorted(set(self.dirs)),
+        }
+        return (json.dumps(doc, indent=2) + "\n").encode()
+
+
+def read_record(root: Path) -> Record | None:
+    path = root / RECORD
+    try:
+        doc = json.loads(path.read_text())
+        return Record(
+            NodeSettings.from_json(doc["settings"]),
+            dict(doc["files"]),
+            list(doc.get("dirs", [])),
+            str(doc.get("version", "")),
+        )
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise InstallError(f"/{RECORD} is unreadable ({exc}); move it away to start over") from None
+
+
+# ----------------------------------------------------------------------------- writing safely
+
+
+class Transaction:
+    """Files and directories written under ``root``, undone in reverse order on failure."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        self.undo: list[Callable[[], None]] = []
+        self.created_dirs: list[str] = []
+
+    def mkdir(self, rel: Path, mode: int) -> None:
+        missing = []
+        for parent in [rel, *rel.parents][:-1]:
+            if (self.root / parent).is_dir():
+                break
+            missing.append(parent)
+        for parent in reversed(missing):
+            path = self.root / parent
+            path.mkdir()
+            os.chmod(path, mode if parent == rel else 0o755)
+            self.undo.append(lambda path=path: path.rmdir())
+            self.created_dirs.append(str(parent))
+
+    def write(self, rel: Path, data: bytes, mode: int) -> bool:
+        """Write ``data`` atomically (temp file, fsync, rename); False when it was already so."""
+        path = self.root / rel
+        previous: bytes | None = path.read_bytes() if path.is_file() else None
+        if previous == data and stat.S_IMODE(path.stat().st_mode) == mode:
+            return False
+        previous_mode = stat.S_IMODE(path.stat().st_mode) if previous is not None else None
+        tmp = path.with_name(f".{path.name}.kubegpu-tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        try:
+            os.write(fd, data)
+            os.fchmod(fd, mode)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+
+        def restore() -> None:
+            if previous is None:
+                path.unlink(missing_ok=True)
+            else:
+                path.write_bytes(previous)
+                os.chmod(path, previous_mode or 0o644)
+
+        self.undo.append(restore)
+        return True
+
+    def remove(self, rel: Path) -> None:
+        path = self.root / rel
+        previous = path.read_bytes()
+        previous_mode = stat.S_IMODE(path.stat().st_mode)
+        path.unlink()
+
+        def restore() -> None:
+            path.write_bytes(previous)
+            os.chmod(path, previous_mode)
+
+        self.undo.append(restore)
+
+    def rollback(self) -> None:
+        for step in reversed(self.undo):
+            try:
+                step()
+            except OSError:
+                pass
+        self.undo.clear()
+
+
+# ------------------------------------------------------------------------------------ install
+
+
+@dataclass(frozen=True)
+class Wanted:
+    """One file install wants: path under root, bytes, mode, parent directory mode."""
+
+    rel: Path
+    data: bytes
+    mode: int
+    dir_mode: int = 0o755
+
+
+def planned_files(settings: NodeSettings, keys: dict[str, bytes]) -> list[Wanted]:
+    files = [
+        Wanted(SHIM_UNIT, shim_unit_text(settings).encode(), 0o644),
+        Wanted(KUBELET_DROPIN, kubelet_dropin_text(settings).encode(), 0o644),
+    ]
+    devices = devices_dropin_text(settings)
+    if devices is not None:
+        files.append(Wanted(SHIM_DEVICES_DROPIN, devices.encode(), 0o644))
+    keys_dir = Path(settings.keys_dir.lstrip("/"))
+    files += [Wanted(keys_dir / key_id, data, 0o600, 0o700) for key_id, data in sorted(keys.items())]
+    return files
+
+
+@dataclass
+class InstallResult:
+    written: list[str]
+    unchanged: list[str]
+    removed: list[str]
+    runtime: str
+
+
+@contextmanager
+def locked(root: Path) -> Iterator[None]:
+    """One install or uninstall at a time under ``root`` (a lock on the directory itself, so
+    nothing is written for it)."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError as exc:
+        raise InstallError(f"--root {root}: {exc.strerror}") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise InstallError(f"another `kubegpu node install/uninstall` is running on {root}") from None
+        yield
+    finally:
+        os.close(fd)
+
+
+def install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> InstallResult:
+    """Validate everything, then write every file or none; return what changed."""
+    with locked(root):
+        return _install(root, settings, keys)
+
+
+def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> InstallResult:
+    from devices.plugin import plugin_names
+
+    for plugin in settings.plugins:
+        if plugin not in plugin_names():
+            raise InstallError(f"unknown device plugin {plugin!r} (known: {', '.join(plugin_names())})")
+    if len(set(settings.plugins)) != len(settings.plugins):
+        raise InstallError(f"device plugin listed twice: {', '.join(settings.plugins)}")
+    if "sim" in settings.plugins and not settings.sim_topology:
+        raise InstallError("the sim plugin needs --sim-topology")
+    for what, value in (
+        ("--listen", settings.listen),
+        ("--containerd-socket", settings.runtime_endpoint),
+        ("--metrics-address", settings.metrics_address),
+        ("--keys-dir", settings.keys_dir),
+        ("--kubeconfig", settings.kubeconfig),
+        ("--kubegpu-binary", settings.binary),
+        ("--node-name", settings.node_name or "x"),
+        ("--sim-topology", settings.sim_topology or "x"),
+        ("--sim-state-dir", settings.sim_state_dir or "x"),
+    ):
+        check_value(what, value)
+    socket_path(settings.listen)
+    if not settings.keys_dir.startswith("/") or not settings.binary.startswith("/"):
+        raise InstallError("--keys-dir and --kubegpu-binary must be absolute paths")
+    runtime = check_runtime(settings.runtime_endpoint, settings.listen)
+
+    record = read_record(root) or Record()
+    recorded = set(record.files)
+    keys_dir = root / settings.keys_dir.lstrip("/")
+    present = {p.name for p in keys_dir.iterdir() if KEY_ID.match(p.name)} if keys_dir.is_dir() else set()
+    if settings.plugins and not keys and not present:
+        raise InstallError(f"device allocation needs a signing key: --key-file (none in {settings.keys_dir})")
+    if settings.advertise and not (root / settings.kubeconfig.lstrip("/")).is_file():
+        raise InstallError(
+            f"--advertise needs API access, and {settings.kubeconfig} does not exist: create it as "
+            "docs/deploy.md ('API access') says, or pass --no-advertise"
+        )
+    wanted = planned_files(settings, keys)
+    problems = kubelet_dropin_conflicts(root, kubelet_dropin_text(settings), recorded)
+    for item in wanted:
+        path = root / item.rel
+        if item.rel == KUBELET_DROPIN or not path.exists():
+            continue
+        if not path.is_file():
+            problems.append(f"/{item.rel} exists and is not a regular file")
+        elif path.read_bytes() != item.data and (
+            item.rel.parent == Path(settings.keys_dir.lstrip("/")) or str(item.rel) not in recorded
+        ):
+            what = "a different key" if item.rel.parent == keys_dir.relative_to(root) else "something else"
+            problems.append(
+                f"/{item.rel} already holds {what} that `kubegpu node install` did not write: "
+                "move it away first (key ids never change meaning: rotate to a new id)"
+            )
+    # files an earlier install wrote that this one does not want (the devices drop-in); keys stay
+    keep = {str(item.rel) for item in wanted} | {
+        rel for rel in record.files if Path(rel).parent == Path(record.settings.keys_dir.lstrip("/"))
+    }
+    stale = sorted(set(record.files) - keep)
+    for rel in stale:
+        path = root / rel
+        if path.is_file() and sha256(path.read_bytes()) != record.files[rel]:
+            problems.append(
+                f"/{rel} was written by install, is no longer wanted, but changed since: "
+                "remove it or restore it first"
+            )
+    if problems:
+        raise InstallError("; ".join(problems))
+
+    transaction = Transaction(root)
+    result = InstallResult([], [], [], runtime)
+    new_files = dict(record.files)
+    try:
+        for item in wanted:
+            transaction.mkdir(item.rel.parent, item.dir_mode)
+            changed = transaction.write(item.rel, item.data, item.mode)
+            (result.written if changed else result.unchanged).append("/" + str(item.rel))
+            new_files[str(item.rel)] = sha256(item.data)
+        for rel in stale:
+            if (root / rel).is_file():
+                transaction.remove(Path(rel))
+                result.removed.append("/" + rel)
+            new_files.pop(rel)
+        new_record = Record(settings, new_files, record.dirs + transaction.created_dirs)
+        transaction.mkdir(RECORD.parent, 0o755)
+        transaction.write(RECORD, new_record.to_bytes(), 0o644)
+    except OSError as exc:
+        transaction.rollback()
+        raise InstallError(f"writing under {root} failed ({exc}); nothing was changed") from None
+    return result
+
+
+SYSTEMCTL_INSTALL = (("daemon-reload",), ("enable", "--now", UNIT_NAME), ("restart", "kubelet.service"))
+SYSTEMCTL_UNINSTALL_BEFORE = (("disable", "--now", UNIT_NAME),)
+SYSTEMCTL_UNINSTALL_AFTER = (("daemon-reload",), ("restart", "kubelet.service"))
+
+
+def systemd_running(root: Path) -> bool:
+    return root == Path("/") and Path("/run/systemd/system").is_dir()
+
+
+def run_systemctl(steps: Iterable[Sequence[str]]) -> None:
+    for step in steps:
+        result = subprocess.run(["systemctl", *step], capture_output=True, text=True, timeout=120)
+        if result.returncode != 0:
+            raise InstallError(f"systemctl {' '.join(step)} failed: {result.stderr.strip()}")
+
+
+# ---------------------------------------------------------------------------------- uninstall
+
+
+@dataclass
+class UninstallResult:
+    removed: list[str]
+    kept: list[str]
+    missing: list[str]
+
+
+def uninstall(root: Path) -> UninstallResult | None:
+    """Remove what the record lists, where still as written; None when nothing was installed."""
+    with locked(root):
+        return _uninstall(root)
+
+
+def _uninstall(root: Path) -> UninstallResult | None:
+    record = read_record(root)
+    if record is None:
+        return None
+    result = UninstallResult([], [], [])
+    for rel, digest in sorted(record.files.items()):
+        path = root / rel
+        if not path.is_file():
+            result.missing.append("/" + rel)
+        elif sha256(path.read_bytes()) != digest:
+            result.kept.append("/" + rel)
+        else:
+            path.unlink()
+            result.removed.append("/" + rel)
+    (root / RECORD).unlink()
+    for rel in sorted(set(record.dirs), key=lambda d: d.count("/"), reverse=True):
+        try:
+            (root / rel).rmdir()
+        except OSError:
+            pass  # not empty (something else lives there) or already gone
+    return result
+
+
+# -------------------------------------------------------------------------------------- check
+
+
+@dataclass
+class Finding:
+    ok: bool | None  # None: not applicable
+    what: str
+    detail: str
+
+
+def kubelet_pids(proc: Path = Path("/proc")) -> list[int]:
+    pids = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv0 = (entry / "cmdline").read_bytes().split(b"\0", 1)[0]
+        except OSError:
+            continue
+        if os.path.basename(argv0) == b"kubelet":
+            pids.append(int(entry.name))
+    return sorted(pids)
+
+
+def flag_value(argv: Sequence[str], flag: str) -> str | None:
+    value = None
+    for i, arg in enumerate(argv):
+        if arg == flag and i + 1 < len(argv):
+            value = argv[i + 1]
+        elif arg.startswith(flag + "="):
+            value = arg.split("=", 1)[1]
+    return value  # the last one wins, as for kubelet's flags
+
+
+def kubelet_endpoint(argv: Sequence[str]) -> tuple[str, str]:
+    """(runtime endpoint, where it came from) of a kubelet command line."""
+    import yaml
+
+    value = flag_value(argv, "--container-runtime-endpoint")
+    if value:
+        return value, "--container-runtime-endpoint"
+    config = flag_value(argv, "--config")
+    if config:
+        try:
+            doc = yaml.safe_load(Path(config).read_text()) or {}
+        except (OSError, yaml.YAMLError) as exc:
+            return "", f"its --config {config} is unreadable ({exc})"
+        if isinstance(doc, dict) and doc.get("containerRuntimeEndpoint"):
+            return str(doc["containerRuntimeEndpoint"]), f"containerRuntimeEndpoint in {config}"
+    return DEFAULT_RUNTIME, "kubelet's default"
+
+
+def same_socket(a: str, b: str) -> bool:
+    try:
+        return os.path.realpath(socket_path(a)) == os.path.realpath(socket_path(b))
+    except InstallError:
+        return False
+
+
+def check_kubelet(settings: NodeSettings, pid: int | None) -> Finding:
+    pids = [pid] if pid is not None else kubelet_pids()
+    if not pids:
+        return Finding(False, "kubelet", "no kubelet process found")
+    if len(pids) > 1:
+        return Finding(
+            False, "kubelet", f"several kubelet processes ({', '.join(map(str, pids))}): pass --kubelet-pid"
+        )
+    try:
+        argv = [
+            a.decode(errors="replace")
+            for a in Path(f"/proc/{pids[0]}/cmdline").read_bytes().split(b"\0")
+            if a
+        ]
+    except OSError as exc:
+        return Finding(False, "kubelet", f"pid {pids[0]}: {exc.strerror}")
+    endpoint, source = kubelet_endpoint(argv)
+    if same_socket(endpoint, settings.listen):
+        return Finding(True, "kubelet", f"pid {pids[0]} talks to the shim ({endpoint}, {source})")
+    return Finding(
+        False,
+        "kubelet",
+        f"pid {pids[0]} talks to {endpoint or '?'} ({source}), not to the shim "
+        f"{settings.listen}: restart kubelet after install",
+    )
+
+
+def http_probe(address: str, path: str) -> tuple[bool, str]:
+    try:
+        with urllib.request.urlopen(f"http://{address}{path}", timeout=3) as reply:
+            return reply.status == 200, reply.read().decode(errors="replace").strip()
+    except urllib.error.HTTPError as exc:
+        return False, exc.read().decode(errors="replace").strip() or str(exc.code)
+    except (OSError, ValueError) as exc:
+        return False, str(getattr(exc, "reason", exc))
+
+
+def check_shim(settings: NodeSettings) -> list[Finding]:
+    """A CRI call through the shim (which also wakes its runtime connection), then its probes.
+
+    /readyz is asked up to READY_TRIES times: the shim connects to the runtime lazily, so the
+    first answer after an idle spell can be "runtime connecting"."""
+    import grpc
+
+    try:
+        name, version, api = cri_version(settings.listen)
+        cri = Finding(True, "CRI via shim", f"{name} {version} (CRI {api}) through {settings.listen}")
+    except grpc.RpcError as exc:
+        cri = Finding(False, "CRI via shim", f"{settings.listen}: {exc.code().name} {exc.details()}")
+    except InstallError as exc:
+        cri = Finding(False, "CRI via shim", str(exc))
+    health, health_detail = http_probe(settings.metrics_address, "/healthz")
+    for attempt in range(READY_TRIES):
+        ready, ready_detail = http_probe(settings.metrics_address, "/readyz")
+        if ready or not health or attempt == READY_TRIES - 1:
+            break
+        time.sleep(0.5)
+    detail = f"/healthz {health_detail}, /readyz {ready_detail} (http://{settings.metrics_address})"
+    return [Finding(health and ready, "shim health", detail), cri]
+
+
+def check_keys(root: Path, settings: NodeSettings) -> Finding:
+    directory = root / settings.keys_dir.lstrip("/")
+    if not settings.plugins:
+        return Finding(None, "signing keys", "not needed (no device plugins: a plain proxy)")
+    try:
+        names = sorted(p.name for p in directory.iterdir() if KEY_ID.match(p.name) and p.is_file())
+    except OSError as exc:
+        return Finding(False, "signing keys", f"{settings.keys_dir}: {exc.strerror}")
+    good, bad = [], []
+    for name in names:
+        path = directory / name
+        try:
+            validate_key(name, path.read_bytes())
+        except (InstallError, OSError) as exc:
+            bad.append(f"{name}: {exc}")
+            continue
+        mode = stat.S_IMODE(path.stat().st_mode)
+        (bad.append(f"{name}: mode {mode:04o}, readable by others") if mode & 0o077 else good.append(name))
+    if bad or not good:
+        return Finding(False, "signing keys", "; ".join(bad) or f"no key in {settings.keys_dir}")
+    return Finding(True, "signing keys", f"{', '.join(good)} in {settings.keys_dir}")
+
+
+def check_devices(root: Path, settings: NodeSettings) -> Finding:
+    if not settings.plugins:
+        return Finding(None, "devices", "no device plugins (a plain proxy)")
+    node = settings.node_name or socket.gethostname()
+    kubeconfig = root / settings.kubeconfig.lstrip("/")
+    if settings.advertise and kubeconfig.is_file():
+        return published_devices(str(kubeconfig), node)
+    from devices.plugin import PluginError, discover_all, load_plugins
+
+    try:
+        plugins = load_plugins(
+            settings.plugins,
+            {"node_name": node, "topology": settings.sim_topology, "state_dir": settings.sim_state_dir},
+        )
+        inventory = discover_all(plugins)
+    except PluginError as exc:
+        return Finding(False, "devices", f"discovery failed: {exc}")
+    return Finding(
+        bool(inventory.devices),
+        "devices",
+        f"{describe(d.kind.value for d in inventory.devices)} "
+        f"discovered here by {', '.join(settings.plugins)}",
+    )
+
+
+def describe(kinds: Iterable[str]) -> str:
+    counts: dict[str, int] = {}
+    for kind in kinds:
+        counts[kind] = counts.get(kind, 0) + 1
+    return ", ".join(f"{n} {kind}" for kind, n in sorted(counts.items())) or "no devices"
+
+
+def published_devices(kubeconfig: str, node: str) -> Finding:
+    from kubernetes import client
+    from kubernetes.config import new_client_from_config
+
+    from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
+
+    try:
+        api = new_client_from_config(config_file=kubeconfig)
+        with api:
+            annotations = client.CoreV1Api(api).read_node(node, _request_timeout=5).metadata.annotations or {}
+    except Exception as exc:  # noqa: BLE001 - any API failure is a finding, never a crash
+        return Finding(
+            False, "devices", f"cannot read Node {node} with {kubeconfig}: {str(exc).splitlines()[0]}"
+        )
+    try:
+        devices = json.loads(annotations[INVENTORY_ANNOTATION])["devices"]
+        kinds = [str(d.get("kind", "?")) for d in devices]
+    except (KeyError, ValueError, TypeError, AttributeError):
+        return Finding(
+            False, "devices", f"Node {node} has no readable {INVENTORY_ANNOTATION}: is the shim advertising?"
+        )
+    beat = annotations.get(HEARTBEAT_ANNOTATION, "never")
+    return Finding(bool(devices), "devices", f"{describe(kinds)} published on Node {node} (heartbeat {beat})")
+
+
+def check(root: Path, kubelet_pid: int | None) -> tuple[list[Finding], Record | None]:
+    record = read_record(root)
+    settings = record.settings if record else NodeSettings()
+    findings = [
+        Finding(
+            record is not None,
+            "installed",
+            f"kubegpu {record.version}, plugins: {', '.join(settings.plugins) or 'none'}"
+            if record
+            else f"no /{RECORD}: not installed by `kubegpu node install` (checking the defaults)",
+        )
+    ]
+    findings.append(check_kubelet(settings, kubelet_pid))
+    findings += check_shim(settings)
+    findings.append(check_keys(root, settings))
+    findings.append(check_devices(root, settings))
+    return findings, record
+
+
+def render_findings(findings: Sequence[Finding]) -> str:
+    marks = {True: "ok  ", False: "FAIL", None: " -- "}
+    width = max(len(f.what) for f in findings)
+    lines = [f"  [{marks[f.ok]}] {f.what.ljust(width)}  {f.detail}" for f in findings]
+    failed = sum(1 for f in findings if f.ok is False)
+    verdict = "kubelet talks to a working shim" if not failed else f"{failed} problem(s)"
+    return "\n".join(["kubegpu node check", *lines, verdict])
+
+
+# ---------------------------------------------------------------------------------------- CLI
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    node = sub.add_parser(
+        "node",
+        help="install, remove or check the node agent on this GPU node",
+        description="Set up this node's kubegpu agent (the CRI shim) as docs/install.md says.",
+    )
+    actions = node.add_subparsers(dest="node_command", required=True, metavar="ACTION")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--root", type=Path, default=Path("/"), help="work under this directory (default: /)")
+
+    inst = actions.add_parser(
+        "install", parents=[common], help="write the units, the kubelet drop-in, the key"
+    )
+    inst.add_argument(
+        "--containerd-socket",
+        default=DEFAULT_RUNTIME,
+        metavar="PATH",
+        help="containerd's CRI socket (default: %(default)s)",
+    )
+    inst.add_argument(
+        "--device-plugin",
+        action="append",
+        default=[],
+        metavar="NAME",
+        help="device plugin for the shim (repeatable): nvidia, rdma, sim",
+    )
+    inst.add_argument("--key-id", default="k1", help="the signing key's id (default: %(default)s)")
+    inst.add_argument("--key-file", metavar="PATH|-", help="the signing key's bytes, '-' for stdin")
+    inst.add_argument(
+        "--kubeconfig",
+        default=DEFAULT_KUBECONFIG,
+        help="the node agent's API access, for the advertiser (default: %(default)s)",
+    )
+    inst.add_argument("--no-advertise", action="store_true", help="do not publish devices on the Node")
+    inst.add_argument("--node-name", help="this node's name in Kubernetes (default: the hostname)")
+    inst.add_argument("--sim-topology", help="sim plugin: topology file or shipped name")
+    inst.add_argument("--sim-state-dir", help="sim plugin: where its stand-in device nodes live")
+    inst.add_argument("--listen", default=DEFAULT_LISTEN, help="the shim's socket (default: %(default)s)")
+    inst.add_argument(
+        "--metrics-address", default=DEFAULT_METRICS, help="the shim's metrics (default: %(default)s)"
+    )
+    inst.add_argument("--keys-dir", default=DEFAULT_KEYS_DIR, help="(default: %(default)s)")
+    inst.add_argument("--kubegpu-binary", default=DEFAULT_BINARY, help="(default: %(default)s)")
+    inst.add_argument(
+        "--enable-now",
+        action="store_true",
+        help="run the systemctl steps (daemon-reload, enable --now, restart kubelet)",
+    )
+    inst.set_defaults(run=_run_install)
+
+    uninst = actions.add_parser("uninstall", parents=[common], help="remove exactly what install wrote")
+    uninst.add_argument("--disable-now", action="store_true", help="stop the shim and restart kubelet too")
+    uninst.set_defaults(run=_run_uninstall)
+
+    chk = actions.add_parser("check", parents=[common], help="does kubelet talk to a working shim?")
+    chk.add_argument("--kubelet-pid", type=int, help="the kubelet to inspect (default: the one running)")
+    chk.set_defaults(run=_run_check)
+
+
+def _fail(message: str, code: int = 2) -> int:
+    print(f"kubegpu node: {message}", file=sys.stderr)
+    return code
+
+
+def _run_install(args: argparse.Namespace) -> int:
+    root = args.root.resolve()
+    if args.enable_now and not systemd_running(root):
+        return _fail("--enable-now needs systemd running this machine and --root / (nothing was written)")
+    try:
+        keys = {}
+        if args.key_file == "-" and sys.stdin.isatty():
+            raise InstallError(
+                "--key-file - reads the key from standard input, which is a terminal: pipe it in"
+            )
+        if args.key_file is not None:
+            keys[args.key_id] = validate_key(args.key_id, read_key(args.key_file, sys.stdin.buffer.read))
+        settings = NodeSettings(
+            runtime_endpoint="unix://" + socket_path(args.containerd_socket),
+            listen=args.listen,
+            metrics_address=args.metrics_address,
+            plugins=tuple(args.device_plugin),
+            keys_dir=args.keys_dir,
+            kubeconfig=args.kubeconfig,
+            advertise=bool(args.device_plugin) and not args.no_advertise,
+            node_name=args.node_name,
+            sim_topology=args.sim_topology,
+            sim_state_dir=args.sim_state_dir,
+            binary=args.kubegpu_binary,
+        )
+        result = install(root, settings, keys)
+    except InstallError as exc:
+        return _fail(str(exc))
+    print(f"kubegpu node install: containerd {result.runtime}")
+    for verb, paths in (
+        ("wrote", result.written),
+        ("unchanged", result.unchanged),
+        ("removed", result.removed),
+    ):
+        for path in paths:
+            print(f"  {verb:9} {path}")
+    return _systemctl(args.enable_now, SYSTEMCTL_INSTALL, "to start the shim and point kubelet at it")
+
+
+def _systemctl(now: bool, steps: Sequence[Sequence[str]], why: str) -> int:
+    if now:
+        try:
+            run_systemctl(steps)
+        except InstallError as exc:
+            return _fail(str(exc), 1)
+        print("  ran: " + "; ".join("systemctl " + shlex.join(step) for step in steps))
+        return 0
+    print(f"next, {why}:")
+    for step in steps:
+        print("  systemctl " + shlex.join(step))
+    return 0
+
+
+def _run_uninstall(args: argparse.Namespace) -> int:
+    root = args.root.resolve()
+    if args.disable_now and not systemd_running(root):
+        return _fail("--disable-now needs systemd running this machine and --root /")
+    try:
+        if args.disable_now and read_record(root) is not None:
+            run_systemctl(SYSTEMCTL_UNINSTALL_BEFORE)
+        result = uninstall(root)
+    except InstallError as exc:
+        return _fail(str(exc), 1)
+    if result is None:
+        print(f"kubegpu node uninstall: nothing to do (no /{RECORD})")
+        return 0
+    print("kubegpu node uninstall:")
+    for verb, paths in (("removed", result.removed), ("missing", result.missing)):
+        for path in paths:
+            print(f"  {verb:9} {path}")
+    for path in result.kept:
+        print(f"  kept      {path} (changed since install; remove it yourself)")
+    if args.disable_now:
+        return _systemctl(True, SYSTEMCTL_UNINSTALL_AFTER, "")
+    steps = (*SYSTEMCTL_UNINSTALL_BEFORE, *SYSTEMCTL_UNINSTALL_AFTER)
+    return _systemctl(False, steps, "to stop the shim and give kubelet containerd back")
+
+
+def _run_check(args: argparse.Namespace) -> int:
+    try:
+        findings, _ = check(args.root.resolve(), args.kubelet_pid)
+    except InstallError as exc:
+        return _fail(str(exc), 1)
+    print(render_findings(findings))
+    return 1 if any(f.ok is False for f in findings) else 0

@@ -1,0 +1,113 @@
+"""Pure checks of the image builder's formatting (tools/image/oci.py, tools/image/build.py):
+the bytes of a layer depend on the files' contents, modes and owners only."""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import time
+from pathlib import Path
+
+from tools.image import build as image_build
+from tools.image import oci
+
+
+def make_tree(root: Path, mtime: float) -> None:
+    (root / "usr/bin").mkdir(parents=True)
+    (root / "usr/lib").mkdir(parents=True)
+    (root / "b.txt").write_text("b")
+    (root / "a.txt").write_text("a")
+    (root / "usr/bin/tool").write_text("#!/bin/sh\n")
+    (root / "usr/bin/tool").chmod(0o755)
+    os.link(root / "usr/bin/tool", root / "usr/bin/tool2")
+    (root / "usr/lib/link").symlink_to("../bin/tool")
+    os.mkfifo(root / "fifo")
+    for path in [root, *root.rglob("*")]:
+        os.utime(path, (mtime, mtime), follow_symlinks=False)
+
+
+def layer_bytes(root: Path, tmp: Path, name: str) -> bytes:
+    store = oci.BlobStore(tmp / name)
+    layer = store.add_layer(root, mtime=1_700_000_000)
+    return layer.blob.path.read_bytes()
+
+
+def test_layer_bytes_ignore_mtimes_and_creation_order(tmp_path: Path) -> None:
+    make_tree(tmp_path / "one", time.time())
+    make_tree(tmp_path / "two", 1_000)
+    first = layer_bytes(tmp_path / "one", tmp_path, "s1")
+    assert first == layer_bytes(tmp_path / "two", tmp_path, "s2")
+    with tarfile.open(fileobj=io.BytesIO(first), mode="r:gz") as tar:
+        members = tar.getmembers()
+    names = [m.name for m in members]
+    assert names == [
+        "a.txt",
+        "b.txt",
+        "usr",
+        "usr/bin",
+        "usr/bin/tool",
+        "usr/bin/tool2",
+        "usr/lib",
+        "usr/lib/link",
+    ]
+    by_name = {m.name: m for m in members}
+    assert by_name["usr/bin/tool2"].islnk() and by_name["usr/bin/tool2"].linkname == "usr/bin/tool"
+    assert by_name["usr/lib/link"].issym() and by_name["usr/lib/link"].linkname == "../bin/tool"
+    assert by_name["usr/bin/tool"].mode == 0o755
+    assert {m.mtime for m in members} == {1_700_000_000}
+    assert {(m.uname, m.gname) for m in members} == {("", "")}
+
+
+def test_content_change_changes_digest(tmp_path: Path) -> None:
+    make_tree(tmp_path / "one", 1_000)
+    make_tree(tmp_path / "two", 1_000)
+    (tmp_path / "two/a.txt").write_text("A")
+    assert layer_bytes(tmp_path / "one", tmp_path, "s1") != layer_bytes(tmp_path / "two", tmp_path, "s2")
+
+
+def test_layout_tar_is_sorted_and_fixed(tmp_path: Path) -> None:
+    make_tree(tmp_path / "root", 1_000)
+    outs = []
+    for n in range(2):
+        layout = tmp_path / f"layout{n}"
+        store = oci.BlobStore(layout)
+        layer = store.add_layer(tmp_path / "root", 5)
+        image_config = oci.ImageConfig(entrypoint=["x"], user="1:1", env=["A=1"], labels={"k": "v"})
+        config_doc = oci.config_document(image_config, [layer], ["step"], 5)
+        config = store.add_json(config_doc, oci.MEDIA_CONFIG)
+        manifest = store.add_json(oci.manifest_document(config, [layer], {}), oci.MEDIA_MANIFEST)
+        out = tmp_path / f"image{n}.tar"
+        oci.write_layout_tar(layout, oci.index_document(manifest, "example.test/x:1"), out, 5)
+        outs.append(out.read_bytes())
+    assert outs[0] == outs[1]
+    with tarfile.open(fileobj=io.BytesIO(outs[0])) as tar:
+        names = tar.getnames()
+        blobs = [n for n in names if n.startswith("blobs/sha256/")]
+        assert names == ["blobs", "blobs/sha256", *sorted(blobs), "index.json", "oci-layout"]
+        members = oci.read_layout_tar(tmp_path / "image0.tar")
+    assert members["oci-layout"] == b'{"imageLayoutVersion":"1.0.0"}'
+
+
+def test_platform_tags_cover_debian_12_glibc() -> None:
+    tags = image_build.manylinux_platforms()
+    assert tags[0] == "manylinux_2_36_x86_64"
+    older = {"manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux_2_28_x86_64", "manylinux1_x86_64"}
+    assert older <= set(tags)
+    assert "manylinux_2_37_x86_64" not in tags
+
+
+def test_lock_pins_every_dependency_of_the_project() -> None:
+    """Every runtime dependency in pyproject.toml is pinned (by name) in the image's lock."""
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    with (image_build.REPO_ROOT / "pyproject.toml").open("rb") as handle:
+        wanted = {
+            Requirement(r).name.lower().replace("_", "-")
+            for r in tomllib.load(handle)["project"]["dependencies"]
+        }
+    pinned = {line.split("==")[0].replace("_", "-") for line in image_build.lock_hashes().values()}
+    assert wanted <= pinned
+    assert "matplotlib" not in pinned

@@ -1,0 +1,1 @@
+"""Build tooling that is not part of the installed product (the scheduler image builder)."""
