@@ -373,7 +373,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as done:  # a usage error (its one line is on stderr), --help or --version
+        return int(done.code or 0) if not isinstance(done.code, str) else cliargs.EXIT_USAGE
     logs.configure(args.log_level)
     return cliargs.run_command(args.command_prog, lambda: args.run(args), debug=args.log_level == "debug")
 

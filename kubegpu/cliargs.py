@@ -290,7 +290,7 @@ def readable_file(text: str) -> Path:
             with path.open("rb") as handle:
                 handle.read(0)
         except OSError as error:
-            raise ValueError(error.strerror or str(error)) from None
+            raise argparse.ArgumentTypeError(f"{value}: {error.strerror or error}") from None
         return path
 
     return _type("file", check)(text)
@@ -300,8 +300,8 @@ def directory(text: str) -> str:
     """An argparse type: an existing directory; returned unchanged."""
     path = Path(text)
     if not path.is_dir():
-        problem = "not a directory" if path.exists() else "no such directory"
-        raise argparse.ArgumentTypeError(f"{text!r}: {problem}")
+        problem = "Not a directory" if path.exists() else "No such directory"
+        raise argparse.ArgumentTypeError(f"{text}: {problem}")
     return text
 
 

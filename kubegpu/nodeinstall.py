@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kubegpu import __version__
+from kubegpu import __version__, cliargs
 
 UNIT_NAME = "kubegpu-crishim.service"
 SHIM_UNIT = Path("etc/systemd/system") / UNIT_NAME
@@ -928,6 +928,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     inst.add_argument(
         "--containerd-socket",
         default=DEFAULT_RUNTIME,
+        type=cliargs.unix_endpoint,
         metavar="PATH",
         help="containerd's CRI socket (default: %(default)s)",
     )
@@ -935,6 +936,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--device-plugin",
         action="append",
         default=[],
+        type=cliargs.one_of(_plugin_names, "device plugin"),
         metavar="NAME",
         help="device plugin for the shim (repeatable): nvidia, rdma, sim",
     )
@@ -946,12 +948,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the node agent's API access, for the advertiser (default: %(default)s)",
     )
     inst.add_argument("--no-advertise", action="store_true", help="do not publish devices on the Node")
-    inst.add_argument("--node-name", help="this node's name in Kubernetes (default: the hostname)")
+    inst.add_argument(
+        "--node-name", type=cliargs.node_name, help="this node's name in Kubernetes (default: the hostname)"
+    )
     inst.add_argument("--sim-topology", help="sim plugin: topology file or shipped name")
     inst.add_argument("--sim-state-dir", help="sim plugin: where its stand-in device nodes live")
-    inst.add_argument("--listen", default=DEFAULT_LISTEN, help="the shim's socket (default: %(default)s)")
     inst.add_argument(
-        "--metrics-address", default=DEFAULT_METRICS, help="the shim's metrics (default: %(default)s)"
+        "--listen",
+        default=DEFAULT_LISTEN,
+        type=cliargs.unix_endpoint,
+        help="the shim's socket (default: %(default)s)",
+    )
+    inst.add_argument(
+        "--metrics-address",
+        default=DEFAULT_METRICS,
+        type=cliargs.listen_address,
+        help="the shim's metrics (default: %(default)s)",
     )
     inst.add_argument("--keys-dir", default=DEFAULT_KEYS_DIR, help="(default: %(default)s)")
     inst.add_argument("--kubegpu-binary", default=DEFAULT_BINARY, help="(default: %(default)s)")
@@ -967,8 +979,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     uninst.set_defaults(run=_run_uninstall)
 
     chk = actions.add_parser("check", parents=[common], help="does kubelet talk to a working shim?")
-    chk.add_argument("--kubelet-pid", type=int, help="the kubelet to inspect (default: the one running)")
+    chk.add_argument(
+        "--kubelet-pid", type=cliargs.count(1), help="the kubelet to inspect (default: the one running)"
+    )
     chk.set_defaults(run=_run_check)
+
+
+def _plugin_names() -> list[str]:
+    from devices.plugin import plugin_names
+
+    return plugin_names()
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -1030,6 +1050,8 @@ def _systemctl(now: bool, steps: Sequence[Sequence[str]], why: str) -> int:
 
 
 def _run_uninstall(args: argparse.Namespace) -> int:
+    if _missing_root(args.root):
+        return _fail(_missing_root(args.root))
     root = args.root.resolve()
     if args.disable_now and not systemd_running(root):
         return _fail("--disable-now needs systemd running this machine and --root /")
@@ -1054,7 +1076,16 @@ def _run_uninstall(args: argparse.Namespace) -> int:
     return _systemctl(False, steps, "to stop the shim and give kubelet containerd back")
 
 
+def _missing_root(root: Path) -> str:
+    """Why ``--root`` cannot be worked under ('' if it can)."""
+    if root.is_dir():
+        return ""
+    return f"--root {root}: {'Not a directory' if root.exists() else 'No such directory'}"
+
+
 def _run_check(args: argparse.Namespace) -> int:
+    if _missing_root(args.root):
+        return _fail(_missing_root(args.root))
     try:
         findings, _ = check(args.root.resolve(), args.kubelet_pid)
     except InstallError as exc:

@@ -222,6 +222,65 @@ CASES: list[tuple[str, list[str], int, str]] = [
         2,
         "{missing}",
     ),
+    # ---- node install / uninstall / check
+    ("node-no-action", ["node"], 2, "ACTION"),
+    ("node-install-missing-root", ["node", "install", "--root", "{missing}"], 2, "{missing}"),
+    (
+        "node-install-tcp-endpoint",
+        ["node", "install", "--containerd-socket", "tcp://x:1"],
+        2,
+        "--containerd-socket",
+    ),
+    ("node-install-bad-address", ["node", "install", "--metrics-address", "all"], 2, "--metrics-address"),
+    ("node-install-relative-listen", ["node", "install", "--listen", "shim.sock"], 2, "--listen"),
+    ("node-install-unknown-plugin", ["node", "install", "--device-plugin", "tpu"], 2, "--device-plugin"),
+    ("node-install-bad-node-name", ["node", "install", "--node-name", "GPU_7"], 2, "--node-name"),
+    (
+        "node-install-no-containerd",
+        ["node", "install", "--root", "{dir}", "--containerd-socket", "{missing}"],
+        2,
+        "{missing}",
+    ),
+    (
+        "node-install-not-a-socket",
+        ["node", "install", "--root", "{dir}", "--containerd-socket", "{file}"],
+        2,
+        "{file}",
+    ),
+    (
+        "node-install-missing-key",
+        ["node", "install", "--root", "{dir}", "--key-file", "{missing}"],
+        2,
+        "{missing}",
+    ),
+    (
+        "node-install-unreadable-key",
+        ["node", "install", "--root", "{dir}", "--key-file", "{dir}"],
+        2,
+        "{dir}",
+    ),
+    (
+        "node-install-malformed-key",
+        ["node", "install", "--root", "{dir}", "--key-file", "{badjson}"],
+        2,
+        "neither PEM nor base64",
+    ),
+    (
+        "node-install-private-key",
+        ["node", "install", "--root", "{dir}", "--key-file", "{key}"],
+        2,
+        "private key",
+    ),
+    ("node-uninstall-missing-root", ["node", "uninstall", "--root", "{missing}"], 2, "{missing}"),
+    (
+        "node-uninstall-malformed-record",
+        ["node", "uninstall", "--root", "{bad-record}"],
+        1,
+        "node-install.json",
+    ),
+    ("node-check-missing-root", ["node", "check", "--root", "{missing}"], 2, "{missing}"),
+    ("node-check-bad-pid", ["node", "check", "--kubelet-pid", "-5"], 2, "--kubelet-pid"),
+    ("node-check-malformed-record", ["node", "check", "--root", "{bad-record}"], 1, "node-install.json"),
     # ---- keys
     ("keys-no-action", ["keys"], 2, "ACTION"),
     ("keys-public-missing", ["keys", "public", "{missing}"], 2, "{missing}"),
@@ -288,6 +347,9 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         paths[name] = str(root / file_name)
     (root / "dir").mkdir()
     (root / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    record = root / "bad-record" / "etc" / "kubegpu"
+    record.mkdir(parents=True)
+    (record / "node-install.json").write_text("{")
     keys = root / "keys"
     keys.mkdir()
     from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -310,6 +372,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         "missing": str(root / "missing"),
         "dir": str(root / "dir"),
         "binary": str(root / "binary.json"),
+        "bad-record": str(root / "bad-record"),
         "keys": str(keys),
         "key": str(keys / "k1"),
         "sock": str(root / "shim.sock"),
@@ -370,17 +433,30 @@ def test_bad_input_is_one_line_and_a_status(
     assert done.stdout == "", done.stdout
 
 
-COMMANDS = {"crishim", "advertise", "devices", "scheduler", "simulate", "keys"}
+COMMANDS = {"crishim", "advertise", "devices", "scheduler", "simulate", "keys", "node"}
+
+
+def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
+    """Every command path of the CLI (``("node", "install")``, ``("crishim",)`` ...)."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        yield path
+    for sub in subs:
+        for name, child in sub.choices.items():
+            yield from _leaves(child, (*path, name))
+
+
+NOT_LANDED = {("up",), ("down",)}  # kubegpu up/down (branch real-node) are swept once they land
 
 
 def test_every_subcommand_is_swept() -> None:
     from kubegpu.cli import build_parser
 
-    parser = build_parser()
-    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
-    swept = {c[1][0] for c in CASES if c[1]}
-    assert set(sub.choices) <= swept | {"up", "down", "node"}, set(sub.choices) - swept
-    assert set(sub.choices) - {"up", "down", "node"} <= COMMANDS
+    leaves = set(_leaves(build_parser()))
+    swept = {tuple(c[1][: len(leaf)]) for c in CASES for leaf in leaves}
+    missing = sorted(leaves - NOT_LANDED - swept)
+    assert not missing, f"subcommands without a bad-input case: {missing}"
+    assert {leaf[0] for leaf in leaves} - {"up", "down"} <= COMMANDS
 
 
 def test_debug_log_level_shows_the_traceback(inputs: dict[str, str]) -> None:
