@@ -236,7 +236,7 @@ def _run_advertise(args: argparse.Namespace) -> int:
     from crishim.advertiser import publication
     from crishim.assemble import build_advertiser, node_devices_from
     from devices.plugin import PluginError
-    from kubegpu.kube import api_client, check_reachable
+    from kubegpu.kube import api_client, check_access, check_reachable
 
     if not args.device_plugin:
         raise UsageError("needs at least one --device-plugin")
@@ -258,8 +258,10 @@ def _run_advertise(args: argparse.Namespace) -> int:
         print(json.dumps({"node": args.node_name, **wanted.as_dict()}, indent=2, sort_keys=True))
         return 0
     advertiser = build_advertiser(args, node_devices, api)
+    written: list[list[str]] = []
     if args.once:
-        print(json.dumps({"node": args.node_name, "wrote": advertiser.sync_once()}))
+        check_access(f"publish on node {args.node_name}", lambda: written.append(advertiser.sync_once()))
+        print(json.dumps({"node": args.node_name, "wrote": written[0]}))
         return 0
     advertiser.run()
     return 0
@@ -320,7 +322,9 @@ def _scheduler_keys(keys_dir: str, key_id: str) -> None:
 
 
 def _run_scheduler(args: argparse.Namespace) -> int:
-    from kubegpu.kube import api_client, check_reachable
+    from kubernetes import client
+
+    from kubegpu.kube import PROBE_TIMEOUT_SECONDS, api_client, check_access, check_reachable
     from scheduler.live.config import ConfigError, load_config, validate
     from scheduler.live.main import run_scheduler
 
@@ -350,6 +354,9 @@ def _run_scheduler(args: argparse.Namespace) -> int:
     if api is None:
         raise UsageError("needs --kubeconfig or an in-cluster service account")
     check_reachable(api)
+    core, timeout = client.CoreV1Api(api), PROBE_TIMEOUT_SECONDS
+    check_access("list nodes", lambda: core.list_node(limit=1, _request_timeout=timeout))
+    check_access("list pods", lambda: core.list_pod_for_all_namespaces(limit=1, _request_timeout=timeout))
     api.close()
     if config.metrics_address:
         cliargs.check_listen("--metrics-address", config.metrics_address)

@@ -341,8 +341,8 @@ def _instance(error: BaseException, module: str, name: str) -> bool:
     return isinstance(cls, type) and isinstance(error, cls)
 
 
-def _api_message(error: Any) -> str:
-    """An ApiException as ``<status> <reason>: <the Status message>``."""
+def api_status_message(error: Any) -> str:
+    """A Kubernetes ApiException on one line: ``<status> <reason>: <the Status message>``."""
     import json
 
     detail = ""
@@ -362,7 +362,9 @@ def explain(error: BaseException) -> tuple[int, str]:
     if _instance(error, "kubernetes.config.config_exception", "ConfigException"):
         return EXIT_USAGE, f"kubeconfig: {error}"
     if _instance(error, "kubernetes.client.exceptions", "ApiException"):
-        return EXIT_FAILURE, f"the API server answered {_api_message(error)}"
+        if not getattr(error, "status", None):  # the client's wrapping of a TLS failure
+            return EXIT_FAILURE, f"cannot reach the API server: {getattr(error, 'reason', error)}"
+        return EXIT_FAILURE, f"the API server answered {api_status_message(error)}"
     if _instance(error, "urllib3.exceptions", "MaxRetryError"):
         reason = getattr(error, "reason", None) or error
         return EXIT_FAILURE, f"cannot reach {getattr(error, 'url', '') or 'the server'}: {_reason(reason)}"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -18,7 +19,7 @@ import yaml
 from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
-from kubegpu.cliargs import Failure, UsageError, one_line
+from kubegpu.cliargs import Failure, UsageError, api_status_message, one_line
 
 PROBE_TIMEOUT_SECONDS = 10.0
 
@@ -84,6 +85,22 @@ def check_reachable(api: client.ApiClient, timeout: float = PROBE_TIMEOUT_SECOND
         with client.ApiClient(settings) as probe:
             client.VersionApi(probe).get_code(_request_timeout=timeout)
     except client.ApiException as error:
-        raise Failure(f"the API server at {server} answered {error.status} {error.reason}") from None
+        if not error.status:  # the client's wrapping of a TLS failure: no answer came
+            reason = one_line(str(error.reason), 300)
+            raise Failure(f"cannot reach the API server at {server}: {reason}") from None
+        raise Failure(f"the API server at {server} answered {api_status_message(error)}") from None
     except (urllib3.exceptions.HTTPError, OSError) as error:
         raise Failure(f"cannot reach the API server at {server}: {_cause(error)}") from None
+
+
+def check_access(what: str, call: Callable[[], object]) -> None:
+    """Run one read the command needs (``what`` says which); raise ``Failure`` if it is refused."""
+    try:
+        call()
+    except client.ApiException as error:
+        if not error.status:
+            raise Failure(f"cannot {what}: {one_line(str(error.reason), 300)}") from None
+        raise Failure(f"the API server refused to {what}: {api_status_message(error)}") from None
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise Failure(f"cannot {what}: {_cause(error)}") from None
+
