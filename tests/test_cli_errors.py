@@ -700,3 +700,37 @@ def test_leader_election_values_are_validated(change: dict[str, object], key: st
         setattr(config.leader_election, name, value)
     with pytest.raises(ConfigError, match=key):
         validate(config)
+
+
+def test_metrics_listen_on_ipv6_loopback() -> None:
+    import urllib.request
+
+    from kubegpu.httpserve import MetricsServer
+
+    server = MetricsServer("[::1]:0", lambda: b"", {"/healthz": lambda: (True, "ok")})
+    server.start()
+    try:
+        assert urllib.request.urlopen(f"http://[::1]:{server.port}/healthz", timeout=5).read() == b"ok\n"
+    finally:
+        server.stop()
+
+
+def test_a_shim_that_fails_to_start_takes_down_what_it_started(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import asyncio
+
+    import crishim.server as server
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise OSError(98, "Address already in use")
+
+    monkeypatch.setattr(server, "MetricsServer", refuse)
+    config = server.ShimConfig(
+        listen=f"unix://{tmp_path}/shim.sock",
+        runtime_endpoint=f"unix://{tmp_path}/runtime.sock",
+        metrics_address="127.0.0.1:0",
+    )
+    with pytest.raises(OSError, match="in use"):
+        asyncio.run(server.serve(config))
+    assert not (tmp_path / "shim.sock").exists()
