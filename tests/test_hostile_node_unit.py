@@ -67,6 +67,18 @@ def test_every_shipped_topology_is_accepted(topology: str, tmp_path: Path) -> No
     assert reason(node("n1", raw)) == ""
 
 
+@pytest.mark.parametrize("fixture", ["dgx1-v100", "dgx-a100", "hgx-h100", "pcie-4gpu", "rtx8000-4gpu"])
+def test_what_the_nvidia_plugin_publishes_is_accepted(fixture: str) -> None:
+    from devices.model import Sharing, with_sharing
+    from tests.test_devices_nvidia import make
+
+    _, plugin = make(fixture)
+    for inventory in (plugin.discover(), with_sharing(plugin.discover(), lambda gpu: Sharing.MPS)):
+        raw = publication(inventory).inventory
+        assert nodecheck.document_problem(json.loads(raw)) == ""
+        assert reason(node("n1", raw)) == ""
+
+
 def test_the_valid_baseline_is_accepted(valid: str) -> None:
     assert reason(node("hostile", valid)) == ""
 
