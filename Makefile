@@ -5,15 +5,16 @@ VPY     := $(VENV)/bin/python
 PROTO_SRC := proto/runtime/v1/api.proto
 PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 
-.PHONY: deps install proto test bench lint testbin image demo demo-crishim clean mutate-node
+.PHONY: deps install proto test bench lint testbin image demo demo-down soak demo-crishim simulate clean mutate-node mutate-scheduler soak-scheduler mutate
 
-# System packages the tests need (containerd, runc, busybox for test images, systemd-analyze,
-# mmdebstrap for the image). Skips apt entirely when everything is already there.
-APT_PACKAGES := containerd runc busybox-static systemd openssl mmdebstrap
+# System packages the tests and the local cluster need (containerd, runc, busybox for test images,
+# systemd-analyze, mmdebstrap for the image, the loopback CNI plugin a kubelet node needs to turn
+# Ready). Skips apt entirely when everything is already there.
+APT_PACKAGES := containerd runc busybox-static systemd openssl mmdebstrap containernetworking-plugins
 deps:
 	@if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] \
 	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null \
-	    && command -v mmdebstrap >/dev/null; then \
+	    && command -v mmdebstrap >/dev/null && [ -x /usr/lib/cni/loopback ]; then \
 	    echo "deps: system packages present"; \
 	else apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES); fi
 
@@ -68,9 +69,41 @@ mutate-node: install
 	$(VPY) -m pip install -q 'mutmut==3.8.1'
 	$(VPY) -m kubegpu.devenv.mutate node --mutate $(MUTATE_NODE_SOURCES) --tests $(MUTATE_NODE_TESTS)
 
-# The main job with no cluster: the scheduling core on the built-in cluster and workload.
-demo: install
+# The scheduler cache's randomized model-based test, long: SOAK_SEEDS walks of SOAK_STEPS steps
+# (CI runs 20 x 500). Not part of `make test`. docs/testing.md.
+SOAK_SEEDS ?= 200
+SOAK_STEPS ?= 3000
+SOAK_FIRST_SEED ?= 1000
+soak-scheduler: install
+	KUBEGPU_SOAK_SEEDS=$(SOAK_SEEDS) KUBEGPU_SOAK_STEPS=$(SOAK_STEPS) KUBEGPU_SOAK_FIRST_SEED=$(SOAK_FIRST_SEED) \
+	    nice -n 10 $(VPY) -m pytest -q -p no:cacheprovider tests/test_sched_model.py -k interleavings
+
+# Mutation testing of scheduler/core with mutmut (installed here, not a project dependency);
+# score and survivors: docs/testing.md. Not part of `make test` (about 15 minutes on 2 cores).
+mutate-scheduler: install
+	$(VPY) -m pip install -q 'mutmut==3.8.1'
+	bash tests/mutate-scheduler.sh
+
+# Both mutation targets.
+mutate: mutate-node mutate-scheduler
+
+# The main job: a one-node GPU cluster on this machine (kubegpu up; needs root). The first run
+# builds the Kubernetes binaries. It keeps running: `make demo-down` (kubegpu down) removes it.
+demo: deps install
+	$(VENV)/bin/kubegpu up
+
+demo-down:
+	$(VENV)/bin/kubegpu down
+
+# The scheduling core on the built-in trace cluster and workload, no cluster needed.
+simulate: install
 	$(VENV)/bin/kubegpu simulate
+
+# Churn soak through a real node: 300 GPU pods with random kubelet/shim/scheduler restarts
+# (CI runs a 40-pod version as part of `make test`), after the scheduler cache's soak-scheduler.
+SOAK_PODS ?= 300
+soak: soak-scheduler deps install testbin
+	KUBEGPU_SOAK_PODS=$(SOAK_PODS) $(VPY) -m pytest -q -s tests/test_e2e_soak.py
 
 # The CRI shim in front of a private containerd, driven as kubelet would.
 demo-crishim: deps install

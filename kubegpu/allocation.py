@@ -83,6 +83,9 @@ class Share:
 class ContainerAllocation:
     devices: tuple[str, ...]
     shares: Mapping[str, Share] = field(default_factory=dict, hash=False)
+    # a regular init container: it runs alone, before the app containers start, so it may reuse
+    # devices other containers of the pod get (Kubernetes' rule for init containers' resources)
+    init: bool = False
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,8 @@ class Allocation:
             entry: dict[str, Any] = {"devices": list(alloc.devices)}
             if alloc.shares:
                 entry["shares"] = {dev: _share_doc(s) for dev, s in sorted(alloc.shares.items())}
+            if alloc.init:
+                entry["init"] = True
             containers[name] = entry
         return {"version": VERSION, "node": self.node, "podUID": self.pod_uid, "containers": containers}
 
@@ -183,11 +188,13 @@ def parse_document(document: Mapping[str, Any]) -> Allocation:
 
 
 def _check_device_sharing(containers: Mapping[str, ContainerAllocation]) -> None:
-    """A device may appear in several containers only as shares that add up to at most 1000."""
+    """A device may appear in several containers only as shares that add up to at most 1000,
+    except that init containers (which run alone, before the others) may reuse any device."""
     holders: dict[str, list[str]] = {}
     for name, alloc in containers.items():
         for device in alloc.devices:
-            holders.setdefault(device, []).append(name)
+            if not alloc.init:
+                holders.setdefault(device, []).append(name)
     for device, names in holders.items():
         if len(names) == 1:
             continue
@@ -229,7 +236,10 @@ def _parse_container(name: Any, entry: Any) -> ContainerAllocation:
         if type(memory) is not int or not 0 <= memory <= MAX_MEMORY_MIB:
             raise AllocationError(f"container {name}: share of {device} has invalid memoryMiB")
         shares[device] = Share(milli=milli, memory_mib=memory)
-    return ContainerAllocation(devices=tuple(devices), shares=shares)
+    init = entry.get("init", False)
+    if type(init) is not bool:
+        raise AllocationError(f"container {name}: init must be true or false")
+    return ContainerAllocation(devices=tuple(devices), shares=shares, init=init)
 
 
 # --- keys -------------------------------------------------------------------------------------

@@ -19,6 +19,7 @@ from devices.plugin import plugin_names
 from kubegpu import __version__, cliargs, logs
 from kubegpu.cliargs import Failure, UsageError
 from kubegpu.keyscli import register as _add_keys
+from kubegpu.localcluster.cli import register as _add_localcluster
 from kubegpu.nodeinstall import register as _add_node
 from scheduler.sim.cli import register as _add_simulate
 
@@ -374,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_scheduler(sub)
     _add_simulate(sub)
     _add_keys(sub)
+    _add_localcluster(sub)
     _add_node(sub)
     cliargs.set_progs(parser)
     return parser

@@ -3,6 +3,8 @@
 pytest_plugins = [
     "tests.fixtures.containerd",
     "tests.fixtures.cluster",
+    "tests.fixtures.localcluster",
     "tests.fixtures.image",
     "tests.fixtures.helm",
+    "tests.fixtures.schedulerpods",
 ]

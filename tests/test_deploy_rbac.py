@@ -134,6 +134,9 @@ SCHEDULER_CLUSTER_RULES = (
     expand("", ["pods"], ["get", "list", "watch"])
     | expand("", ["pods/binding"], ["create"])
     | expand("", ["pods/status"], ["patch", "update"])
+    | expand("", ["pods/eviction"], ["create"])
+    | expand("policy", ["poddisruptionbudgets"], ["list", "watch"])
+    | expand("", ["namespaces"], ["list", "watch"])
     | expand("", ["nodes"], ["get", "list", "watch"])
     | expand("", ["events"], ["create", "patch"])
     | expand("events.k8s.io", ["events"], ["create", "patch"])
@@ -332,10 +335,18 @@ def test_scheduler_may_do_what_it_needs(
     assert any(n.metadata.name == node for n in core.list_node().items)
     assert core.read_node(node).status.capacity["nvidia.com/gpu"] == "8"
     assert pending_pod in {p.metadata.name for p in core.list_pod_for_all_namespaces().items}
-    for watch_call in (core.list_pod_for_all_namespaces, core.list_node):
+    policy = k8s.PolicyV1Api(scheduler_api)
+    for watch_call in (
+        core.list_pod_for_all_namespaces,
+        core.list_node,
+        core.list_namespace,
+        policy.list_pod_disruption_budget_for_all_namespaces,
+    ):
         response = watch_call(watch=True, timeout_seconds=1, _preload_content=False)
         assert response.status == 200
         response.release_conn()
+    assert kube_namespace in {n.metadata.name for n in core.list_namespace().items}
+    assert policy.list_pod_disruption_budget_for_all_namespaces().items is not None
 
     # PodScheduled=False for a pod it cannot place (status subresource, strategic merge on type).
     condition = {
@@ -348,6 +359,10 @@ def test_scheduler_may_do_what_it_needs(
     conditions = core.read_namespaced_pod(pending_pod, kube_namespace).status.conditions
     assert [(c.type, c.reason) for c in conditions] == [("PodScheduled", "Unschedulable")]
 
+    # Preemption: nominate the node its victims free (only a pod not bound yet may be nominated).
+    core.patch_namespaced_pod_status(pending_pod, kube_namespace, {"status": {"nominatedNodeName": node}})
+    assert core.read_namespaced_pod(pending_pod, kube_namespace).status.nominated_node_name == node
+
     # Bind, with the allocation annotation riding on the Binding.
     binding = k8s.V1Binding(
         metadata=k8s.V1ObjectMeta(name=pending_pod, annotations={"kubegpu.io/allocation": "{}"}),
@@ -359,6 +374,14 @@ def test_scheduler_may_do_what_it_needs(
     assert response.status == 201
     pod = core.read_namespaced_pod(pending_pod, kube_namespace)
     assert pod.spec.node_name == node and pod.metadata.annotations["kubegpu.io/allocation"] == "{}"
+
+    # Preemption: evict a pod through the Eviction API.
+    eviction = {"apiVersion": "policy/v1", "kind": "Eviction", "metadata": {"name": pending_pod}}
+    response = core.create_namespaced_pod_eviction(
+        pending_pod, kube_namespace, eviction, _preload_content=False
+    )
+    assert response.status == 201
+    assert core.read_namespaced_pod(pending_pod, kube_namespace).metadata.deletion_timestamp is not None
 
 
 def test_scheduler_may_record_events_through_both_apis(
@@ -459,6 +482,18 @@ def test_scheduler_may_do_nothing_else(
         ),
         "list leases": status_of(coordination.list_namespaced_lease, NAMESPACE),
         "list configmaps": status_of(core.list_namespaced_config_map, NAMESPACE),
+        "get a namespace": status_of(core.read_namespace, kube_namespace),
+        "patch a namespace": status_of(
+            core.patch_namespace, kube_namespace, {"metadata": {"labels": {"x": "y"}}}
+        ),
+        "create a budget": status_of(
+            k8s.PolicyV1Api(scheduler_api).create_namespaced_pod_disruption_budget,
+            kube_namespace,
+            {"metadata": {"name": "b"}, "spec": {"maxUnavailable": 1, "selector": {}}},
+        ),
+        "delete budgets": status_of(
+            k8s.PolicyV1Api(scheduler_api).delete_collection_namespaced_pod_disruption_budget, kube_namespace
+        ),
     }
     assert {what: code for what, code in forbidden.items() if code != 403} == {}
     assert core.read_namespaced_pod(pending_pod, kube_namespace).metadata.labels is None

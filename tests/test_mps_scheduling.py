@@ -205,7 +205,7 @@ def test_the_live_cache_follows_a_gpu_flipping_between_mps_and_advisory_while_a_
     try:
         scheduler.replace_nodes([api_node(Sharing.MPS)])
         scheduler.replace_pods([bound])
-        scheduler._rebuild()
+        scheduler._view()
 
         def place(milli: int) -> str | None:
             assert scheduler.cluster is not None
@@ -214,13 +214,13 @@ def test_the_live_cache_follows_a_gpu_flipping_between_mps_and_advisory_while_a_
 
         assert scheduler.cluster is not None and scheduler.cluster.node("n").gpus[0].free_milli == 400
         scheduler.apply_node("MODIFIED", api_node(Sharing.ADVISORY))
-        assert scheduler.dirty
-        scheduler._rebuild()
+        assert scheduler.cache.dirty
+        scheduler._view()
         gpu0 = scheduler.cluster.node("n").gpus[0]
         assert (gpu0.share_enforced, gpu0.free_milli) == (False, 400)  # the running share stays booked
         assert place(300) == "GPU-1"
         scheduler.apply_node("MODIFIED", api_node(Sharing.MPS))
-        scheduler._rebuild()
+        scheduler._view()
         scheduler.cluster.assume(
             Allocation("n", "u-gpu1", gpus=(GpuGrant(1, "GPU-1", 1000, 81920),), gpu_tag="1-gpu")
         )

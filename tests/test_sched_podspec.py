@@ -49,7 +49,11 @@ def test_whole_gpus_cpu_memory_and_init_rule() -> None:
     assert request.cpu_milli == 4000  # the init container's 4 CPUs beat the 1.5 of the sum
     assert request.memory_mib == 1536
     assert request.gpu_count == 3 and request.whole_gpus == 3 and not request.is_share
-    assert [(c.name, c.gpu_count) for c in request.containers] == [("a", 2), ("b", 1)]
+    assert [(c.name, c.gpu_count, c.kind) for c in request.containers] == [
+        ("setup", 0, "init"),
+        ("a", 2, "app"),
+        ("b", 1, "app"),
+    ]
     assert dict(request.node_selector) == {"pool": "gpu"}
     assert request.tolerations[0].operator == "Exists"
 
@@ -128,3 +132,57 @@ def test_binpack_and_spread_choose_opposite_nodes() -> None:
         assert isinstance(result, Placement)
         chosen[name] = result.node
     assert chosen == {"binpack": "busy", "spread": "idle"}
+
+
+def sidecar(name: str, cpu: str | None = None, memory: str | None = None, gpus: str | None = None):
+    c = container(name, cpu, memory, gpus)
+    c.restart_policy = "Always"
+    return c
+
+
+def test_sidecars_add_to_the_app_containers() -> None:
+    """Restartable init containers run beside the app: their requests add up (Kubernetes' rule)."""
+    request = pod_request(pod([container("app", "1", "1Gi")], init=[sidecar("proxy", "2", "512Mi")]))
+    assert (request.cpu_milli, request.memory_mib) == (3000, 1536)
+
+
+def test_a_regular_init_container_counts_with_the_sidecars_declared_before_it() -> None:
+    app = [container("app", "1", "1Gi")]
+    before = pod_request(pod(app, init=[sidecar("proxy", "2", "64Mi"), container("setup", "4", "64Mi")]))
+    assert before.cpu_milli == 6000  # setup's 4 with proxy's 2 beside it beat app 1 + proxy 2
+    after = pod_request(pod(app, init=[container("setup", "4", "64Mi"), sidecar("proxy", "2", "64Mi")]))
+    assert after.cpu_milli == 4000  # proxy starts after setup ended
+    assert after.memory_mib == 1024 + 64
+
+
+def test_overhead_is_added() -> None:
+    request = pod_request(pod([container("app", "1", "1Gi")], overhead={"cpu": "250m", "memory": "64Mi"}))
+    assert (request.cpu_milli, request.memory_mib) == (1250, 1088)
+
+
+def test_gpus_of_init_containers_follow_the_same_rule() -> None:
+    from scheduler.core.allocate import split_containers
+    from scheduler.core.state import GpuGrant
+
+    # A regular init container asking for more GPUs than the app: the pod needs the larger.
+    request = pod_request(pod([container("app", gpus="2")], init=[container("warmup", gpus="4")]))
+    assert request.gpu_count == 4 and request.whole_gpus == 4
+    grants = tuple(GpuGrant(i, f"g{i}") for i in range(4))
+    assert split_containers(request, grants) == {"warmup": ("g0", "g1", "g2", "g3"), "app": ("g0", "g1")}
+    # A sidecar's GPU adds to the app's, and an init container after it must not get its GPU.
+    request = pod_request(
+        pod(
+            [container("app", gpus="2")],
+            init=[sidecar("monitor", gpus="1"), container("check", gpus="2")],
+        )
+    )
+    assert request.gpu_count == 3
+    grants = tuple(GpuGrant(i, f"g{i}") for i in range(3))
+    assert split_containers(request, grants) == {
+        "monitor": ("g0",),
+        "check": ("g1", "g2"),
+        "app": ("g1", "g2"),
+    }
+    # Whole GPUs in an init container of a sharing pod: not both.
+    with pytest.raises(PodSpecError, match="not both"):
+        pod_request(pod([container("a")], {"kubegpu.io/gpu-milli": "500"}, init=[container("i", gpus="1")]))

@@ -16,6 +16,7 @@ from scheduler.core import (
     PodRequest,
     allocate,
     best_fit_share_gpu,
+    run_filters,
 )
 
 
@@ -135,3 +136,80 @@ def test_label_and_model_masks() -> None:
     assert list(cluster.label_mask({"zone": "x"})) == [True, False]
     assert list(cluster.model_mask(frozenset({"A100"}))) == [False, True]
     assert cluster.gpu_model_mask(frozenset({"T4"})).tolist() == [[True, False], [False, True]]
+
+
+def test_assume_refuses_a_pod_already_booked_on_another_node() -> None:
+    """The cluster-level check: the node-level one cannot see a booking on another node."""
+    cluster = ClusterState([node("n1"), node("n2")])
+    cluster.assume(Allocation("n1", "a", gpus=(GpuGrant(0, "n1-g0"),)))
+    with pytest.raises(AllocationConflict, match=r"^pod a is already allocated on node n1$"):
+        cluster.assume(Allocation("n2", "a", gpus=(GpuGrant(0, "n2-g0"),)))
+    assert list(cluster.gpu_full_free) == [3, 4]
+
+
+def test_book_records_a_bound_pod_whatever_the_node_has_left() -> None:
+    """Bound pods are facts: their devices are booked even when CPU or GPUs are over-committed."""
+    n = node(gpus=4, cpu=4000)
+    cluster = ClusterState([n])
+    fact = Allocation("n1", "big", cpu_milli=8000, gpus=tuple(GpuGrant(i, f"n1-g{i}") for i in range(4)))
+    with pytest.raises(AllocationConflict):
+        cluster.assume(fact)
+    assert cluster.book(fact) == []
+    assert cluster.cpu_free[0] == -4000 and cluster.gpu_full_free[0] == 0
+    assert run_filters(PodRequest("next", gpu_count=1), cluster)[0].tolist() == []
+    # A second fact naming the same GPU: booked too, reported, shown as 0 free (never negative).
+    problems = cluster.book(Allocation("n1", "dup", gpus=(GpuGrant(0, "n1-g0", 500),), gpu_tag="share-gpu"))
+    assert problems == ["GPU n1-g0 is booked beyond its capacity"]
+    assert n.gpu_by_id["n1-g0"].free_milli == -500 and cluster.gpu_free[0, 0] == 0
+    cluster.forget("big")
+    assert n.gpu_by_id["n1-g0"].free_milli == 500 and cluster.cpu_free[0] == 4000
+    # Booking a pod again replaces its earlier booking.
+    cluster.book(Allocation("n1", "dup", gpus=(GpuGrant(1, "n1-g1"),)))
+    assert n.gpu_by_id["n1-g0"].free_milli == MILLI and n.gpu_by_id["n1-g1"].free_milli == 0
+
+
+def test_devices_are_booked_by_id_not_index() -> None:
+    """GPU-0 vanished and the indices shifted: an allocation made before still books its GPUs."""
+    before = Allocation("n1", "a", gpus=tuple(GpuGrant(i, f"n1-g{i}") for i in range(3)))
+    shifted = NodeState("n1", 32_000, 128_000, [GpuState(i, f"n1-g{i + 1}", "A100") for i in range(3)])
+    cluster = ClusterState([shifted])
+    with pytest.raises(AllocationConflict, match="no GPU n1-g0"):
+        cluster.assume(before)
+    assert cluster.book(before) == ["GPU n1-g0 is not listed by node n1"]
+    assert [g.free_milli for g in shifted.gpus] == [0, 0, MILLI]  # g1, g2 held; g3 free
+    assert allocate(PodRequest("b", gpu_count=2), shifted) is None
+    cluster.forget("a")
+    assert [g.free_milli for g in shifted.gpus] == [MILLI] * 3
+
+
+def test_pods_limit_and_the_kubelets_gpu_count() -> None:
+    """status.allocatable.pods and the GPU resource count are checked like the kubelet does."""
+    a = NodeState("a", 32_000, 128_000, [GpuState(i, f"a{i}") for i in range(4)], max_pods=1, gpu_resource=4)
+    b = NodeState("b", 32_000, 128_000, [GpuState(i, f"b{i}") for i in range(4)], gpu_resource=4)
+    cluster = ClusterState([a, b])
+    # A pod of another scheduler on each: no kubegpu device, but it counts.
+    cluster.book(Allocation("a", "cpu-only"))
+    cluster.book(Allocation("b", "foreign", gpu_resource=3))
+    idx, why = run_filters(PodRequest("p", gpu_count=2), cluster)
+    assert idx.tolist() == [] and why == {"Too many pods": 1, "Insufficient nvidia.com/gpu": 1}
+    assert run_filters(PodRequest("one", gpu_count=1), cluster)[0].tolist() == [1]
+    assert run_filters(PodRequest("share", gpu_count=1, gpu_milli=500), cluster)[0].tolist() == [1]
+    with pytest.raises(AllocationConflict, match="maximum number of pods"):
+        cluster.assume(Allocation("a", "x"))
+    with pytest.raises(AllocationConflict, match="admits only 1 more GPUs"):
+        cluster.assume(Allocation("b", "y", gpus=(GpuGrant(0, "b0"), GpuGrant(1, "b1"))))
+    cluster.forget("foreign")
+    assert run_filters(PodRequest("p", gpu_count=2), cluster)[0].tolist() == [1]
+
+
+def test_a_pod_asking_nothing_fits_a_node_that_bound_pods_over_commit() -> None:
+    """kube-scheduler checks a resource only when the pod asks for it (the randomized test found
+    the over-committed case: free CPU and GPU count below zero refused every pod)."""
+    n = NodeState("n", 4000, 1000, [GpuState(0, "g0")], gpu_resource=1)
+    cluster = ClusterState([n])
+    cluster.book(Allocation("n", "hog", cpu_milli=8000, memory_mib=2000, gpu_resource=3))
+    nothing = PodRequest("nothing")
+    assert run_filters(nothing, cluster)[0].tolist() == [0]
+    cluster.assume(Allocation("n", "nothing"))
+    _idx, why = run_filters(PodRequest("cpu", cpu_milli=1), cluster)
+    assert why == {"Insufficient cpu": 1}

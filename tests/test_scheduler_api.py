@@ -395,3 +395,39 @@ def test_an_invalid_request_gets_an_event_naming_the_problem(trial: Trial) -> No
     trial.pod("odd", annotations={"kubegpu.io/gpu-milli": "1500"})
     event = wait_failed_scheduling(trial.core, trial.namespace, "odd", containing="invalid kubegpu request")
     assert "kubegpu.io/gpu-milli=1500 is outside 1..999" in event.message
+
+
+def test_a_binding_of_unknown_outcome_is_read_back_from_the_apiserver(trial: Trial) -> None:
+    """The Binding was stored but its answer was lost: the booking stays until the pod is seen
+    bound, and the read-back (the real client call, RBAC verb get) books what the pod says."""
+    import urllib3
+
+    from scheduler.live.cache import Assumed, Binding
+
+    node = trial.node("lost", "pcie-4gpu")
+    scheduler = trial.scheduler()
+    real = scheduler.core.create_namespaced_pod_binding
+    calls: list[str] = []
+
+    def stored_then_lost(name: str, namespace: str, body: Any, **kwargs: Any) -> Any:
+        calls.append(name)
+        real(name, namespace, body, **kwargs).release_conn()
+        raise urllib3.exceptions.ProtocolError("Connection aborted.", ConnectionResetError())
+
+    scheduler.core.create_namespaced_pod_binding = stored_then_lost  # type: ignore[method-assign]
+    pod = trial.bound([trial.pod("p", 1)])["p"]
+    assert pod.spec.node_name == node and calls == ["p"]
+    uid = pod.metadata.uid
+    devices = verify(pod.metadata.annotations[ANNOTATION], KEYS).containers["app"].devices
+    deadline = time.monotonic() + 30
+    while uid in scheduler.assumed:
+        assert time.monotonic() < deadline, "still assumed"
+        time.sleep(0.1)
+    with scheduler.cond:
+        booked = scheduler.cache.view().allocation(uid)
+        assert booked is not None and booked.device_ids() == tuple(devices)
+        # The watch usually settles it first; the read-back itself, against the real apiserver:
+        scheduler.cache.assumed[uid] = Assumed(booked, Binding.UNCERTAIN, 0.0)
+    scheduler._read_back(uid, trial.namespace, "p")
+    assert uid not in scheduler.assumed and calls == ["p"]
+    assert 'kubegpu_scheduler_read_backs_total{outcome="bound"} 1.0' in scheduler.metrics.render().decode()

@@ -22,6 +22,11 @@ exit_if_built() {
   exit 0
 }
 
+# missing_or_forced <binary path>: true when it must be built (absent, or KUBEGPU_TESTBIN_FORCE=1).
+missing_or_forced() {
+  [[ "${KUBEGPU_TESTBIN_FORCE:-0}" == 1 || ! -x "$1" ]]
+}
+
 # prepare_build <dest>: find Go (sets GO), build static, and make an empty staging dir (sets
 # staging, removed on exit).
 prepare_build() {

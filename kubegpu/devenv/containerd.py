@@ -64,7 +64,7 @@ disabled_plugins = [
   disable_apparmor = true
 
 [plugins."io.containerd.grpc.v1.cri".cni]
-  bin_dir = "{base}/cni/bin"
+  bin_dir = "{cni_bin_dir}"
   conf_dir = "{base}/cni/conf"
 
 [plugins."io.containerd.grpc.v1.cri".registry.mirrors."{registry_host}"]
@@ -105,12 +105,21 @@ disabled_plugins = [
   disable_apparmor = true
 
 [plugins."io.containerd.cri.v1.runtime".cni]
-  bin_dirs = ["{base}/cni/bin"]
+  bin_dirs = ["{cni_bin_dir}"]
   conf_dir = "{base}/cni/conf"
 
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+"""
+
+# The only network config of a node: the loopback plugin (pods of the local cluster use the host
+# network; this makes containerd's CNI, and so the Node, ready).
+LOOPBACK_CONFLIST = """{
+  "cniVersion": "1.0.0",
+  "name": "kubegpu-loopback",
+  "plugins": [{"type": "loopback"}]
+}
 """
 
 HOSTS_TEMPLATE = """server = "http://{registry_addr}"
@@ -171,6 +180,12 @@ class Containerd:
     bin_dir: Path | None = None
     process: subprocess.Popen[bytes] | None = None
     registry: LocalRegistry | None = None
+    # Put before containerd's command, e.g. ``nsenter --mount=...`` (a node's namespace).
+    command_prefix: list[str] = field(default_factory=list)
+    # CNI plugin directory (e.g. Debian's /usr/lib/cni). When set, a loopback-only network
+    # config is written, so containerd reports the network ready (kubelet marks its Node Ready
+    # only then); pods still use the host network.
+    cni_bin_dir: Path | None = None
 
     def __post_init__(self) -> None:
         if self.bin_dir is not None:
@@ -209,6 +224,8 @@ class Containerd:
         for sub in ("root", "state", "opt", "cni/bin", "cni/conf", "images"):
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         self._write_config(self.registry.host)
+        if self.cni_bin_dir is not None:
+            (self.base / "cni" / "conf" / "10-loopback.conflist").write_text(LOOPBACK_CONFLIST)
         self._launch(timeout)
         self.import_image(PAUSE_IMAGE, ["/bin/sleep", "2000000000"])
         self.import_image(BUSYBOX_IMAGE, ["/bin/sh"])
@@ -228,6 +245,7 @@ class Containerd:
         """containerd's config for its major version (and, for 2.x, the registry hosts dir)."""
         values = {
             "base": self.base, "root": self.base / "root", "state": self.base / "state",
+            "cni_bin_dir": self.cni_bin_dir or self.base / "cni" / "bin",
             "socket": self.socket, "pause_image": PAUSE_IMAGE,
             "registry_host": REGISTRY_HOST, "registry_addr": registry_addr,
         }
@@ -249,7 +267,7 @@ class Containerd:
     def _launch(self, timeout: float) -> None:
         log = self.log_path.open("ab")
         self.process = subprocess.Popen(
-            [self.binary, "--config", str(self.config_path), "--log-level", "info"],
+            [*self.command_prefix, self.binary, "--config", str(self.config_path), "--log-level", "info"],
             stdout=log,
             stderr=subprocess.STDOUT,
             env=self._environment(),
@@ -322,8 +340,11 @@ class Containerd:
         except OSError:
             return "(no containerd log)"
 
-    def _kill_all_tasks(self) -> None:
-        if self.process is None or self.process.poll() is not None:
+    def kill_all_tasks(self) -> None:
+        """SIGKILL every container task, when containerd answers on the socket (whoever started it)."""
+        if self.process is not None and self.process.poll() is not None:
+            return
+        if not self.socket.exists():
             return
         try:
             pods = self.run_ctr("containers", "ls", "--quiet").split()
@@ -361,9 +382,13 @@ class Containerd:
         for mountpoint in sorted(mounts, key=len, reverse=True):
             subprocess.run(["umount", "-l", mountpoint], capture_output=True)
 
-    def stop(self) -> None:
-        """Tear everything down: tasks, containerd, shims, mounts, registry, directory."""
-        self._kill_all_tasks()
+    def stop(self, remove_base: bool = True) -> None:
+        """Tear everything down: tasks, containerd, shims, mounts, registry, directory.
+
+        ``remove_base=False`` keeps the directory (its owner removes it later, e.g. after the
+        mount namespace holding its mounts is gone).
+        """
+        self.kill_all_tasks()
         self.terminate()
         time.sleep(0.2)
         self._kill_leftover_shims()
@@ -371,7 +396,8 @@ class Containerd:
         if self.registry is not None:
             self.registry.stop()
             self.registry = None
-        shutil.rmtree(self.base, ignore_errors=True)
+        if remove_base:
+            shutil.rmtree(self.base, ignore_errors=True)
 
     def __enter__(self) -> Containerd:
         return self.start()

@@ -48,6 +48,8 @@ LOOPBACK = "127.0.0.1"
 SERVICE_CLUSTER_IP_RANGE = "10.0.0.0/24"
 ADMIN_USER = "kubegpu-admin"
 SCHEDULER_USER = "system:kube-scheduler"
+CONTROLLER_MANAGER_USER = "system:kube-controller-manager"
+KUBELET_CLIENT = "apiserver-kubelet-client"
 SCHEDULER_API_VERSION = "kubescheduler.config.k8s.io/v1"
 MERGE_PATCH = "application/merge-patch+json"
 PORT_ATTEMPTS = 3
@@ -197,6 +199,8 @@ class Pki:
         _openssl("req", "-x509", *NEW_EC_KEY, "-keyout", str(self.ca_key),
                  "-out", str(self.ca_cert), "-days", "7", "-subj", "/CN=kubegpu-test-ca")
         self.issue("apiserver", "/CN=kube-apiserver", server=True)
+        # kubeadm gives this identity cluster-admin rights; system:masters does the same here.
+        self.issue(KUBELET_CLIENT, "/CN=kube-apiserver-kubelet-client/O=system:masters")
         _openssl("genpkey", "-algorithm", "EC", "-pkeyopt", EC_CURVE,
                  "-out", str(self.service_account_key))
         # The apiserver reads public keys (or RSA/EC, not PKCS#8, private keys) from
@@ -205,8 +209,14 @@ class Pki:
                  "-out", str(self.service_account_public_key))
         return self
 
-    def issue(self, name: str, subject: str, server: bool = False) -> tuple[Path, Path]:
-        """Issue a CA-signed cert ``name`` for ``subject``: serving (loopback) or client."""
+    def issue(
+        self, name: str, subject: str, server: bool = False, alt_names: Sequence[str] = ()
+    ) -> tuple[Path, Path]:
+        """Issue a CA-signed cert ``name`` for ``subject``: serving or client.
+
+        A serving cert names loopback (``IP:127.0.0.1``, ``DNS:localhost``) and ``alt_names``
+        (each ``IP:...`` or ``DNS:...``).
+        """
         ext = self.directory / f"{name}.ext"
         usage = "serverAuth" if server else "clientAuth"
         lines = [
@@ -215,7 +225,7 @@ class Pki:
             "keyUsage=critical,digitalSignature,keyEncipherment",
         ]
         if server:
-            lines.append(f"subjectAltName=IP:{LOOPBACK},DNS:localhost")
+            lines.append("subjectAltName=" + ",".join([f"IP:{LOOPBACK}", "DNS:localhost", *alt_names]))
         ext.write_text("\n".join(lines) + "\n")
         csr = self.directory / f"{name}.csr"
         _openssl("req", "-new", *NEW_EC_KEY, "-keyout", str(self.key(name)),
@@ -479,6 +489,14 @@ class ControlPlane:
             f"--service-account-key-file={sa_pub}",
             f"--service-account-signing-key-file={sa_key}",
             f"--authorization-mode={self.authorization_mode}",
+            # A node's kubelet may write only its own Node and its pods' status.
+            "--enable-admission-plugins=NodeRestriction",
+            # logs, exec, attach, port-forward: the apiserver calls kubelets with a client
+            # certificate and checks their serving certificates against the cluster CA.
+            f"--kubelet-client-certificate={self.pki.cert(KUBELET_CLIENT)}",
+            f"--kubelet-client-key={self.pki.key(KUBELET_CLIENT)}",
+            f"--kubelet-certificate-authority={self.pki.ca_cert}",
+            "--kubelet-preferred-address-types=InternalIP,Hostname",
             f"--service-cluster-ip-range={SERVICE_CLUSTER_IP_RANGE}",
             # There is no routable address; loopback endpoints are invalid for the
             # "kubernetes" Service, so do not reconcile them.
@@ -596,6 +614,49 @@ class ControlPlane:
             name, 1, args, ready, timeout or self.startup_timeout
         )
         return scheduler
+
+    # ---- controller manager
+
+    def start_controller_manager(
+        self, binary: Path, timeout: float | None = None, extra_args: Sequence[str] = ()
+    ) -> Component:
+        """Start kube-controller-manager with every default controller; return it once healthy.
+
+        It authenticates as ``system:kube-controller-manager`` and gives each controller its own
+        ServiceAccount credentials, as kubeadm sets it up; it signs ServiceAccount tokens with
+        the cluster's key, publishes the CA as ``kube-root-ca.crt`` and signs CSRs with the CA.
+        """
+        name = "kube-controller-manager"
+        kubeconfig_path = self.client_cert_kubeconfig(name, CONTROLLER_MANAGER_USER)
+        certs = self.run_dir / f"{name}-certs"
+
+        def args(ports: list[int]) -> list[str]:
+            return [
+                str(binary),
+                f"--kubeconfig={kubeconfig_path}",
+                f"--authentication-kubeconfig={kubeconfig_path}",
+                f"--authorization-kubeconfig={kubeconfig_path}",
+                f"--bind-address={LOOPBACK}",
+                f"--secure-port={ports[0]}",
+                f"--cert-dir={certs}",
+                "--leader-elect=false",
+                "--use-service-account-credentials=true",
+                f"--service-account-private-key-file={self.pki.service_account_key}",
+                f"--root-ca-file={self.pki.ca_cert}",
+                f"--cluster-signing-cert-file={self.pki.ca_cert}",
+                f"--cluster-signing-key-file={self.pki.ca_key}",
+                *extra_args,
+            ]
+
+        insecure = ssl.create_default_context()  # self-signed serving cert, loopback only
+        insecure.check_hostname = False
+        insecure.verify_mode = ssl.CERT_NONE
+
+        def ready(ports: list[int]) -> Callable[[], bool]:
+            return lambda: http_ok(f"https://{LOOPBACK}:{ports[0]}/healthz", insecure)
+
+        manager, _ = self._start_on_free_ports(name, 1, args, ready, timeout or self.startup_timeout)
+        return manager
 
     # ---- logs
 

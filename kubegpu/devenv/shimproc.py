@@ -29,6 +29,8 @@ class ShimProcess:
     metrics_port: int = field(default_factory=free_port)
     extra_args: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    # Put before the command, e.g. ``nsenter --mount=...`` to run inside a node's namespace.
+    prefix: list[str] = field(default_factory=list)
     process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -41,6 +43,7 @@ class ShimProcess:
 
     def command(self) -> list[str]:
         return [
+            *self.prefix,
             sys.executable,
             "-m",
             "kubegpu",

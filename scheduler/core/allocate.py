@@ -7,7 +7,7 @@ free milli (lowest index on ties), which keeps whole GPUs whole for later multi-
 
 from __future__ import annotations
 
-from scheduler.core.request import PodRequest
+from scheduler.core.request import ContainerKind, PodRequest, container_gpus
 from scheduler.core.state import Allocation, GpuGrant, NodeState
 from scheduler.core.topology import best_gpu_set
 
@@ -55,24 +55,44 @@ def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> 
         gpus=grants,
         containers=split_containers(pod, grants),
         gpu_tag=pod.gpu_tag,
+        init_containers=frozenset(c.name for c in pod.containers if c.kind == ContainerKind.INIT),
     )
 
 
 def split_containers(pod: PodRequest, grants: tuple[GpuGrant, ...]) -> dict[str, tuple[str, ...]]:
-    """Container -> device ids: whole GPUs dealt out in container order; a share goes to the
-    containers that ask for it (``gpu_count`` 1), or to every container when none says."""
+    """Container -> device ids.
+
+    Whole GPUs are laid out so that containers running at the same time never share one: the
+    sidecars (restartable init containers) take the first GPUs in declaration order, the app
+    containers the next ones in order, and each regular init container starts right after the
+    sidecars declared before it (it runs alone with them, before the app containers start, so it
+    reuses GPUs the app containers get later). That needs exactly Kubernetes' pod request of GPUs
+    (``request.container_gpus``). A share goes to the containers that ask for it (``gpu_count`` 1),
+    or to every app container when none says.
+    """
     if not pod.containers or not grants:
         return {}
     if pod.is_share:
-        takers = [c.name for c in pod.containers if c.gpu_count] or [c.name for c in pod.containers]
+        takers = [c.name for c in pod.containers if c.gpu_count] or [
+            c.name for c in pod.containers if c.kind == ContainerKind.APP
+        ]
         return {name: (grants[0].id,) for name in takers}
-    out: dict[str, tuple[str, ...]] = {}
     ids = [g.id for g in grants]
-    start = 0
+    need = container_gpus(pod.containers)
+    if need != len(ids):
+        raise ValueError(f"pod {pod.name}: its containers need {need} GPUs, not {len(ids)}")
+    sidecars = sum(c.gpu_count for c in pod.containers if c.kind == ContainerKind.SIDECAR)
+    out: dict[str, tuple[str, ...]] = {}
+    sidecar_at, app_at = 0, sidecars
     for c in pod.containers:
+        if c.kind == ContainerKind.SIDECAR:
+            start = sidecar_at
+            sidecar_at += c.gpu_count
+        elif c.kind == ContainerKind.INIT:
+            start = sidecar_at  # the sidecars declared so far are running beside it
+        else:
+            start = app_at
+            app_at += c.gpu_count
         if c.gpu_count:
             out[c.name] = tuple(ids[start : start + c.gpu_count])
-            start += c.gpu_count
-    if start != len(ids):
-        raise ValueError(f"pod {pod.name}: container GPU counts add up to {start}, not {len(ids)}")
     return out

@@ -15,6 +15,10 @@ from collections.abc import Mapping, Sequence
 
 import numpy as np
 
+from scheduler.core.affinity import NodeAffinity, PodFacts
+from scheduler.core.placement import PASS as PLACEMENT_PASS
+from scheduler.core.placement import REASONS as PLACEMENT_REASONS
+from scheduler.core.placement import PodPlacement
 from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.state import ClusterState
 from scheduler.core.topology import best_gpu_set
@@ -48,13 +52,21 @@ class FilterPlugin:
 
 
 class NodeSelectorFilter(FilterPlugin):
+    """``nodeSelector`` and required node affinity (kube-scheduler's NodeAffinity filter)."""
+
     name = "node selector"
 
     def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
-        return bool(pod.node_selector)
+        return bool(pod.node_selector) or (
+            pod.placement is not None and pod.placement.rules.node_affinity.required is not None
+        )
 
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        return cluster.label_mask(pod.node_selector)[idx]
+        ok = cluster.label_mask(pod.node_selector)[idx]
+        placement = pod.placement
+        if placement is not None and placement.rules.node_affinity.required is not None:
+            ok &= required_affinity_mask(placement.rules.node_affinity, cluster)[idx]
+        return ok
 
     def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
         return ["node(s) didn't match Pod's node affinity/selector"]
@@ -89,28 +101,37 @@ class TaintFilter(FilterPlugin):
 
 
 class ResourcesFit(FilterPlugin):
-    """CPU and memory requests fit what is free."""
+    """CPU and memory requests fit what is free, and the node admits one more pod
+    (``status.allocatable.pods``), like kube-scheduler's NodeResourcesFit."""
 
     name = "resources"
 
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        ok = cluster.cpu_free[idx] >= pod.cpu_milli
+        # A pod asking no CPU fits a node whose bound pods over-commit it (free below zero).
+        ok = cluster.cpu_free[idx] >= pod.cpu_milli if pod.cpu_milli else np.ones(len(idx), dtype=bool)
         if pod.memory_mib:
             ok &= cluster.mem_free[idx] >= pod.memory_mib
+        if cluster.any_pod_limit:
+            ok &= cluster.pods_free[idx] >= 1
         return ok
 
     def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
         out = []
-        if cluster.cpu_free[i] < pod.cpu_milli:
+        if cluster.pods_free[i] < 1:
+            out.append("Too many pods")
+        if pod.cpu_milli and cluster.cpu_free[i] < pod.cpu_milli:
             out.append("Insufficient cpu")
-        if cluster.mem_free[i] < pod.memory_mib:
+        if pod.memory_mib and cluster.mem_free[i] < pod.memory_mib:
             out.append("Insufficient memory")
         return out
 
     def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
         counts: Counter[str] = Counter()
-        cpu = int(np.count_nonzero(cluster.cpu_free[rejected] < pod.cpu_milli))
-        mem = int(np.count_nonzero(cluster.mem_free[rejected] < pod.memory_mib))
+        pods = int(np.count_nonzero(cluster.pods_free[rejected] < 1))
+        cpu = int(np.count_nonzero(cluster.cpu_free[rejected] < pod.cpu_milli)) if pod.cpu_milli else 0
+        mem = int(np.count_nonzero(cluster.mem_free[rejected] < pod.memory_mib)) if pod.memory_mib else 0
+        if pods:
+            counts["Too many pods"] = pods
         if cpu:
             counts["Insufficient cpu"] = cpu
         if mem:
@@ -119,7 +140,12 @@ class ResourcesFit(FilterPlugin):
 
 
 class GpuFit(FilterPlugin):
-    """GPUs: k fully free GPUs of an allowed model, or one GPU with room for the share."""
+    """GPUs: k fully free GPUs of an allowed model, or one GPU with room for the share.
+
+    Whole GPUs must also fit the kubelet's count: the node's ``nvidia.com/gpu`` allocatable less
+    what its pods request, whoever scheduled them (pods of other schedulers hold no kubegpu device
+    but the kubelet counts them).
+    """
 
     name = "gpu"
 
@@ -157,9 +183,13 @@ class GpuFit(FilterPlugin):
                 return cluster.gpu_max_free[idx] >= pod.gpu_milli
             return self.share_fits(pod, cluster, idx).any(axis=1)
         if not pod.gpu_models:
-            return cluster.gpu_full_free[idx] >= pod.gpu_count
-        whole = (cluster.gpu_free[idx] == MILLI) & cluster.gpu_model_mask(pod.gpu_models)[idx]
-        return whole.sum(axis=1) >= pod.gpu_count
+            ok = cluster.gpu_full_free[idx] >= pod.gpu_count
+        else:
+            whole = (cluster.gpu_free[idx] == MILLI) & cluster.gpu_model_mask(pod.gpu_models)[idx]
+            ok = whole.sum(axis=1) >= pod.gpu_count
+        if cluster.any_gpu_resource_limit:
+            ok &= cluster.gpu_resource_free[idx] >= pod.gpu_count
+        return ok
 
     def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
         if pod.gpu_models and not cluster.model_mask(pod.gpu_models)[i]:
@@ -224,12 +254,65 @@ class TopologyFit(FilterPlugin):
         return [f"no {' '.join(parts)} set of {k} GPUs"]
 
 
+def required_affinity_mask(affinity: NodeAffinity, cluster: ClusterState) -> np.ndarray:
+    """Per cluster node: it satisfies the required node affinity (memoised on the placement view,
+    or computed for the nodes alone when the cluster keeps none)."""
+    if cluster.placement is not None:
+        return cluster.placement.node_affinity_mask(affinity)[: len(cluster)]
+    return np.fromiter(
+        (affinity.matches(node.name, node.labels) for node in cluster.nodes), dtype=bool, count=len(cluster)
+    )
+
+
+class PlacementFilter(FilterPlugin):
+    """Topology spread constraints (DoNotSchedule) and inter-pod affinity, including placed pods'
+    required anti-affinity against this pod (kube-scheduler's PodTopologySpread and
+    InterPodAffinity filters, in that order)."""
+
+    name = "placement"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        view = cluster.placement
+        if view is None:
+            return False
+        placement = pod.placement
+        if placement is None:  # a pod without rules: only placed pods' anti-affinity can matter
+            return bool(view.index.with_required_anti)
+        return view.filters_apply(placement, node_affinity=False)
+
+    def codes(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        assert cluster.placement is not None
+        return cluster.placement.filter(pod_placement(pod), idx, node_affinity=False)
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return self.codes(pod, cluster, idx) == PLACEMENT_PASS
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        code = int(self.codes(pod, cluster, np.array([i]))[0])
+        return [PLACEMENT_REASONS[code]] if code else []
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        codes = self.codes(pod, cluster, rejected)
+        return Counter(PLACEMENT_REASONS[int(c)] for c in codes.tolist() if c)
+
+
+def pod_placement(pod: PodRequest) -> PodPlacement:
+    """The pod's placement facts and rules (a pod without any: its uid and namespace, no labels)."""
+    if pod.placement is not None:
+        return pod.placement
+    namespace, slash, _name = pod.name.partition("/")
+    return PodPlacement(
+        PodFacts(pod.uid, namespace if slash and namespace else "default"), tolerations=pod.tolerations
+    )
+
+
 DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (
     NodeSelectorFilter(),
     TaintFilter(),
     ResourcesFit(),
     GpuFit(),
     TopologyFit(),
+    PlacementFilter(),
 )
 
 

@@ -15,8 +15,12 @@ can be memoised per request shape.
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler.core.placement import PodPlacement
 
 MILLI = 1000  # one whole GPU in milli-GPU
 
@@ -77,15 +81,55 @@ class Toleration:
         return self.key == taint.key and self.value == taint.value
 
 
+class ContainerKind(enum.StrEnum):
+    """Where a container runs in the pod's life: Kubernetes' three kinds."""
+
+    APP = "app"  # spec.containers
+    INIT = "init"  # spec.initContainers, run one at a time before the app containers
+    SIDECAR = "sidecar"  # spec.initContainers with restartPolicy Always: start in order, then stay
+
+
 @dataclass(frozen=True)
 class ContainerRequest:
-    """How many of the pod's whole GPUs one container gets (``gpu_count``), in container order.
+    """How many of the pod's whole GPUs one container gets (``gpu_count``), in pod order
+    (init containers first, as declared, then the app containers).
 
     A sharing pod's one GPU share goes to every container listed (or to the whole pod).
     """
 
     name: str
     gpu_count: int = 0
+    kind: ContainerKind = ContainerKind.APP
+
+
+def effective_request(app: Iterable[int], init: Iterable[tuple[int, bool]], overhead: int = 0) -> int:
+    """Kubernetes' pod request for one resource.
+
+    ``app`` are the app containers' requests; ``init`` the init containers' ``(request,
+    restartable)`` in declaration order (restartable: a sidecar, ``restartPolicy: Always``). The pod
+    needs the larger of (the app containers plus every sidecar) and, for each regular init
+    container, its own request plus the sidecars declared before it (they are running while it
+    does); then ``overhead`` (``spec.overhead``) is added.
+    """
+    sidecars = 0
+    peak = 0
+    for value, restartable in init:
+        if restartable:
+            sidecars += value
+        else:
+            peak = max(peak, value + sidecars)
+    return max(sum(app) + sidecars, peak) + overhead
+
+
+def container_gpus(containers: Iterable[ContainerRequest]) -> int:
+    """The pod's whole GPUs by Kubernetes' rule over its containers' counts."""
+    app, init = [], []
+    for c in containers:
+        if c.kind == ContainerKind.APP:
+            app.append(c.gpu_count)
+        else:
+            init.append((c.gpu_count, c.kind == ContainerKind.SIDECAR))
+    return effective_request(app, init)
 
 
 @dataclass(frozen=True)
@@ -105,6 +149,9 @@ class PodRequest:
     node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
     tolerations: tuple[Toleration, ...] = ()
     containers: tuple[ContainerRequest, ...] = ()
+    # placement rules beyond resources (node and pod affinity, spread, priority): not part of the
+    # shape, as they depend on other pods; None: none (the simulator's pods)
+    placement: PodPlacement | None = field(default=None, compare=False, hash=False, repr=False)
     _shape: tuple = field(default=(), init=False, repr=False, compare=False, hash=False)
 
     def __post_init__(self) -> None:

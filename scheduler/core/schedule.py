@@ -15,7 +15,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.core.allocate import allocate
-from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin, run_filters, unschedulable_message
+from scheduler.core.filters import (
+    DEFAULT_FILTERS,
+    FilterPlugin,
+    pod_placement,
+    run_filters,
+    unschedulable_message,
+)
 from scheduler.core.request import PodRequest
 from scheduler.core.scoring import Policy
 from scheduler.core.state import Allocation, ClusterState
@@ -77,6 +83,11 @@ def schedule_one(
     if not len(idx):
         return Unschedulable(len(cluster), dict(reasons))
     scores = policy.score(pod, cluster, idx)
+    view = cluster.placement
+    if view is not None and len(idx) > 1:
+        placement = pod_placement(pod)
+        if view.scores_apply(placement):  # node affinity, pod affinity, spread preferences
+            scores = scores + view.scores(placement, idx)
     if policy.tie_break is not None and len(idx) > 1:
         best = scores.max()
         tied = scores == best

@@ -22,8 +22,12 @@ from typing import Any
 import numpy as np
 
 from devices.model import DeviceKind, NodeInventory, Topology
+from scheduler.core.affinity import PodFacts
+from scheduler.core.placement import PlacementView
 from scheduler.core.request import MILLI, PodRequest, Taint, TaintEffect
 from scheduler.core.topology import LinkMatrix
+
+UNLIMITED = 1 << 40  # the pods / GPU-count headroom of a node that sets no limit
 
 
 @dataclass
@@ -97,6 +101,18 @@ class Allocation:
     # container name -> ids of its devices; empty: every container gets all of ``gpus``
     containers: Mapping[str, tuple[str, ...]] = field(default_factory=dict, hash=False)
     gpu_tag: str = "no-gpu"  # the pod's GPU shape (PodRequest.gpu_tag)
+    # GPUs the kubelet charges against the node's ``nvidia.com/gpu`` allocatable (the pod's
+    # extended-resource request); None: one per whole GPU granted (none for a share)
+    gpu_resource: int | None = None
+    # regular init containers: they run alone before the others and may reuse their devices
+    init_containers: frozenset[str] = field(default=frozenset(), hash=False)
+
+    @property
+    def charged_gpus(self) -> int:
+        """What this pod counts against the node's ``nvidia.com/gpu`` allocatable."""
+        if self.gpu_resource is not None:
+            return self.gpu_resource
+        return sum(1 for g in self.gpus if not g.is_share)
 
     @property
     def gpu_milli(self) -> int:
@@ -122,6 +138,8 @@ class Allocation:
             ],
             "containers": {name: list(ids) for name, ids in sorted(self.containers.items())},
             "gpuTag": self.gpu_tag,
+            "gpuResource": self.gpu_resource,
+            "initContainers": sorted(self.init_containers),
         }
 
     @classmethod
@@ -140,7 +158,15 @@ class Allocation:
             ),
             containers={str(k): tuple(str(d) for d in v) for k, v in dict(doc.get("containers", {})).items()},
             gpu_tag=str(doc.get("gpuTag", "no-gpu")),
+            gpu_resource=None if doc.get("gpuResource") is None else int(doc["gpuResource"]),
+            init_containers=frozenset(str(c) for c in doc.get("initContainers", ())),
         )
+
+
+def anonymous(alloc: Allocation) -> PodFacts:
+    """What the placement view knows of a pod booked without its facts: its namespace, no labels."""
+    namespace, slash, _name = alloc.pod_name.partition("/")
+    return PodFacts(alloc.pod_uid, namespace if slash and namespace else "default")
 
 
 class AllocationConflict(ValueError):
@@ -148,7 +174,13 @@ class AllocationConflict(ValueError):
 
 
 class NodeState:
-    """One node: static facts, what is used, and the allocations placed on it."""
+    """One node: static facts, what is used, and the allocations placed on it.
+
+    GPUs are booked by id, never by index: an allocation names device ids, and the index in a
+    grant is informational. A GPU an allocation names that the node does not list (it vanished
+    from the inventory) is simply not booked; it is booked again when the node lists it and the
+    allocation is booked on that new state.
+    """
 
     def __init__(
         self,
@@ -160,15 +192,23 @@ class NodeState:
         labels: Mapping[str, str] | None = None,
         taints: Sequence[Taint] = (),
         topology: Topology | None = None,
+        max_pods: int | None = None,
+        gpu_resource: int | None = None,
     ) -> None:
         self.name = name
         self.cpu_capacity = cpu_milli
         self.memory_capacity = memory_mib
         self.cpu_used = 0
         self.memory_used = 0
+        self.max_pods = max_pods  # status.allocatable.pods; None: no limit
+        self.gpu_resource = gpu_resource  # status.allocatable of the GPU resource; None: not checked
+        self.gpu_resource_used = 0
         self.gpus: list[GpuState] = list(gpus)
         if [g.index for g in self.gpus] != list(range(len(self.gpus))):
             raise ValueError(f"node {name}: GPUs must be indexed 0..n-1 in order")
+        self.gpu_by_id: dict[str, GpuState] = {g.id: g for g in self.gpus}
+        if len(self.gpu_by_id) != len(self.gpus):
+            raise ValueError(f"node {name}: two GPUs share an id")
         self.labels: dict[str, str] = dict(labels or {})
         self.taints: tuple[Taint, ...] = tuple(taints)
         self.topology = topology if topology is not None else Topology()
@@ -196,6 +236,8 @@ class NodeState:
         *,
         labels: Mapping[str, str] | None = None,
         taints: Sequence[Taint] = (),
+        max_pods: int | None = None,
+        gpu_resource: int | None = None,
     ) -> NodeState:
         """A node from what its advertiser published (GPUs sorted by index)."""
         gpus = sorted(inventory.by_kind(DeviceKind.GPU), key=lambda d: d.index)
@@ -204,7 +246,15 @@ class NodeState:
             for i, d in enumerate(gpus)
         ]
         return cls(
-            name, cpu_milli, memory_mib, states, labels=labels, taints=taints, topology=inventory.topology
+            name,
+            cpu_milli,
+            memory_mib,
+            states,
+            labels=labels,
+            taints=taints,
+            topology=inventory.topology,
+            max_pods=max_pods,
+            gpu_resource=gpu_resource,
         )
 
     # -- derived numbers ------------------------------------------------------------------------
@@ -217,6 +267,16 @@ class NodeState:
     def memory_free(self) -> int:
         return self.memory_capacity - self.memory_used
 
+    @property
+    def pods_free(self) -> int | None:
+        """How many more pods the node admits (None: no limit)."""
+        return None if self.max_pods is None else self.max_pods - len(self.allocations)
+
+    @property
+    def gpu_resource_free(self) -> int | None:
+        """How many more GPUs the kubelet admits by its count (None: not checked)."""
+        return None if self.gpu_resource is None else self.gpu_resource - self.gpu_resource_used
+
     def models(self) -> frozenset[str]:
         return frozenset(g.model for g in self.gpus)
 
@@ -228,6 +288,10 @@ class NodeState:
         """The taints a pod must tolerate to be placed here."""
         return tuple(t for t in self.taints if t.effect != TaintEffect.PREFER_NO_SCHEDULE)
 
+    def missing_gpus(self, alloc: Allocation) -> list[str]:
+        """The GPU ids ``alloc`` names that this node does not list."""
+        return [g.id for g in alloc.gpus if g.id not in self.gpu_by_id]
+
     # -- assume / forget ------------------------------------------------------------------------
 
     def check(self, alloc: Allocation) -> None:
@@ -236,28 +300,54 @@ class NodeState:
             raise AllocationConflict(f"allocation for node {alloc.node} applied to {self.name}")
         if alloc.pod_uid in self.allocations:
             raise AllocationConflict(f"pod {alloc.pod_uid} already allocated on {self.name}")
-        if alloc.cpu_milli > self.cpu_free or alloc.memory_mib > self.memory_free:
+        # Like the kubelet and kube-scheduler, a resource is checked only when the pod asks for it:
+        # a pod asking none fits a node that bound pods over-commit.
+        if (alloc.cpu_milli and alloc.cpu_milli > self.cpu_free) or (
+            alloc.memory_mib and alloc.memory_mib > self.memory_free
+        ):
             raise AllocationConflict(f"pod {alloc.pod_uid}: not enough CPU/memory on {self.name}")
-        seen: set[int] = set()
+        pods_free = self.pods_free
+        if pods_free is not None and pods_free < 1:
+            raise AllocationConflict(f"pod {alloc.pod_uid}: {self.name} runs its maximum number of pods")
+        gpu_free = self.gpu_resource_free
+        if gpu_free is not None and alloc.charged_gpus and alloc.charged_gpus > gpu_free:
+            raise AllocationConflict(f"pod {alloc.pod_uid}: {self.name} admits only {gpu_free} more GPUs")
+        seen: set[str] = set()
         for grant in alloc.gpus:
-            if not 0 <= grant.index < len(self.gpus) or self.gpus[grant.index].id != grant.id:
-                raise AllocationConflict(f"pod {alloc.pod_uid}: no GPU {grant.id} at index {grant.index}")
-            if grant.index in seen:
+            gpu = self.gpu_by_id.get(grant.id)
+            if gpu is None:
+                raise AllocationConflict(f"pod {alloc.pod_uid}: no GPU {grant.id} on {self.name}")
+            if grant.id in seen:
                 raise AllocationConflict(f"pod {alloc.pod_uid}: GPU {grant.id} granted twice")
-            seen.add(grant.index)
-            gpu = self.gpus[grant.index]
-            if grant.milli > gpu.free_milli or (gpu.memory_mib and grant.memory_mib > gpu.free_memory_mib):
+            seen.add(grant.id)
+            if not gpu.healthy:
+                raise AllocationConflict(f"pod {alloc.pod_uid}: GPU {grant.id} is unhealthy")
+            memory = gpu.memory_mib if grant.milli >= MILLI else grant.memory_mib
+            if grant.milli > gpu.free_milli or (gpu.memory_mib and memory > gpu.free_memory_mib):
                 raise AllocationConflict(f"pod {alloc.pod_uid}: GPU {grant.id} has not enough free")
 
+    def overbooked(self, alloc: Allocation) -> list[str]:
+        """The GPU ids of ``alloc`` (booked here) that are booked beyond their capacity."""
+        return [
+            g.id for g in alloc.gpus if (gpu := self.gpu_by_id.get(g.id)) is not None and gpu.free_milli < 0
+        ]
+
     def apply(self, alloc: Allocation, sign: int) -> None:
-        """Add (``sign=1``, after ``check``) or remove (``sign=-1``) an allocation's usage."""
+        """Add (``sign=1``) or remove (``sign=-1``) an allocation's usage, unconditionally.
+
+        Devices are found by id; ids this node does not list are skipped (the same ones both ways,
+        as a node's GPU list never changes). CPU, memory and GPUs may go below zero free.
+        """
         self.cpu_used += sign * alloc.cpu_milli
         self.memory_used += sign * alloc.memory_mib
+        self.gpu_resource_used += sign * alloc.charged_gpus
         for grant in alloc.gpus:
-            gpu = self.gpus[grant.index]
+            gpu = self.gpu_by_id.get(grant.id)
+            if gpu is None:
+                continue
             gpu.free_milli -= sign * grant.milli
-            if gpu.memory_mib:
-                gpu.free_memory_mib -= sign * grant.memory_mib
+            if gpu.memory_mib:  # a whole GPU takes all its memory, a share what it names
+                gpu.free_memory_mib -= sign * (gpu.memory_mib if grant.milli >= MILLI else grant.memory_mib)
         if alloc.gpu_tag != "no-gpu":
             self.tags[alloc.gpu_tag] += sign
             if self.tags[alloc.gpu_tag] <= 0:
@@ -278,8 +368,20 @@ class ClusterState:
     Arrays (row ``i`` is ``nodes[i]``): ``cpu_free``, ``mem_free``, ``cpu_capacity``, ``gpu_count``,
     ``gpu_free`` (``[N, G]`` free milli per GPU in index order, -1 where the node has fewer GPUs or
     the GPU is unhealthy), ``gpu_free_total``, ``gpu_full_free`` (fully free GPUs), ``gpu_max_free``,
-    ``model_code`` (index into ``model_sets``), ``has_taints``, ``version``. ``gpu_key[i]`` is the
-    node's free milli per GPU sorted descending, a hashable signature of its GPU state.
+    ``model_code`` (index into ``model_sets``), ``has_taints``, ``version``, ``pods_free`` and
+    ``gpu_resource_free`` (what the kubelet still admits; ``UNLIMITED`` where the node sets no limit).
+    ``gpu_key[i]`` is the node's free milli per GPU sorted descending, a hashable signature of its GPU
+    state. A GPU booked beyond its capacity (possible only for bound pods, which are facts) shows 0
+    free.
+
+    ``assume`` books a decision and refuses what does not fit; ``book`` records a fact (a pod the
+    API shows bound): its devices are booked whatever the node's state, and free CPU, memory, pods
+    may go below zero, as kube-scheduler's NodeInfo does.
+
+    ``placement`` (``enable_placement``) is the view the placement rules need (nodes' labels and
+    taints, the placed pods' labels and affinity terms, namespaces' labels); ``assume`` and
+    ``book`` given a pod's ``PodFacts`` record it there, ``forget`` removes it. Without it (the
+    simulator) no placement rule costs anything.
     """
 
     def __init__(self, nodes: Iterable[NodeState]) -> None:
@@ -305,6 +407,10 @@ class ClusterState:
         self.gpu_rows: list[list[int]] = [[] for _ in range(n)]  # free milli per GPU, index order
         self.version = np.zeros(n, dtype=np.int64)
         self.has_taints = np.array([bool(node.schedulable_taints()) for node in self.nodes], dtype=bool)
+        self.pods_free = np.full(n, UNLIMITED, dtype=np.int64)
+        self.gpu_resource_free = np.full(n, UNLIMITED, dtype=np.int64)
+        self.any_pod_limit = any(node.max_pods is not None for node in self.nodes)
+        self.any_gpu_resource_limit = any(node.gpu_resource is not None for node in self.nodes)
         self.gpu_memory_known = np.array(
             [any(gpu.memory_mib for gpu in node.gpus) for node in self.nodes], dtype=bool
         )
@@ -320,11 +426,10 @@ class ClusterState:
                 self.gpu_model[i, gpu.index] = model_index[gpu.model]
                 self.gpu_mem_total[i, gpu.index] = gpu.memory_mib
                 self.gpu_enforced[i, gpu.index] = gpu.share_enforced
-        self.model_sets: list[frozenset[str]] = []
         codes: dict[frozenset[str], int] = {}
         for node in self.nodes:
             codes.setdefault(node.models(), len(codes))
-        self.model_sets = list(codes)
+        self.model_sets: list[frozenset[str]] = list(codes)
         self.model_code = np.array([codes[node.models()] for node in self.nodes], dtype=np.int64)
         self.tag_counts: dict[str, np.ndarray] = {}
         self.tag_kinds = np.zeros(n, dtype=np.int64)  # distinct GPU shapes placed on each node
@@ -337,6 +442,7 @@ class ClusterState:
         self.all_indices = np.arange(n, dtype=np.int64)
         # node order for equal scores (lower first); None: uniformly at random
         self.tie_rank: np.ndarray | None = None
+        self.placement: PlacementView | None = None
         for i in range(n):
             self._sync(i)
         self.version[:] = 0
@@ -385,24 +491,62 @@ class ClusterState:
             self._label_masks[key] = mask
         return mask
 
+    def enable_placement(
+        self,
+        others: Sequence[tuple[str, Mapping[str, str], Sequence[Taint]]] = (),
+        namespace_labels: Mapping[str, Mapping[str, str]] | None = None,
+    ) -> PlacementView:
+        """Keep a placement view over these nodes plus ``others`` (name, labels, taints: nodes whose
+        pods count for pod affinity and spreading but that take no pods from this scheduler)."""
+        names = [node.name for node in self.nodes] + [name for name, _, _ in others]
+        labels = [node.labels for node in self.nodes] + [ls for _, ls, _ in others]
+        taints = [node.taints for node in self.nodes] + [tuple(t) for _, _, t in others]
+        self.placement = PlacementView(names, labels, taints, len(self.nodes), namespace_labels)
+        for i, node in enumerate(self.nodes):
+            for uid in node.allocations:
+                self.placement.index.add(anonymous(node.allocations[uid]), i)  # until booked with facts
+        return self.placement
+
     def allocation(self, pod_uid: str) -> Allocation | None:
         i = self.where.get(pod_uid)
         return None if i is None else self.nodes[i].allocations.get(pod_uid)
 
     # -- assume / forget ------------------------------------------------------------------------
 
-    def assume(self, alloc: Allocation) -> None:
-        """Book ``alloc`` on its node (raises ``AllocationConflict`` if it does not fit)."""
+    def assume(self, alloc: Allocation, facts: PodFacts | None = None) -> None:
+        """Book a decision ``alloc`` on its node (raises ``AllocationConflict`` if it does not fit);
+        ``facts``: what the placement view records of the pod."""
         i = self.index.get(alloc.node)
         if i is None:
             raise AllocationConflict(f"unknown node {alloc.node}")
         if alloc.pod_uid in self.where:
-            raise AllocationConflict(f"pod {alloc.pod_uid} is already allocated")
+            other = self.nodes[self.where[alloc.pod_uid]].name
+            raise AllocationConflict(f"pod {alloc.pod_uid} is already allocated on node {other}")
         node = self.nodes[i]
         node.check(alloc)
-        node.apply(alloc, 1)
+        self._add(i, alloc, facts)
+
+    def book(self, alloc: Allocation, facts: PodFacts | None = None) -> list[str]:
+        """Record a fact: ``alloc`` is booked on its node unconditionally (replacing the pod's
+        earlier booking, if any). Returns the problems (GPUs missing from the node, or now booked
+        beyond their capacity) for the caller to report; raises only for an unknown node."""
+        i = self.index.get(alloc.node)
+        if i is None:
+            raise AllocationConflict(f"unknown node {alloc.node}")
+        if alloc.pod_uid in self.where:
+            self.forget(alloc.pod_uid)
+        node = self.nodes[i]
+        self._add(i, alloc, facts)
+        problems = [f"GPU {d} is not listed by node {node.name}" for d in node.missing_gpus(alloc)]
+        problems += [f"GPU {d} is booked beyond its capacity" for d in node.overbooked(alloc)]
+        return problems
+
+    def _add(self, i: int, alloc: Allocation, facts: PodFacts | None = None) -> None:
+        self.nodes[i].apply(alloc, 1)
         self.where[alloc.pod_uid] = i
         self.allocated_milli += alloc.gpu_milli
+        if self.placement is not None:
+            self.placement.index.add(facts if facts is not None else anonymous(alloc), i)
         self._sync(i)
 
     def forget(self, pod_uid: str) -> Allocation:
@@ -414,6 +558,8 @@ class ClusterState:
         alloc = node.allocations[pod_uid]
         node.apply(alloc, -1)
         self.allocated_milli -= alloc.gpu_milli
+        if self.placement is not None:
+            self.placement.index.remove(pod_uid)
         self._sync(i)
         return alloc
 
@@ -422,7 +568,11 @@ class ClusterState:
         node = self.nodes[i]
         self.cpu_free[i] = node.cpu_free
         self.mem_free[i] = node.memory_free
-        free = [gpu.free_milli if gpu.healthy else -1 for gpu in node.gpus]
+        if node.max_pods is not None:
+            self.pods_free[i] = node.max_pods - len(node.allocations)
+        if node.gpu_resource is not None:
+            self.gpu_resource_free[i] = node.gpu_resource - node.gpu_resource_used
+        free = [max(gpu.free_milli, 0) if gpu.healthy else -1 for gpu in node.gpus]
         self.gpu_rows[i] = free
         row = self.gpu_free[i]
         row[: len(free)] = free

@@ -40,6 +40,7 @@ class SchedulerConfig:
     bind_workers: int = 16
     backoff_initial_seconds: float = 1.0
     backoff_max_seconds: float = 10.0
+    bind_timeout_seconds: float = 5.0
     identity: str = field(default_factory=socket.gethostname)
     leader_election: LeaderElection = field(default_factory=LeaderElection)
 

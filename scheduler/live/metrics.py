@@ -35,6 +35,34 @@ class SchedulerMetrics:
         self.binds = Counter(
             "kubegpu_scheduler_bindings", "Binding calls by result.", ["result"], registry=self.registry
         )
+        self.nodes = Gauge(
+            "kubegpu_scheduler_nodes",
+            "Nodes kubegpu can place pods on (usable) and nodes it leaves out (excluded, reason logged).",
+            ["state"],
+            registry=self.registry,
+        )
+        self.assumed = Gauge(
+            "kubegpu_scheduler_assumed_pods",
+            "Pods decided and booked whose binding is not yet seen on the watch.",
+            registry=self.registry,
+        )
+        self.read_backs = Counter(
+            "kubegpu_scheduler_read_backs",
+            "Pods read back after a binding of unknown outcome, by what the read showed.",
+            ["outcome"],
+            registry=self.registry,
+        )
+        self.preemptions = Counter(
+            "kubegpu_scheduler_preemptions",
+            "Preemptions started: a pod that fit nowhere had lower-priority pods evicted.",
+            registry=self.registry,
+        )
+        self.evictions = Counter(
+            "kubegpu_scheduler_evictions",
+            "Eviction API calls for preemption victims, by result (ok, gone, or the HTTP status).",
+            ["result"],
+            registry=self.registry,
+        )
         self.leader = Gauge(
             "kubegpu_scheduler_is_leader",
             "1 while this replica holds the leader lease.",

@@ -13,8 +13,12 @@ What a pod can ask for (docs/scheduler.md is the user-facing description):
 - GPU models: annotation ``kubegpu.io/gpu-model``, models separated by ``|``;
 - topology of a multi-GPU set: annotation ``kubegpu.io/topology``, comma-separated
   ``nvlink``/``numa``/``pcie-switch`` each ``=require`` or ``=prefer``;
-- CPU and memory requests (the Kubernetes rule: max of the sum over containers and any init
-  container), node selector, tolerations.
+- CPU, memory and whole GPUs by Kubernetes' rule (``pod_resources``): the larger of the app
+  containers plus the restartable (sidecar) init containers, and each regular init container plus
+  the sidecars declared before it; ``spec.overhead`` is added to CPU and memory;
+- node selector, tolerations;
+- placement rules (``scheduler.core.constraints``): node affinity, pod affinity and anti-affinity,
+  topology spread constraints, priority and preemption policy, with Kubernetes' semantics.
 """
 
 from __future__ import annotations
@@ -25,7 +29,18 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
-from scheduler.core.request import ContainerRequest, PodRequest, Toleration, TopologyWish, Wish
+from scheduler.core.constraints import SpecError
+from scheduler.core.placement import placement_of
+from scheduler.core.request import (
+    ContainerKind,
+    ContainerRequest,
+    PodRequest,
+    Toleration,
+    TopologyWish,
+    Wish,
+    container_gpus,
+    effective_request,
+)
 
 GPU_MILLI_ANNOTATION = "kubegpu.io/gpu-milli"
 GPU_MEMORY_ANNOTATION = "kubegpu.io/gpu-memory-mib"
@@ -57,9 +72,15 @@ def _cpu_memory(container: Mapping[str, Any]) -> tuple[int, int]:
     requests, limits = _resources(container)
     cpu = requests.get("cpu", limits.get("cpu", 0))
     memory = requests.get("memory", limits.get("memory", 0))
-    cpu_milli = int((_quantity(cpu, "cpu") * 1000).to_integral_value(rounding="ROUND_CEILING"))
-    memory_mib = int((_quantity(memory, "memory") / MEBI).to_integral_value(rounding="ROUND_CEILING"))
-    return cpu_milli, memory_mib
+    return _milli_cpu(cpu), _mebibytes(memory)
+
+
+def _milli_cpu(value: Any) -> int:
+    return int((_quantity(value, "cpu") * 1000).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _mebibytes(value: Any) -> int:
+    return int((_quantity(value, "memory") / MEBI).to_integral_value(rounding="ROUND_CEILING"))
 
 
 def _gpus(container: Mapping[str, Any], resource: str) -> int:
@@ -70,6 +91,35 @@ def _gpus(container: Mapping[str, Any], resource: str) -> int:
     if count < 0 or count != count.to_integral_value():
         raise PodSpecError(f"{resource} of container {name} must be a whole number, got {value}")
     return int(count)
+
+
+def _kind(container: Mapping[str, Any], init: bool) -> ContainerKind:
+    if not init:
+        return ContainerKind.APP
+    return ContainerKind.SIDECAR if container.get("restartPolicy") == "Always" else ContainerKind.INIT
+
+
+def pod_resources(pod: Mapping[str, Any], gpu_resource: str) -> tuple[int, int, tuple[ContainerRequest, ...]]:
+    """(CPU milli, memory MiB, the containers with their whole GPUs) of a pod, by Kubernetes' rule.
+
+    The containers come in pod order (init containers, then app containers); the pod's GPU count is
+    ``request.container_gpus`` of them. Raises PodSpecError for a malformed quantity.
+    """
+    spec = pod.get("spec") or {}
+    rows: list[tuple[ContainerKind, str, int, int, int]] = []
+    for init, key in ((True, "initContainers"), (False, "containers")):
+        for c in spec.get(key) or []:
+            cpu, memory = _cpu_memory(c)
+            rows.append((_kind(c, init), str(c.get("name", "")), cpu, memory, _gpus(c, gpu_resource)))
+    overhead = spec.get("overhead") or {}
+    extras = (_milli_cpu(overhead.get("cpu", 0)), _mebibytes(overhead.get("memory", 0)))
+    totals = []
+    for column, extra in zip((2, 3), extras, strict=True):
+        app = [row[column] for row in rows if row[0] == ContainerKind.APP]
+        init = [(row[column], row[0] == ContainerKind.SIDECAR) for row in rows if row[0] != ContainerKind.APP]
+        totals.append(effective_request(app, init, extra))
+    containers = tuple(ContainerRequest(name, gpus, kind) for kind, name, _, _, gpus in rows)
+    return totals[0], totals[1], containers
 
 
 def _int_annotation(annotations: Mapping[str, str], key: str, low: int, high: int) -> int:
@@ -131,11 +181,7 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
     containers = list(spec.get("containers") or [])
     if not containers:
         raise PodSpecError("pod has no containers")
-    cpu_memory = [_cpu_memory(c) for c in containers]
-    init = [_cpu_memory(c) for c in spec.get("initContainers") or []]
-    cpu = max([sum(c for c, _ in cpu_memory)] + [c for c, _ in init])
-    memory = max([sum(m for _, m in cpu_memory)] + [m for _, m in init])
-    whole = [(c.get("name", ""), _gpus(c, gpu_resource)) for c in containers]
+    cpu, memory, rows = pod_resources(pod, gpu_resource)
     milli = _int_annotation(annotations, GPU_MILLI_ANNOTATION, 1, 999)
     gpu_memory = _int_annotation(annotations, GPU_MEMORY_ANNOTATION, 1, 1 << 24)
     sharing = bool(milli or gpu_memory)
@@ -145,8 +191,7 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
             f"annotation {SHARE_ENFORCED_ANNOTATION} needs a GPU share "
             f"({GPU_MILLI_ANNOTATION} or {GPU_MEMORY_ANNOTATION}); whole GPUs are never shared"
         )
-    total_whole = sum(count for _, count in whole)
-    if sharing and total_whole:
+    if sharing and any(c.gpu_count for c in rows):
         raise PodSpecError(f"a pod asks for whole GPUs ({gpu_resource}) or a share of one GPU, not both")
     if sharing:
         names = [c.get("name", "") for c in containers]
@@ -155,13 +200,24 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
         ]
         unknown = sorted(set(wanted) - set(names))
         if unknown:
-            raise PodSpecError(f"annotation {GPU_CONTAINERS_ANNOTATION} names unknown containers {unknown}")
-        container_requests = tuple(ContainerRequest(n, 1 if n in wanted else 0) for n in names)
+            raise PodSpecError(
+                f"annotation {GPU_CONTAINERS_ANNOTATION} names unknown containers {unknown}"
+                " (a share goes to app containers only)"
+            )
+        container_requests = tuple(
+            ContainerRequest(c.name, 1 if c.kind == ContainerKind.APP and c.name in wanted else 0, c.kind)
+            for c in rows
+        )
         gpu_count = 1
     else:
-        container_requests = tuple(ContainerRequest(n, count) for n, count in whole)
-        gpu_count = total_whole
+        container_requests = rows
+        gpu_count = container_gpus(rows)
     models = frozenset(m.strip() for m in annotations.get(GPU_MODEL_ANNOTATION, "").split("|") if m.strip())
+    tolerations = _tolerations(spec)
+    try:
+        placement = placement_of(pod, tolerations)
+    except SpecError as error:
+        raise PodSpecError(str(error)) from None
     try:
         return PodRequest(
             name=name,
@@ -175,8 +231,9 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
             enforced_share=enforced,
             topology=parse_topology(annotations.get(TOPOLOGY_ANNOTATION)),
             node_selector=dict(spec.get("nodeSelector") or {}),
-            tolerations=_tolerations(spec),
+            tolerations=tolerations,
             containers=container_requests,
+            placement=placement,
         )
     except ValueError as error:
         raise PodSpecError(str(error)) from None

@@ -1,24 +1,29 @@
 """The live scheduler: watch Nodes and Pods, decide with the shared core, bind with the allocation.
 
-Threads: one reflector per resource feeds the caches; one scheduling thread pops pods and decides
-(the core is single-threaded by design); a pool of binders POSTs Bindings. One condition lock
-guards the caches, the queue and the core's ClusterState.
+Threads: one reflector per resource feeds the cache; one scheduling thread pops pods and decides
+(the core is single-threaded by design); a pool of binders POSTs Bindings and reads pods back.
+One condition lock guards the cache, the queue and the core's ClusterState.
 
-- **Cache.** Node facts from each Node; every pod bound to a node (any scheduler) uses CPU and
-  memory there, and its signed allocation annotation holds its devices: bound pods' annotations
-  are the source of truth. Pods being bound are *assumed* (booked in the core) until the watch
-  shows them bound. After a restart everything is rebuilt from a fresh list, so no device is ever
-  handed out twice.
-- **Queue.** Pending pods that name this scheduler, FIFO; a failed bind backs off exponentially;
-  an unschedulable pod waits until a node or a pod changes.
+- **Cache** (``cache.Cache``): Node facts, bound pods (whoever bound them: they are facts), the
+  pods pending for this scheduler and the assumptions (pods being bound). Its module docstring
+  has the rules that keep a device from being handed out twice.
+- **Queue** (``queue.SchedulingQueue``): kube-scheduler's order (priority, then creation time),
+  per-pod exponential backoff, unschedulable pods parked until the cluster changes. The
+  scheduling thread sleeps until the next pod is ready or something changes; it never polls.
 - **Bind.** One POST to ``pods/<name>/binding`` whose metadata carries the signed annotation:
-  the pod is never bound without its allocation nor annotated without being bound.
+  the pod is never bound without its allocation nor annotated without being bound. Its outcome
+  decides the assumption: success keeps it until the pod is seen bound; a 404 (pod gone) or
+  another 4xx (not stored) releases it; anything that may have been stored (5xx, 409, timeout,
+  lost connection) keeps it and the pod is read back after a backoff to learn what happened.
+- **Leadership.** With leader election, a new leader waits ``bindTimeoutSeconds`` (the longest a
+  former leader's Binding can be in flight) and lists the pods again before it decides anything,
+  so no Binding of a former leader lands unseen.
 """
 
 from __future__ import annotations
 
-import collections
 import datetime as dt
+import json
 import logging
 import random
 import threading
@@ -31,57 +36,41 @@ from typing import Any
 from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
+from kubegpu import allocation as contract
 from kubegpu.allocation import KeyRing
 from kubegpu.logs import log_event
+from scheduler.core.affinity import PodFacts
+from scheduler.core.allocate import allocate
+from scheduler.core.constraints import priority_of
 from scheduler.core.filters import unschedulable_message
 from scheduler.core.policies import make_policy
+from scheduler.core.preempt import PREEMPT_LOWER, Budget, RunningPod, Victims, choose, eligible
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import Allocation, AllocationConflict, ClusterState
+from scheduler.live.cache import (
+    Cache,
+    NodeFacts,
+    PodChange,
+    is_pending_for,
+    pod_key,
+)
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.podspec import PodSpecError, pod_request
+from scheduler.live.preemption import budget, candidate_nodes, node_offer, other_rules, running_pod
+from scheduler.live.queue import SchedulingQueue
 from scheduler.live.reflector import Reflector
-from scheduler.live.translate import (
-    NodeFacts,
-    bound_allocation,
-    node_facts,
-    node_state,
-    parse_time,
-    signed_annotation,
-)
+from scheduler.live.translate import allocation_contract, parse_time
 
 log = logging.getLogger("kubegpu.scheduler")
-TERMINAL = ("Succeeded", "Failed")
 EVENT_REPEAT_SECONDS = 30.0
 STALENESS_CHECK_SECONDS = 5.0
+SUCCEEDED_READ_SECONDS = 30.0  # a stored Binding not seen on the watch by then is read back
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return obj.get("metadata") or {}
-
-
-def pod_key(pod: Mapping[str, Any]) -> str:
-    meta = _meta(pod)
-    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-
-
-def is_bound(pod: Mapping[str, Any]) -> bool:
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    return bool(spec.get("nodeName")) and status.get("phase") not in TERMINAL
-
-
-def is_pending_for(pod: Mapping[str, Any], scheduler_name: str) -> bool:
-    """Waiting for this scheduler: unbound, not finished or deleted, no scheduling gates left."""
-    spec, status = pod.get("spec") or {}, pod.get("status") or {}
-    if spec.get("schedulingGates"):
-        return False
-    return (
-        spec.get("schedulerName") == scheduler_name
-        and not spec.get("nodeName")
-        and status.get("phase") not in TERMINAL
-        and not _meta(pod).get("deletionTimestamp")
-    )
 
 
 def merge_reasons(reasons: Mapping[str, int], excluded: Mapping[str, str]) -> tuple[int, dict[str, int]]:
@@ -92,8 +81,28 @@ def merge_reasons(reasons: Mapping[str, int], excluded: Mapping[str, str]) -> tu
     return len(excluded), merged
 
 
+def _relevant(pod: Mapping[str, Any] | None) -> tuple:
+    """What of a pending pod can change whether it fits (not its status)."""
+    if pod is None:
+        return ()
+    meta = _meta(pod)
+    return (pod.get("spec"), meta.get("labels"), meta.get("annotations"))
+
+
+def _queue_key(pod: Mapping[str, Any]) -> tuple[int, str, str]:
+    """(priority, creation time, namespace/name): the queue's order."""
+    priority = (pod.get("spec") or {}).get("priority")
+    created = _meta(pod).get("creationTimestamp") or ""
+    return (priority if isinstance(priority, int) else 0), str(created), pod_key(pod)
+
+
 class Scheduler:
-    """One scheduler replica (see module docstring)."""
+    """One scheduler replica (see module docstring).
+
+    ``clock`` (monotonic seconds) times backoff, read-backs and event de-duplication; ``submit``
+    runs binder work (default: a thread pool of ``bindWorkers``); ``core`` replaces the
+    ``CoreV1Api`` made from ``api``. Tests replace all three.
+    """
 
     def __init__(
         self,
@@ -102,42 +111,79 @@ class Scheduler:
         keys: KeyRing,
         metrics: SchedulerMetrics | None = None,
         seed: int | None = None,
+        *,
+        clock: Callable[[], float] = time.monotonic,
+        submit: Callable[..., Any] | None = None,
+        core: Any = None,
+        policy_api: Any = None,
     ) -> None:
         self.config = config
-        self.core = k8s.CoreV1Api(api)
+        self.core = core if core is not None else k8s.CoreV1Api(api)
+        self.policy_api = policy_api if policy_api is not None else k8s.PolicyV1Api(api)
         self.keys = keys
         self.metrics = metrics or SchedulerMetrics()
         self.policy = make_policy(config.policy)
         self.rng = random.Random(seed)
+        self.clock = clock
         self.cond = threading.Condition()
         self.stop_event = threading.Event()
         self.leading = threading.Event()
-        self.facts: dict[str, NodeFacts] = {}
-        self.pods: dict[str, dict[str, Any]] = {}
-        self.assumed: dict[str, Allocation] = {}
-        self.cluster: ClusterState | None = None
-        self.excluded: dict[str, str] = {}
-        self.dirty = True
-        self.active: collections.deque[str] = collections.deque()
-        self.queued: set[str] = set()
-        self.backoff: dict[str, tuple[float, int]] = {}
-        self.unschedulable: set[str] = set()
+        self.cache = Cache(
+            config.scheduler_name, keys.keys, config.gpu_resource, config.heartbeat_stale_seconds
+        )
+        self.queue = SchedulingQueue(config.backoff_initial_seconds, config.backoff_max_seconds, clock)
         self._last_event: dict[tuple[str, str], float] = {}
         self._binders = ThreadPoolExecutor(max_workers=config.bind_workers, thread_name_prefix="bind")
+        self._submit = submit or self._binders.submit
         self.node_reflector = Reflector(
             "nodes", self.core.list_node, _Handler(self.replace_nodes, self.apply_node)
         )
         self.pod_reflector = Reflector(
             "pods", self.core.list_pod_for_all_namespaces, _Handler(self.replace_pods, self.apply_pod)
         )
+        self.namespace_reflector = Reflector(
+            "namespaces",
+            lambda **kw: self.core.list_namespace(**kw),
+            _Handler(self.replace_namespaces, self.apply_namespace),
+        )
+        self.budget_reflector = Reflector(
+            "poddisruptionbudgets",
+            lambda **kw: self.policy_api.list_pod_disruption_budget_for_all_namespaces(**kw),
+            _Handler(self.replace_budgets, self.apply_budget),
+        )
+        self.budgets: dict[str, Budget] = {}  # namespace/name -> PodDisruptionBudget
+        self.nominated: dict[str, str] = {}  # pending pod uid -> node its preemption freed room on
+        self._pod_rules_waiting: set[str] = set()  # parked pods whose rules look at other pods
         self.elector: Any = None  # LeaderElector when leader election is on
         self._requests: dict[str, tuple[str, PodRequest | PodSpecError]] = {}
         self._planned_shapes: set[tuple] = set()
+        self._pod_lists = 0  # full pod lists applied so far
+        self._fence: tuple[float, int | None] | None = None  # (wait until, pod lists needed)
+
+    # compatibility views of the cache (benchmarks and tests read them)
+    @property
+    def pods(self) -> dict[str, dict[str, Any]]:
+        return self.cache.pods
+
+    @property
+    def facts(self) -> dict[str, NodeFacts]:
+        return self.cache.facts
+
+    @property
+    def assumed(self) -> dict[str, Allocation]:
+        return {uid: a.alloc for uid, a in self.cache.assumed.items()}
+
+    @property
+    def cluster(self) -> ClusterState | None:
+        return self.cache.cluster
 
     # --- lifecycle ------------------------------------------------------------------------------
 
+    def reflectors(self) -> tuple[Reflector, ...]:
+        return (self.node_reflector, self.pod_reflector, self.namespace_reflector, self.budget_reflector)
+
     def start_watching(self) -> None:
-        for reflector in (self.node_reflector, self.pod_reflector):
+        for reflector in self.reflectors():
             threading.Thread(
                 target=reflector.run, args=(self.stop_event,), name=f"watch-{reflector.name}", daemon=True
             ).start()
@@ -165,7 +211,7 @@ class Scheduler:
         def started() -> None:
             log_event(log, "leader.acquired", identity=self.config.identity, lease=election.lease_name)
             self.metrics.leader.set(1)
-            self.leading.set()
+            self.became_leader()
 
         def stopped() -> None:
             clean = self.stop_event.is_set()
@@ -179,6 +225,8 @@ class Scheduler:
             self.metrics.leader.set(0)
             self.leading.clear()
             self.stop_event.set()  # like kube-scheduler: a replica that lost the lease stops
+            with self.cond:
+                self.cond.notify_all()
 
         thread = threading.Thread(
             target=self.elector.run,
@@ -189,9 +237,16 @@ class Scheduler:
         thread.start()
         return thread
 
+    def became_leader(self) -> None:
+        """Start leading after the fence: wait out a former leader's Bindings, then list pods."""
+        with self.cond:
+            self._fence = (self.clock() + self.config.bind_timeout_seconds, None)
+            self.leading.set()
+            self.cond.notify_all()
+
     def wait_synced(self, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
-        for reflector in (self.node_reflector, self.pod_reflector):
+        for reflector in self.reflectors():
             if not reflector.synced.wait(max(0.0, deadline - time.monotonic())):
                 return False
         return True
@@ -213,132 +268,100 @@ class Scheduler:
 
     def replace_nodes(self, items: list[dict[str, Any]]) -> None:
         with self.cond:
-            self.facts = {f.name: f for f in map(node_facts, items)}
+            self.cache.replace_nodes(items)
             self._changed()
 
     def apply_node(self, event_type: str, node: dict[str, Any]) -> None:
-        name = _meta(node).get("name", "")
         with self.cond:
-            if event_type == "DELETED":
-                if self.facts.pop(name, None) is not None:
-                    self._changed()
-                return
-            facts = node_facts(node)
-            old = self.facts.get(name)
-            self.facts[name] = facts
-            if old is None or old.signature() != facts.signature():
-                self._changed()
-            elif old.heartbeat != facts.heartbeat and (name in self.excluded) != bool(self._exclusion(facts)):
+            if self.cache.apply_node(event_type, node):
                 self._changed()
 
     def replace_pods(self, items: list[dict[str, Any]]) -> None:
         with self.cond:
-            self.pods = {}
-            self.active.clear()
-            self.queued.clear()
-            for pod in items:
-                self._track_pod(pod)
+            self.cache.replace_pods(items)
+            pending = {
+                uid
+                for uid, pod in self.cache.pods.items()
+                if uid not in self.cache.assumed and is_pending_for(pod, self.config.scheduler_name)
+            }
+            for uid in self.queue.uids():
+                if uid not in pending and uid not in self.cache.assumed:
+                    self.queue.remove(uid)
+            for uid in pending:
+                self.queue.add(uid, *_queue_key(self.cache.pods[uid]))
+            self.nominated = {}
+            for uid in pending:
+                self._note_nomination(uid, self.cache.pods[uid])
+            self._pod_lists += 1
             self._changed()
 
     def apply_pod(self, event_type: str, pod: dict[str, Any]) -> None:
-        uid = _meta(pod).get("uid", "")
+        uid = str(_meta(pod).get("uid", ""))
         with self.cond:
-            if event_type == "DELETED" or (pod.get("status") or {}).get("phase") in TERMINAL:
-                self._drop_pod(uid)
-                self._release_unschedulable()
-                return
-            was_bound = uid in self.pods and is_bound(self.pods[uid])
-            self._track_pod(pod)
-            if is_bound(pod) and not was_bound:
-                self._observe_bound(uid, pod)
-            if uid in self.unschedulable and is_pending_for(pod, self.config.scheduler_name):
-                self.unschedulable.discard(uid)
-                self._enqueue(uid)
+            before = _relevant(self.cache.pods.get(uid))
+            change = self.cache.apply_pod(event_type, pod)
+            self._note_nomination(uid, self.cache.pods.get(uid))
+            if change == PodChange.GONE:
+                self.queue.remove(uid)
+                self._pod_rules_waiting.discard(uid)
+                self._changed()
+            elif change == PodChange.BOUND:
+                self.queue.remove(uid)
+                self._pod_rules_waiting.discard(uid)
+                if self._pod_rules_waiting:  # a placed pod's labels may satisfy a waiting pod's rules
+                    self._changed()
+            elif change == PodChange.PENDING and uid not in self.cache.assumed:
+                if uid not in self.queue or before != _relevant(pod):
+                    self.queue.update(uid, *_queue_key(pod))
+                    self.cond.notify_all()
 
-    def _track_pod(self, pod: dict[str, Any]) -> None:
-        uid = _meta(pod).get("uid", "")
-        if is_bound(pod):
-            self.pods[uid] = pod
-            self.queued.discard(uid)
-        elif is_pending_for(pod, self.config.scheduler_name):
-            self.pods[uid] = pod
-            if uid not in self.assumed and uid not in self.unschedulable:
-                self._enqueue(uid)
+    def replace_namespaces(self, items: list[dict[str, Any]]) -> None:
+        with self.cond:
+            self.cache.replace_namespaces(items)
+            self._changed()
+
+    def apply_namespace(self, event_type: str, namespace: dict[str, Any]) -> None:
+        with self.cond:
+            if self.cache.apply_namespace(event_type, namespace):
+                self._changed()  # a namespace selector of a pod affinity term may match now
+
+    def replace_budgets(self, items: list[dict[str, Any]]) -> None:
+        with self.cond:
+            self.budgets = {}
+            for item in items:
+                self._put_budget("ADDED", item)
+            self._changed()
+
+    def apply_budget(self, event_type: str, pdb: dict[str, Any]) -> None:
+        with self.cond:
+            self._put_budget(event_type, pdb)
+            self._changed()  # a budget that allows more disruptions may let a preemption happen
+
+    def _put_budget(self, event_type: str, pdb: Mapping[str, Any]) -> None:
+        key = pod_key(pdb)
+        parsed = budget(pdb) if event_type != "DELETED" else None
+        if parsed is None:
+            self.budgets.pop(key, None)
         else:
-            self.pods.pop(uid, None)
+            self.budgets[key] = parsed
 
-    def _observe_bound(self, uid: str, pod: dict[str, Any]) -> None:
-        """A pod showed up bound: it replaces our assumption, or is booked now (another binder)."""
-        self.assumed.pop(uid, None)
-        self.queued.discard(uid)
-        cluster = self.cluster
-        if self.dirty or cluster is None or uid in cluster.where:
-            return
-        self._book_bound(cluster, pod, self.keys.keys())
-
-    @staticmethod
-    def _book_bound(cluster: ClusterState, pod: dict[str, Any], keys: Mapping[str, bytes]) -> None:
-        """Book a bound pod's CPU, memory and signed devices on its node (if kubegpu uses the node)."""
-        node_name = (pod.get("spec") or {}).get("nodeName", "")
-        if node_name not in cluster.index:
-            return
-        alloc, problem = bound_allocation(pod, cluster.node(node_name), keys)
-        if problem:
-            log_event(
-                log,
-                "pod.allocation_ignored",
-                logging.WARNING,
-                pod=pod_key(pod),
-                node=node_name,
-                reason=problem,
-            )
-        try:
-            cluster.assume(alloc)
-        except AllocationConflict as error:
-            log_event(
-                log,
-                "pod.allocation_conflict",
-                logging.ERROR,
-                pod=pod_key(pod),
-                node=node_name,
-                reason=str(error),
-            )
-
-    def _drop_pod(self, uid: str) -> None:
-        self.pods.pop(uid, None)
-        self.assumed.pop(uid, None)
-        self.queued.discard(uid)
-        self.unschedulable.discard(uid)
-        self.backoff.pop(uid, None)
-        if not self.dirty and self.cluster is not None and uid in self.cluster.where:
-            self.cluster.forget(uid)
+    def _note_nomination(self, uid: str, pod: Mapping[str, Any] | None) -> None:
+        """Keep ``nominated`` in step with the pods' ``status.nominatedNodeName``."""
+        node = ((pod or {}).get("status") or {}).get("nominatedNodeName") if pod is not None else None
+        if pod is not None and node and is_pending_for(pod, self.config.scheduler_name):
+            self.nominated[uid] = str(node)
+        else:
+            self.nominated.pop(uid, None)
 
     def _changed(self) -> None:
-        self.dirty = True
-        self._release_unschedulable()
+        """Something freed or added room: parked pods may fit now."""
+        self.queue.move_all()
         self.cond.notify_all()
-
-    def _release_unschedulable(self) -> None:
-        for uid in self.unschedulable:
-            self._enqueue(uid)
-        self.unschedulable.clear()
-
-    def _enqueue(self, uid: str) -> None:
-        if uid not in self.queued:
-            self.queued.add(uid)
-            self.active.append(uid)
-            self.cond.notify_all()
-
-    def _exclusion(self, facts: NodeFacts) -> str:
-        return facts.schedulable(dt.datetime.now(dt.UTC), self.config.heartbeat_stale_seconds)
 
     def _watch_staleness(self) -> None:
         while not self.stop_event.wait(STALENESS_CHECK_SECONDS):
             with self.cond:
-                flipped = any(
-                    (name in self.excluded) != bool(self._exclusion(f)) for name, f in self.facts.items()
-                )
-                if flipped:
+                if self.cache.exclusions_flipped():
                     self._changed()
 
     # --- the core's view ----------------------------------------------------------------------------
@@ -358,6 +381,8 @@ class Scheduler:
                 cached = (version, pod_request(pod, self.config.gpu_resource))
             except PodSpecError as error:
                 cached = (version, error)
+            except (AttributeError, TypeError, ValueError) as error:  # a shape the API would not serve
+                cached = (version, PodSpecError(f"pod spec unreadable: {str(error)[:200]}"))
             self._requests[uid] = cached
         return cached[1]
 
@@ -367,114 +392,274 @@ class Scheduler:
         FGD judges a placement against the typical pods of the workload; live, that is the pods we
         know.
         """
-        requests = [self._request(uid, pod) for uid, pod in self.pods.items()]
-        for uid in set(self._requests) - set(self.pods):
+        requests = [self._request(uid, pod) for uid, pod in self.cache.pods.items()]
+        for uid in set(self._requests) - set(self.cache.pods):
             del self._requests[uid]
         return [r for r in requests if isinstance(r, PodRequest)]
 
-    def _rebuild(self) -> None:
-        """Build the core's cluster from the caches: eligible nodes, bound pods, assumptions."""
-        self.excluded = {name: reason for name, f in self.facts.items() if (reason := self._exclusion(f))}
-        nodes = [node_state(f) for name, f in sorted(self.facts.items()) if name not in self.excluded]
-        cluster = ClusterState(nodes)
-        self._bind_policy(cluster)
-        keys = self.keys.keys()
-        for pod in self.pods.values():
-            if is_bound(pod):
-                self._book_bound(cluster, pod, keys)
-        for uid, alloc in list(self.assumed.items()):
-            if uid in cluster.where:
-                continue
-            try:
-                cluster.assume(alloc)
-            except AllocationConflict as error:  # its node vanished or changed under the bind
-                log_event(
-                    log,
-                    "pod.assumption_lost",
-                    logging.WARNING,
-                    pod=alloc.pod_name,
-                    node=alloc.node,
-                    reason=str(error),
-                )
-        self.cluster = cluster
-        self.dirty = False
-        log_event(
-            log,
-            "cache.rebuilt",
-            nodes=len(nodes),
-            excluded=len(self.excluded),
-            bound_pods=len(cluster.where),
-            assumed=len(self.assumed),
-        )
+    def _view(self) -> ClusterState:
+        rebuilds = self.cache.rebuilds
+        cluster = self.cache.view()
+        if self.cache.rebuilds != rebuilds:
+            self._bind_policy(cluster)
+            self.metrics.nodes.labels("usable").set(len(cluster))
+            self.metrics.nodes.labels("excluded").set(len(self.cache.excluded))
+        return cluster
 
     # --- scheduling ----------------------------------------------------------------------------------
 
-    def _next_ready(self) -> str | None:
-        now = time.monotonic()
-        for _ in range(len(self.active)):
-            uid = self.active.popleft()
-            ready_at, _attempts = self.backoff.get(uid, (0.0, 0))
-            if ready_at <= now:
-                self.queued.discard(uid)
-                return uid
-            self.active.append(uid)
-        return None
+    def _fence_passed(self) -> bool:
+        """False while a new leader must still wait or list (then the caller waits and retries)."""
+        if self._fence is None:
+            return True
+        until, lists_needed = self._fence
+        if self.clock() < until:
+            return False
+        if lists_needed is None:
+            self._fence = (until, self._pod_lists + 1)
+            try:
+                self.cond.release()  # the list takes its time; the handler takes the lock itself
+                try:
+                    self.pod_reflector.list_once()
+                finally:
+                    self.cond.acquire()
+            except Exception as error:  # try again after a backoff
+                log_event(log, "leader.relist_failed", logging.WARNING, error=str(error)[:300])
+                self._fence = (self.clock() + self.config.backoff_initial_seconds, None)
+                return False
+        if self._pod_lists >= (self._fence[1] or 0):
+            self._fence = None
+            log_event(log, "leader.fenced", identity=self.config.identity)
+            return True
+        return False
+
+    def _wait_seconds(self, timeout: float) -> float:
+        now = self.clock()
+        wait = timeout
+        ready = self.queue.wait_seconds()
+        if ready is not None:
+            wait = min(wait, ready)
+        read_at = self.cache.next_read_at()
+        if read_at is not None:
+            wait = min(wait, max(0.0, read_at - now))
+        if self._fence is not None:
+            wait = min(wait, max(0.01, self._fence[0] - now))
+        return max(0.0, wait)
 
     def schedule_next(self, timeout: float) -> bool:
         """Decide one pod if one is ready within ``timeout``; True if one was handled."""
         with self.cond:
-            uid = self._next_ready()
-            if uid is None:
-                self.metrics.queue_depth.labels("active").set(len(self.active))
-                self.cond.wait(timeout if not self.active else min(timeout, 0.05))
+            if not self.leading.is_set():
                 return False
-            pod = self.pods.get(uid)
-            if pod is None or not is_pending_for(pod, self.config.scheduler_name) or uid in self.assumed:
+            if not self._fence_passed():
+                self.cond.wait(self._wait_seconds(timeout))
+                return False
+            self._start_reads()
+            uid = self.queue.pop()
+            if uid is None:
+                self._set_queue_metrics()
+                wait = self._wait_seconds(timeout)
+                if wait > 0:
+                    self.cond.wait(wait)
+                return False
+            pod = self.cache.pods.get(uid)
+            if uid in self.cache.assumed:
+                self.queue.hold(uid)
                 return True
-            if self.dirty or self.cluster is None:
-                self._rebuild()
-            assert self.cluster is not None
-            self._decide(uid, pod, self.cluster)
-            self.metrics.queue_depth.labels("active").set(len(self.active))
-            self.metrics.queue_depth.labels("unschedulable").set(len(self.unschedulable))
+            if pod is None or not is_pending_for(pod, self.config.scheduler_name):
+                self.queue.remove(uid)
+                return True
+            self._decide(uid, pod, self._view())
+            self._set_queue_metrics()
             return True
+
+    def _set_queue_metrics(self) -> None:
+        for name, count in self.queue.counts.items():
+            self.metrics.queue_depth.labels(name).set(count)
+        self.metrics.assumed.set(len(self.cache.assumed))
 
     def _decide(self, uid: str, pod: dict[str, Any], cluster: ClusterState) -> None:
         started = time.perf_counter()
         request = self._request(uid, pod)
         if isinstance(request, PodSpecError):
             self.metrics.attempts.labels("invalid").inc()
-            self.unschedulable.add(uid)
+            self.queue.park(uid, until_pod_changes=True)
             self._emit_failed(pod, f"invalid kubegpu request: {request}")
             return
         if request.shape() not in self._planned_shapes:
             self._bind_policy(cluster)  # a kind of pod the policy has not planned for: re-plan
-        result = schedule_one(request, cluster, self.policy, self.rng)
+        reserved = self._reserve_nominated(uid, request, cluster)
+        try:
+            result = schedule_one(request, cluster, self.policy, self.rng)
+            preempted = None if isinstance(result, Placement) else self._preempt(uid, pod, request, cluster)
+        finally:
+            for other in reserved:
+                cluster.forget(other)
         self.metrics.latency.observe(time.perf_counter() - started)
         if not isinstance(result, Placement):
             self.metrics.attempts.labels("unschedulable").inc()
-            self.unschedulable.add(uid)
-            excluded_count, reasons = merge_reasons(result.reasons, self.excluded)
-            self._emit_failed(pod, unschedulable_message(result.total_nodes + excluded_count, reasons))
+            self.queue.park(uid)
+            placement = request.placement
+            if placement is not None and placement.rules.uses_pods:
+                self._pod_rules_waiting.add(uid)
+            excluded_count, reasons = merge_reasons(result.reasons, self.cache.excluded)
+            message = unschedulable_message(result.total_nodes + excluded_count, reasons)
+            if preempted is not None:
+                message += f" Preempting {len(preempted.pods)} pod(s) on node {preempted.node}."
+            self._emit_failed(pod, message)
             return
+        self._pod_rules_waiting.discard(uid)
         try:
-            cluster.assume(result.allocation)
+            self.cache.assume(uid, result.allocation, self.clock(), _facts(request))
         except AllocationConflict as error:  # a core bug: never bind what cannot be booked
             self.metrics.attempts.labels("error").inc()
             log_event(
                 log, "pod.assume_failed", logging.ERROR, pod=pod_key(pod), node=result.node, reason=str(error)
             )
-            self._requeue_with_backoff(uid)
+            self.queue.requeue(uid, *_queue_key(pod))
             return
         self.metrics.attempts.labels("scheduled").inc()
-        self.assumed[uid] = result.allocation
-        self._binders.submit(self._bind, pod, result.allocation)
+        self.queue.hold(uid)  # keeps its attempts: a Binding that fails backs off from there
+        self._submit(self._bind, pod, result.allocation)
 
-    def _requeue_with_backoff(self, uid: str) -> None:
-        _ready, attempts = self.backoff.get(uid, (0.0, 0))
-        delay = min(self.config.backoff_max_seconds, self.config.backoff_initial_seconds * 2**attempts)
-        self.backoff[uid] = (time.monotonic() + delay, attempts + 1)
-        self._enqueue(uid)
+    # --- nominated pods and preemption ------------------------------------------------------------
+
+    def _reserve_nominated(self, uid: str, request: PodRequest, cluster: ClusterState) -> list[str]:
+        """Book, for this decision only, the room of pods nominated to a node whose priority is at
+        least this pod's (kube-scheduler counts them as placed): what a preemption freed goes to
+        its preemptor. Returns the uids booked (the caller forgets them)."""
+        if not self.nominated:
+            return []
+        priority = _priority(request)
+        booked = []
+        for other, node in sorted(self.nominated.items()):
+            pod = self.cache.pods.get(other)
+            i = cluster.index.get(node)
+            if other == uid or pod is None or i is None or other in cluster.where:
+                continue
+            wanted = self._request(other, pod)
+            if not isinstance(wanted, PodRequest) or _priority(wanted) < priority:
+                continue
+            alloc = allocate(wanted, cluster.nodes[i])
+            if alloc is None:
+                continue  # its room is not free yet (victims still terminating): nothing to hold
+            try:
+                cluster.assume(alloc, _facts(wanted))
+            except AllocationConflict:
+                continue
+            booked.append(other)
+        return booked
+
+    def _preempt(
+        self, uid: str, pod: dict[str, Any], request: PodRequest, cluster: ClusterState
+    ) -> Victims | None:
+        """If evicting lower-priority pods lets the pod fit, evict them (through the Eviction API,
+        which honours PodDisruptionBudgets), nominate the node and return the victims."""
+        placement = request.placement
+        priority = _priority(request)
+        policy = placement.rules.preemption_policy if placement is not None else PREEMPT_LOWER
+        nominated = self.nominated.get(uid)
+        on_nominated: list[RunningPod] = []
+        if nominated is not None and nominated in cluster.index:
+            node = cluster.nodes[cluster.index[nominated]]
+            on_nominated = [running_pod(a, self.cache.pods.get(u)) for u, a in node.allocations.items()]
+        ok, why = eligible(policy, on_nominated, priority)
+        if not ok:
+            log_event(log, "pod.preemption_skipped", pod=pod_key(pod), reason=why)
+            return None
+        protected = set(self.cache.assumed) | {u for u in self.nominated if u in cluster.where}
+        nodes = candidate_nodes(request, cluster, priority, self.cache.pods, protected)
+        if not nodes:
+            return None
+        offers = [node_offer(cluster.nodes[i], self.cache.pods, protected) for i in nodes]
+        best = choose(
+            request, priority, offers, list(self.budgets.values()), fits_other=other_rules(placement, cluster)
+        )
+        if best is None:
+            return None
+        log_event(
+            log,
+            "pod.preempting",
+            pod=pod_key(pod),
+            node=best.node,
+            victims=[p.name for p in best.pods],
+            pdb_violations=best.pdb_violations,
+        )
+        self.metrics.preemptions.inc()
+        for victim in best.pods:
+            victim_pod = self.cache.pods.get(victim.uid)
+            if victim_pod is not None and not _meta(victim_pod).get("deletionTimestamp"):
+                self._submit(self._evict, victim_pod, pod, best.node)
+        lower = [
+            other
+            for other, node in self.nominated.items()
+            if node == best.node and other != uid and _pod_priority(self.cache.pods.get(other)) < priority
+        ]
+        for other in lower:  # kube-scheduler: they may no longer fit there; let them look elsewhere
+            del self.nominated[other]
+            self._submit(self._nominate, self.cache.pods[other], None)
+        self.nominated[uid] = best.node
+        self._submit(self._nominate, pod, best.node)
+        return best
+
+    def _evict(self, victim: dict[str, Any], preemptor: dict[str, Any], node: str) -> None:
+        meta = _meta(victim)
+        if self.elector is not None and not self.elector.is_leader:
+            # lost the lease since deciding: the new leader decides again whether to preempt
+            log_event(log, "pod.eviction_skipped", pod=pod_key(victim), node=node, reason="not the leader")
+            return
+        name, namespace = meta.get("name", ""), meta.get("namespace", "")
+        body = {
+            "apiVersion": "policy/v1",
+            "kind": "Eviction",
+            "metadata": {"name": name, "namespace": namespace},
+            "deleteOptions": {"preconditions": {"uid": meta.get("uid")}},
+        }
+        try:
+            drain(self.core.create_namespaced_pod_eviction(name, namespace, body, _preload_content=False))
+        except ApiException as error:
+            outcome = "gone" if error.status in (404, 409) else str(error.status)
+            self.metrics.evictions.labels(outcome).inc()
+            log_event(
+                log,
+                "pod.eviction_failed" if outcome != "gone" else "pod.eviction_gone",
+                logging.WARNING if outcome != "gone" else logging.INFO,
+                pod=pod_key(victim),
+                node=node,
+                preemptor=pod_key(preemptor),
+                status=outcome,
+                reason=str(error.reason or "")[:200],
+            )
+            return
+        except Exception as error:
+            self.metrics.evictions.labels("error").inc()
+            log_event(
+                log, "pod.eviction_failed", logging.WARNING, pod=pod_key(victim), error=str(error)[:300]
+            )
+            return
+        self.metrics.evictions.labels("ok").inc()
+        log_event(log, "pod.evicted", pod=pod_key(victim), node=node, preemptor=pod_key(preemptor))
+        self._post_event(
+            victim,
+            "Preempted",
+            f"Preempted by pod {_meta(preemptor).get('uid', '')} on node {node}",
+            "Normal",
+        )
+
+    def _nominate(self, pod: dict[str, Any], node: str | None) -> None:
+        """Set (or clear, ``node`` None) the pod's ``status.nominatedNodeName``."""
+        meta = _meta(pod)
+        try:
+            drain(
+                self.core.patch_namespaced_pod_status(
+                    meta.get("name"),
+                    meta.get("namespace"),
+                    {"status": {"nominatedNodeName": node}},
+                    _preload_content=False,
+                )
+            )
+        except Exception as error:  # the local nomination holds the room meanwhile; a retry sets it
+            log_event(log, "pod.nomination_failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
 
     # --- binding (binder threads) -----------------------------------------------------------------
 
@@ -489,9 +674,11 @@ class Scheduler:
         }
         devices = list(alloc.device_ids())
         if self.elector is not None and not self.elector.is_leader:
-            # Lost the lease since deciding: the new leader decides this pod from a fresh list.
-            self._undo_assumption(uid, retry=False)
+            # Lost the lease since deciding: never sent; the new leader decides this pod.
+            self._bind_outcome(pod, alloc, "not-leader", release=True, retry=False)
             return
+        annotation: str | None = None
+        signed = None
         try:
             if alloc.gpus:
                 key = self.keys.signing_key(self.config.signing_key_id)
@@ -499,57 +686,146 @@ class Scheduler:
                     raise RuntimeError(
                         f"private signing key {self.config.signing_key_id!r} not in {self.config.keys_dir}"
                     )
-                binding["metadata"]["annotations"] = {
-                    "kubegpu.io/allocation": signed_annotation(alloc, self.config.signing_key_id, key)
-                }
-            drain(self.core.create_namespaced_pod_binding(name, namespace, binding, _preload_content=False))
-        except (ApiException, RuntimeError, ValueError, OSError) as error:
-            status = getattr(error, "status", None)
-            self.metrics.binds.labels("error" if status is None else str(status)).inc()
-            log_event(
-                log,
-                "pod.bind_failed",
-                logging.WARNING,
-                pod=f"{namespace}/{name}",
-                node=alloc.node,
-                devices=devices,
-                status=status,
-                error=str(error)[:300],
-            )
-            self._undo_assumption(uid, retry=status not in (404, 409))
+                signed = allocation_contract(alloc)
+                annotation = contract.sign(signed, self.config.signing_key_id, key)
+                binding["metadata"]["annotations"] = {contract.ANNOTATION: annotation}
+        except Exception as error:  # never sent: release and retry later
+            self._bind_outcome(pod, alloc, "error", release=True, retry=True, error=error)
             return
+        with self.cond:
+            self.cache.sending(uid, annotation, signed)
+        try:
+            drain(
+                self.core.create_namespaced_pod_binding(
+                    name,
+                    namespace,
+                    binding,
+                    _preload_content=False,
+                    _request_timeout=self.config.bind_timeout_seconds,
+                )
+            )
+        except ApiException as error:
+            status = error.status
+            if status == 404:  # the pod is gone: nothing was stored
+                self._bind_outcome(pod, alloc, "404", release=True, retry=False, error=error)
+            elif status and 400 <= status < 500 and status != 409:  # refused before anything was stored
+                self._bind_outcome(pod, alloc, str(status), release=True, retry=True, error=error)
+            else:  # 409 (bound already, or another pod of that name), 5xx: maybe stored
+                result = str(status or "error")
+                self._bind_outcome(pod, alloc, result, release=False, retry=False, error=error)
+            return
+        except Exception as error:  # timeouts, lost connections, anything: maybe stored
+            self._bind_outcome(pod, alloc, "error", release=False, retry=False, error=error)
+            return
+        with self.cond:
+            self.cache.bind_succeeded(uid, self.clock(), SUCCEEDED_READ_SECONDS)
+            self.cond.notify_all()
         self.metrics.binds.labels("ok").inc()
         created = parse_time(meta.get("creationTimestamp"))
         if created is not None:
             self.metrics.e2e.observe(max(0.0, (dt.datetime.now(dt.UTC) - created).total_seconds()))
         log_event(log, "pod.bound", pod=f"{namespace}/{name}", pod_uid=uid, node=alloc.node, devices=devices)
 
-    def _undo_assumption(self, uid: str, retry: bool) -> None:
+    def _bind_outcome(
+        self,
+        pod: dict[str, Any],
+        alloc: Allocation,
+        result: str,
+        *,
+        release: bool,
+        retry: bool,
+        error: BaseException | None = None,
+    ) -> None:
+        """A Binding that did not plainly succeed: release its booking (it was certainly not stored)
+        or keep it and read the pod back later (it may have been)."""
+        uid = str(_meta(pod).get("uid", ""))
+        self.metrics.binds.labels(result).inc()
+        log_event(
+            log,
+            "pod.bind_failed",
+            logging.WARNING,
+            pod=pod_key(pod),
+            node=alloc.node,
+            devices=list(alloc.device_ids()),
+            status=result,
+            outcome="not stored" if release else "unknown: reading the pod back",
+            error=f"{type(error).__name__}: {str(error)[:300]}" if error is not None else "",
+        )
         with self.cond:
-            if self.assumed.pop(uid, None) is None:
+            if release:
+                if self.cache.release(uid) is not None:
+                    if retry and uid in self.cache.pods:
+                        self.queue.requeue(uid, *_queue_key(pod))
+                    self._changed()
+            else:
+                delay = self.queue.backoff_seconds(self.queue.attempts(uid) + 1)
+                self.cache.bind_uncertain(uid, self.clock(), delay)
+            self.cond.notify_all()
+
+    def _start_reads(self) -> None:
+        """Read back the pods whose Binding's outcome is still unknown (under the lock)."""
+        for uid in self.cache.due_reads(self.clock()):
+            assumed = self.cache.assumed[uid]
+            namespace, _, name = assumed.alloc.pod_name.partition("/")
+            self._submit(self._read_back, uid, namespace, name)
+
+    def _read_back(self, uid: str, namespace: str, name: str) -> None:
+        pod: dict[str, Any] | None = None
+        try:
+            response = self.core.read_namespaced_pod(
+                name, namespace, _preload_content=False, _request_timeout=self.config.bind_timeout_seconds
+            )
+            try:
+                pod = json.loads(response.data)
+            finally:
+                response.release_conn()
+        except ApiException as error:
+            if error.status != 404:
+                self._read_failed(uid, error)
                 return
-            if not self.dirty and self.cluster is not None and uid in self.cluster.where:
-                self.cluster.forget(uid)
-            if retry and uid in self.pods:
-                self._requeue_with_backoff(uid)
+        except Exception as error:
+            self._read_failed(uid, error)
+            return
+        with self.cond:
+            outcome = self.cache.read_back(uid, pod)
+            self.metrics.read_backs.labels(outcome).inc()
+            log_event(log, "pod.read_back", pod=f"{namespace}/{name}", pod_uid=uid, outcome=outcome)
+            if outcome == "unbound" and pod is not None:
+                self.queue.requeue(uid, *_queue_key(pod))
+                self._changed()
+            elif outcome == "gone":
+                self.queue.remove(uid)
+                self._changed()
+            elif outcome == "bound":
+                self.queue.remove(uid)
+            self.cond.notify_all()
+
+    def _read_failed(self, uid: str, error: BaseException) -> None:
+        self.metrics.read_backs.labels("error").inc()
+        log_event(log, "pod.read_back_failed", logging.WARNING, pod_uid=uid, error=str(error)[:300])
+        with self.cond:
+            assumed = self.cache.assumed.get(uid)
+            if assumed is not None:
+                self.cache.read_failed(uid, self.clock(), self.queue.backoff_seconds(assumed.reads + 2))
+            self.cond.notify_all()
 
     # --- events ---------------------------------------------------------------------------------------
 
     def _emit_failed(self, pod: dict[str, Any], message: str) -> None:
         key = (_meta(pod).get("uid", ""), message)
-        now = time.monotonic()
+        now = self.clock()
         if now - self._last_event.get(key, -EVENT_REPEAT_SECONDS) < EVENT_REPEAT_SECONDS:
             return
         self._last_event[key] = now
         if len(self._last_event) > 10000:
             self._last_event.clear()
         log_event(log, "pod.unschedulable", pod=pod_key(pod), reason=message)
-        self._binders.submit(self._post_failed, pod, message)
+        self._submit(self._post_failed, pod, message)
 
-    def _post_failed(self, pod: dict[str, Any], message: str) -> None:
+    def _event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> dict[str, Any]:
         meta = _meta(pod)
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = {
+        return {
             "apiVersion": "v1",
             "kind": "Event",
             "metadata": {"generateName": f"{meta.get('name', 'pod')}.", "namespace": meta.get("namespace")},
@@ -560,9 +836,9 @@ class Scheduler:
                 "namespace": meta.get("namespace"),
                 "uid": meta.get("uid"),
             },
-            "reason": "FailedScheduling",
+            "reason": reason,
             "message": message,
-            "type": "Warning",
+            "type": kind,
             "source": {"component": self.config.scheduler_name},
             "reportingComponent": self.config.scheduler_name,
             "reportingInstance": self.config.identity,
@@ -570,6 +846,21 @@ class Scheduler:
             "lastTimestamp": now,
             "count": 1,
         }
+
+    def _post_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> None:
+        """Post an Event about ``pod`` (best effort)."""
+        try:
+            event = self._event(pod, reason, message, kind)
+            drain(
+                self.core.create_namespaced_event(_meta(pod).get("namespace"), event, _preload_content=False)
+            )
+        except Exception as error:
+            log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
+
+    def _post_failed(self, pod: dict[str, Any], message: str) -> None:
+        meta = _meta(pod)
+        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+        event = self._event(pod, "FailedScheduling", message, "Warning")
         condition = {
             "status": {
                 "conditions": [
@@ -590,8 +881,20 @@ class Scheduler:
                     meta.get("name"), meta.get("namespace"), condition, _preload_content=False
                 )
             )
-        except (ApiException, OSError) as error:
+        except Exception as error:  # an Event is best effort; never let it escape into a future
             log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
+
+
+def _facts(request: PodRequest) -> PodFacts | None:
+    return request.placement.facts if request.placement is not None else None
+
+
+def _priority(request: PodRequest) -> int:
+    return request.placement.rules.priority if request.placement is not None else 0
+
+
+def _pod_priority(pod: Mapping[str, Any] | None) -> int:
+    return priority_of(pod) if pod is not None else 0
 
 
 def drain(response: Any) -> None:

@@ -1,11 +1,15 @@
 """Translate between the API's JSON and the scheduling core: nodes, bound pods, allocations.
 
-- A Node becomes a ``NodeState`` when its advertiser published an inventory (``kubegpu.io/
-  inventory``), its heartbeat is fresh, it is not cordoned, and it is Ready-or-unknown (no kubelet
-  in tests). CPU and memory come from ``status.allocatable``.
-- A pod bound to a node uses CPU and memory there; if it carries a valid signed allocation it also
-  holds those devices. That annotation is the source of truth for device usage.
-- A core ``Allocation`` becomes the signed ``kubegpu.io/allocation`` annotation value.
+- A Node becomes a ``NodeState`` when its advertiser published a readable inventory
+  (``kubegpu.io/inventory``), its heartbeat is fresh and it is not cordoned. CPU, memory, the
+  number of pods and the GPU count (the GPU resource) come from ``status.allocatable``. Parsing a
+  Node never raises: whatever is wrong with it becomes ``NodeFacts.problem``, which keeps only that
+  node out.
+- A pod bound to a node is a fact (``BoundPod``): its CPU, memory, pod slot and GPU count, and, if
+  it carries a valid signed allocation, the device ids it holds. That annotation is the source of
+  truth for device usage.
+- A core ``Allocation`` becomes the allocation contract's form (``allocation_contract``), which the
+  scheduler signs into the ``kubegpu.io/allocation`` annotation.
 """
 
 from __future__ import annotations
@@ -17,11 +21,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
-from devices.model import NodeInventory
+from devices.model import DeviceKind, NodeInventory
 from kubegpu import allocation as contract
-from scheduler.core.request import MILLI, Taint, TaintEffect
+from scheduler.core.request import MILLI, Taint, TaintEffect, container_gpus
 from scheduler.core.state import Allocation, GpuGrant, NodeState
-from scheduler.live.podspec import PodSpecError, _cpu_memory
+from scheduler.live.podspec import PodSpecError, _cpu_memory, _quantity, pod_resources
 
 
 @dataclass(frozen=True)
@@ -37,6 +41,8 @@ class NodeFacts:
     heartbeat: dt.datetime | None
     cordoned: bool
     problem: str = ""  # why the node cannot take kubegpu pods, if it cannot
+    max_pods: int | None = None  # status.allocatable.pods (None: not published)
+    gpu_resource: int | None = None  # status.allocatable of the GPU resource (None: not published)
 
     def schedulable(self, now: dt.datetime, stale_after: float) -> str:
         """'' if kubegpu may place pods here now, else the reason (for FailedScheduling)."""
@@ -58,6 +64,8 @@ class NodeFacts:
             self.inventory,
             self.cordoned,
             self.problem,
+            self.max_pods,
+            self.gpu_resource,
         )
 
 
@@ -68,8 +76,18 @@ def _quantity_or_zero(container_like: Mapping[str, Any]) -> tuple[int, int]:
         return 0, 0
 
 
+def _count(value: Any) -> int | None:
+    """A countable allocatable (pods, GPUs) as an int, None when absent or unreadable."""
+    if value is None:
+        return None
+    try:
+        return max(0, int(_quantity(value, "count")))
+    except (PodSpecError, ValueError, ArithmeticError):
+        return None
+
+
 def parse_time(value: str | None) -> dt.datetime | None:
-    if not value:
+    if not value or not isinstance(value, str):
         return None
     try:
         return dt.datetime.strptime(value, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=dt.UTC)
@@ -77,10 +95,62 @@ def parse_time(value: str | None) -> dt.datetime | None:
         return None
 
 
-def node_facts(node: Mapping[str, Any]) -> NodeFacts:
-    meta, spec, status = node.get("metadata") or {}, node.get("spec") or {}, node.get("status") or {}
+def parse_inventory(raw: Any) -> NodeInventory:
+    """The node's published inventory; raises ValueError naming what is wrong with it."""
+    if not isinstance(raw, str):
+        raise ValueError(f"annotation is not a string: {type(raw).__name__}")
+    try:
+        doc = json.loads(raw)
+    except (ValueError, RecursionError) as error:
+        raise ValueError(f"not JSON: {error}") from None
+    if not isinstance(doc, dict):
+        raise ValueError(f"not a JSON object: {type(doc).__name__}")
+    if doc.get("version") != 1:
+        raise ValueError(f"unsupported inventory version {doc.get('version')!r}")
+    if not isinstance(doc.get("devices", []), list) or not isinstance(doc.get("topology", {}), dict):
+        raise ValueError("devices must be a list and topology an object")
+    try:
+        inventory = NodeInventory.from_public(doc)
+    except Exception as error:  # any shape error in a device or link entry
+        raise ValueError(f"{type(error).__name__}: {error}") from None
+    ids = [d.id for d in inventory.devices]
+    if len(set(ids)) != len(ids):
+        raise ValueError("two devices share an id")
+    gpu_indices = sorted(d.index for d in inventory.by_kind(DeviceKind.GPU))
+    if len(set(gpu_indices)) != len(gpu_indices):
+        raise ValueError("two GPUs share an index")
+    return inventory
+
+
+def node_facts(node: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> NodeFacts:
+    """What the scheduler needs of a Node; never raises (a bad node gets ``problem``).
+
+    ``gpu_resource`` names the extended resource whose allocatable count the kubelet enforces.
+    """
+    meta = node.get("metadata") if isinstance(node, Mapping) else None
+    meta = meta if isinstance(meta, Mapping) else {}
+    name = str(meta.get("name", ""))
+    try:
+        return _node_facts(node, meta, name, gpu_resource)
+    except Exception as error:  # the apiserver validates most of a Node; be total anyway
+        return NodeFacts(
+            name=name,
+            cpu_milli=0,
+            memory_mib=0,
+            labels={},
+            taints=(),
+            inventory=None,
+            heartbeat=None,
+            cordoned=False,
+            problem=f"node object unreadable: {type(error).__name__}: {str(error)[:120]}",
+        )
+
+
+def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu_resource: str) -> NodeFacts:
+    spec, status = node.get("spec") or {}, node.get("status") or {}
     annotations = meta.get("annotations") or {}
-    cpu, memory = _quantity_or_zero(status.get("allocatable") or {})
+    allocatable = status.get("allocatable") or {}
+    cpu, memory = _quantity_or_zero(allocatable)
     taints = tuple(
         Taint(t.get("key", ""), t.get("value") or "", TaintEffect(t.get("effect", "NoSchedule")))
         for t in spec.get("taints") or []
@@ -92,22 +162,21 @@ def node_facts(node: Mapping[str, Any]) -> NodeFacts:
         problem = "node has no kubegpu device inventory"
     else:
         try:
-            doc = json.loads(raw)
-            if doc.get("version") != 1:
-                raise ValueError(f"unsupported inventory version {doc.get('version')!r}")
-            inventory = NodeInventory.from_public(doc)
-        except (ValueError, KeyError, TypeError) as error:
+            inventory = parse_inventory(raw)
+        except ValueError as error:
             problem = f"node's device inventory is unreadable: {str(error)[:120]}"
     return NodeFacts(
-        name=meta.get("name", ""),
+        name=name,
         cpu_milli=cpu,
         memory_mib=memory,
-        labels=dict(meta.get("labels") or {}),
+        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
         taints=taints,
         inventory=inventory,
         heartbeat=parse_time(annotations.get(HEARTBEAT_ANNOTATION)),
         cordoned=bool(spec.get("unschedulable")),
         problem=problem,
+        max_pods=_count(allocatable.get("pods")),
+        gpu_resource=_count(allocatable.get(gpu_resource)),
     )
 
 
@@ -120,74 +189,91 @@ def node_state(facts: NodeFacts) -> NodeState:
         facts.inventory,
         labels=facts.labels,
         taints=facts.taints,
+        max_pods=facts.max_pods,
+        gpu_resource=facts.gpu_resource,
     )
 
 
-def pod_usage(pod: Mapping[str, Any]) -> tuple[int, int]:
-    """CPU milli and memory MiB a pod occupies on its node (Kubernetes' init-container rule)."""
-    spec = pod.get("spec") or {}
+@dataclass(frozen=True)
+class PodUsage:
+    """What a bound pod takes from its node whoever placed it, by Kubernetes' rule."""
+
+    cpu_milli: int
+    memory_mib: int
+    gpus: int  # its request of the GPU resource (what the kubelet counts)
+    problem: str = ""
+
+
+def pod_usage(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> PodUsage:
+    """CPU milli, memory MiB and GPU count a pod occupies on its node (Kubernetes' rule)."""
     try:
-        regular = [_cpu_memory(c) for c in spec.get("containers") or []]
-        init = [_cpu_memory(c) for c in spec.get("initContainers") or []]
-    except PodSpecError:
-        return 0, 0
-    cpu = max([sum(c for c, _ in regular)] + [c for c, _ in init])
-    memory = max([sum(m for _, m in regular)] + [m for _, m in init])
-    return cpu, memory
+        cpu, memory, containers = pod_resources(pod, gpu_resource)
+    except (PodSpecError, AttributeError, TypeError, ValueError) as error:
+        return PodUsage(0, 0, 0, f"resources unreadable: {str(error)[:120]}")
+    return PodUsage(cpu, memory, container_gpus(containers))
 
 
-def bound_allocation(
-    pod: Mapping[str, Any], node: NodeState, keys: Mapping[str, contract.VerifyingKey]
-) -> tuple[Allocation, str]:
-    """The core allocation of a pod bound to ``node``: its CPU/memory and its signed devices.
-
-    Returns (allocation, problem): devices are left out, with the problem stated, when the
-    annotation is absent, invalid, or names devices the node does not have.
-    """
-    meta = pod.get("metadata") or {}
-    uid, name = meta.get("uid", ""), f"{meta.get('namespace', '')}/{meta.get('name', '')}"
-    cpu, memory = pod_usage(pod)
-    base = Allocation(node=node.name, pod_uid=uid, pod_name=name, cpu_milli=cpu, memory_mib=memory)
-    raw = (meta.get("annotations") or {}).get(contract.ANNOTATION)
+def verified_allocation(
+    raw: str | None, keys: Mapping[str, contract.VerifyingKey], node: str, uid: str
+) -> tuple[contract.Allocation | None, str]:
+    """The pod's verified allocation for ``node`` (or None), and why it is ignored if it is."""
     if raw is None:
-        return base, ""
+        return None, ""
     try:
         signed = contract.verify(raw, keys)
     except contract.AllocationError as error:
-        return base, f"allocation of pod {name} ignored: {error}"
-    if signed.node != node.name or signed.pod_uid != uid:
-        return base, f"allocation of pod {name} is for another node or pod"
-    index = {gpu.id: gpu for gpu in node.gpus}
+        return None, f"allocation ignored: {error}"
+    if signed.node != node or signed.pod_uid != uid:
+        return None, "allocation ignored: it is for another node or pod"
+    return signed, ""
+
+
+def fact_allocation(
+    node: str, uid: str, name: str, usage: PodUsage, signed: contract.Allocation | None
+) -> Allocation:
+    """The core allocation of a pod bound to ``node``: what it takes and the devices it holds.
+
+    Devices are named by id only (the node state books them by id); a device the node does not
+    list as a GPU (a NIC, or a GPU gone from the inventory) is skipped by the node state. Whole
+    GPUs are charged at the GPU's whole memory by the node state.
+    """
     grants: dict[str, GpuGrant] = {}
-    for entry in signed.containers.values():
-        for device in entry.devices:
-            gpu = index.get(device)
-            if gpu is None:
-                continue  # NICs and other non-GPU devices are not in the GPU model
-            share = entry.shares.get(device)
-            milli = MILLI if share is None else share.milli
-            memory_share = gpu.memory_mib if share is None else share.memory_mib
-            previous = grants.get(device)
-            if previous is not None:
-                milli, memory_share = min(MILLI, previous.milli + milli), previous.memory_mib + memory_share
-            grants[device] = GpuGrant(gpu.index, gpu.id, milli, memory_share)
+    containers: dict[str, tuple[str, ...]] = {}
+    init: set[str] = set()
+    if signed is not None:
+        for container, entry in signed.containers.items():
+            containers[container] = tuple(entry.devices)
+            if entry.init:
+                init.add(container)
+            for device in entry.devices:
+                share = entry.shares.get(device)
+                milli = MILLI if share is None else share.milli
+                memory = 0 if share is None else share.memory_mib
+                previous = grants.get(device)
+                if previous is not None:
+                    if previous.milli >= MILLI or share is None:
+                        milli, memory = MILLI, 0  # a whole GPU given to two containers is one GPU
+                    else:
+                        milli, memory = min(MILLI, previous.milli + milli), previous.memory_mib + memory
+                grants[device] = GpuGrant(-1, device, milli, memory)
     shared = any(g.milli < MILLI for g in grants.values())
     tag = "no-gpu" if not grants else ("share-gpu" if shared else f"{len(grants)}-gpu")
-    containers = {c: tuple(e.devices) for c, e in signed.containers.items()}
     return Allocation(
-        node=node.name,
+        node=node,
         pod_uid=uid,
         pod_name=name,
-        cpu_milli=cpu,
-        memory_mib=memory,
-        gpus=tuple(sorted(grants.values(), key=lambda g: g.index)),
+        cpu_milli=usage.cpu_milli,
+        memory_mib=usage.memory_mib,
+        gpus=tuple(sorted(grants.values(), key=lambda g: g.id)),
         containers=containers,
         gpu_tag=tag,
-    ), ""
+        gpu_resource=usage.gpus,
+        init_containers=frozenset(init),
+    )
 
 
-def signed_annotation(alloc: Allocation, key_id: str, key: contract.SigningKey) -> str:
-    """The ``kubegpu.io/allocation`` value for a core allocation (a pod's share split evenly)."""
+def allocation_contract(alloc: Allocation) -> contract.Allocation:
+    """The allocation contract's form of a core allocation (a pod's share split evenly)."""
     shares = {g.id: g for g in alloc.gpus if g.is_share}
     containers = dict(alloc.containers)
     if not containers:
@@ -206,5 +292,7 @@ def signed_annotation(alloc: Allocation, key_id: str, key: contract.SigningKey) 
                 milli = grant.milli // count + (grant.milli % count if position == 0 else 0)
                 memory = grant.memory_mib // count + (grant.memory_mib % count if position == 0 else 0)
                 entry_shares[device] = contract.Share(max(1, milli), memory)
-        entries[name] = contract.ContainerAllocation(tuple(devices), entry_shares)
-    return contract.sign(contract.Allocation(alloc.node, alloc.pod_uid, entries), key_id, key)
+        entries[name] = contract.ContainerAllocation(
+            tuple(devices), entry_shares, init=name in alloc.init_containers
+        )
+    return contract.Allocation(alloc.node, alloc.pod_uid, entries)

@@ -1,0 +1,586 @@
+"""The live scheduler's cache: what every node has and holds, as the API and our own binds say.
+
+It keeps the Node facts, the pods (bound ones, whoever bound them, and the pods pending for this
+scheduler), and the *assumptions*: pods this replica decided and is binding. From those it builds
+the core's ``ClusterState``, the view every decision is made on. It does no I/O and takes no
+locks; the scheduler calls it under its lock with the events it receives.
+
+The rules that keep a device from ever being handed out twice:
+
+- **Bound pods are facts.** A pod the API shows bound holds, on its node, its CPU, memory, a pod
+  slot, its GPU count (what the kubelet charges) and the devices its verified allocation names,
+  whatever the node has left: ``ClusterState.book`` never refuses a fact, and free CPU may go
+  negative, as in kube-scheduler's NodeInfo. Pods bound by other schedulers count too.
+- **Devices are booked by id.** A GPU that vanishes from the inventory keeps no index for anyone
+  to reuse; when it comes back, the pods that hold it book it again.
+- **An assumption is released only on evidence.** A Binding that may have been committed (a 5xx,
+  a timeout, a lost connection, a 409) keeps its devices booked until the pod is seen bound (its
+  annotation then replaces the assumption), seen gone, or read back unbound (``confirmed``).
+  Only an answer that proves the Binding was not stored (another 4xx, or a request that never
+  left) releases it at once (``release``).
+- **The API's word wins.** A pod seen bound replaces any assumption about it, whichever replica
+  bound it. A relist drops the assumptions of pods that are gone and books the bound ones.
+- **A pod never unbinds.** A stale event showing a pod unbound after it was seen bound is ignored.
+- **A bad object costs only itself.** A node whose inventory cannot be read is excluded with its
+  reason; a pod whose allocation does not verify holds its CPU and memory but no devices.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import heapq
+import logging
+import math
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from typing import Any
+
+from devices.model import DeviceKind
+from kubegpu import allocation as contract
+from kubegpu.logs import log_event
+from scheduler.core.affinity import PodFacts
+from scheduler.core.constraints import pod_facts
+from scheduler.core.state import Allocation, ClusterState, NodeState
+from scheduler.live.translate import (
+    NodeFacts,
+    fact_allocation,
+    node_facts,
+    node_state,
+    pod_usage,
+    verified_allocation,
+)
+
+log = logging.getLogger("kubegpu.scheduler.cache")
+TERMINAL = ("Succeeded", "Failed")
+
+
+def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
+    meta = obj.get("metadata")
+    return meta if isinstance(meta, Mapping) else {}
+
+
+def pod_key(pod: Mapping[str, Any]) -> str:
+    meta = _meta(pod)
+    return f"{meta.get('namespace', '')}/{meta.get('name', '')}"
+
+
+def is_bound(pod: Mapping[str, Any]) -> bool:
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    return bool(spec.get("nodeName")) and status.get("phase") not in TERMINAL
+
+
+def is_pending_for(pod: Mapping[str, Any], scheduler_name: str) -> bool:
+    """Waiting for this scheduler: unbound, not finished or deleted, no scheduling gates left."""
+    spec, status = pod.get("spec") or {}, pod.get("status") or {}
+    if spec.get("schedulingGates"):
+        return False
+    return (
+        spec.get("schedulerName") == scheduler_name
+        and not spec.get("nodeName")
+        and status.get("phase") not in TERMINAL
+        and not _meta(pod).get("deletionTimestamp")
+    )
+
+
+class Binding(enum.StrEnum):
+    """Where an assumption's Binding stands."""
+
+    IN_FLIGHT = "in-flight"  # the POST has not answered yet
+    SUCCEEDED = "succeeded"  # the POST succeeded; the pod will be seen bound
+    UNCERTAIN = "uncertain"  # the POST may or may not have been stored
+
+
+@dataclass
+class Assumed:
+    """A pod this replica decided: its allocation is booked until the API says what happened."""
+
+    alloc: Allocation
+    binding: Binding
+    since: float  # when the binding entered its current state (scheduler clock)
+    confirm_at: float = math.inf  # when to read the pod back to learn the outcome
+    reads: int = 0  # reads so far
+    reading: bool = False  # a read is in flight
+    sent: bool = False  # the Binding is on its way (annotation and signed are what it carries)
+    annotation: str | None = None  # the allocation annotation the Binding carries (None: none)
+    signed: contract.Allocation | None = None
+
+
+class PodChange(enum.StrEnum):
+    """What an observed pod event did to the cache."""
+
+    PENDING = "pending"  # a pod waiting for this scheduler (new or changed)
+    BOUND = "bound"  # a pod seen bound for the first time (or its booking changed)
+    GONE = "gone"  # a pod that held resources or was waiting is gone
+    NONE = "none"  # nothing that matters to scheduling
+
+
+@dataclass(frozen=True)
+class _Fact:
+    """A bound pod's booking, memoised on what it depends on: node, annotation, spec and the
+    metadata placement rules read (a status update changes none of them)."""
+
+    node: str
+    raw: Any  # the allocation annotation's value
+    spec: Any  # the pod's spec, compared by value
+    seen: Any  # what placement rules read of the metadata (_seen_by_rules)
+    alloc: Allocation
+    problem: str
+    facts: PodFacts  # what placement rules see of the pod (labels, affinity terms)
+
+    def same_pod(self, node: str, raw: Any, spec: Any, seen: Any) -> bool:
+        return (
+            node == self.node
+            and raw == self.raw
+            and seen == self.seen
+            and (spec is self.spec or spec == self.spec)
+        )
+
+
+def _seen_by_rules(pod: Mapping[str, Any]) -> tuple[Any, Any, bool]:
+    """The metadata that ``pod_facts`` reads besides the spec: namespace, labels, terminating."""
+    meta = _meta(pod)
+    return meta.get("namespace"), meta.get("labels"), meta.get("deletionTimestamp") is not None
+
+
+class Cache:
+    """See the module docstring. ``keys()`` gives the allocation keys; ``now()`` the wall time for
+    heartbeat staleness."""
+
+    def __init__(
+        self,
+        scheduler_name: str,
+        keys: Callable[[], Mapping[str, contract.VerifyingKey]],
+        gpu_resource: str = "nvidia.com/gpu",
+        stale_after: float = 120.0,
+        now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+    ) -> None:
+        self.scheduler_name = scheduler_name
+        self.keys = keys
+        self.gpu_resource = gpu_resource
+        self.stale_after = stale_after
+        self.now = now
+        self.facts: dict[str, NodeFacts] = {}
+        self.pods: dict[str, dict[str, Any]] = {}
+        self.assumed: dict[str, Assumed] = {}
+        self.cluster: ClusterState | None = None
+        self.dirty = True
+        self.excluded: dict[str, str] = {}
+        self.rebuilds = 0
+        self._bound: set[str] = set()  # uids seen bound (a pod never unbinds)
+        self._facts_memo: dict[str, _Fact] = {}
+        self._verified: dict[str, tuple[str, str, contract.Allocation | None, str]] = {}
+        self._reported: dict[str, str] = {}  # uid -> the booking problem last logged
+        self._other_devices: dict[str, frozenset[str]] = {}  # node -> its non-GPU device ids
+        self._reads: list[tuple[float, str]] = []  # (confirm_at, uid); stale entries skipped
+        self.namespaces: dict[str, dict[str, str]] = {}  # namespace -> its labels
+
+    # --- nodes --------------------------------------------------------------------------------
+
+    def replace_nodes(self, items: Iterable[Mapping[str, Any]]) -> None:
+        facts = [node_facts(item, self.gpu_resource) for item in items]
+        self.facts = {f.name: f for f in facts if f.name}
+        self.dirty = True
+
+    def apply_node(self, event_type: str, node: Mapping[str, Any]) -> bool:
+        """Apply a watch event; True if the nodes' usable state changed."""
+        name = str(_meta(node).get("name", ""))
+        if event_type == "DELETED":
+            if self.facts.pop(name, None) is None:
+                return False
+            self.dirty = True
+            return True
+        facts = node_facts(node, self.gpu_resource)
+        old = self.facts.get(name)
+        self.facts[name] = facts
+        if old is None or old.signature() != facts.signature():
+            self.dirty = True
+            return True
+        if old.heartbeat != facts.heartbeat and (name in self.excluded) != bool(self.exclusion(facts)):
+            self.dirty = True
+            return True
+        return False
+
+    def exclusion(self, facts: NodeFacts) -> str:
+        """Why kubegpu cannot use this node now ('' if it can)."""
+        return facts.schedulable(self.now(), self.stale_after)
+
+    def exclusions_flipped(self) -> bool:
+        """True (and marks the view dirty) when a heartbeat went stale or fresh since the view."""
+        flipped = any((name in self.excluded) != bool(self.exclusion(f)) for name, f in self.facts.items())
+        if flipped:
+            self.dirty = True
+        return flipped
+
+    # --- namespaces (their labels, for pod affinity's namespace selectors) --------------------
+
+    def replace_namespaces(self, items: Iterable[Mapping[str, Any]]) -> None:
+        self.namespaces.clear()
+        for item in items:
+            self.apply_namespace("ADDED", item)
+
+    def apply_namespace(self, event_type: str, namespace: Mapping[str, Any]) -> bool:
+        """Apply a watch event; True if a namespace's labels changed."""
+        meta = _meta(namespace)
+        name = str(meta.get("name", ""))
+        if not name:
+            return False
+        if event_type == "DELETED":
+            return self.namespaces.pop(name, None) is not None
+        raw = meta.get("labels")
+        labels = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, Mapping) else {}
+        if self.namespaces.get(name) == labels:
+            return False
+        self.namespaces[name] = labels
+        return True
+
+    # --- pods ---------------------------------------------------------------------------------
+
+    def replace_pods(self, items: Iterable[dict[str, Any]]) -> list[str]:
+        """A full list: the new truth. Returns the uids whose assumptions it dropped (pod gone)."""
+        listed: dict[str, dict[str, Any]] = {}
+        for pod in items:
+            uid = str(_meta(pod).get("uid", ""))
+            if uid:
+                listed[uid] = pod
+        previous, self.pods = self.pods, {}
+        for uid, pod in listed.items():
+            if uid in self._bound and not is_bound(pod) and uid in previous:
+                # A list older than what a read showed us: a pod never unbinds, keep what we saw.
+                if (pod.get("status") or {}).get("phase") not in TERMINAL:
+                    self.pods[uid] = previous[uid]
+                    continue
+            if is_bound(pod):
+                self.pods[uid] = pod
+                self._bound.add(uid)
+                self.assumed.pop(uid, None)
+            elif is_pending_for(pod, self.scheduler_name):
+                self.pods[uid] = pod
+        dropped = [uid for uid in self.assumed if uid not in self.pods]
+        for uid in dropped:
+            alloc = self.assumed.pop(uid).alloc
+            log_event(
+                log, "pod.assumption_dropped", pod=alloc.pod_name, node=alloc.node, reason="pod is gone"
+            )
+        self._bound &= set(self.pods)
+        self._forget_memos()
+        self.dirty = True
+        return dropped
+
+    def apply_pod(self, event_type: str, pod: dict[str, Any]) -> PodChange:
+        uid = str(_meta(pod).get("uid", ""))
+        if not uid:
+            return PodChange.NONE
+        if event_type == "DELETED" or (pod.get("status") or {}).get("phase") in TERMINAL:
+            return PodChange.GONE if self.drop_pod(uid) else PodChange.NONE
+        if is_bound(pod):
+            return self.observe_bound(pod)
+        if uid in self._bound:
+            return PodChange.NONE  # an older event than what we saw: pods never unbind
+        if is_pending_for(pod, self.scheduler_name):
+            self.pods[uid] = pod
+            return PodChange.PENDING
+        # Not ours (another scheduler's pending pod), or gated, or being deleted while pending.
+        return PodChange.GONE if self.drop_pod(uid) else PodChange.NONE
+
+    def observe_bound(self, pod: dict[str, Any]) -> PodChange:
+        """A pod the API shows bound: its annotation replaces any assumption (whoever bound it)."""
+        uid = str(_meta(pod).get("uid", ""))
+        previous = self.pods.get(uid)
+        first = uid not in self._bound
+        self.pods[uid] = pod
+        self._bound.add(uid)
+        assumed = self.assumed.pop(uid, None)
+        cluster = self.cluster
+        if self.dirty or cluster is None:
+            return PodChange.BOUND if first else PodChange.NONE
+        booked = cluster.allocation(uid)
+        own = self._own_binding(uid, pod, assumed) if assumed is not None else None
+        if own is not None and booked is not None:
+            return PodChange.BOUND  # our own Binding, booked as we assumed it
+        fact = own or self._fact(uid, pod)
+        unchanged = booked is not None and booked == self._gpu_only(fact.alloc)
+        if unchanged and assumed is None and previous is not None:
+            view = cluster.placement
+            if view is not None and view.index.facts.get(uid) != fact.facts:
+                view.index.add(fact.facts, cluster.where[uid])  # new labels, or now terminating
+                return PodChange.BOUND
+            return PodChange.NONE  # a status update of a pod already booked as it is
+        if booked is not None:
+            cluster.forget(uid)
+        self._book_fact(cluster, uid, pod, fact)
+        return PodChange.BOUND
+
+    def drop_pod(self, uid: str) -> bool:
+        """The pod is gone: release everything it held or was assumed to. True if it was known."""
+        known = self.pods.pop(uid, None) is not None
+        assumed = self.assumed.pop(uid, None) is not None
+        self._bound.discard(uid)
+        self._facts_memo.pop(uid, None)
+        self._verified.pop(uid, None)
+        self._reported.pop(uid, None)
+        if not self.dirty and self.cluster is not None:
+            if uid in self.cluster.where:
+                self.cluster.forget(uid)
+            elif self.cluster.placement is not None:
+                self.cluster.placement.remove(uid)  # a pod on a node kubegpu does not use
+        return known or assumed
+
+    # --- assumptions ---------------------------------------------------------------------------
+
+    def assume(self, uid: str, alloc: Allocation, now: float, facts: PodFacts | None = None) -> None:
+        """Book a decision (raises AllocationConflict if it does not fit the current view);
+        ``facts``: what placement rules see of the pod (read from the pod when not given)."""
+        cluster = self.view()
+        cluster.assume(alloc, facts if facts is not None else self._pod_facts(uid))
+        self.assumed[uid] = Assumed(alloc, Binding.IN_FLIGHT, now)
+
+    def sending(self, uid: str, annotation: str | None, signed: contract.Allocation | None) -> None:
+        """The Binding about to be POSTed carries ``annotation`` (the signed ``signed``): a pod
+        seen bound with exactly it is this replica's binding and needs no second verification."""
+        assumed = self.assumed.get(uid)
+        if assumed is not None:
+            assumed.sent, assumed.annotation, assumed.signed = True, annotation, signed
+
+    def bind_succeeded(self, uid: str, now: float, confirm_after: float) -> None:
+        """The Binding was stored: keep the booking until the pod is seen bound."""
+        assumed = self.assumed.get(uid)
+        if assumed is not None:
+            assumed.binding, assumed.since = Binding.SUCCEEDED, now
+            self._read_at(uid, assumed, now + confirm_after)
+
+    def bind_uncertain(self, uid: str, now: float, confirm_after: float) -> None:
+        """The Binding may have been stored: keep the booking, read the pod back later."""
+        assumed = self.assumed.get(uid)
+        if assumed is not None:
+            assumed.binding, assumed.since = Binding.UNCERTAIN, now
+            self._read_at(uid, assumed, now + confirm_after)
+
+    def _read_at(self, uid: str, assumed: Assumed, when: float) -> None:
+        assumed.confirm_at = when
+        heapq.heappush(self._reads, (when, uid))
+
+    def release(self, uid: str) -> Allocation | None:
+        """The Binding was certainly not stored (or the pod is gone): free what it booked."""
+        assumed = self.assumed.pop(uid, None)
+        if assumed is None:
+            return None
+        cluster = self.cluster
+        if not self.dirty and cluster is not None and uid in cluster.where:
+            cluster.forget(uid)  # an assumed pod is never also bound: the booking is the assumption
+        return assumed.alloc
+
+    def due_reads(self, now: float) -> list[str]:
+        """Assumptions whose outcome should now be read back from the API (marked as reading)."""
+        due = []
+        while self._reads and self._reads[0][0] <= now:
+            when, uid = heapq.heappop(self._reads)
+            assumed = self.assumed.get(uid)
+            if assumed is not None and not assumed.reading and assumed.confirm_at == when:
+                assumed.reading = True
+                due.append(uid)
+        return due
+
+    def next_read_at(self) -> float | None:
+        while self._reads:
+            when, uid = self._reads[0]
+            assumed = self.assumed.get(uid)
+            if assumed is not None and not assumed.reading and assumed.confirm_at == when:
+                return when
+            heapq.heappop(self._reads)
+        return None
+
+    def read_failed(self, uid: str, now: float, retry_after: float) -> None:
+        assumed = self.assumed.get(uid)
+        if assumed is not None:
+            assumed.reading = False
+            assumed.reads += 1
+            self._read_at(uid, assumed, now + retry_after)
+
+    def read_back(self, uid: str, pod: dict[str, Any] | None) -> str:
+        """The pod as read from the API after its Binding's outcome was unclear.
+
+        Returns what it proved: ``bound`` (the annotation replaces the assumption), ``gone`` (no
+        such pod any more), ``unbound`` (the Binding was not stored: released, the pod may be tried
+        again) or ``resolved`` (the assumption was settled meanwhile).
+        """
+        assumed = self.assumed.get(uid)
+        if assumed is None:
+            return "resolved"
+        assumed.reading = False
+        if pod is None or str(_meta(pod).get("uid", "")) != uid:
+            self.drop_pod(uid)
+            return "gone"
+        if (pod.get("status") or {}).get("phase") in TERMINAL:
+            self.drop_pod(uid)
+            return "gone"
+        if is_bound(pod):
+            self.observe_bound(pod)
+            return "bound"
+        self.release(uid)
+        return "unbound"
+
+    # --- the view ------------------------------------------------------------------------------
+
+    def view(self) -> ClusterState:
+        """The core's cluster, rebuilt from the caches when something made it stale."""
+        if self.dirty or self.cluster is None:
+            self._rebuild()
+        assert self.cluster is not None
+        return self.cluster
+
+    def _rebuild(self) -> None:
+        excluded: dict[str, str] = {}
+        nodes: list[NodeState] = []
+        self._other_devices = {}
+        for name, facts in sorted(self.facts.items()):
+            reason = self.exclusion(facts)
+            if not reason:
+                try:
+                    nodes.append(node_state(facts))
+                except ValueError as error:
+                    reason = f"node's device inventory is unusable: {str(error)[:120]}"
+            if reason:
+                excluded[name] = reason
+                if self.excluded.get(name) != reason:
+                    log_event(log, "node.excluded", logging.WARNING, node=name, reason=reason)
+            elif name in self.excluded:
+                log_event(log, "node.usable", node=name)
+            if facts.inventory is not None:
+                self._other_devices[name] = frozenset(
+                    d.id for d in facts.inventory.devices if d.kind != DeviceKind.GPU
+                )
+        self.excluded = excluded
+        cluster = ClusterState(nodes)
+        others = [
+            (n, self.facts[n].labels, self.facts[n].taints) for n in sorted(excluded) if n in self.facts
+        ]
+        cluster.enable_placement(others, self.namespaces)
+        for uid, pod in self.pods.items():
+            if uid in self._bound:
+                self._book_fact(cluster, uid, pod, self._fact(uid, pod))
+        for uid, assumed in self.assumed.items():
+            if assumed.alloc.node in cluster.index and uid not in cluster.where:
+                problems = cluster.book(self._gpu_only(assumed.alloc), self._pod_facts(uid))
+                if problems:
+                    log_event(
+                        log,
+                        "pod.assumption_conflict",
+                        logging.WARNING,
+                        pod=assumed.alloc.pod_name,
+                        node=assumed.alloc.node,
+                        devices=list(assumed.alloc.device_ids()),
+                        reason="; ".join(problems),
+                    )
+        self.cluster = cluster
+        self.dirty = False
+        self.rebuilds += 1
+        log_event(
+            log,
+            "cache.rebuilt",
+            nodes=len(nodes),
+            excluded=len(excluded),
+            bound_pods=len(cluster.where) - sum(1 for u in self.assumed if u in cluster.where),
+            assumed=len(self.assumed),
+        )
+
+    def _pod_facts(self, uid: str) -> PodFacts | None:
+        pod = self.pods.get(uid)
+        return pod_facts(pod) if pod is not None else None
+
+    def _gpu_only(self, alloc: Allocation) -> Allocation:
+        """``alloc`` without the devices its node lists as other than GPUs (NICs)."""
+        others = self._other_devices.get(alloc.node)
+        if not others or not any(g.id in others for g in alloc.gpus):
+            return alloc
+        return replace(alloc, gpus=tuple(g for g in alloc.gpus if g.id not in others))
+
+    def _fact(self, uid: str, pod: Mapping[str, Any]) -> _Fact:
+        """The booking of a bound pod (memoised per node, annotation, spec, labels; signatures per value)."""
+        meta = _meta(pod)
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName", ""))
+        annotations = meta.get("annotations") or {}
+        raw = annotations.get(contract.ANNOTATION) if isinstance(annotations, Mapping) else None
+        memo = self._facts_memo.get(uid)
+        if memo is not None and memo.same_pod(node, raw, spec, _seen_by_rules(pod)):
+            return memo
+        usage = pod_usage(pod, self.gpu_resource)
+        cached = self._verified.get(uid)
+        if cached is not None and cached[0] == raw and cached[1] == node:
+            signed, problem = cached[2], cached[3]
+        else:
+            text = raw if isinstance(raw, str) else None
+            signed, problem = verified_allocation(text, self.keys(), node, uid)
+            if raw is not None and not isinstance(raw, str):
+                problem = "allocation ignored: not a string"
+            if signed is None and cached is not None and cached[2] is not None and cached[1] == node:
+                # The annotation changed after the pod was bound with a valid one: its containers
+                # got the devices that one named, so they stay booked.
+                signed = cached[2]
+                problem = f"annotation changed after binding ({problem or 'removed'}); keeping its devices"
+            self._verified[uid] = (raw, node, signed, problem)
+        problem = "; ".join(p for p in (usage.problem, problem) if p)
+        alloc = fact_allocation(node, uid, pod_key(pod), usage, signed)
+        fact = _Fact(node, raw, spec, _seen_by_rules(pod), alloc, problem, pod_facts(pod))
+        self._facts_memo[uid] = fact
+        return fact
+
+    def _own_binding(self, uid: str, pod: Mapping[str, Any], assumed: Assumed) -> _Fact | None:
+        """The fact of a pod seen bound by the very Binding this replica sent (same node, same
+        annotation): the assumption itself, with no second parse or verification."""
+        if not assumed.sent:
+            return None
+        spec = pod.get("spec") or {}
+        node = str(spec.get("nodeName", ""))
+        annotations = _meta(pod).get("annotations") or {}
+        raw = annotations.get(contract.ANNOTATION) if isinstance(annotations, Mapping) else None
+        if node != assumed.alloc.node or raw != assumed.annotation:
+            return None
+        fact = _Fact(node, raw, spec, _seen_by_rules(pod), assumed.alloc, "", pod_facts(pod))
+        self._facts_memo[uid] = fact
+        if assumed.signed is not None:
+            self._verified[uid] = (raw, node, assumed.signed, "")
+        return fact
+
+    def _book_fact(self, cluster: ClusterState, uid: str, pod: Mapping[str, Any], fact: _Fact) -> None:
+        if fact.alloc.node not in cluster.index:
+            # on a node kubegpu does not use (now): nothing to hold there, but its labels and
+            # affinity terms still count for the placement rules of pods placed nearby
+            if cluster.placement is not None:
+                cluster.placement.place(fact.facts, fact.alloc.node)
+            return
+        problems = cluster.book(self._gpu_only(fact.alloc), fact.facts)
+        report = "; ".join(p for p in [fact.problem, *problems] if p)
+        if report != self._reported.get(uid, ""):
+            self._reported[uid] = report
+            if report:
+                conflict = any("beyond" in p for p in problems)
+                log_event(
+                    log,
+                    "pod.allocation_conflict" if conflict else "pod.allocation_problem",
+                    logging.ERROR if conflict else logging.WARNING,
+                    pod=pod_key(pod),
+                    node=fact.alloc.node,
+                    devices=list(fact.alloc.device_ids()),
+                    reason=report,
+                )
+
+    def _forget_memos(self) -> None:
+        for memo in (self._facts_memo, self._verified, self._reported):
+            for uid in [u for u in memo if u not in self.pods]:
+                del memo[uid]
+
+    # --- checks used by tests and the soak ------------------------------------------------------
+
+    def check_consistency(self) -> list[str]:
+        """Internal invariants: every assumption has its pod, every booking a pod or assumption,
+        no pod both bound and assumed. Returns the violations (empty when sound)."""
+        problems = [f"assumption without a pod: {uid}" for uid in self.assumed if uid not in self.pods]
+        problems += [f"bound and assumed: {uid}" for uid in self.assumed if uid in self._bound]
+        cluster = self.cluster
+        if not self.dirty and cluster is not None:
+            for uid in cluster.where:
+                if uid not in self.pods and uid not in self.assumed:
+                    problems.append(f"booking without a pod: {uid}")
+        return problems

@@ -1,0 +1,84 @@
+"""The live scheduler's queue: kube-scheduler's order, per-pod backoff, parking, no polling."""
+
+from __future__ import annotations
+
+from scheduler.live.queue import SchedulingQueue
+from tests.support.schedworld import Clock
+
+
+def queue(initial: float = 1.0, maximum: float = 10.0) -> tuple[SchedulingQueue, Clock]:
+    clock = Clock()
+    return SchedulingQueue(initial, maximum, clock), clock
+
+
+def drain(q: SchedulingQueue) -> list[str]:
+    out = []
+    while (uid := q.pop()) is not None:
+        out.append(uid)
+        q.remove(uid)
+    return out
+
+
+def test_order_is_priority_then_creation_then_name() -> None:
+    q, _ = queue()
+    q.add("late", 0, "2026-01-01T00:00:09Z", "ns/late")
+    q.add("early", 0, "2026-01-01T00:00:01Z", "ns/early")
+    q.add("urgent", 100, "2026-01-01T00:00:10Z", "ns/urgent")
+    q.add("b", 0, "2026-01-01T00:00:05Z", "ns/b")
+    q.add("a", 0, "2026-01-01T00:00:05Z", "ns/a")
+    q.add("low", -5, "2026-01-01T00:00:00Z", "ns/low")
+    assert drain(q) == ["urgent", "early", "a", "b", "late", "low"]
+
+
+def test_backoff_doubles_up_to_the_maximum_and_keeps_through_a_bind() -> None:
+    q, clock = queue(initial=1.0, maximum=5.0)
+    assert [q.backoff_seconds(n) for n in range(6)] == [0.0, 1.0, 2.0, 4.0, 5.0, 5.0]
+    q.add("p", 0, "", "p")
+    assert q.pop() == "p"
+    q.hold("p")  # being bound: in no queue, attempts kept
+    assert q.where("p") == "held" and q.wait_seconds() is None
+    q.requeue("p", 0, "", "p")  # the bind was not stored
+    assert q.attempts("p") == 1 and q.where("p") == "backoff"
+    assert q.pop() is None and q.wait_seconds() == 1.0
+    clock.advance(1.0)
+    assert q.pop() == "p"
+    q.requeue("p", 0, "", "p")
+    assert q.attempts("p") == 2 and q.ready_at("p") == clock.now + 2.0
+    clock.advance(1.5)
+    assert q.wait_seconds() == 0.5
+
+
+def test_parked_pods_wait_for_a_change_then_for_their_backoff() -> None:
+    q, clock = queue(initial=4.0)
+    q.add("p", 0, "", "p")
+    q.add("bad", 0, "", "bad")
+    assert q.pop() == "bad"
+    q.park("bad", until_pod_changes=True)
+    assert q.pop() == "p"
+    q.park("p")
+    assert q.counts == {"active": 0, "backoff": 0, "parked": 2} and q.wait_seconds() is None
+    assert q.move_all() == 1  # not the invalid one
+    assert q.where("p") == "backoff" and q.where("bad") == "parked"
+    clock.advance(4.0)
+    assert q.pop() == "p"
+    q.update("bad", 0, "", "bad")  # the invalid pod changed (its backoff has passed meanwhile)
+    assert q.where("bad") == "active" and q.pop() == "bad"
+    assert q.counts == {"active": 0, "backoff": 0, "parked": 0}
+
+
+def test_updates_reorder_and_removal_forgets() -> None:
+    q, _ = queue()
+    q.add("x", 0, "2026-01-01T00:00:02Z", "x")
+    q.add("y", 0, "2026-01-01T00:00:01Z", "y")
+    q.update("x", 10, "2026-01-01T00:00:02Z", "x")
+    q.add("x", 0, "2026-01-01T00:00:02Z", "x")  # adding a known pod changes nothing
+    assert len(q) == 2 and "x" in q and sorted(q.uids()) == ["x", "y"]
+    q.remove("y")
+    assert "y" not in q and q.where("y") is None and q.attempts("y") == 0
+    assert drain(q) == ["x"]
+    q.add("z", 0, "", "z")
+    q.clear()
+    assert len(q) == 0 and q.pop() is None and q.counts == {"active": 0, "backoff": 0, "parked": 0}
+    q.park("unknown")
+    q.hold("unknown")
+    assert "unknown" not in q
