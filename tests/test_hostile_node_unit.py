@@ -276,3 +276,90 @@ def test_the_poster_creates_a_node_event_and_survives_a_failure() -> None:
     )
     core.fail = True
     post("n1", nodeevents.WARNING_REASON, "again", "Warning")  # logged, never raised
+
+
+# ------------------------------------------------------------- the live scheduler (in-memory apiserver)
+
+
+def _hostile_node_json(case: Any) -> dict[str, Any]:
+    from tests.support.schedworld import node_json
+
+    obj = node_json("bad", 8, labels={"role": "bad"})
+    annotations = obj["metadata"]["annotations"]
+    if case.inventory is None:
+        annotations.pop(INVENTORY_ANNOTATION)
+    else:
+        annotations[INVENTORY_ANNOTATION] = case.inventory
+    if case.heartbeat:
+        annotations[HEARTBEAT_ANNOTATION] = case.heartbeat
+    obj["status"]["allocatable"].update(case.allocatable)
+    return obj
+
+
+def test_the_live_scheduler_leaves_a_hostile_node_out_says_why_and_takes_it_back(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Every adversarial case on one node while GPU pods keep arriving: all of them bound on the
+    healthy node, a rate-limited Warning Event on the hostile one, a Normal one and placements on
+    it once it publishes something valid."""
+    import logging
+
+    from tests.support.schedworld import Feed, World, drive, make_scheduler, node_json, pod_json
+
+    valid = inventory("hgx-h100", "bad", tmp_path)
+    cases = list(adversarial(valid))
+    world = World()
+    world.put_node(node_json("good", len(cases) + 4))
+    world.put_node(_hostile_node_json(cases[0]))
+    scheduler, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, scheduler)
+    feed.relist()
+    started = clock()
+    with caplog.at_level(logging.INFO, logger="kubegpu.scheduler"):
+        for k, case in enumerate(cases):
+            world.put_node(_hostile_node_json(case))
+            world.put_pod(pod_json(f"p{k}", 1))
+            feed.sync()
+            drive(scheduler, jobs, feed, clock)
+            scheduler.post_node_events()
+            jobs.run_all()
+            assert scheduler.cache.excluded.get("bad"), case.name
+            assert world.node_of(f"p{k}") == "good", case.name
+    assert not jobs.errors
+    warnings = [
+        e for e in core.events if e["involvedObject"]["kind"] == "Node" and e["type"] == "Warning"
+    ]
+    assert all(e["involvedObject"]["name"] == "bad" for e in warnings)
+    assert 1 <= len(warnings) <= 1 + (clock() - started) / nodeevents.MIN_INTERVAL_SECONDS
+    reasons = {r.fields["reason"] for r in caplog.records if r.getMessage() == "node.excluded"}  # type: ignore[attr-defined]
+    assert len(reasons) > len(cases) // 2  # the log line follows each change
+
+    world.put_node(node_json("bad", 8, labels={"role": "bad"}))
+    pod = pod_json("back", 1)
+    pod["spec"]["nodeSelector"] = {"role": "bad"}
+    world.put_pod(pod)
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("back") == "bad"
+    clock.advance(nodeevents.MIN_INTERVAL_SECONDS)
+    scheduler.post_node_events()
+    jobs.run_all()
+    last = [e for e in core.events if e["involvedObject"]["kind"] == "Node"][-1]
+    assert (last["reason"], last["type"]) == (nodeevents.RECOVERED_REASON, "Normal")
+
+
+def test_only_the_leader_posts_node_events(tmp_path: Path) -> None:
+    from tests.support.schedworld import Feed, World, make_scheduler, node_json
+
+    world = World()
+    world.put_node(node_json("bad", 8, inventory="{"))
+    scheduler, jobs, core, _clock = make_scheduler(world)
+    scheduler.leading.clear()
+    Feed(world, scheduler).relist()
+    scheduler.post_node_events()
+    jobs.run_all()
+    assert core.events == []
+    scheduler.leading.set()  # became the leader: what it saw while following is said now
+    scheduler.post_node_events()
+    jobs.run_all()
+    assert [e["reason"] for e in core.events] == [nodeevents.WARNING_REASON]
