@@ -383,7 +383,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named under the subcommand they were given to, not under ``kubegpu``
+            prog = getattr(args, "command_prog", parser.prog)
+            words = cliargs.one_line(" ".join(extra))
+            parser.exit(cliargs.EXIT_USAGE, f"{prog}: unrecognized arguments: {words} (see {prog} --help)\n")
     except SystemExit as done:  # a usage error (its one line is on stderr), --help or --version
         return int(done.code or 0) if not isinstance(done.code, str) else cliargs.EXIT_USAGE
     logs.configure(args.log_level)

@@ -305,6 +305,22 @@ def directory(text: str) -> str:
     return text
 
 
+def state_directory(text: str) -> Path:
+    """An argparse type: where a command keeps its state: a directory, or a path not made yet."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    path = Path(text)
+    try:
+        path.stat()
+    except FileNotFoundError:
+        return path
+    except OSError as error:
+        raise argparse.ArgumentTypeError(f"{text}: {error.strerror or error}") from None
+    if not path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: Not a directory")
+    return path
+
+
 def one_of(names: Callable[[], Iterable[str]], what: str) -> Callable[[str], str]:
     """An argparse type: one of ``names()`` (called only when the flag is parsed)."""
 

@@ -291,6 +291,19 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("keys-check-file", ["keys", "check", "{file}"], 2, "{file}"),
     ("keys-generate-exists", ["keys", "generate", "--out", "{key}"], 2, "{key}"),
     ("keys-generate-no-dir", ["keys", "generate", "--out", "{missing}/k1"], 2, "{missing}"),
+    # ---- up / down (parse-time refusals only: nothing here may start a cluster)
+    ("up-unknown-containerd", ["up", "--containerd", "3"], 2, "--containerd"),
+    ("up-state-dir-file", ["up", "--state-dir", "{file}", "--no-workload"], 2, "--state-dir"),
+    ("up-state-dir-device", ["up", "--state-dir", "/dev/zero", "--no-workload"], 2, "--state-dir"),
+    ("up-state-dir-empty", ["up", "--state-dir", "", "--no-workload"], 2, "--state-dir"),
+    ("up-state-dir-under-file", ["up", "--state-dir", "{file}/x", "--no-workload"], 2, "--state-dir"),
+    ("down-state-dir-file", ["down", "--state-dir", "{file}"], 2, "--state-dir"),
+    ("down-state-dir-empty", ["down", "--state-dir", ""], 2, "--state-dir"),
+    ("down-no-cluster", ["down", "--state-dir", "{missing}"], 2, "{missing}"),
+    ("down-unknown-flag", ["down", "--force"], 2, "--force"),
+    ("scheduler-unknown-flag", ["scheduler", "--bogus", "x"], 2, "--bogus"),
+    ("node-install-unknown-flag", ["node", "install", "--force"], 2, "--force"),
+    ("keys-generate-unknown-flag", ["keys", "generate", "--zz"], 2, "--zz"),
 ]
 
 
@@ -433,7 +446,7 @@ def test_bad_input_is_one_line_and_a_status(
     assert done.stdout == "", done.stdout
 
 
-COMMANDS = {"crishim", "advertise", "devices", "scheduler", "simulate", "keys", "node"}
+COMMANDS = {"crishim", "advertise", "devices", "scheduler", "simulate", "keys", "node", "up", "down"}
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
@@ -446,17 +459,14 @@ def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iter
             yield from _leaves(child, (*path, name))
 
 
-NOT_LANDED = {("up",), ("down",)}  # kubegpu up/down (branch real-node) are swept once they land
-
-
 def test_every_subcommand_is_swept() -> None:
     from kubegpu.cli import build_parser
 
     leaves = set(_leaves(build_parser()))
     swept = {tuple(c[1][: len(leaf)]) for c in CASES for leaf in leaves}
-    missing = sorted(leaves - NOT_LANDED - swept)
+    missing = sorted(leaves - swept)
     assert not missing, f"subcommands without a bad-input case: {missing}"
-    assert {leaf[0] for leaf in leaves} - {"up", "down"} <= COMMANDS
+    assert {leaf[0] for leaf in leaves} <= COMMANDS
 
 
 def test_debug_log_level_shows_the_traceback(inputs: dict[str, str]) -> None:
