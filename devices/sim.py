@@ -35,6 +35,7 @@ from typing import Any
 
 from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
 from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginConfigError, PluginError, shares_env
+from kubegpu.inputfiles import read_text
 
 log = logging.getLogger(__name__)
 
@@ -262,9 +263,11 @@ class SimPlugin:
         else:
             path = resolve_topology(topology)
             try:
-                self._doc, self._where = json.loads(path.read_text()), str(path)
-            except (OSError, ValueError, RecursionError) as exc:
-                raise TopologyFileError(f"{path}: {exc}") from exc
+                self._doc, self._where = json.loads(read_text(path)), str(path)
+            except OSError as exc:
+                raise TopologyFileError(f"{path}: {exc.strerror or exc}") from None
+            except (ValueError, RecursionError) as exc:
+                raise TopologyFileError(f"{path}: {exc}") from None
             if not isinstance(self._doc, dict):
                 raise TopologyFileError(f"{path}: not a JSON object")
         self.node_name = node_name

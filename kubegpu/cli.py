@@ -86,7 +86,7 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
     devices.add_argument(
         "--allocation-keys-dir",
         default="/etc/kubegpu/keys",
-        type=Path,
+        type=cliargs.absent_or_directory,
         help="mounted signing-key Secret, one file per key id (default: %(default)s)",
     )
     devices.add_argument("--sim-topology", help="sim plugin: topology file or shipped name")

@@ -27,6 +27,8 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, NoReturn
 
+from kubegpu import inputfiles
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USAGE = 2
@@ -281,19 +283,24 @@ dns_subdomain = _subdomain("DNS subdomain")
 dns_subdomain.__doc__ = "An argparse type: a lowercase DNS subdomain (object names); returned unchanged."
 
 
-def readable_file(text: str) -> Path:
-    """An argparse type: a file that exists and can be opened for reading; returns its Path."""
+def input_file(limit: int = inputfiles.MAX_INPUT_BYTES) -> Callable[[str], Path]:
+    """An argparse type: a regular file (symlinks followed) of at most ``limit`` bytes we may read.
+
+    Judged from ``stat`` alone: a FIFO, a device such as ``/dev/zero`` or a directory is refused
+    without being opened (kubegpu/inputfiles.py).
+    """
 
     def check(value: str) -> Path:
-        path = Path(value)
         try:
-            with path.open("rb") as handle:
-                handle.read(0)
-        except OSError as error:
-            raise argparse.ArgumentTypeError(f"{value}: {error.strerror or error}") from None
-        return path
+            return inputfiles.check_input(value, limit)
+        except inputfiles.InputFileError as error:
+            raise argparse.ArgumentTypeError(f"{value}: {error.problem}") from None
 
-    return _type("file", check)(text)
+    return _type("file", check)
+
+
+readable_file = input_file()
+readable_file.__doc__ = "An argparse type: a regular file of at most 16 MiB we may read; returns its Path."
 
 
 def directory(text: str) -> str:
@@ -305,8 +312,8 @@ def directory(text: str) -> str:
     return text
 
 
-def state_directory(text: str) -> Path:
-    """An argparse type: where a command keeps its state: a directory, or a path not made yet."""
+def absent_or_directory(text: str) -> Path:
+    """An argparse type: a directory, or a path not made yet (state dirs, key dirs); returns its Path."""
     if not text.strip():
         raise argparse.ArgumentTypeError("empty path")
     path = Path(text)

@@ -27,6 +27,7 @@ from kubegpu.allocation import (
     public_key_base64,
     public_key_pem,
 )
+from kubegpu.inputfiles import read_input
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,7 +71,7 @@ def _public(args: argparse.Namespace) -> int:
         if args.key == "-":
             data = sys.stdin.buffer.read(MAX_KEY_FILE_BYTES + 1)
         else:
-            data = Path(args.key).read_bytes()
+            data = read_input(args.key, MAX_KEY_FILE_BYTES)
         key = parse_key(data)
     except OSError as error:
         print(f"kubegpu keys public: {args.key}: {error.strerror or error}", file=sys.stderr)

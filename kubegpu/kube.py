@@ -20,6 +20,7 @@ from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
 from kubegpu.cliargs import Failure, UsageError, api_status_message, one_line
+from kubegpu.inputfiles import check_input
 
 PROBE_TIMEOUT_SECONDS = 10.0
 
@@ -41,8 +42,7 @@ def api_client(kubeconfig: str | Path | None, flag: str = "--kubeconfig") -> cli
 def _from_kubeconfig(path: str, flag: str) -> client.ApiClient:
     where = f"{flag} {path}"
     try:
-        with open(path, "rb") as handle:
-            handle.read(0)
+        check_input(path)
     except OSError as error:
         raise UsageError(f"{where}: {error.strerror or error}") from None
     try:

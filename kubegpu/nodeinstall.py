@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 from kubegpu import __version__, cliargs
 
@@ -269,11 +269,15 @@ def validate_key(key_id: str, data: bytes) -> bytes:
     return data
 
 
-def read_key(source: str, stdin: Callable[[], bytes]) -> bytes:
-    if source == "-":
-        return stdin()
+def read_key(source: str, stdin: BinaryIO) -> bytes:
+    """The key file's bytes ('-': ``stdin``): a regular file, at most a key file's size."""
+    from kubegpu.allocation import MAX_KEY_FILE_BYTES
+    from kubegpu.inputfiles import read_bounded, read_input
+
     try:
-        return Path(source).read_bytes()
+        if source == "-":
+            return read_bounded(stdin, MAX_KEY_FILE_BYTES, "standard input")
+        return read_input(source, MAX_KEY_FILE_BYTES)
     except OSError as exc:
         raise InstallError(f"cannot read the key file {source}: {exc.strerror or exc}") from None
 
@@ -1007,7 +1011,7 @@ def _run_install(args: argparse.Namespace) -> int:
                 "--key-file - reads the key from standard input, which is a terminal: pipe it in"
             )
         if args.key_file is not None:
-            keys[args.key_id] = validate_key(args.key_id, read_key(args.key_file, sys.stdin.buffer.read))
+            keys[args.key_id] = validate_key(args.key_id, read_key(args.key_file, sys.stdin.buffer))
         settings = NodeSettings(
             runtime_endpoint="unix://" + socket_path(args.containerd_socket),
             listen=args.listen,

@@ -21,6 +21,7 @@ import yaml
 
 from kubegpu import cliargs
 from kubegpu.allocation import private_key_pem
+from kubegpu.inputfiles import MAX_INPUT_BYTES, MAX_TRACE_BYTES
 from scheduler.live.config import ConfigError, SchedulerConfig, validate
 
 REPO = Path(__file__).resolve().parents[1]
@@ -291,6 +292,49 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ("keys-check-file", ["keys", "check", "{file}"], 2, "{file}"),
     ("keys-generate-exists", ["keys", "generate", "--out", "{key}"], 2, "{key}"),
     ("keys-generate-no-dir", ["keys", "generate", "--out", "{missing}/k1"], 2, "{missing}"),
+    # ---- files that are not files: /dev/zero (through a symlink), a FIFO, a runaway size, a directory
+    ("scheduler-config-zero", ["scheduler", "--config", "{zero}"], 2, "{zero}"),
+    ("scheduler-kubeconfig-zero", ["scheduler", "--kubeconfig", "{zero}"], 2, "--kubeconfig"),
+    ("devices-topology-zero", ["devices", "--plugin", "sim", "--topology", "{zero}"], 2, "{zero}"),
+    ("crishim-topology-zero", ["crishim", "{shim}", "--sim-topology", "{zero}"], 2, "{zero}"),
+    ("advertise-kubeconfig-zero", ["advertise", "{dev-ok}", "--kubeconfig", "{zero}"], 2, "--kubeconfig"),
+    ("keys-public-zero", ["keys", "public", "{zero}"], 2, "{zero}"),
+    ("node-install-key-zero", ["node", "install", "--root", "{dir}", "--key-file", "{zero}"], 2, "{zero}"),
+    ("scheduler-config-fifo", ["scheduler", "--config", "{fifo}"], 2, "{fifo}"),
+    ("scheduler-kubeconfig-fifo", ["scheduler", "--kubeconfig", "{fifo}"], 2, "--kubeconfig"),
+    ("devices-topology-fifo", ["devices", "--plugin", "sim", "--topology", "{fifo}"], 2, "{fifo}"),
+    ("crishim-topology-fifo", ["crishim", "{shim}", "--sim-topology", "{fifo}"], 2, "{fifo}"),
+    ("advertise-kubeconfig-fifo", ["advertise", "{dev-ok}", "--kubeconfig", "{fifo}"], 2, "--kubeconfig"),
+    ("keys-public-fifo", ["keys", "public", "{fifo}"], 2, "{fifo}"),
+    ("node-install-key-fifo", ["node", "install", "--root", "{dir}", "--key-file", "{fifo}"], 2, "{fifo}"),
+    ("scheduler-config-huge", ["scheduler", "--config", "{huge}"], 2, "{huge}"),
+    ("scheduler-kubeconfig-huge", ["scheduler", "--kubeconfig", "{huge}"], 2, "--kubeconfig"),
+    ("devices-topology-huge", ["devices", "--plugin", "sim", "--topology", "{huge}"], 2, "{huge}"),
+    ("crishim-topology-huge", ["crishim", "{shim}", "--sim-topology", "{huge}"], 2, "{huge}"),
+    ("advertise-kubeconfig-huge", ["advertise", "{dev-ok}", "--kubeconfig", "{huge}"], 2, "--kubeconfig"),
+    ("keys-public-huge", ["keys", "public", "{huge}"], 2, "{huge}"),
+    ("node-install-key-huge", ["node", "install", "--root", "{dir}", "--key-file", "{huge}"], 2, "{huge}"),
+    ("scheduler-config-dir", ["scheduler", "--config", "{dir}"], 2, "{dir}"),
+    ("scheduler-kubeconfig-dir", ["scheduler", "--kubeconfig", "{dir}"], 2, "--kubeconfig"),
+    ("devices-topology-dir", ["devices", "--plugin", "sim", "--topology", "{dir}"], 2, "{dir}"),
+    ("crishim-topology-dir", ["crishim", "{shim}", "--sim-topology", "{dir}"], 2, "{dir}"),
+    ("advertise-kubeconfig-dir", ["advertise", "{dev-ok}", "--kubeconfig", "{dir}"], 2, "--kubeconfig"),
+    ("keys-public-dir", ["keys", "public", "{dir}"], 2, "{dir}"),
+    ("node-install-key-dir", ["node", "install", "--root", "{dir}", "--key-file", "{dir}"], 2, "{dir}"),
+    ("simulate-trace-zero", ["simulate", "--nodes", "{zero}", "--pods", "{zero}"], 2, "{zero}"),
+    ("simulate-trace-fifo", ["simulate", "--nodes", "{fifo}", "--pods", "{fifo}"], 2, "{fifo}"),
+    (
+        "simulate-trace-hugetrace",
+        ["simulate", "--nodes", "{hugetrace}", "--pods", "{hugetrace}"],
+        2,
+        "{hugetrace}",
+    ),
+    ("simulate-trace-binary", ["simulate", "--nodes", "{binary}", "--pods", "{binary}"], 2, "{binary}"),
+    ("crishim-keys-dir-file", ["crishim", "--allocation-keys-dir", "{file}"], 2, "--allocation-keys-dir"),
+    ("crishim-keys-dir-device", ["crishim", "--allocation-keys-dir", "{zero}"], 2, "--allocation-keys-dir"),
+    ("scheduler-keys-dir-device", ["scheduler", "--keys-dir", "{zero}"], 2, "--keys-dir"),
+    ("scheduler-config-binary", ["scheduler", "--config", "{binary}"], 2, "{binary}"),
+    ("keys-public-binary", ["keys", "public", "{binary}"], 2, "{binary}"),
     # ---- up / down (parse-time refusals only: nothing here may start a cluster)
     ("up-unknown-containerd", ["up", "--containerd", "3"], 2, "--containerd"),
     ("up-state-dir-file", ["up", "--state-dir", "{file}", "--no-workload"], 2, "--state-dir"),
@@ -360,6 +404,12 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         paths[name] = str(root / file_name)
     (root / "dir").mkdir()
     (root / "binary.json").write_bytes(b"\xff\xfe\x00garbage")
+    (root / "zero").symlink_to("/dev/zero")
+    os.mkfifo(root / "fifo")  # nothing ever writes it: opening it to read would block forever
+    with (root / "huge").open("wb") as huge:  # sparse: costs no disk
+        huge.truncate(MAX_INPUT_BYTES + 1)
+    with (root / "hugetrace.csv").open("wb") as huge:
+        huge.truncate(MAX_TRACE_BYTES + 1)
     record = root / "bad-record" / "etc" / "kubegpu"
     record.mkdir(parents=True)
     (record / "node-install.json").write_text("{")
@@ -385,6 +435,10 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         "missing": str(root / "missing"),
         "dir": str(root / "dir"),
         "binary": str(root / "binary.json"),
+        "zero": str(root / "zero"),
+        "fifo": str(root / "fifo"),
+        "huge": str(root / "huge"),
+        "hugetrace": str(root / "hugetrace.csv"),
         "bad-record": str(root / "bad-record"),
         "keys": str(keys),
         "key": str(keys / "k1"),
@@ -467,6 +521,35 @@ def test_every_subcommand_is_swept() -> None:
     missing = sorted(leaves - swept)
     assert not missing, f"subcommands without a bad-input case: {missing}"
     assert {leaf[0] for leaf in leaves} <= COMMANDS
+
+
+@pytest.mark.parametrize(
+    "argv", [["keys", "public", "-"], ["node", "install", "--root", "{dir}", "--key-file", "-"]]
+)
+def test_an_endless_standard_input_is_read_bounded(inputs: dict[str, str], argv: list[str]) -> None:
+    environment = {k: v for k, v in os.environ.items() if k != "KUBERNETES_SERVICE_HOST"}
+    with open("/dev/zero", "rb") as zero:
+        done = subprocess.run(
+            [sys.executable, "-m", "kubegpu", *expand(argv, inputs)],
+            stdin=zero,
+            capture_output=True,
+            text=True,
+            timeout=RUN_TIMEOUT,
+            cwd=REPO,
+            env=environment,
+        )
+    assert done.returncode == 2 and len(done.stderr.splitlines()) == 1, done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_a_key_directory_entry_that_is_not_a_file_is_reported(tmp_path: Path) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    (keys / "k1").symlink_to("/dev/zero")
+    os.mkfifo(keys / "k2")
+    done = kubegpu("keys", "check", str(keys))
+    assert done.returncode == 1, done.stderr
+    assert '"k1: not a regular file, skipped"' in done.stdout and '"k2: not a regular file' in done.stdout
 
 
 def test_debug_log_level_shows_the_traceback(inputs: dict[str, str]) -> None:
@@ -744,3 +827,31 @@ def test_a_shim_that_fails_to_start_takes_down_what_it_started(
     with pytest.raises(OSError, match="in use"):
         asyncio.run(server.serve(config))
     assert not (tmp_path / "shim.sock").exists()
+
+
+def test_input_files_are_regular_bounded_and_never_block(tmp_path: Path) -> None:
+    from kubegpu import inputfiles
+
+    good = tmp_path / "good"
+    good.write_bytes(b"x" * 10)
+    link = tmp_path / "link"
+    link.symlink_to(good)
+    assert inputfiles.check_input(link, 10) == link and inputfiles.read_input(link, 10) == b"x" * 10
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    for name, words in [
+        ("fifo", "FIFO"),
+        ("zero", "device"),
+        ("missing", "No such file"),
+        ("loop", "symbolic links"),
+        ("", "directory"),
+    ]:
+        for call in (inputfiles.check_input, inputfiles.read_input):
+            with pytest.raises(inputfiles.InputFileError) as caught:
+                call(tmp_path / name, 100)
+            assert words in str(caught.value) and str(tmp_path / name) in str(caught.value)
+    with pytest.raises(inputfiles.InputFileError, match="too large"):
+        inputfiles.read_input(good, 9)
+    with open("/dev/zero", "rb") as zero, pytest.raises(inputfiles.InputFileError, match="more than 5"):
+        inputfiles.read_bounded(zero, 5)

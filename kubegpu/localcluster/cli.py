@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from kubegpu.cliargs import EXIT_FAILURE, EXIT_USAGE, one_line, state_directory
+from kubegpu.cliargs import EXIT_FAILURE, EXIT_USAGE, absent_or_directory, one_line
 
 # Imports of the cluster modules (kubernetes client, ...) happen in the commands, so that every
 # other kubegpu subcommand starts without them.
@@ -44,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Start etcd, kube-apiserver, kube-controller-manager, containerd, the kubegpu shim "
         "with simulated DGX-1 GPUs, kubelet and the kubegpu scheduler; run a small mixed workload.",
     )
-    up.add_argument("--state-dir", type=state_directory, default=None, help="where everything lives "
+    up.add_argument("--state-dir", type=absent_or_directory, default=None, help="where everything lives "
                     "(default: $KUBEGPU_STATE_DIR or ~/.local/state/kubegpu/cluster)")
     up.add_argument("--containerd", choices=["debian", "2"], default="debian",
                     help="Debian's containerd 1.6 (default) or the Go-built 2.x (built on first use)")
@@ -55,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="stop the cluster `kubegpu up` started and remove it (logs are kept)",
         description="Stop every process, unmount, restore sysctls, delete the state dir except logs/.",
     )
-    down.add_argument("--state-dir", type=state_directory, default=None, help="as given to `kubegpu up`")
+    down.add_argument("--state-dir", type=absent_or_directory, default=None, help="as given to `kubegpu up`")
     down.set_defaults(run=run_down)
 
 

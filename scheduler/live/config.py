@@ -12,6 +12,7 @@ from typing import Any
 import yaml
 
 from kubegpu.cliargs import DNS_SUBDOMAIN, MAX_SECONDS, split_host_port
+from kubegpu.inputfiles import read_text
 
 
 class ConfigError(ValueError):
@@ -140,7 +141,7 @@ def load_config(path: str | Path | None) -> SchedulerConfig:
     if path is None:
         return config
     try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
+        doc = yaml.safe_load(read_text(path)) or {}
     except OSError as error:
         raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
     except (yaml.YAMLError, ValueError) as error:  # ValueError: not UTF-8

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from kubegpu import cliargs
+from kubegpu.inputfiles import MAX_TRACE_BYTES
 
 DEFAULT_POLICY = "fgd-align"  # == scheduler.core.policies.DEFAULT_POLICY (a test checks)
 INFLATION = 1.3
@@ -35,10 +36,16 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         ),
     )
     parser.add_argument(
-        "--nodes", type=cliargs.readable_file, metavar="NODES.csv", help="openb node list (sn,cpu_milli,...)"
+        "--nodes",
+        type=cliargs.input_file(MAX_TRACE_BYTES),
+        metavar="NODES.csv",
+        help="openb node list (sn,cpu_milli,...)",
     )
     parser.add_argument(
-        "--pods", type=cliargs.readable_file, metavar="PODS.csv", help="openb pod list (name,cpu_milli,...)"
+        "--pods",
+        type=cliargs.input_file(MAX_TRACE_BYTES),
+        metavar="PODS.csv",
+        help="openb pod list (name,cpu_milli,...)",
     )
     parser.add_argument(
         "--policy", default=DEFAULT_POLICY, metavar="NAME", help="scoring policy (default: %(default)s)"
