@@ -20,7 +20,7 @@ from kubernetes import client, config
 from kubernetes.config.config_exception import ConfigException
 
 from kubegpu.cliargs import Failure, UsageError, api_status_message, one_line
-from kubegpu.inputfiles import check_input
+from kubegpu.inputfiles import check_input, read_text
 
 PROBE_TIMEOUT_SECONDS = 10.0
 
@@ -45,6 +45,7 @@ def _from_kubeconfig(path: str, flag: str) -> client.ApiClient:
         check_input(path)
     except OSError as error:
         raise UsageError(f"{where}: {error.strerror or error}") from None
+    _check_referenced_files(path, where)
     try:
         api = config.new_client_from_config(config_file=path)
     except yaml.YAMLError as error:
@@ -62,6 +63,44 @@ def _from_kubeconfig(path: str, flag: str) -> client.ApiClient:
         api.close()
         raise UsageError(f"{where}: the cluster's server {server!r} is not an http(s):// URL")
     return api
+
+
+_FILE_FIELDS = {
+    "cluster": ("certificate-authority",),
+    "user": ("client-certificate", "client-key", "tokenFile"),
+}
+
+
+def _check_referenced_files(path: str, where: str) -> None:
+    """The files the current context names (CA, client certificate and key, token file) must be
+    regular files of a bounded size: the client would block on a FIFO or read ``/dev/zero`` forever.
+    A missing file, or a shape the client refuses anyway, is left to the client's own message."""
+    try:
+        doc = yaml.safe_load(read_text(path))
+        context = _named(doc.get("contexts"), doc.get("current-context"))["context"]
+    except (OSError, ValueError, yaml.YAMLError, AttributeError, KeyError, TypeError, RecursionError):
+        return
+    for section, fields in _FILE_FIELDS.items():
+        entry = _named(doc.get(f"{section}s"), context.get(section) if isinstance(context, dict) else None)
+        body = entry.get(section) if isinstance(entry, dict) else None
+        for field in fields:
+            name = body.get(field) if isinstance(body, dict) else None
+            if not isinstance(name, str) or not name:
+                continue
+            target = Path(path).parent / name  # relative paths are relative to the kubeconfig
+            if target.exists():
+                try:
+                    check_input(target)
+                except OSError as error:
+                    raise UsageError(f"{where}: {field} {name}: {error.strerror or error}") from None
+
+
+def _named(items: object, name: object) -> dict:
+    """The entry called ``name`` of a kubeconfig list ({} if there is none)."""
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and item.get("name") == name:
+            return item
+    return {}
 
 
 def _cause(error: BaseException) -> str:

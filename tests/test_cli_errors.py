@@ -330,6 +330,18 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "{hugetrace}",
     ),
     ("simulate-trace-binary", ["simulate", "--nodes", "{binary}", "--pods", "{binary}"], 2, "{binary}"),
+    (
+        "scheduler-kubeconfig-token-device",
+        ["scheduler", "--keys-dir", "{keys}", "--kubeconfig", "{token-zero}"],
+        2,
+        "tokenFile zero",
+    ),
+    (
+        "advertise-kubeconfig-ca-fifo",
+        ["advertise", "{dev-ok}", "--kubeconfig", "{ca-fifo}"],
+        2,
+        "certificate-authority",
+    ),
     ("crishim-keys-dir-file", ["crishim", "--allocation-keys-dir", "{file}"], 2, "--allocation-keys-dir"),
     ("crishim-keys-dir-device", ["crishim", "--allocation-keys-dir", "{zero}"], 2, "--allocation-keys-dir"),
     ("scheduler-keys-dir-device", ["scheduler", "--keys-dir", "{zero}"], 2, "--keys-dir"),
@@ -351,7 +363,9 @@ CASES: list[tuple[str, list[str], int, str]] = [
 ]
 
 
-def _kubeconfig(server: str, extra_cluster: dict[str, str] | None = None) -> str:
+def _kubeconfig(
+    server: str, extra_cluster: dict[str, str] | None = None, user: dict[str, str] | None = None
+) -> str:
     return yaml.safe_dump(
         {
             "apiVersion": "v1",
@@ -359,7 +373,7 @@ def _kubeconfig(server: str, extra_cluster: dict[str, str] | None = None) -> str
             "current-context": "c",
             "contexts": [{"name": "c", "context": {"cluster": "x", "user": "u"}}],
             "clusters": [{"name": "x", "cluster": {"server": server, **(extra_cluster or {})}}],
-            "users": [{"name": "u", "user": {"token": "not-a-real-token"}}],
+            "users": [{"name": "u", "user": user or {"token": "not-a-real-token"}}],
         }
     )
 
@@ -390,6 +404,11 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
         "badca": (
             "ca.kubeconfig",
             _kubeconfig("https://127.0.0.1:1", {"certificate-authority": "/nonexistent"}),
+        ),
+        "token-zero": ("token.kubeconfig", _kubeconfig("https://127.0.0.1:1", user={"tokenFile": "zero"})),
+        "ca-fifo": (
+            "ca-fifo.kubeconfig",
+            _kubeconfig("https://127.0.0.1:1", {"certificate-authority": str(root / "fifo")}),
         ),
         "cfg-negative": ("negative.yaml", "heartbeatStaleSeconds: -5\n"),
         "cfg-workers": ("workers.yaml", "bindWorkers: 0\n"),
