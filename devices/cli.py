@@ -45,6 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-dir",
         default=DEFAULT_STATE_DIR,
+        type=cliargs.absent_or_directory,
         help="sim: device nodes and health file (default: %(default)s)",
     )
     parser.add_argument(

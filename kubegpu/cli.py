@@ -93,6 +93,7 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
     devices.add_argument(
         "--sim-state-dir",
         default="/var/lib/kubegpu/sim",
+        type=cliargs.absent_or_directory,
         help="sim plugin: where the fake device nodes live (default: %(default)s)",
     )
     devices.add_argument(
@@ -115,6 +116,7 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
     devices.add_argument(
         "--mps-dir",
         default="/run/kubegpu/mps",
+        type=cliargs.absent_or_directory,
         help="the MPS daemons' pipe, log and shm directories, one folder per GPU (default: %(default)s)",
     )
     devices.add_argument(

@@ -328,6 +328,18 @@ def absent_or_directory(text: str) -> Path:
     return path
 
 
+def output_file(text: str) -> Path:
+    """An argparse type: a file to write: not a directory, in a directory that exists."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("empty path")
+    path = Path(text)
+    if path.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: Is a directory")
+    if not path.absolute().parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text}: No such directory {path.absolute().parent}")
+    return path
+
+
 def one_of(names: Callable[[], Iterable[str]], what: str) -> Callable[[str], str]:
     """An argparse type: one of ``names()`` (called only when the flag is parsed)."""
 

@@ -12,7 +12,6 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
 from kubegpu import cliargs
 from kubegpu.inputfiles import MAX_TRACE_BYTES
@@ -61,7 +60,7 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument(
-        "--plot", type=Path, metavar="FILE.png", help="write the allocation curve (matplotlib)"
+        "--plot", type=cliargs.output_file, metavar="FILE.png", help="write the allocation curve (matplotlib)"
     )
     parser.add_argument("--list-policies", action="store_true", help="list the policies and exit")
     parser.add_argument(
