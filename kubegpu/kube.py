@@ -8,6 +8,7 @@ refuses the credentials (docs/errors.md).
 from __future__ import annotations
 
 import copy
+import errno
 import os
 import re
 from collections.abc import Callable
@@ -88,11 +89,15 @@ def _check_referenced_files(path: str, where: str) -> None:
             if not isinstance(name, str) or not name:
                 continue
             target = Path(path).parent / name  # relative paths are relative to the kubeconfig
-            if target.exists():
-                try:
-                    check_input(target)
-                except OSError as error:
-                    raise UsageError(f"{where}: {field} {name}: {error.strerror or error}") from None
+            try:
+                check_input(target)
+            except OSError as error:
+                if error.errno == errno.ENOENT:
+                    continue  # the client says which file is missing
+                shown = name if name.isprintable() else repr(name)
+                raise UsageError(f"{where}: {field} {shown}: {error.strerror or error}") from None
+            except ValueError:  # a NUL in the name
+                raise UsageError(f"{where}: {field} {name!r}: not a file name") from None
 
 
 def _named(items: object, name: object) -> dict:

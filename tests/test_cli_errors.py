@@ -337,6 +337,12 @@ CASES: list[tuple[str, list[str], int, str]] = [
         "tokenFile zero",
     ),
     (
+        "scheduler-kubeconfig-token-nul",
+        ["scheduler", "--keys-dir", "{keys}", "--kubeconfig", "{token-nul}"],
+        2,
+        "not a file name",
+    ),
+    (
         "advertise-kubeconfig-ca-fifo",
         ["advertise", "{dev-ok}", "--kubeconfig", "{ca-fifo}"],
         2,
@@ -410,6 +416,7 @@ def inputs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]
             _kubeconfig("https://127.0.0.1:1", {"certificate-authority": "/nonexistent"}),
         ),
         "token-zero": ("token.kubeconfig", _kubeconfig("https://127.0.0.1:1", user={"tokenFile": "zero"})),
+        "token-nul": ("nul.kubeconfig", _kubeconfig("https://127.0.0.1:1", user={"tokenFile": "a\0b"})),
         "ca-fifo": (
             "ca-fifo.kubeconfig",
             _kubeconfig("https://127.0.0.1:1", {"certificate-authority": str(root / "fifo")}),
