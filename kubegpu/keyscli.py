@@ -71,7 +71,9 @@ def _public(args: argparse.Namespace) -> int:
         if args.key == "-":
             data = sys.stdin.buffer.read(MAX_KEY_FILE_BYTES + 1)
         else:
-            data = read_input(args.key, MAX_KEY_FILE_BYTES)
+            data = read_input(args.key, MAX_KEY_FILE_BYTES)  # a FIFO or /dev/zero: refused unread
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise KeyFileError(f"larger than {MAX_KEY_FILE_BYTES} bytes")
         key = parse_key(data)
     except OSError as error:
         print(f"kubegpu keys public: {args.key}: {error.strerror or error}", file=sys.stderr)
