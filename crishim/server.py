@@ -209,7 +209,11 @@ class CriShim:
 async def serve(config: ShimConfig, interceptor: Interceptor | None = None) -> None:
     """Run a shim until SIGTERM or SIGINT, notifying systemd once it serves."""
     shim = CriShim(config, interceptor)
-    await shim.start()
+    try:
+        await shim.start()
+    except BaseException:
+        await shim.stop()  # what started (the gRPC server, the socket) goes away with the failure
+        raise
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from devices.model import DeviceKind, NodeInventory
 from devices.plugin import PluginError, discover_all, health_all, load_plugins, plugin_names
 from devices.sim import DEFAULT_STATE_DIR
+from kubegpu import cliargs
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -44,9 +45,15 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     parser.add_argument(
         "--state-dir",
         default=DEFAULT_STATE_DIR,
+        type=cliargs.absent_or_directory,
         help="sim: device nodes and health file (default: %(default)s)",
     )
-    parser.add_argument("--sysfs-root", default="/", help="rdma, nvidia, NIC affinity: root holding sys/")
+    parser.add_argument(
+        "--sysfs-root",
+        default="/",
+        type=cliargs.directory,
+        help="rdma, nvidia, NIC affinity: root holding sys/",
+    )
     parser.add_argument("--cdi", action="store_true", help="nvidia: also name CDI devices in edits")
     parser.add_argument("--json", action="store_true", help="print the published inventory as JSON")
     parser.set_defaults(run=run)
@@ -123,7 +130,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="kubegpu")
+    parser = cliargs.Parser(prog="kubegpu")
     register(parser.add_subparsers(dest="command", required=True, metavar="COMMAND"))
     args = parser.parse_args(argv)
     return int(args.run(args))

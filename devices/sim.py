@@ -35,6 +35,7 @@ from typing import Any
 
 from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
 from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginConfigError, PluginError, shares_env
+from kubegpu.inputfiles import read_text
 
 log = logging.getLogger(__name__)
 
@@ -152,6 +153,9 @@ def parse_topology(
         )
         for i, g in enumerate(gpus)
     ]
+    negative = [d.index for d in devices if d.memory_mib < 0]
+    if negative:
+        raise TopologyFileError(f"{where}: gpus[{negative[0]}].memoryMiB must not be negative")
     nic_gpus: dict[str, tuple[str, ...]] = {}
     for k, nic in enumerate(doc.get("nics") or []):
         name = str(nic.get("name", "")) if isinstance(nic, dict) else ""
@@ -259,15 +263,22 @@ class SimPlugin:
         else:
             path = resolve_topology(topology)
             try:
-                self._doc, self._where = json.loads(path.read_text()), str(path)
-            except (OSError, ValueError) as exc:
-                raise TopologyFileError(f"{path}: {exc}") from exc
+                self._doc, self._where = json.loads(read_text(path)), str(path)
+            except OSError as exc:
+                raise TopologyFileError(f"{path}: {exc.strerror or exc}") from None
+            except (ValueError, RecursionError) as exc:
+                raise TopologyFileError(f"{path}: {exc}") from None
+            if not isinstance(self._doc, dict):
+                raise TopologyFileError(f"{path}: not a JSON object")
         self.node_name = node_name
         self.state_dir = os.path.abspath(state_dir)
         self.create_nodes = create_nodes
         self.dev_dir = os.path.join(self.state_dir, DEV_SUBDIR)
         self.device_patterns = (f"{self.dev_dir}/*",)
-        self._inventory = parse_topology(self._doc, node_name, self.dev_dir, self._where)  # fail early
+        try:
+            self._inventory = parse_topology(self._doc, node_name, self.dev_dir, self._where)  # fail early
+        except (ValueError, TypeError, AttributeError, OverflowError) as exc:  # a field of the wrong type
+            raise TopologyFileError(f"{self._where}: {exc}") from None
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> SimPlugin:

@@ -361,7 +361,8 @@ def load_keys(directory: Path, allow_private: bool = False) -> Keys:
             problems.append(f"{path.name}: not a valid key id, skipped")
             continue
         try:
-            if not path.is_file():
+            if not path.is_file():  # a FIFO or /dev/zero would block or never end: never opened
+                problems.append(f"{path.name}: not a regular file, skipped")
                 continue
             if path.stat().st_size > MAX_KEY_FILE_BYTES:
                 raise KeyFileError(f"larger than {MAX_KEY_FILE_BYTES} bytes")

@@ -1,4 +1,9 @@
-"""The ``kubegpu`` command line: one entry point, one subcommand per component."""
+"""The ``kubegpu`` command line: one entry point, one subcommand per component.
+
+Every subcommand runs inside ``cliargs.run_command``: bad input is one line on stderr and exit
+status 2, a runtime failure one line and 1, a traceback only with ``--log-level debug``
+(docs/errors.md).
+"""
 
 from __future__ import annotations
 
@@ -10,7 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from devices.cli import register as _add_devices
-from kubegpu import __version__, logs
+from devices.plugin import plugin_names
+from kubegpu import __version__, cliargs, logs
+from kubegpu.cliargs import Failure, UsageError
 from kubegpu.keyscli import register as _add_keys
 from kubegpu.localcluster.cli import register as _add_localcluster
 from kubegpu.nodeinstall import register as _add_node
@@ -34,25 +41,28 @@ def _add_crishim(sub: argparse._SubParsersAction) -> None:
     parser.add_argument(
         "--listen",
         default="unix:///run/kubegpu/crishim.sock",
+        type=cliargs.unix_endpoint,
         help="unix socket kubelet connects to (default: %(default)s)",
     )
     parser.add_argument(
         "--runtime-endpoint",
         default="unix:///run/containerd/containerd.sock",
+        type=cliargs.unix_endpoint,
         help="the container runtime's CRI socket (default: %(default)s)",
     )
     parser.add_argument(
         "--metrics-address",
         default=None,
+        type=cliargs.listen_address,
         metavar="HOST:PORT",
         help="serve /metrics, /healthz and /readyz here (default: off)",
     )
     parser.add_argument(
         "--drain-timeout",
-        type=float,
+        type=cliargs.duration(allow_zero=True),
         default=5.0,
         metavar="SECONDS",
-        help="on SIGTERM, wait this long for in-flight calls (default: %(default)s)",
+        help="on SIGTERM, wait this long for in-flight calls; 0: stop at once (default: %(default)s)",
     )
     _add_device_options(parser)
     parser.set_defaults(run=_run_crishim)
@@ -64,30 +74,34 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         "--device-plugin",
         action="append",
         default=[],
+        choices=plugin_names(),
         metavar="NAME",
         help="device plugin to load: nvidia, rdma, sim (repeatable)",
     )
     devices.add_argument(
         "--node-name",
-        default=socket.gethostname(),
-        help="this node's name in Kubernetes (default: the hostname)",
+        type=cliargs.node_name,
+        help="this node's name in Kubernetes (default: the hostname in lowercase, as kubelet's)",
     )
     devices.add_argument(
         "--allocation-keys-dir",
         default="/etc/kubegpu/keys",
-        type=Path,
+        type=cliargs.absent_or_directory,
         help="mounted signing-key Secret, one file per key id (default: %(default)s)",
     )
     devices.add_argument("--sim-topology", help="sim plugin: topology file or shipped name")
     devices.add_argument(
         "--sim-state-dir",
         default="/var/lib/kubegpu/sim",
+        type=cliargs.absent_or_directory,
         help="sim plugin: where the fake device nodes live (default: %(default)s)",
     )
-    devices.add_argument("--sysfs-root", default="/", help="rdma plugin and NIC affinity: sysfs root")
+    devices.add_argument(
+        "--sysfs-root", default="/", type=cliargs.directory, help="rdma plugin and NIC affinity: sysfs root"
+    )
     devices.add_argument(
         "--health-interval",
-        type=float,
+        type=cliargs.duration(),
         default=10.0,
         metavar="SECONDS",
         help="how often device health is re-read (default: %(default)s)",
@@ -102,6 +116,7 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
     devices.add_argument(
         "--mps-dir",
         default="/run/kubegpu/mps",
+        type=cliargs.absent_or_directory,
         help="the MPS daemons' pipe, log and shm directories, one folder per GPU (default: %(default)s)",
     )
     devices.add_argument(
@@ -114,6 +129,7 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
     devices.add_argument(
         "--kubeconfig",
         default=None,
+        type=cliargs.readable_file,
         help="API access (advertiser, and pods whose sandbox lacks the allocation); "
         "default: in-cluster config if present, else none",
     )
@@ -122,18 +138,50 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
     )
     devices.add_argument(
         "--advertise-interval",
-        type=float,
+        type=cliargs.duration(),
         default=10.0,
         metavar="SECONDS",
         help="how often the Node is compared with the devices (default: %(default)s)",
     )
     devices.add_argument(
         "--heartbeat-interval",
-        type=float,
+        type=cliargs.duration(),
         default=30.0,
         metavar="SECONDS",
         help="heartbeat annotation refresh period (default: %(default)s)",
     )
+
+
+def _node_name(args: argparse.Namespace) -> str:
+    """``--node-name``, else the hostname in lowercase (kubelet's default); UsageError if invalid."""
+    if args.node_name is None:
+        hostname = socket.gethostname().lower()
+        try:
+            args.node_name = cliargs.node_name(hostname)
+        except argparse.ArgumentTypeError:
+            raise UsageError(
+                f"the hostname {hostname!r} is not a Kubernetes node name: give --node-name"
+            ) from None
+    return str(args.node_name)
+
+
+def _preflight_crishim(args: argparse.Namespace) -> None:
+    """What can be refused before anything starts (and before the first log line)."""
+    from crishim.server import ShimConfigError, prepare_socket_path, unix_path
+
+    listen, runtime = unix_path(args.listen), unix_path(args.runtime_endpoint)
+    if listen.resolve() == runtime.resolve():
+        raise UsageError(f"--listen and --runtime-endpoint are the same socket ({listen})")
+    if args.advertise and not args.device_plugin:
+        raise UsageError("--advertise needs --device-plugin (what would it publish?)")
+    try:
+        prepare_socket_path(listen)
+    except ShimConfigError as exc:
+        raise Failure(f"--listen {args.listen}: {exc}") from None
+    except OSError as exc:
+        raise Failure(f"--listen {args.listen}: {exc.filename or listen}: {exc.strerror or exc}") from None
+    if args.metrics_address:
+        cliargs.check_listen("--metrics-address", args.metrics_address)
 
 
 def _run_crishim(args: argparse.Namespace) -> int:
@@ -149,22 +197,23 @@ def _run_crishim(args: argparse.Namespace) -> int:
         drain_seconds=args.drain_timeout,
         health_interval=args.health_interval,
     )
+    _preflight_crishim(args)
     advertiser = None
     try:
         interceptor = None
         if args.device_plugin:
-            node_devices = node_devices_from(args)
+            _node_name(args)
             api = api_client(args.kubeconfig)
+            if args.advertise and api is None:
+                raise UsageError("--advertise needs --kubeconfig or an in-cluster service account")
+            node_devices = node_devices_from(args)
             interceptor = build_rewriter(args, node_devices, api)
             if args.advertise:
-                if api is None:
-                    raise ShimConfigError("--advertise needs --kubeconfig or an in-cluster service account")
                 advertiser = build_advertiser(args, node_devices, api)
                 advertiser.start()
         run_loop(serve(config, interceptor))
     except (ShimConfigError, PluginError) as exc:
-        print(f"kubegpu crishim: {exc}", file=sys.stderr)
-        return 2
+        raise UsageError(str(exc)) from None
     finally:
         if advertiser is not None:
             advertiser.stop()
@@ -190,25 +239,32 @@ def _run_advertise(args: argparse.Namespace) -> int:
     from crishim.advertiser import publication
     from crishim.assemble import build_advertiser, node_devices_from
     from devices.plugin import PluginError
-    from kubegpu.kube import api_client
+    from kubegpu.kube import api_client, check_access, check_reachable
 
+    if not args.device_plugin:
+        raise UsageError("needs at least one --device-plugin")
+    _node_name(args)
+    api = None
+    if not args.dry_run:
+        api = api_client(args.kubeconfig)
+        if api is None:
+            raise UsageError("needs --kubeconfig or an in-cluster service account")
+        if args.once:
+            check_reachable(api)
     try:
         node_devices = node_devices_from(args)
         inventory = node_devices.current_inventory()  # raises if discovery failed
     except PluginError as exc:
-        print(f"kubegpu advertise: {exc}", file=sys.stderr)
-        return 2
-    if args.dry_run:
+        raise UsageError(str(exc)) from None
+    if api is None:
         wanted = publication(inventory)
         print(json.dumps({"node": args.node_name, **wanted.as_dict()}, indent=2, sort_keys=True))
         return 0
-    api = api_client(args.kubeconfig)
-    if api is None:
-        print("kubegpu advertise: needs --kubeconfig or an in-cluster service account", file=sys.stderr)
-        return 2
     advertiser = build_advertiser(args, node_devices, api)
+    written: list[list[str]] = []
     if args.once:
-        print(json.dumps({"node": args.node_name, "wrote": advertiser.sync_once()}))
+        check_access(f"publish on node {args.node_name}", lambda: written.append(advertiser.sync_once()))
+        print(json.dumps({"node": args.node_name, "wrote": written[0]}))
         return 0
     advertiser.run()
     return 0
@@ -221,45 +277,97 @@ def _add_scheduler(sub: argparse._SubParsersAction) -> None:
         description="Schedule pods whose spec.schedulerName names this scheduler, binding each with its "
         "signed device allocation. Flags override the config file (docs/scheduler.md).",
     )
-    parser.add_argument("--config", help="scheduler config file (YAML)")
-    parser.add_argument("--kubeconfig", help="API access (default: in-cluster service account)")
-    parser.add_argument("--scheduler-name", help="the spec.schedulerName this replica serves")
-    parser.add_argument("--policy", help="node scoring policy (kubegpu simulate --list-policies)")
-    parser.add_argument("--metrics-address", metavar="HOST:PORT", help="serve /metrics, /healthz, /readyz")
-    parser.add_argument("--keys-dir", help="mounted signing-key Secret directory")
+    parser.add_argument("--config", type=cliargs.readable_file, help="scheduler config file (YAML)")
+    parser.add_argument(
+        "--kubeconfig", type=cliargs.readable_file, help="API access (default: in-cluster service account)"
+    )
+    parser.add_argument(
+        "--scheduler-name", type=cliargs.dns_subdomain, help="the spec.schedulerName this replica serves"
+    )
+    parser.add_argument(
+        "--policy",
+        type=cliargs.one_of(_policy_names, "policy"),
+        help="node scoring policy (kubegpu simulate --list-policies)",
+    )
+    parser.add_argument(
+        "--metrics-address",
+        type=cliargs.listen_address,
+        metavar="HOST:PORT",
+        help="serve /metrics, /healthz, /readyz",
+    )
+    parser.add_argument("--keys-dir", type=cliargs.directory, help="mounted signing-key Secret directory")
     parser.add_argument("--signing-key-id", help="key id to sign allocations with")
     parser.add_argument("--leader-elect", action="store_true", default=None, help="run Lease leader election")
     parser.add_argument("--identity", help="this replica's identity (default: hostname)")
     parser.set_defaults(run=_run_scheduler)
 
 
+def _policy_names() -> list[str]:
+    from scheduler.core.policies import POLICIES
+
+    return list(POLICIES)
+
+
+def _scheduler_keys(keys_dir: str, key_id: str) -> None:
+    """The scheduler cannot sign without its private key: refuse to start without it."""
+    from kubegpu.allocation import load_keys
+
+    where = Path(keys_dir)
+    if not where.is_dir():
+        raise UsageError(f"keys directory {keys_dir}: {'not a directory' if where.exists() else 'not found'}")
+    loaded = load_keys(where, allow_private=True)
+    if key_id not in loaded.private:
+        found = ", ".join(sorted(loaded.private)) or "none"
+        skipped = f"; skipped: {'; '.join(loaded.problems)}" if loaded.problems else ""
+        raise UsageError(
+            f"signing key {key_id!r}: no private key of that id in {keys_dir} (found: {found}){skipped}"
+        )
+
+
 def _run_scheduler(args: argparse.Namespace) -> int:
-    from scheduler.live.config import ConfigError, load_config
+    from kubernetes import client
+
+    from kubegpu.kube import PROBE_TIMEOUT_SECONDS, api_client, check_access, check_reachable
+    from scheduler.live.config import ConfigError, load_config, validate
     from scheduler.live.main import run_scheduler
 
     try:
         config = load_config(args.config)
     except ConfigError as exc:
-        print(f"kubegpu scheduler: {exc}", file=sys.stderr)
-        return 2
-    for flag, attr in (
-        ("scheduler_name", "scheduler_name"),
-        ("policy", "policy"),
-        ("metrics_address", "metrics_address"),
-        ("keys_dir", "keys_dir"),
-        ("signing_key_id", "signing_key_id"),
-        ("identity", "identity"),
-    ):
-        value = getattr(args, flag)
-        if value is not None:
-            setattr(config, attr, value)
-    if args.leader_elect:
-        config.leader_election.enabled = True
-    return run_scheduler(config, args.kubeconfig)
+        raise UsageError(f"--config: {exc}") from None
+    try:
+        for flag, attr in (
+            ("scheduler_name", "scheduler_name"),
+            ("policy", "policy"),
+            ("metrics_address", "metrics_address"),
+            ("keys_dir", "keys_dir"),
+            ("signing_key_id", "signing_key_id"),
+            ("identity", "identity"),
+        ):
+            value = getattr(args, flag)
+            if value is not None:
+                setattr(config, attr, value)
+        if args.leader_elect:
+            config.leader_election.enabled = True
+        validate(config)
+    except ConfigError as exc:
+        raise UsageError(str(exc) if args.config is None else f"--config {args.config}: {exc}") from None
+    _scheduler_keys(config.keys_dir, config.signing_key_id)
+    api = api_client(args.kubeconfig)
+    if api is None:
+        raise UsageError("needs --kubeconfig or an in-cluster service account")
+    check_reachable(api)
+    core, timeout = client.CoreV1Api(api), PROBE_TIMEOUT_SECONDS
+    check_access("list nodes", lambda: core.list_node(limit=1, _request_timeout=timeout))
+    check_access("list pods", lambda: core.list_pod_for_all_namespaces(limit=1, _request_timeout=timeout))
+    api.close()
+    if config.metrics_address:
+        cliargs.check_listen("--metrics-address", config.metrics_address)
+    return run_scheduler(config, str(args.kubeconfig) if args.kubeconfig else None)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="kubegpu", description=__doc__)
+    parser = cliargs.Parser(prog="kubegpu", description=__doc__)
     parser.add_argument("--version", action="version", version=f"kubegpu {__version__}")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -271,13 +379,22 @@ def build_parser() -> argparse.ArgumentParser:
     _add_keys(sub)
     _add_localcluster(sub)
     _add_node(sub)
+    cliargs.set_progs(parser)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    try:
+        parser = build_parser()
+        args, extra = parser.parse_known_args(argv)
+        if extra:  # named under the subcommand they were given to, not under ``kubegpu``
+            prog = getattr(args, "command_prog", parser.prog)
+            words = cliargs.one_line(" ".join(extra))
+            parser.exit(cliargs.EXIT_USAGE, f"{prog}: unrecognized arguments: {words} (see {prog} --help)\n")
+    except SystemExit as done:  # a usage error (its one line is on stderr), --help or --version
+        return int(done.code or 0) if not isinstance(done.code, str) else cliargs.EXIT_USAGE
     logs.configure(args.log_level)
-    return int(args.run(args))
+    return cliargs.run_command(args.command_prog, lambda: args.run(args), debug=args.log_level == "debug")
 
 
 if __name__ == "__main__":

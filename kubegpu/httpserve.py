@@ -5,23 +5,29 @@ Shared by the CRI shim and the scheduler. Probes return (ok, detail): 200 or 503
 
 from __future__ import annotations
 
+import socket
 import threading
 from collections.abc import Callable, Mapping
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from kubegpu.cliargs import split_host_port
+
 HealthProbe = Callable[[], tuple[bool, str]]
+
+
+class _IPv6Server(ThreadingHTTPServer):
+    address_family = socket.AF_INET6
 
 
 class MetricsServer:
     """Serve ``render()`` at /metrics and each probe at its path over HTTP."""
 
     def __init__(self, address: str, render: Callable[[], bytes], probes: Mapping[str, HealthProbe]) -> None:
-        host, _, port = address.rpartition(":")
-        self._server = ThreadingHTTPServer(
-            (host or "127.0.0.1", int(port)), self._handler(render, dict(probes))
-        )
+        host, port = split_host_port(address)  # HOST:PORT, [IPv6]:PORT or :PORT (loopback)
+        server = _IPv6Server if ":" in host else ThreadingHTTPServer
+        self._server = server((host or "127.0.0.1", port), self._handler(render, dict(probes)))
         self._server.daemon_threads = True
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
 

@@ -27,6 +27,7 @@ from kubegpu.allocation import (
     public_key_base64,
     public_key_pem,
 )
+from kubegpu.inputfiles import read_input
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -70,12 +71,14 @@ def _public(args: argparse.Namespace) -> int:
         if args.key == "-":
             data = sys.stdin.buffer.read(MAX_KEY_FILE_BYTES + 1)
         else:
-            with open(args.key, "rb") as file:
-                data = file.read(MAX_KEY_FILE_BYTES + 1)
+            data = read_input(args.key, MAX_KEY_FILE_BYTES)  # a FIFO or /dev/zero: refused unread
         if len(data) > MAX_KEY_FILE_BYTES:
             raise KeyFileError(f"larger than {MAX_KEY_FILE_BYTES} bytes")
         key = parse_key(data)
-    except (OSError, KeyFileError) as error:
+    except OSError as error:
+        print(f"kubegpu keys public: {args.key}: {error.strerror or error}", file=sys.stderr)
+        return 2
+    except KeyFileError as error:
         print(f"kubegpu keys public: {args.key}: {error}", file=sys.stderr)
         return 2
     if args.format == "base64":

@@ -1,18 +1,150 @@
-"""Kubernetes API client construction shared by the node agent and the scheduler."""
+"""Kubernetes API client construction shared by the node agent and the scheduler.
+
+A kubeconfig that cannot be used raises ``cliargs.UsageError`` naming the flag, the file and the
+problem; ``check_reachable`` raises ``cliargs.Failure`` when the API server cannot be reached or
+refuses the credentials (docs/errors.md).
+"""
 
 from __future__ import annotations
 
+import copy
+import errno
 import os
+import re
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlsplit
 
+import urllib3
+import yaml
 from kubernetes import client, config
+from kubernetes.config.config_exception import ConfigException
+
+from kubegpu.cliargs import Failure, UsageError, api_status_message, one_line
+from kubegpu.inputfiles import check_input, read_text
+
+PROBE_TIMEOUT_SECONDS = 10.0
 
 
-def api_client(kubeconfig: str | None) -> client.ApiClient | None:
+def api_client(kubeconfig: str | Path | None, flag: str = "--kubeconfig") -> client.ApiClient | None:
     """A client from ``kubeconfig``, else the in-cluster service account, else None."""
     if kubeconfig:
-        return config.new_client_from_config(config_file=kubeconfig)
+        return _from_kubeconfig(str(kubeconfig), flag)
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
         configuration = client.Configuration()
-        config.load_incluster_config(client_configuration=configuration)
+        try:
+            config.load_incluster_config(client_configuration=configuration)
+        except ConfigException as error:
+            raise UsageError(f"in-cluster service account: {error}") from None
         return client.ApiClient(configuration)
     return None
+
+
+def _from_kubeconfig(path: str, flag: str) -> client.ApiClient:
+    where = f"{flag} {path}"
+    try:
+        check_input(path)
+    except OSError as error:
+        raise UsageError(f"{where}: {error.strerror or error}") from None
+    _check_referenced_files(path, where)
+    try:
+        api = config.new_client_from_config(config_file=path)
+    except yaml.YAMLError as error:
+        mark = getattr(error, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        raise UsageError(f"{where}: not YAML: {getattr(error, 'problem', None) or error}{at}") from None
+    except ConfigException as error:
+        raise UsageError(f"{where}: {error}") from None
+    except (OSError, ValueError, TypeError, AttributeError, KeyError) as error:
+        # The client trusts the file's shape: a list, a string or a missing section lands here.
+        raise UsageError(f"{where}: not a kubeconfig ({type(error).__name__}: {error})") from None
+    server = api.configuration.host or ""
+    parts = urlsplit(server)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        api.close()
+        raise UsageError(f"{where}: the cluster's server {server!r} is not an http(s):// URL")
+    return api
+
+
+_FILE_FIELDS = {
+    "cluster": ("certificate-authority",),
+    "user": ("client-certificate", "client-key", "tokenFile"),
+}
+
+
+def _check_referenced_files(path: str, where: str) -> None:
+    """The files the current context names (CA, client certificate and key, token file) must be
+    regular files of a bounded size: the client would block on a FIFO or read ``/dev/zero`` forever.
+    A missing file, or a shape the client refuses anyway, is left to the client's own message."""
+    try:
+        doc = yaml.safe_load(read_text(path))
+        context = _named(doc.get("contexts"), doc.get("current-context"))["context"]
+    except (OSError, ValueError, yaml.YAMLError, AttributeError, KeyError, TypeError, RecursionError):
+        return
+    for section, fields in _FILE_FIELDS.items():
+        entry = _named(doc.get(f"{section}s"), context.get(section) if isinstance(context, dict) else None)
+        body = entry.get(section) if isinstance(entry, dict) else None
+        for field in fields:
+            name = body.get(field) if isinstance(body, dict) else None
+            if not isinstance(name, str) or not name:
+                continue
+            target = Path(path).parent / name  # relative paths are relative to the kubeconfig
+            try:
+                check_input(target)
+            except OSError as error:
+                if error.errno == errno.ENOENT:
+                    continue  # the client says which file is missing
+                shown = name if name.isprintable() else repr(name)
+                raise UsageError(f"{where}: {field} {shown}: {error.strerror or error}") from None
+            except ValueError:  # a NUL in the name
+                raise UsageError(f"{where}: {field} {name!r}: not a file name") from None
+
+
+def _named(items: object, name: object) -> dict:
+    """The entry called ``name`` of a kubeconfig list ({} if there is none)."""
+    for item in items if isinstance(items, list) else []:
+        if isinstance(item, dict) and item.get("name") == name:
+            return item
+    return {}
+
+
+def _cause(error: BaseException) -> str:
+    """The root cause of a urllib3 error on one line, without urllib3's object names."""
+    reason = getattr(error, "reason", None) or error
+    text = str(reason)
+    text = re.sub(r"^\w+\((host=)?'[^']*', port=\d+\):\s*", "", text)  # HTTPSConnection(host=..., port=..):
+    text = re.sub(r"<[^<>]* object at 0x[0-9a-f]+>:?\s*", "", text)
+    return one_line(text or type(reason).__name__, 300)
+
+
+def check_reachable(api: client.ApiClient, timeout: float = PROBE_TIMEOUT_SECONDS) -> None:
+    """Ask the API server its version with ``api``'s credentials; raise ``Failure`` saying why not.
+
+    This checks the network path, TLS and authentication (a bad token gets 401), not authorization.
+    """
+    server = api.configuration.host
+    settings = copy.deepcopy(api.configuration)
+    settings.retries = False  # one try: urllib3's retries would each log a warning line
+    try:
+        with client.ApiClient(settings) as probe:
+            client.VersionApi(probe).get_code(_request_timeout=timeout)
+    except client.ApiException as error:
+        if not error.status:  # the client's wrapping of a TLS failure: no answer came
+            reason = one_line(str(error.reason), 300)
+            raise Failure(f"cannot reach the API server at {server}: {reason}") from None
+        raise Failure(f"the API server at {server} answered {api_status_message(error)}") from None
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise Failure(f"cannot reach the API server at {server}: {_cause(error)}") from None
+
+
+def check_access(what: str, call: Callable[[], object]) -> None:
+    """Run one read the command needs (``what`` says which); raise ``Failure`` if it is refused."""
+    try:
+        call()
+    except client.ApiException as error:
+        if not error.status:
+            raise Failure(f"cannot {what}: {one_line(str(error.reason), 300)}") from None
+        raise Failure(f"the API server refused to {what}: {api_status_message(error)}") from None
+    except (urllib3.exceptions.HTTPError, OSError) as error:
+        raise Failure(f"cannot {what}: {_cause(error)}") from None
+

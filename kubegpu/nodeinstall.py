@@ -30,9 +30,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
-from kubegpu import __version__
+from kubegpu import __version__, cliargs
 
 UNIT_NAME = "kubegpu-crishim.service"
 SHIM_UNIT = Path("etc/systemd/system") / UNIT_NAME
@@ -269,11 +269,15 @@ def validate_key(key_id: str, data: bytes) -> bytes:
     return data
 
 
-def read_key(source: str, stdin: Callable[[], bytes]) -> bytes:
-    if source == "-":
-        return stdin()
+def read_key(source: str, stdin: BinaryIO) -> bytes:
+    """The key file's bytes ('-': ``stdin``): a regular file, at most a key file's size."""
+    from kubegpu.allocation import MAX_KEY_FILE_BYTES
+    from kubegpu.inputfiles import read_bounded, read_input
+
     try:
-        return Path(source).read_bytes()
+        if source == "-":
+            return read_bounded(stdin, MAX_KEY_FILE_BYTES, "standard input")
+        return read_input(source, MAX_KEY_FILE_BYTES)
     except OSError as exc:
         raise InstallError(f"cannot read the key file {source}: {exc.strerror or exc}") from None
 
@@ -928,6 +932,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     inst.add_argument(
         "--containerd-socket",
         default=DEFAULT_RUNTIME,
+        type=cliargs.unix_endpoint,
         metavar="PATH",
         help="containerd's CRI socket (default: %(default)s)",
     )
@@ -935,6 +940,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         "--device-plugin",
         action="append",
         default=[],
+        type=cliargs.one_of(_plugin_names, "device plugin"),
         metavar="NAME",
         help="device plugin for the shim (repeatable): nvidia, rdma, sim",
     )
@@ -946,12 +952,22 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the node agent's API access, for the advertiser (default: %(default)s)",
     )
     inst.add_argument("--no-advertise", action="store_true", help="do not publish devices on the Node")
-    inst.add_argument("--node-name", help="this node's name in Kubernetes (default: the hostname)")
+    inst.add_argument(
+        "--node-name", type=cliargs.node_name, help="this node's name in Kubernetes (default: the hostname)"
+    )
     inst.add_argument("--sim-topology", help="sim plugin: topology file or shipped name")
     inst.add_argument("--sim-state-dir", help="sim plugin: where its stand-in device nodes live")
-    inst.add_argument("--listen", default=DEFAULT_LISTEN, help="the shim's socket (default: %(default)s)")
     inst.add_argument(
-        "--metrics-address", default=DEFAULT_METRICS, help="the shim's metrics (default: %(default)s)"
+        "--listen",
+        default=DEFAULT_LISTEN,
+        type=cliargs.unix_endpoint,
+        help="the shim's socket (default: %(default)s)",
+    )
+    inst.add_argument(
+        "--metrics-address",
+        default=DEFAULT_METRICS,
+        type=cliargs.listen_address,
+        help="the shim's metrics (default: %(default)s)",
     )
     inst.add_argument("--keys-dir", default=DEFAULT_KEYS_DIR, help="(default: %(default)s)")
     inst.add_argument("--kubegpu-binary", default=DEFAULT_BINARY, help="(default: %(default)s)")
@@ -967,8 +983,16 @@ def register(sub: argparse._SubParsersAction) -> None:
     uninst.set_defaults(run=_run_uninstall)
 
     chk = actions.add_parser("check", parents=[common], help="does kubelet talk to a working shim?")
-    chk.add_argument("--kubelet-pid", type=int, help="the kubelet to inspect (default: the one running)")
+    chk.add_argument(
+        "--kubelet-pid", type=cliargs.count(1), help="the kubelet to inspect (default: the one running)"
+    )
     chk.set_defaults(run=_run_check)
+
+
+def _plugin_names() -> list[str]:
+    from devices.plugin import plugin_names
+
+    return plugin_names()
 
 
 def _fail(message: str, code: int = 2) -> int:
@@ -987,7 +1011,7 @@ def _run_install(args: argparse.Namespace) -> int:
                 "--key-file - reads the key from standard input, which is a terminal: pipe it in"
             )
         if args.key_file is not None:
-            keys[args.key_id] = validate_key(args.key_id, read_key(args.key_file, sys.stdin.buffer.read))
+            keys[args.key_id] = validate_key(args.key_id, read_key(args.key_file, sys.stdin.buffer))
         settings = NodeSettings(
             runtime_endpoint="unix://" + socket_path(args.containerd_socket),
             listen=args.listen,
@@ -1030,6 +1054,8 @@ def _systemctl(now: bool, steps: Sequence[Sequence[str]], why: str) -> int:
 
 
 def _run_uninstall(args: argparse.Namespace) -> int:
+    if _missing_root(args.root):
+        return _fail(_missing_root(args.root))
     root = args.root.resolve()
     if args.disable_now and not systemd_running(root):
         return _fail("--disable-now needs systemd running this machine and --root /")
@@ -1054,7 +1080,16 @@ def _run_uninstall(args: argparse.Namespace) -> int:
     return _systemctl(False, steps, "to stop the shim and give kubelet containerd back")
 
 
+def _missing_root(root: Path) -> str:
+    """Why ``--root`` cannot be worked under ('' if it can)."""
+    if root.is_dir():
+        return ""
+    return f"--root {root}: {'Not a directory' if root.exists() else 'No such directory'}"
+
+
 def _run_check(args: argparse.Namespace) -> int:
+    if _missing_root(args.root):
+        return _fail(_missing_root(args.root))
     try:
         findings, _ = check(args.root.resolve(), args.kubelet_pid)
     except InstallError as exc:

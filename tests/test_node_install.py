@@ -340,7 +340,7 @@ def bad_cases(
             KEY,
             "the sim plugin needs --sim-topology",
         ),
-        (base + ok + ["--node-name", "gpu 7"], b"", "--node-name 'gpu 7': only letters"),
+        (base + ok + ["--node-name", "gpu 7"], b"", "--node-name: 'gpu 7': not a Kubernetes node name"),
         (base + ok + ["--kubegpu-binary", "/opt/%h/kubegpu"], b"", "--kubegpu-binary '/opt/%h/kubegpu'"),
         (base + ok + ["--listen", str(containerd.endpoint)], b"", "is the shim's own socket"),
         (base + ok + ["--enable-now"], b"", "--enable-now needs systemd running this machine"),
@@ -367,7 +367,7 @@ def test_bad_input_is_refused_and_nothing_is_written(
         code, out, err = run(capsys, monkeypatch, *argv, stdin=stdin)
         assert code == 2, (argv, out, err)
         assert message in err, (argv, err)
-        assert err.startswith("kubegpu node: ") and err.count("\n") == 1, err
+        assert err.startswith("kubegpu node") and err.count("\n") == 1, err
         assert tree(root) == before, argv
 
 

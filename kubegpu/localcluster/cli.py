@@ -20,6 +20,8 @@ import threading
 import time
 from pathlib import Path
 
+from kubegpu.cliargs import EXIT_FAILURE, EXIT_USAGE, absent_or_directory, one_line
+
 # Imports of the cluster modules (kubernetes client, ...) happen in the commands, so that every
 # other kubegpu subcommand starts without them.
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -42,7 +44,7 @@ def register(sub: argparse._SubParsersAction) -> None:
         description="Start etcd, kube-apiserver, kube-controller-manager, containerd, the kubegpu shim "
         "with simulated DGX-1 GPUs, kubelet and the kubegpu scheduler; run a small mixed workload.",
     )
-    up.add_argument("--state-dir", type=Path, default=None, help="where everything lives "
+    up.add_argument("--state-dir", type=absent_or_directory, default=None, help="where everything lives "
                     "(default: $KUBEGPU_STATE_DIR or ~/.local/state/kubegpu/cluster)")
     up.add_argument("--containerd", choices=["debian", "2"], default="debian",
                     help="Debian's containerd 1.6 (default) or the Go-built 2.x (built on first use)")
@@ -53,13 +55,14 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="stop the cluster `kubegpu up` started and remove it (logs are kept)",
         description="Stop every process, unmount, restore sysctls, delete the state dir except logs/.",
     )
-    down.add_argument("--state-dir", type=Path, default=None, help="as given to `kubegpu up`")
+    down.add_argument("--state-dir", type=absent_or_directory, default=None, help="as given to `kubegpu up`")
     down.set_defaults(run=run_down)
 
 
-def _fail(command: str, message: str) -> int:
-    print(f"kubegpu {command}: {message}", file=sys.stderr)
-    return 2
+def _fail(command: str, message: str, status: int = EXIT_USAGE) -> int:
+    """One stderr line; exit 2 for what the user gave or must fix first, 1 for a failure (errors.md)."""
+    print(f"kubegpu {command}: {one_line(message)}", file=sys.stderr)
+    return status
 
 
 def build_binaries(script: Path, out: object = sys.stdout) -> None:
@@ -122,7 +125,7 @@ def run_up(args: argparse.Namespace) -> int:
             build_binaries(REPO_ROOT / "tests" / "cluster" / "build.sh")
             binaries = find_cluster_binaries()
         except BinariesMissing as exc:
-            return _fail("up", str(exc))
+            return _fail("up", str(exc), EXIT_FAILURE)
     bin_dir = None
     if args.containerd == "2":
         bin_dir = containerd2_bin_dir()
@@ -138,8 +141,9 @@ def run_up(args: argparse.Namespace) -> int:
         progress(f"node {NODE_NAME}: containerd, kubegpu crishim (8 simulated DGX-1 V100 GPUs), kubelet")
         cluster.add_node(NODE_NAME, containerd_bin_dir=bin_dir)
     except (LocalClusterError, OSError, RuntimeError) as exc:
+        started = cluster._started  # False: the state dir was refused before anything started
         cluster.stop()
-        return _fail("up", f"could not start the cluster: {exc}")
+        return _fail("up", f"could not start the cluster: {exc}", EXIT_FAILURE if started else EXIT_USAGE)
     detach(cluster)
     progress("ready")
     kubectl = f"{binaries.kubectl} --kubeconfig {cluster.admin_kubeconfig}"

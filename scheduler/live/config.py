@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import math
+import re
 import socket
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from kubegpu.cliargs import DNS_SUBDOMAIN, MAX_SECONDS, split_host_port
+from kubegpu.inputfiles import read_text
 
 
 class ConfigError(ValueError):
@@ -75,15 +80,75 @@ def _apply(target: Any, doc: dict[str, Any], names: dict[str, str], where: str) 
         setattr(target, attr, value)
 
 
+EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
+MAX_BIND_WORKERS = 1024
+
+
+def _problems(target: Any, where: str) -> list[str]:
+    """Every ``*_seconds`` a finite duration above 0; every ``*_workers`` at least 1."""
+    problems = []
+    for f in fields(target):
+        value, key = getattr(target, f.name), f"{where}{_camel(f.name)}"
+        if f.name.endswith("_seconds") and not (
+            isinstance(value, float | int) and math.isfinite(value) and 0 < value <= MAX_SECONDS
+        ):
+            problems.append(f"{key} must be more than 0 and at most {MAX_SECONDS:g} seconds, got {value!r}")
+        if f.name.endswith("_workers") and not 1 <= value <= MAX_BIND_WORKERS:
+            problems.append(f"{key} must be 1 to {MAX_BIND_WORKERS}, got {value!r}")
+    return problems
+
+
+def validate(config: SchedulerConfig) -> None:
+    """Raise ConfigError naming the first key whose value the scheduler cannot run with."""
+    from kubegpu.allocation import KEY_ID
+    from scheduler.core.policies import POLICIES
+
+    lease = config.leader_election
+    problems = _problems(config, "") + _problems(lease, "leaderElection.")
+    if not DNS_SUBDOMAIN.match(config.scheduler_name) or len(config.scheduler_name) > 253:
+        problems.append(f"schedulerName {config.scheduler_name!r} is not a DNS subdomain")
+    if not EXTENDED_RESOURCE.match(config.gpu_resource):
+        problems.append(f"gpuResource {config.gpu_resource!r} is not a resource name like nvidia.com/gpu")
+    if not KEY_ID.fullmatch(config.signing_key_id):
+        problems.append(f"signingKeyId {config.signing_key_id!r} is not a key id (letters, digits, _ . -)")
+    if config.policy not in POLICIES:
+        problems.append(f"policy {config.policy!r} is unknown (known: {', '.join(POLICIES)})")
+    if config.metrics_address is not None:
+        try:
+            split_host_port(config.metrics_address)
+        except ValueError as error:
+            problems.append(f"metricsAddress {config.metrics_address!r}: {error}")
+    if config.backoff_initial_seconds > config.backoff_max_seconds:
+        problems.append("backoffInitialSeconds must not exceed backoffMaxSeconds")
+    if not config.keys_dir or not config.identity:
+        problems.append("keysDir and identity must not be empty")
+    if not DNS_SUBDOMAIN.match(lease.namespace) or "." in lease.namespace or len(lease.namespace) > 63:
+        problems.append(f"leaderElection.namespace {lease.namespace!r} is not a namespace name")
+    if not DNS_SUBDOMAIN.match(lease.lease_name) or len(lease.lease_name) > 253:
+        problems.append(f"leaderElection.leaseName {lease.lease_name!r} is not an object name")
+    # client-go's rules: leaseDuration > renewDeadline > 1.2 x retryPeriod.
+    if not lease.lease_seconds > lease.renew_deadline_seconds > 1.2 * lease.retry_period_seconds:
+        problems.append(
+            "leaderElection needs leaseSeconds > renewDeadlineSeconds > 1.2 x retryPeriodSeconds"
+        )
+    if problems:
+        raise ConfigError(problems[0])
+
+
 def load_config(path: str | Path | None) -> SchedulerConfig:
     """Defaults, overlaid with the YAML file at ``path`` (if given)."""
     config = SchedulerConfig()
     if path is None:
         return config
     try:
-        doc = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as error:
-        raise ConfigError(f"cannot read {path}: {error}") from None
+        doc = yaml.safe_load(read_text(path)) or {}
+    except OSError as error:
+        raise ConfigError(f"cannot read {path}: {error.strerror or error}") from None
+    except (yaml.YAMLError, ValueError) as error:  # ValueError: not UTF-8
+        mark = getattr(error, "problem_mark", None)
+        at = f" (line {mark.line + 1})" if mark is not None else ""
+        problem = getattr(error, "problem", None) or error
+        raise ConfigError(f"cannot read {path}: not YAML: {problem}{at}") from None
     if not isinstance(doc, dict):
         raise ConfigError(f"{path}: the top level must be a mapping")
     _apply(config, doc, _CAMEL, str(path))

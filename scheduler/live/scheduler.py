@@ -15,6 +15,9 @@ One condition lock guards the cache, the queue and the core's ClusterState.
   decides the assumption: success keeps it until the pod is seen bound; a 404 (pod gone) or
   another 4xx (not stored) releases it; anything that may have been stored (5xx, 409, timeout,
   lost connection) keeps it and the pod is read back after a backoff to learn what happened.
+- **Node Events.** A node whose agent published something refused (scheduler/live/nodecheck.py)
+  gets a rate-limited Warning Event, and a Normal one once it is valid again
+  (scheduler/live/nodeevents.py); the leader checks every ``STALENESS_CHECK_SECONDS``.
 - **Leadership.** With leader election, a new leader waits ``bindTimeoutSeconds`` (the longest a
   former leader's Binding can be in flight) and lists the pods again before it decides anything,
   so no Binding of a former leader lands unseen.
@@ -57,6 +60,7 @@ from scheduler.live.cache import (
 )
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.metrics import SchedulerMetrics
+from scheduler.live.nodeevents import NodeEvents, poster
 from scheduler.live.podspec import PodSpecError, pod_request
 from scheduler.live.preemption import budget, candidate_nodes, node_offer, other_rules, running_pod
 from scheduler.live.queue import SchedulingQueue
@@ -135,6 +139,10 @@ class Scheduler:
         self._last_event: dict[tuple[str, str], float] = {}
         self._binders = ThreadPoolExecutor(max_workers=config.bind_workers, thread_name_prefix="bind")
         self._submit = submit or self._binders.submit
+        self.node_events = NodeEvents(
+            poster(self.core, lambda *a: self._submit(*a), config.scheduler_name, config.identity), clock
+        )
+        self._nodes_changed = True  # since the node events last looked
         self.node_reflector = Reflector(
             "nodes", self.core.list_node, _Handler(self.replace_nodes, self.apply_node)
         )
@@ -269,11 +277,13 @@ class Scheduler:
     def replace_nodes(self, items: list[dict[str, Any]]) -> None:
         with self.cond:
             self.cache.replace_nodes(items)
+            self._nodes_changed = True
             self._changed()
 
     def apply_node(self, event_type: str, node: dict[str, Any]) -> None:
         with self.cond:
             if self.cache.apply_node(event_type, node):
+                self._nodes_changed = True
                 self._changed()
 
     def replace_pods(self, items: list[dict[str, Any]]) -> None:
@@ -375,7 +385,16 @@ class Scheduler:
         while not self.stop_event.wait(STALENESS_CHECK_SECONDS):
             with self.cond:
                 if self.cache.exclusions_flipped():
+                    self._nodes_changed = True
                     self._changed()
+                self.post_node_events()
+
+    def post_node_events(self) -> None:
+        """While leading: Events on nodes whose publication turned invalid or valid (rate-limited)."""
+        if not self.leading.is_set() or not (self._nodes_changed or self.node_events.pending):
+            return
+        self.node_events.update(self.cache.facts, self.cache.now(), self._nodes_changed)
+        self._nodes_changed = False
 
     # --- the core's view ----------------------------------------------------------------------------
 

@@ -4,7 +4,9 @@
   (``kubegpu.io/inventory``), its heartbeat is fresh and it is not cordoned. CPU, memory, the
   number of pods and the GPU count (the GPU resource) come from ``status.allocatable``. Parsing a
   Node never raises: whatever is wrong with it becomes ``NodeFacts.problem``, which keeps only that
-  node out.
+  node out. What a node agent publishes is held to the limits of ``nodecheck`` (sizes, ranges,
+  links naming listed devices, allocatable counts a real machine could have, a heartbeat not from
+  the future); a node beyond them is left out with the reason (docs/errors.md).
 - A pod bound to a node is a fact (``BoundPod``): its CPU, memory, pod slot and GPU count, and, if
   it carries a valid signed allocation, the device ids it holds. That annotation is the source of
   truth for device usage.
@@ -25,7 +27,10 @@ from devices.model import DeviceKind, NodeInventory
 from kubegpu import allocation as contract
 from scheduler.core.request import MILLI, Taint, TaintEffect, container_gpus
 from scheduler.core.state import Allocation, GpuGrant, NodeState
+from scheduler.live import nodecheck
 from scheduler.live.podspec import PodSpecError, _cpu_memory, _quantity, pod_resources
+
+NO_INVENTORY = "node has no kubegpu device inventory"
 
 
 @dataclass(frozen=True)
@@ -50,6 +55,9 @@ class NodeFacts:
             return self.problem
         if self.cordoned:
             return "node is cordoned"
+        future = nodecheck.heartbeat_problem(self.heartbeat, now)
+        if future:
+            return future
         if self.heartbeat is None or (now - self.heartbeat).total_seconds() > stale_after:
             return "node's device heartbeat is stale"
         return ""
@@ -99,6 +107,8 @@ def parse_inventory(raw: Any) -> NodeInventory:
     """The node's published inventory; raises ValueError naming what is wrong with it."""
     if not isinstance(raw, str):
         raise ValueError(f"annotation is not a string: {type(raw).__name__}")
+    if len(raw) > nodecheck.MAX_INVENTORY_BYTES:
+        raise ValueError(f"{len(raw)} characters (at most {nodecheck.MAX_INVENTORY_BYTES})")
     try:
         doc = json.loads(raw)
     except (ValueError, RecursionError) as error:
@@ -109,6 +119,9 @@ def parse_inventory(raw: Any) -> NodeInventory:
         raise ValueError(f"unsupported inventory version {doc.get('version')!r}")
     if not isinstance(doc.get("devices", []), list) or not isinstance(doc.get("topology", {}), dict):
         raise ValueError("devices must be a list and topology an object")
+    problem = nodecheck.document_problem(doc)
+    if problem:
+        raise ValueError(problem)
     try:
         inventory = NodeInventory.from_public(doc)
     except Exception as error:  # any shape error in a device or link entry
@@ -159,12 +172,14 @@ def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu
     inventory, problem = None, ""
     raw = annotations.get(INVENTORY_ANNOTATION)
     if raw is None:
-        problem = "node has no kubegpu device inventory"
+        problem = NO_INVENTORY
     else:
         try:
             inventory = parse_inventory(raw)
         except ValueError as error:
             problem = f"node's device inventory is unreadable: {str(error)[:120]}"
+    max_pods, gpus = _count(allocatable.get("pods")), _count(allocatable.get(gpu_resource))
+    problem = problem or nodecheck.allocatable_problem(cpu, memory, max_pods, gpus)
     return NodeFacts(
         name=name,
         cpu_milli=cpu,
@@ -175,8 +190,8 @@ def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu
         heartbeat=parse_time(annotations.get(HEARTBEAT_ANNOTATION)),
         cordoned=bool(spec.get("unschedulable")),
         problem=problem,
-        max_pods=_count(allocatable.get("pods")),
-        gpu_resource=_count(allocatable.get(gpu_resource)),
+        max_pods=max_pods,
+        gpu_resource=gpus,
     )
 
 

@@ -12,11 +12,15 @@ import argparse
 import json
 import sys
 from collections.abc import Sequence
-from pathlib import Path
+
+from kubegpu import cliargs
+from kubegpu.inputfiles import MAX_TRACE_BYTES
 
 DEFAULT_POLICY = "fgd-reserve"  # == scheduler.core.policies.DEFAULT_POLICY (a test checks)
 INFLATION = 1.3
 MAX_INFLATION = 10.0  # == scheduler.sim.protocol.MAX_INFLATION (a test checks)
+MAX_SEED = 2**32 - 1  # numpy's seeds
+MAX_SEEDS = 10_000
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -30,21 +34,38 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
             "the GPU allocation ratio as requests arrive. Without --nodes/--pods: a built-in sample."
         ),
     )
-    parser.add_argument("--nodes", type=Path, metavar="NODES.csv", help="openb node list (sn,cpu_milli,...)")
-    parser.add_argument("--pods", type=Path, metavar="PODS.csv", help="openb pod list (name,cpu_milli,...)")
+    parser.add_argument(
+        "--nodes",
+        type=cliargs.input_file(MAX_TRACE_BYTES),
+        metavar="NODES.csv",
+        help="openb node list (sn,cpu_milli,...)",
+    )
+    parser.add_argument(
+        "--pods",
+        type=cliargs.input_file(MAX_TRACE_BYTES),
+        metavar="PODS.csv",
+        help="openb pod list (name,cpu_milli,...)",
+    )
     parser.add_argument(
         "--policy", default=DEFAULT_POLICY, metavar="NAME", help="scoring policy (default: %(default)s)"
     )
-    parser.add_argument("--seed", type=int, action="append", metavar="N", help="a seed (repeatable)")
-    parser.add_argument("--seeds", metavar="RANGE", help="seeds as 42-51 or 42,44 (default: 42-51)")
+    parser.add_argument(
+        "--seed", type=cliargs.count(0, MAX_SEED), action="append", metavar="N", help="a seed (repeatable)"
+    )
+    parser.add_argument(
+        "--seeds",
+        type=cliargs.parsed_by(_parse_seeds, "seeds as 42-51 or 42,44"),
+        metavar="RANGE",
+        help="seeds as 42-51 or 42,44 (default: 42-51)",
+    )
     parser.add_argument("--json", action="store_true", help="print one JSON object instead of the report")
     parser.add_argument(
-        "--plot", type=Path, metavar="FILE.png", help="write the allocation curve (matplotlib)"
+        "--plot", type=cliargs.output_file, metavar="FILE.png", help="write the allocation curve (matplotlib)"
     )
     parser.add_argument("--list-policies", action="store_true", help="list the policies and exit")
     parser.add_argument(
         "--inflation",
-        type=float,
+        type=cliargs.number(0.0, MAX_INFLATION, inclusive=True),
         default=INFLATION,
         metavar="RATIO",
         help="inflate the workload to this multiple of GPU capacity, 0: the trace once as it is "
@@ -78,6 +99,21 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
     return parser
 
 
+def _parse_seeds(text: str) -> list[int]:
+    from scheduler.sim.runner import parse_seeds
+
+    for part in text.split(","):
+        low, dash, high = part.partition("-")
+        if dash and low.strip().isdigit() and high.strip().isdigit() and int(high) - int(low) >= MAX_SEEDS:
+            raise ValueError(f"range {part.strip()} holds more than {MAX_SEEDS} seeds")
+    seeds = parse_seeds(text)
+    if len(seeds) > MAX_SEEDS:
+        raise ValueError(f"{len(seeds)} seeds (at most {MAX_SEEDS})")
+    if not all(0 <= seed <= MAX_SEED for seed in seeds):
+        raise ValueError(f"seeds must be 0 to {MAX_SEED}")
+    return seeds
+
+
 def list_policies() -> str:
     from scheduler.core.policies import POLICIES, make_policy
 
@@ -89,11 +125,9 @@ def list_policies() -> str:
 
 
 def _seeds(args: argparse.Namespace) -> list[int]:
-    from scheduler.sim.runner import PROTOCOL_SEEDS, parse_seeds
+    from scheduler.sim.runner import PROTOCOL_SEEDS
 
-    seeds = list(args.seed or [])
-    if args.seeds:
-        seeds += parse_seeds(args.seeds)
+    seeds = list(args.seed or []) + list(args.seeds or [])
     return seeds or list(PROTOCOL_SEEDS)
 
 
@@ -160,13 +194,16 @@ def run(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Stand-alone entry: ``python -m scheduler.sim.cli simulate ...`` (or without ``simulate``)."""
-    parser = argparse.ArgumentParser(prog="python -m scheduler.sim.cli")
+    parser = cliargs.Parser(prog="python -m scheduler.sim.cli")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     register(sub)
     argv = list(sys.argv[1:] if argv is None else argv)
     if not argv or argv[0] != "simulate":
         argv = ["simulate", *argv]
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as done:  # a usage error (one line already on stderr), or --help
+        return int(done.code or 0)
     return int(args.run(args))
 
 

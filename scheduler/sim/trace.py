@@ -13,6 +13,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kubegpu.inputfiles import MAX_TRACE_BYTES, check_input
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.state import ClusterState, GpuState, NodeState
 from scheduler.sim.machines import MachineError, MachineShape
@@ -66,12 +67,16 @@ def with_shapes(nodes: Sequence[NodeSpec], shapes: Mapping[str, MachineShape | N
 
 
 def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, str]]]:
+    check_input(path, MAX_TRACE_BYTES)  # a FIFO, a device or a runaway file is refused unread
     with open(path, newline="") as f:
         reader = csv.DictReader(f)
-        missing = [c for c in required if c not in (reader.fieldnames or [])]
-        if missing:
-            raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
-        yield from enumerate(reader, start=2)
+        try:
+            missing = [c for c in required if c not in (reader.fieldnames or [])]
+            if missing:
+                raise TraceError(f"{path}: missing column(s) {', '.join(missing)}")
+            yield from enumerate(reader, start=2)
+        except (csv.Error, UnicodeDecodeError) as error:  # a field beyond csv's limit, a NUL, not UTF-8
+            raise TraceError(f"{path}:{reader.line_num}: not a CSV trace: {error}") from None
 
 
 def _int(path: Path, line: int, row: dict[str, str], column: str) -> int:
