@@ -161,6 +161,8 @@ def test_rbac_host_network_and_extra_env(helm: Helm) -> None:
             "scheduler.extraEnv[0].name=KUBERNETES_SERVICE_HOST",
             "scheduler.extraEnv[0].value=127.0.0.1",
             "scheduler.config.leaderElection.enabled=false",
+            "scheduler.replicas=1",  # without leader election one replica only
+            "namespace.podSecurity=privileged",  # a host-network pod is refused by the others
         )
     )
     kinds = {key[0] for key in objects}
@@ -215,6 +217,51 @@ def test_bad_values_fail_with_a_message(helm: Helm, value: str, message: str) ->
     result = helm("template", "kubegpu", str(CHART), "--set", value, check=False)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (["scheduler.replcas=3"], "at '/scheduler': additional properties 'replcas' not allowed"),
+        (["signingKey.existingsecret=mine"], "additional properties 'existingsecret' not allowed"),
+        (["imag.tag=0.2.0"], "additional properties 'imag' not allowed"),
+        (["signingKey.existingSecret=My_Keys"], "at '/signingKey/existingSecret': 'My_Keys' does not match"),
+        (
+            ["scheduler.hostNetwork=true"],
+            "scheduler.hostNetwork needs namespace.podSecurity=privileged (Pod Security 'restricted' "
+            "refuses host-network pods)",
+        ),
+        (
+            ["scheduler.hostNetwork=true", "namespace.podSecurity=baseline"],
+            "Pod Security 'baseline' refuses host-network pods",
+        ),
+        (
+            ["scheduler.config.leaderElection.enabled=false"],
+            "2 scheduler replicas without scheduler.config.leaderElection.enabled would all bind",
+        ),
+    ],
+    ids=["typo", "typo-case", "typo-top", "secret-name", "host-net", "host-net-baseline", "leaderless"],
+)
+def test_nonsense_values_are_refused(helm: Helm, values: list[str], message: str) -> None:
+    """Values that would install and then never work (a misspelt key silently ignored, pods Pod
+    Security refuses, replicas that all bind) fail before anything renders, naming the value."""
+    args = [arg for value in values for arg in ("--set", value)]
+    result = helm("template", "kubegpu", str(CHART), *args, check=False)
+    assert result.returncode != 0, values
+    assert message in result.stderr, result.stderr
+
+
+def test_sensible_neighbours_of_nonsense_render(helm: Helm) -> None:
+    """What the checks above must still let through."""
+    for values in (
+        ["scheduler.hostNetwork=true", "namespace.podSecurity=privileged"],
+        ["scheduler.hostNetwork=true", "namespace.create=false"],  # the namespace's label is yours
+        ["scheduler.config.leaderElection.enabled=false", "scheduler.replicas=1"],
+        ["scheduler.config.leaderElection.enabled=false", "scheduler.replicas=0"],
+        ["scheduler.config.bindTimeoutSeconds=7", "signingKey.existingSecret=my-keys.v2"],
+        ["scheduler.resources.limits.nvidia\\.com/gpu=0", "scheduler.podAnnotations.a=b"],
+    ):
+        assert render(helm, *values), values
 
 
 def test_service_monitor(helm: Helm) -> None:
