@@ -765,9 +765,12 @@ class UninstallResult:
     missing: list[str]
 
 
-def uninstall(root: Path) -> UninstallResult | None:
-    """Remove what the record lists, where still as written; None when nothing was installed."""
+def uninstall(root: Path, before: Callable[[], None] | None = None) -> UninstallResult | None:
+    """Remove what the record lists, where still as written; None when nothing was installed.
+    ``before`` (stopping the shim) runs under the lock, once there is a record to act on."""
     with locked(root):
+        if before is not None and read_record(root) is not None:
+            before()
         return _uninstall(root)
 
 
@@ -828,22 +831,35 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return value  # the last one wins, as for kubelet's flags
 
 
-def kubelet_endpoint(argv: Sequence[str]) -> tuple[str, str]:
-    """(runtime endpoint, where it came from) of a kubelet command line."""
+def kubelet_endpoint(argv: Sequence[str], cwd: Path | None = None) -> tuple[str, str]:
+    """(runtime endpoint, where it came from) of a kubelet command line, as kubelet reads it:
+    the flag, else the last ``--config-dir`` drop-in (``*.conf``, by name) that sets it, else the
+    ``--config`` file, else the default. Relative paths are kubelet's: under its ``cwd``."""
     import yaml
 
     value = flag_value(argv, "--container-runtime-endpoint")
     if value:
         return value, "--container-runtime-endpoint"
+    base = cwd or Path.cwd()
+    files: list[Path] = []
     config = flag_value(argv, "--config")
     if config:
+        files.append(base / config)
+    config_dir = flag_value(argv, "--config-dir")
+    if config_dir:
         try:
-            doc = yaml.safe_load(Path(config).read_text()) or {}
+            files += sorted((base / config_dir).glob("*.conf"))
+        except OSError:
+            pass
+    found = None
+    for path in files:
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
-            return "", f"its --config {config} is unreadable ({exc})"
+            return "", f"its config {path} is unreadable ({exc})"
         if isinstance(doc, dict) and doc.get("containerRuntimeEndpoint"):
-            return str(doc["containerRuntimeEndpoint"]), f"containerRuntimeEndpoint in {config}"
-    return DEFAULT_RUNTIME, "kubelet's default"
+            found = str(doc["containerRuntimeEndpoint"]), f"containerRuntimeEndpoint in {path}"
+    return found or (DEFAULT_RUNTIME, "kubelet's default")
 
 
 def same_socket(a: str, b: str) -> bool:
@@ -869,7 +885,11 @@ def check_kubelet(settings: NodeSettings, pid: int | None) -> Finding:
         ]
     except OSError as exc:
         return Finding(False, "kubelet", f"pid {pids[0]}: {exc.strerror}")
-    endpoint, source = kubelet_endpoint(argv)
+    try:
+        cwd: Path | None = Path(os.readlink(f"/proc/{pids[0]}/cwd"))
+    except OSError:
+        cwd = None
+    endpoint, source = kubelet_endpoint(argv, cwd)
     if same_socket(endpoint, settings.listen):
         return Finding(True, "kubelet", f"pid {pids[0]} talks to the shim ({endpoint}, {source})")
     return Finding(
@@ -1147,9 +1167,8 @@ def _run_uninstall(args: argparse.Namespace) -> int:
     if args.disable_now and not systemd_running(root):
         return _fail("--disable-now needs systemd running this machine and --root /")
     try:
-        if args.disable_now and read_record(root) is not None:
-            run_systemctl(SYSTEMCTL_UNINSTALL_BEFORE)
-        result = uninstall(root)
+        stop = (lambda: run_systemctl(SYSTEMCTL_UNINSTALL_BEFORE)) if args.disable_now else None
+        result = uninstall(root, before=stop)
     except InstallError as exc:
         return _fail(str(exc), 1)
     if result is None:

@@ -6,6 +6,7 @@ tests/test_node_install.py.
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
@@ -274,3 +275,63 @@ def test_root_spellings_name_one_install(
     assert code == 0 and "wrote" not in out, (out, err)
     assert run(capsys, monkeypatch, "node", "uninstall", "--root", other)[0] == 0
     assert tree(root) == before
+
+
+# ---------------------------------------------------------------- check: kubelet's runtime endpoint
+
+
+def test_check_reads_kubelet_config_as_kubelet_does(tmp_path: Path) -> None:
+    """A relative --config is kubelet's cwd's; a symlinked, commented config file reads the same;
+    a --config-dir drop-in overrides the file; a flag overrides both."""
+    cwd = tmp_path / "kubelet-cwd"
+    (cwd / "conf.d").mkdir(parents=True)
+    real = tmp_path / "real-config.yaml"
+    real.write_text(
+        "# kubelet config, managed by config management\n"
+        "apiVersion: kubelet.config.k8s.io/v1beta1\nkind: KubeletConfiguration\n"
+        "containerRuntimeEndpoint: unix:///run/kubegpu/crishim.sock  # the shim\n"
+    )
+    (cwd / "kubelet.yaml").symlink_to(real)
+    shim = "unix:///run/kubegpu/crishim.sock"
+    endpoint, source = nodeinstall.kubelet_endpoint(["kubelet", "--config", "kubelet.yaml"], cwd=cwd)
+    assert (endpoint, source) == (shim, f"containerRuntimeEndpoint in {cwd / 'kubelet.yaml'}")
+    # a drop-in of --config-dir wins over the file (kubelet merges them, later names last)
+    (cwd / "conf.d/10-a.conf").write_text("containerRuntimeEndpoint: unix:///run/a.sock\n")
+    (cwd / "conf.d/20-b.conf").write_text("containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n")
+    (cwd / "conf.d/30-c.yaml").write_text("containerRuntimeEndpoint: unix:///ignored.sock\n")  # not *.conf
+    argv = ["kubelet", "--config=kubelet.yaml", "--config-dir", "conf.d"]
+    endpoint, source = nodeinstall.kubelet_endpoint(argv, cwd=cwd)
+    assert endpoint == "unix:///run/containerd/containerd.sock"
+    assert source == f"containerRuntimeEndpoint in {cwd / 'conf.d/20-b.conf'}"
+    endpoint, source = nodeinstall.kubelet_endpoint([*argv, f"--container-runtime-endpoint={shim}"], cwd=cwd)
+    assert (endpoint, source) == (shim, "--container-runtime-endpoint")
+
+
+def test_uninstall_disable_now_stops_nothing_while_another_install_runs(
+    root: Path, containerd: Containerd, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--disable-now stops the shim (and, through the drop-in's Requires=, kubelet) only once it
+    holds the lock: refused for a concurrent install, it must leave both running."""
+    import fcntl
+
+    assert run(capsys, monkeypatch, *install_args(root, containerd, "--key-file", "-"), stdin=KEY)[0] == 0
+    ran: list[tuple[str, ...]] = []
+    monkeypatch.setattr(nodeinstall, "systemd_running", lambda _root: True)
+    monkeypatch.setattr(nodeinstall, "run_systemctl", lambda steps: ran.extend(tuple(s) for s in steps))
+    before = tree(root)
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        code, _, err = run(capsys, monkeypatch, "node", "uninstall", "--root", str(root), "--disable-now")
+    finally:
+        os.close(fd)
+    assert code == 1 and "another `kubegpu node install/uninstall` is running" in err
+    assert ran == []
+    assert tree(root) == before
+    code, _, err = run(capsys, monkeypatch, "node", "uninstall", "--root", str(root), "--disable-now")
+    assert code == 0, err
+    assert ran == [
+        ("disable", "--now", "kubegpu-crishim.service"),
+        ("daemon-reload",),
+        ("restart", "kubelet.service"),
+    ]
