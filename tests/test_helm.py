@@ -415,7 +415,8 @@ def test_install_upgrade_keeps_the_key_uninstall_removes_all(helm: Helm, private
         deployment = k8s.AppsV1Api(api).read_namespaced_deployment("kubegpu-scheduler", namespace)
         assert deployment.spec.replicas == 1
 
-        # rotation: a new signing key id is added beside the old key
+        # rotation: a new signing key id is added beside the old key (a dot in it: NOTES' jsonpath
+        # must escape it, or kubectl reads .data.k2 and prints nothing)
         helm(
             "upgrade",
             "kubegpu",
@@ -424,22 +425,23 @@ def test_install_upgrade_keeps_the_key_uninstall_removes_all(helm: Helm, private
             "releases",
             "--reuse-values",
             "--set",
-            "scheduler.config.signingKeyId=k2",
+            "scheduler.config.signingKeyId=k2.v2",
             kubeconfig=kubeconfig,
         )
         rotated = secret_data(api, namespace)
         assert (
             rotated["k1"] == installed["k1"]
-            and isinstance(parse_key(rotated["k2"]), SigningKey)
-            and rotated["k2"] != rotated["k1"]
+            and isinstance(parse_key(rotated["k2.v2"]), SigningKey)
+            and rotated["k2.v2"] != rotated["k1"]
         )
         config = k8s.CoreV1Api(api).read_namespaced_config_map("kubegpu-scheduler-config", namespace)
-        assert yaml.safe_load(config.data["scheduler.yaml"])["signingKeyId"] == "k2"
+        assert yaml.safe_load(config.data["scheduler.yaml"])["signingKeyId"] == "k2.v2"
 
         status = helm("status", "kubegpu", "--namespace", "releases", kubeconfig=kubeconfig).stdout
         assert "STATUS: deployed" in status and "REVISION: 3" in status
         notes = helm("get", "notes", "kubegpu", "--namespace", "releases", kubeconfig=kubeconfig).stdout
-        assert "kubegpu node install --key-id k2 --key-file -" in notes
+        assert "kubegpu node install --key-id k2.v2 --key-file -" in notes
+        assert "get secret kubegpu-allocation-keys -o jsonpath='{.data.k2\\.v2}' | base64 -d" in notes
     finally:
         helm("uninstall", "kubegpu", "--namespace", "releases", kubeconfig=kubeconfig, check=False)
     assert ours(api, namespace) == []
