@@ -172,3 +172,47 @@ def test_revision_only_for_a_clean_tree(tmp_path: Path) -> None:
     (repo / "a.py").write_text("a = 2\n")
     assert image_build.git_revision(repo) is None
     assert image_build.git_revision(tmp_path / "not-a-repo") is None
+
+
+def tiny_wheel(directory: Path) -> Path:
+    """A minimal pure-Python wheel with a package, a data file and a console script."""
+    import zipfile
+
+    path = directory / "tiny-1.0-py3-none-any.whl"
+    files = {
+        "tiny/__init__.py": "def main():\n    return 0\n",
+        "tiny/data/table.json": "{}\n",
+        "tiny-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n",
+        "tiny-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+        "tiny-1.0.dist-info/entry_points.txt": "[console_scripts]\ntiny = tiny:main\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "tiny-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in {**files, "tiny-1.0.dist-info/RECORD": record}.items():
+            archive.writestr(name, text)
+    return path
+
+
+def test_layer_bytes_do_not_depend_on_the_builders_umask(tmp_path: Path) -> None:
+    """Same inputs, same digest: a builder with umask 0002 (many desktops) and one with 0022 (CI)
+    must write the same layer; the installed files' modes came from the umask."""
+    wheel = tiny_wheel(tmp_path)
+    layers = []
+    for umask in (0o022, 0o002, 0o077):
+        dest = tmp_path / f"umask-{umask:o}"
+        dest.mkdir()
+        old = os.umask(umask)
+        try:
+            image_build.install_wheels([wheel], dest)
+        finally:
+            os.umask(old)
+        layers.append(layer_bytes(dest, tmp_path, f"store-{umask:o}"))
+    assert layers[0] == layers[1] == layers[2]
+    with tarfile.open(fileobj=io.BytesIO(layers[0]), mode="r:gz") as tar:
+        modes = {m.name: m.mode for m in tar.getmembers()}
+    site = image_build.SITE_PACKAGES.lstrip("/")
+    assert modes[f"{site}/tiny/__init__.py"] == 0o644
+    assert modes[f"{site}/tiny"] == 0o755
+    assert modes["usr/local/bin/tiny"] == 0o755

@@ -33,7 +33,8 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,6 +52,7 @@ DEBIAN_PACKAGES = ("python3", "libstdc++6")
 # glibc 2.36 (Debian 12): wheels for any manylinux tag up to 2.36 run in the image.
 GLIBC_MINOR = 36
 UID = GID = 65532
+UMASK = 0o022
 USER_NAME = "nonroot"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV = (PATH_ENV, "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1")
@@ -364,8 +366,24 @@ def add_user_files(rootfs: Path) -> None:
         (rootfs / name).chmod(mode)
 
 
+@contextmanager
+def standard_umask() -> Iterator[None]:
+    """umask 0022 meanwhile: files the build creates (the wheels' files, directories) get the same
+    modes on every machine, whatever the builder's own umask (0002 on many desktops)."""
+    old = os.umask(UMASK)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 def install_wheels(wheels: Sequence[Path], destdir: Path) -> None:
     """Install wheels under ``destdir`` as the image's Python would see them (no bytecode yet)."""
+    with standard_umask():
+        _install_wheels(wheels, destdir)
+
+
+def _install_wheels(wheels: Sequence[Path], destdir: Path) -> None:
     from installer import install
     from installer.destinations import SchemeDictionaryDestination
     from installer.sources import WheelFile
@@ -415,6 +433,11 @@ def labels(opts: Options, version: str, debian: Sequence[str]) -> dict[str, str]
 
 def build(opts: Options) -> dict[str, object]:
     """Build the image tar at ``opts.out``; return what was built (digests, sizes, packages)."""
+    with standard_umask():
+        return _build(opts)
+
+
+def _build(opts: Options) -> dict[str, object]:
     version = project_version()
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kgimage-", dir=opts.out.parent) as tmp:
