@@ -321,13 +321,32 @@ def validate_key(key_id: str, data: bytes) -> bytes:
     return data
 
 
-def read_key(source: str, stdin: Callable[[], bytes]) -> bytes:
+def read_key(source: str, stdin: Callable[[int], bytes]) -> bytes:
+    """The key's bytes, at most one more than a key file may hold (validate_key refuses that):
+    --key-file /dev/zero or an endless pipe is refused, not read until memory runs out."""
+    from kubegpu.allocation import MAX_KEY_FILE_BYTES
+
+    limit = MAX_KEY_FILE_BYTES + 1
     if source == "-":
-        return stdin()
+        return read_up_to(stdin, limit)
     try:
-        return Path(source).read_bytes()
+        with open(source, "rb") as handle:
+            return read_up_to(handle.read, limit)
     except OSError as exc:
         raise InstallError(f"cannot read the key file {source}: {exc.strerror or exc}") from None
+
+
+def read_up_to(read: Callable[[int], bytes], limit: int) -> bytes:
+    """Up to ``limit`` bytes from ``read`` (until end of file or the limit, whichever first)."""
+    chunks: list[bytes] = []
+    size = 0
+    while size < limit:
+        chunk = read(limit - size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def cri_version(endpoint: str, timeout: float = 5.0) -> tuple[str, str, str]:

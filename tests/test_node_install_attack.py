@@ -335,3 +335,28 @@ def test_uninstall_disable_now_stops_nothing_while_another_install_runs(
         ("daemon-reload",),
         ("restart", "kubelet.service"),
     ]
+
+
+@pytest.mark.parametrize("source", ["/dev/zero", "-"])
+def test_an_endless_key_is_refused_not_read_whole(
+    tmp_path: Path, containerd: Containerd, source: str
+) -> None:
+    """--key-file /dev/zero (or an endless stdin) is refused after a key file's worth of bytes,
+    instead of reading until memory runs out (here: a 1 GiB address-space limit)."""
+    node = tmp_path / "node"
+    node.mkdir()
+    args = install_args(node, containerd, "--key-file", source)
+    script = (
+        "import resource, sys\n"
+        "resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))\n"
+        "from kubegpu import cli\n"
+        f"sys.exit(cli.main({args!r}))\n"
+    )
+    with open("/dev/zero", "rb") as zeros:
+        child = subprocess.run(
+            [sys.executable, "-c", script], stdin=zeros, cwd=REPO, capture_output=True, text=True, timeout=120
+        )
+    assert child.returncode == 2, child.stderr[-2000:]
+    assert "is not a key file (at most" in child.stderr
+    assert child.stderr.count("\n") == 1
+    assert list(node.iterdir()) == []
