@@ -227,6 +227,10 @@ def test_bad_values_fail_with_a_message(helm: Helm, value: str, message: str) ->
         (["imag.tag=0.2.0"], "additional properties 'imag' not allowed"),
         (["signingKey.existingSecret=My_Keys"], "at '/signingKey/existingSecret': 'My_Keys' does not match"),
         (
+            ["scheduler.podDisruptionBudget.maxUnavailable=half"],
+            "'half' does not match pattern '^[0-9]+%$'",
+        ),
+        (
             ["scheduler.hostNetwork=true"],
             "scheduler.hostNetwork needs namespace.podSecurity=privileged (Pod Security 'restricted' "
             "refuses host-network pods)",
@@ -240,7 +244,16 @@ def test_bad_values_fail_with_a_message(helm: Helm, value: str, message: str) ->
             "2 scheduler replicas without scheduler.config.leaderElection.enabled would all bind",
         ),
     ],
-    ids=["typo", "typo-case", "typo-top", "secret-name", "host-net", "host-net-baseline", "leaderless"],
+    ids=[
+        "typo",
+        "typo-case",
+        "typo-top",
+        "secret-name",
+        "pdb-not-a-number",
+        "host-net",
+        "host-net-baseline",
+        "leaderless",
+    ],
 )
 def test_nonsense_values_are_refused(helm: Helm, values: list[str], message: str) -> None:
     """Values that would install and then never work (a misspelt key silently ignored, pods Pod
@@ -259,6 +272,7 @@ def test_sensible_neighbours_of_nonsense_render(helm: Helm) -> None:
         ["scheduler.config.leaderElection.enabled=false", "scheduler.replicas=1"],
         ["scheduler.config.leaderElection.enabled=false", "scheduler.replicas=0"],
         ["scheduler.config.bindTimeoutSeconds=7", "signingKey.existingSecret=my-keys.v2"],
+        ["scheduler.podDisruptionBudget.maxUnavailable=50%"],
         ["scheduler.resources.limits.nvidia\\.com/gpu=0", "scheduler.podAnnotations.a=b"],
     ):
         assert render(helm, *values), values
