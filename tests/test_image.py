@@ -235,3 +235,23 @@ def test_runs_as_65532_on_a_read_only_root(direct: CriClient, imported_image: st
     code, out = run_in_image(direct, imported_image, tmp_path, ["-c", probe], command=["python3"])
     assert code == 0, out
     assert out.split("\n") == ["65532 65532 /home/nonroot", "EROFS", "EROFS"]
+
+
+@pytest.mark.containerd
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["crishim", "--help"], "usage: kubegpu crishim"),
+        (["node", "check", "--help"], "usage: kubegpu node check"),
+        (["keys", "generate"], "-----BEGIN PRIVATE KEY-----"),  # cryptography's native code runs
+    ],
+    ids=["crishim", "node-check", "keys-generate"],
+)
+def test_other_subcommands_through_containerd(
+    direct: CriClient, imported_image: str, tmp_path: Path, args: list[str], expected: str
+) -> None:
+    """The entry point serves the node agent's and the operator's commands too, on a read-only
+    root as the image's user (their imports: grpc, the CRI stubs, cryptography)."""
+    code, out = run_in_image(direct, imported_image, tmp_path, args)
+    assert code == 0, out
+    assert out.startswith(expected), out
