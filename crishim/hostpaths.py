@@ -34,6 +34,11 @@ class Ambiguous(Exception):
     """The shim cannot tell what an entry would give the container; the container is refused."""
 
 
+def _named(path: str) -> str:
+    """A path as messages quote it: at most 200 characters (a refusal must stay small)."""
+    return repr(path) if len(path) <= 200 else repr(path[:200]) + f"... ({len(path)} characters)"
+
+
 def clean(path: str) -> str:
     """Go's ``filepath.Clean`` for absolute paths: one slash, no ``.``, ``..`` resolved lexically."""
     parts: list[str] = []
@@ -129,7 +134,8 @@ def reached_devices(path: str, fs: HostFS | None = None) -> tuple[bool, list[Rea
 
     As containerd does it: the path is followed through symlinks; a device node is itself; a
     directory gives every device node below it (entries are not followed through symlinks).
-    Raises OSError when the path cannot be resolved, Ambiguous when a directory is too large.
+    Raises OSError when the path cannot be resolved, Ambiguous when a directory is too large or
+    changes while it is walked.
     """
     fs = fs or HostFS()
     top = fs.stat(path)
@@ -141,10 +147,15 @@ def reached_devices(path: str, fs: HostFS | None = None) -> tuple[bool, list[Rea
     seen = 0
     while pending:
         directory, depth = pending.pop()
-        for entry in fs.scandir(directory):
+        try:
+            entries = fs.scandir(directory)
+        except OSError as error:  # listed a moment ago: the directory is changing under us
+            changed = f"directory {_named(path)} changed while it was checked"
+            raise Ambiguous(f"{changed}: {error.strerror}") from None
+        for entry in entries:
             seen += 1
             if seen > MAX_WALK_ENTRIES or depth > MAX_WALK_DEPTH:
-                raise Ambiguous(f"directory {path} is too large to check")
+                raise Ambiguous(f"directory {_named(path)} is too large to check")
             if entry.is_dir(follow_symlinks=False):
                 pending.append((entry.path, depth + 1))
                 continue
@@ -174,7 +185,16 @@ def device_entry_verdict(host_path: str, managed: ManagedDevices, fs: HostFS | N
     if managed.has_path(canonical):
         return False
     fs = fs or HostFS()
-    resolved = fs.realpath(canonical)
+    # ``..`` after a symlink goes up from the link's target (the kernel, Go's EvalSymlinks), so the
+    # raw spelling is resolved as it stands; the lexically cleaned one too, to be safe both ways.
+    for resolved in dict.fromkeys((fs.realpath(host_path), fs.realpath(canonical))):
+        if not _resolved_verdict(host_path, resolved, managed, fs):
+            return False
+    return True
+
+
+def _resolved_verdict(host_path: str, resolved: str, managed: ManagedDevices, fs: HostFS) -> bool:
+    """``device_entry_verdict`` for one resolution of ``host_path``."""
     if managed.has_path(resolved):
         return False
     try:
@@ -182,13 +202,14 @@ def device_entry_verdict(host_path: str, managed: ManagedDevices, fs: HostFS | N
     except FileNotFoundError:
         return True  # containerd cannot create it either: the create fails there
     except OSError as error:
-        raise Ambiguous(f"device host path {host_path!r} cannot be resolved: {error.strerror}") from None
+        unresolved = f"device host path {_named(host_path)} cannot be resolved"
+        raise Ambiguous(f"{unresolved}: {error.strerror}") from None
     hits = [r for r in reached if managed.has_number(r.number) or managed.has_path(r.path)]
     if not hits:
         return True
     if is_dir:
         raise Ambiguous(
-            f"device host path {host_path!r} is a directory holding managed device nodes "
-            f"({hits[0].path}, {hits[0].number})"
+            f"device host path {_named(host_path)} is a directory holding managed device nodes "
+            f"({_named(hits[0].path)}, {hits[0].number})"
         )
     return False

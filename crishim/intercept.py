@@ -25,10 +25,25 @@ from crishim.cri import api_pb2
 Completion = Callable[[str | None, bool], None]  # (container id, ambiguous)
 
 
+# A refusal's message travels in the status trailers, which gRPC clients cap (C-core at 8 KiB,
+# after percent-encoding every non-ASCII byte): it is cut to this many UTF-8 bytes.
+MAX_MESSAGE_BYTES = 2000
+
+
+def bounded(message: str) -> str:
+    """``message`` cut to MAX_MESSAGE_BYTES UTF-8 bytes (at a character), marked when cut."""
+    data = message.encode("utf-8", "replace")
+    if len(data) <= MAX_MESSAGE_BYTES:
+        return message
+    marker = f" ... ({len(data)} bytes, cut)"
+    return data[: MAX_MESSAGE_BYTES - len(marker)].decode("utf-8", "ignore") + marker
+
+
 class Rejected(Exception):
     """The request is refused with ``code`` and ``message``; nothing reaches the runtime."""
 
     def __init__(self, code: grpc.StatusCode, message: str) -> None:
+        message = bounded(message)
         super().__init__(message)
         self.code = code
         self.message = message

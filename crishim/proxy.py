@@ -7,7 +7,8 @@ every kind of call on the wire. Deadlines, cancellation and request metadata go 
 status codes, messages and trailing metadata (with rich error details) come back unchanged.
 CreateContainer is routed through ``intercept.intercept_create_container``. The CRI v1alpha2
 CreateContainer (still served by containerd 1.6 and 1.7) is refused with UNIMPLEMENTED rather than
-forwarded: forwarding it would bypass the rewrite. A failure inside the shim itself comes back
+forwarded: forwarding it would bypass the rewrite; so is any method path without its leading
+slash, which containerd would dispatch as if it had one. A failure inside the shim itself comes back
 as INTERNAL and is counted as such, never as OK.
 """
 
@@ -38,7 +39,8 @@ log = logging.getLogger("kubegpu.crishim")
 CREATE_CONTAINER = "/runtime.v1.RuntimeService/CreateContainer"
 REMOVE_CONTAINER = "/runtime.v1.RuntimeService/RemoveContainer"
 REMOVE_SANDBOX = "/runtime.v1.RuntimeService/RemovePodSandbox"
-# Older CRI versions' creates: refused, never forwarded (they would bypass the rewrite).
+# Older CRI versions' creates: refused, never forwarded (they would bypass the rewrite); so is any
+# method path without its leading slash (see ForwardingHandler.service).
 REFUSED_METHODS = frozenset({"/runtime.v1alpha2.RuntimeService/CreateContainer"})
 # A hook sees the request bytes before forwarding; it returns the bytes to send and a callback
 # told the outcome: the response bytes, or None when the call failed, with ``ambiguous`` True
@@ -118,6 +120,12 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         if handler is None and method in REFUSED_METHODS:
             handler = self._handlers[method] = grpc.unary_unary_rpc_method_handler(
                 _refuse(method, self._recorder(UNKNOWN_METHOD_LABEL))
+            )
+        if handler is None and not method.startswith("/"):
+            # Go's gRPC server (containerd) dispatches a path without its leading slash like one
+            # with it: forwarded, "runtime.v1.RuntimeService/CreateContainer" would skip the rewrite.
+            handler = grpc.unary_unary_rpc_method_handler(
+                _refuse(method[:200], self._recorder(UNKNOWN_METHOD_LABEL))
             )
         if handler is None:
             # Not cached: unknown method names come from callers and must not grow memory.

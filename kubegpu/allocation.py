@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from cryptography.exceptions import InvalidSignature
+from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
@@ -44,6 +44,7 @@ log = logging.getLogger("kubegpu.allocation")
 ANNOTATION = "kubegpu.io/allocation"
 VERSION = 1
 MAX_ANNOTATION_BYTES = 64 * 1024  # UTF-8 bytes of the annotation value
+MAX_NESTING = 32  # arrays and objects within each other (the schema itself needs 5)
 MAX_CONTAINERS = 64
 MAX_DEVICES_PER_CONTAINER = 64
 MAX_MEMORY_MIB = 1 << 30
@@ -149,6 +150,9 @@ def verify(value: str, keys: Mapping[str, VerifyingKey]) -> Allocation:
         raise AllocationError(f"annotation is not JSON: {exc}") from None
     if not isinstance(document, dict):
         raise AllocationError("annotation is not a JSON object")
+    if _nesting(document) > MAX_NESTING:
+        # json.dumps (the canonical form) would hit the recursion limit where json.loads did not
+        raise AllocationError(f"annotation nests arrays and objects more than {MAX_NESTING} deep")
     key_id = document.get("keyId")
     signature = document.get("signature")
     if not isinstance(signature, str) or not signature:
@@ -166,6 +170,20 @@ def verify(value: str, keys: Mapping[str, VerifyingKey]) -> Allocation:
     except InvalidSignature:
         raise AllocationError(f"annotation signature does not verify with key {key_id!r}") from None
     return parse_document(document)
+
+
+def _nesting(value: Any) -> int:
+    """How many arrays and objects are within each other in a parsed JSON value (iteratively)."""
+    deepest, pending = 0, [(value, 1)]
+    while pending:
+        item, depth = pending.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        deepest = max(deepest, depth)
+        if depth <= MAX_NESTING:
+            pending.extend((child, depth + 1) for child in children)
+    return deepest
 
 
 def parse_document(document: Mapping[str, Any]) -> Allocation:
@@ -271,7 +289,7 @@ def parse_key(data: bytes) -> SigningKey | VerifyingKey:
             else:
                 label = text.split(b"\n", 1)[0].decode("ascii", "replace")[:60]
                 raise KeyFileError(f"unsupported PEM block {label!r} (want PRIVATE KEY or PUBLIC KEY)")
-        except (ValueError, TypeError) as exc:
+        except (ValueError, TypeError, UnsupportedAlgorithm) as exc:
             if isinstance(exc, KeyFileError):
                 raise
             raise KeyFileError(f"not a readable PEM key: {exc}") from None
@@ -332,7 +350,11 @@ def load_keys(directory: Path, allow_private: bool = False) -> Keys:
     problems: list[str] = []
     if not directory.is_dir():
         return Keys(public, private, (f"{directory} is not a directory",))
-    for path in sorted(directory.iterdir()):
+    try:
+        listing = sorted(directory.iterdir())
+    except OSError as error:  # removed or replaced since the check above
+        return Keys(public, private, (f"{directory}: {error.strerror}",))
+    for path in listing:
         if path.name.startswith("."):
             continue  # Secret volumes hold ..data symlinks and timestamped dirs
         if not KEY_ID.fullmatch(path.name):

@@ -70,7 +70,10 @@ def _public(args: argparse.Namespace) -> int:
         if args.key == "-":
             data = sys.stdin.buffer.read(MAX_KEY_FILE_BYTES + 1)
         else:
-            data = Path(args.key).read_bytes()
+            with open(args.key, "rb") as file:
+                data = file.read(MAX_KEY_FILE_BYTES + 1)
+        if len(data) > MAX_KEY_FILE_BYTES:
+            raise KeyFileError(f"larger than {MAX_KEY_FILE_BYTES} bytes")
         key = parse_key(data)
     except (OSError, KeyFileError) as error:
         print(f"kubegpu keys public: {args.key}: {error}", file=sys.stderr)

@@ -538,3 +538,117 @@ def test_a_key_ring_uses_no_private_key_unless_told_to(tmp_path: Path) -> None:
     (tmp_path / "k1").write_bytes(private_key_pem(SIGNING["k1"]))
     ring = KeyRing(tmp_path, recheck_seconds=0)
     assert ring.keys() == {} and ring.signing_key("k1") is None
+
+
+def _deep_at(frames: int, call):  # type: ignore[no-untyped-def]
+    return call() if frames == 0 else _deep_at(frames - 1, call)
+
+
+@pytest.mark.parametrize("frames", [0, 40, 200])
+def test_nesting_at_the_parsers_limit_is_a_clean_refusal(frames: int) -> None:
+    """A depth that json.loads just manages must not make the canonical form's json.dumps raise
+    RecursionError (an INTERNAL error in the shim): every depth is an AllocationError. ``frames``
+    stands for how deep in its stack the shim calls verify."""
+    signature = base64.b64encode(bytes(64)).decode()
+    for depth in range(400, 1100):
+        value = '{"keyId":"k1","signature":"' + signature + '","x":' + "[" * depth + "1" + "]" * depth + "}"
+        with pytest.raises(AllocationError):
+            _deep_at(frames, lambda v=value: verify(v, KEYS))
+
+
+def test_the_nesting_limit_is_exact() -> None:
+    document = example().to_document()
+    document["extra"] = json.loads("[" * 31 + "]" * 31)  # 1 (the document) + 31 = 32 deep
+    assert verify(resign(document), KEYS) == example()
+    document["extra"] = json.loads("[" * 32 + "]" * 32)  # 33 deep
+    with pytest.raises(AllocationError, match="more than 32 deep"):
+        verify(resign(document), KEYS)
+
+
+@pytest.mark.parametrize("private", [True, False])
+def test_a_key_of_an_unknown_algorithm_is_skipped_alone(tmp_path: Path, private: bool) -> None:
+    """cryptography raises UnsupportedAlgorithm (not a ValueError) for it: one such file must not
+    make the whole directory unreadable, nor the CLI fail with a traceback."""
+    import sys
+
+    from tests.fixtures.keys import unknown_algorithm_pem
+
+    with pytest.raises(KeyFileError, match="1.2.3.4"):
+        parse_key(unknown_algorithm_pem(private))
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    (tmp_path / "k2").write_bytes(unknown_algorithm_pem(private))
+    loaded = load_keys(tmp_path)
+    assert set(loaded.public) == {"k1"} and len(loaded.problems) == 1 and "k2" in loaded.problems[0]
+    assert set(KeyRing(tmp_path).keys()) == {"k1"}
+    command = [sys.executable, "-m", "kubegpu", "keys"]
+    public = subprocess.run([*command, "public", str(tmp_path / "k2")], capture_output=True)
+    assert public.returncode == 2 and len(public.stderr.decode().strip().splitlines()) == 1
+    check = subprocess.run([*command, "check", str(tmp_path)], capture_output=True)
+    assert check.returncode == 1 and json.loads(check.stdout)["verifying"] == ["k1"]
+
+
+def test_a_key_directory_that_goes_away_while_being_read_is_no_keys(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The directory is removed (or swapped for a symlink) between the check that it is one and
+    the listing: the ring has no keys until it is back, and says why; nothing raises."""
+    (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    ring = KeyRing(tmp_path, recheck_seconds=0)
+    assert set(ring.keys()) == {"k1"}
+
+    def vanished(self: Path):  # type: ignore[no-untyped-def]
+        raise FileNotFoundError(2, "No such file or directory", str(self))
+
+    monkeypatch.setattr(Path, "iterdir", vanished)
+    loaded = load_keys(tmp_path)
+    assert loaded.public == {} and "No such file or directory" in loaded.problems[0]
+    (tmp_path / "k2").write_bytes(public_key_pem(SIGNING["k2"]))  # a change: the ring re-reads
+    assert ring.keys() == {}
+    monkeypatch.undo()
+    (tmp_path / "k2").unlink()
+    assert set(ring.keys()) == {"k1"}
+
+
+def test_keys_public_reads_no_more_than_a_key_file_can_hold() -> None:
+    """``kubegpu keys public /dev/zero`` (or any endless file) is one stderr line and exit 2, not
+    a process reading until memory runs out (here capped at 1 GiB, so that it cannot hurt)."""
+    import resource
+    import sys
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
+
+    done = subprocess.run(
+        [sys.executable, "-m", "kubegpu", "keys", "public", "/dev/zero"],
+        capture_output=True,
+        preexec_fn=cap,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr.decode()[-500:]
+    assert done.stderr.decode().strip().splitlines() == [
+        "kubegpu keys public: /dev/zero: larger than 16384 bytes"
+    ]
+
+
+def test_a_key_directory_replaced_by_a_symlink_is_followed(tmp_path: Path) -> None:
+    """The directory is swapped for a symlink to another one holding the same file names (other
+    keys), then the link is re-pointed, then a key file is chmod 000 (root still reads it)."""
+    first, second, ring_dir = tmp_path / "first", tmp_path / "second", tmp_path / "keys"
+    write_dir = {first: "k1", second: "k2"}
+    for directory, key_id in write_dir.items():
+        directory.mkdir()
+        (directory / "k1").write_bytes(public_key_pem(SIGNING[key_id]))
+    ring_dir.mkdir()
+    (ring_dir / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
+    ring = KeyRing(ring_dir, recheck_seconds=0)
+    assert ring.keys()["k1"] == KEYS["k1"]
+    (ring_dir / "k1").unlink()
+    ring_dir.rmdir()
+    ring_dir.symlink_to(second)
+    assert ring.keys()["k1"] == KEYS["k2"]
+    swap = tmp_path / "swap"
+    swap.symlink_to(first)
+    swap.rename(ring_dir)
+    assert ring.keys()["k1"] == KEYS["k1"]
+    os.chmod(first / "k1", 0)
+    assert set(ring.keys()) == ({"k1"} if os.geteuid() == 0 else set())

@@ -205,3 +205,62 @@ def test_the_mark_is_compact_and_sorted() -> None:
     assert mark_value("u", "c", {"GPU-b": 5, "GPU-a": 1000}) == (
         '{"container":"c","devices":{"GPU-a":1000,"GPU-b":5},"pod":"u"}'
     )
+
+
+def test_a_refusal_message_is_cut_to_what_grpc_clients_accept() -> None:
+    """Trailers carry the message percent-encoded; C-core clients drop a status whose metadata
+    passes 8 KiB (RESOURCE_EXHAUSTED instead of the refusal), so a refusal is cut at 2000 UTF-8
+    bytes, at a character boundary, and says so. A conflict naming hundreds of share holders of
+    one GPU is such a message."""
+    from crishim.intercept import MAX_MESSAGE_BYTES
+
+    ledger = Ledger()
+    for i in range(300):
+        assert not ledger.try_reserve([Holding(f"c{i}", "sb", f"pod-é-{i:04d}", "app", "GPU-x", 3)])
+    conflicts = ledger.try_reserve([Holding("", "sb", "late", "app", "GPU-x", 200)])
+    reason = "; ".join(c.describe() for c in conflicts)
+    assert len(reason.encode()) > 3 * MAX_MESSAGE_BYTES
+    rejected = Rejected(grpc.StatusCode.FAILED_PRECONDITION, "pod x: " + reason)
+    encoded = rejected.message.encode()
+    assert len(encoded) <= MAX_MESSAGE_BYTES and rejected.message.startswith("pod x: device GPU-x")
+    assert rejected.message.endswith(f"({len(('pod x: ' + reason).encode())} bytes, cut)")
+    assert str(rejected) == rejected.message
+    assert Rejected(grpc.StatusCode.INTERNAL, "é" * 999).message == "é" * 999  # 1998 bytes: whole
+    assert len(Rejected(grpc.StatusCode.INTERNAL, "é" * 1001).message.encode()) <= MAX_MESSAGE_BYTES
+
+
+def test_in_every_order_the_owners_on_a_device_never_pass_a_whole_one() -> None:
+    """Creates of P/a 600, P/b 400, Q/c 400, R/d whole, P/a's restart and Q/c's restart, in every
+    order: the distinct containers accepted on the GPU (a restart is its container again) never
+    add up past 1000 milli, and every create that fits is accepted. A restart's earlier instance
+    has exited: the shim drops it once it is in someone's way (here at once)."""
+    import itertools
+
+    creates = [
+        ("P", "a", 600, 0),
+        ("P", "b", 400, 0),
+        ("Q", "c", 400, 0),
+        ("R", "d", 1000, 0),
+        ("P", "a", 600, 1),
+        ("Q", "c", 400, 1),
+    ]
+    for order in itertools.permutations(creates):
+        if order.index(("P", "a", 600, 1)) < order.index(("P", "a", 600, 0)):
+            continue  # kubelet restarts a container after creating it
+        if order.index(("Q", "c", 400, 1)) < order.index(("Q", "c", 400, 0)):
+            continue
+        ledger = Ledger()
+        owners: dict[tuple[str, str], int] = {}
+        for pod, container, milli, attempt in order:
+            if attempt and (pod, container) not in owners:
+                continue  # never created: nothing to restart
+            others = sum(m for owner, m in owners.items() if owner != (pod, container))
+            holding = Holding("", f"s{pod}", pod, container, "GPU-X", milli, attempt)
+            refused = ledger.try_reserve([holding])
+            assert bool(refused) == (others + milli > 1000), order
+            if not refused:
+                ledger.commit([holding], f"{pod}-{container}-{attempt}")
+                if attempt:
+                    ledger.remove_container(f"{pod}-{container}-{attempt - 1}")
+                owners[(pod, container)] = milli
+            assert sum(owners.values()) <= 1000, order

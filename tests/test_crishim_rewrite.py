@@ -6,6 +6,7 @@ of what they were given. Every rejection must leave no container behind.
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import time
@@ -473,3 +474,153 @@ def test_deleting_a_key_file_revokes_it_without_a_restart(node: Node, tmp_path: 
             break
         assert time.monotonic() < deadline, "a deleted key was still accepted"
         time.sleep(0.5)
+
+
+def test_dotdot_after_a_symlink_is_resolved_as_containerd_does(node: Node, tmp_path: Path) -> None:
+    """``..`` after a symlink goes up from the link's target (the kernel and Go's EvalSymlinks),
+    not from the link: ``<dir-link>/../null`` with the link pointing at /dev/shm reaches
+    /dev/null (managed here) although its lexically cleaned spelling names a missing file."""
+    hop = tmp_path / "hop"
+    hop.symlink_to("/dev/shm")
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("dotdot", None, uid)
+    app = node.create(
+        sandbox,
+        config,
+        "app",
+        script="ls -l /dev; echo END; exec sleep 100000",
+        devices=[(f"{hop}/../null", "/dev/through-hop"), ("/var/run/../dev/null", "/dev/through-var-run")],
+    )
+    output = node.start_and_read(app, "dotdot", "app")
+    assert "through-hop" not in output and "through-var-run" not in output, output
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "runtime.v1.RuntimeService/CreateContainer",
+        "runtime.v1alpha2.RuntimeService/CreateContainer",
+    ],
+)
+def test_a_create_under_another_spelling_of_its_method_is_refused(node: Node, method: str) -> None:
+    """containerd's gRPC server (Go) takes a method path with or without its leading slash: the
+    shim must not forward a spelling it does not recognise as a create to be rewritten."""
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("spelled-method", None, uid)
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        sandbox_config=config,
+        config=shell_container("app", BUSYBOX_IMAGE, "sleep 1", log_path="app.log", envs={"X": "1"}),
+    )
+    request.config.devices.add(host_path="/dev/null", container_path="/dev/forged", permissions="rwm")
+    with pytest.raises(grpc.RpcError) as caught:
+        node.client.channel.unary_unary(method)(request.SerializeToString(), timeout=30)
+    assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED, caught.value.details()
+    assert node.containers_in(sandbox) == []
+
+
+def test_an_annotation_nested_to_the_parsers_limit_is_invalid_argument(node: Node) -> None:
+    """Somewhere near 1000 levels json.loads succeeds and the canonical form's json.dumps fails
+    (where exactly depends on the shim's stack): every depth must be INVALID_ARGUMENT, never
+    INTERNAL, and create nothing."""
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("nested", None, uid)
+    signature = base64.b64encode(bytes(64)).decode()
+    codes = set()
+    for depth in range(600, 1000):
+        nested = "[" * depth + "1" + "]" * depth
+        config.annotations[ANNOTATION] = f'{{"keyId":"{KEY_ID}","signature":"{signature}","x":{nested}}}'
+        try:
+            node.create(sandbox, config, "app")
+        except grpc.RpcError as error:
+            codes.add(error.code())
+    assert codes == {grpc.StatusCode.INVALID_ARGUMENT} and node.containers_in(sandbox) == []
+
+
+def test_a_key_file_of_an_unknown_algorithm_revokes_no_other_key(node: Node, tmp_path: Path) -> None:
+    """An operator drops a key the library cannot read into the node's key directory: the
+    allocations signed with the other keys still verify."""
+    from tests.fixtures.keys import unknown_algorithm_pem
+
+    (tmp_path / "keys" / "k9").write_bytes(unknown_algorithm_pem(private=False))
+    time.sleep(5.5)  # the shim looks at the directory every 5 s
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("exotic-key", node.signed(uid, {"app": [gpu(2)]}), uid)
+    app = node.create(sandbox, config, "app")
+    _, devices = visible(node.start_and_read(app, "exotic-key", "app"))
+    assert devices == ["gpu2"]
+
+
+@pytest.mark.parametrize("length", [5000, 200_000])
+def test_a_refusal_naming_a_very_long_path_still_arrives_as_such(node: Node, length: int) -> None:
+    """A device host path longer than PATH_MAX cannot be resolved: refused, and the refusal must
+    reach the caller as INVALID_ARGUMENT with its reason, not be lost to the caller's limit on
+    status metadata (gRPC clients accept about 8 KiB of it) because it quotes the whole path."""
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("long-path", None, uid)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.create(sandbox, config, "app", devices=[("/dev/" + "n" * length, "/dev/x")])
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()[:300]
+    assert "cannot be resolved" in caught.value.details() and len(caught.value.details()) < 1000
+    assert node.containers_in(sandbox) == []
+
+
+def test_shares_survive_a_shim_restart_in_every_state(node: Node) -> None:
+    """P/a 600 running, Q/c 300 created but not started, S/x 500 exited: after a SIGKILL of the
+    shim the rebuilt ledger still counts 900 of the GPU (the exited one nothing), so R's 200 is
+    refused and T's 100 fits; P/a restarting (attempt 1, the old one still there) is the same
+    container and fits too."""
+    device = gpu(1)
+    pods = {}
+    for name, container, milli in (("p", "a", 600), ("q", "c", 300), ("r", "d", 200), ("t", "e", 100)):
+        uid = str(uuid.uuid4())
+        annotation = node.signed(uid, {container: [device]}, shares={container: {device: Share(milli)}})
+        pods[name] = (*node.run_pod(f"restart-{name}", annotation, uid), container)
+    s_uid = str(uuid.uuid4())
+    s_annotation = node.signed(s_uid, {"x": [device]}, shares={"x": {device: Share(500)}})
+    s_sandbox, s_config = node.run_pod("restart-s", s_annotation, s_uid)
+    exited = node.create(s_sandbox, s_config, "x", script="echo END")
+    node.client.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=exited))
+    wait_for(
+        lambda: node.direct.runtime.ContainerStatus(
+            api_pb2.ContainerStatusRequest(container_id=exited)
+        ).status.state
+        == api_pb2.CONTAINER_EXITED,
+        timeout=20,
+    )
+    running = node.create(*pods["p"])
+    node.client.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=running))
+    node.create(*pods["q"])  # created, never started
+    node.restart_shim(kill=True)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.create(*pods["r"])
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+    assert node.create(*pods["t"])
+    p_sandbox, p_config, _ = pods["p"]
+    assert node.create(p_sandbox, p_config, "a", attempt=1)
+
+
+def test_a_create_past_its_deadline_and_its_retry_hold_the_share_once(node: Node) -> None:
+    """kubelet's create runs past its deadline (the shim and containerd may still finish it),
+    kubelet retries: however the first one ended, P's 600 is counted once and Q's 400 fits."""
+    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    device = gpu(0)
+    p_sandbox, p_config = node.run_pod(
+        "deadline-p", node.signed(p_uid, {"app": [device]}, shares={"app": {device: Share(600)}}), p_uid
+    )
+    q_sandbox, q_config = node.run_pod(
+        "deadline-q", node.signed(q_uid, {"app": [device]}, shares={"app": {device: Share(400)}}), q_uid
+    )
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=p_sandbox,
+        sandbox_config=p_config,
+        config=shell_container("app", BUSYBOX_IMAGE, "sleep 100000", log_path="app.log"),
+    )
+    with pytest.raises(grpc.RpcError) as late:
+        node.client.runtime.CreateContainer(request, timeout=0.001)
+    assert late.value.code() is grpc.StatusCode.DEADLINE_EXCEEDED
+    try:
+        node.create(p_sandbox, p_config, "app")  # kubelet's retry
+    except grpc.RpcError as error:  # containerd is still making (or has made) the first one
+        assert error.code() is grpc.StatusCode.UNKNOWN and "is reserved for" in error.details()
+    assert node.create(q_sandbox, q_config, "app")

@@ -98,6 +98,19 @@ def test_device_numbers_decide_through_symlinks_and_other_names(tmp_path: Path) 
     assert device_entry_verdict("/dev/zero", managed)
 
 
+def test_dotdot_after_a_symlink_goes_up_from_the_links_target(tmp_path: Path) -> None:
+    """``<link to /dev/shm>/../null`` is /dev/null to the kernel and containerd; its lexically
+    cleaned spelling ``<tmp>/null`` does not exist. /var/run is such a link on most hosts."""
+    hop = tmp_path / "hop"
+    hop.symlink_to("/dev/shm")
+    managed = ManagedDevices(numbers=frozenset({NULL}))
+    assert not device_entry_verdict(f"{hop}/../null", managed)
+    assert not device_entry_verdict(f"{hop}/./../null", ManagedDevices(patterns=("/dev/null",)))
+    if os.path.islink("/var/run") and os.path.realpath("/var/run") == "/run":
+        assert not device_entry_verdict("/var/run/../dev/null", managed)
+    assert device_entry_verdict(f"{hop}/../zero", managed)
+
+
 def test_a_directory_holding_managed_nodes_is_refused_and_one_without_is_kept(tmp_path: Path) -> None:
     holder = tmp_path / "holder" / "deeper"
     holder.mkdir(parents=True)
@@ -277,3 +290,25 @@ def test_cdi_vendor_is_the_part_before_the_first_slash(name: str, scrubbed_away:
 def test_malformed_cdi_names_are_refused(name: str) -> None:
     with pytest.raises(Ambiguous, match="is not vendor/class=device"):
         scrubbed(ManagedDevices(), cdi=[(name, "")])
+
+
+def test_a_directory_changing_while_it_is_walked_is_refused_not_kept(tmp_path: Path) -> None:
+    """A subdirectory vanishes between listing and walking it (udev at work): the walk already
+    found a managed node, so "not found" must not turn into "keep"."""
+    from crishim.hostpaths import HostFS
+
+    holder = tmp_path / "holder"
+    (holder / "gone").mkdir(parents=True)
+    os.symlink("/dev/null", holder / "link")  # a link is no device to containerd's walk
+    managed = ManagedDevices(numbers=frozenset({NULL}))
+
+    class Vanishing(HostFS):
+        def scandir(self, path: str):  # type: ignore[no-untyped-def]
+            if path.endswith("/gone"):
+                raise FileNotFoundError(2, "No such file or directory", path)
+            entries = list(super().scandir(path))
+            null = [e for e in os.scandir("/dev") if e.name == "null"]
+            return entries + null if path == str(holder) else entries
+
+    with pytest.raises(Ambiguous):
+        device_entry_verdict(str(holder), managed, Vanishing())

@@ -2,9 +2,10 @@
 
 Each case is a CreateContainer for a pod with a validly signed allocation (granting this
 container some fake GPUs, or none) and a hostile config: managed device nodes under many
-spellings (``/./``, ``//``, ``..``, symlinks, ``/dev/char/M:m``, their directory), toolkit
-device-list mounts in any spelling, toolkit environment (also from the "image", which the shim
-never sees), CDI names and annotations in any case, duplicates, unicode look-alikes.
+spellings (``/./``, ``//``, ``..``, ``..`` after a symlink, symlinks, ``/dev/char/M:m``, their
+directory), toolkit device-list mounts in any spelling, toolkit environment (also from the
+"image", which the shim never sees), CDI names and annotations in any case, duplicates, unicode
+look-alikes.
 
 One oracle, computed here from models of containerd and the NVIDIA toolkit (never from the
 shim's own code): after the rewrite, the container reaches no managed device node and makes no
@@ -454,6 +455,11 @@ def fake_gpus(tmp_path: Path) -> tuple[FakeGpus, dict[str, str]]:
     links[str(links_dir / "devdir")] = str(dev_dir)
     links[str(links_dir / "devdir" / "fakegpu1")] = fake.node(1)
     links[str(links_dir / "dangling")] = "/nonexistent"
+    # ``..`` after a symlink goes up from the link's target: <links>/up/../fakegpuN is dev_dir's.
+    (dev_dir / "sub").mkdir()
+    (links_dir / "up").symlink_to(dev_dir / "sub")
+    for i in range(GPU_COUNT):
+        links[f"{links_dir}/up/../fakegpu{i}"] = fake.node(i)
     (links_dir / "dangling").symlink_to("/nonexistent")
     return fake, links
 
