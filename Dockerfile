@@ -1,5 +1,7 @@
 # The kubegpu image, for anyone with a registry:
-#   docker build -t kubegpu:0.1.0 --build-arg SOURCE=<repository URL> --build-arg REVISION=$(git rev-parse HEAD) .
+#   docker build -t kubegpu:0.1.0 --label org.opencontainers.image.source=<repository URL> \
+#       --label org.opencontainers.image.revision=$(git rev-parse HEAD) .
+# (source and revision are labels only when known: no placeholder URL, no "unknown" revision.)
 # `make image` builds the equivalent image with no registry, from Debian packages and the same
 # locked wheels (tools/image/build.py; docs/install.md). Keep the two in step:
 # tests/test_image.py compares this file with the image `make image` builds.
@@ -17,13 +19,9 @@ RUN pip install --no-cache-dir "grpcio-tools>=1.66" "setuptools>=68" \
 
 FROM ${PYTHON_IMAGE}
 ARG VERSION=0.1.0
-ARG SOURCE=https://example.invalid/kubegpu
-ARG REVISION=unknown
 LABEL org.opencontainers.image.title="kubegpu" \
       org.opencontainers.image.description="kubegpu: topology-aware device scheduler, CRI shim and node agent" \
-      org.opencontainers.image.version="${VERSION}" \
-      org.opencontainers.image.source="${SOURCE}" \
-      org.opencontainers.image.revision="${REVISION}"
+      org.opencontainers.image.version="${VERSION}"
 # The root filesystem is read-only in the pod: never try to write bytecode.
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1

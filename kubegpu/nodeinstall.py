@@ -187,8 +187,8 @@ ExecStart={exec_start}
 
 KUBELET_DROPIN_TEMPLATE = """\
 # Points kubelet's CRI client at the kubegpu shim instead of containerd.
-# Works with the kubeadm layout of kubelet.service (10-kubeadm.conf): the ExecStart below is
-# kubeadm's, with $KUBEGPU_KUBELET_ARGS appended; command-line flags win over the config file.
+# The ExecStart below is kubelet's own with $KUBEGPU_KUBELET_ARGS appended: kubeadm's here,
+# the node's own where `kubegpu node install` writes it; command-line flags win over the config file.
 [Unit]
 After=kubegpu-crishim.service
 Requires=kubegpu-crishim.service
@@ -222,9 +222,61 @@ def devices_dropin_text(settings: NodeSettings) -> str | None:
     )
 
 
-def kubelet_dropin_text(settings: NodeSettings) -> str:
-    """systemd/kubelet.service.d/20-kubegpu-crishim.conf, with this node's shim socket."""
-    return KUBELET_DROPIN_TEMPLATE.format(listen=settings.listen, kubelet=KUBELET_EXEC)
+def kubelet_dropin_text(settings: NodeSettings, kubelet_exec: str | None = None) -> str:
+    """systemd/kubelet.service.d/20-kubegpu-crishim.conf, with this node's shim socket.
+
+    ``kubelet_exec`` is kubelet's own ExecStart on this node (kubelet_exec_start): the drop-in
+    runs that command line with the shim's flags appended. None (no kubelet unit found): kubeadm's."""
+    command = KUBELET_EXEC if kubelet_exec is None else f"{kubelet_exec} $KUBEGPU_KUBELET_ARGS"
+    return KUBELET_DROPIN_TEMPLATE.format(listen=settings.listen, kubelet=command)
+
+
+def unit_exec_starts(text: str, current: list[str]) -> list[str]:
+    """The ExecStart= list after a unit file or drop-in with ``text`` is applied to ``current``
+    (systemd's rules: an empty assignment resets the list, others append; continuation lines
+    joined; comments and other sections ignored)."""
+    commands = list(current)
+    section = ""
+    for line in re.sub(r"\\\n", " ", text).splitlines():
+        line = line.strip()
+        if not line or line.startswith(("#", ";")):
+            continue
+        if line.startswith("["):
+            section = line
+            continue
+        key, sep, value = line.partition("=")
+        if section == "[Service]" and sep and key.strip() == "ExecStart":
+            value = " ".join(value.split())
+            commands = commands + [value] if value else []
+    return commands
+
+
+def kubelet_exec_start(root: Path, include_ours: bool = False) -> str | None:
+    """kubelet's ExecStart as systemd would run it from the units under ``root``, without
+    kubegpu's drop-in (with it: ``include_ours``); None when no kubelet.service is there.
+
+    InstallError when the units leave kubelet with no command line or several."""
+    unit_dirs = [directory.parent for directory in KUBELET_DROPIN_DIRS]
+    units = [root / d / "kubelet.service" for d in unit_dirs]
+    unit = next((path for path in units if path.is_file()), None)
+    if unit is None:
+        return None
+    commands = unit_exec_starts(unit.read_text(errors="replace"), [])
+    dropins: dict[str, Path] = {}
+    for directory in KUBELET_DROPIN_DIRS:  # a name in an earlier directory masks the same name later
+        if (root / directory).is_dir():
+            for path in (root / directory).glob("*.conf"):
+                dropins.setdefault(path.name, path)
+    for name, path in sorted(dropins.items()):
+        if name == KUBELET_DROPIN.name and not include_ours:
+            continue
+        commands = unit_exec_starts(path.read_text(errors="replace"), commands)
+    if len(commands) != 1:
+        raise InstallError(
+            f"kubelet.service under {root} has {len(commands)} ExecStart= command lines after its "
+            "drop-ins; kubegpu's drop-in appends its flags to exactly one"
+        )
+    return commands[0]
 
 
 # ---------------------------------------------------------------------------------- validation
@@ -322,14 +374,15 @@ def check_runtime(endpoint: str, listen: str) -> str:
     return f"{name} {version} (CRI {api})"
 
 
-def kubelet_dropin_conflicts(root: Path, ours: str, recorded: set[str]) -> list[str]:
-    """Why the kubelet drop-ins under ``root`` would fight ours (empty: no conflict)."""
+def kubelet_dropin_conflicts(root: Path, ours: Sequence[str], recorded: set[str]) -> list[str]:
+    """Why the kubelet drop-ins under ``root`` would fight ours (empty: no conflict). ``ours``:
+    the texts of our drop-in that an unrecorded file may hold and still be adopted."""
     problems = []
     ours_path = root / KUBELET_DROPIN
     if (
         ours_path.exists()
         and str(KUBELET_DROPIN) not in recorded
-        and ours_path.read_text(errors="replace") != ours
+        and ours_path.read_text(errors="replace") not in ours
     ):
         problems.append(
             f"/{KUBELET_DROPIN} exists, was not written by `kubegpu node install` and differs "
@@ -381,15 +434,25 @@ class Record:
     files: dict[str, str] = field(default_factory=dict)
     dirs: list[str] = field(default_factory=list)
     version: str = __version__
+    # Only while an install is under way (written before its first file, dropped by its last
+    # step): the digests a file may still hold from before (an earlier install's bytes), so an
+    # install killed half-way leaves a record that names everything it may have written.
+    pending: dict[str, list[str]] = field(default_factory=dict)
 
     def to_bytes(self) -> bytes:
-        doc = {
+        doc: dict[str, Any] = {
             "version": self.version,
             "settings": self.settings.to_json(),
             "files": dict(sorted(self.files.items())),
             "dirs": sorted(set(self.dirs)),
         }
+        if self.pending:
+            doc["pending"] = {rel: sorted(set(d)) for rel, d in sorted(self.pending.items())}
         return (json.dumps(doc, indent=2) + "\n").encode()
+
+    def ours(self, rel: str, digest: str) -> bool:
+        """Whether a file at ``rel`` holding bytes with ``digest`` is as install wrote it."""
+        return digest == self.files.get(rel) or digest in self.pending.get(rel, ())
 
 
 def read_record(root: Path) -> Record | None:
@@ -401,6 +464,7 @@ def read_record(root: Path) -> Record | None:
             dict(doc["files"]),
             list(doc.get("dirs", [])),
             str(doc.get("version", "")),
+            {str(rel): [str(d) for d in digests] for rel, digests in doc.get("pending", {}).items()},
         )
     except FileNotFoundError:
         return None
@@ -419,13 +483,17 @@ class Transaction:
         self.undo: list[Callable[[], None]] = []
         self.created_dirs: list[str] = []
 
-    def mkdir(self, rel: Path, mode: int) -> None:
+    def missing(self, rel: Path) -> list[Path]:
+        """The directories ``mkdir(rel)`` would create, outermost first."""
         missing = []
         for parent in [rel, *rel.parents][:-1]:
             if (self.root / parent).is_dir():
                 break
             missing.append(parent)
-        for parent in reversed(missing):
+        return list(reversed(missing))
+
+    def mkdir(self, rel: Path, mode: int) -> None:
+        for parent in self.missing(rel):
             path = self.root / parent
             path.mkdir()
             os.chmod(path, mode if parent == rel else 0o755)
@@ -493,10 +561,12 @@ class Wanted:
     dir_mode: int = 0o755
 
 
-def planned_files(settings: NodeSettings, keys: dict[str, bytes]) -> list[Wanted]:
+def planned_files(
+    settings: NodeSettings, keys: dict[str, bytes], kubelet_exec: str | None = None
+) -> list[Wanted]:
     files = [
         Wanted(SHIM_UNIT, shim_unit_text(settings).encode(), 0o644),
-        Wanted(KUBELET_DROPIN, kubelet_dropin_text(settings).encode(), 0o644),
+        Wanted(KUBELET_DROPIN, kubelet_dropin_text(settings, kubelet_exec).encode(), 0o644),
     ]
     devices = devices_dropin_text(settings)
     if devices is not None:
@@ -563,6 +633,13 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
     socket_path(settings.listen)
     if not settings.keys_dir.startswith("/") or not settings.binary.startswith("/"):
         raise InstallError("--keys-dir and --kubegpu-binary must be absolute paths")
+    for what, value in (
+        ("--keys-dir", settings.keys_dir),
+        ("--kubeconfig", settings.kubeconfig),
+        ("--kubegpu-binary", settings.binary),
+    ):
+        if any(part in (".", "..") for part in value.split("/")):
+            raise InstallError(f"{what} {value!r}: no '.' or '..' components (it must stay under --root)")
     runtime = check_runtime(settings.runtime_endpoint, settings.listen)
 
     record = read_record(root) or Record()
@@ -576,15 +653,30 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
             f"--advertise needs API access, and {settings.kubeconfig} does not exist: create it as "
             "docs/deploy.md ('API access') says, or pass --no-advertise"
         )
-    wanted = planned_files(settings, keys)
-    problems = kubelet_dropin_conflicts(root, kubelet_dropin_text(settings), recorded)
+    kubelet_exec = kubelet_exec_start(root)
+    wanted = planned_files(settings, keys, kubelet_exec)
+    # a copy of the shipped drop-in (installed by hand as docs/deploy.md says) is adopted and
+    # rewritten for this node's kubelet command line
+    adoptable = (kubelet_dropin_text(settings, kubelet_exec), kubelet_dropin_text(settings))
+    problems = kubelet_dropin_conflicts(root, adoptable, recorded)
     for item in wanted:
         path = root / item.rel
-        if item.rel == KUBELET_DROPIN or not path.exists():
+        if not path.exists():
             continue
         if not path.is_file():
             problems.append(f"/{item.rel} exists and is not a regular file")
-        elif path.read_bytes() != item.data and (
+            continue
+        current = path.read_bytes()
+        if current == item.data:
+            continue
+        if str(item.rel) in recorded and not record.ours(str(item.rel), sha256(current)):
+            problems.append(
+                f"/{item.rel} was changed since `kubegpu node install` wrote it: install would "
+                "throw that change away; put a systemd drop-in beside it instead, or move it away first"
+            )
+        elif item.rel == KUBELET_DROPIN:
+            continue  # not recorded: kubelet_dropin_conflicts said what there is to say
+        elif (
             item.rel.parent == Path(settings.keys_dir.lstrip("/")) or str(item.rel) not in recorded
         ):
             what = "a different key" if item.rel.parent == keys_dir.relative_to(root) else "something else"
@@ -599,7 +691,7 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
     stale = sorted(set(record.files) - keep)
     for rel in stale:
         path = root / rel
-        if path.is_file() and sha256(path.read_bytes()) != record.files[rel]:
+        if path.is_file() and not record.ours(rel, sha256(path.read_bytes())):
             problems.append(
                 f"/{rel} was written by install, is no longer wanted, but changed since: "
                 "remove it or restore it first"
@@ -610,23 +702,44 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
     transaction = Transaction(root)
     result = InstallResult([], [], [], runtime)
     new_files = dict(record.files)
+    for item in wanted:
+        new_files[str(item.rel)] = sha256(item.data)
+    # Write-ahead: before the first file, a record naming every file this install may write
+    # (with the digests it may still hold from before) and every directory it may create, so
+    # that `uninstall` after a SIGKILL or power loss half-way still removes all of it.
+    will_create = {str(d) for item in wanted for d in transaction.missing(item.rel.parent)}
+    pending = {
+        rel: sorted({record.files[rel], *record.pending.get(rel, ())} - {new_files[rel]})
+        for rel in record.files
+        if rel in new_files
+    }
+    intent = Record(
+        settings,
+        new_files,
+        record.dirs + sorted(will_create) + [str(d) for d in transaction.missing(RECORD.parent)],
+        pending={rel: digests for rel, digests in pending.items() if digests},
+    )
     try:
+        transaction.mkdir(RECORD.parent, 0o755)
+        if intent.to_bytes() != (record.to_bytes() if (root / RECORD).exists() else None):
+            transaction.write(RECORD, intent.to_bytes(), 0o644)
         for item in wanted:
             transaction.mkdir(item.rel.parent, item.dir_mode)
             changed = transaction.write(item.rel, item.data, item.mode)
             (result.written if changed else result.unchanged).append("/" + str(item.rel))
-            new_files[str(item.rel)] = sha256(item.data)
         for rel in stale:
             if (root / rel).is_file():
                 transaction.remove(Path(rel))
                 result.removed.append("/" + rel)
             new_files.pop(rel)
         new_record = Record(settings, new_files, record.dirs + transaction.created_dirs)
-        transaction.mkdir(RECORD.parent, 0o755)
         transaction.write(RECORD, new_record.to_bytes(), 0o644)
     except OSError as exc:
         transaction.rollback()
         raise InstallError(f"writing under {root} failed ({exc}); nothing was changed") from None
+    except BaseException:
+        transaction.rollback()  # Ctrl-C, SIGTERM turned into SystemExit, a bug: put everything back
+        raise
     return result
 
 
@@ -656,9 +769,12 @@ class UninstallResult:
     missing: list[str]
 
 
-def uninstall(root: Path) -> UninstallResult | None:
-    """Remove what the record lists, where still as written; None when nothing was installed."""
+def uninstall(root: Path, before: Callable[[], None] | None = None) -> UninstallResult | None:
+    """Remove what the record lists, where still as written; None when nothing was installed.
+    ``before`` (stopping the shim) runs under the lock, once there is a record to act on."""
     with locked(root):
+        if before is not None and read_record(root) is not None:
+            before()
         return _uninstall(root)
 
 
@@ -667,11 +783,11 @@ def _uninstall(root: Path) -> UninstallResult | None:
     if record is None:
         return None
     result = UninstallResult([], [], [])
-    for rel, digest in sorted(record.files.items()):
+    for rel in sorted(record.files):
         path = root / rel
         if not path.is_file():
             result.missing.append("/" + rel)
-        elif sha256(path.read_bytes()) != digest:
+        elif not record.ours(rel, sha256(path.read_bytes())):
             result.kept.append("/" + rel)
         else:
             path.unlink()
@@ -719,22 +835,35 @@ def flag_value(argv: Sequence[str], flag: str) -> str | None:
     return value  # the last one wins, as for kubelet's flags
 
 
-def kubelet_endpoint(argv: Sequence[str]) -> tuple[str, str]:
-    """(runtime endpoint, where it came from) of a kubelet command line."""
+def kubelet_endpoint(argv: Sequence[str], cwd: Path | None = None) -> tuple[str, str]:
+    """(runtime endpoint, where it came from) of a kubelet command line, as kubelet reads it:
+    the flag, else the last ``--config-dir`` drop-in (``*.conf``, by name) that sets it, else the
+    ``--config`` file, else the default. Relative paths are kubelet's: under its ``cwd``."""
     import yaml
 
     value = flag_value(argv, "--container-runtime-endpoint")
     if value:
         return value, "--container-runtime-endpoint"
+    base = cwd or Path.cwd()
+    files: list[Path] = []
     config = flag_value(argv, "--config")
     if config:
+        files.append(base / config)
+    config_dir = flag_value(argv, "--config-dir")
+    if config_dir:
         try:
-            doc = yaml.safe_load(Path(config).read_text()) or {}
+            files += sorted((base / config_dir).glob("*.conf"))
+        except OSError:
+            pass
+    found = None
+    for path in files:
+        try:
+            doc = yaml.safe_load(path.read_text()) or {}
         except (OSError, yaml.YAMLError) as exc:
-            return "", f"its --config {config} is unreadable ({exc})"
+            return "", f"its config {path} is unreadable ({exc})"
         if isinstance(doc, dict) and doc.get("containerRuntimeEndpoint"):
-            return str(doc["containerRuntimeEndpoint"]), f"containerRuntimeEndpoint in {config}"
-    return DEFAULT_RUNTIME, "kubelet's default"
+            found = str(doc["containerRuntimeEndpoint"]), f"containerRuntimeEndpoint in {path}"
+    return found or (DEFAULT_RUNTIME, "kubelet's default")
 
 
 def same_socket(a: str, b: str) -> bool:
@@ -760,7 +889,11 @@ def check_kubelet(settings: NodeSettings, pid: int | None) -> Finding:
         ]
     except OSError as exc:
         return Finding(False, "kubelet", f"pid {pids[0]}: {exc.strerror}")
-    endpoint, source = kubelet_endpoint(argv)
+    try:
+        cwd: Path | None = Path(os.readlink(f"/proc/{pids[0]}/cwd"))
+    except OSError:
+        cwd = None
+    endpoint, source = kubelet_endpoint(argv, cwd)
     if same_socket(endpoint, settings.listen):
         return Finding(True, "kubelet", f"pid {pids[0]} talks to the shim ({endpoint}, {source})")
     return Finding(
@@ -1060,9 +1193,8 @@ def _run_uninstall(args: argparse.Namespace) -> int:
     if args.disable_now and not systemd_running(root):
         return _fail("--disable-now needs systemd running this machine and --root /")
     try:
-        if args.disable_now and read_record(root) is not None:
-            run_systemctl(SYSTEMCTL_UNINSTALL_BEFORE)
-        result = uninstall(root)
+        stop = (lambda: run_systemctl(SYSTEMCTL_UNINSTALL_BEFORE)) if args.disable_now else None
+        result = uninstall(root, before=stop)
     except InstallError as exc:
         return _fail(str(exc), 1)
     if result is None:

@@ -161,6 +161,8 @@ def test_rbac_host_network_and_extra_env(helm: Helm) -> None:
             "scheduler.extraEnv[0].name=KUBERNETES_SERVICE_HOST",
             "scheduler.extraEnv[0].value=127.0.0.1",
             "scheduler.config.leaderElection.enabled=false",
+            "scheduler.replicas=1",  # without leader election one replica only
+            "namespace.podSecurity=privileged",  # a host-network pod is refused by the others
         )
     )
     kinds = {key[0] for key in objects}
@@ -215,6 +217,65 @@ def test_bad_values_fail_with_a_message(helm: Helm, value: str, message: str) ->
     result = helm("template", "kubegpu", str(CHART), "--set", value, check=False)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [
+        (["scheduler.replcas=3"], "at '/scheduler': additional properties 'replcas' not allowed"),
+        (["signingKey.existingsecret=mine"], "additional properties 'existingsecret' not allowed"),
+        (["imag.tag=0.2.0"], "additional properties 'imag' not allowed"),
+        (["signingKey.existingSecret=My_Keys"], "at '/signingKey/existingSecret': 'My_Keys' does not match"),
+        (
+            ["scheduler.podDisruptionBudget.maxUnavailable=half"],
+            "'half' does not match pattern '^[0-9]+%$'",
+        ),
+        (
+            ["scheduler.hostNetwork=true"],
+            "scheduler.hostNetwork needs namespace.podSecurity=privileged (Pod Security 'restricted' "
+            "refuses host-network pods)",
+        ),
+        (
+            ["scheduler.hostNetwork=true", "namespace.podSecurity=baseline"],
+            "Pod Security 'baseline' refuses host-network pods",
+        ),
+        (
+            ["scheduler.config.leaderElection.enabled=false"],
+            "2 scheduler replicas without scheduler.config.leaderElection.enabled would all bind",
+        ),
+    ],
+    ids=[
+        "typo",
+        "typo-case",
+        "typo-top",
+        "secret-name",
+        "pdb-not-a-number",
+        "host-net",
+        "host-net-baseline",
+        "leaderless",
+    ],
+)
+def test_nonsense_values_are_refused(helm: Helm, values: list[str], message: str) -> None:
+    """Values that would install and then never work (a misspelt key silently ignored, pods Pod
+    Security refuses, replicas that all bind) fail before anything renders, naming the value."""
+    args = [arg for value in values for arg in ("--set", value)]
+    result = helm("template", "kubegpu", str(CHART), *args, check=False)
+    assert result.returncode != 0, values
+    assert message in result.stderr, result.stderr
+
+
+def test_sensible_neighbours_of_nonsense_render(helm: Helm) -> None:
+    """What the checks above must still let through."""
+    for values in (
+        ["scheduler.hostNetwork=true", "namespace.podSecurity=privileged"],
+        ["scheduler.hostNetwork=true", "namespace.create=false"],  # the namespace's label is yours
+        ["scheduler.config.leaderElection.enabled=false", "scheduler.replicas=1"],
+        ["scheduler.config.leaderElection.enabled=false", "scheduler.replicas=0"],
+        ["scheduler.config.bindTimeoutSeconds=7", "signingKey.existingSecret=my-keys.v2"],
+        ["scheduler.podDisruptionBudget.maxUnavailable=50%"],
+        ["scheduler.resources.limits.nvidia\\.com/gpu=0", "scheduler.podAnnotations.a=b"],
+    ):
+        assert render(helm, *values), values
 
 
 def test_service_monitor(helm: Helm) -> None:
@@ -368,7 +429,8 @@ def test_install_upgrade_keeps_the_key_uninstall_removes_all(helm: Helm, private
         deployment = k8s.AppsV1Api(api).read_namespaced_deployment("kubegpu-scheduler", namespace)
         assert deployment.spec.replicas == 1
 
-        # rotation: a new signing key id is added beside the old key
+        # rotation: a new signing key id is added beside the old key (a dot in it: NOTES' jsonpath
+        # must escape it, or kubectl reads .data.k2 and prints nothing)
         helm(
             "upgrade",
             "kubegpu",
@@ -377,22 +439,23 @@ def test_install_upgrade_keeps_the_key_uninstall_removes_all(helm: Helm, private
             "releases",
             "--reuse-values",
             "--set",
-            "scheduler.config.signingKeyId=k2",
+            "scheduler.config.signingKeyId=k2.v2",
             kubeconfig=kubeconfig,
         )
         rotated = secret_data(api, namespace)
         assert (
             rotated["k1"] == installed["k1"]
-            and isinstance(parse_key(rotated["k2"]), SigningKey)
-            and rotated["k2"] != rotated["k1"]
+            and isinstance(parse_key(rotated["k2.v2"]), SigningKey)
+            and rotated["k2.v2"] != rotated["k1"]
         )
         config = k8s.CoreV1Api(api).read_namespaced_config_map("kubegpu-scheduler-config", namespace)
-        assert yaml.safe_load(config.data["scheduler.yaml"])["signingKeyId"] == "k2"
+        assert yaml.safe_load(config.data["scheduler.yaml"])["signingKeyId"] == "k2.v2"
 
         status = helm("status", "kubegpu", "--namespace", "releases", kubeconfig=kubeconfig).stdout
         assert "STATUS: deployed" in status and "REVISION: 3" in status
         notes = helm("get", "notes", "kubegpu", "--namespace", "releases", kubeconfig=kubeconfig).stdout
-        assert "kubegpu node install --key-id k2 --key-file -" in notes
+        assert "kubegpu node install --key-id k2.v2 --key-file -" in notes
+        assert "get secret kubegpu-allocation-keys -o jsonpath='{.data.k2\\.v2}' | base64 -d" in notes
     finally:
         helm("uninstall", "kubegpu", "--namespace", "releases", kubeconfig=kubeconfig, check=False)
     assert ours(api, namespace) == []

@@ -62,7 +62,10 @@ def test_config_user_entrypoint_labels(kubegpu_image: dict[str, Any]) -> None:
     assert "PYTHONDONTWRITEBYTECODE=1" in body["Env"]
     labels = body["Labels"]
     assert labels["org.opencontainers.image.version"] == __version__
-    assert labels["org.opencontainers.image.source"] == "https://example.invalid/kubegpu"
+    # source and revision unknown here: left out, never a placeholder (tests/test_image_oci.py)
+    assert "org.opencontainers.image.source" not in labels
+    assert "org.opencontainers.image.revision" not in labels
+    assert "org.opencontainers.image.source" not in manifest["annotations"]
     assert labels["org.opencontainers.image.title"] == "kubegpu"
     assert re.search(r"\bpython3\.11=3\.11\.\d", labels["dev.kubegpu.image.debian-packages"])
     assert manifest["annotations"]["org.opencontainers.image.version"] == __version__
@@ -133,6 +136,8 @@ def test_dockerfile_matches_the_built_image(kubegpu_image: dict[str, Any]) -> No
     labels = config["config"]["Labels"]
     image_labels = {k: v for k, v in labels.items() if k.startswith("org.opencontainers.")}
     assert set(docker_labels) == set(image_labels) - {"org.opencontainers.image.base.name"}
+    # source and revision come from `docker build --label` when known, never from a default
+    assert "invalid" not in text and "REVISION=unknown" not in text
     assert docker_labels["org.opencontainers.image.version"] == "${VERSION}"
     assert f"ARG VERSION={__version__}" in instructions
     assert (
@@ -230,3 +235,23 @@ def test_runs_as_65532_on_a_read_only_root(direct: CriClient, imported_image: st
     code, out = run_in_image(direct, imported_image, tmp_path, ["-c", probe], command=["python3"])
     assert code == 0, out
     assert out.split("\n") == ["65532 65532 /home/nonroot", "EROFS", "EROFS"]
+
+
+@pytest.mark.containerd
+@pytest.mark.parametrize(
+    "args, expected",
+    [
+        (["crishim", "--help"], "usage: kubegpu crishim"),
+        (["node", "check", "--help"], "usage: kubegpu node check"),
+        (["keys", "generate"], "-----BEGIN PRIVATE KEY-----"),  # cryptography's native code runs
+    ],
+    ids=["crishim", "node-check", "keys-generate"],
+)
+def test_other_subcommands_through_containerd(
+    direct: CriClient, imported_image: str, tmp_path: Path, args: list[str], expected: str
+) -> None:
+    """The entry point serves the node agent's and the operator's commands too, on a read-only
+    root as the image's user (their imports: grpc, the CRI stubs, cryptography)."""
+    code, out = run_in_image(direct, imported_image, tmp_path, args)
+    assert code == 0, out
+    assert out.startswith(expected), out

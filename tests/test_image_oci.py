@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import subprocess
 import tarfile
 import time
 from pathlib import Path
@@ -111,3 +112,107 @@ def test_lock_pins_every_dependency_of_the_project() -> None:
     pinned = {line.split("==")[0].replace("_", "-") for line in image_build.lock_hashes().values()}
     assert wanted <= pinned
     assert "matplotlib" not in pinned
+
+
+# ------------------------------------------------------------------ source and revision labels
+
+
+def test_source_label_is_a_public_url_or_nothing() -> None:
+    """The label names where the source is, never a placeholder, a local path or credentials."""
+    cases = {
+        "": None,
+        "/work/main": None,
+        "../kubegpu": None,
+        "file:///srv/git/kubegpu.git": None,
+        "https://example.invalid/kubegpu": None,
+        "https://github.com/acme/kubegpu": "https://github.com/acme/kubegpu",
+        "https://github.com/acme/kubegpu.git": "https://github.com/acme/kubegpu",
+        "https://ci:ghp_s3cr3t@github.com/acme/kubegpu.git": "https://github.com/acme/kubegpu",
+        "http://user@git.acme.dev:8080/acme/kubegpu": "http://git.acme.dev:8080/acme/kubegpu",
+        "https://git.example.org/acme/kubegpu": None,
+        "https://github.com": None,
+        "git@github.com:acme/kubegpu.git": "https://github.com/acme/kubegpu",
+        "ssh://git@gitlab.acme.dev:2222/acme/kubegpu.git": "https://gitlab.acme.dev/acme/kubegpu",
+    }
+    for remote, label in cases.items():
+        assert image_build.source_url(remote) == label, remote
+
+
+def test_unknown_source_and_revision_are_left_out() -> None:
+    opts = image_build.Options(
+        out=Path("/nonexistent.tar"), ref="r", epoch=0, source=None, revision=None, cache=Path("/c")
+    )
+    labels = image_build.labels(opts, "0.1.0", ["python3=3.11"])
+    assert "org.opencontainers.image.source" not in labels
+    assert "org.opencontainers.image.revision" not in labels
+    assert labels["org.opencontainers.image.version"] == "0.1.0"
+    assert not [value for value in labels.values() if "invalid" in value or value in ("", "unknown")]
+
+
+def test_revision_only_for_a_clean_tree(tmp_path: Path) -> None:
+    """The wheel is built from the working tree: a tracked file changed since HEAD means the
+    image is not that commit, so it gets no revision label."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    env = {**os.environ, "GIT_CONFIG_GLOBAL": "/dev/null", "GIT_CONFIG_SYSTEM": "/dev/null"}
+
+    def git(*args: str) -> str:
+        return subprocess.run(
+            ["git", "-C", str(repo), *args], check=True, capture_output=True, text=True, env=env
+        ).stdout.strip()
+
+    git("init", "-q")
+    (repo / "a.py").write_text("a = 1\n")
+    git("add", "a.py")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "one")
+    head = git("rev-parse", "HEAD")
+    assert image_build.git_revision(repo) == head
+    (repo / "untracked.txt").write_text("not in the wheel\n")
+    assert image_build.git_revision(repo) == head
+    (repo / "a.py").write_text("a = 2\n")
+    assert image_build.git_revision(repo) is None
+    assert image_build.git_revision(tmp_path / "not-a-repo") is None
+
+
+def tiny_wheel(directory: Path) -> Path:
+    """A minimal pure-Python wheel with a package, a data file and a console script."""
+    import zipfile
+
+    path = directory / "tiny-1.0-py3-none-any.whl"
+    files = {
+        "tiny/__init__.py": "def main():\n    return 0\n",
+        "tiny/data/table.json": "{}\n",
+        "tiny-1.0.dist-info/METADATA": "Metadata-Version: 2.1\nName: tiny\nVersion: 1.0\n",
+        "tiny-1.0.dist-info/WHEEL": (
+            "Wheel-Version: 1.0\nGenerator: hand\nRoot-Is-Purelib: true\nTag: py3-none-any\n"
+        ),
+        "tiny-1.0.dist-info/entry_points.txt": "[console_scripts]\ntiny = tiny:main\n",
+    }
+    record = "".join(f"{name},,\n" for name in files) + "tiny-1.0.dist-info/RECORD,,\n"
+    with zipfile.ZipFile(path, "w") as archive:
+        for name, text in {**files, "tiny-1.0.dist-info/RECORD": record}.items():
+            archive.writestr(name, text)
+    return path
+
+
+def test_layer_bytes_do_not_depend_on_the_builders_umask(tmp_path: Path) -> None:
+    """Same inputs, same digest: a builder with umask 0002 (many desktops) and one with 0022 (CI)
+    must write the same layer; the installed files' modes came from the umask."""
+    wheel = tiny_wheel(tmp_path)
+    layers = []
+    for umask in (0o022, 0o002, 0o077):
+        dest = tmp_path / f"umask-{umask:o}"
+        dest.mkdir()
+        old = os.umask(umask)
+        try:
+            image_build.install_wheels([wheel], dest)
+        finally:
+            os.umask(old)
+        layers.append(layer_bytes(dest, tmp_path, f"store-{umask:o}"))
+    assert layers[0] == layers[1] == layers[2]
+    with tarfile.open(fileobj=io.BytesIO(layers[0]), mode="r:gz") as tar:
+        modes = {m.name: m.mode for m in tar.getmembers()}
+    site = image_build.SITE_PACKAGES.lstrip("/")
+    assert modes[f"{site}/tiny/__init__.py"] == 0o644
+    assert modes[f"{site}/tiny"] == 0o755
+    assert modes["usr/local/bin/tiny"] == 0o755

@@ -437,7 +437,11 @@ def test_a_copy_of_the_shipped_files_is_adopted(
         stdin=KEY,
     )
     assert code == 0, err
-    assert "unchanged /etc/systemd/system/kubelet.service.d/20-kubegpu-crishim.conf" in out
+    # adopted, and rewritten for this node's kubelet command line (the fixture's 10-kubeadm.conf
+    # is shorter than kubeadm's; tests/test_node_install_attack.py checks kubeadm's own)
+    assert "wrote     /etc/systemd/system/kubelet.service.d/20-kubegpu-crishim.conf" in out
+    kubelet = "/usr/bin/kubelet $KUBELET_KUBECONFIG_ARGS $KUBELET_KUBEADM_ARGS $KUBEGPU_KUBELET_ARGS"
+    assert f"ExecStart={kubelet}\n" in dropin.read_text()
 
 
 def test_a_failed_write_rolls_everything_back(

@@ -33,7 +33,8 @@ import subprocess
 import sys
 import tempfile
 import tomllib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,14 +52,15 @@ DEBIAN_PACKAGES = ("python3", "libstdc++6")
 # glibc 2.36 (Debian 12): wheels for any manylinux tag up to 2.36 run in the image.
 GLIBC_MINOR = 36
 UID = GID = 65532
+UMASK = 0o022
 USER_NAME = "nonroot"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV = (PATH_ENV, "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1")
 GENERATED = ("crishim/cri/api_pb2.py", "crishim/cri/api_pb2_grpc.py")
 DEFAULT_REF = "docker.io/library/kubegpu:{version}"
 DESCRIPTION = "kubegpu: topology-aware device scheduler, CRI shim and node agent"
-# The repository has no public URL yet: the label says so until IMAGE_SOURCE or a git remote does.
-UNKNOWN_SOURCE = "https://example.invalid/kubegpu"
+# Hosts that are placeholders, never a real source (RFC 2606 / RFC 6761).
+PLACEHOLDER_HOSTS = re.compile(r"(^|\.)(invalid|example|test|localhost|example\.(com|net|org))$")
 
 # Removed from the Debian tree: documentation (not the copyright files), package manager state
 # and caches, device nodes (the runtime provides /dev) and files mmdebstrap copies from the host.
@@ -92,8 +94,8 @@ class Options:
     out: Path
     ref: str
     epoch: int
-    source: str
-    revision: str
+    source: str | None  # None: unknown, no label (never a placeholder)
+    revision: str | None  # None: not a clean commit, no label
     cache: Path
     mirror: str = DEBIAN_MIRROR
     security_mirror: str = DEBIAN_SECURITY
@@ -116,6 +118,47 @@ def project_version() -> str:
 def git(*args: str) -> str:
     result = subprocess.run(["git", "-C", str(REPO_ROOT), *args], capture_output=True, text=True)
     return result.stdout.strip() if result.returncode == 0 else ""
+
+
+def source_url(remote: str) -> str | None:
+    """The public URL of a git remote for ``org.opencontainers.image.source``: http(s) and the
+    ssh spellings (``git@host:path``, ``ssh://``) become ``https://host/path`` without ``.git``;
+    user names and tokens are dropped (a label is public). None for a local path, ``file://``,
+    a placeholder host or nothing: the label is then left out rather than made up."""
+    from urllib.parse import urlsplit
+
+    remote = remote.strip()
+    scp = re.fullmatch(r"[\w.-]+@([\w.-]+):(?!//)(.+)", remote)
+    if scp:
+        scheme, host, port, path = "https", scp.group(1), None, "/" + scp.group(2).lstrip("/")
+    else:
+        try:
+            parts = urlsplit(remote)
+            port = parts.port
+        except ValueError:
+            return None
+        if parts.scheme not in ("http", "https", "ssh", "git+ssh") or not parts.hostname:
+            return None
+        host, path = parts.hostname, parts.path
+        scheme = parts.scheme if parts.scheme in ("http", "https") else "https"
+        if scheme == "https" and parts.scheme != "https":
+            port = None  # an ssh port is no https port
+    if PLACEHOLDER_HOSTS.search(host.lower()) or not path.strip("/"):
+        return None
+    path = path.rstrip("/").removesuffix(".git")
+    return f"{scheme}://{host}{f':{port}' if port else ''}{path}"
+
+
+def git_revision(repo: Path = REPO_ROOT) -> str | None:
+    """HEAD, when the tracked files are as committed (the wheel is built from the working tree);
+    None for a changed tree or no git checkout: no revision label then."""
+    def run_git(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
+
+    head = run_git("rev-parse", "--verify", "HEAD")
+    if head.returncode != 0 or run_git("diff", "--quiet", "HEAD", "--").returncode != 0:
+        return None
+    return head.stdout.strip()
 
 
 def default_epoch() -> int:
@@ -323,8 +366,24 @@ def add_user_files(rootfs: Path) -> None:
         (rootfs / name).chmod(mode)
 
 
+@contextmanager
+def standard_umask() -> Iterator[None]:
+    """umask 0022 meanwhile: files the build creates (the wheels' files, directories) get the same
+    modes on every machine, whatever the builder's own umask (0002 on many desktops)."""
+    old = os.umask(UMASK)
+    try:
+        yield
+    finally:
+        os.umask(old)
+
+
 def install_wheels(wheels: Sequence[Path], destdir: Path) -> None:
     """Install wheels under ``destdir`` as the image's Python would see them (no bytecode yet)."""
+    with standard_umask():
+        _install_wheels(wheels, destdir)
+
+
+def _install_wheels(wheels: Sequence[Path], destdir: Path) -> None:
     from installer import install
     from installer.destinations import SchemeDictionaryDestination
     from installer.sources import WheelFile
@@ -356,12 +415,16 @@ def strip_tests(site_packages: Path) -> None:
 
 
 def labels(opts: Options, version: str, debian: Sequence[str]) -> dict[str, str]:
+    """The image's labels; source and revision only when known (no placeholder values)."""
+    known = {
+        "org.opencontainers.image.source": opts.source,
+        "org.opencontainers.image.revision": opts.revision,
+    }
     return {
         "org.opencontainers.image.title": "kubegpu",
         "org.opencontainers.image.description": DESCRIPTION,
         "org.opencontainers.image.version": version,
-        "org.opencontainers.image.source": opts.source,
-        "org.opencontainers.image.revision": opts.revision,
+        **{key: value for key, value in known.items() if value},
         "org.opencontainers.image.base.name": f"debian:{DEBIAN_SUITE} ({', '.join(DEBIAN_PACKAGES)})",
         "dev.kubegpu.image.debian-packages": " ".join(debian),
         "dev.kubegpu.image.requirements-lock": sha256_hex(LOCK_FILE),
@@ -370,6 +433,11 @@ def labels(opts: Options, version: str, debian: Sequence[str]) -> dict[str, str]
 
 def build(opts: Options) -> dict[str, object]:
     """Build the image tar at ``opts.out``; return what was built (digests, sizes, packages)."""
+    with standard_umask():
+        return _build(opts)
+
+
+def _build(opts: Options) -> dict[str, object]:
     version = project_version()
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="kgimage-", dir=opts.out.parent) as tmp:
@@ -447,8 +515,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     out = REPO_ROOT / "build" / "image" / f"kubegpu-{version}.oci.tar"
     parser.add_argument("--out", type=Path, default=out)
     parser.add_argument("--ref", default=DEFAULT_REF.format(version=version), help="image name in the tar")
-    source = os.environ.get("IMAGE_SOURCE") or git("remote", "get-url", "origin") or UNKNOWN_SOURCE
-    parser.add_argument("--source", default=source, help="org.opencontainers.image.source (env IMAGE_SOURCE)")
+    source = os.environ.get("IMAGE_SOURCE") or git("remote", "get-url", "origin")
+    parser.add_argument(
+        "--source",
+        default=source,
+        help="org.opencontainers.image.source (env IMAGE_SOURCE, default the git remote origin); "
+        "left out when it is no public URL",
+    )
     parser.add_argument("--cache", type=Path, default=default_cache(), help="wheel download cache")
     parser.add_argument("--mirror", default=DEBIAN_MIRROR)
     parser.add_argument("--security-mirror", default=DEBIAN_SECURITY)
@@ -468,8 +541,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             out=args.out.resolve(),
             ref=args.ref,
             epoch=default_epoch(),
-            source=args.source,
-            revision=git("rev-parse", "HEAD") or "unknown",
+            source=source_url(args.source or ""),
+            revision=git_revision(),
             cache=args.cache,
             mirror=args.mirror,
             security_mirror=args.security_mirror,

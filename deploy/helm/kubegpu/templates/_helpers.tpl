@@ -43,3 +43,15 @@ app.kubernetes.io/name: kubegpu-node
 {{- $owned := dict "keysDir" "/etc/kubegpu/keys" "metricsAddress" (printf "0.0.0.0:%v" .Values.scheduler.metricsPort) "leaderElection" $leader -}}
 {{- toYaml (merge $owned $config) -}}
 {{- end -}}
+
+{{/* Combinations of values that would install and then never work: refused before rendering. */}}
+{{- define "kubegpu.validate" -}}
+{{- $ns := .Values.namespace -}}
+{{- if and .Values.scheduler.hostNetwork $ns.create (ne $ns.podSecurity "privileged") -}}
+{{- fail (printf "scheduler.hostNetwork needs namespace.podSecurity=privileged (Pod Security '%s' refuses host-network pods)" $ns.podSecurity) -}}
+{{- end -}}
+{{- $leader := .Values.scheduler.config.leaderElection | default dict -}}
+{{- if and (gt (int .Values.scheduler.replicas) 1) (not $leader.enabled) -}}
+{{- fail (printf "%v scheduler replicas without scheduler.config.leaderElection.enabled would all bind (devices given twice): enable it or run one replica" .Values.scheduler.replicas) -}}
+{{- end -}}
+{{- end -}}
