@@ -31,7 +31,13 @@ from kubegpu.devenv.cri import CriClient
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from kubegpu.localcluster.kubelet import Kubelet
 from kubegpu.localcluster.namespace import MountNamespace
-from kubegpu.localcluster.processes import ProcessRecord, absent_cgroup_parents, remove_cgroups, sweep
+from kubegpu.localcluster.processes import (
+    ProcessRecord,
+    absent_cgroup_parents,
+    remove_cgroups,
+    remove_runtime_remains,
+    sweep,
+)
 
 CNI_PLUGIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 # The local cluster publishes device changes within 2 s (production default: 10 s).
@@ -186,6 +192,8 @@ class LocalNode:
                 namespaces.append(self.namespace.namespace_id)
             self.namespace.stop()
         sweep(self.directory, namespaces)
+        if self.containerd is not None:  # what a killed containerd's runc shims kept on the host
+            remove_runtime_remains(self.containerd.base / "state")
         remove_cgroups(self.cgroup_parents)
 
     def remove_files(self) -> None:
