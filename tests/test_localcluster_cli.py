@@ -134,9 +134,10 @@ def test_down_after_kubelet_and_containerd_were_killed_leaves_nothing(
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         kubectl = [str(binaries.kubectl), "--kubeconfig", str(state / "control-plane" / "admin.kubeconfig")]
-        pod = ('{"apiVersion":"v1","kind":"Pod","metadata":{"name":"sleeper"},"spec":{"hostNetwork":true,'
-               '"containers":[{"name":"app","image":"registry.kubegpu.test/busybox:1.0",'
-               '"imagePullPolicy":"Never","command":["/bin/sleep","100000"]}]}}')
+        pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper"}, "spec": {
+            "nodeName": "kubegpu-node", "hostNetwork": True,  # no kube-scheduler in the demo cluster
+            "containers": [{"name": "app", "image": "registry.kubegpu.test/busybox:1.0",
+                            "imagePullPolicy": "Never", "command": ["/bin/sleep", "100000"]}]}})
         made = subprocess.run([*kubectl, "apply", "-f", "-"], input=pod, capture_output=True, text=True,
                               timeout=60)
         assert made.returncode == 0, made.stderr

@@ -15,6 +15,7 @@ processes; ``remove_cgroups`` removes those cgroup parents once they are empty;
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import signal
@@ -283,7 +284,7 @@ def remove_runtime_remains(containerd_state: Path) -> list[str]:
     for path in runtime_remains(containerd_state):
         try:
             if path.is_relative_to(CGROUP_ROOT):
-                path.rmdir()
+                _rmdir_cgroup(path)
             elif path.is_dir() and not path.is_symlink():
                 shutil.rmtree(path)
             else:
@@ -293,3 +294,17 @@ def remove_runtime_remains(containerd_state: Path) -> list[str]:
         except OSError:
             left.append(str(path))
     return left
+
+
+def _rmdir_cgroup(path: Path, timeout: float = 5.0) -> None:
+    """rmdir a cgroup; a killed container's cgroup stays busy (EBUSY) for a moment after its
+    processes died, until the kernel has released them: retry that for up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError as error:
+            if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
