@@ -396,17 +396,54 @@ def start_round(
     )
     bound: dict[str, float] = {}
     done = threading.Event()
+    stop = threading.Event()  # finish_round is done with this round
+    streams = [watch]  # the current watch (finish_round closes the last)
+    restarts: list[str] = []
+
+    def relist() -> str:
+        """After a watch ended early: every pod bound meanwhile is stamped now (a later stamp
+        than its bind, so the round's rate stays a lower bound); the list's resourceVersion."""
+        page = json.loads(core.list_namespaced_pod(namespace, _preload_content=False).data)
+        now = time.time()
+        for item in page.get("items") or []:
+            name = (item.get("metadata") or {}).get("name", "")
+            if (item.get("spec") or {}).get("nodeName") and name not in bound:
+                bound[name] = now
+        return str(page["metadata"]["resourceVersion"])
 
     def observe() -> None:
-        try:
-            for _kind, obj in parse_events(response_lines(watch)):
-                name = (obj.get("metadata") or {}).get("name", "")
-                if (obj.get("spec") or {}).get("nodeName") and name not in bound:
-                    bound[name] = time.time()
-                    if len(bound) >= count:
-                        break
-        except Exception:  # the stream closed under us: finish_round reports what was seen
-            pass
+        stream = watch
+        while True:
+            try:
+                for _kind, obj in parse_events(response_lines(stream)):
+                    name = (obj.get("metadata") or {}).get("name", "")
+                    if (obj.get("spec") or {}).get("nodeName") and name not in bound:
+                        bound[name] = time.time()
+                        if len(bound) >= count:
+                            break
+                else:
+                    restarts.append("the watch ended")
+            except Exception as error:  # the stream broke under us: list and watch again
+                restarts.append(f"{type(error).__name__}: {str(error)[:120]}")
+            if len(bound) >= count or stop.is_set() or len(restarts) > 20:
+                break
+            try:
+                version = relist()
+                if len(bound) >= count:
+                    break
+                stream = core.list_namespaced_pod(
+                    namespace,
+                    watch=True,
+                    resource_version=version,
+                    timeout_seconds=int(timeout) + 60,
+                    _preload_content=False,
+                )
+                streams.append(stream)
+            except Exception as error:
+                if stop.is_set():
+                    break
+                restarts.append(f"relist: {type(error).__name__}: {str(error)[:120]}")
+                time.sleep(0.5)
         done.set()
 
     threading.Thread(target=observe, daemon=True).start()
@@ -429,7 +466,9 @@ def start_round(
     first_create = time.time()
     with ThreadPoolExecutor(max_workers=threads) as pool:
         created_at = list(pool.map(create, bodies))
-    _ROUND.update(watch=watch, bound=bound, done=done, cpu_start=cpu_start, api=api)
+    _ROUND.update(
+        streams=streams, bound=bound, done=done, stop=stop, cpu_start=cpu_start, api=api, restarts=restarts
+    )
     return {
         "first_create": first_create,
         "last_created": max(created_at, default=first_create),
@@ -441,7 +480,9 @@ def start_round(
 def finish_round(timeout: float) -> dict[str, Any]:
     """Wait (up to ``timeout``) until every pod of the round is seen bound; the bind stamps."""
     _ROUND["done"].wait(timeout)
-    _ROUND["watch"].close()
+    _ROUND["stop"].set()
+    for stream in _ROUND["streams"]:
+        stream.close()
     _ROUND["api"].close()
     stamps = sorted(_ROUND["bound"].values())
     result = {
@@ -449,6 +490,7 @@ def finish_round(timeout: float) -> dict[str, Any]:
         "last_bound": stamps[-1] if stamps else None,
         "bound": len(stamps),
         "cpu_seconds": own_cpu_seconds() - _ROUND["cpu_start"],
+        "watch_restarts": list(_ROUND["restarts"]),
     }
     _ROUND.clear()
     return result
@@ -691,6 +733,7 @@ class ApiBench:
             "cpu_seconds": cpu,
             "kubegpu_threads_cpu_seconds": threads,
             "errors": created["errors"],
+            "watch_restarts": bound["watch_restarts"],
         }
         result.rounds.append(entry)
         kind = "backlog" if backlog else "concurrent"

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from tests.support.schedtrial import HOST, ZONE, create, make_trial, scheduler_starter, zoned_node
-from tests.test_scheduler_api import Trial, wait_failed_scheduling
+from tests.support.schedtrial import HOST, ZONE, create, make_trial, zoned_node
+from tests.test_scheduler_api import Trial, scheduler_starter, wait_failed_scheduling
 
 pytestmark = pytest.mark.apiserver
 

@@ -10,9 +10,11 @@ from __future__ import annotations
 import copy
 import json
 import logging
+from typing import Any
 
 import pytest
 
+import scheduler.live.scheduler as live
 from crishim.advertiser import INVENTORY_ANNOTATION
 from kubegpu import allocation as contract
 from scheduler.live.config import LeaderElection
@@ -577,3 +579,45 @@ def test_the_contract_lets_only_init_containers_reuse_a_whole_device() -> None:
     two_apps["containers"]["side"] = {"devices": ["g0"]}
     with pytest.raises(contract.AllocationError, match="given whole to one of app, side"):
         contract.parse_document(two_apps)
+
+
+def test_a_pod_with_a_malformed_toleration_gets_an_event_and_the_others_are_placed() -> None:
+    world = World()
+    world.put_node(node_json("n1", gpus=4))
+    scheduler, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, scheduler)
+    feed.relist()
+    bad = pod_json("bad", 1)
+    bad["spec"]["tolerations"] = [{"key": "a", "operator": {"": None}}]
+    world.put_pod(bad)
+    world.put_pod(pod_json("good", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert not jobs.errors
+    assert world.node_of("good") == "n1" and world.node_of("bad") is None
+    assert any("spec.tolerations[0]" in m for m in core.failed_events("bad"))
+
+
+def test_an_error_deciding_one_pod_costs_only_that_pod(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Whatever raises while deciding a pod (a bug, an input nobody foresaw) must not stop the
+    scheduling loop (scheduler.run on the main thread would exit): the pod is told and parked."""
+    world = World()
+    world.put_node(node_json("n1", gpus=4))
+    scheduler, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, scheduler)
+    feed.relist()
+    real = live.schedule_one
+
+    def schedule_one(request: Any, *args: Any) -> Any:
+        if request.uid == "uid-cursed":
+            raise KeyError("surprise")
+        return real(request, *args)
+
+    monkeypatch.setattr(live, "schedule_one", schedule_one)
+    world.put_pod(pod_json("cursed", 1, priority=10))
+    world.put_pod(pod_json("fine", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock, decide_errors=True)
+    assert world.node_of("fine") == "n1" and world.node_of("cursed") is None
+    assert any("could not decide" in m and "surprise" in m for m in core.failed_events("cursed"))
+    assert scheduler.queue.where("uid-cursed") in ("parked", "backoff", "active")

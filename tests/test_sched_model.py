@@ -32,6 +32,7 @@ import pytest
 
 from crishim.advertiser import INVENTORY_ANNOTATION
 from kubegpu import allocation as contract
+from scheduler.core.constraints import pod_facts
 from scheduler.core.request import MILLI
 from scheduler.live.cache import is_bound
 from scheduler.live.config import LeaderElection
@@ -152,6 +153,8 @@ class Model:
             (self.create_pod, 14),
             (self.create_foreign_pod, 2),
             (self.delete_pod, 11),
+            (self.relabel_pod, 4),
+            (self.terminate_pod, 2),
             (self.decide, 20),
             (self.run_job, 22),
             (self.deliver, 18),
@@ -207,6 +210,22 @@ class Model:
         choices = bound if bound and (not pending or self.rng.random() < 0.8) else pending
         if choices:
             self.world.delete_pod(self.rng.choice(choices))
+
+    def relabel_pod(self) -> None:
+        """Labels change on a pod, bound or waiting (placement rules read them)."""
+        if self.world.pods:
+            pod = copy.deepcopy(self.world.pods[self.rng.choice(sorted(self.world.pods))])
+            labels = {"app": self.rng.choice(["a", "b"])} if self.rng.random() < 0.8 else {}
+            pod["metadata"]["labels"] = labels
+            self.world.put_pod(pod)
+
+    def terminate_pod(self) -> None:
+        """A bound pod starts terminating: it holds its devices until it is gone."""
+        bound = sorted(u for u, p in self.world.pods.items() if is_bound(p))
+        if bound:
+            pod = copy.deepcopy(self.world.pods[self.rng.choice(bound)])
+            pod["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"
+            self.world.put_pod(pod)
 
     def decide(self) -> None:
         assert self.leader is not None
@@ -353,6 +372,9 @@ class Model:
                 continue
             cache = replica.scheduler.cache
             assert not cache.check_consistency(), cache.check_consistency()
+            # deciding never raised (the loop survives it, logging pod.decide_failed) and never
+            # produced an allocation its own view refused
+            assert replica.scheduler.metrics.attempts.labels("error")._value.get() == 0
             cluster = cache.cluster
             if cluster is not None and not cache.dirty:
                 for i, node in enumerate(cluster.nodes):
@@ -363,6 +385,31 @@ class Model:
                         assert gpu.free_milli == MILLI - booked, (node.name, gpu.id)
                     assert cluster.cpu_free[i] == node.cpu_free
                     assert set(node.allocations) == {u for u, j in cluster.where.items() if j == i}
+                self.check_placement(cache)
+
+    @staticmethod
+    def check_placement(cache: Any) -> None:
+        """The placement view (kept up to date event by event) says of every pod what the pod
+        as last seen says: its labels, namespace, whether it is terminating; and every bound pod
+        or being bound to a node of the view is in it, and no other pod is."""
+        view = cache.cluster.placement
+        assert view is not None
+        for uid, facts in view.index.facts.items():
+            pod = cache.pods.get(uid)
+            assert pod is not None, f"placement view holds a pod the cache does not know: {uid}"
+            assert uid in cache.assumed or is_bound(pod), f"placement view holds a pod not placed: {uid}"
+            seen = pod_facts(pod)
+            assert (facts.namespace, dict(facts.labels), facts.terminating) == (
+                seen.namespace,
+                dict(seen.labels),
+                seen.terminating,
+            ), (uid, facts, seen)
+        for uid, pod in cache.pods.items():
+            if is_bound(pod) and pod["spec"]["nodeName"] in view.row:
+                assert uid in view.index.facts, f"bound pod missing from the placement view: {uid}"
+        for uid, assumed in cache.assumed.items():
+            if assumed.alloc.node in view.row:
+                assert uid in view.index.facts, f"assumed pod missing from the placement view: {uid}"
 
     def check_view_covers_world(self) -> None:
         """Right after a decision, the leader's view holds every device a live pod holds."""
@@ -443,6 +490,7 @@ def test_the_walk_reaches_every_kind_of_step() -> None:
     model = run_model(1000, 600)
     kinds = set(model.log)
     assert {"hand_over", "restart", "relist", "change_gpus", "run_job", "deliver"} <= kinds, kinds
+    assert {"relabel_pod", "terminate_pod"} <= kinds, kinds
     assert {"ok", "500", "500-after-commit", "timeout-after-commit", "connection"} <= model.outcomes
     assert model.binds >= 30, model.binds
 

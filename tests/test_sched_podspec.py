@@ -186,3 +186,21 @@ def test_gpus_of_init_containers_follow_the_same_rule() -> None:
     # Whole GPUs in an init container of a sharing pod: not both.
     with pytest.raises(PodSpecError, match="not both"):
         pod_request(pod([container("a")], {"kubegpu.io/gpu-milli": "500"}, init=[container("i", gpus="1")]))
+
+
+@pytest.mark.parametrize(
+    ("toleration", "message"),
+    [
+        ({"key": "a", "operator": {"": None}}, "operator"),
+        ({"key": "a", "operator": "Sometimes"}, "operator"),
+        ({"key": ["a"], "operator": "Exists"}, "key"),
+        ({"key": "a", "value": 3}, "value"),
+        ({"key": "a", "effect": ["NoSchedule"]}, "effect"),
+        ("gpu", "must be an object"),
+    ],
+)
+def test_a_malformed_toleration_gets_a_clear_message(toleration: object, message: str) -> None:
+    body = pod([container("a", gpus="1")])
+    body["spec"]["tolerations"] = [toleration]
+    with pytest.raises(PodSpecError, match=rf"spec\.tolerations\[0\].*{message}"):
+        pod_request(body)

@@ -38,7 +38,7 @@ def dgx1(
     pods: list[RunningPod],
     cpu: int = 64_000,
     memory: int = 512_000,
-    max_pods: int = 0,
+    max_pods: int | None = None,
     gpu_resource: int | None = None,
 ) -> NodeOffer:
     inventory = load_machine(DGX1, prefix="g")
@@ -169,6 +169,27 @@ def test_cpu_memory_and_pod_count_add_victims() -> None:
     assert select_victims(PodRequest("t", cpu_milli=1), 1, limited) is None
     mem = dgx1([RunningPod("m", priority=1, memory_mib=500_000)], memory=512_000)
     assert uids(select_victims(PodRequest("t", memory_mib=20_000), 10, mem)) == {"m"}
+
+
+def test_a_node_that_allows_no_pods_is_never_worth_a_preemption() -> None:
+    """status.allocatable.pods 0 admits no pod (as the kubelet does), however many are evicted;
+    only an unpublished limit (None) is no limit."""
+    pods = [holding("low", [0, 1], priority=1)]
+    assert select_victims(PodRequest("t", gpu_count=8), 10, dgx1(pods, max_pods=0)) is None
+    assert uids(select_victims(PodRequest("t", gpu_count=8), 10, dgx1(pods, max_pods=None))) == {"low"}
+
+
+def test_a_pod_asking_no_cpu_preempts_on_an_over_committed_node() -> None:
+    """As NodeState.check does: CPU and memory are checked only when the pod asks for them, so
+    a GPU-only pod on a node whose bound pods over-commit CPU and memory evicts only for GPUs."""
+    pods = [
+        holding("gpu-low", [0, 1, 2, 3, 4, 5, 6, 7], priority=1),
+        RunningPod("hog", priority=2, cpu_milli=80_000, memory_mib=600_000),
+    ]
+    offer = dgx1(pods, cpu=64_000, memory=512_000)
+    assert uids(select_victims(PodRequest("t", gpu_count=1), 10, offer)) == {"gpu-low"}
+    # asking CPU, it needs the hog gone too
+    assert uids(select_victims(PodRequest("t", gpu_count=1, cpu_milli=1000), 10, offer)) == {"gpu-low", "hog"}
 
 
 def test_the_kubelets_gpu_count_is_honoured() -> None:
@@ -352,7 +373,8 @@ def test_pick_candidate_follows_kube_schedulers_order() -> None:
 def fits_after(pod: PodRequest, offer: NodeOffer, gone: set[str]) -> bool:
     """Whether ``pod`` fits ``offer`` once ``gone`` are evicted (written apart from the module)."""
     left = [p for p in offer.pods if p.uid not in gone]
-    if sum(p.cpu_milli for p in left) + pod.cpu_milli > offer.cpu_milli:
+    # CPU counts only when the pod asks for it (as the kubelet and kube-scheduler decide)
+    if pod.cpu_milli and sum(p.cpu_milli for p in left) + pod.cpu_milli > offer.cpu_milli:
         return False
     used = {g.id: 0 for g in offer.gpus}
     for p in left:

@@ -17,10 +17,9 @@ from tests.support.schedtrial import (
     kubelet_stand_in,
     make_trial,
     priority_classes,
-    scheduler_starter,
     wait_for,
 )
-from tests.test_scheduler_api import KEYS, Trial, gpu_index, wait_failed_scheduling
+from tests.test_scheduler_api import KEYS, Trial, gpu_index, scheduler_starter, wait_failed_scheduling
 
 pytestmark = pytest.mark.apiserver
 

@@ -54,6 +54,9 @@ class _Response:
         pass
 
 
+HOSTNAME = "kubernetes.io/hostname"
+
+
 def setup(nodes: list[dict[str, Any]]) -> tuple[Any, Jobs, EvictingCore, Clock, World, Feed]:
     world = World()
     for node in nodes:
@@ -284,3 +287,167 @@ def test_a_replica_that_lost_the_lease_evicts_nothing() -> None:
     scheduler.elector = Lost()  # the lease went between the decision and the eviction
     jobs.run_all()
     assert core.evictions == []
+
+
+def test_the_nomination_survives_an_update_that_comes_before_its_patch() -> None:
+    """The preemptor's FailedScheduling condition (or any update, or a list) may reach the watch
+    before the nominatedNodeName patch: the room it freed must still go to it, not to a
+    lower-priority pod tried meanwhile (kube-scheduler keeps its nomination in that case)."""
+    for relist in (False, True):
+        scheduler, jobs, core, clock, world, feed = setup([node_json("n1", gpus=4)])
+        add(world, feed, pod_json("low", 4, priority=1))
+        settle(scheduler, jobs, feed)
+        add(world, feed, pod_json("high", 4, priority=10))
+        while scheduler.schedule_next(0):
+            pass
+        assert scheduler.nominated == {"uid-high": "n1"}
+        evict = [i for i, (fn, _) in enumerate(jobs.pending) if fn.__name__ == "_evict"]
+        jobs.run(evict[0])  # the victim is evicted; the nomination patch has not run yet
+        high = copy.deepcopy(by_name(world, "high"))
+        high["status"]["conditions"] = [{"type": "PodScheduled", "status": "False"}]
+        world.put_pod(high)
+        if relist:
+            feed.relist("pods")
+        else:
+            feed.sync()
+        assert scheduler.nominated == {"uid-high": "n1"}
+        world.delete_pod("uid-low")
+        add(world, feed, pod_json("mid", 4, priority=5))
+        mid = scheduler.queue.pop()
+        assert mid == "uid-mid"  # the preemptor backs off
+        scheduler._decide(mid, scheduler.cache.pods[mid], scheduler._view())
+        assert all(fn.__name__ != "_bind" for fn, _ in jobs.pending)
+        jobs.run_all()
+        clock.advance(60)
+        settle(scheduler, jobs, feed)
+        assert by_name(world, "high")["spec"]["nodeName"] == "n1"
+        assert not by_name(world, "mid")["spec"].get("nodeName")
+        # a nomination cleared in the API is cleared here too
+        assert "uid-high" not in scheduler.nominated
+
+
+def test_a_nomination_cleared_in_the_api_is_dropped() -> None:
+    scheduler, jobs, core, clock, world, feed = setup([node_json("n1", gpus=4)])
+    pod = pod_json("waiting", 8, priority=3)
+    pod["status"]["nominatedNodeName"] = "n1"
+    add(world, feed, pod)
+    assert scheduler.nominated == {"uid-waiting": "n1"}
+    pod = copy.deepcopy(by_name(world, "waiting"))
+    pod["status"]["nominatedNodeName"] = None
+    world.put_pod(pod)
+    feed.sync()
+    assert scheduler.nominated == {}
+
+
+def test_labels_set_while_the_pods_binding_is_in_flight_reach_the_rules() -> None:
+    """A pod relabelled between the decision and its Binding's watch event (seen as our own
+    Binding, booked as assumed): the view must carry the new labels, not those of the decision."""
+    for when in ("assumed", "bound"):
+        scheduler, jobs, core, clock, world, feed = setup(
+            [node_json(n, gpus=4, labels={HOSTNAME: n}) for n in ("n1", "n2")]
+        )
+        add(world, feed, pod_json("first", 1))
+        while scheduler.schedule_next(0):
+            pass
+        node = scheduler.assumed["uid-first"].node
+        if when == "bound":
+            jobs.run_all()
+        first = copy.deepcopy(by_name(world, "first"))
+        first["metadata"]["labels"] = {"app": "web"}
+        world.put_pod(first)
+        if when == "assumed":
+            feed.sync()
+            jobs.run_all()
+        feed.sync()
+        assert by_name(world, "first")["spec"]["nodeName"] == node
+        assert scheduler.cluster is not None and scheduler.cluster.placement is not None
+        assert scheduler.cluster.placement.index.facts["uid-first"].labels == {"app": "web"}
+        anti = pod_json("second", 1)
+        anti["spec"]["affinity"] = {
+            "podAntiAffinity": {
+                "requiredDuringSchedulingIgnoredDuringExecution": [
+                    {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": HOSTNAME}
+                ]
+            }
+        }
+        add(world, feed, anti)
+        settle(scheduler, jobs, feed)
+        assert by_name(world, "second")["spec"]["nodeName"] not in (None, node), when
+
+
+def test_a_pod_being_bound_to_a_node_cordoned_meanwhile_still_counts_for_the_rules() -> None:
+    """The view is rebuilt while a Binding is in flight and its node now takes no pods (cordoned):
+    the pod holds nothing there for this scheduler, but its labels still count in its zone."""
+    zone = "topology.kubernetes.io/zone"
+    scheduler, jobs, core, clock, world, feed = setup(
+        [node_json(n, gpus=4, labels={zone: "a", HOSTNAME: n}) for n in ("n1", "n2")]
+    )
+    web = pod_json("web", 1)
+    web["metadata"]["labels"] = {"app": "web"}
+    add(world, feed, web)
+    while scheduler.schedule_next(0):
+        pass
+    node = scheduler.assumed["uid-web"].node
+    world.put_node(node_json(node, gpus=4, labels={zone: "a", HOSTNAME: node}, cordoned=True))
+    feed.sync()
+    away = pod_json("away", 1)
+    away["spec"]["affinity"] = {
+        "podAntiAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "web"}}, "topologyKey": zone}
+            ]
+        }
+    }
+    add(world, feed, away)
+    while scheduler.schedule_next(0):
+        pass
+    assert "uid-away" not in scheduler.assumed
+    for index in reversed([i for i, (fn, _) in enumerate(jobs.pending) if fn.__name__ == "_post_failed"]):
+        jobs.run(index)
+    assert any("anti-affinity" in m for m in core.failed_events("away")), core.failed_events("away")
+
+
+def test_a_nominated_pod_being_bound_elsewhere_reserves_nothing_on_its_nominated_node() -> None:
+    """A pod nominated to n0 that found room on n1 instead is being bound there; n1 is cordoned
+    meanwhile (so the pod is not booked in the view): n0's room is not held for it, and the view
+    still knows where the pod is going."""
+    scheduler, jobs, core, clock, world, feed = setup([node_json("n0", gpus=4), node_json("n1", gpus=4)])
+    add(world, feed, pod_json("filler", 4, priority=10))
+    settle(scheduler, jobs, feed)
+    full = by_name(world, "filler")["spec"]["nodeName"]
+    free = "n1" if full == "n0" else "n0"
+    wanderer = pod_json("wanderer", 4)
+    wanderer["status"]["nominatedNodeName"] = full
+    add(world, feed, wanderer)
+    while scheduler.schedule_next(0):
+        pass
+    assert scheduler.assumed["uid-wanderer"].node == free
+    world.put_node(node_json(free, gpus=4, cordoned=True))
+    world.delete_pod("uid-filler")
+    add(world, feed, pod_json("next", 4))
+    while scheduler.schedule_next(0):
+        pass
+    assert scheduler.assumed["uid-next"].node == full
+    assert scheduler.cluster is not None and scheduler.cluster.placement is not None
+    assert "uid-wanderer" in scheduler.cluster.placement.index.facts
+
+
+def test_a_waiting_pod_with_pod_rules_gone_while_the_watch_was_down_is_forgotten() -> None:
+    """A pod waiting on other pods' labels makes every placed pod retry the parked ones; once it
+    is gone (seen only by a relist) it must not keep doing so."""
+    scheduler, jobs, core, clock, world, feed = setup([node_json("n1", gpus=4, labels={HOSTNAME: "n1"})])
+    near = pod_json("near", 1)
+    near["spec"]["affinity"] = {
+        "podAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": [
+                {"labelSelector": {"matchLabels": {"app": "nobody"}}, "topologyKey": HOSTNAME}
+            ]
+        }
+    }
+    add(world, feed, near)
+    settle(scheduler, jobs, feed)
+    assert scheduler._pod_rules_waiting == {"uid-near"}
+    world.delete_pod("uid-near")
+    feed.skip("pods")
+    feed.relist("pods")
+    assert scheduler._pod_rules_waiting == set()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -72,8 +73,10 @@ def gpu_pod(
     }
 
 
-@pytest.fixture
-def scheduler_factory(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Scheduler]]:
+@contextlib.contextmanager
+def scheduler_starter(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Scheduler]]:
+    """Yields ``start(name, policy, **config)``: a leading scheduler on its own thread, signing with
+    the test key; stops every scheduler it started on exit."""
     started: list[tuple[Scheduler, threading.Thread]] = []
 
     def start(name: str, policy: str = SchedulerConfig().policy, **overrides: Any) -> Scheduler:
@@ -87,10 +90,18 @@ def scheduler_factory(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Schedu
         started.append((scheduler, thread))
         return scheduler
 
-    yield start
-    for scheduler, thread in started:
-        scheduler.stop()
-        thread.join(timeout=10)
+    try:
+        yield start
+    finally:
+        for scheduler, thread in started:
+            scheduler.stop()
+            thread.join(timeout=10)
+
+
+@pytest.fixture
+def scheduler_factory(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Scheduler]]:
+    with scheduler_starter(admin_api) as start:
+        yield start
 
 
 @dataclass
@@ -275,8 +286,11 @@ def test_two_replicas_with_leader_election(admin_api: k8s.ApiClient, trial: Tria
         enabled=True,
         namespace=trial.namespace,
         lease_name=f"lease-{trial.run}",
-        lease_seconds=2.0,
-        renew_deadline_seconds=1.5,
+        # generous enough for the leader to keep the lease on a loaded machine (with 2 s / 1.5 s
+        # the second replica lost it at load 25 and stopped, as a replica that loses it does);
+        # the hand-over below releases the lease, so it is no slower for that
+        lease_seconds=6.0,
+        renew_deadline_seconds=4.5,
         retry_period_seconds=0.2,
     )
     replicas = []

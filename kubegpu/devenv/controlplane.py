@@ -334,11 +334,28 @@ class Component:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if not self.alive():
-                raise ControlPlaneError(f"{self.name} exited early:\n{self.tail()}")
+                tail = self.tail()
+                cause = known_cause(tail)
+                raise ControlPlaneError(f"{self.name} exited early{': ' + cause if cause else ''}:\n{tail}")
             if probe():
                 return
             time.sleep(0.2)
         raise ControlPlaneError(f"{self.name} not {what} after {timeout}s:\n{self.tail()}")
+
+
+def known_cause(log: str) -> str | None:
+    """A one-line explanation of a daemon's early exit whose log shows a known host limit."""
+    if "too many open files" in log and ("inotify" in log or "fsnotify" in log):
+        try:
+            limit = Path("/proc/sys/fs/inotify/max_user_instances").read_text().strip()
+        except OSError:
+            limit = "?"
+        return (
+            f"the host's inotify instances are used up (fs.inotify.max_user_instances={limit}; "
+            "other kubelets or containerds on this host hold them): raise it with "
+            "`sysctl -w fs.inotify.max_user_instances=1024`"
+        )
+    return None
 
 
 def http_ok(url: str, context: ssl.SSLContext | None = None) -> bool:

@@ -104,7 +104,7 @@ class NodeOffer:
     gpus: tuple[GpuSlot, ...] = ()
     pods: tuple[RunningPod, ...] = ()
     links: LinkMatrix | None = None  # None: no topology facts (any set of GPUs will do)
-    max_pods: int = 0  # status.allocatable.pods; 0: no limit
+    max_pods: int | None = None  # status.allocatable.pods; None: no limit (0: no pod fits)
     gpu_resource: int | None = None  # status.allocatable of the GPU resource; None: not checked
 
 
@@ -241,11 +241,13 @@ class _Node:
         """CPU, memory, the pod count and the GPU count fit once ``removed`` are gone."""
         offer, pod = self.offer, self.pod
         gone = [self.by_uid[u] for u in removed]
-        if self.cpu_used - sum(p.cpu_milli for p in gone) + pod.cpu_milli > offer.cpu_milli:
+        # as in NodeState.check: a resource is checked only when the pod asks for it
+        if pod.cpu_milli and self.cpu_used - sum(p.cpu_milli for p in gone) + pod.cpu_milli > offer.cpu_milli:
             return False
-        if self.memory_used - sum(p.memory_mib for p in gone) + pod.memory_mib > offer.memory_mib:
+        memory_left = offer.memory_mib - (self.memory_used - sum(p.memory_mib for p in gone))
+        if pod.memory_mib and pod.memory_mib > memory_left:
             return False
-        if offer.max_pods and len(offer.pods) - len(gone) + 1 > offer.max_pods:
+        if offer.max_pods is not None and len(offer.pods) - len(gone) + 1 > offer.max_pods:
             return False
         if offer.gpu_resource is None:
             return True
@@ -291,7 +293,7 @@ def _complete(node: _Node, chosen: frozenset[str], pool: Sequence[RunningPod]) -
     ``EXACT_EXTRAS`` of them, else the least important first and then the most important given back."""
     if node.resources_fit(chosen):
         return chosen
-    useful = [p for p in pool if p.cpu_milli or p.memory_mib or p.charge or node.offer.max_pods]
+    useful = [p for p in pool if p.cpu_milli or p.memory_mib or p.charge or node.offer.max_pods is not None]
     if len(useful) <= EXACT_EXTRAS:
         best: tuple | None = None
         found: frozenset[str] | None = None

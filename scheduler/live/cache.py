@@ -279,6 +279,9 @@ class Cache:
             return PodChange.NONE  # an older event than what we saw: pods never unbind
         if is_pending_for(pod, self.scheduler_name):
             self.pods[uid] = pod
+            if uid in self.assumed and not self.dirty and self.cluster is not None:
+                # being bound: other pods' rules see its labels as they are now
+                self._refresh_facts(self.cluster, uid, pod_facts(pod))
             return PodChange.PENDING
         # Not ours (another scheduler's pending pod), or gated, or being deleted while pending.
         return PodChange.GONE if self.drop_pod(uid) else PodChange.NONE
@@ -297,19 +300,29 @@ class Cache:
         booked = cluster.allocation(uid)
         own = self._own_binding(uid, pod, assumed) if assumed is not None else None
         if own is not None and booked is not None:
-            return PodChange.BOUND  # our own Binding, booked as we assumed it
+            # our own Binding, booked as we assumed it; its labels may have changed meanwhile
+            self._refresh_facts(cluster, uid, own.facts)
+            return PodChange.BOUND
         fact = own or self._fact(uid, pod)
         unchanged = booked is not None and booked == self._gpu_only(fact.alloc)
         if unchanged and assumed is None and previous is not None:
-            view = cluster.placement
-            if view is not None and view.index.facts.get(uid) != fact.facts:
-                view.index.add(fact.facts, cluster.where[uid])  # new labels, or now terminating
+            if self._refresh_facts(cluster, uid, fact.facts):  # new labels, or now terminating
                 return PodChange.BOUND
             return PodChange.NONE  # a status update of a pod already booked as it is
         if booked is not None:
             cluster.forget(uid)
         self._book_fact(cluster, uid, pod, fact)
         return PodChange.BOUND
+
+    @staticmethod
+    def _refresh_facts(cluster: ClusterState, uid: str, facts: PodFacts) -> bool:
+        """Give the placement view what rules now see of a booked pod; True if that changed."""
+        view = cluster.placement
+        row = view.index.node_of.get(uid) if view is not None else None
+        if view is None or row is None or view.index.facts.get(uid) == facts:
+            return False
+        view.index.add(facts, row)
+        return True
 
     def drop_pod(self, uid: str) -> bool:
         """The pod is gone: release everything it held or was assumed to. True if it was known."""
@@ -366,8 +379,11 @@ class Cache:
         if assumed is None:
             return None
         cluster = self.cluster
-        if not self.dirty and cluster is not None and uid in cluster.where:
-            cluster.forget(uid)  # an assumed pod is never also bound: the booking is the assumption
+        if not self.dirty and cluster is not None:
+            if uid in cluster.where:
+                cluster.forget(uid)  # an assumed pod is never also bound: the booking is the assumption
+            elif cluster.placement is not None:
+                cluster.placement.remove(uid)  # on its way to a node that takes no pods now
         return assumed.alloc
 
     def due_reads(self, now: float) -> list[str]:
@@ -460,7 +476,13 @@ class Cache:
             if uid in self._bound:
                 self._book_fact(cluster, uid, pod, self._fact(uid, pod))
         for uid, assumed in self.assumed.items():
-            if assumed.alloc.node in cluster.index and uid not in cluster.where:
+            if assumed.alloc.node not in cluster.index:
+                # its node takes no pods now (cordoned, stale, ...): nothing to hold there, but
+                # the pod is on its way to it and counts for the rules of pods placed nearby
+                facts = self._pod_facts(uid)
+                if facts is not None and cluster.placement is not None:
+                    cluster.placement.place(facts, assumed.alloc.node)
+            elif uid not in cluster.where:
                 problems = cluster.book(self._gpu_only(assumed.alloc), self._pod_facts(uid))
                 if problems:
                     log_event(

@@ -162,15 +162,25 @@ def parse_topology(raw: str | None) -> TopologyWish:
 
 
 def _tolerations(spec: Mapping[str, Any]) -> tuple[Toleration, ...]:
-    return tuple(
-        Toleration(
-            key=t.get("key") or "",
-            operator=t.get("operator") or "Equal",
-            value=t.get("value") or "",
-            effect=t.get("effect") or "",
-        )
-        for t in spec.get("tolerations") or []
-    )
+    raw = spec.get("tolerations") or []
+    if not isinstance(raw, list):
+        raise PodSpecError("spec.tolerations must be a list")
+    out = []
+    for i, t in enumerate(raw):
+        where = f"spec.tolerations[{i}]"
+        if not isinstance(t, Mapping):
+            raise PodSpecError(f"{where} must be an object")
+        fields = {}
+        for name in ("key", "operator", "value", "effect"):
+            value = t.get(name) or ""
+            if not isinstance(value, str):
+                raise PodSpecError(f"{where}.{name} must be a string, got {value!r}"[:200])
+            fields[name] = value
+        fields["operator"] = fields["operator"] or "Equal"
+        if fields["operator"] not in ("Equal", "Exists"):
+            raise PodSpecError(f"{where}.operator must be Equal or Exists, got {fields['operator']!r}"[:200])
+        out.append(Toleration(**fields))
+    return tuple(out)
 
 
 def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> PodRequest:

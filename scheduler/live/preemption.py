@@ -76,7 +76,7 @@ def node_offer(
             for uid, alloc in sorted(node.allocations.items())
         ),
         links=node.links(),
-        max_pods=node.max_pods or 0,
+        max_pods=node.max_pods,
         gpu_resource=node.gpu_resource,
     )
 

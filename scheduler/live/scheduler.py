@@ -278,6 +278,7 @@ class Scheduler:
 
     def replace_pods(self, items: list[dict[str, Any]]) -> None:
         with self.cond:
+            previous = dict(self.cache.pods)
             self.cache.replace_pods(items)
             pending = {
                 uid
@@ -287,20 +288,24 @@ class Scheduler:
             for uid in self.queue.uids():
                 if uid not in pending and uid not in self.cache.assumed:
                     self.queue.remove(uid)
+            self._pod_rules_waiting &= pending
             for uid in pending:
                 self.queue.add(uid, *_queue_key(self.cache.pods[uid]))
-            self.nominated = {}
+            nominated, self.nominated = self.nominated, {}
             for uid in pending:
-                self._note_nomination(uid, self.cache.pods[uid])
+                if uid in nominated:
+                    self.nominated[uid] = nominated[uid]
+                self._note_nomination(uid, self.cache.pods[uid], previous.get(uid))
             self._pod_lists += 1
             self._changed()
 
     def apply_pod(self, event_type: str, pod: dict[str, Any]) -> None:
         uid = str(_meta(pod).get("uid", ""))
         with self.cond:
-            before = _relevant(self.cache.pods.get(uid))
+            old = self.cache.pods.get(uid)
+            before = _relevant(old)
             change = self.cache.apply_pod(event_type, pod)
-            self._note_nomination(uid, self.cache.pods.get(uid))
+            self._note_nomination(uid, self.cache.pods.get(uid), old)
             if change == PodChange.GONE:
                 self.queue.remove(uid)
                 self._pod_rules_waiting.discard(uid)
@@ -345,13 +350,21 @@ class Scheduler:
         else:
             self.budgets[key] = parsed
 
-    def _note_nomination(self, uid: str, pod: Mapping[str, Any] | None) -> None:
-        """Keep ``nominated`` in step with the pods' ``status.nominatedNodeName``."""
-        node = ((pod or {}).get("status") or {}).get("nominatedNodeName") if pod is not None else None
-        if pod is not None and node and is_pending_for(pod, self.config.scheduler_name):
-            self.nominated[uid] = str(node)
-        else:
+    def _note_nomination(
+        self, uid: str, pod: Mapping[str, Any] | None, old: Mapping[str, Any] | None = None
+    ) -> None:
+        """Keep ``nominated`` in step with the pods' ``status.nominatedNodeName``. As in
+        kube-scheduler, a pending pod seen without one, when it had none before either, keeps the
+        node this replica nominated it to: the patch that sets it may simply not have landed yet
+        (another status update, or a list, came first)."""
+        if pod is None or not is_pending_for(pod, self.config.scheduler_name):
             self.nominated.pop(uid, None)
+            return
+        node = _nominated_node(pod)
+        if node:
+            self.nominated[uid] = node
+        elif old is None or _nominated_node(old):
+            self.nominated.pop(uid, None)  # cleared in the API (or never seen): none
 
     def _changed(self) -> None:
         """Something freed or added room: parked pods may fit now."""
@@ -469,9 +482,28 @@ class Scheduler:
             if pod is None or not is_pending_for(pod, self.config.scheduler_name):
                 self.queue.remove(uid)
                 return True
-            self._decide(uid, pod, self._view())
+            try:
+                self._decide(uid, pod, self._view())
+            except Exception as error:  # a bug or an input nobody foresaw: costs only this pod
+                self._decide_failed(uid, pod, error)
             self._set_queue_metrics()
             return True
+
+    def _decide_failed(self, uid: str, pod: dict[str, Any], error: Exception) -> None:
+        """Deciding the pod raised: log it, tell the pod, park it until the cluster changes
+        (with its backoff), and keep scheduling the others."""
+        self.metrics.attempts.labels("error").inc()
+        log_event(
+            log,
+            "pod.decide_failed",
+            logging.ERROR,
+            pod=pod_key(pod),
+            error=f"{type(error).__name__}: {str(error)[:300]}",
+        )
+        if uid not in self.cache.assumed:
+            self.queue.park(uid)
+        reason = f"{type(error).__name__}: {str(error)[:200]}"
+        self._emit_failed(pod, f"kubegpu could not decide this pod: {reason}")
 
     def _set_queue_metrics(self) -> None:
         for name, count in self.queue.counts.items():
@@ -537,6 +569,8 @@ class Scheduler:
             i = cluster.index.get(node)
             if other == uid or pod is None or i is None or other in cluster.where:
                 continue
+            if other in self.cache.assumed:
+                continue  # being bound where it was placed (its node may take no pods now)
             wanted = self._request(other, pod)
             if not isinstance(wanted, PodRequest) or _priority(wanted) < priority:
                 continue
@@ -883,6 +917,12 @@ class Scheduler:
             )
         except Exception as error:  # an Event is best effort; never let it escape into a future
             log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
+
+
+def _nominated_node(pod: Mapping[str, Any]) -> str:
+    status = pod.get("status")
+    node = status.get("nominatedNodeName") if isinstance(status, Mapping) else None
+    return str(node) if node else ""
 
 
 def _facts(request: PodRequest) -> PodFacts | None:

@@ -13,36 +13,10 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from crishim.rewrite import KeyRing
-from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
-from tests.test_scheduler_api import KEYS, Trial, advertise, gpu_pod
+from tests.test_scheduler_api import Trial, advertise, gpu_pod
 
 ZONE, HOST = "topology.kubernetes.io/zone", "kubernetes.io/hostname"
-
-
-@contextlib.contextmanager
-def scheduler_starter(admin_api: k8s.ApiClient) -> Iterator[Callable[..., Scheduler]]:
-    """Yields ``start(name, policy, **config)``; stops every scheduler it started on exit."""
-    started: list[tuple[Scheduler, threading.Thread]] = []
-
-    def start(name: str, policy: str = SchedulerConfig().policy, **overrides: Any) -> Scheduler:
-        config = SchedulerConfig(scheduler_name=name, policy=policy, **overrides)
-        scheduler = Scheduler(config, admin_api, KeyRing(None, KEYS), seed=7)
-        scheduler.start_watching()
-        assert scheduler.wait_synced(30)
-        scheduler.leading.set()
-        thread = threading.Thread(target=scheduler.run, daemon=True)
-        thread.start()
-        started.append((scheduler, thread))
-        return scheduler
-
-    try:
-        yield start
-    finally:
-        for scheduler, thread in started:
-            scheduler.stop()
-            thread.join(timeout=10)
 
 
 def make_trial(

@@ -450,8 +450,20 @@ class Feed:
         self.cursor[resource] = len(self.world.logs[resource])
 
 
-def drive(scheduler: Scheduler, jobs: Jobs, feed: Feed, clock: Clock, rounds: int = 50) -> None:
-    """Schedule, bind and deliver until nothing is left to do (advancing the clock past backoffs)."""
+def drive(
+    scheduler: Scheduler, jobs: Jobs, feed: Feed, clock: Clock, rounds: int = 50, decide_errors: bool = False
+) -> None:
+    """Schedule, bind and deliver until nothing is left to do (advancing the clock past backoffs).
+    Deciding a pod must not raise (the scheduler survives it, but it is a bug) unless
+    ``decide_errors``."""
+    try:
+        _drive(scheduler, jobs, feed, clock, rounds)
+    finally:
+        if not decide_errors:
+            assert scheduler.metrics.attempts.labels("error")._value.get() == 0, "deciding a pod raised"
+
+
+def _drive(scheduler: Scheduler, jobs: Jobs, feed: Feed, clock: Clock, rounds: int) -> None:
     for _ in range(rounds):
         progressed = False
         while scheduler.schedule_next(0):
