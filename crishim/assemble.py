@@ -10,7 +10,7 @@ from kubernetes import client
 
 from crishim.advertiser import Advertiser
 from crishim.mps import build_sharing
-from crishim.podlookup import ApiPodLookup
+from crishim.podlookup import ApiPodLookup, NodePodCache
 from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.plugin import PluginError, load_plugins
 from kubegpu.allocation import KeyRing
@@ -62,8 +62,13 @@ def node_devices_from(args: argparse.Namespace) -> NodeDevices:
 def build_rewriter(
     args: argparse.Namespace, node_devices: NodeDevices, api: client.ApiClient | None
 ) -> AllocationRewriter:
-    """The shim's interceptor; the API (if any) serves pods whose sandbox lacks the allocation."""
-    lookup = ApiPodLookup(client.CoreV1Api(api)) if api is not None else None
+    """The shim's interceptor; the API (if any) serves pods whose sandbox lacks the allocation,
+    from a watch of this node's pods (``--pod-cache``, started here) or a read of the pod."""
+    lookup = None
+    if api is not None:
+        core = client.CoreV1Api(api)
+        cache = NodePodCache(core, args.node_name).start() if getattr(args, "pod_cache", False) else None
+        lookup = ApiPodLookup(core, cache=cache)
     return AllocationRewriter(args.node_name, node_devices, KeyRing(Path(args.allocation_keys_dir)), lookup)
 
 

@@ -1,9 +1,17 @@
-"""API-server fallback for a sandbox whose config lacks the allocation annotation.
+"""The API-server path for a sandbox whose config lacks the allocation annotation.
 
-Only used when kubelet did not copy ``kubegpu.io/allocation`` into the sandbox config. The pod
-is read once per UID (cached), off the event loop, with a short timeout. A pod that asks for
-managed devices (a resource in ``kubegpu.allocation.MANAGED_RESOURCES`` or a share annotation in
+Only used when kubelet did not copy ``kubegpu.io/allocation`` into the sandbox config: every pod
+without devices, and a pod that bypassed the scheduler. A pod that asks for managed devices (a
+resource in ``kubegpu.allocation.MANAGED_RESOURCES`` or a share annotation in
 ``SHARE_ANNOTATIONS``) but carries no allocation is refused: it was not scheduled by kubegpu.
+
+Where the pod's facts come from, fastest first:
+1. ``NodePodCache``: one list + watch of the pods bound to this node (field selector
+   ``spec.nodeName``), kept in memory as the few facts the decision needs. It answers only for a
+   pod it has seen, with the same UID, namespace and name.
+2. Otherwise a GET of the pod by name, off the event loop, with a short timeout. An unseen pod
+   (the watch is behind, not started, broken, or forbidden by RBAC) is always read this way: the
+   cache can only spare a read, never skip the check.
 When the API server cannot answer, whatever the error, the lookup says "no allocation": the
 container is created with every device scrubbed. Static pods never get here (the rewriter knows
 them by kubelet's ``kubernetes.io/config.source``).
@@ -12,12 +20,16 @@ them by kubelet's ``kubernetes.io/config.source``).
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
-from collections.abc import Collection
+import threading
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import grpc
-from kubernetes import client
+from kubernetes import client, watch
 
 from crishim.intercept import Rejected
 from kubegpu.allocation import ANNOTATION, MANAGED_RESOURCES, SHARE_ANNOTATIONS
@@ -26,57 +38,216 @@ from kubegpu.logs import log_event
 log = logging.getLogger("kubegpu.crishim.podlookup")
 
 
-def requested_resources(pod: client.V1Pod, managed: Collection[str]) -> list[str]:
-    """The managed resource names any container of the pod asks for (limits or requests)."""
+@dataclass(frozen=True)
+class PodFacts:
+    """What the shim needs to know about a pod: its identity, allocation and device requests."""
+
+    namespace: str
+    name: str
+    uid: str
+    allocation: str | None
+    wants: tuple[str, ...]
+
+
+def requested_resources(pod: Mapping[str, Any], managed: Collection[str]) -> list[str]:
+    """The managed resource names any container of the pod (API JSON) asks for, limits or requests."""
+    spec = pod.get("spec") or {}
     names = set()
-    for container in list(pod.spec.containers or []) + list(pod.spec.init_containers or []):
-        resources = container.resources
-        for table in (resources.limits if resources else None, resources.requests if resources else None):
+    for container in list(spec.get("containers") or []) + list(spec.get("initContainers") or []):
+        resources = container.get("resources") or {}
+        for table in (resources.get("limits"), resources.get("requests")):
             names.update(k for k, v in (table or {}).items() if k in managed and str(v) not in ("0", ""))
     return sorted(names)
 
 
-def device_requests(pod: client.V1Pod, managed: Collection[str]) -> list[str]:
-    """How the pod asks for managed devices: resource names and share annotations."""
-    asked = [a for a in SHARE_ANNOTATIONS if a in (pod.metadata.annotations or {})]
-    return requested_resources(pod, managed) + asked
+def facts_of(pod: Mapping[str, Any], managed: Collection[str]) -> PodFacts:
+    """The facts of a pod as the API server returns it (JSON)."""
+    meta = pod.get("metadata") or {}
+    annotations = meta.get("annotations") or {}
+    asked = [a for a in SHARE_ANNOTATIONS if a in annotations]
+    return PodFacts(
+        namespace=str(meta.get("namespace") or ""),
+        name=str(meta.get("name") or ""),
+        uid=str(meta.get("uid") or ""),
+        allocation=annotations.get(ANNOTATION),
+        wants=tuple(requested_resources(pod, managed) + asked),
+    )
+
+
+def decide(facts: PodFacts) -> str | None:
+    """The pod's allocation (None: none); Rejected when it asks for devices without one."""
+    if facts.allocation is None and facts.wants:
+        raise Rejected(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"pod {facts.namespace}/{facts.name} requests {', '.join(facts.wants)} but carries no "
+            f"kubegpu allocation (was it scheduled by kubegpu?)",
+        )
+    return facts.allocation
+
+
+class NodePodCache:
+    """The facts of the pods bound to one node, from a list + watch in a background thread.
+
+    ``get`` answers only for a pod seen with that UID, namespace and name; anything else is the
+    caller's to read from the API. A watch the server ends is resumed from the last version seen;
+    after a broken one the thread lists again (what the list no longer has is dropped). When the
+    list itself fails (API down, or RBAC without list/watch on pods) it retries every
+    ``retry_seconds`` and the cache answers only for what it saw before.
+    """
+
+    WATCH_SECONDS = 240  # the API server ends each watch after this; the thread goes on
+
+    def __init__(
+        self,
+        api: client.CoreV1Api,
+        node: str,
+        managed: Collection[str] = MANAGED_RESOURCES,
+        retry_seconds: float = 10.0,
+    ) -> None:
+        self._api = api
+        self._node = node
+        self._managed = frozenset(managed)
+        self._retry_seconds = retry_seconds
+        self._pods: dict[str, PodFacts] = {}  # by UID; replaced whole, never mutated in place
+        self._stopped = threading.Event()
+        self._watch: watch.Watch | None = None
+        self._thread: threading.Thread | None = None
+        self.synced = threading.Event()  # set once a list has succeeded
+
+    def get(self, namespace: str, name: str, uid: str) -> PodFacts | None:
+        facts = self._pods.get(uid)
+        if facts is None or facts.namespace != namespace or facts.name != name:
+            return None
+        return facts
+
+    def __len__(self) -> int:
+        return len(self._pods)
+
+    def start(self) -> NodePodCache:
+        self._thread = threading.Thread(target=self._run, name="kubegpu-pod-cache", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._watch is not None:
+            self._watch.stop()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        selector = f"spec.nodeName={self._node}"
+        failures = 0
+        version: str | None = None
+        while not self._stopped.is_set():
+            try:
+                if version is None:
+                    version = self._list(selector)
+                    failures = 0
+                version = self._follow(selector, version)
+            except Exception as error:  # ApiException (403, 410), connection errors, bad JSON
+                version = None  # list again: events may have been missed
+                failures += 1
+                if failures == 1 or failures % 30 == 0:
+                    log_event(
+                        log,
+                        "pod_cache.failed",
+                        logging.WARNING,
+                        node=self._node,
+                        error=f"{type(error).__name__}: {error}"[:300],
+                        note="pods not seen are read from the API server",
+                    )
+                self._stopped.wait(self._retry_seconds if failures > 1 else 1.0)
+
+    def _list(self, selector: str) -> str:
+        response = self._api.list_pod_for_all_namespaces(
+            field_selector=selector, _preload_content=False, _request_timeout=30
+        )
+        listing = json.loads(response.data)
+        pods = (facts_of(item, self._managed) for item in listing.get("items") or [])
+        self._pods = {facts.uid: facts for facts in pods if facts.uid}
+        first = not self.synced.is_set()
+        self.synced.set()
+        if first:
+            log_event(log, "pod_cache.synced", node=self._node, pods=len(self._pods))
+        return str(listing["metadata"]["resourceVersion"])
+
+    def _follow(self, selector: str, version: str) -> str:
+        """Apply watch events until the server ends the watch; return the last resourceVersion
+        seen (the next watch starts there). Raise when the watch breaks: the caller lists again."""
+        self._watch = watch.Watch()
+        stream = self._watch.stream(
+            self._api.list_pod_for_all_namespaces,
+            field_selector=selector,
+            resource_version=version,
+            allow_watch_bookmarks=True,
+            timeout_seconds=self.WATCH_SECONDS,
+            _request_timeout=self.WATCH_SECONDS + 30,
+            deserialize=False,  # JSON only: the facts are read from the dicts
+        )
+        for event in stream:  # an ERROR event (410 Gone: our version is too old) raises
+            if self._stopped.is_set():
+                return version
+            kind, pod = event["type"], event["object"]
+            version = str(pod["metadata"]["resourceVersion"])
+            if kind == "BOOKMARK":
+                continue
+            facts = facts_of(pod, self._managed)
+            pods = dict(self._pods)
+            if kind == "DELETED":
+                pods.pop(facts.uid, None)
+            else:
+                pods[facts.uid] = facts
+            self._pods = pods
+        return version  # the server ended the watch (timeout_seconds); nothing was missed
 
 
 class ApiPodLookup:
-    """Read a pod's allocation annotation from the API server (the shim's slow path)."""
+    """A pod's allocation annotation, from the node's pod cache or the API server."""
 
     def __init__(
-        self, api: client.CoreV1Api, managed: Collection[str] = MANAGED_RESOURCES, timeout: float = 3.0
+        self,
+        api: client.CoreV1Api,
+        managed: Collection[str] = MANAGED_RESOURCES,
+        timeout: float = 3.0,
+        cache: NodePodCache | None = None,
     ) -> None:
         self._api = api
         self._managed = frozenset(managed)
         self._timeout = timeout
+        self._node_pods = cache
         self._cache: dict[str, str | None] = {}
 
     async def __call__(self, namespace: str, name: str, uid: str) -> str | None:
         if uid in self._cache:
             return self._cache[uid]
+        facts = self._node_pods.get(namespace, name, uid) if self._node_pods is not None else None
+        if facts is None:
+            facts = await self._read(namespace, name)
+            if facts is None or facts.uid != uid:
+                return None
+        value = decide(facts)
+        self._cache[uid] = value
+        if len(self._cache) > 4096:
+            self._cache.pop(next(iter(self._cache)))
+        return value
+
+    async def _read(self, namespace: str, name: str) -> PodFacts | None:
+        """GET the pod; None when the API server cannot answer (logged)."""
         loop = asyncio.get_running_loop()
-        read = partial(self._api.read_namespaced_pod, name, namespace, _request_timeout=self._timeout)
+        read = partial(
+            self._api.read_namespaced_pod,
+            name,
+            namespace,
+            _request_timeout=self._timeout,
+            _preload_content=False,
+        )
         try:
-            pod = await loop.run_in_executor(None, read)
+            response = await loop.run_in_executor(None, read)
+            return facts_of(json.loads(response.data), self._managed)
         except Exception as error:  # ApiException, urllib3's MaxRetryError, timeouts, bad answers
             # Without the API we cannot know; the container is created with every device scrubbed.
             log_event(
                 log, "pod_lookup.failed", logging.WARNING, pod=f"{namespace}/{name}", error=str(error)[:200]
             )
             return None
-        if pod.metadata.uid != uid:
-            return None
-        value = (pod.metadata.annotations or {}).get(ANNOTATION)
-        wants = device_requests(pod, self._managed)
-        if value is None and wants:
-            raise Rejected(
-                grpc.StatusCode.FAILED_PRECONDITION,
-                f"pod {namespace}/{name} requests {', '.join(wants)} but carries no kubegpu "
-                f"allocation (was it scheduled by kubegpu?)",
-            )
-        self._cache[uid] = value
-        if len(self._cache) > 4096:
-            self._cache.pop(next(iter(self._cache)))
-        return value

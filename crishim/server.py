@@ -42,10 +42,15 @@ CHANNEL_OPTIONS: list[tuple[str, int]] = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
     ("grpc.enable_retries", 0),
+    ("grpc.http2.bdp_probe", 0),
 ]
 SERVER_OPTIONS: list[tuple[str, int]] = [
     ("grpc.max_send_message_length", UNLIMITED),
     ("grpc.max_receive_message_length", UNLIMITED),
+    # No bandwidth-delay probes: a PING per burst of received data, and one more wakeup of the
+    # shim's threads per call, to size flow-control windows for links far slower than a unix
+    # socket (docs/performance.md, "What the shim costs a node").
+    ("grpc.http2.bdp_probe", 0),
 ]
 
 

@@ -64,6 +64,13 @@ def _add_crishim(sub: argparse._SubParsersAction) -> None:
         metavar="SECONDS",
         help="on SIGTERM, wait this long for in-flight calls; 0: stop at once (default: %(default)s)",
     )
+    parser.add_argument(
+        "--pod-cache",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="watch this node's pods (needs list/watch on pods) so creates of pods without an "
+        "allocation need no API read; a pod the watch has not seen is still read (default: on)",
+    )
     _add_device_options(parser)
     parser.set_defaults(run=_run_crishim)
 
@@ -185,6 +192,9 @@ def _preflight_crishim(args: argparse.Namespace) -> None:
 
 
 def _run_crishim(args: argparse.Namespace) -> int:
+    from crishim import grpc_settings
+
+    grpc_settings.apply()  # before grpc is imported: gRPC core reads it once, at import
     from crishim.assemble import build_advertiser, build_rewriter, node_devices_from
     from crishim.server import ShimConfig, ShimConfigError, serve
     from devices.plugin import PluginError

@@ -29,6 +29,7 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kubernetes import client as k8s
 
+from crishim.podlookup import NodePodCache
 from kubegpu.allocation import parse_key, private_key_pem, public_key_pem
 from kubegpu.devenv.controlplane import MERGE_PATCH, create_fake_node
 from kubegpu.devenv.manifests import (
@@ -147,7 +148,7 @@ SCHEDULER_LEASE_RULES = expand("coordination.k8s.io", ["leases"], ["create"]) | 
 NODE_RULES = (
     expand("", ["nodes"], ["get", "patch"])
     | expand("", ["nodes/status"], ["patch"])
-    | expand("", ["pods"], ["get"])
+    | expand("", ["pods"], ["get", "list", "watch"])
 )
 
 
@@ -567,6 +568,21 @@ def test_node_agent_may_do_what_it_needs(
     assert stored.metadata.annotations["kubegpu.io/inventory"] == inventory
     assert stored.status.allocatable["nvidia.com/gpu"] == "8"
     assert core.read_namespaced_pod(pending_pod, kube_namespace).metadata.name == pending_pod
+    # The shim's pod cache: list and watch the pods bound to its node.
+    cache = NodePodCache(core, node).start()
+    try:
+        assert cache.synced.wait(30), "the node agent could not list its node's pods"
+        on_node = k8s.CoreV1Api(admin_api).create_namespaced_pod(
+            kube_namespace,
+            {"metadata": {"name": unique("on-node")},
+             "spec": {"nodeName": node, "containers": [{"name": "app", "image": "busybox"}]}},
+        )
+        deadline = time.monotonic() + 30
+        while cache.get(kube_namespace, on_node.metadata.name, on_node.metadata.uid) is None:
+            assert time.monotonic() < deadline, "the node agent could not watch its node's pods"
+            time.sleep(0.05)
+    finally:
+        cache.stop()
 
 
 def test_node_agent_may_do_nothing_else(
@@ -592,7 +608,6 @@ def test_node_agent_may_do_nothing_else(
         "delete a node": status_of(core.delete_node, node),
         "update a node": status_of(core.replace_node, node, k8s.CoreV1Api(admin_api).read_node(node)),
         "list nodes": status_of(core.list_node),
-        "list pods": status_of(core.list_pod_for_all_namespaces),
         "delete a pod": status_of(core.delete_namespaced_pod, pending_pod, kube_namespace),
         "patch a pod": status_of(
             core.patch_namespaced_pod, pending_pod, kube_namespace, {"metadata": {"labels": {"x": "y"}}}

@@ -8,7 +8,9 @@ file outside the state dir, and only ``logs/`` inside it.
 
 from __future__ import annotations
 
+import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -96,3 +98,63 @@ def test_up_refuses_a_state_dir_a_node_would_hide(tmp_path: Path) -> None:
     assert result.returncode == 2
     assert "is under /var/lib" in result.stderr and len(result.stderr.strip().splitlines()) == 1
     assert not os.path.exists("/var/lib/kubegpu-demo")
+
+
+def container_ids(state: Path) -> set[str]:
+    """The ids of every container and sandbox the nodes' containerds have bundles for."""
+    tasks = "nodes/*/containerd/state/io.containerd.runtime.v2.task"
+    return {bundle.name for bundle in state.glob(f"{tasks}/*/*")}
+
+
+def host_remains(ids: set[str]) -> list[str]:
+    """What containerd's shims keep on the host for these containers: runc state, cgroups."""
+    places = [Path("/run/containerd/runc/k8s.io")] + sorted(Path("/sys/fs/cgroup").glob("*/k8s.io"))
+    places.append(Path("/sys/fs/cgroup/k8s.io"))
+    return sorted(str(place / cid) for place in places for cid in ids if (place / cid).exists())
+
+
+def test_down_after_kubelet_and_containerd_were_killed_leaves_nothing(
+    tmp_path_factory: pytest.TempPathFactory,
+) -> None:
+    """A crash (kill -9 of kubelet and containerd while a pod runs): `down` still stops and
+    removes everything, including what containerd would have cleaned up on the host."""
+    from kubegpu.devenv.controlplane import BinariesMissing
+    from kubegpu.localcluster.cluster import find_cluster_binaries
+
+    try:
+        binaries = find_cluster_binaries()
+    except BinariesMissing as exc:
+        missing_component(str(exc))
+        raise
+    _require_node_tools()
+    state = tmp_path_factory.mktemp("crash")
+    tunables = read_tunables()
+    up = kubegpu("up", "--state-dir", str(state), "--no-workload")
+    ids: set[str] = set()
+    try:
+        assert up.returncode == 0, up.stdout + up.stderr
+        kubectl = [str(binaries.kubectl), "--kubeconfig", str(state / "control-plane" / "admin.kubeconfig")]
+        pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper"}, "spec": {
+            "nodeName": "kubegpu-node", "hostNetwork": True,  # no kube-scheduler in the demo cluster
+            "containers": [{"name": "app", "image": "registry.kubegpu.test/busybox:1.0",
+                            "imagePullPolicy": "Never", "command": ["/bin/sleep", "100000"]}]}})
+        made = subprocess.run([*kubectl, "apply", "-f", "-"], input=pod, capture_output=True, text=True,
+                              timeout=60)
+        assert made.returncode == 0, made.stderr
+        ready = subprocess.run([*kubectl, "wait", "--for=condition=Ready", "pod/sleeper", "--timeout=120s"],
+                               capture_output=True, text=True, timeout=150)
+        assert ready.returncode == 0, ready.stdout + ready.stderr
+        ids = container_ids(state)
+        assert len(ids) >= 2 and host_remains(ids)  # the pod's sandbox and container, on the host
+        records = json.loads((state / "cluster.json").read_text())["processes"]
+        for record in records:
+            if record["name"].endswith(("/kubelet", "/containerd")):
+                os.kill(record["pid"], signal.SIGKILL)
+    finally:
+        down = kubegpu("down", "--state-dir", str(state))
+    assert down.returncode == 0, down.stdout + down.stderr
+    assert processes_of(state) == set()
+    assert mounts_under(state) == []
+    assert read_tunables() == tunables
+    assert host_remains(ids) == []
+    assert sorted(p.name for p in state.iterdir()) == [".kubegpu-cluster", "logs"]

@@ -189,3 +189,38 @@ def test_the_first_up_shows_build_progress(tmp_path: Path, monkeypatch: pytest.M
     script.write_text("echo 'go: no network' >&2; exit 3\n")
     with pytest.raises(BinariesMissing, match=r"failed \(exit 3\)"):
         cli.build_binaries(script, io.StringIO())
+
+
+def test_what_a_killed_containerds_shims_kept_on_the_host_is_found_and_removed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only the containers of this containerd (its bundles) are named; a busy cgroup stays."""
+    from kubegpu.localcluster import processes
+
+    run, cgroups, state = tmp_path / "run-containerd", tmp_path / "cgroup", tmp_path / "state"
+    monkeypatch.setattr(processes, "RUN_CONTAINERD", run)
+    monkeypatch.setattr(processes, "CGROUP_ROOT", cgroups)
+    (cgroups / "memory").mkdir(parents=True)
+    (cgroups / "memory" / "cgroup.procs").touch()
+    ours, busy, theirs = "a" * 64, "b" * 64, "c" * 64
+    for cid in (ours, busy):
+        bundle = state / processes.TASKS / "k8s.io" / cid
+        bundle.mkdir(parents=True)
+        (bundle / "address").write_text(f"unix://{run}/s/{cid[:8]}")
+    (state / processes.TASKS / "k8s.io" / ours / "address").write_text("unix:///elsewhere/sock")
+    for cid in (ours, busy, theirs):
+        (run / "runc" / "k8s.io" / cid).mkdir(parents=True)
+        (run / "runc" / "k8s.io" / cid / "state.json").write_text("{}")
+        (run / "s").mkdir(exist_ok=True)
+        (run / "s" / cid[:8]).touch()
+        (cgroups / "memory" / "k8s.io" / cid).mkdir(parents=True)
+    (cgroups / "memory" / "k8s.io" / busy / "child").mkdir()  # rmdir refuses: still in use
+
+    assert sorted(map(str, processes.runtime_remains(state))) == sorted([
+        f"{run}/runc/k8s.io/{ours}", f"{cgroups}/memory/k8s.io/{ours}",
+        f"{run}/s/{busy[:8]}", f"{run}/runc/k8s.io/{busy}", f"{cgroups}/memory/k8s.io/{busy}",
+    ])  # an address outside /run/containerd/s is never touched
+    assert processes.remove_runtime_remains(state) == [f"{cgroups}/memory/k8s.io/{busy}"]
+    assert [str(p) for p in processes.runtime_remains(state)] == [f"{cgroups}/memory/k8s.io/{busy}"]
+    assert (run / "runc" / "k8s.io" / theirs).exists() and (run / "s" / theirs[:8]).exists()
+    assert (cgroups / "memory" / "k8s.io" / theirs).exists() and (run / "s" / ours[:8]).exists()

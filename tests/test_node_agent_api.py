@@ -8,6 +8,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 
 import grpc
@@ -16,7 +17,7 @@ from kubernetes import client as k8s
 
 from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION, Advertiser
 from crishim.intercept import Rejected
-from crishim.podlookup import ApiPodLookup
+from crishim.podlookup import ApiPodLookup, NodePodCache
 from crishim.rewrite import NodeDevices
 from devices.model import NodeInventory
 from devices.plugin import load_plugins
@@ -191,3 +192,125 @@ def test_an_unreachable_api_server_means_no_allocation_never_an_exception() -> N
     configuration.retries = 1
     lookup = ApiPodLookup(k8s.CoreV1Api(k8s.ApiClient(configuration)), timeout=1.0)
     assert asyncio.run(lookup("default", "anything", "uid")) is None
+
+
+# --------------------------------------------------------------------------- the node's pod cache
+
+
+def unreachable_core() -> k8s.CoreV1Api:
+    configuration = k8s.Configuration()
+    configuration.host = "https://127.0.0.1:1"  # nothing listens there
+    configuration.retries = 0
+    return k8s.CoreV1Api(k8s.ApiClient(configuration))
+
+
+def bound(created: k8s.V1Pod, node: str) -> k8s.V1Pod:
+    created.spec.node_name = node
+    return created
+
+
+def wait_for(predicate: Callable[[], bool], what: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(0.05)
+
+
+def test_the_pod_cache_decides_for_the_nodes_pods_without_reading_them(
+    admin_api: k8s.ApiClient, kube_namespace: str
+) -> None:
+    core = k8s.CoreV1Api(admin_api)
+    node = f"cache-{uuid.uuid4().hex[:6]}"
+    create_fake_node(core, node)
+    cache = NodePodCache(core, node).start()
+    try:
+        assert cache.synced.wait(30)
+        ns = kube_namespace
+        gpu = core.create_namespaced_pod(ns, bound(pod(ns, "wants-gpu", {"nvidia.com/gpu": "1"}, None), node))
+        share = core.create_namespaced_pod(
+            ns, bound(pod(ns, "wants-share", None, None, {"kubegpu.io/gpu-milli": "250"}), node)
+        )
+        plain = core.create_namespaced_pod(ns, bound(pod(ns, "plain", None, None), node))
+        annotated = core.create_namespaced_pod(
+            ns, bound(pod(ns, "annotated", {"nvidia.com/gpu": "1"}, '{"x":1}'), node)
+        )
+        elsewhere = core.create_namespaced_pod(ns, pod(ns, "elsewhere", {"nvidia.com/gpu": "1"}, None))
+        wait_for(lambda: len(cache) == 4, "the cache to see the four bound pods")
+        assert cache.get(ns, "elsewhere", elsewhere.metadata.uid) is None  # not this node's
+
+        # Every read of the API fails: whatever is decided here came from the cache.
+        cached_only = ApiPodLookup(unreachable_core(), timeout=1.0, cache=cache)
+
+        async def run() -> None:
+            for refused, what in ((gpu, "nvidia.com/gpu"), (share, "kubegpu.io/gpu-milli")):
+                with pytest.raises(Rejected) as caught:
+                    await cached_only(ns, refused.metadata.name, refused.metadata.uid)
+                assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+                assert f"pod {ns}/{refused.metadata.name} requests {what} but carries no kubegpu" in (
+                    caught.value.message
+                )
+            assert await cached_only(ns, "plain", plain.metadata.uid) is None
+            assert await cached_only(ns, "annotated", annotated.metadata.uid) == '{"x":1}'
+
+        asyncio.run(run())
+        core.delete_namespaced_pod("wants-gpu", ns, grace_period_seconds=0)
+        wait_for(lambda: cache.get(ns, "wants-gpu", gpu.metadata.uid) is None, "the deletion")
+        assert len(cache) == 3
+    finally:
+        cache.stop()
+
+
+def test_a_pod_the_cache_has_not_seen_is_read_from_the_api(
+    admin_api: k8s.ApiClient, kube_namespace: str
+) -> None:
+    """Fail closed: a cache that is behind, never synced (no list/watch rights, API gone) or asked
+    under another name or UID never lets a GPU pod without an allocation through."""
+    core = k8s.CoreV1Api(admin_api)
+    node = f"cache-{uuid.uuid4().hex[:6]}"
+    create_fake_node(core, node)
+    ns = kube_namespace
+    gpu = core.create_namespaced_pod(ns, bound(pod(ns, "wants-gpu", {"nvidia.com/gpu": "1"}, None), node))
+    blind = NodePodCache(unreachable_core(), node, retry_seconds=0.1).start()
+    seeing = NodePodCache(core, node).start()
+    try:
+        wait_for(lambda: seeing.get(ns, "wants-gpu", gpu.metadata.uid) is not None, "the cache")
+        assert not blind.synced.is_set() and len(blind) == 0
+
+        async def run() -> None:
+            for cache in (blind, seeing):
+                with pytest.raises(Rejected):
+                    await ApiPodLookup(core, cache=cache)(ns, "wants-gpu", gpu.metadata.uid)
+            # The seen pod asked for under another UID or name: not the cache's to answer.
+            assert seeing.get(ns, "wants-gpu", "another-uid") is None
+            assert seeing.get(ns, "another-name", gpu.metadata.uid) is None
+            assert seeing.get("another-ns", "wants-gpu", gpu.metadata.uid) is None
+            assert await ApiPodLookup(core, cache=seeing)(ns, "wants-gpu", "another-uid") is None
+
+        asyncio.run(run())
+    finally:
+        blind.stop()
+        seeing.stop()
+
+
+def test_the_pod_cache_follows_across_watches_the_server_ends(
+    admin_api: k8s.ApiClient, kube_namespace: str
+) -> None:
+    core = k8s.CoreV1Api(admin_api)
+    node = f"cache-{uuid.uuid4().hex[:6]}"
+    create_fake_node(core, node)
+    cache = NodePodCache(core, node)
+    cache.WATCH_SECONDS = 1  # the server ends every watch after a second
+    cache.start()
+    try:
+        assert cache.synced.wait(30)
+        uids = []
+        for index in range(3):
+            time.sleep(1.2)  # at least one watch ended since the last pod
+            made = core.create_namespaced_pod(
+                kube_namespace, bound(pod(kube_namespace, f"p{index}", None, None), node)
+            )
+            uids.append(made.metadata.uid)
+            wait_for(lambda uid=made.metadata.uid: uid in cache._pods, f"pod p{index}")
+        assert sorted(cache._pods) == sorted(uids)
+    finally:
+        cache.stop()

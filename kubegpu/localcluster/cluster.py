@@ -51,7 +51,15 @@ from kubegpu.devenv.manifests import apply_manifests
 from kubegpu.localcluster.kubelet import node_ip
 from kubegpu.localcluster.namespace import read_tunables, restore_tunables
 from kubegpu.localcluster.node import ADVERTISE_INTERVAL_SECONDS, LocalNode, PeerProxy
-from kubegpu.localcluster.processes import ProcessRecord, mounts_under, processes_of, remove_cgroups, sweep
+from kubegpu.localcluster.processes import (
+    ProcessRecord,
+    mounts_under,
+    processes_of,
+    remove_cgroups,
+    remove_runtime_remains,
+    runtime_remains,
+    sweep,
+)
 
 STATE_FILE = "cluster.json"
 # Marks a directory as a local cluster's state dir: only such a dir is ever emptied.
@@ -445,7 +453,8 @@ class LocalCluster:
             self.plane.stop()  # the controller manager is one of its components
         sweep(self.state_dir, namespaces)
         restore_tunables(tunables)
-        found = leftovers(self.state_dir, namespaces, tunables)
+        containerd_states = [n.containerd.base / "state" for n in self.nodes.values() if n.containerd]
+        found = leftovers(self.state_dir, namespaces, tunables, containerd_states)
         (self.state_dir / STATE_FILE).unlink(missing_ok=True)
         return found
 
@@ -466,8 +475,10 @@ def load_state(state_dir: Path) -> dict[str, Any]:
     return state
 
 
-def leftovers(state_dir: Path, namespaces: Iterable[str], tunables: dict[str, str]) -> list[str]:
-    """What a stopped cluster left behind: processes, mounts, changed kernel tunables."""
+def leftovers(state_dir: Path, namespaces: Iterable[str], tunables: dict[str, str],
+              containerd_states: Iterable[Path] = ()) -> list[str]:
+    """What a stopped cluster left behind: processes, mounts, changed kernel tunables, and what
+    the runc shims of its containerds keep on the host (runc state, shim sockets, cgroups)."""
     found = []
     for pid in sorted(processes_of(state_dir, namespaces)):
         try:
@@ -479,6 +490,7 @@ def leftovers(state_dir: Path, namespaces: Iterable[str], tunables: dict[str, st
     now = read_tunables(tuple(tunables))
     found += [f"sysctl {name} is {now[name]}, was {value}" for name, value in tunables.items()
               if name in now and now[name] != value]
+    found += [f"runtime file {path}" for state in containerd_states for path in runtime_remains(state)]
     return found
 
 
@@ -523,8 +535,12 @@ def teardown(state_dir: Path, remove_files: bool = True, keep: Iterable[str] = (
         tunables.update(node.get("tunables") or {})
     sweep(state_dir, namespaces)
     restore_tunables(tunables)
+    containerd_states = [Path(n["containerdBase"]) / "state" for n in state.get("nodes", [])
+                         if n.get("containerdBase")]
+    for containerd_state in containerd_states:  # a killed containerd's runc shims left these
+        remove_runtime_remains(containerd_state)
     remove_cgroups([path for node in state.get("nodes", []) for path in node.get("cgroupParents", [])])
-    found = leftovers(state_dir, namespaces, tunables)
+    found = leftovers(state_dir, namespaces, tunables, containerd_states)
     (state_dir / STATE_FILE).unlink(missing_ok=True)
     if remove_files and not found and (state_dir / MARKER).exists():
         collect_logs(state_dir)

@@ -18,6 +18,7 @@ the end-to-end tests and the soak use to disturb a running node.
 from __future__ import annotations
 
 import shutil
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,7 +32,13 @@ from kubegpu.devenv.cri import CriClient
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from kubegpu.localcluster.kubelet import Kubelet
 from kubegpu.localcluster.namespace import MountNamespace
-from kubegpu.localcluster.processes import ProcessRecord, absent_cgroup_parents, remove_cgroups, sweep
+from kubegpu.localcluster.processes import (
+    ProcessRecord,
+    absent_cgroup_parents,
+    remove_cgroups,
+    remove_runtime_remains,
+    sweep,
+)
 
 CNI_PLUGIN_DIRS = (Path("/usr/lib/cni"), Path("/opt/cni/bin"))
 # The local cluster publishes device changes within 2 s (production default: 10 s).
@@ -186,6 +193,8 @@ class LocalNode:
                 namespaces.append(self.namespace.namespace_id)
             self.namespace.stop()
         sweep(self.directory, namespaces)
+        if self.containerd is not None:  # what a killed containerd's runc shims kept on the host
+            remove_runtime_remains(self.containerd.base / "state")
         remove_cgroups(self.cgroup_parents)
 
     def remove_files(self) -> None:
@@ -212,10 +221,28 @@ class LocalNode:
             self.shim.stop()
         self.start_proxy()
 
-    def restart_containerd(self) -> None:
-        """SIGTERM containerd and start it again (containers keep running under their shims)."""
+    def restart_containerd(self, timeout: float = 60.0) -> None:
+        """SIGTERM containerd and start it again (containers keep running under their shims).
+
+        Returns once containerd's CRI answers: its API serves first, and until the CRI plugin
+        has loaded its state every CRI call fails with "server is not initialized yet".
+        """
         assert self.containerd is not None
         self.containerd.restart()
+        deadline = time.monotonic() + timeout
+        client = CriClient(self.containerd.endpoint)
+        try:
+            while True:
+                try:
+                    client.runtime.Status(api_pb2.StatusRequest(), timeout=5)
+                    return
+                except grpc.RpcError as error:
+                    if time.monotonic() > deadline:
+                        raise NodeError(f"containerd of {self.name}: CRI not serving after restart: "
+                                        f"{error}") from None
+                    time.sleep(0.2)
+        finally:
+            client.close()
 
     # ---- records and logs
 

@@ -9,12 +9,15 @@ is also its process group and a stop reaches its children.
 processes whose command line names the state directory, processes in one of the node namespaces,
 their descendants, mounts under the state directory, and the cgroup parent containerd makes on
 first use (``k8s.io`` in each hierarchy) when the cluster made it. ``sweep`` SIGKILLs those
-processes; ``remove_cgroups`` removes those cgroup parents once they are empty.
+processes; ``remove_cgroups`` removes those cgroup parents once they are empty;
+``remove_runtime_remains`` removes what the runc shims of a killed containerd kept on the host.
 """
 
 from __future__ import annotations
 
+import errno
 import os
+import shutil
 import signal
 import time
 from collections.abc import Iterable, Iterator
@@ -239,3 +242,69 @@ def remove_cgroups(paths: Iterable[str]) -> list[str]:
         except OSError:
             left.append(path)
     return left
+
+
+# --------------------------------------------------------------------------- containerd's host files
+
+RUN_CONTAINERD = Path("/run/containerd")  # where containerd's runc shims keep state, whatever its config
+TASKS = "io.containerd.runtime.v2.task"  # containerd's task bundles, one folder per container
+
+
+def runtime_remains(containerd_state: Path) -> list[Path]:
+    """What containerd's runc shims keep on the host for the containers of one containerd.
+
+    The shims keep runc's state under ``/run/containerd/runc/<namespace>/<id>``, a socket under
+    ``/run/containerd/s`` (named in the bundle's ``address`` file), and the container's cgroup
+    ``k8s.io/<id>`` in every hierarchy. containerd removes them when it removes a container; a
+    containerd killed with its containers leaves them. The container ids come from the bundles
+    under ``containerd_state`` (its ``state`` directory), so only this containerd's are named.
+    """
+    found = []
+    for bundle in sorted((containerd_state / TASKS).glob("*/*")):
+        namespace, cid = bundle.parent.name, bundle.name
+        try:
+            address = (bundle / "address").read_text().strip()
+        except OSError:
+            address = ""
+        socket = Path(address.removeprefix("unix://"))
+        if address.startswith("unix://") and socket.parent == RUN_CONTAINERD / "s":
+            found.append(socket)
+        found.append(RUN_CONTAINERD / "runc" / namespace / cid)
+        found += [parent / cid for parent in containerd_cgroup_parents()]
+    return [path for path in found if os.path.lexists(path)]
+
+
+def remove_runtime_remains(containerd_state: Path) -> list[str]:
+    """Remove ``runtime_remains`` (run after every process of the node is gone); return what stays.
+
+    A cgroup is only removed when empty (rmdir); one that still holds a process stays, and the
+    process checks report that process.
+    """
+    left = []
+    for path in runtime_remains(containerd_state):
+        try:
+            if path.is_relative_to(CGROUP_ROOT):
+                _rmdir_cgroup(path)
+            elif path.is_dir() and not path.is_symlink():
+                shutil.rmtree(path)
+            else:
+                path.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError:
+            left.append(str(path))
+    return left
+
+
+def _rmdir_cgroup(path: Path, timeout: float = 5.0) -> None:
+    """rmdir a cgroup; a killed container's cgroup stays busy (EBUSY) for a moment after its
+    processes died, until the kernel has released them: retry that for up to ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            path.rmdir()
+            return
+        except OSError as error:
+            if error.errno != errno.EBUSY or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
