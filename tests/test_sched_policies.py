@@ -359,3 +359,43 @@ def test_whole_node_reserve_keeps_in_proportion_to_the_demand() -> None:
     reserve.bind(cluster, workload[10:])  # no whole-node pods: nothing to keep, the floor stays
     assert reserve.keep == WholeNodeReserve.MIN_KEEP and reserve.shapes == []
     assert WholeNodeReserve(keep=7).keep == 7
+
+
+def test_share_waste_table_is_what_no_common_share_size_fills() -> None:
+    from scheduler.core.policies import share_waste_table
+
+    workload = [PodRequest(f"a{i}", cpu_milli=1000, gpu_count=1, gpu_milli=810) for i in range(60)]
+    workload += [PodRequest(f"b{i}", cpu_milli=1000, gpu_count=1, gpu_milli=160) for i in range(39)]
+    workload += [PodRequest("rare", cpu_milli=1000, gpu_count=1, gpu_milli=50)]  # 1% of the shares: kept
+    workload += [PodRequest("one", cpu_milli=1000, gpu_count=1)]  # whole GPUs are no share size
+    waste = share_waste_table(workload)
+    assert waste[0] == 0 and waste[40] == 40 and waste[50] == 0 and waste[190] == 30 and waste[970] == 0
+    assert waste[1000] == 0 and waste[45] == 45 and len(waste) == 1001  # 1000 = 5 x 160 + 4 x 50
+    assert share_waste_table(workload * 3).tolist() == waste.tolist()  # only the distribution counts
+    assert share_waste_table(workload, min_share=0.05)[50] == 50  # the rare size left out
+    assert share_waste_table([])[300] == 300
+
+
+def test_share_completion_sends_a_share_where_it_completes_a_gpu() -> None:
+    """A 160-milli share ties on nothing: completion takes the node whose GPU has 190 free (30 left), and
+    that GPU; a share that completes nothing scores 0 everywhere and leaves the GPU to FGD."""
+    from scheduler.core.policies import ShareCompletionScore
+
+    cluster = ClusterState([gpu_node("idle", 2), gpu_node("half", 2), gpu_node("tight", 2)])
+    use(cluster, "half", "h", cpu=1000, grants=((0, 500),))
+    use(cluster, "tight", "t", cpu=1000, grants=((1, 810),))
+    plugin = ShareCompletionScore(110)
+    small = PodRequest("s", cpu_milli=1000, gpu_count=1, gpu_milli=160)
+    assert scores(plugin, small, cluster) == pytest.approx([0.0, 0.0, 1.0 + 80 / 110])
+    assert plugin.share_gpu(small, cluster, 2) == 1
+    assert plugin.share_gpu(small, cluster, 0) is None
+    fill = PodRequest("f", cpu_milli=1000, gpu_count=1, gpu_milli=500)  # exactly the half-used GPU
+    assert scores(plugin, fill, cluster) == pytest.approx([0.0, 2.0, 0.0])
+    assert plugin.share_gpu(fill, cluster, 1) == 0
+    whole = PodRequest("w", cpu_milli=1000, gpu_count=1)
+    assert scores(plugin, whole, cluster) == [0.0, 0.0, 0.0] and plugin.share_gpu(whole, cluster, 2) is None
+    policy = make_policy("fgd-reserve")
+    policy.bind(cluster, [small, fill], RNG)
+    placed = schedule_one(small, cluster, policy, RNG)
+    assert isinstance(placed, Placement) and placed.node == "tight"
+    assert [g.index for g in placed.allocation.gpus] == [1]

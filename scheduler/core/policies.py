@@ -421,41 +421,128 @@ class WholeNodeReserve:
         return out
 
 
+def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -> np.ndarray:
+    """Per free milli r (0..1000): what of r no combination of the workload's share sizes can fill.
+
+    The sizes are those of at least ``min_share`` of the share pods (a function of the shape
+    distribution only); ``r - (largest sum of such sizes, each any number of times, <= r)``.
+    """
+    counts: dict[int, int] = {}
+    for p in workload:
+        if p.is_share and 0 < p.gpu_milli < MILLI:
+            counts[p.gpu_milli] = counts.get(p.gpu_milli, 0) + 1
+    total = sum(counts.values())
+    sizes = [m for m, k in counts.items() if total and k / total >= min_share]
+    best = [0] * (MILLI + 1)
+    for r in range(1, MILLI + 1):
+        best[r] = max([best[r - m] + m for m in sizes if m <= r], default=0)
+    return np.array([r - best[r] for r in range(MILLI + 1)], dtype=np.int64)
+
+
+def share_remainders(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+    """Per node in ``idx`` and GPU: free milli left if the share went there (-1 where it cannot)."""
+    if not pod.gpu_models and not pod.enforced_share and not cluster.any_gpu_memory:
+        rows = cluster.gpu_free[idx]
+        return np.where(rows >= pod.gpu_milli, rows - pod.gpu_milli, -1)
+    out = np.full((len(idx), cluster.gpu_free.shape[1]), -1, dtype=np.int64)
+    for row, i in enumerate(idx.tolist()):
+        for g in cluster.nodes[i].gpus:
+            if g.fits_share(pod):
+                out[row, g.index] = g.free_milli - g.share_for(pod)[0]
+    return out
+
+
+class ShareCompletionScore(ScorePlugin):
+    """Shares: the nodes where the share leaves a GPU with less than ``below`` milli free (which no
+    common share fills) score ``1 + (below - left) / below``, the others 0; the share takes that GPU.
+
+    Weighted above FGD in ``fgd-reserve``, it completes GPUs that FGD would leave with a remainder
+    (e.g. a 160-milli pod beside an 810-milli one, an 810 on a GPU holding a small share). 0 for
+    every pod that is not a share given in milli.
+    """
+
+    name = "share-completion"
+
+    def __init__(self, below: int = 110) -> None:
+        self.below = below
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if not pod.is_share or pod.gpu_milli == 0:
+            return np.zeros(len(idx))
+        left = share_remainders(pod, cluster, idx)
+        left = np.where(left >= 0, left, MILLI + 1).min(axis=1)
+        return np.where(left < self.below, 1.0 + (self.below - left) / self.below, 0.0)
+
+    def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
+        if not pod.is_share or pod.gpu_milli == 0:
+            return None
+        best: tuple[int, int] | None = None
+        for g in cluster.nodes[i].gpus:
+            if g.fits_share(pod):
+                left = g.free_milli - g.share_for(pod)[0]
+                if left < self.below and (best is None or left < best[0]):
+                    best = (left, g.index)
+        return best[1] if best else None  # None: FGD chooses
+
+
 class ReserveThenAlign(AlignmentScore):
     """Tie-breaker: first the nodes that keep the last whole-node hosts (``WholeNodeReserve``), then
-    the request/free alignment in bands of ``step`` (within a band the node order decides)."""
+    (``waste_band`` > 0, shares only) the least unfillable remainder (``share_waste_table``) a GPU
+    would keep, in bands of ``waste_band`` milli, then the request/free alignment in bands of
+    ``step`` (within a band the node order decides)."""
 
     name = "reserve-align"
 
-    def __init__(self, step: float = 0.2, keep: int | None = None) -> None:
+    def __init__(self, step: float = 0.2, keep: int | None = None, waste_band: int = 0) -> None:
         super().__init__(step=step)
         self.reserve = WholeNodeReserve(keep)
+        self.waste_band = waste_band
+        self.waste = np.zeros(MILLI + 1, dtype=np.int64)
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         super().bind(cluster, workload, rng)
         self.reserve.bind(cluster, workload)
+        if self.waste_band:
+            self.waste = share_waste_table(workload)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        bands = super().score(pod, cluster, idx)
-        return bands - (1.0 + np.max(bands, initial=0.0)) * self.reserve.penalty(pod, cluster, idx)
+        bands = super().score(pod, cluster, idx)  # 0 .. 1 / step
+        top = 1.0 + np.max(bands, initial=0.0)
+        if self.waste_band and pod.is_share and pod.gpu_milli:
+            left = share_remainders(pod, cluster, idx)
+            waste = np.where(left >= 0, self.waste[np.clip(left, 0, MILLI)], MILLI + 1).min(axis=1)
+            levels = MILLI // self.waste_band + 2
+            bands = bands - top * (waste // self.waste_band)
+            top *= levels
+        return bands - top * self.reserve.penalty(pod, cluster, idx)
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
 ALIGN_STEP = 0.2  # fgd-reserve: alignment (cosine) bands
-RESERVE_KEEP = None  # fgd-reserve: whole-node hosts kept per shape (None: in proportion, WholeNodeReserve)
+RESERVE_KEEP = 3  # fgd-reserve: whole-node hosts kept per shape (None: in proportion, WholeNodeReserve)
+COMPLETE_BELOW = 110  # fgd-reserve: a share leaving a GPU less than this free completes it (first)
+WASTE_BAND = 10  # fgd-reserve: unfillable share remainders in bands of this many milli (tie-break)
 
 
-def fgd_reserve() -> Policy:
-    """Our default: FGD in bands, ties to the nodes that keep whole-node hosts, then alignment bands.
+def fgd_reserve(keep: int | None = RESERVE_KEEP) -> Policy:
+    """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
+    bands; ties to the nodes that keep whole-node hosts, then (shares) the least unfillable
+    remainder, then alignment bands.
 
     Whole-node pods are left out of FGD's typical pods: the reserve keeps hosts for them, so FGD need
-    not hold idle nodes back for them. docs/simulator.md explains each part and what it gains on openb.
+    not hold idle nodes back for them. ``keep``: whole-node hosts kept per shape (``RESERVE_KEEP``, 3,
+    suits the simulator's node order; None, in proportion to their demand, suits random ties as the
+    live scheduler's ``topology`` breaks them). docs/simulator.md explains each part.
     """
     return Policy(
         "fgd-reserve",
-        ((FGDScore(step=FGD_STEP, whole_node_typical=False), 1.0),),
-        "FGD in bands; ties keep the last hosts of whole-node pods, then CPU/GPU alignment (ours)",
-        tie_break=ReserveThenAlign(ALIGN_STEP, RESERVE_KEEP),
+        (
+            (ShareCompletionScore(COMPLETE_BELOW), 1000.0),
+            (FGDScore(step=FGD_STEP, whole_node_typical=False), 1.0),
+        ),
+        "shares complete GPUs first; FGD in bands; ties keep the last hosts of whole-node pods, then the"
+        " least unfillable share remainder, then CPU/GPU alignment (ours)",
+        tie_break=ReserveThenAlign(ALIGN_STEP, keep, WASTE_BAND),
     )
 
 
@@ -526,9 +613,10 @@ def topology_policy() -> Policy:
     ``DEFAULT_POLICY`` (fgd-reserve).
 
     The topology score (0..200) is weighted 1000 against FGD's bands so the order is lexicographic;
-    for pods of fewer than two whole GPUs it is 0 everywhere and the policy is ``fgd-reserve``.
+    for pods of fewer than two whole GPUs it is 0 everywhere and the policy is ``fgd-reserve`` with the
+    whole-node reserve in proportion (``keep=None``), which holds up when ties are broken at random.
     """
-    base = fgd_reserve()
+    base = fgd_reserve(keep=None)  # ties at random in the live scheduler: hosts kept in proportion
     return Policy(
         "topology",
         ((TopologyScore(), 1000.0), *base.plugins),
