@@ -47,6 +47,8 @@ for module, counts in sorted(per.items()):
     caught_all, total_all = caught_all + caught, total_all + total
     print(f"  {module}: {caught}/{total} caught ({100 * caught / max(total, 1):.1f}%), "
           f"{counts['survived']} survived, {counts['no tests']} not covered, {counts['timeout']} timed out")
+if total_all == 0:
+    raise SystemExit("mutate-scheduler: no mutant was tested (see the runner's error above)")
 print(f"mutate-scheduler: killed {caught_all} of {total_all} mutants "
       f"({100 * caught_all / max(total_all, 1):.1f}%); every mutant: build/mutate-scheduler/results.txt")
 PY

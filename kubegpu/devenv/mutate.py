@@ -22,7 +22,7 @@ import tomllib
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("crishim", "devices", "kubegpu", "scheduler", "tests")
+PACKAGES = ("crishim", "devices", "kubegpu", "scheduler", "tests", "tools")
 
 
 def _toml_value(value: object) -> str:
