@@ -23,7 +23,14 @@ from tests.fixtures.common import missing_component
 from tests.fixtures.localcluster import _require_node_tools
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.containerd, pytest.mark.node]
-HOST_PATHS = ("/var/lib/kubelet", "/var/log/pods", "/var/log/containers", "/var/lib/cni")
+# fixed host paths kubelet would create (the last one is its default FlexVolume directory)
+HOST_PATHS = (
+    "/var/lib/kubelet",
+    "/var/log/pods",
+    "/var/log/containers",
+    "/var/lib/cni",
+    "/usr/libexec/kubernetes",
+)
 
 
 def kubegpu(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:

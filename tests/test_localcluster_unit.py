@@ -43,7 +43,9 @@ def test_the_node_ip_comes_from_the_default_route_interface(tmp_path: Path) -> N
 
 def test_kubelet_config_is_what_these_machines_need(tmp_path: Path) -> None:
     config = kubelet_config(address="192.0.2.2", port=1, healthz_port=2, runtime_endpoint="unix:///x.sock",
-                            client_ca=tmp_path / "ca", tls_cert=tmp_path / "c", tls_key=tmp_path / "k")
+                            client_ca=tmp_path / "ca", tls_cert=tmp_path / "c", tls_key=tmp_path / "k",
+                            volume_plugin_dir=tmp_path / "plugins")
+    assert config["volumePluginDir"] == str(tmp_path / "plugins")  # kubelet creates it: not on the host
     assert config["failCgroupV1"] is False and config["cgroupsPerQOS"] is False
     assert config["cgroupDriver"] == "cgroupfs" and config["enforceNodeAllocatable"] == []
     assert config["makeIPTablesUtilChains"] is False  # no iptables chains on the host

@@ -642,6 +642,8 @@ class ControlPlane:
         It authenticates as ``system:kube-controller-manager`` and gives each controller its own
         ServiceAccount credentials, as kubeadm sets it up; it signs ServiceAccount tokens with
         the cluster's key, publishes the CA as ``kube-root-ca.crt`` and signs CSRs with the CA.
+        Its FlexVolume directory (which it creates) is under the run dir: the default is a host
+        path, /usr/libexec/kubernetes/kubelet-plugins/volume/exec.
         """
         name = "kube-controller-manager"
         kubeconfig_path = self.client_cert_kubeconfig(name, CONTROLLER_MANAGER_USER)
@@ -662,6 +664,7 @@ class ControlPlane:
                 f"--root-ca-file={self.pki.ca_cert}",
                 f"--cluster-signing-cert-file={self.pki.ca_cert}",
                 f"--cluster-signing-key-file={self.pki.ca_key}",
+                f"--flex-volume-plugin-dir={self.run_dir / 'flex-volume'}",
                 *extra_args,
             ]
 

@@ -12,7 +12,8 @@ The configuration is what these machines need (cgroup v1 VMs, no swap accounting
 ``enforceNodeAllocatable: []``, ``failSwapOn: false``, ``makeIPTablesUtilChains: false`` (kubelet
 would otherwise add iptables chains to the host), image garbage collection off (the images are
 imported, never pulled), eviction thresholds low (a shared test machine must not evict test pods),
-and a 5 s crash-loop back-off cap so that restarts show quickly.
+a 5 s crash-loop back-off cap so that restarts show quickly, and the FlexVolume directory under
+the node's own directory (kubelet creates it, and its default is a host path under /usr).
 """
 
 from __future__ import annotations
@@ -77,9 +78,12 @@ def kubelet_config(
     client_ca: Path,
     tls_cert: Path,
     tls_key: Path,
+    volume_plugin_dir: Path,
     max_pods: int = 110,
 ) -> dict[str, Any]:
-    """A KubeletConfiguration (v1beta1) for a local-cluster node."""
+    """A KubeletConfiguration (v1beta1) for a local-cluster node. ``volume_plugin_dir``: where
+    kubelet looks for (and creates) its FlexVolume directory; its default,
+    /usr/libexec/kubernetes/kubelet-plugins/volume/exec, is outside the node's private dirs."""
     return {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
@@ -105,6 +109,7 @@ def kubelet_config(
         "failSwapOn": False,
         "makeIPTablesUtilChains": False,
         "maxPods": max_pods,
+        "volumePluginDir": str(volume_plugin_dir),
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {
@@ -169,6 +174,7 @@ class Kubelet:
             client_ca=self.plane.pki.ca_cert,
             tls_cert=cert,
             tls_key=key,
+            volume_plugin_dir=self.directory / "volume-plugins",
             max_pods=self.max_pods,
         )
         self.config_path.write_text(yaml.safe_dump(config))
