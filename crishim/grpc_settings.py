@@ -9,8 +9,9 @@ connections on unix sockets. With gRPC's EventEngine endpoints (grpcio's default
 every read and write of a call hops between EventEngine's pool threads, the aio poller thread
 and the event loop; at kubelet's low call rate each hop wakes a sleeping thread. With the
 EventEngine client, listener and endpoints turned off, the poller thread does the socket I/O
-itself, and the shim needs about a third less CPU per call at kubelet's rate
-(docs/performance.md, "What the shim costs a node"). The timers and everything else stay as
+itself, with about half the thread wakeups per call (seen in profiles; the node benchmark's CPU
+figures, docs/performance.md "What the shim costs a node", cannot tell the difference on the
+shared test machines). The timers and everything else stay as
 gRPC ships them. An operator's own ``GRPC_EXPERIMENTS`` is left as it is.
 """
 
