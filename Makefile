@@ -50,6 +50,8 @@ bench: deps install testbin
 	$(VPY) bench/scheduler_throughput.py
 	$(VPY) bench/simulate_openb.py
 	$(VPY) bench/node_placement.py
+	$(VPY) bench/placement_rules.py
+	$(VPY) bench/node_overhead.py
 
 # The scheduler image without a registry (docs/install.md): an OCI tar under build/image/,
 # imported into the containerd at CONTAINERD_ADDRESS when that socket exists. Needs root.
