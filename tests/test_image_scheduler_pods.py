@@ -178,15 +178,17 @@ def test_deploy_runs_two_replicas_that_hand_over_the_lease(
         logs = env.node.kubectl("-n", SYSTEM_NAMESPACE, "logs", survivor).stdout
         events = json_lines(logs)
         assert any(e["event"] == "leader.acquired" and e.get("identity") == survivor for e in events), logs
-        # the survivor bound the pods that came after: a plain success, or (under load) a Binding
-        # whose answer was lost and that the read-back then found stored
+        # the survivor bound the pod that came after the handover: a plain success, or (under
+        # load) a Binding whose answer was lost and that the read-back then found stored. gpu-3
+        # arrived while the old leader was still stopping and still held the lease: either
+        # replica may have bound it (once: the devices above are all distinct)
         sent = {
             e["pod"]: e
             for e in events
             if e["event"] == "pod.bound"
             or (e["event"] == "pod.bind_failed" and e.get("outcome", "").startswith("unknown"))
         }
-        for name in ("gpu-3", "gpu-4"):
+        for name in ("gpu-4",):
             line = sent.get(f"{node_namespace}/{name}")
             assert line is not None, f"{name}: no Binding from the survivor in its log:\n{logs}"
             assert line["node"] == env.node.name and len(line["devices"]) == 1, line
