@@ -242,3 +242,25 @@ def test_anti_affinity_terms_on_two_keys_each_reject_their_own_domains() -> None
         PASS,
         PASS,
     ]
+
+
+# -- a pod without placement rules still meets placed pods' anti-affinity ------------------------
+
+
+def test_a_pod_without_rules_is_kept_away_by_anti_affinity_in_its_own_namespace() -> None:
+    """A placed pod repelling every pod of namespace ml from its host (empty label selector) keeps
+    a rule-less pod "ml/p" off n1; the same term for namespace default applies to a pod named
+    without a namespace ("p"), and not to "ml/p"."""
+    c = ClusterState([gpu_node(n, ls) for n, ls in zip(NAMES, LABELS, strict=True)])
+    c.enable_placement()
+    everyone = parse_label_selector({})
+    for ns in ("ml", "default"):
+        loner = PodAffinity(required_anti=(PodAffinityTerm(everyone, HOST, frozenset({ns})),))
+        c.placement.place(PodFacts(f"loner-{ns}", ns, {"app": "loner"}, loner), "n1" if ns == "ml" else "n2")
+    why = "node(s) didn't satisfy existing pods anti-affinity rules"
+    in_ml = PodRequest("ml/p", uid="p1", gpu_count=1)
+    assert run_filters(in_ml, c)[0].tolist() == [1, 2]
+    assert failed_nodes(in_ml, c) == {"n1": why}
+    bare = PodRequest("p", uid="p2", gpu_count=1)
+    assert run_filters(bare, c)[0].tolist() == [0, 2]
+    assert failed_nodes(bare, c) == {"n2": why}
