@@ -264,3 +264,40 @@ def test_a_pod_without_rules_is_kept_away_by_anti_affinity_in_its_own_namespace(
     bare = PodRequest("p", uid="p2", gpu_count=1)
     assert run_filters(bare, c)[0].tolist() == [0, 2]
     assert failed_nodes(bare, c) == {"n2": why}
+
+
+def test_pods_booked_without_facts_count_in_their_namespace_for_the_placement_view() -> None:
+    """Pods booked before the view existed, or without their facts, are known by namespace only
+    (no labels): a spread constraint with an empty selector in namespace ml counts "ml/old" and
+    not "old" (namespace default), whether booked before or after the view was enabled."""
+    from scheduler.core.state import Allocation
+
+    for enable_first in (False, True):
+        c = ClusterState([gpu_node(n, ls) for n, ls in zip(NAMES, LABELS, strict=True)])
+        if enable_first:
+            c.enable_placement()
+        c.assume(Allocation("n1", "u-ml", "ml/old"))
+        c.assume(Allocation("n2", "u-default", "old"))
+        view = c.placement if enable_first else c.enable_placement()
+        everyone = parse_label_selector({})
+        for ns, where in (("ml", 0), ("default", 1)):
+            anti = PodAffinity(required_anti=(PodAffinityTerm(everyone, HOST, frozenset({ns})),))
+            codes = interpod_filter(PodFacts("x", ns, {}, anti), view.index, view.domains, {}, ALL).tolist()
+            assert codes == [FAIL_ANTI_AFFINITY if i == where else PASS for i in range(3)], (ns, enable_first)
+
+
+def test_the_placement_view_takes_the_cluster_nodes_taints_and_other_nodes() -> None:
+    from scheduler.core.request import Taint, TaintEffect
+
+    tainted = NodeState(
+        "t",
+        8_000,
+        32_000,
+        [GpuState(0, "t-g0")],
+        labels={HOST: "t"},
+        taints=(Taint("k", "v", TaintEffect.NO_SCHEDULE),),
+    )
+    c = ClusterState([gpu_node("n1", LABELS[0]), tainted])
+    view = c.enable_placement(others=[("far", {HOST: "far"}, [Taint("k", "v", TaintEffect.NO_EXECUTE)])])
+    assert view.n_cluster == 2 and len(view) == 3
+    assert view.taints_mask(()).tolist() == [True, False, False]
