@@ -16,6 +16,16 @@ from scheduler.core.constraints import (
     placement_rules,
     pod_facts,
 )
+from scheduler.core.selectors import (
+    EVERYTHING,
+    LABEL_OPS,
+    Op,
+    Requirement,
+    SelectorError,
+    parse_label_selector,
+    parse_node_selector_term,
+    valid_label_key,
+)
 
 REQ = "requiredDuringSchedulingIgnoredDuringExecution"
 PREF = "preferredDuringSchedulingIgnoredDuringExecution"
@@ -144,3 +154,34 @@ def test_match_label_keys_take_the_pods_own_labels_in_every_kind_of_term() -> No
     assert facts.affinity.required_anti[0].matches("team", {"app": "db", "rev": "3"}, None)
     assert not facts.affinity.required_anti[0].matches("team", {"app": "db", "rev": "4"}, None)
     assert not facts.affinity.preferred[0].term.matches("team", {"app": "db", "rev": "4"}, None)
+
+
+# -- selectors ------------------------------------------------------------------------------------
+
+
+def test_label_key_prefix_may_be_a_full_dns_subdomain() -> None:
+    label = "a" * 63
+    prefix = ".".join([label, label, label, "b" * 61])  # 253 characters
+    assert len(prefix) == 253 and valid_label_key(f"{prefix}/name")
+    assert not valid_label_key(f"{prefix}b/name")
+
+
+def test_selector_errors_name_the_allowed_operators_and_the_term() -> None:
+    with pytest.raises(
+        SelectorError, match=r"^k: operator 'Gt' is not one of DoesNotExist, Exists, In, NotIn$"
+    ):
+        Requirement.parse("k", "Gt", ["1"], LABEL_OPS)
+    with pytest.raises(SelectorError, match="^nodeSelectorTerm must be an object$"):
+        parse_node_selector_term("x")
+    with pytest.raises(SelectorError, match="^nodeSelectorTerm.matchFields must be a list$"):
+        parse_node_selector_term({"matchFields": "metadata.name"})
+
+
+def test_exists_without_values_parses_and_requirements_are_canonical() -> None:
+    selector = parse_label_selector({"matchExpressions": [{"key": "gpu", "operator": "Exists"}]})
+    assert selector.matches({"gpu": "x"}) and not selector.matches({})
+    term = parse_node_selector_term({"matchExpressions": [{"key": "gpu", "operator": "DoesNotExist"}]})
+    assert term.matches("n", {}) and not term.matches("n", {"gpu": "x"})
+    # a parsed requirement equals the one matchLabelKeys builds (replicas' terms compare equal)
+    assert Requirement.parse("rev", "In", ["3"]) == Requirement("rev", Op.IN, frozenset({"3"}))
+    assert parse_label_selector({"matchLabels": {"rev": "3"}}) == EVERYTHING.merged({"rev": "3"}, ["rev"])
