@@ -1,0 +1,177 @@
+"""Score plugins at their documented edges: GPU packing's bands at exact fits and integer
+percentages, clustering for CPU-only pods, the topology score's wishes, flat machines and per-machine
+reference, fgd-reserve's unfillable-remainder tie-break, and the policy registry."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import numpy as np
+
+from devices.model import PCIeRelation, Topology, pair
+from scheduler.core import (
+    Allocation,
+    ClusterState,
+    GpuGrant,
+    GpuState,
+    NodeState,
+    PodRequest,
+    TopologyWish,
+    Wish,
+    make_policy,
+    policy_names,
+)
+from scheduler.core.policies import (
+    BestFitScore,
+    GpuClusteringScore,
+    GpuPackingScore,
+    ReserveThenAlign,
+    TopologyScore,
+    _single,
+)
+
+
+def gpu_node(name: str, n: int, enforced: tuple[int, ...] = ()) -> NodeState:
+    return NodeState(
+        name,
+        128_000,
+        1_000_000,
+        [GpuState(i, f"{name}-g{i}", "G", share_enforced=i in enforced) for i in range(n)],
+    )
+
+
+def use(
+    cluster: ClusterState, node: str, uid: str, grants: tuple[tuple[int, int], ...], tag: str = "share-gpu"
+) -> None:
+    gpus = tuple(GpuGrant(i, f"{node}-g{i}", milli) for i, milli in grants)
+    cluster.assume(Allocation(node, uid, gpus=gpus, gpu_tag=tag))
+
+
+def scores(plugin, pod: PodRequest, cluster: ClusterState, workload=None) -> list[float]:
+    plugin.bind(cluster, workload or [pod], random.Random(0))
+    return plugin.score(pod, cluster, cluster.all_indices).tolist()
+
+
+# -- the registry ---------------------------------------------------------------------------------
+
+
+def test_every_policy_is_named_by_its_registry_key_and_described() -> None:
+    for name in policy_names():
+        policy = make_policy(name)
+        assert policy.name == name and policy.description and policy.plugins
+    assert make_policy("fgd-align").tie_break is not None
+    built = _single("x", BestFitScore, "best fit")()
+    assert built.name == "x" and built.description == "best fit"
+    assert (
+        len(built.plugins) == 1
+        and isinstance(built.plugins[0][0], BestFitScore)
+        and built.plugins[0][1] == 1.0
+    )
+    topology = make_policy("topology")
+    assert isinstance(topology.plugins[0][0], TopologyScore) and topology.plugins[0][1] == 1000.0
+    assert topology.tie_break is not None
+
+
+# -- GPU packing ----------------------------------------------------------------------------------
+
+
+def test_gpu_packing_takes_percentages_in_whole_points() -> None:
+    """A share on a used GPU scores 100 - (free %)/10 with both divisions integer: 499 free -> 49 %
+    -> 96 (not 95, nor 95.1)."""
+    cluster = ClusterState([gpu_node("used", 2)])
+    use(cluster, "used", "u", ((0, 501),))  # GPU 0: 499 free
+    assert scores(GpuPackingScore(), PodRequest("s", gpu_count=1, gpu_milli=300), cluster) == [96.0]
+
+
+def test_gpu_packing_an_exact_fit_counts_as_room() -> None:
+    cluster = ClusterState([gpu_node("used", 2)])
+    use(cluster, "used", "u", ((0, 700),))  # GPU 0: 300 free
+    assert scores(GpuPackingScore(), PodRequest("s", gpu_count=1, gpu_milli=300), cluster) == [97.0]
+
+
+def test_gpu_packing_whole_gpus_on_a_used_node_score_at_least_33() -> None:
+    cluster = ClusterState([gpu_node("wide", 24)])
+    use(cluster, "wide", "u", ((0, 500),))
+    assert scores(GpuPackingScore(), PodRequest("w", gpu_count=20), cluster) == [33.0]
+    assert scores(GpuPackingScore(), PodRequest("w", gpu_count=3), cluster) == [47.0]
+
+
+def test_gpu_packing_enforced_shares_look_only_at_enforcing_gpus() -> None:
+    """GPU 0 is partly used but does not enforce shares; GPU 1 enforces and is free: an enforced
+    share of 1 milli can only go to GPU 1, a free GPU of a used node (49)."""
+    cluster = ClusterState([gpu_node("n", 2, enforced=(1,))])
+    use(cluster, "n", "u", ((0, 500),))
+    enforced = PodRequest("e", gpu_count=1, gpu_milli=1, enforced_share=True)
+    assert scores(GpuPackingScore(), enforced, cluster) == [49.0]
+    assert scores(GpuPackingScore(), PodRequest("e", gpu_count=1, gpu_milli=1), cluster) == [95.0]
+
+
+def test_gpu_clustering_ignores_cpu_only_pods() -> None:
+    cluster = ClusterState([gpu_node("a", 8), gpu_node("b", 8)])
+    assert scores(GpuClusteringScore(), PodRequest("c", cpu_milli=1000), cluster) == [0.0, 0.0]
+
+
+# -- topology score -------------------------------------------------------------------------------
+
+
+def three_gpu_node(name: str) -> NodeState:
+    """GPUs 0 and 1 behind one switch and on one NUMA node (50); 0 and 2 NVLinked across (110)."""
+    ids = [f"{name}-g{i}" for i in range(3)]
+    pcie = {pair(ids[i], ids[j]): PCIeRelation.SYS for i, j in itertools.combinations(range(3), 2)}
+    pcie[pair(ids[0], ids[1])] = PCIeRelation.PIX
+    gpus = [GpuState(i, ids[i], "G", numa=[0, 0, 1][i]) for i in range(3)]
+    return NodeState(name, 64_000, 256_000, gpus, topology=Topology({pair(ids[0], ids[2]): 1}, pcie))
+
+
+def test_topology_score_counts_preferences_met_and_link_quality() -> None:
+    """100 x (PREFER wishes met / PREFER wishes) + int(100 x set score / best idle set score)."""
+    cluster = ClusterState([three_gpu_node("t")])
+    prefer = TopologyWish(same_numa=Wish.PREFER, same_pcie_switch=Wish.PREFER)
+    # the preferred set (0, 1) meets both: 100 + int(100 * 50 / 110) = 145
+    assert scores(TopologyScore(), PodRequest("p", gpu_count=2, topology=prefer), cluster) == [145.0]
+    # no wish: the best-connected set (0, 2) is the reference itself
+    assert scores(TopologyScore(), PodRequest("p", gpu_count=2), cluster) == [100.0]
+
+
+def test_topology_score_of_a_machine_without_link_facts_is_full() -> None:
+    flat = NodeState("flat", 64_000, 256_000, [GpuState(i, f"flat-g{i}", "G") for i in range(4)])
+    cluster = ClusterState([flat])
+    assert scores(TopologyScore(), PodRequest("p", gpu_count=2), cluster) == [100.0]
+
+
+def test_topology_score_keeps_one_reference_per_machine_and_shape() -> None:
+    """Two different machines in one cluster, two pod sizes scored one after the other: each score
+    is the one the node gets alone."""
+    from tests.test_sched_topology import dgx1_node
+
+    alone = [
+        scores(TopologyScore(), PodRequest("p", gpu_count=2), ClusterState([three_gpu_node("t")]))[0],
+        scores(TopologyScore(), PodRequest("p", gpu_count=2), ClusterState([dgx1_node("d")]))[0],
+    ]
+    mixed = ClusterState([three_gpu_node("t"), dgx1_node("d")])
+    mixed.assume(Allocation("d", "x", gpus=(GpuGrant(3, "d-gpu3"),)))  # d: (0, 3) gone, best left 230
+    plugin = TopologyScore()
+    plugin.bind(mixed, [], random.Random(0))
+    two = plugin.score(PodRequest("p", gpu_count=2), mixed, mixed.all_indices).tolist()
+    assert two[0] == alone[0] == 100.0
+    assert two[1] == 92.0  # (1, 2) or (6, 7)... the look-ahead's 230 of the idle machine's best 250
+    three = plugin.score(PodRequest("q", gpu_count=3), mixed, mixed.all_indices).tolist()
+    assert three[0] == 100.0 and three != two
+    assert alone[1] == 92.0
+
+
+# -- fgd-reserve's remainder tie-break --------------------------------------------------------------
+
+
+def test_reserve_then_align_prefers_the_remainder_other_shares_can_fill() -> None:
+    """The workload's shares are all 500 milli. On node a the share leaves 500 free (another share
+    fills it), on node b 300 (no share fills it): a is preferred; an exact fit (0 left) is as good."""
+    cluster = ClusterState([gpu_node("a", 1), gpu_node("b", 1), gpu_node("exact", 1)])
+    use(cluster, "b", "u", ((0, 200),))  # 800 free -> 300 left
+    use(cluster, "exact", "v", ((0, 500),))  # 500 free -> 0 left
+    share = PodRequest("s", gpu_count=1, gpu_milli=500)
+    plugin = ReserveThenAlign(step=0.2, keep=3, waste_band=10)
+    got = scores(plugin, share, cluster, workload=[share] * 10)
+    assert got[0] > got[1] and got[2] > got[1]
+    assert np.argmax(got) in (0, 2)
