@@ -180,3 +180,27 @@ def test_scores_apply_whenever_some_rule_can_score() -> None:
     )
     assert v.scores_apply(plain) and v.scores_apply(hard_spread)
     assert v.scores(plain, np.arange(3)).tolist() == [0, 0, 200]
+
+
+def test_filters_apply_for_the_pods_own_required_terms_whatever_its_other_rules() -> None:
+    v = view()  # no placed pod has any rule
+    anti = PodAffinity(required_anti=(term(HOST, app="web"),))
+    assert v.filters_apply(PodPlacement(web("new", anti)))
+    assert v.filters_apply(PodPlacement(web("new", anti), PlacementRules(priority=5)))
+    assert not v.filters_apply(PodPlacement(web("new"), PlacementRules(priority=5)))
+
+
+def test_placement_of_keeps_the_tolerations_and_a_view_counts_its_cluster_rows() -> None:
+    from scheduler.core.placement import placement_of
+    from scheduler.core.request import Toleration
+
+    tolerate = (Toleration("dedicated", "Exists"),)
+    doc = {"metadata": {"name": "p", "namespace": "ml", "uid": "u"}, "spec": {"priority": 1}}
+    assert placement_of(doc, tolerate).tolerations == tolerate
+    assert view().n_cluster == 5
+
+
+def test_default_normalize_of_a_best_score_of_one() -> None:
+    from scheduler.core.affinity import default_normalize
+
+    assert default_normalize(np.array([0, 1, 1])).tolist() == [0, 100, 100]
