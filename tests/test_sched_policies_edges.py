@@ -175,3 +175,37 @@ def test_reserve_then_align_prefers_the_remainder_other_shares_can_fill() -> Non
     got = scores(plugin, share, cluster, workload=[share] * 10)
     assert got[0] > got[1] and got[2] > got[1]
     assert np.argmax(got) in (0, 2)
+
+
+# -- FGD for shares asked by memory ---------------------------------------------------------------
+
+
+def memory_node(name: str, cpu: int) -> NodeState:
+    return NodeState(
+        name, cpu, 1_000_000, [GpuState(i, f"{name}-g{i}", "G", memory_mib=16_000) for i in range(2)]
+    )
+
+
+def test_fgd_scores_a_share_by_memory_as_the_same_share_by_milli() -> None:
+    """8000 MiB of a 16000 MiB GPU is a 500-milli share: FGD must score it (per GPU, the general
+    path) as it scores the 500-milli request (the memoised path), with model-restricted typical
+    pods and CPU that typical pods need after placement (node b has 10 CPUs: after a 4-CPU pod the
+    8-CPU typical pod no longer fits there)."""
+    from scheduler.core.policies import FGDScore
+
+    cluster = ClusterState([memory_node("a", 64_000), memory_node("b", 10_000)])
+    use(cluster, "a", "u", ((1, 600),))
+    workload = [
+        PodRequest(f"t{i}", cpu_milli=8000, gpu_count=1, gpu_milli=500, gpu_models=frozenset({"G"}))
+        for i in range(6)
+    ]
+    workload += [PodRequest(f"w{i}", cpu_milli=2000, gpu_count=1) for i in range(4)]
+    by_memory = PodRequest("m", cpu_milli=4000, gpu_count=1, gpu_memory_mib=8000)
+    by_milli = PodRequest("s", cpu_milli=4000, gpu_count=1, gpu_milli=500)
+    plugin = FGDScore()
+    plugin.bind(cluster, workload, random.Random(0))
+    got = plugin.score(by_memory, cluster, cluster.all_indices).tolist()
+    assert got == plugin.score(by_milli, cluster, cluster.all_indices).tolist()
+    assert got[0] != got[1]
+    for i in (0, 1):
+        assert plugin.share_gpu(by_memory, cluster, i) == plugin.share_gpu(by_milli, cluster, i)
