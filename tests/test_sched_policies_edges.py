@@ -209,3 +209,42 @@ def test_fgd_scores_a_share_by_memory_as_the_same_share_by_milli() -> None:
     assert got[0] != got[1]
     for i in (0, 1):
         assert plugin.share_gpu(by_memory, cluster, i) == plugin.share_gpu(by_milli, cluster, i)
+
+
+# -- fgd-reserve's whole-node reserve -------------------------------------------------------------
+
+
+def test_whole_node_reserve_counts_every_scarce_shape_a_placement_breaks() -> None:
+    """Four idle-GPU nodes; whole-node shapes (8 GPUs with 8 / 60 CPUs and 1000 / 250,000 MiB).
+    The 8-CPU shape has four hosts (more than keep = 1: not scarce). Only n0 has 60 CPUs free
+    (exactly) and 250,000 MiB (exactly): it is the last host of the two 60-CPU shapes, and a
+    placement there that takes a GPU, a milli CPU or a MiB too many breaks them."""
+    from scheduler.core.policies import WholeNodeReserve
+
+    nodes = [
+        NodeState(f"n{i}", 64_000, 256_000, [GpuState(g, f"n{i}-g{g}", "G") for g in range(8)])
+        for i in range(4)
+    ]
+    cluster = ClusterState(nodes)
+    cluster.assume(Allocation("n0", "a0", cpu_milli=4000, memory_mib=6000))
+    for i in (1, 2, 3):
+        cluster.assume(Allocation(f"n{i}", f"a{i}", cpu_milli=10_000))
+    workload = [
+        PodRequest("A", cpu_milli=8000, memory_mib=1000, gpu_count=8),
+        PodRequest("B", cpu_milli=60_000, memory_mib=1000, gpu_count=8),
+        PodRequest("C", cpu_milli=60_000, memory_mib=250_000, gpu_count=8),
+    ] + [PodRequest(f"s{i}", gpu_count=1, gpu_milli=500) for i in range(20)]
+    reserve = WholeNodeReserve(keep=1)
+    reserve.bind(cluster, workload)
+    assert reserve.shapes == [(8, 8000, 1000), (8, 60_000, 1000), (8, 60_000, 250_000)]
+    idx = cluster.all_indices
+
+    def penalty(pod: PodRequest) -> list[float]:
+        return reserve.penalty(pod, cluster, idx).tolist()
+
+    assert penalty(PodRequest("gpu", gpu_count=1)) == [2, 0, 0, 0]
+    assert penalty(PodRequest("share", gpu_count=1, gpu_milli=100)) == [2, 0, 0, 0]
+    assert penalty(PodRequest("nothing")) == [0, 0, 0, 0]
+    assert penalty(PodRequest("mib", memory_mib=1)) == [1, 0, 0, 0]
+    assert penalty(PodRequest("milli", cpu_milli=1)) == [2, 0, 0, 0]
+    assert penalty(PodRequest("whole", gpu_count=8, cpu_milli=1)) == [0, 0, 0, 0]  # such pods themselves
