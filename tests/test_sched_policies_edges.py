@@ -248,3 +248,68 @@ def test_whole_node_reserve_counts_every_scarce_shape_a_placement_breaks() -> No
     assert penalty(PodRequest("mib", memory_mib=1)) == [1, 0, 0, 0]
     assert penalty(PodRequest("milli", cpu_milli=1)) == [2, 0, 0, 0]
     assert penalty(PodRequest("whole", gpu_count=8, cpu_milli=1)) == [0, 0, 0, 0]  # such pods themselves
+
+
+# -- share remainders and share completion --------------------------------------------------------
+
+
+def test_share_waste_with_one_milli_shares_is_nothing() -> None:
+    from scheduler.core.policies import share_waste_table
+
+    waste = share_waste_table([PodRequest(f"s{i}", gpu_count=1, gpu_milli=1) for i in range(5)])
+    assert waste[1] == 0 and waste[300] == 0 and waste.max() == 0
+
+
+def test_share_remainders_honour_models_enforcement_and_memory() -> None:
+    """Per GPU, the milli a share would leave (-1 where it cannot go): a model-restricted share only
+    on its model, an enforced share only on enforcing GPUs, and on GPUs of known memory only where
+    the memory fits too."""
+    from scheduler.core.policies import share_remainders
+
+    mixed = NodeState(
+        "m", 64_000, 256_000, [GpuState(0, "m-g0", "X"), GpuState(1, "m-g1", "Y", share_enforced=True)]
+    )
+    cluster = ClusterState([mixed])
+    use(cluster, "m", "u", ((0, 300), (1, 200)))  # free 700, 800
+    idx = cluster.all_indices
+    assert share_remainders(PodRequest("p", gpu_count=1, gpu_milli=500), cluster, idx).tolist() == [
+        [200, 300]
+    ]
+    only_x = PodRequest("x", gpu_count=1, gpu_milli=500, gpu_models=frozenset({"X"}))
+    assert share_remainders(only_x, cluster, idx).tolist() == [[200, -1]]
+    enforced = PodRequest("e", gpu_count=1, gpu_milli=500, enforced_share=True)
+    assert share_remainders(enforced, cluster, idx).tolist() == [[-1, 300]]
+    # 16 GiB GPUs: GPU 0 has 700 milli but only 4 GiB free (a 500-milli share takes 8 GiB)
+    memory = NodeState(
+        "g", 64_000, 256_000, [GpuState(i, f"g-g{i}", "G", memory_mib=16_384) for i in range(2)]
+    )
+    cluster = ClusterState([memory])
+    cluster.assume(
+        Allocation("g", "v", gpus=(GpuGrant(0, "g-g0", 300, 12_288), GpuGrant(1, "g-g1", 200, 3_277)))
+    )
+    assert share_remainders(
+        PodRequest("p", gpu_count=1, gpu_milli=500), cluster, cluster.all_indices
+    ).tolist() == [[-1, 300]]
+
+
+def test_share_completion_boundaries_and_gpu_choice() -> None:
+    """A share completes a GPU when it leaves less than 110 milli (exactly 110 does not); the GPU
+    left emptiest wins, the lowest index among equals; shares by memory only are not scored."""
+    from scheduler.core.policies import ShareCompletionScore
+
+    cluster = ClusterState([gpu_node("a", 3), gpu_node("b", 1)])
+    use(cluster, "a", "u", ((0, 450), (1, 800), (2, 800)))  # a: 550, 200, 200 free
+    use(cluster, "b", "v", ((0, 390),))  # b: 610 free
+    plugin = ShareCompletionScore(110)
+    share = PodRequest("s", gpu_count=1, gpu_milli=500)  # a: 50 left on GPU 0; b: exactly 110 left
+    assert scores(plugin, share, cluster) == [1.0 + 60 / 110, 0.0]
+    assert plugin.share_gpu(share, cluster, 0) == 0 and plugin.share_gpu(share, cluster, 1) is None
+    small = PodRequest("t", gpu_count=1, gpu_milli=150)  # a: 400, 50, 50 left -> GPU 1 (first of equals)
+    assert plugin.share_gpu(small, cluster, 0) == 1
+    later = ClusterState([gpu_node("c", 2)])
+    use(later, "c", "w", ((0, 450), (1, 480)))  # 550, 520 free: a 500 share leaves 50 / 20
+    assert plugin.share_gpu(share, later, 0) == 1
+    by_memory = PodRequest("m", gpu_count=1, gpu_memory_mib=1000)
+    assert (
+        scores(plugin, by_memory, cluster) == [0.0, 0.0] and plugin.share_gpu(by_memory, cluster, 0) is None
+    )
