@@ -301,3 +301,24 @@ def test_the_placement_view_takes_the_cluster_nodes_taints_and_other_nodes() -> 
     view = c.enable_placement(others=[("far", {HOST: "far"}, [Taint("k", "v", TaintEffect.NO_EXECUTE)])])
     assert view.n_cluster == 2 and len(view) == 3
     assert view.taints_mask(()).tolist() == [True, False, False]
+
+
+def test_node_selector_and_required_node_affinity_must_both_hold() -> None:
+    """nodeSelector zone=a AND required affinity on rack In [2, 3]: only n2 (zone a, rack 2)."""
+    from scheduler.core.selectors import Op, Requirement
+
+    c = ClusterState([gpu_node(n, ls) for n, ls in zip(NAMES, LABELS, strict=True)])
+    racks = NodeSelector((NodeSelectorTerm((Requirement(RACK, Op.IN, frozenset({"2", "3"})),)),))
+    rules = PlacementRules(node_affinity=NodeAffinity(node_selector=((ZONE, "a"),), required=racks))
+    pod = PodRequest(
+        "ml/p",
+        uid="p",
+        gpu_count=1,
+        node_selector={ZONE: "a"},
+        placement=PodPlacement(PodFacts("p", "ml"), rules),
+    )
+    for enable in (False, True):
+        if enable:
+            c.enable_placement()
+        assert NodeSelectorFilter().keep(pod, c, c.all_indices).tolist() == [False, True, False]
+        assert run_filters(pod, c)[0].tolist() == [1]
