@@ -313,3 +313,62 @@ def test_share_completion_boundaries_and_gpu_choice() -> None:
     assert (
         scores(plugin, by_memory, cluster) == [0.0, 0.0] and plugin.share_gpu(by_memory, cluster, 0) is None
     )
+
+
+def test_fgd_reserve_is_composed_as_documented() -> None:
+    """Share completion weighted 1000 over FGD in bands of FGD_STEP points (whole-node pods left out
+    of its typical pods), ties to ReserveThenAlign (the reserve, the remainder bands, alignment)."""
+    from scheduler.core.policies import (
+        ALIGN_STEP,
+        COMPLETE_BELOW,
+        FGD_STEP,
+        RESERVE_KEEP,
+        WASTE_BAND,
+        FGDScore,
+        ShareCompletionScore,
+    )
+
+    policy = make_policy("fgd-reserve")
+    (completion, w1), (fgd, w2) = policy.plugins
+    assert (
+        isinstance(completion, ShareCompletionScore) and completion.below == COMPLETE_BELOW and w1 == 1000.0
+    )
+    assert (
+        isinstance(fgd, FGDScore) and fgd.step == FGD_STEP and fgd.whole_node_typical is False and w2 == 1.0
+    )
+    tie = policy.tie_break
+    assert isinstance(tie, ReserveThenAlign)
+    assert tie.step == ALIGN_STEP and tie.reserve.keep == RESERVE_KEEP and tie.waste_band == WASTE_BAND
+
+
+# -- plugins used before bind, or on a node not scored yet ----------------------------------------
+
+
+def test_fgd_share_gpu_on_a_node_not_scored_yet() -> None:
+    """The share's GPU is evaluated on demand. Typical pods are 500-milli shares: GPU 1 (300 free)
+    can take none of them, so filling it with the 300-milli share removes 300 of fragment, while GPU 0
+    (1000 free) would keep it: GPU 1."""
+    from scheduler.core.policies import FGDScore
+
+    cluster = ClusterState([gpu_node("a", 2)])
+    use(cluster, "a", "u", ((1, 700),))
+    share = PodRequest("s", cpu_milli=1000, gpu_count=1, gpu_milli=300)
+    plugin = FGDScore()
+    typical = PodRequest("t", cpu_milli=1000, gpu_count=1, gpu_milli=500)
+    plugin.bind(cluster, [typical] * 5, random.Random(0))
+    assert plugin.share_gpu(share, cluster, 0) == 1
+    assert plugin.share_gpu(PodRequest("w", gpu_count=1), cluster, 0) is None
+
+
+def test_alignment_binds_itself_to_the_cluster_it_scores() -> None:
+    """Scoring without bind (or after the cluster grew) uses the cluster's own capacities."""
+    from scheduler.core.policies import AlignmentScore
+
+    cluster = ClusterState([gpu_node("a", 4)])
+    pod = PodRequest("p", cpu_milli=64_000, gpu_count=2)
+    bound = AlignmentScore()
+    bound.bind(cluster, [], random.Random(0))
+    expected = bound.score(pod, cluster, cluster.all_indices).tolist()
+    assert expected[0] > 0
+    assert AlignmentScore().score(pod, cluster, cluster.all_indices).tolist() == expected
+    assert AlignmentScore().score(PodRequest("nothing"), cluster, cluster.all_indices).tolist() == [0.0]
