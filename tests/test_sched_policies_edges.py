@@ -372,3 +372,28 @@ def test_alignment_binds_itself_to_the_cluster_it_scores() -> None:
     assert expected[0] > 0
     assert AlignmentScore().score(pod, cluster, cluster.all_indices).tolist() == expected
     assert AlignmentScore().score(PodRequest("nothing"), cluster, cluster.all_indices).tolist() == [0.0]
+
+
+# -- the fragmentation measure's helpers ----------------------------------------------------------
+
+
+def test_after_share_and_after_whole_keep_the_free_values_sorted() -> None:
+    from scheduler.core.frag import after_share, after_whole
+
+    assert after_share((1000, 1000, 300), 1000, 100) == (1000, 900, 300)
+    assert after_share((1000, 700, 700, 300), 700, 200) == (1000, 700, 500, 300)
+    assert after_share((1000, 300), 300, 300) == (1000, 0)
+    assert after_whole((1000, 1000, 1000), 1) == (1000, 1000, 0)
+    assert after_whole((1000, 1000, 500), 2) == (500, 0, 0)
+    assert after_whole((1000, 500), 0) == (1000, 500)
+
+
+def test_fragment_depends_on_the_typical_pods_models() -> None:
+    """A typical 500-milli share of model X: on an X node the 300-milli GPU is its fragment; on a
+    Y node it cannot run at all, so every free milli is fragment."""
+    from scheduler.core.frag import FragModel, TypicalPod
+
+    model = FragModel([TypicalPod(1000, 500, 1, frozenset({"X"}), 1.0)])
+    assert model.frag(frozenset({"X"}), (1000, 300), 2000) == 300
+    assert model.frag(frozenset({"Y"}), (1000, 300), 2000) == 1300
+    assert model.frag(frozenset({"X"}), (1000, 300), 999) == 1300  # its CPU does not fit
