@@ -142,6 +142,8 @@ def test_placed_pods_preferences_weigh_once_per_pod() -> None:
     assert interpod_scores(web, index, domains, {}, ALL).tolist() == [100, 50, 0]
     # the same through the pod-by-pod path (some pods excluded, as preemption asks)
     assert interpod_scores(web, index, domains, {}, ALL, exclude={"l3"}).tolist() == [100, 0, 0]
+    index.remove("l2")  # one of the two on n1 leaves: n1 and n2 weigh the same
+    assert interpod_topology_score(web, index, domains, {}) == {(HOST, "n1"): 10, (HOST, "n2"): 10}
 
 
 def test_a_hard_weight_of_zero_ignores_required_terms_but_keeps_preferred_ones() -> None:
@@ -322,3 +324,12 @@ def test_node_selector_and_required_node_affinity_must_both_hold() -> None:
             c.enable_placement()
         assert NodeSelectorFilter().keep(pod, c, c.all_indices).tolist() == [False, True, False]
         assert run_filters(pod, c)[0].tolist() == [1]
+
+
+def test_domains_and_views_need_one_label_set_and_one_taint_list_per_node() -> None:
+    import pytest
+
+    with pytest.raises(ValueError, match="^one label set per node$"):
+        NodeDomains(["a", "b"], [{}])
+    with pytest.raises(ValueError, match="^one taint list per node$"):
+        PlacementView(["a"], [{}], [(), ()])

@@ -60,3 +60,12 @@ def test_answers_are_memoised_not_lost() -> None:
     assert first == (0, 3)
     assert gpuallocator_gpu_set(m, [0, 3, 5, 6], 2, NVLINK) == first
     assert gpuallocator_gpu_set(m, [0, 1, 2], 2) == gpuallocator_gpu_set(m, [0, 1, 2], 2) == (1, 2)
+
+
+def test_every_partition_with_the_padding_in_one_set_is_considered() -> None:
+    """Five free, quads: {4,5,6,7} with 0 alone (the padded set) beats any quad holding 0, though
+    go-gpuallocator's order meets quads with some padding first. Seven free, pairs: the padded set
+    may sit in the middle of a partition ({0,3}, {1,2}, {4,pad}, {5,6})."""
+    m = links()
+    assert gpuallocator_gpu_set(m, [0, 4, 5, 6, 7], 4) == (4, 5, 6, 7)
+    assert gpuallocator_gpu_set(m, range(7), 2, must=[5]) == (5, 6)

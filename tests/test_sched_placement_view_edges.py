@@ -188,6 +188,8 @@ def test_filters_apply_for_the_pods_own_required_terms_whatever_its_other_rules(
     assert v.filters_apply(PodPlacement(web("new", anti)))
     assert v.filters_apply(PodPlacement(web("new", anti), PlacementRules(priority=5)))
     assert not v.filters_apply(PodPlacement(web("new"), PlacementRules(priority=5)))
+    v.place(web("loner", anti), "n2")  # now a placed pod's anti-affinity may reject any pod
+    assert v.filters_apply(PodPlacement(web("new"), PlacementRules(priority=5)))
 
 
 def test_placement_of_keeps_the_tolerations_and_a_view_counts_its_cluster_rows() -> None:
