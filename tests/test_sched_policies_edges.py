@@ -397,3 +397,105 @@ def test_fragment_depends_on_the_typical_pods_models() -> None:
     assert model.frag(frozenset({"X"}), (1000, 300), 2000) == 300
     assert model.frag(frozenset({"Y"}), (1000, 300), 2000) == 1300
     assert model.frag(frozenset({"X"}), (1000, 300), 999) == 1300  # its CPU does not fit
+
+
+# -- FGD's typical pods, score scale and shares on restricted GPUs --------------------------------
+
+
+def test_fgd_typical_pods_leave_out_whole_node_pods_only_when_asked() -> None:
+    def shapes(plugin, cluster, workload) -> set[int]:
+        plugin.bind(cluster, workload, random.Random(0))
+        return {t.gpu_count for t in plugin.model.typical}
+
+    from scheduler.core.policies import FGDScore
+
+    eight = ClusterState([gpu_node("a", 8)])
+    workload = [PodRequest("w8", gpu_count=8)] * 3 + [PodRequest("w1", gpu_count=1)] * 3
+    workload += [PodRequest("s", gpu_count=1, gpu_milli=300)] * 3 + [PodRequest("w4", gpu_count=4)] * 3
+    assert FGDScore().whole_node_typical is True
+    assert shapes(FGDScore(), eight, workload) == {8, 4, 1}
+    assert shapes(FGDScore(whole_node_typical=False), eight, workload) == {4, 1}
+    two = ClusterState([gpu_node("b", 2)])
+    pairs = [PodRequest("w2", gpu_count=2)] * 3 + [PodRequest("w1", gpu_count=1)] * 3
+    assert shapes(FGDScore(whole_node_typical=False), two, pairs) == {1}
+    # coverage: the most frequent shapes covering that share of the pods
+    assert len(FGDScore(coverage=0.25).model.typical) == 0
+    plugin = FGDScore(coverage=0.25)
+    plugin.bind(eight, workload, random.Random(0))
+    assert len(plugin.model.typical) == 1
+
+
+def test_fgd_score_scale() -> None:
+    """int(100 * sigmoid(decrease / 1000)), in bands of ``step``: a decrease of 1387 is 80.0004."""
+    from scheduler.core.policies import FGDScore
+
+    assert FGDScore().to_score(1387) == 80 and FGDScore(step=3).to_score(1387) == 26
+    assert FGDScore().to_score(0) == 50 and FGDScore(exact=True).to_score(1387) == 1387
+
+
+def test_fgd_puts_a_model_restricted_share_on_its_model() -> None:
+    """Node of an X and a Y GPU; the Y GPU (300 free) is where a share removes the most fragment,
+    but the share asks for X: GPU 0."""
+    from scheduler.core.policies import FGDScore
+
+    node = NodeState("m", 64_000, 256_000, [GpuState(0, "m-g0", "X"), GpuState(1, "m-g1", "Y")])
+    cluster = ClusterState([node])
+    use(cluster, "m", "u", ((1, 700),))
+    typical = PodRequest("t", cpu_milli=1000, gpu_count=1, gpu_milli=500)
+    plugin = FGDScore()
+    plugin.bind(cluster, [typical] * 5, random.Random(0))
+    anywhere = PodRequest("a", cpu_milli=1000, gpu_count=1, gpu_milli=300)
+    assert plugin.share_gpu(anywhere, cluster, 0) == 1
+    only_x = PodRequest("x", cpu_milli=1000, gpu_count=1, gpu_milli=300, gpu_models=frozenset({"X"}))
+    assert plugin.share_gpu(only_x, cluster, 0) == 0
+
+
+def test_fgd_puts_a_share_only_where_its_memory_fits() -> None:
+    """16 GiB GPUs; GPU 1 has 300 milli but only 2 GiB free: a 300-milli share (4.8 GiB) goes to GPU 0
+    although GPU 1 would be FGD's choice by milli alone."""
+    from scheduler.core.policies import FGDScore
+
+    cluster = ClusterState(
+        [NodeState("g", 64_000, 256_000, [GpuState(i, f"g-g{i}", "G", memory_mib=16_384) for i in range(2)])]
+    )
+    cluster.assume(Allocation("g", "v", gpus=(GpuGrant(1, "g-g1", 700, 14_336),)))
+    typical = PodRequest("t", cpu_milli=1000, gpu_count=1, gpu_milli=500)
+    plugin = FGDScore()
+    plugin.bind(cluster, [typical] * 5, random.Random(0))
+    share = PodRequest("s", cpu_milli=1000, gpu_count=1, gpu_milli=300)
+    plugin.score(share, cluster, cluster.all_indices)
+    assert plugin.share_gpu(share, cluster, 0) == 0
+
+
+def test_fgd_keeps_scoring_many_request_shapes() -> None:
+    """More shapes than FGDScore.MAX_SHAPES: the oldest arrays are dropped, scores stay right."""
+    from scheduler.core.policies import FGDScore
+
+    cluster = ClusterState([gpu_node("a", 2), gpu_node("b", 2)])
+    use(cluster, "b", "u", ((0, 1000),))
+    plugin = FGDScore()
+    plugin.bind(cluster, [PodRequest("t", cpu_milli=1000, gpu_count=1)] * 3, random.Random(0))
+    first = plugin.score(PodRequest("p0", cpu_milli=1, gpu_count=1), cluster, cluster.all_indices).tolist()
+    for k in range(FGDScore.MAX_SHAPES + 2):
+        plugin.score(PodRequest(f"p{k}", cpu_milli=1 + k, gpu_count=1), cluster, cluster.all_indices)
+    again = plugin.score(PodRequest("p0", cpu_milli=1, gpu_count=1), cluster, cluster.all_indices).tolist()
+    assert (
+        again
+        == first
+        == plugin.score(PodRequest("p0", cpu_milli=1, gpu_count=1), cluster, cluster.all_indices).tolist()
+    )
+
+
+def test_whole_node_reserve_keep_fixed_or_in_proportion() -> None:
+    """keep given: that many hosts; None: the whole-node pods' share of the GPU demand times the
+    hosts, at least 2. On 2-GPU nodes the whole-node shape is a 2-GPU pod."""
+    from scheduler.core.policies import WholeNodeReserve
+
+    cluster = ClusterState([gpu_node(f"n{i}", 2) for i in range(10)])
+    workload = [PodRequest("w2", cpu_milli=1000, gpu_count=2)] * 6 + [PodRequest("w1", gpu_count=1)] * 8
+    fixed = WholeNodeReserve(keep=1)
+    fixed.bind(cluster, workload)
+    assert fixed.keep == 1 and fixed.shapes == [(2, 1000, 0)]
+    proportional = WholeNodeReserve()
+    proportional.bind(cluster, workload)
+    assert proportional.keep == 6  # ceil(10 hosts * 12000 / 20000 milli)
