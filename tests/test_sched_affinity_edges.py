@@ -333,3 +333,32 @@ def test_domains_and_views_need_one_label_set_and_one_taint_list_per_node() -> N
         NodeDomains(["a", "b"], [{}])
     with pytest.raises(ValueError, match="^one taint list per node$"):
         PlacementView(["a"], [{}], [(), ()])
+
+
+def test_preferences_decide_between_two_feasible_nodes() -> None:
+    """With exactly two feasible nodes the placement scores still count: preferred node affinity
+    for zone 1 sends the pod to n3, although the policy alone would take n1 (lowest tie rank)."""
+    import random
+
+    from scheduler.core import Placement, make_policy, schedule_one
+    from scheduler.core.placement import placement_of
+
+    c = ClusterState([gpu_node("n1", LABELS[0]), gpu_node("n3", LABELS[2])])
+    c.enable_placement()
+    c.set_tie_order([0, 1])
+    term = {"matchExpressions": [{"key": ZONE, "operator": "In", "values": ["1"]}]}
+    doc = {
+        "metadata": {"name": "p", "namespace": "ml", "uid": "p"},
+        "spec": {
+            "affinity": {
+                "nodeAffinity": {
+                    "preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 10, "preference": term}]
+                }
+            }
+        },
+    }
+    pod = PodRequest("ml/p", uid="p", gpu_count=1, placement=placement_of(doc))
+    plain = PodRequest("ml/q", uid="q", gpu_count=1)
+    assert schedule_one(plain, c, make_policy("binpack"), random.Random(0)).node == "n1"
+    placed = schedule_one(pod, c, make_policy("binpack"), random.Random(0))
+    assert isinstance(placed, Placement) and placed.node == "n3"
