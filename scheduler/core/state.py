@@ -492,9 +492,10 @@ class ClusterState:
         share policies ask the same question of one pod in turn), then cut to ``idx``.
         """
         key = (self.generation, pod.gpu_milli, pod.gpu_memory_mib, pod.gpu_models, pod.enforced_share)
-        if self._share_slots is None or self._share_slots[0] != key:
-            self._share_slots = (key, *self._share_slots_of_all(pod))
-        _, fits, milli = self._share_slots
+        memo = self._share_slots  # read once: the check and the answer come from one entry
+        if memo is None or memo[0] != key:
+            memo = self._share_slots = (key, *self._share_slots_of_all(pod))
+        _, fits, milli = memo
         return fits[idx], (milli if isinstance(milli, int) else milli[idx])
 
     def _share_slots_of_all(self, pod: PodRequest) -> tuple[np.ndarray, np.ndarray | int]:
