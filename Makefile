@@ -52,6 +52,7 @@ bench: deps install testbin
 	$(VPY) bench/node_placement.py
 	$(VPY) bench/placement_rules.py
 	$(VPY) bench/node_overhead.py
+	$(VPY) bench/cri_cpu_floor.py
 
 # The scheduler image without a registry (docs/install.md): an OCI tar under build/image/,
 # imported into the containerd at CONTAINERD_ADDRESS when that socket exists. Needs root.

@@ -12,7 +12,7 @@ After every step:
 - no device is held by live pods' allocations beyond its capacity (the apiserver's truth);
 - the leader's view books every device a live pod holds (so it can never hand one out again);
 - no assumption without a pod, no booking without a pod or an assumption, the core's arrays
-  match its node states;
+  match its node states (a share's fits from ``ClusterState.share_slots`` included);
 and at every settle point (API healthy, everything delivered, time passed) nothing is left
 assumed and the leader's bookings equal what the bound pods' annotations say.
 
@@ -33,11 +33,12 @@ import pytest
 from crishim.advertiser import INVENTORY_ANNOTATION
 from kubegpu import allocation as contract
 from scheduler.core.constraints import pod_facts
-from scheduler.core.request import MILLI
+from scheduler.core.request import MILLI, PodRequest
 from scheduler.live.cache import is_bound
 from scheduler.live.config import LeaderElection
 from scheduler.live.scheduler import Scheduler
 from tests.support.schedworld import (
+    GPU_MEMORY_MIB,
     KEYS,
     Clock,
     FakeCore,
@@ -53,6 +54,12 @@ from tests.support.schedworld import (
 SEEDS = int(os.environ.get("KUBEGPU_SOAK_SEEDS", "20"))
 STEPS = int(os.environ.get("KUBEGPU_SOAK_STEPS", "500"))
 FIRST_SEED = int(os.environ.get("KUBEGPU_SOAK_FIRST_SEED", "0"))
+
+# share shapes whose fits the checks compare with each GPU's rule (the walk's own shares are 400 milli)
+SHARE_SHAPES = (
+    PodRequest("s400", gpu_count=1, gpu_milli=400),
+    PodRequest("s-mem", gpu_count=1, gpu_memory_mib=GPU_MEMORY_MIB // 3),
+)
 
 BIND_OUTCOMES = [
     ("ok", 60),
@@ -385,6 +392,11 @@ class Model:
                         assert gpu.free_milli == MILLI - booked, (node.name, gpu.id)
                     assert cluster.cpu_free[i] == node.cpu_free
                     assert set(node.allocations) == {u for u, j in cluster.where.items() if j == i}
+                for shape in SHARE_SHAPES:  # the memoised whole-array share rule, as each GPU says
+                    fits, _ = cluster.share_slots(shape, cluster.all_indices)
+                    for i, node in enumerate(cluster.nodes):
+                        for gpu in node.gpus:
+                            assert bool(fits[i, gpu.index]) == gpu.fits_share(shape), (shape, node, gpu)
                 self.check_placement(cache)
 
     @staticmethod

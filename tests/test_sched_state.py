@@ -213,3 +213,56 @@ def test_a_pod_asking_nothing_fits_a_node_that_bound_pods_over_commit() -> None:
     cluster.assume(Allocation("n", "nothing"))
     _idx, why = run_filters(PodRequest("cpu", cpu_milli=1), cluster)
     assert why == {"Insufficient cpu": 1}
+
+
+def test_share_slots_agree_with_each_gpus_own_share_rule() -> None:
+    """``ClusterState.share_slots`` (whole rows at once, what the GPU filter and the share policies
+    use) says of every GPU slot exactly what ``GpuState.fits_share`` and ``share_for`` say of that GPU:
+    random nodes mixing known and unknown memory, models, enforced shares, unhealthy and part-used
+    GPUs; random shares by milli and by memory, with and without models and enforcement."""
+    import random
+
+    import numpy as np
+
+    from scheduler.core.policies import share_remainders
+
+    rng = random.Random(7)
+    for trial in range(60):
+        nodes = []
+        for n in range(rng.randint(1, 6)):
+            gpus = []
+            for i in range(rng.randint(0, 8)):
+                memory = rng.choice([0, 16_384, 40_960, 81_920])
+                gpu = GpuState(i, f"t{trial}n{n}g{i}", rng.choice(["A100", "H100"]), memory,
+                               healthy=rng.random() > 0.15, share_enforced=rng.random() < 0.4)
+                gpu.free_milli = rng.choice([0, 1, 90, 250, 500, 999, 1000, rng.randint(0, 1000)])
+                # often exactly what a share below takes: the boundaries are where rules go wrong
+                exact = [memory * m // MILLI for m in (250, 500, 999)] + [2048, 20_480]
+                gpu.free_memory_mib = min(memory, rng.choice([rng.randint(0, memory), *exact]))
+                gpus.append(gpu)
+            nodes.append(NodeState(f"t{trial}n{n}", 64_000, 256_000, gpus))
+        cluster = ClusterState(nodes)
+        idx = cluster.all_indices
+        for _ in range(20):
+            by_memory = rng.random() < 0.4
+            pod = PodRequest(
+                "s",
+                gpu_count=1,
+                gpu_milli=0 if by_memory else rng.choice([250, 500, 999, rng.randint(1, 999)]),
+                gpu_memory_mib=rng.choice([1, 2048, 20_480, 60_000]) if by_memory else 0,
+                gpu_models=frozenset(rng.sample(["A100", "H100", "V100"], rng.randint(0, 2))),
+                enforced_share=rng.random() < 0.3,
+            )
+            fits, milli = cluster.share_slots(pod, idx)
+            left = share_remainders(pod, cluster, idx)
+            for row, node_state in enumerate(nodes):
+                for gpu in node_state.gpus:
+                    expected = gpu.fits_share(pod)
+                    assert bool(fits[row, gpu.index]) == expected, (trial, pod, gpu)
+                    take = milli if isinstance(milli, int) else int(milli[row, gpu.index])
+                    if expected:
+                        assert take == gpu.share_for(pod)[0]
+                        assert left[row, gpu.index] == gpu.free_milli - gpu.share_for(pod)[0]
+                    else:
+                        assert left[row, gpu.index] == -1
+                assert not np.any(fits[row, len(node_state.gpus):])  # slots past the node's GPUs

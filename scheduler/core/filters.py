@@ -155,26 +155,7 @@ class GpuFit(FilterPlugin):
     @staticmethod
     def share_fits(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         """``[len(idx), G]``: which GPU slots of these nodes can take the share."""
-        free = cluster.gpu_free[idx]
-        milli: int | np.ndarray
-        if pod.gpu_milli:
-            milli = pod.gpu_milli
-            fits = free >= milli
-        else:  # by memory: the same fraction of compute, rounded up; GPUs of unknown memory: whole
-            total = cluster.gpu_mem_total[idx]
-            milli = np.minimum(
-                np.where(total > 0, -(-pod.gpu_memory_mib * MILLI // np.maximum(total, 1)), MILLI), MILLI
-            )
-            fits = free >= milli
-        if cluster.any_gpu_memory:
-            total = cluster.gpu_mem_total[idx]
-            memory = pod.gpu_memory_mib if pod.gpu_memory_mib else total * milli // MILLI
-            fits &= (cluster.gpu_mem_free[idx] >= memory) | (total == 0)
-        if pod.gpu_models:
-            fits &= cluster.gpu_model_mask(pod.gpu_models)[idx]
-        if pod.enforced_share:
-            fits &= cluster.gpu_enforced[idx]
-        return fits
+        return cluster.share_slots(pod, idx)[0]
 
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if pod.is_share:

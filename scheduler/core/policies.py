@@ -441,15 +441,8 @@ def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -
 
 def share_remainders(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
     """Per node in ``idx`` and GPU: free milli left if the share went there (-1 where it cannot)."""
-    if not pod.gpu_models and not pod.enforced_share and not cluster.any_gpu_memory:
-        rows = cluster.gpu_free[idx]
-        return np.where(rows >= pod.gpu_milli, rows - pod.gpu_milli, -1)
-    out = np.full((len(idx), cluster.gpu_free.shape[1]), -1, dtype=np.int64)
-    for row, i in enumerate(idx.tolist()):
-        for g in cluster.nodes[i].gpus:
-            if g.fits_share(pod):
-                out[row, g.index] = g.free_milli - g.share_for(pod)[0]
-    return out
+    fits, milli = cluster.share_slots(pod, idx)
+    return np.where(fits, cluster.gpu_free[idx] - milli, -1)
 
 
 class ShareCompletionScore(ScorePlugin):

@@ -439,6 +439,7 @@ class ClusterState:
         self._label_masks: dict[tuple, np.ndarray] = {}
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._gpu_model_masks: dict[frozenset[str], np.ndarray] = {}
+        self._share_slots: tuple[tuple, np.ndarray, np.ndarray | int] | None = None  # share_slots' last
         self.all_indices = np.arange(n, dtype=np.int64)
         # node order for equal scores (lower first); None: uniformly at random
         self.tie_rank: np.ndarray | None = None
@@ -481,6 +482,42 @@ class ClusterState:
             mask = np.isin(self.gpu_model, codes)
             self._gpu_model_masks[models] = mask
         return mask
+
+    def share_slots(self, pod: PodRequest, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
+        """``([len(idx), G] fits, milli)``: which GPU slots of these nodes can take the share, and the
+        milli it takes of each (an int for a share in milli); ``GpuState.fits_share`` and
+        ``GpuState.share_for`` over whole rows at once.
+
+        Worked out for every node once per share shape and cluster generation (the GPU filter and the
+        share policies ask the same question of one pod in turn), then cut to ``idx``.
+        """
+        key = (self.generation, pod.gpu_milli, pod.gpu_memory_mib, pod.gpu_models, pod.enforced_share)
+        memo = self._share_slots  # read once: the check and the answer come from one entry
+        if memo is None or memo[0] != key:
+            memo = self._share_slots = (key, *self._share_slots_of_all(pod))
+        _, fits, milli = memo
+        return fits[idx], (milli if isinstance(milli, int) else milli[idx])
+
+    def _share_slots_of_all(self, pod: PodRequest) -> tuple[np.ndarray, np.ndarray | int]:
+        free = self.gpu_free
+        milli: np.ndarray | int
+        if pod.gpu_milli:
+            milli = pod.gpu_milli
+        else:  # by memory: the same fraction of compute, rounded up; GPUs of unknown memory: whole
+            total = self.gpu_mem_total
+            milli = np.minimum(
+                np.where(total > 0, -(-pod.gpu_memory_mib * MILLI // np.maximum(total, 1)), MILLI), MILLI
+            )
+        fits = free >= milli
+        if self.any_gpu_memory:
+            total = self.gpu_mem_total
+            memory = pod.gpu_memory_mib if pod.gpu_memory_mib else total * milli // MILLI
+            fits &= (self.gpu_mem_free >= memory) | (total == 0)
+        if pod.gpu_models:
+            fits &= self.gpu_model_mask(pod.gpu_models)
+        if pod.enforced_share:
+            fits &= self.gpu_enforced
+        return fits, milli
 
     def label_mask(self, selector: Mapping[str, str]) -> np.ndarray:
         """Nodes whose labels contain every ``key: value`` of ``selector`` (labels are static)."""
