@@ -83,7 +83,7 @@ soak-scheduler: install
 	    nice -n 10 $(VPY) -m pytest -q -p no:cacheprovider tests/test_sched_model.py -k interleavings
 
 # Mutation testing of scheduler/core with mutmut (installed here, not a project dependency);
-# score and survivors: docs/testing.md. Not part of `make test` (about 15 minutes on 2 cores).
+# score and survivors: docs/testing.md. Not part of `make test` (about an hour on 2 cores).
 mutate-scheduler: install
 	$(VPY) -m pip install -q 'mutmut==3.8.1'
 	bash tests/mutate-scheduler.sh
