@@ -26,9 +26,7 @@ def test_node_overhead_prints_the_documented_json() -> None:
     _require_node_tools()
     result = subprocess.run(
         [sys.executable, str(BENCH), "--json", "--pods", "3", "--steady-pods", "4", "--steady-seconds", "3"],
-        capture_output=True,
-        text=True,
-        timeout=600,
+        capture_output=True, text=True, timeout=600,
     )
     assert result.returncode == 0, result.stderr[-3000:]
     (line,) = result.stdout.strip().splitlines()
@@ -44,10 +42,6 @@ def test_node_overhead_prints_the_documented_json() -> None:
 
 
 def test_node_overhead_refuses_a_peer_that_is_not_executable(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, str(BENCH), "--peer-binary", str(tmp_path / "nope")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
+    result = subprocess.run([sys.executable, str(BENCH), "--peer-binary", str(tmp_path / "nope")],
+                            capture_output=True, text=True, timeout=60)
     assert result.returncode == 2 and "is not an executable file" in result.stderr

@@ -68,7 +68,9 @@ def test_node_annotations_and_extended_resource_capacity(admin_api: k8s.ApiClien
     assert node.status.allocatable["nvidia.com/gpu"] == "4"
 
 
-def test_binding_annotations_are_copied_to_the_pod(admin_api: k8s.ApiClient, kube_namespace: str) -> None:
+def test_binding_annotations_are_copied_to_the_pod(
+    admin_api: k8s.ApiClient, kube_namespace: str
+) -> None:
     core = k8s.CoreV1Api(admin_api)
     name, node = unique("pod"), unique("node")
     core.create_namespaced_pod(kube_namespace, pod_manifest(name))
@@ -79,7 +81,9 @@ def test_binding_annotations_are_copied_to_the_pod(admin_api: k8s.ApiClient, kub
     )
     # The apiserver answers a Binding with a Status, which the client cannot decode as a
     # V1Binding: read the raw response instead.
-    response = core.create_namespaced_pod_binding(name, kube_namespace, binding, _preload_content=False)
+    response = core.create_namespaced_pod_binding(
+        name, kube_namespace, binding, _preload_content=False
+    )
     assert response.status == 201
 
     pod = core.read_namespaced_pod(name, kube_namespace)
@@ -168,7 +172,8 @@ def grant_pod_reader(rbac: k8s.RbacAuthorizationV1Api, namespace: str, account: 
     )
     binding = k8s.V1RoleBinding(
         metadata=k8s.V1ObjectMeta(name="pod-reader"),
-        role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role", name="pod-reader"),
+        role_ref=k8s.V1RoleRef(api_group="rbac.authorization.k8s.io", kind="Role",
+                               name="pod-reader"),
         subjects=[k8s.RbacV1Subject(kind="ServiceAccount", name=account, namespace=namespace)],
     )
     rbac.create_namespaced_role_binding(namespace, binding)

@@ -104,21 +104,16 @@ def open_through_shim(client: CriClient, shim: ShimProcess) -> EventStream:
     return stream
 
 
-def run_sandbox(
-    sandboxes: SandboxFactory,
-    client: CriClient,
-    tmp_path: Path,
-    name: str,
-) -> tuple[str, api_pb2.PodSandboxConfig]:
+def run_sandbox(sandboxes: SandboxFactory, client: CriClient, tmp_path: Path, name: str,
+                ) -> tuple[str, api_pb2.PodSandboxConfig]:
     """Run a host-network sandbox; return its id and a config to create containers with."""
     sandbox_id = sandboxes(client, name=name)
     config = host_network_sandbox(name, str(uuid.uuid4()), log_directory=str(tmp_path / "pods" / name))
     return sandbox_id, config
 
 
-def create_container(
-    client: CriClient, sandbox_id: str, sandbox: api_pb2.PodSandboxConfig, name: str, script: str
-) -> str:
+def create_container(client: CriClient, sandbox_id: str, sandbox: api_pb2.PodSandboxConfig,
+                     name: str, script: str) -> str:
     container = shell_container(name, BUSYBOX_IMAGE, script, log_path=f"{name}.log")
     request = api_pb2.CreateContainerRequest(
         pod_sandbox_id=sandbox_id, config=container, sandbox_config=sandbox
@@ -169,11 +164,8 @@ def test_pod_and_container_lifecycle_on_containerd2(
     proxied2.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=container_id), timeout=60)
     wait_for(lambda: container_state(proxied2, container_id) == api_pb2.CONTAINER_RUNNING)
 
-    executed = proxied2.runtime.ExecSync(
-        api_pb2.ExecSyncRequest(
-            container_id=container_id, cmd=["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=20
-        )
-    )
+    executed = proxied2.runtime.ExecSync(api_pb2.ExecSyncRequest(
+        container_id=container_id, cmd=["sh", "-c", "echo out; echo err >&2; exit 3"], timeout=20))
     assert (executed.stdout, executed.stderr, executed.exit_code) == (b"out\n", b"err\n", 3)
 
     proxied2.runtime.StopContainer(api_pb2.StopContainerRequest(container_id=container_id, timeout=0))
@@ -185,17 +177,13 @@ def test_pod_and_container_lifecycle_on_containerd2(
 
     stop_and_remove_sandbox(proxied2, sandbox_id)
     listing = proxied2.runtime.ListPodSandbox(
-        api_pb2.ListPodSandboxRequest(filter=api_pb2.PodSandboxFilter(id=sandbox_id))
-    )
+        api_pb2.ListPodSandboxRequest(filter=api_pb2.PodSandboxFilter(id=sandbox_id)))
     assert not listing.items
 
 
 def test_container_events_stream_through_shim(
-    shim2: ShimProcess,
-    proxied2: CriClient,
-    direct2: CriClient,
-    sandbox2_factory: SandboxFactory,
-    tmp_path: Path,
+    shim2: ShimProcess, proxied2: CriClient, direct2: CriClient,
+    sandbox2_factory: SandboxFactory, tmp_path: Path,
 ) -> None:
     """A container's CREATED, STARTED, STOPPED, DELETED events arrive, as containerd sent them.
 
@@ -243,7 +231,9 @@ def assert_container_events(events: list[Event], container_id: str, sandbox_id: 
     assert state(deleted) is None
 
 
-def test_cancelled_event_stream_ends_cancelled_upstream_too(shim2: ShimProcess, proxied2: CriClient) -> None:
+def test_cancelled_event_stream_ends_cancelled_upstream_too(
+    shim2: ShimProcess, proxied2: CriClient
+) -> None:
     """A client cancelling GetContainerEvents gets CANCELLED; the shim closes its upstream stream."""
     before = inflight_calls(shim2)
     events = open_through_shim(proxied2, shim2)

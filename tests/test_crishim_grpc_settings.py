@@ -30,11 +30,7 @@ print("grpc was never imported", flush=True)
 
 def first_grpc_import(env: dict[str, str]) -> str:
     result = subprocess.run(
-        [sys.executable, "-c", FIRST_GRPC_IMPORT],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
+        [sys.executable, "-c", FIRST_GRPC_IMPORT], cwd=REPO, env=env, capture_output=True, text=True,
         timeout=60,
     )
     assert result.returncode == 0, result.stderr

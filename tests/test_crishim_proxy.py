@@ -338,11 +338,9 @@ def test_removals_are_reported_after_success(
     tagging = Tagging()
     channel = shim_over(tagging)
     channel.unary_unary("/runtime.v1.RuntimeService/RemoveContainer")(
-        api_pb2.RemoveContainerRequest(container_id="c1").SerializeToString(), timeout=5
-    )
+        api_pb2.RemoveContainerRequest(container_id="c1").SerializeToString(), timeout=5)
     channel.unary_unary("/runtime.v1.RuntimeService/RemovePodSandbox")(
-        api_pb2.RemovePodSandboxRequest(pod_sandbox_id="s1").SerializeToString(), timeout=5
-    )
+        api_pb2.RemovePodSandboxRequest(pod_sandbox_id="s1").SerializeToString(), timeout=5)
     assert tagging.removed == ["container:c1", "sandbox:s1"]
 
 

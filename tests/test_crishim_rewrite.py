@@ -582,12 +582,10 @@ def test_shares_survive_a_shim_restart_in_every_state(node: Node) -> None:
     exited = node.create(s_sandbox, s_config, "x", script="echo END")
     node.client.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=exited))
     wait_for(
-        lambda: (
-            node.direct.runtime.ContainerStatus(
-                api_pb2.ContainerStatusRequest(container_id=exited)
-            ).status.state
-            == api_pb2.CONTAINER_EXITED
-        ),
+        lambda: node.direct.runtime.ContainerStatus(
+            api_pb2.ContainerStatusRequest(container_id=exited)
+        ).status.state
+        == api_pb2.CONTAINER_EXITED,
         timeout=20,
     )
     running = node.create(*pods["p"])

@@ -237,12 +237,7 @@ def test_the_manifests_are_accepted(deployed: list[Any], admin_api: k8s.ApiClien
     assert deployment.spec.replicas == 2
     container = deployment.spec.template.spec.containers[0]
     assert container.command == [
-        "kubegpu",
-        "scheduler",
-        "--config",
-        "/etc/kubegpu/scheduler.yaml",
-        "--identity",
-        "$(POD_NAME)",
+        "kubegpu", "scheduler", "--config", "/etc/kubegpu/scheduler.yaml", "--identity", "$(POD_NAME)"
     ]
     assert container.security_context.read_only_root_filesystem is True
     mounts = {m.mount_path: m for m in container.volume_mounts}
@@ -579,10 +574,8 @@ def test_node_agent_may_do_what_it_needs(
         assert cache.synced.wait(30), "the node agent could not list its node's pods"
         on_node = k8s.CoreV1Api(admin_api).create_namespaced_pod(
             kube_namespace,
-            {
-                "metadata": {"name": unique("on-node")},
-                "spec": {"nodeName": node, "containers": [{"name": "app", "image": "busybox"}]},
-            },
+            {"metadata": {"name": unique("on-node")},
+             "spec": {"nodeName": node, "containers": [{"name": "app", "image": "busybox"}]}},
         )
         deadline = time.monotonic() + 30
         while cache.get(kube_namespace, on_node.metadata.name, on_node.metadata.uid) is None:
@@ -643,17 +636,9 @@ def test_the_scheduler_runs_with_its_service_account(
     run = unique("rbac")
     advertise(core, run, "pcie-4gpu", tmp_path, labels={"run": run})
     config = SchedulerConfig(
-        scheduler_name=run,
-        policy="bestfit",
-        identity=f"{run}-replica",
-        leader_election=LeaderElection(
-            enabled=True,
-            namespace=NAMESPACE,
-            lease_name=LEASE,
-            lease_seconds=4.0,
-            renew_deadline_seconds=3.0,
-            retry_period_seconds=0.5,
-        ),
+        scheduler_name=run, policy="bestfit", identity=f"{run}-replica",
+        leader_election=LeaderElection(enabled=True, namespace=NAMESPACE, lease_name=LEASE, lease_seconds=4.0,
+                                       renew_deadline_seconds=3.0, retry_period_seconds=0.5),
     )
     scheduler = Scheduler(config, scheduler_api, KeyRing(None, SIGNING))
     scheduler.start_watching()
@@ -662,18 +647,14 @@ def test_the_scheduler_runs_with_its_service_account(
     thread = threading.Thread(target=scheduler.run, daemon=True)
     thread.start()
     try:
-        core.create_namespaced_pod(
-            kube_namespace, gpu_pod(kube_namespace, "ok", 1, scheduler=run, selector={"run": run})
-        )
-        core.create_namespaced_pod(
-            kube_namespace, gpu_pod(kube_namespace, "too-big", 8, scheduler=run, selector={"run": run})
-        )
+        core.create_namespaced_pod(kube_namespace, gpu_pod(kube_namespace, "ok", 1, scheduler=run,
+                                                           selector={"run": run}))
+        core.create_namespaced_pod(kube_namespace, gpu_pod(kube_namespace, "too-big", 8, scheduler=run,
+                                                           selector={"run": run}))
         assert wait_bound(core, kube_namespace, ["ok"])["ok"].metadata.annotations["kubegpu.io/allocation"]
         deadline = time.monotonic() + 30
-        while not any(
-            e.involved_object.name == "too-big" and e.reason == "FailedScheduling"
-            for e in core.list_namespaced_event(kube_namespace).items
-        ):
+        while not any(e.involved_object.name == "too-big" and e.reason == "FailedScheduling"
+                      for e in core.list_namespaced_event(kube_namespace).items):
             assert time.monotonic() < deadline, "the scheduler's identity could not post its event"
             time.sleep(0.2)
     finally:

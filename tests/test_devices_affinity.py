@@ -113,10 +113,7 @@ def test_nvidia_and_rdma_inventories_get_affinity(tmp_path: Path) -> None:
     inventory = discover_all(plugins, sysfs_root=str(tmp_path))
     g0, _, g2 = fake.uuids
     assert dict(inventory.topology.nic_gpus) == {
-        "mlx5_0": (g0,),
-        "mlx5_1": (g0,),
-        "mlx5_2": (g0,),
-        "mlx5_10": (g2,),
+        "mlx5_0": (g0,), "mlx5_1": (g0,), "mlx5_2": (g0,), "mlx5_10": (g2,)
     }
     # without sysfs: no affinity, nothing else changes
     plain = discover_all(plugins, sysfs_root=None)
@@ -128,7 +125,9 @@ def test_add_nic_affinity_keeps_existing_entries(tmp_path: Path) -> None:
     from dataclasses import replace
 
     build_machine(tmp_path)
-    inventory = discover_all([NvidiaPlugin(nvml=_machine_nvml()), RdmaPlugin(str(tmp_path))], sysfs_root=None)
+    inventory = discover_all(
+        [NvidiaPlugin(nvml=_machine_nvml()), RdmaPlugin(str(tmp_path))], sysfs_root=None
+    )
     preset = replace(inventory, topology=replace(inventory.topology, nic_gpus={"mlx5_0": ("chosen",)}))
     result = add_nic_affinity(preset, str(tmp_path))
     assert result.topology.nic_gpus["mlx5_0"] == ("chosen",)

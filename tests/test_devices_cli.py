@@ -24,17 +24,8 @@ def test_register_adds_devices_subcommand() -> None:
 
 
 def test_sim_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "devices",
-        "--plugin",
-        "sim",
-        "--topology",
-        str(TOPOLOGY_DIR / "dgx1-v100.json"),
-        "--node-name",
-        "n1",
-        "--state-dir",
-        str(tmp_path),
-    ]
+    argv = ["devices", "--plugin", "sim", "--topology", str(TOPOLOGY_DIR / "dgx1-v100.json"),
+            "--node-name", "n1", "--state-dir", str(tmp_path)]
     assert main(argv) == 0
     out = capsys.readouterr().out
     assert "Tesla V100-SXM2-16GB" in out
@@ -43,18 +34,8 @@ def test_sim_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_sim_json_round_trips(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    argv = [
-        "devices",
-        "--plugin",
-        "sim",
-        "--topology",
-        "hgx-h100",
-        "--node-name",
-        "n1",
-        "--state-dir",
-        str(tmp_path),
-        "--json",
-    ]
+    argv = ["devices", "--plugin", "sim", "--topology", "hgx-h100", "--node-name", "n1",
+            "--state-dir", str(tmp_path), "--json"]
     assert main(argv) == 0
     published = json.loads(capsys.readouterr().out)
     want = SimPlugin("hgx-h100", "n1", tmp_path).discover().public()

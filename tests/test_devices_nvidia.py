@@ -283,10 +283,7 @@ def test_edits_cdi_and_shares() -> None:
     assert edits.cdi_devices == (f"nvidia.com/gpu={gpu.id}",)
     assert edits.env["KUBEGPU_GPU_SHARES"] == f"{gpu.id}:250:4096"
     assert [d.host_path for d in edits.device_nodes] == [
-        "/dev/nvidia2",
-        "/dev/nvidiactl",
-        "/dev/nvidia-uvm",
-        "/dev/nvidia-uvm-tools",
+        "/dev/nvidia2", "/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools"
     ]
 
 
@@ -417,15 +414,9 @@ def test_module_constants_agree_with_pynvml() -> None:
         warnings.simplefilter("ignore", FutureWarning)
         pynvml = pytest.importorskip("pynvml")
     for name in (
-        "NVML_TOPOLOGY_INTERNAL",
-        "NVML_TOPOLOGY_SINGLE",
-        "NVML_TOPOLOGY_MULTIPLE",
-        "NVML_TOPOLOGY_HOSTBRIDGE",
-        "NVML_TOPOLOGY_NODE",
-        "NVML_TOPOLOGY_SYSTEM",
-        "NVML_NVLINK_DEVICE_TYPE_GPU",
-        "NVML_NVLINK_DEVICE_TYPE_IBMNPU",
-        "NVML_NVLINK_DEVICE_TYPE_SWITCH",
+        "NVML_TOPOLOGY_INTERNAL", "NVML_TOPOLOGY_SINGLE", "NVML_TOPOLOGY_MULTIPLE",
+        "NVML_TOPOLOGY_HOSTBRIDGE", "NVML_TOPOLOGY_NODE", "NVML_TOPOLOGY_SYSTEM",
+        "NVML_NVLINK_DEVICE_TYPE_GPU", "NVML_NVLINK_DEVICE_TYPE_IBMNPU", "NVML_NVLINK_DEVICE_TYPE_SWITCH",
     ):
         assert getattr(nvidia, name) == getattr(pynvml, name), name
 

@@ -49,9 +49,7 @@ def test_merge_edits_combines_and_dedups() -> None:
     again = ContainerEdits(device_nodes=(DeviceNode("/dev/nvidiactl", "/dev/nvidiactl"),))
     merged = merge_edits([gpu, nic, again])
     assert [d.container_path for d in merged.device_nodes] == [
-        "/dev/nvidia0",
-        "/dev/nvidiactl",
-        "/dev/infiniband/uverbs0",
+        "/dev/nvidia0", "/dev/nvidiactl", "/dev/infiniband/uverbs0"
     ]
     assert merged.env == {"NVIDIA_VISIBLE_DEVICES": "GPU-a", "KUBEGPU_RDMA_DEVICES": "mlx5_0"}
     assert merged.mounts == (Mount("/etc/ib", "/etc/ib", True),)

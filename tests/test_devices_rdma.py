@@ -84,15 +84,8 @@ NIC0 = ("pci0000:00", "0000:00:01.0", "0000:01:00.0", "0000:02:01.0", "0000:04:0
 NIC1 = NIC0[:-1] + ("0000:04:00.1",)
 VF0 = NIC0[:-1] + ("0000:04:00.2",)
 GPU1 = ("pci0000:00", "0000:00:02.0", "0000:06:00.0")
-GPU2 = (
-    "pci0000:80",
-    "0000:80:01.0",
-    "0000:81:00.0",
-    "0000:82:00.0",
-    "0000:83:00.0",
-    "0000:84:00.0",
-    "0000:85:00.0",
-)
+GPU2 = ("pci0000:80", "0000:80:01.0", "0000:81:00.0", "0000:82:00.0", "0000:83:00.0", "0000:84:00.0",
+        "0000:85:00.0")
 NIC4 = ("pci0000:80", "0000:80:01.0", "0000:81:00.0", "0000:82:01.0", "0000:86:00.0")
 
 
@@ -131,13 +124,8 @@ def test_inventory(machine: Path) -> None:
     pf, down, vf, roce = by_id["mlx5_0"], by_id["mlx5_1"], by_id["mlx5_2"], by_id["mlx5_10"]
     assert (pf.pci_bus_id, pf.numa_node, pf.model) == ("0000:04:00.0", 0, "MT4123")
     assert dict(pf.attributes) == {
-        "function": "pf",
-        "ports": "1",
-        "rateGbps": "100",
-        "state": "ACTIVE",
-        "linkLayer": "InfiniBand",
-        "sriovNumVfs": "1",
-        "uverbs": "uverbs0",
+        "function": "pf", "ports": "1", "rateGbps": "100", "state": "ACTIVE",
+        "linkLayer": "InfiniBand", "sriovNumVfs": "1", "uverbs": "uverbs0",
     }
     assert pf.device_nodes == ("/dev/infiniband/uverbs0",)
     assert pf.healthy
@@ -206,13 +194,8 @@ def test_no_rdma_on_this_host(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize(
     ("text", "want"),
-    [
-        ("100 Gb/sec (4X EDR)", 100.0),
-        ("2.5 Gb/sec (1X SDR)", 2.5),
-        ("400 Gb/sec (4X NDR)", 400.0),
-        ("", 0.0),
-        ("Invalid argument", 0.0),
-    ],
+    [("100 Gb/sec (4X EDR)", 100.0), ("2.5 Gb/sec (1X SDR)", 2.5), ("400 Gb/sec (4X NDR)", 400.0), ("", 0.0),
+     ("Invalid argument", 0.0)],
 )
 def test_parse_rate(text: str, want: float) -> None:
     assert parse_rate(text) == want

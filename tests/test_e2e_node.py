@@ -40,9 +40,8 @@ MILLI = "kubegpu.io/gpu-milli"
 GPU_CONTAINERS = "kubegpu.io/gpu-containers"
 
 
-def view_of(
-    node: KubeNode, namespace: str, name: str, container_name: str, previous: bool = False
-) -> ContainerView:
+def view_of(node: KubeNode, namespace: str, name: str, container_name: str, previous: bool = False
+            ) -> ContainerView:
     args = ["logs", "-n", namespace, name, "-c", container_name] + (["--previous"] if previous else [])
     deadline = time.monotonic() + 30
     while True:  # the log may lag the Running state by a moment
@@ -109,12 +108,8 @@ def test_several_containers_each_see_only_their_own(gpu_node: KubeNode, node_nam
     """Whole GPUs dealt out per container, a container without GPUs, a share split over two."""
     pods = {
         "multi": pod("multi", [container("a", 2), container("b"), container("c", 1)], gpu_node.selector),
-        "split": pod(
-            "split",
-            [container("x"), container("y"), container("z")],
-            gpu_node.selector,
-            annotations={MILLI: "500", GPU_CONTAINERS: "x,z"},
-        ),
+        "split": pod("split", [container("x"), container("y"), container("z")], gpu_node.selector,
+                     annotations={MILLI: "500", GPU_CONTAINERS: "x,z"}),
     }
     allocations = check_pods(gpu_node, node_namespace, pods)
     multi = allocations["multi"].containers
@@ -133,10 +128,8 @@ def free_port() -> int:
 def test_logs_exec_attach_and_port_forward_through_the_shim(gpu_node: KubeNode, node_namespace: str) -> None:
     """The streaming calls (Exec, Attach, PortForward) and logs pass through the shim."""
     ns, port = node_namespace, free_port()
-    serve = (
-        f"echo kubegpu-{port} > /tmp/index.html; busybox httpd -p {port} -h /tmp; "
-        'while read line; do echo "got $line"; done; sleep 3600'
-    )
+    serve = (f"echo kubegpu-{port} > /tmp/index.html; busybox httpd -p {port} -h /tmp; "
+             "while read line; do echo \"got $line\"; done; sleep 3600")
     body = pod("stream", [container("app", 1, then=serve, stdin=True)], gpu_node.selector)
     gpu_node.core.create_namespaced_pod(ns, body)
     found = wait_running(gpu_node.core, ns, "stream")
@@ -144,29 +137,15 @@ def test_logs_exec_attach_and_port_forward_through_the_shim(gpu_node: KubeNode, 
     check_view(view_of(gpu_node, ns, "stream", "app"), gpu_node.name, allocation, "app")
 
     # exec: a process started in the container sees the container's devices and env
-    exec_view = ContainerView.parse(
-        gpu_node.kubectl("exec", "-n", ns, "stream", "--", "/bin/sh", "-c", report_script("true")).stdout
-    )
+    exec_view = ContainerView.parse(gpu_node.kubectl("exec", "-n", ns, "stream", "--", "/bin/sh", "-c",
+                                                     report_script("true")).stdout)
     check_view(exec_view, gpu_node.name, allocation, "app")
 
     # attach: what we write reaches the container's stdin, its answer comes back
     attach = subprocess.Popen(
-        [
-            str(gpu_node.kubectl_path),
-            "--kubeconfig",
-            str(gpu_node.kubeconfig),
-            "attach",
-            "-i",
-            "-n",
-            ns,
-            "stream",
-            "-c",
-            "app",
-        ],
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        [str(gpu_node.kubectl_path), "--kubeconfig", str(gpu_node.kubeconfig), "attach", "-i", "-n", ns,
+         "stream", "-c", "app"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         assert attach.stdin is not None and attach.stdout is not None
@@ -187,19 +166,9 @@ def test_logs_exec_attach_and_port_forward_through_the_shim(gpu_node: KubeNode, 
     # port-forward: kubectl -> apiserver -> kubelet -> shim (PortForward URL) -> containerd
     local = free_port()
     forward = subprocess.Popen(
-        [
-            str(gpu_node.kubectl_path),
-            "--kubeconfig",
-            str(gpu_node.kubeconfig),
-            "port-forward",
-            "-n",
-            ns,
-            "pod/stream",
-            f"{local}:{port}",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
+        [str(gpu_node.kubectl_path), "--kubeconfig", str(gpu_node.kubeconfig), "port-forward", "-n", ns,
+         "pod/stream", f"{local}:{port}"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     try:
         assert forward.stdout is not None
@@ -220,12 +189,8 @@ def test_liveness_probe_and_crash_restarts_keep_the_devices(gpu_node: KubeNode, 
     """An exec liveness probe runs through the shim; kubelet restarts a failing or crashing container
     with the same devices."""
     core, ns = gpu_node.core, node_namespace
-    probe = {
-        "exec": {"command": ["/bin/sh", "-c", "test ! -e /tmp/unhealthy"]},
-        "periodSeconds": 1,
-        "failureThreshold": 1,
-        "initialDelaySeconds": 1,
-    }
+    probe = {"exec": {"command": ["/bin/sh", "-c", "test ! -e /tmp/unhealthy"]},
+             "periodSeconds": 1, "failureThreshold": 1, "initialDelaySeconds": 1}
     probed_app = container("app", 2, livenessProbe=probe)
     core.create_namespaced_pod(ns, pod("probed", [probed_app], gpu_node.selector))
     crashing_app = container("app", 1, then="sleep 1; exit 3")
@@ -239,14 +204,8 @@ def test_liveness_probe_and_crash_restarts_keep_the_devices(gpu_node: KubeNode, 
     for name, found in (("probed", probed), ("crash", crash)):
         allocation = allocation_of(found, gpu_node.cluster.node_keys)
         check_view(view_of(gpu_node, ns, name, "app", previous=True), gpu_node.name, allocation, "app")
-        found = wait_pod(
-            core,
-            ns,
-            name,
-            lambda p: any(s.state.running for s in p.status.container_statuses),
-            "running again",
-            timeout=60,
-        )
+        found = wait_pod(core, ns, name, lambda p: any(s.state.running for s in p.status.container_statuses),
+                         "running again", timeout=60)
         check_view(view_of(gpu_node, ns, name, "app"), gpu_node.name, allocation, "app")
     events = core.list_namespaced_event(ns, field_selector="involvedObject.name=probed").items
     assert any(e.reason == "Unhealthy" and "Liveness probe failed" in (e.message or "") for e in events)
@@ -307,19 +266,12 @@ def test_controller_manager_runs_deployments_on_the_node(kube_node: KubeNode, no
     """kube-controller-manager: Deployment -> ReplicaSet -> GPU pods (with ServiceAccount tokens and
     kube-root-ca.crt), scaling down frees the GPUs, deleting the Deployment garbage-collects the rest."""
     apps, core, ns = k8s.AppsV1Api(kube_node.admin_api), kube_node.core, node_namespace
-    template = {
-        "metadata": {"labels": {"app": "trainer"}},
-        "spec": pod("unused", [container("app", 2)], kube_node.selector)["spec"],
-    }
-    apps.create_namespaced_deployment(
-        ns,
-        {
-            "apiVersion": "apps/v1",
-            "kind": "Deployment",
-            "metadata": {"name": "trainer"},
-            "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "trainer"}}, "template": template},
-        },
-    )
+    template = {"metadata": {"labels": {"app": "trainer"}},
+                "spec": pod("unused", [container("app", 2)], kube_node.selector)["spec"]}
+    apps.create_namespaced_deployment(ns, {
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "trainer"},
+        "spec": {"replicas": 2, "selector": {"matchLabels": {"app": "trainer"}}, "template": template},
+    })
 
     def pods() -> list[k8s.V1Pod]:
         return core.list_namespaced_pod(ns, label_selector="app=trainer").items
@@ -332,15 +284,8 @@ def test_controller_manager_runs_deployments_on_the_node(kube_node: KubeNode, no
     for replica in found:
         allocation = allocation_of(replica, kube_node.cluster.node_keys)
         granted |= set(allocation.containers["app"].devices)
-        ca = kube_node.kubectl(
-            "exec",
-            "-n",
-            ns,
-            replica.metadata.name,
-            "--",
-            "cat",
-            "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt",
-        ).stdout
+        ca = kube_node.kubectl("exec", "-n", ns, replica.metadata.name, "--", "cat",
+                               "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt").stdout
         assert "BEGIN CERTIFICATE" in ca  # kube-root-ca.crt, projected with the token
     assert len(granted) == 4
     apps.patch_namespaced_deployment_scale("trainer", ns, {"spec": {"replicas": 0}})
@@ -383,12 +328,10 @@ def test_kubelet_has_only_a_nodes_rights(kube_node: KubeNode) -> None:
             label = {"metadata": {"labels": {"kubegpu.io/e2e-touched": "yes"}}}
             core.patch_node(kube_node.name, label)  # its own Node: allowed
             third = {"apiVersion": "v1", "kind": "Node", "metadata": {"name": f"third-{kube_node.name}"}}
-            for attempt in (
-                lambda: core.patch_node(other, label),
-                lambda: core.delete_node(other),
-                lambda: core.create_node(third),
-                lambda: core.list_namespaced_secret("kubegpu-system"),
-            ):
+            for attempt in (lambda: core.patch_node(other, label),
+                            lambda: core.delete_node(other),
+                            lambda: core.create_node(third),
+                            lambda: core.list_namespaced_secret("kubegpu-system")):
                 with pytest.raises(k8s.ApiException) as denied:
                     attempt()
                 assert denied.value.status == 403, denied.value.body

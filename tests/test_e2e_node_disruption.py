@@ -45,9 +45,8 @@ def test_gpu_pods_survive_a_restart(gpu_node: KubeNode, node_namespace: str, com
     ]
     for body in bodies:
         core.create_namespaced_pod(ns, body)
-    before = {
-        b["metadata"]["name"]: container_ids(wait_running(core, ns, b["metadata"]["name"])) for b in bodies
-    }
+    before = {b["metadata"]["name"]: container_ids(wait_running(core, ns, b["metadata"]["name"]))
+              for b in bodies}
     assert node_problems(gpu_node) == []
 
     if component == "kubelet":
@@ -66,15 +65,9 @@ def test_gpu_pods_survive_a_restart(gpu_node: KubeNode, node_namespace: str, com
     core.create_namespaced_pod(ns, pod("later", [container("app", 1)], gpu_node.selector))
     later = wait_running(core, ns, "later", timeout=120)
     allocation = allocation_of(later, gpu_node.cluster.node_keys)
-    taken = {
-        d
-        for name in before
-        for entry in allocation_of(
-            core.read_namespaced_pod(name, ns), gpu_node.cluster.node_keys
-        ).containers.values()
-        for d in entry.devices
-        if not entry.shares
-    }
+    taken = {d for name in before
+             for entry in allocation_of(core.read_namespaced_pod(name, ns), gpu_node.cluster.node_keys)
+             .containers.values() for d in entry.devices if not entry.shares}
     assert not set(allocation.containers["app"].devices) & taken
     log = gpu_node.kubectl("logs", "-n", ns, "later").stdout
     check_view(ContainerView.parse(log), gpu_node.name, allocation, "app")

@@ -106,9 +106,8 @@ def test_churn_soak(gpu_node: KubeNode, node_namespace: str) -> None:
                 live.add(name)
                 del created[name]
             elif time.monotonic() - created[name] > POD_TIMEOUT:
-                raise AssertionError(
-                    f"pod {name} lost: not running {POD_TIMEOUT}s after creation: {found.status}"
-                )
+                raise AssertionError(f"pod {name} lost: not running {POD_TIMEOUT}s after creation: "
+                                     f"{found.status}")
         # the invariant, under churn
         found_problems = problems(look(core, gpu_node.name, keys, endpoint))
         assert found_problems == [], found_problems

@@ -326,7 +326,9 @@ def test_the_live_scheduler_leaves_a_hostile_node_out_says_why_and_takes_it_back
             assert scheduler.cache.excluded.get("bad"), case.name
             assert world.node_of(f"p{k}") == "good", case.name
     assert not jobs.errors
-    warnings = [e for e in core.events if e["involvedObject"]["kind"] == "Node" and e["type"] == "Warning"]
+    warnings = [
+        e for e in core.events if e["involvedObject"]["kind"] == "Node" and e["type"] == "Warning"
+    ]
     assert all(e["involvedObject"]["name"] == "bad" for e in warnings)
     assert 1 <= len(warnings) <= 1 + (clock() - started) / nodeevents.MIN_INTERVAL_SECONDS
     reasons = {r.fields["reason"] for r in caplog.records if r.getMessage() == "node.excluded"}  # type: ignore[attr-defined]

@@ -34,9 +34,8 @@ HOST_PATHS = (
 
 
 def kubegpu(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "kubegpu", *args], capture_output=True, text=True, timeout=timeout
-    )
+    return subprocess.run([sys.executable, "-m", "kubegpu", *args], capture_output=True, text=True,
+                          timeout=timeout)
 
 
 def test_up_runs_the_demo_and_down_leaves_nothing(tmp_path_factory: pytest.TempPathFactory) -> None:
@@ -59,39 +58,17 @@ def test_up_runs_the_demo_and_down_leaves_nothing(tmp_path_factory: pytest.TempP
         final = up.stdout.rsplit("POD", 1)[1]
         assert "train-4-next  Running    gpu" in final and "(waiting for GPUs)" not in final, up.stdout
         # `up` has exited; the cluster runs on, reachable as printed
-        nodes = subprocess.run(
-            [
-                str(binaries.kubectl),
-                "--kubeconfig",
-                str(state / "control-plane" / "admin.kubeconfig"),
-                "get",
-                "nodes",
-                "-o",
-                "name",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        nodes = subprocess.run([str(binaries.kubectl), "--kubeconfig", str(state / "control-plane" /
+                                "admin.kubeconfig"), "get", "nodes", "-o", "name"],
+                               capture_output=True, text=True, timeout=60)
         assert nodes.stdout.strip() == "node/kubegpu-node", nodes.stderr
         assert processes_of(state)
         assert read_tunables() == tunables  # kubelet wrote its tunables inside the node only
         again = kubegpu("up", "--state-dir", str(state), "--no-workload")
         assert again.returncode == 2 and "already recorded" in again.stderr
-        assert (
-            subprocess.run(
-                [
-                    str(binaries.kubectl),
-                    "--kubeconfig",
-                    str(state / "control-plane" / "admin.kubeconfig"),
-                    "get",
-                    "nodes",
-                ],
-                capture_output=True,
-                timeout=60,
-            ).returncode
-            == 0
-        )  # the refused second `up` touched nothing
+        assert subprocess.run([str(binaries.kubectl), "--kubeconfig", str(state / "control-plane" /
+                               "admin.kubeconfig"), "get", "nodes"], capture_output=True,
+                              timeout=60).returncode == 0  # the refused second `up` touched nothing
     finally:
         down = kubegpu("down", "--state-dir", str(state))
     assert down.returncode == 0, down.stdout + down.stderr
@@ -102,9 +79,7 @@ def test_up_runs_the_demo_and_down_leaves_nothing(tmp_path_factory: pytest.TempP
     assert {path: os.path.exists(path) for path in HOST_PATHS} == present
     assert sorted(p.name for p in state.iterdir()) == [".kubegpu-cluster", "logs"]
     assert {"kube-apiserver", "kubelet", "crishim"} <= {
-        name
-        for log in (state / "logs").iterdir()
-        for name in ("kube-apiserver", "kubelet", "crishim")
+        name for log in (state / "logs").iterdir() for name in ("kube-apiserver", "kubelet", "crishim")
         if name in log.name
     }
     assert kubegpu("down", "--state-dir", str(state)).returncode == 2  # nothing recorded any more
@@ -166,35 +141,15 @@ def test_down_after_kubelet_and_containerd_were_killed_leaves_nothing(
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         kubectl = [str(binaries.kubectl), "--kubeconfig", str(state / "control-plane" / "admin.kubeconfig")]
-        pod = json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "metadata": {"name": "sleeper"},
-                "spec": {
-                    "nodeName": "kubegpu-node",
-                    "hostNetwork": True,  # no kube-scheduler in the demo cluster
-                    "containers": [
-                        {
-                            "name": "app",
-                            "image": "registry.kubegpu.test/busybox:1.0",
-                            "imagePullPolicy": "Never",
-                            "command": ["/bin/sleep", "100000"],
-                        }
-                    ],
-                },
-            }
-        )
-        made = subprocess.run(
-            [*kubectl, "apply", "-f", "-"], input=pod, capture_output=True, text=True, timeout=60
-        )
+        pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper"}, "spec": {
+            "nodeName": "kubegpu-node", "hostNetwork": True,  # no kube-scheduler in the demo cluster
+            "containers": [{"name": "app", "image": "registry.kubegpu.test/busybox:1.0",
+                            "imagePullPolicy": "Never", "command": ["/bin/sleep", "100000"]}]}})
+        made = subprocess.run([*kubectl, "apply", "-f", "-"], input=pod, capture_output=True, text=True,
+                              timeout=60)
         assert made.returncode == 0, made.stderr
-        ready = subprocess.run(
-            [*kubectl, "wait", "--for=condition=Ready", "pod/sleeper", "--timeout=120s"],
-            capture_output=True,
-            text=True,
-            timeout=150,
-        )
+        ready = subprocess.run([*kubectl, "wait", "--for=condition=Ready", "pod/sleeper", "--timeout=120s"],
+                               capture_output=True, text=True, timeout=150)
         assert ready.returncode == 0, ready.stdout + ready.stderr
         ids = container_ids(state)
         assert len(ids) >= 2 and host_remains(ids)  # the pod's sandbox and container, on the host

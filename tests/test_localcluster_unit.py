@@ -42,16 +42,9 @@ def test_the_node_ip_comes_from_the_default_route_interface(tmp_path: Path) -> N
 
 
 def test_kubelet_config_is_what_these_machines_need(tmp_path: Path) -> None:
-    config = kubelet_config(
-        address="192.0.2.2",
-        port=1,
-        healthz_port=2,
-        runtime_endpoint="unix:///x.sock",
-        client_ca=tmp_path / "ca",
-        tls_cert=tmp_path / "c",
-        tls_key=tmp_path / "k",
-        volume_plugin_dir=tmp_path / "plugins",
-    )
+    config = kubelet_config(address="192.0.2.2", port=1, healthz_port=2, runtime_endpoint="unix:///x.sock",
+                            client_ca=tmp_path / "ca", tls_cert=tmp_path / "c", tls_key=tmp_path / "k",
+                            volume_plugin_dir=tmp_path / "plugins")
     assert config["volumePluginDir"] == str(tmp_path / "plugins")  # kubelet creates it: not on the host
     assert config["failCgroupV1"] is False and config["cgroupsPerQOS"] is False
     assert config["cgroupDriver"] == "cgroupfs" and config["enforceNodeAllocatable"] == []
@@ -71,10 +64,8 @@ def test_state_dirs_a_node_would_hide_or_too_long_for_sockets_are_refused(tmp_pa
 
 
 def test_link_summary_and_table() -> None:
-    topology = Topology(
-        nvlinks={("a", "b"): 2, ("a", "c"): 1, ("b", "c"): 1},
-        pcie={("a", "d"): PCIeRelation.SYS, ("b", "d"): PCIeRelation.PIX},
-    )
+    topology = Topology(nvlinks={("a", "b"): 2, ("a", "c"): 1, ("b", "c"): 1},
+                        pcie={("a", "d"): PCIeRelation.SYS, ("b", "d"): PCIeRelation.PIX})
     assert link_summary(topology, ["a"]) == "-"
     assert link_summary(topology, ["a", "b"]) == "NVLink (2 links)"
     assert link_summary(topology, ["a", "b", "c"]) == "NVLink on all 3 pairs (4 links)"
@@ -127,13 +118,10 @@ def test_the_node_namespace_keeps_kubelets_paths_and_tunables_off_the_host(tmp_p
     try:
         assert namespace.namespace_id != mount_namespace(os.getpid())
         flipped = "1" if host["vm/overcommit_memory"] != "1" else "0"
-        script = (
-            f"echo {flipped} > /proc/sys/vm/overcommit_memory; cat /proc/sys/vm/overcommit_memory; "
-            "mkdir -p /var/lib/kubelet && touch /var/lib/kubelet/x /var/log/y"
-        )
-        inside = subprocess.run(
-            namespace.enter(["sh", "-c", script]), capture_output=True, text=True, timeout=20
-        )
+        script = (f"echo {flipped} > /proc/sys/vm/overcommit_memory; cat /proc/sys/vm/overcommit_memory; "
+                  "mkdir -p /var/lib/kubelet && touch /var/lib/kubelet/x /var/log/y")
+        inside = subprocess.run(namespace.enter(["sh", "-c", script]), capture_output=True, text=True,
+                                timeout=20)
         assert inside.returncode == 0, inside.stderr
         assert inside.stdout.strip() == flipped  # kubelet would read back what it wrote
         assert read_tunables() == host  # the host never changed
@@ -192,10 +180,8 @@ def test_the_first_up_shows_build_progress(tmp_path: Path, monkeypatch: pytest.M
 
     monkeypatch.setattr(cli, "HEARTBEAT_SECONDS", 0.5)
     script = tmp_path / "build.sh"
-    script.write_text(
-        "echo 'testbin: building kubelet (k8s.io/kubernetes/cmd/kubelet) ...'; sleep 2.5\n"
-        "echo 'testbin: built kubelet in 2s'\n"
-    )
+    script.write_text("echo 'testbin: building kubelet (k8s.io/kubernetes/cmd/kubelet) ...'; sleep 2.5\n"
+                      "echo 'testbin: built kubelet in 2s'\n")
     out = io.StringIO()
     cli.build_binaries(script, out)
     lines = out.getvalue().splitlines()
@@ -232,15 +218,10 @@ def test_what_a_killed_containerds_shims_kept_on_the_host_is_found_and_removed(
         (cgroups / "memory" / "k8s.io" / cid).mkdir(parents=True)
     (cgroups / "memory" / "k8s.io" / busy / "child").mkdir()  # rmdir refuses: still in use
 
-    assert sorted(map(str, processes.runtime_remains(state))) == sorted(
-        [
-            f"{run}/runc/k8s.io/{ours}",
-            f"{cgroups}/memory/k8s.io/{ours}",
-            f"{run}/s/{busy[:8]}",
-            f"{run}/runc/k8s.io/{busy}",
-            f"{cgroups}/memory/k8s.io/{busy}",
-        ]
-    )  # an address outside /run/containerd/s is never touched
+    assert sorted(map(str, processes.runtime_remains(state))) == sorted([
+        f"{run}/runc/k8s.io/{ours}", f"{cgroups}/memory/k8s.io/{ours}",
+        f"{run}/s/{busy[:8]}", f"{run}/runc/k8s.io/{busy}", f"{cgroups}/memory/k8s.io/{busy}",
+    ])  # an address outside /run/containerd/s is never touched
     assert processes.remove_runtime_remains(state) == [f"{cgroups}/memory/k8s.io/{busy}"]
     assert [str(p) for p in processes.runtime_remains(state)] == [f"{cgroups}/memory/k8s.io/{busy}"]
     assert (run / "runc" / "k8s.io" / theirs).exists() and (run / "s" / theirs[:8]).exists()

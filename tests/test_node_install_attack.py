@@ -297,9 +297,7 @@ def test_check_reads_kubelet_config_as_kubelet_does(tmp_path: Path) -> None:
     assert (endpoint, source) == (shim, f"containerRuntimeEndpoint in {cwd / 'kubelet.yaml'}")
     # a drop-in of --config-dir wins over the file (kubelet merges them, later names last)
     (cwd / "conf.d/10-a.conf").write_text("containerRuntimeEndpoint: unix:///run/a.sock\n")
-    (cwd / "conf.d/20-b.conf").write_text(
-        "containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n"
-    )
+    (cwd / "conf.d/20-b.conf").write_text("containerRuntimeEndpoint: unix:///run/containerd/containerd.sock\n")
     (cwd / "conf.d/30-c.yaml").write_text("containerRuntimeEndpoint: unix:///ignored.sock\n")  # not *.conf
     argv = ["kubelet", "--config=kubelet.yaml", "--config-dir", "conf.d"]
     endpoint, source = nodeinstall.kubelet_endpoint(argv, cwd=cwd)

@@ -154,7 +154,9 @@ def upstream_include_dirs(go: str, cri_dir: Path, workdir: Path) -> list[Path]:
     return dirs
 
 
-def protoc_descriptor_set(includes: list[str], proto: str, out: Path) -> descriptor_pb2.FileDescriptorSet:
+def protoc_descriptor_set(
+    includes: list[str], proto: str, out: Path
+) -> descriptor_pb2.FileDescriptorSet:
     """Compile ``proto`` with grpc_tools.protoc and return its FileDescriptorSet (with imports).
 
     ``includes`` are ``-I`` values (plain dirs or ``virtual=dir`` mappings); the compiler's
@@ -239,8 +241,12 @@ def tiny_api() -> descriptor_pb2.FileDescriptorSet:
     req.field.add(name="id", number=1, type=FieldProto.TYPE_STRING, label=FieldProto.LABEL_OPTIONAL)
     entry = req.nested_type.add(name="LabelsEntry")
     entry.options.map_entry = True
-    entry.field.add(name="key", number=1, type=FieldProto.TYPE_STRING, label=FieldProto.LABEL_OPTIONAL)
-    entry.field.add(name="value", number=2, type=FieldProto.TYPE_STRING, label=FieldProto.LABEL_OPTIONAL)
+    entry.field.add(
+        name="key", number=1, type=FieldProto.TYPE_STRING, label=FieldProto.LABEL_OPTIONAL
+    )
+    entry.field.add(
+        name="value", number=2, type=FieldProto.TYPE_STRING, label=FieldProto.LABEL_OPTIONAL
+    )
     req.field.add(
         name="labels",
         number=2,
@@ -249,12 +255,16 @@ def tiny_api() -> descriptor_pb2.FileDescriptorSet:
         label=FieldProto.LABEL_REPEATED,
     )
     resp = f.message_type.add(name="PingResponse")
-    resp.field.add(name="count", number=1, type=FieldProto.TYPE_INT64, label=FieldProto.LABEL_OPTIONAL)
+    resp.field.add(
+        name="count", number=1, type=FieldProto.TYPE_INT64, label=FieldProto.LABEL_OPTIONAL
+    )
     enum = f.enum_type.add(name="Mode")
     enum.value.add(name="OFF", number=0)
     enum.value.add(name="ON", number=1)
     svc = f.service.add(name="PingService")
-    svc.method.add(name="Ping", input_type=f".{PACKAGE}.PingRequest", output_type=f".{PACKAGE}.PingResponse")
+    svc.method.add(
+        name="Ping", input_type=f".{PACKAGE}.PingRequest", output_type=f".{PACKAGE}.PingResponse"
+    )
     svc.method.add(
         name="Watch",
         input_type=f".{PACKAGE}.PingRequest",
@@ -293,9 +303,13 @@ def test_comparator_catches_changed_field_number() -> None:
 
 def test_comparator_catches_changed_field_type() -> None:
     """A field whose scalar type changed (int64 -> int32) is reported."""
-    ours = perturbed(lambda f: setattr(_field(f, "PingResponse", "count"), "type", FieldProto.TYPE_INT32))
+    ours = perturbed(
+        lambda f: setattr(_field(f, "PingResponse", "count"), "type", FieldProto.TYPE_INT32)
+    )
     diffs = diff_descriptor_sets(tiny_api(), ours, PACKAGE)
-    assert diffs == [f"field .{PACKAGE}.PingResponse.count type differs: upstream 'int64', ours 'int32'"]
+    assert diffs == [
+        f"field .{PACKAGE}.PingResponse.count type differs: upstream 'int64', ours 'int32'"
+    ]
 
 
 def test_comparator_catches_missing_and_extra_method() -> None:

@@ -118,7 +118,6 @@ def test_an_init_container_asking_more_gpus_than_the_app_holds_them_all() -> Non
 
 def test_sidecar_gpus_add_to_every_later_init_container_and_the_app() -> None:
     world, scheduler, jobs, core, clock, feed = world_with(node_json("n1", gpus=4))
-
     def gpus(count: str) -> dict[str, Any]:
         return {"limits": {"nvidia.com/gpu": count}}
 

@@ -361,8 +361,8 @@ class Model:
                 for device in entry.devices:
                     share = entry.shares.get(device)
                     milli = MILLI if share is None else share.milli
-                    per_pod[device] = (
-                        MILLI if entry.init or share is None else min(MILLI, per_pod.get(device, 0) + milli)
+                    per_pod[device] = MILLI if entry.init or share is None else min(
+                        MILLI, per_pod.get(device, 0) + milli
                     )
             node = held.setdefault(allocation.node, {})
             for device, milli in per_pod.items():

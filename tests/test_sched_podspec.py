@@ -103,12 +103,8 @@ def test_share_goes_only_to_the_named_containers() -> None:
     from scheduler.core.allocate import split_containers
     from scheduler.core.state import GpuGrant
 
-    request = pod_request(
-        pod(
-            [container("a"), container("b")],
-            {"kubegpu.io/gpu-milli": "400", "kubegpu.io/gpu-containers": "b"},
-        )
-    )
+    request = pod_request(pod([container("a"), container("b")],
+                              {"kubegpu.io/gpu-milli": "400", "kubegpu.io/gpu-containers": "b"}))
     assert split_containers(request, (GpuGrant(0, "GPU-x", 400, 0),)) == {"b": ("GPU-x",)}
 
 

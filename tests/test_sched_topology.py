@@ -162,22 +162,14 @@ def test_lookahead_matches_the_brute_force_ranking_for_every_free_set_and_size()
             # never worse than go-gpuallocator's own criterion: the best partition score of the free set
             total = sum(scores[a][b] for a, b in itertools.combinations(got, 2))
             rest = tuple(g for g in free if g not in got)
-            split = (
-                max(
-                    sum(sum(scores[a][b] for a, b in itertools.combinations(g, 2)) for g in p)
-                    for p in reference_partitions(rest, k)
-                )
-                if k > 1 and rest
-                else 0
-            )
-            best = (
-                max(
-                    sum(sum(scores[a][b] for a, b in itertools.combinations(g, 2)) for g in p)
-                    for p in reference_partitions(tuple(free), k)
-                )
-                if k > 1
-                else 0
-            )
+            split = max(
+                sum(sum(scores[a][b] for a, b in itertools.combinations(g, 2)) for g in p)
+                for p in reference_partitions(rest, k)
+            ) if k > 1 and rest else 0
+            best = max(
+                sum(sum(scores[a][b] for a, b in itertools.combinations(g, 2)) for g in p)
+                for p in reference_partitions(tuple(free), k)
+            ) if k > 1 else 0
             assert total + split == best, (free, k, got)
 
 

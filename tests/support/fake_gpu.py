@@ -141,7 +141,7 @@ def nvmlDeviceGetUtilizationRates(h):
     return SimpleNamespace(gpu=97 if busy else 0, memory=41 if busy else 0)
 '''
 
-NVIDIA_SMI = r"""
+NVIDIA_SMI = r'''
 import os, sys
 
 GPUS = %(gpus)r
@@ -196,7 +196,7 @@ elif not args:
 else:
     sys.stderr.write("fake nvidia-smi: unsupported %%r\n" %% args)
     sys.exit(2)
-"""
+'''
 
 TORCH = '''
 """Fake PyTorch (tests/support/fake_gpu.py): just what kubegpu.gpu_proof's workers use."""
@@ -234,7 +234,7 @@ def empty(n, dtype=None, device=None):
     return _Tensor()
 '''
 
-TORCH_CUDA = """
+TORCH_CUDA = '''
 import os
 from types import SimpleNamespace
 
@@ -308,7 +308,7 @@ def mem_get_info():
 
 def synchronize():
     pass
-"""
+'''
 
 
 def _executable(path: Path, text: str) -> Path:

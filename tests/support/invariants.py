@@ -57,9 +57,8 @@ class NodeView:
     live: list[Holding] = field(default_factory=list)  # live marked containers in containerd
 
 
-def api_allocations(
-    core: k8s.CoreV1Api, node: str, keys_dir: Path
-) -> tuple[dict[str, dict[str, dict[str, int]]], dict[str, str], set[str]]:
+def api_allocations(core: k8s.CoreV1Api, node: str, keys_dir: Path) -> tuple[
+        dict[str, dict[str, dict[str, int]]], dict[str, str], set[str]]:
     keys = verifying_keys(keys_dir)
     allocations: dict[str, dict[str, dict[str, int]]] = {}
     names: dict[str, str] = {}
@@ -95,16 +94,8 @@ def runtime_holdings(endpoint: str) -> list[Holding]:
             continue
         mark = json.loads(entry.annotations[MARK])
         devices = {k: int(v) for k, v in mark["devices"].items()}
-        holdings.append(
-            Holding(
-                mark["pod"],
-                mark["container"],
-                devices,
-                entry.id,
-                api_pb2.ContainerState.Name(entry.state),
-                entry.metadata.attempt,
-            )
-        )
+        holdings.append(Holding(mark["pod"], mark["container"], devices, entry.id,
+                                api_pb2.ContainerState.Name(entry.state), entry.metadata.attempt))
     return holdings
 
 
@@ -124,18 +115,14 @@ def problems(view: NodeView, settled: bool = False) -> list[str]:
         granted = view.api.get(holding.pod_uid)
         if granted is None:
             if settled:
-                found.append(
-                    f"containerd runs {holding.container} of pod {holding.pod_uid}, "
-                    "which the API no longer has"
-                )
+                found.append(f"containerd runs {holding.container} of pod {holding.pod_uid}, "
+                             "which the API no longer has")
             continue
         allowed: Mapping[str, int] = granted.get(holding.container, {})
         extra = {d: m for d, m in holding.devices.items() if allowed.get(d) != m}
         if extra:
-            found.append(
-                f"{view.names[holding.pod_uid]}/{holding.container} holds {extra}, "
-                f"its allocation gives {dict(allowed)}"
-            )
+            found.append(f"{view.names[holding.pod_uid]}/{holding.container} holds {extra}, "
+                         f"its allocation gives {dict(allowed)}")
     for device, holders in held.items():
         milli = sum(max(h.devices[device] for h in attempts) for attempts in holders.values())
         if milli > 1000:
@@ -143,9 +130,6 @@ def problems(view: NodeView, settled: bool = False) -> list[str]:
             found.append(f"device {device} held {milli} milli (> 1000) by {who}")
     if settled:
         live_pods = {h.pod_uid for h in view.live}
-        found += [
-            f"{view.names[uid]} runs per the API but containerd has no container of it"
-            for uid in view.running_gpu_pods
-            if uid not in live_pods
-        ]
+        found += [f"{view.names[uid]} runs per the API but containerd has no container of it"
+                  for uid in view.running_gpu_pods if uid not in live_pods]
     return found

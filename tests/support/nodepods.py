@@ -29,7 +29,8 @@ DEVICE_ENV_PREFIXES = ("NVIDIA_", "KUBEGPU_")
 
 def report_script(then: str = "sleep 3600") -> str:
     """Shell: print env and visible sim devices between markers, then run ``then``."""
-    return f"env; echo '{DEVICES_MARKER}'; ls {CONTAINER_DEV_DIR} 2>/dev/null; echo '{END_MARKER}'; {then}"
+    return (f"env; echo '{DEVICES_MARKER}'; ls {CONTAINER_DEV_DIR} 2>/dev/null; "
+            f"echo '{END_MARKER}'; {then}")
 
 
 def container(name: str, gpus: int = 0, then: str = "sleep 3600", **extra: Any) -> dict[str, Any]:
@@ -71,17 +72,12 @@ def pod(
         spec["nodeSelector"] = dict(selector)
         if scheduler:
             spec["schedulerName"] = scheduler
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {"name": name, "annotations": dict(annotations or {})},
-        "spec": spec,
-    }
+    return {"apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "annotations": dict(annotations or {})}, "spec": spec}
 
 
-def wait_pod(
-    core: k8s.CoreV1Api, namespace: str, name: str, predicate: Any, what: str, timeout: float = 90
-) -> k8s.V1Pod:
+def wait_pod(core: k8s.CoreV1Api, namespace: str, name: str, predicate: Any, what: str,
+             timeout: float = 90) -> k8s.V1Pod:
     """Poll the pod until ``predicate(pod)`` holds; fail naming ``what`` and the pod's status."""
     deadline = time.monotonic() + timeout
     while True:
@@ -129,7 +125,7 @@ class ContainerView:
         assert DEVICES_MARKER in lines and END_MARKER in lines, f"incomplete report:\n{log}"
         first = lines.index(DEVICES_MARKER)
         env = dict(line.split("=", 1) for line in lines[:first] if "=" in line)
-        devices = lines[first + 1 : lines.index(END_MARKER, first)]
+        devices = lines[first + 1: lines.index(END_MARKER, first)]
         return cls(env=env, devices=sorted(devices))
 
     def device_env(self) -> dict[str, str]:
@@ -137,12 +133,8 @@ class ContainerView:
 
     def gpu_ids_in_env(self) -> set[str]:
         """Every GPU id that appears anywhere in the device variables."""
-        return {
-            part.split(":")[0]
-            for value in self.device_env().values()
-            for part in value.split(",")
-            if part.startswith("GPU-")
-        }
+        return {part.split(":")[0] for value in self.device_env().values()
+                for part in value.split(",") if part.startswith("GPU-")}
 
 
 def check_view(view: ContainerView, node: str, allocation: Allocation | None, container_name: str) -> None:
@@ -162,9 +154,8 @@ def check_view(view: ContainerView, node: str, allocation: Allocation | None, co
         assert f"{device}:{share.milli}" in shares, f"{container_name}: share {share} not in {shares!r}"
 
 
-def read_view(
-    core: k8s.CoreV1Api, namespace: str, name: str, container_name: str, timeout: float = 30
-) -> ContainerView:
+def read_view(core: k8s.CoreV1Api, namespace: str, name: str, container_name: str,
+              timeout: float = 30) -> ContainerView:
     """The container's report, read through the API.
 
     The log can lag the Running state, and a kubelet that just restarted answers 404 until it

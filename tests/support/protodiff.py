@@ -193,7 +193,8 @@ def diff_services(
             up, us = upstream[service][name], ours[service][name]
             if up != us:
                 diffs.append(
-                    f"method {service}/{name} differs: upstream {up.describe()}, ours {us.describe()}"
+                    f"method {service}/{name} differs: "
+                    f"upstream {up.describe()}, ours {us.describe()}"
                 )
     return diffs
 
@@ -209,11 +210,13 @@ def diff_fields(message: str, upstream: MessageSig, ours: MessageSig) -> list[st
                 diffs.append(f"field {message}.{name} {attr} differs: upstream {a!r}, ours {b!r}")
     if sorted(upstream.oneofs) != sorted(ours.oneofs):
         diffs.append(
-            f"message {message} oneofs differ: upstream {sorted(upstream.oneofs)}, ours {sorted(ours.oneofs)}"
+            f"message {message} oneofs differ: upstream {sorted(upstream.oneofs)}, "
+            f"ours {sorted(ours.oneofs)}"
         )
     if upstream.map_entry != ours.map_entry:
         diffs.append(
-            f"message {message} map_entry differs: upstream {upstream.map_entry}, ours {ours.map_entry}"
+            f"message {message} map_entry differs: upstream {upstream.map_entry}, "
+            f"ours {ours.map_entry}"
         )
     return diffs
 
@@ -226,11 +229,15 @@ def diff_messages(upstream: Mapping[str, MessageSig], ours: Mapping[str, Message
     return diffs
 
 
-def diff_enums(upstream: Mapping[str, Mapping[str, int]], ours: Mapping[str, Mapping[str, int]]) -> list[str]:
+def diff_enums(
+    upstream: Mapping[str, Mapping[str, int]], ours: Mapping[str, Mapping[str, int]]
+) -> list[str]:
     """Differences between two ``{enum: {value: number}}`` maps."""
     diffs, shared = _diff_keys(lambda k: f"enum {k}", upstream, ours)
     for enum in shared:
-        value_diffs, values = _diff_keys(lambda k, e=enum: f"enum value {e}.{k}", upstream[enum], ours[enum])
+        value_diffs, values = _diff_keys(
+            lambda k, e=enum: f"enum value {e}.{k}", upstream[enum], ours[enum]
+        )
         diffs += value_diffs
         for value in values:
             a, b = upstream[enum][value], ours[enum][value]
