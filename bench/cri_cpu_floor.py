@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node_overhead import koord_runtime_proxy, process_cpu_seconds
+from node_overhead import koord_runtime_proxy, process_cpu_seconds, refuse_unusable_peer
 
 from crishim.cri import api_pb2
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
@@ -209,8 +209,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.rounds < 1 or args.seconds <= 0 or args.rate <= 0 or args.containers < 1:
         parser.error("--rounds, --seconds, --rate and --containers must be positive")
-    if args.peer_binary and not os.access(args.peer_binary, os.X_OK):
-        parser.error(f"--peer-binary {args.peer_binary} is not an executable file")
+    refuse_unusable_peer(parser, args.peer_binary)
     say = (lambda _m: None) if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     result = run(args, say)
     if not args.json:

@@ -69,6 +69,12 @@ def percentile(samples: list[float], pct: float) -> float:
     return ordered[index]
 
 
+def refuse_unusable_peer(parser: argparse.ArgumentParser, peer_binary: str | None) -> None:
+    """Exit 2 (argparse's usage error) when ``--peer-binary`` names no executable file."""
+    if peer_binary and not os.access(peer_binary, os.X_OK):
+        parser.error(f"--peer-binary {peer_binary} is not an executable file")
+
+
 def koord_runtime_proxy(binary: str) -> Callable[[Path, str], list[str]]:
     """Command of koord-runtime-proxy in front of containerd.
 
@@ -400,8 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.pods < 1 or args.steady_pods < 1 or args.steady_seconds <= 0:
         parser.error("--pods, --steady-pods and --steady-seconds must be positive")
-    if args.peer_binary and not os.access(args.peer_binary, os.X_OK):
-        parser.error(f"--peer-binary {args.peer_binary} is not an executable file")
+    refuse_unusable_peer(parser, args.peer_binary)
     say: Callable[[str], None] = (lambda _: None) if args.json else (lambda m: print(m, file=sys.stderr))
     result = run(args, say)
     if not args.json:
