@@ -9,18 +9,24 @@ make visible is removed or overridden, whatever its spelling:
 - mounts over the toolkit's device-list directory (``/var/run/nvidia-container-devices``) in any
   spelling: the toolkit cleans the path and prefix-matches it, so ``/var/run//nvidia-container-
   devices/all`` and ``/var/run/nvidia-container-devicesall`` are requests too;
-- CDI requests of NVIDIA's and our vendors, as names or as ``cdi.k8s.io/`` annotations;
+- CDI requests of NVIDIA's and our vendors, as names or as entries of ``cdi.k8s.io/`` annotations
+  (other vendors' entries are kept: the annotation is rewritten to what is left);
 - device entries whose host path reaches a managed device node, however it is spelled
   (``crishim.hostpaths``: cleaned, resolved through symlinks and ``/dev/char/M:m``, compared by
   device number);
 - our own ``kubegpu.io/`` marks.
 What the shim cannot decide (a relative or unresolvable device path, a directory holding managed
-nodes, an environment name with ``=``, a malformed CDI name) raises ``Ambiguous``: the container
+nodes, an environment name with ``=``, a malformed CDI name, a CDI annotation entry that is not a
+qualified name but mentions a managed vendor) raises ``Ambiguous``: the container
 is refused rather than guessed about. Only then are the edits for the devices the allocation
 grants applied, so a container sees exactly its allocation.
 """
 
 from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import MutableMapping
 
 from crishim.cri import api_pb2
 from crishim.hostpaths import Ambiguous, HostFS, ManagedDevices, clean, device_entry_verdict
@@ -59,6 +65,15 @@ SCRUBBED_CDI_VENDORS = frozenset(
 # Annotation keys (lower-cased) that request CDI devices (containerd reads cdi.k8s.io/; the
 # toolkit's annotation prefixes are configurable, NVIDIA's device plugin uses nvidia.cdi.k8s.io/).
 CDI_ANNOTATION = "cdi.k8s.io/"
+# A malformed entry of a CDI annotation that mentions one of these (NFKC, case-folded) could be
+# read as a managed device by a reader more lenient than containerd's: it is refused.
+MANAGED_VENDOR_MARKS = ("nvidia.com", "kubegpu.io")
+# The CDI library's grammar of a qualified name (container-device-interface pkg/parser), which
+# containerd and the NVIDIA toolkit apply to every entry of a CDI annotation: vendor and class
+# start with an ASCII letter, end with a letter or digit, and hold letters, digits, _ . - between;
+# the device name starts and ends with a letter or digit and may also hold ':'.
+_CDI_VENDOR_OR_CLASS = re.compile(r"[A-Za-z](?:[A-Za-z0-9_.-]*[A-Za-z0-9])?")
+_CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 OWN_ANNOTATION_PREFIX = "kubegpu.io/"
 
 
@@ -82,13 +97,80 @@ def cdi_vendor(name: str) -> str:
 
 
 def is_scrubbed_cdi(name: str) -> bool:
-    vendor = cdi_vendor(name)
+    return is_managed_vendor(cdi_vendor(name))
+
+
+def is_managed_vendor(vendor: str) -> bool:
+    """Whether a CDI vendor (any case, surrounding blanks ignored) is one whose devices we manage."""
+    vendor = vendor.strip().lower()
     return vendor in SCRUBBED_CDI_VENDORS or vendor.endswith(".nvidia.com")
 
 
+def qualified_cdi_vendor(name: str) -> str | None:
+    """The vendor of ``name`` if it is a qualified CDI name as containerd parses the entries of a
+    ``cdi.k8s.io/`` annotation (split at the first ``=``, then the first ``/``; no trimming); None
+    for anything containerd would reject."""
+    qualifier, equals, device = name.partition("=")
+    vendor, slash, kind = qualifier.partition("/")
+    if not (equals and slash) or name.startswith("/"):
+        return None
+    if not (
+        _CDI_VENDOR_OR_CLASS.fullmatch(vendor)
+        and _CDI_VENDOR_OR_CLASS.fullmatch(kind)
+        and _CDI_DEVICE_NAME.fullmatch(device)
+    ):
+        return None
+    return vendor
+
+
 def is_scrubbed_annotation(key: str) -> bool:
-    lowered = key.lower()
-    return CDI_ANNOTATION in lowered or lowered.startswith(OWN_ANNOTATION_PREFIX)
+    """Our own marks: removed whatever their value."""
+    return key.lower().startswith(OWN_ANNOTATION_PREFIX)
+
+
+def is_cdi_annotation(key: str) -> bool:
+    return CDI_ANNOTATION in key.lower()
+
+
+def scrubbed_cdi_annotation(key: str, value: str) -> str | None:
+    """What is left of a CDI request annotation once the managed vendors' entries are taken out:
+    the value unchanged when it names none, the other entries (in order) when it mixes, None
+    (drop the key) when every entry was managed.
+
+    Entries are split at ``,`` exactly as containerd and the NVIDIA toolkit split them. An entry
+    that is not a qualified CDI name makes containerd and the toolkit fail the whole create, so
+    keeping it grants nothing; but if it mentions a managed vendor in any spelling, a more
+    lenient reader could take it for a managed device: Ambiguous, naming the annotation.
+    """
+    kept = []
+    for entry in value.split(","):
+        vendor = qualified_cdi_vendor(entry)
+        if vendor is None:
+            folded = unicodedata.normalize("NFKC", entry).casefold()
+            if any(mark in folded for mark in MANAGED_VENDOR_MARKS):
+                raise Ambiguous(
+                    f"CDI annotation {key[:200]!r}: entry {entry[:200]!r} is not a qualified CDI name "
+                    f"(vendor/class=device) and mentions a vendor whose devices are managed here"
+                )
+            kept.append(entry)
+        elif not is_managed_vendor(vendor):
+            kept.append(entry)
+    if len(kept) == value.count(",") + 1:
+        return value
+    return ",".join(kept) if kept else None
+
+
+def _scrub_annotations(annotations: MutableMapping[str, str], own_marks: bool) -> None:
+    """Apply the CDI annotation rule (and, for a container, drop our own marks) in place."""
+    for key in list(annotations):
+        if own_marks and is_scrubbed_annotation(key):
+            del annotations[key]
+        elif is_cdi_annotation(key):
+            left = scrubbed_cdi_annotation(key, annotations[key])
+            if left is None:
+                del annotations[key]
+            elif left != annotations[key]:
+                annotations[key] = left
 
 
 def scrub(config: api_pb2.ContainerConfig, managed: ManagedDevices, fs: HostFS | None = None) -> None:
@@ -126,14 +208,13 @@ def scrub(config: api_pb2.ContainerConfig, managed: ManagedDevices, fs: HostFS |
         del config.CDI_devices[:]
         config.CDI_devices.extend(kept_cdi)
 
-    for key in [k for k in config.annotations if is_scrubbed_annotation(k)]:
-        del config.annotations[key]
+    _scrub_annotations(config.annotations, own_marks=True)
 
 
 def scrub_sandbox_annotations(sandbox: api_pb2.PodSandboxConfig) -> None:
-    """CDI requests in the pod's annotations (containerd passes matching ones to containers)."""
-    for key in [k for k in sandbox.annotations if CDI_ANNOTATION in k.lower()]:
-        del sandbox.annotations[key]
+    """CDI requests in the pod's annotations (containerd can pass them to containers): the same
+    rule as a container's. Raises Ambiguous like ``scrub``."""
+    _scrub_annotations(sandbox.annotations, own_marks=False)
 
 
 def _under(path: str, directory: str) -> bool:

@@ -414,11 +414,11 @@ class AllocationRewriter:
             value = await self._lookup(pod.namespace, pod.name, pod.uid)
         try:
             edits.scrub(request.config, self.node_devices.managed)
+            edits.scrub_sandbox_annotations(request.sandbox_config)
         except Ambiguous as error:
             raise Rejected(
                 grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod} container {container}: refused: {error}"
             ) from None
-        edits.scrub_sandbox_annotations(request.sandbox_config)
         if request.config.linux.security_context.privileged:
             log_event(
                 log,

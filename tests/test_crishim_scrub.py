@@ -193,6 +193,7 @@ def test_cdi_names_and_annotations_of_every_nvidia_vendor_are_removed() -> None:
             ("cdi.k8s.io/gpu", "nvidia.com/gpu=all"),
             ("nvidia.cdi.k8s.io/gpu", "nvidia.com/gpu=all"),
             ("CDI.K8S.IO/x", "nvidia.com/gpu=all"),
+            ("cdi.k8s.io/mgmt", "management.nvidia.com/gpu=all,kubegpu.io/gpu=x"),
             ("Kubegpu.io/devices", "forged"),
             ("keep.me/x", "1"),
         ],
@@ -206,10 +207,88 @@ def test_cdi_names_and_annotations_of_every_nvidia_vendor_are_removed() -> None:
 def test_pod_annotations_that_request_cdi_devices_are_removed_from_the_request() -> None:
     sandbox = api_pb2.PodSandboxConfig()
     sandbox.annotations.update(
-        {"cdi.k8s.io/x": "nvidia.com/gpu=all", "kubegpu.io/allocation": "{}", "a": "b"}
+        {
+            "cdi.k8s.io/x": "nvidia.com/gpu=all",
+            "cdi.k8s.io/nic": "example.com/net=eth1",
+            "kubegpu.io/allocation": "{}",
+            "a": "b",
+        }
     )
     edits.scrub_sandbox_annotations(sandbox)
-    assert dict(sandbox.annotations) == {"kubegpu.io/allocation": "{}", "a": "b"}
+    assert dict(sandbox.annotations) == {
+        "cdi.k8s.io/nic": "example.com/net=eth1",
+        "kubegpu.io/allocation": "{}",
+        "a": "b",
+    }
+    sandbox.annotations["cdi.k8s.io/y"] = "nvidia.com/gpu=0 "
+    with pytest.raises(Ambiguous, match="'cdi.k8s.io/y'"):
+        edits.scrub_sandbox_annotations(sandbox)
+
+
+def test_other_vendors_cdi_annotations_are_kept_and_mixed_ones_lose_only_managed_entries() -> None:
+    """Another device plugin's CDI request (a NIC) is not ours to remove; an annotation naming
+    devices of both is left with the other vendor's entries, in order, exactly as spelled."""
+    config = scrubbed(
+        ManagedDevices(),
+        annotations=[
+            ("cdi.k8s.io/nic", "example.com/net=eth1"),
+            ("cdi.k8s.io/mixed", "example.com/net=eth1,nvidia.com/gpu=0,vendor.example/fpga=a:b"),
+            ("nvidia.cdi.k8s.io/gpu", "k8s.device-plugin.nvidia.com/gpu=GPU-1,NVIDIA.COM/gpu=all"),
+            ("cdi.k8s.io/ours", "kubegpu.io/gpu=x,gpu.nvidia.com/gpu=0"),
+            ("cdi.k8s.io/garbage", "x"),  # containerd rejects it itself; it names nothing of ours
+        ],
+    )
+    assert dict(config.annotations) == {
+        "cdi.k8s.io/nic": "example.com/net=eth1",
+        "cdi.k8s.io/mixed": "example.com/net=eth1,vendor.example/fpga=a:b",
+        "cdi.k8s.io/garbage": "x",
+    }
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        " nvidia.com/gpu=0",  # containerd does not trim: not a qualified name, a lenient reader's GPU
+        "nvidia.com/gpu=0 ",
+        "example.com/net=eth1, nvidia.com/gpu=all",
+        "nvidia.com/gpu",
+        "nvidia.com/gpu=a/b",
+        "ｎｖｉｄｉａ.com/gpu=0",  # full-width letters: NFKC makes them nvidia.com
+        "example.com/net=eth1;kubegpu.io/gpu=x",
+        "NVIDIA.COM=gpu/0",
+    ],
+)
+def test_a_malformed_cdi_annotation_entry_naming_a_managed_vendor_is_refused(value: str) -> None:
+    with pytest.raises(Ambiguous, match="CDI annotation 'cdi.k8s.io/x'.*not a qualified CDI name"):
+        scrubbed(ManagedDevices(), annotations=[("cdi.k8s.io/x", value)])
+
+
+@pytest.mark.parametrize(
+    ("name", "vendor"),
+    [
+        ("nvidia.com/gpu=0", "nvidia.com"),
+        ("NVIDIA.COM/gpu=all", "NVIDIA.COM"),
+        ("a/b=c", "a"),
+        ("vendor.example/fpga=a:b.c-d_e", "vendor.example"),
+        (" nvidia.com/gpu=0", None),
+        ("nvidia.com/gpu=0 ", None),
+        ("nvidia.com/gpu", None),
+        ("/gpu=0", None),
+        ("nvidia.com/=0", None),
+        ("nvidia.com/gpu=", None),
+        ("1vendor.com/gpu=0", None),
+        ("vendor.com-/gpu=0", None),
+        ("vendor.com/gpu/x=0", None),
+        ("vendor.com/gpu=a/b", None),
+        ("vendor.com/gpu=a=b", None),
+        ("vendor.com/gpu=:a", None),
+        ("vendor.com/gpu=a:", None),
+        ("vendör.com/gpu=0", None),
+        ("", None),
+    ],
+)
+def test_qualified_cdi_names_follow_the_cdi_librarys_grammar(name: str, vendor: str | None) -> None:
+    assert edits.qualified_cdi_vendor(name) == vendor
 
 
 class Failing:

@@ -22,6 +22,7 @@ import asyncio
 import json
 import os
 import random
+import re
 import stat
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -159,11 +160,15 @@ def toolkit_requests(
     passed through from the pod and the container)."""
     env = containerd_env(image_env, config)
     annotations = {**dict(sandbox.annotations), **dict(config.annotations)}
+    # Entries of another vendor are that vendor's devices, not GPUs: only NVIDIA's count here
+    # (compared leniently: any case, blanks around the vendor ignored), and with none of them the
+    # other request paths are looked at too, which is stricter than the toolkit's precedence.
     from_annotations = [
         d
         for key, value in sorted(annotations.items())
         if key.startswith(TOOLKIT_ANNOTATION_PREFIXES)
         for d in value.split(",")
+        if lenient_vendor(d) in NVIDIA_CDI_VENDORS
     ]
     from_mounts = []
     for mount in config.mounts:
@@ -187,7 +192,10 @@ def toolkit_requests(
     ]
     cdi = [c.name for c in config.CDI_devices]
     cdi += [
-        d for key, value in annotations.items() if key.startswith("cdi.k8s.io/") for d in value.split(",")
+        d
+        for key, value in annotations.items()
+        if key.lower().startswith(TOOLKIT_ANNOTATION_PREFIXES)
+        for d in value.split(",")
     ]
     features = [f for f in FEATURES if visible and env.get(f) == "enabled"]
     return {"visible": visible, "imex": imex, "cdi": cdi, "features": features}
@@ -213,17 +221,50 @@ def violations(
             problems.append(f"toolkit would give {device!r}")
     problems += [f"IMEX channel {c!r}" for c in requests["imex"]]
     for name in requests["cdi"]:
-        vendor = name.split("/", 1)[0]
+        vendor = lenient_vendor(name)
         if vendor in NVIDIA_CDI_VENDORS and name.partition("=")[2] not in allowed_ids:
             problems.append(f"CDI device {name!r}")
     problems += [f"feature {f} adds device nodes" for f in requests["features"]]
     return problems
 
 
-def undecidable(config: api_pb2.ContainerConfig) -> list[str]:
+def lenient_vendor(name: str) -> str:
+    """The vendor of a CDI name as a reader more lenient than containerd could see it."""
+    return name.split("/", 1)[0].strip().lower()
+
+
+def strictly_qualified(name: str) -> bool:
+    """containerd's (the CDI library's) grammar for a qualified name, written out again here."""
+    part = r"[A-Za-z]([\w.-]*[A-Za-z0-9])?"
+    return bool(re.fullmatch(rf"{part}/{part}=[A-Za-z0-9]([\w.:-]*[A-Za-z0-9])?", name)) and name.isascii()
+
+
+def other_vendors_requests(config: api_pb2.ContainerConfig, sandbox: api_pb2.PodSandboxConfig) -> set[str]:
+    """The qualified CDI annotation entries of vendors we do not manage: the scrub must keep them."""
+    return {
+        f"{side}:{key}:{d}"
+        for side, where in (("container", config.annotations), ("pod", sandbox.annotations))
+        for key, value in where.items()
+        if "cdi.k8s.io/" in key.lower()
+        for d in value.split(",")
+        if strictly_qualified(d)
+        and lenient_vendor(d) not in {*NVIDIA_CDI_VENDORS, "kubegpu.io"}
+        and not lenient_vendor(d).endswith(".nvidia.com")
+    }
+
+
+def undecidable(config: api_pb2.ContainerConfig, sandbox: api_pb2.PodSandboxConfig) -> list[str]:
     """Requests the shim may refuse because it cannot tell what they give (this file's own rules);
     any other request must be accepted."""
     reasons = []
+    for where in (config.annotations, sandbox.annotations):
+        for key, value in where.items():
+            if "cdi.k8s.io/" in key.lower():
+                reasons += [
+                    f"CDI annotation entry {d!r}"
+                    for d in value.split(",")
+                    if not strictly_qualified(d) and ("nvidia.com" in d.lower() or "kubegpu.io" in d.lower())
+                ]
     for entry in config.devices:
         path = entry.host_path
         if not path.startswith("/") or "\x00" in path:
@@ -381,10 +422,21 @@ def random_case(
         "keep.me/x",
         "io.kubernetes.cri/x",
     ]
+    annotation_values = [
+        "nvidia.com/gpu=all",
+        "x",
+        "example.com/net=eth1",  # another vendor's device: kept
+        "nvidia.com/gpu=0,example.com/net=eth1",
+        "NVIDIA.COM/gpu=all",
+        " nvidia.com/gpu=0",  # not qualified, names a managed vendor: refused
+        "example.com/net=eth1, nvidia.com/gpu=all",
+    ]
     annotations = {
-        rng.choice(annotation_keys): rng.choice(["nvidia.com/gpu=all", "x"]) for _ in range(rng.randrange(3))
+        rng.choice(annotation_keys): rng.choice(annotation_values) for _ in range(rng.randrange(3))
     }
-    pod_annotations = {rng.choice(annotation_keys[:3]): "nvidia.com/gpu=all" for _ in range(rng.randrange(2))}
+    pod_annotations = {
+        rng.choice(annotation_keys[:3]): rng.choice(annotation_values[:5]) for _ in range(rng.randrange(2))
+    }
     privileged = False
     return (
         {
@@ -471,14 +523,15 @@ def test_the_scrub_leaves_nothing_beyond_the_allocation(fake_gpus: tuple[FakeGpu
     rewriter = AllocationRewriter(NODE, node_devices, KeyRing(None, {"k1": SIGNING["k1"].public_key()}))
     rewriter.rebuilt.set()
     rng = random.Random(1126)
-    tally = {"accepted": 0, "refused": 0, "granted": 0, "hostile_removed": 0}
+    tally = {"accepted": 0, "refused": 0, "granted": 0, "hostile_removed": 0, "others_kept": 0}
 
     async def run() -> None:
         for number in range(CASES):
             case, granted = random_case(rng, fake, links)
             request = make_request(case, granted)
             before = violations(request.config, request.sandbox_config, case["image_env"], [])
-            reasons = undecidable(request.config)
+            reasons = undecidable(request.config, request.sandbox_config)
+            others = other_vendors_requests(request.config, request.sandbox_config)
             try:
                 rewritten, completion = await rewriter.create_container(request)
             except Rejected as rejected:
@@ -489,6 +542,9 @@ def test_the_scrub_leaves_nothing_beyond_the_allocation(fake_gpus: tuple[FakeGpu
                 continue
             found = violations(rewritten.config, rewritten.sandbox_config, case["image_env"], granted)
             assert not found, (number, json.dumps(case, default=str), found)
+            kept = other_vendors_requests(rewritten.config, rewritten.sandbox_config)
+            assert others <= kept, (number, json.dumps(case, default=str), others - kept)
+            tally["others_kept"] += bool(others)
             if granted:  # the allocation itself arrives intact
                 reached = {n for d in rewritten.config.devices for n in containerd_devices(d.host_path)}
                 assert {(MAJOR, i) for i in granted} | {(MAJOR, CTL_MINOR)} <= reached
@@ -502,7 +558,7 @@ def test_the_scrub_leaves_nothing_beyond_the_allocation(fake_gpus: tuple[FakeGpu
 
     asyncio.run(run())
     assert tally["refused"] > CASES // 20 and tally["granted"] > CASES // 4, tally
-    assert tally["hostile_removed"] > CASES // 2, tally
+    assert tally["hostile_removed"] > CASES // 2 and tally["others_kept"] > CASES // 20, tally
 
 
 def test_the_model_sees_what_an_unscrubbed_request_reaches(

@@ -103,6 +103,9 @@ disabled_plugins = [
   restrict_oom_score_adj = true
   enable_selinux = false
   disable_apparmor = true
+  # CDI (on by default in 2.x) reads specs from this instance's own directory, not the host's.
+  enable_cdi = true
+  cdi_spec_dirs = ["{base}/cdi"]
 
 [plugins."io.containerd.cri.v1.runtime".cni]
   bin_dirs = ["{cni_bin_dir}"]
@@ -211,6 +214,11 @@ class Containerd:
         return self.base / "containerd.log"
 
     @property
+    def cdi_spec_dir(self) -> Path:
+        """Where a 2.x instance reads CDI specs (1.6 has no CDI)."""
+        return self.base / "cdi"
+
+    @property
     def config_path(self) -> Path:
         return self.base / "config.toml"
 
@@ -255,6 +263,7 @@ class Containerd:
         hosts = self.base / "certs.d" / REGISTRY_HOST / "hosts.toml"
         hosts.parent.mkdir(parents=True, exist_ok=True)
         hosts.write_text(HOSTS_TEMPLATE.format(**values))
+        self.cdi_spec_dir.mkdir(exist_ok=True)
         self.config_path.write_text(CONFIG_TEMPLATE_V3.format(**values))
 
     def _environment(self) -> dict[str, str]:
