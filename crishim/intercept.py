@@ -8,13 +8,15 @@ It may return a completion, called once the create is over: with the new contain
 None and ``ambiguous`` False when nothing was created, or None and ``ambiguous`` True when the
 create failed in a way that leaves it open whether containerd created the container (deadline,
 cancellation, UNKNOWN). RemoveContainer and RemovePodSandbox are forwarded untouched; after
-they succeed the interceptor is told which container or sandbox is gone.
+they succeed the interceptor is told which container or sandbox is gone. An interceptor may also
+name whole methods it refuses (``refused_methods``): the proxy answers them itself.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import Protocol
 
 import grpc
@@ -37,6 +39,14 @@ def bounded(message: str) -> str:
         return message
     marker = f" ... ({len(data)} bytes, cut)"
     return data[: MAX_MESSAGE_BYTES - len(marker)].decode("utf-8", "ignore") + marker
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """A whole CRI method an interceptor refuses (never forwarded): gRPC code and the reason."""
+
+    code: grpc.StatusCode
+    reason: str
 
 
 class Rejected(Exception):
@@ -66,6 +76,10 @@ class Interceptor(Protocol):
 
     def removed_sandbox(self, sandbox_id: str) -> None: ...
 
+    def refused_methods(self) -> Mapping[str, Refusal]:
+        """CRI methods (full gRPC paths) this interceptor cannot let through, with the reason."""
+        ...
+
 
 class PassthroughInterceptor:
     """Changes nothing (the shim without device allocation)."""
@@ -86,6 +100,9 @@ class PassthroughInterceptor:
 
     def removed_sandbox(self, sandbox_id: str) -> None:
         return None
+
+    def refused_methods(self) -> Mapping[str, Refusal]:
+        return {}
 
 
 def parse_create_container(raw: bytes) -> api_pb2.CreateContainerRequest:

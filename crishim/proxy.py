@@ -5,11 +5,12 @@ Methods of the CRI v1 descriptor use handlers of their streaming kind; any other
 CRI, or something we have never heard of) is forwarded as a bidirectional stream, which carries
 every kind of call on the wire. Deadlines, cancellation and request metadata go upstream;
 status codes, messages and trailing metadata (with rich error details) come back unchanged.
-CreateContainer is routed through ``intercept.intercept_create_container``. The CRI v1alpha2
-CreateContainer (still served by containerd 1.6 and 1.7) is refused with UNIMPLEMENTED rather than
-forwarded: forwarding it would bypass the rewrite; so is any method path without its leading
-slash, which containerd would dispatch as if it had one. A failure inside the shim itself comes back
-as INTERNAL and is counted as such, never as OK.
+CreateContainer is routed through ``intercept.intercept_create_container``. Some calls are
+answered by the shim itself, never forwarded (``refusal_for``), with a message naming the method
+as called and the reason: the CRI v1alpha2 CreateContainer (still served by containerd 1.6 and
+1.7: forwarding it would bypass the rewrite), any method path without its leading slash (which
+containerd would dispatch as if it had one), and the methods the interceptor refuses. A failure
+inside the shim itself comes back as INTERNAL and is counted as such, never as OK.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -28,6 +29,7 @@ from crishim.cri import api_pb2
 from crishim.intercept import (
     Completion,
     Interceptor,
+    Refusal,
     Rejected,
     intercept_create_container,
 )
@@ -39,9 +41,18 @@ log = logging.getLogger("kubegpu.crishim")
 CREATE_CONTAINER = "/runtime.v1.RuntimeService/CreateContainer"
 REMOVE_CONTAINER = "/runtime.v1.RuntimeService/RemoveContainer"
 REMOVE_SANDBOX = "/runtime.v1.RuntimeService/RemovePodSandbox"
+V1ALPHA2_CREATE = "/runtime.v1alpha2.RuntimeService/CreateContainer"
 # Older CRI versions' creates: refused, never forwarded (they would bypass the rewrite); so is any
-# method path without its leading slash (see ForwardingHandler.service).
-REFUSED_METHODS = frozenset({"/runtime.v1alpha2.RuntimeService/CreateContainer"})
+# method path without its leading slash (see refusal_for).
+REFUSED_METHODS: Mapping[str, Refusal] = {
+    V1ALPHA2_CREATE: Refusal(
+        grpc.StatusCode.UNIMPLEMENTED,
+        "CRI v1alpha2's CreateContainer would create the container without the device-allocation "
+        f"rewrite; this node creates containers only through CRI v1 ({CREATE_CONTAINER})",
+    )
+}
+# How much of a caller's method path a refusal quotes.
+MAX_METHOD_SHOWN = 200
 # A hook sees the request bytes before forwarding; it returns the bytes to send and a callback
 # told the outcome: the response bytes, or None when the call failed, with ``ambiguous`` True
 # when the runtime may have done the work anyway (see AMBIGUOUS_FAILURES).
@@ -73,6 +84,28 @@ def cri_methods() -> dict[str, MethodKind]:
             path = f"/{service.full_name}/{method.name}"
             methods[path] = MethodKind(path, method.client_streaming, method.server_streaming)
     return methods
+
+
+def refusal_for(method: str, refused: Mapping[str, Refusal]) -> Refusal | None:
+    """Why the shim answers ``method`` itself instead of forwarding it; None to forward it.
+
+    ``refused`` are the interceptor's own refusals (exact paths). Any path without its leading
+    slash is refused: Go's gRPC server (containerd) dispatches ``runtime.v1.RuntimeService/X``
+    like ``/runtime.v1.RuntimeService/X``, so forwarding it would reach the method past the
+    shim's hooks. Other odd spellings (a trailing slash, another case, a doubled slash) name no
+    method containerd serves: they are forwarded, and containerd answers UNIMPLEMENTED.
+    """
+    if method in refused:
+        return refused[method]
+    if method in REFUSED_METHODS:
+        return REFUSED_METHODS[method]
+    if not method.startswith("/"):
+        return Refusal(
+            grpc.StatusCode.UNIMPLEMENTED,
+            "a method path must start with '/'; containerd would dispatch this one as "
+            f"{'/' + method[:MAX_METHOD_SHOWN]!r}, past the shim's checks",
+        )
+    return None
 
 
 def forwardable_metadata(metadata: Any) -> tuple[tuple[str, str | bytes], ...] | None:
@@ -111,26 +144,30 @@ class ForwardingHandler(grpc.GenericRpcHandler):
             REMOVE_SANDBOX: self._remove_sandbox_hook,
         }
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
-        for kind in cri_methods().values():
-            self._handlers[kind.path] = self._build(kind.path, kind, kind.path.rsplit("/", 1)[1])
+        self._refused = dict(interceptor.refused_methods())
+        known = cri_methods()
+        for kind in known.values():
+            label = kind.path.rsplit("/", 1)[1]
+            refusal = refusal_for(kind.path, self._refused)
+            if refusal is not None:
+                self._handlers[kind.path] = _refusing(kind, refusal, self._recorder(label))
+            else:
+                self._handlers[kind.path] = self._build(kind.path, kind, label)
+        for path, refusal in {**REFUSED_METHODS, **self._refused}.items():
+            if path not in known:
+                kind = MethodKind(path, False, False)
+                self._handlers[path] = _refusing(kind, refusal, self._recorder(UNKNOWN_METHOD_LABEL))
 
     def service(self, handler_call_details: grpc.HandlerCallDetails) -> grpc.RpcMethodHandler:
         method = handler_call_details.method
         handler = self._handlers.get(method)
-        if handler is None and method in REFUSED_METHODS:
-            handler = self._handlers[method] = grpc.unary_unary_rpc_method_handler(
-                _refuse(method, self._recorder(UNKNOWN_METHOD_LABEL))
-            )
-        if handler is None and not method.startswith("/"):
-            # Go's gRPC server (containerd) dispatches a path without its leading slash like one
-            # with it: forwarded, "runtime.v1.RuntimeService/CreateContainer" would skip the rewrite.
-            handler = grpc.unary_unary_rpc_method_handler(
-                _refuse(method[:200], self._recorder(UNKNOWN_METHOD_LABEL))
-            )
-        if handler is None:
-            # Not cached: unknown method names come from callers and must not grow memory.
-            handler = self._build(method, MethodKind(method, True, True), UNKNOWN_METHOD_LABEL)
-        return handler
+        if handler is not None:
+            return handler
+        # Not cached below: unknown method names come from callers and must not grow memory.
+        refusal = refusal_for(method, self._refused)
+        if refusal is not None:
+            return _refusing(MethodKind(method, False, False), refusal, self._recorder(UNKNOWN_METHOD_LABEL))
+        return self._build(method, MethodKind(method, True, True), UNKNOWN_METHOD_LABEL)
 
     def _recorder(self, label: str) -> _Recorder:
         ok = self._metrics.calls.labels(label, "OK")
@@ -196,19 +233,37 @@ def _settle(outcome: Outcome | None, response: bytes | None, ambiguous: bool) ->
         log_event(log, "hook.outcome_failed", logging.ERROR, error=f"{type(error).__name__}: {error}"[:300])
 
 
-def _refuse(method: str, record: _Recorder) -> Callable[[bytes, grpc.aio.ServicerContext], Awaitable[bytes]]:
-    async def refuse(request: bytes, context: grpc.aio.ServicerContext) -> bytes:
+def refusal_message(method: str, refusal: Refusal) -> str:
+    """What the caller reads: the method as it asked for it (quoted, cut) and the reason."""
+    return f"kubegpu crishim: method {method[:MAX_METHOD_SHOWN]!r} is refused: {refusal.reason}"
+
+
+def _refusing(kind: MethodKind, refusal: Refusal, record: _Recorder) -> grpc.RpcMethodHandler:
+    """A handler, of the method's own streaming kind, that answers every call with the refusal
+    and forwards nothing."""
+    message = refusal_message(kind.path, refusal)
+
+    async def refuse(context: grpc.aio.ServicerContext) -> None:
         started = time.perf_counter()
-        log_event(log, "call.refused", logging.WARNING, method=method)
-        record.done(started, grpc.StatusCode.UNIMPLEMENTED)
-        await context.abort(
-            grpc.StatusCode.UNIMPLEMENTED,
-            f"kubegpu crishim: {method} is refused: this node serves CreateContainer only through "
-            f"CRI v1 (runtime.v1), where device allocations are applied",
+        log_event(
+            log, "call.refused", logging.WARNING, method=kind.path[:MAX_METHOD_SHOWN], code=refusal.code.name
         )
+        record.done(started, refusal.code)
+        await context.abort(refusal.code, message)
+
+    async def unary(request: Any, context: grpc.aio.ServicerContext) -> bytes:
+        await refuse(context)
         raise AssertionError("unreachable")  # abort raises
 
-    return refuse
+    async def streaming(request: Any, context: grpc.aio.ServicerContext) -> AsyncIterator[bytes]:
+        await refuse(context)
+        yield b""  # unreachable: abort raises; makes this an async generator
+
+    if kind.client_streaming:
+        return grpc.stream_stream_rpc_method_handler(streaming)
+    if kind.server_streaming:
+        return grpc.unary_stream_rpc_method_handler(streaming)
+    return grpc.unary_unary_rpc_method_handler(unary)
 
 
 class _Recorder:

@@ -35,7 +35,7 @@ import grpc.aio
 from crishim import edits
 from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.hostpaths import Ambiguous, ManagedDevices, numbers_of
-from crishim.intercept import Completion, Rejected
+from crishim.intercept import Completion, Refusal, Rejected
 from crishim.ledger import MARK_ANNOTATION, WHOLE, Holding, Ledger, mark_value, parse_mark
 from crishim.mps import DaemonError, MpsSharing, share_devices
 from devices.model import Device, NodeInventory
@@ -62,6 +62,20 @@ GONE_STATES = (api_pb2.CONTAINER_EXITED,)
 
 # kubelet's annotation naming where a pod came from: "api", or "file"/"http" for static pods.
 CONFIG_SOURCE_ANNOTATION = "kubernetes.io/config.source"
+RESTORE_POD = "/runtime.v1.RuntimeService/RestorePod"
+# Methods refused on a node with device allocation (see AllocationRewriter.refused_methods).
+REFUSED_ON_DEVICE_NODES = {
+    RESTORE_POD: Refusal(
+        grpc.StatusCode.FAILED_PRECONDITION,
+        "on a kubegpu node a pod is not restored from a checkpoint: RestorePod recreates the sandbox "
+        "and its containers without CreateContainer, so the shim could neither scrub them to their "
+        "signed allocation nor hold their devices in its ledger; create the pod anew instead",
+    )
+}
+# containerd 2.x reads a CreateContainer image that names an existing file (as an absolute path,
+# or relative to containerd's working directory, / under systemd) as a checkpoint archive.
+CONTAINERD_WORKDIR = "/"
+
 # Creates that failed ambiguously are reconciled this long after the failure (containerd may
 # still be finishing them), and again whenever their holdings are in another create's way.
 RECONCILE_DELAY_SECONDS = 2.0
@@ -207,6 +221,15 @@ def check_allocation(
     return granted, dict(entry.shares)
 
 
+def restored_from(image: str, workdir: str = CONTAINERD_WORKDIR) -> str | None:
+    """The checkpoint archive containerd would restore a CreateContainer from, if its image names a
+    file (containerd stats the image string itself); None for an ordinary image reference."""
+    if not image:
+        return None
+    path = os.path.join(workdir, image)
+    return image if image.startswith("/") or os.path.lexists(path) else None
+
+
 def is_static_pod(sandbox_annotations: Mapping[str, str]) -> bool:
     """A pod kubelet read from a file or URL: it has no API object of its own to look up."""
     source = sandbox_annotations.get(CONFIG_SOURCE_ANNOTATION)
@@ -248,6 +271,10 @@ class AllocationRewriter:
     async def ready(self) -> None:
         """Creates with devices can be decided once the ledger is rebuilt."""
         await self.rebuilt.wait()
+
+    def refused_methods(self) -> Mapping[str, Refusal]:
+        """RestorePod: its containers would carry devices the ledger never sees."""
+        return REFUSED_ON_DEVICE_NODES
 
     # --- devices ------------------------------------------------------------------------------
 
@@ -300,12 +327,29 @@ class AllocationRewriter:
             except grpc.aio.AioRpcError as error:
                 log_event(log, "ledger.rebuild_retry", logging.WARNING, code=error.code().name)
                 await asyncio.sleep(retry_seconds)
+        pod_uids = await self._sandbox_uids(retry_seconds)
         holdings = []
         for container in listing.containers:
             mark = parse_mark(container.annotations.get(MARK_ANNOTATION, ""))
             if mark is None or container.state in GONE_STATES:
                 continue
             pod_uid, name, devices = mark
+            if (pod_uid, name) != (pod_uids.get(container.pod_sandbox_id), container.metadata.name):
+                # Not a mark this shim wrote for this container: one restored from a checkpoint of
+                # another pod, or forged. Counting it would hold devices the container was not given.
+                log_event(
+                    log,
+                    "ledger.foreign_mark",
+                    logging.WARNING,
+                    container=container.id,
+                    sandbox=container.pod_sandbox_id,
+                    sandbox_pod_uid=pod_uids.get(container.pod_sandbox_id),
+                    name=container.metadata.name,
+                    mark_pod_uid=pod_uid,
+                    mark_container=name,
+                    devices=sorted(devices),
+                )
+                continue
             holdings.extend(
                 Holding(
                     container.id,
@@ -328,6 +372,19 @@ class AllocationRewriter:
             containers=len({h.container_id for h in holdings}),
             devices=sorted({h.device for h in holdings}),
         )
+
+    async def _sandbox_uids(self, retry_seconds: float) -> dict[str, str]:
+        """Each sandbox's pod UID, as containerd recorded it at RunPodSandbox; retried until listed.
+        Listed after the containers, so every listed container's sandbox is in it (a sandbox
+        removed in between takes its containers with it)."""
+        assert self._runtime is not None
+        while True:
+            try:
+                listing = await self._runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=30)
+                return {s.id: s.metadata.uid for s in listing.items}
+            except grpc.aio.AioRpcError as error:
+                log_event(log, "ledger.rebuild_retry", logging.WARNING, code=error.code().name)
+                await asyncio.sleep(retry_seconds)
 
     def removed_container(self, container_id: str) -> None:
         freed = self.ledger.remove_container(container_id)
@@ -369,7 +426,7 @@ class AllocationRewriter:
             made: dict[tuple[str, str, int], str] = {}
             for c in listing.containers:
                 mark = parse_mark(c.annotations.get(MARK_ANNOTATION, ""))
-                if mark is None or c.state in GONE_STATES or c.id in claimed:
+                if mark is None or c.state in GONE_STATES or c.id in claimed or mark[1] != c.metadata.name:
                     continue
                 made.setdefault((mark[0], mark[1], c.metadata.attempt), c.id)
             groups: dict[tuple[str, str, int], list[Holding]] = {}
@@ -408,6 +465,14 @@ class AllocationRewriter:
     ) -> tuple[api_pb2.CreateContainerRequest, Completion | None]:
         pod = pod_of(request)
         container = request.config.metadata.name
+        checkpoint = restored_from(request.config.image.image)
+        if checkpoint is not None:
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {pod} container {container}: image {checkpoint[:200]!r} is a file, which containerd "
+                "restores as a container checkpoint with the checkpoint's own annotations, past the "
+                "device scrub and the ledger; checkpoint restore is refused on this node",
+            )
         sandbox_annotations = request.sandbox_config.annotations
         value = sandbox_annotations.get(ANNOTATION)
         if value is None and self._lookup is not None and not is_static_pod(sandbox_annotations):

@@ -196,6 +196,7 @@ class FakeRuntime:
         self.containers: list[api_pb2.Container] = []
         self.lists = 0
         self.asked: list[tuple[str, float | None]] = []  # (sandbox filter, timeout) of each list
+        self.sandbox_uids: dict[str, str] = {}  # sandbox id -> pod UID where it is not UID
 
     def add(self, container_id: str, sandbox: str, name: str, attempt: int, devices: dict[str, int]) -> None:
         self.containers.append(
@@ -216,6 +217,20 @@ class FakeRuntime:
         wanted = req.filter.pod_sandbox_id
         return api_pb2.ListContainersResponse(
             containers=[c for c in self.containers if not wanted or c.pod_sandbox_id == wanted]
+        )
+
+    async def ListPodSandbox(
+        self, req: api_pb2.ListPodSandboxRequest, timeout: float | None = None
+    ) -> object:
+        """Every sandbox of a listed container, as pod UID's (or as ``sandbox_uids`` says)."""
+        ids = dict.fromkeys(c.pod_sandbox_id for c in self.containers)
+        return api_pb2.ListPodSandboxResponse(
+            items=[
+                api_pb2.PodSandbox(
+                    id=i, metadata=api_pb2.PodSandboxMetadata(uid=self.sandbox_uids.get(i, UID))
+                )
+                for i in ids
+            ]
         )
 
     async def ContainerStatus(self, req: api_pb2.ContainerStatusRequest, timeout: float = 0) -> object:
@@ -841,3 +856,94 @@ def test_plugin_paths_are_managed_through_symlinked_directories(tmp_path: Path) 
     node = NodeDevices(plugins, sysfs_root=None)
     for spelled in (f"{tmp_path}/link/dev/kubegpu-sim/gpu9", f"{real}/dev/kubegpu-sim/gpu9"):
         assert node.managed.has_path(spelled), spelled
+
+
+def test_the_rebuild_counts_only_marks_written_for_the_container_that_carries_them(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A container restored from another pod's checkpoint (containerd 2.x restores the
+    checkpoint's annotations), or given a forged mark, carries a mark naming another pod or
+    another container: counting it would hold devices nobody was given."""
+    caplog.set_level(logging.DEBUG)
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.add("c-ours", "sb", "app", 0, {"GPU-0": 400})
+    runtime.add("c-other-pod", "sb-q", "app", 0, {"GPU-0": 600})  # the mark says UID, sb-q is Q's
+    runtime.sandbox_uids["sb-q"] = "Q"
+    runtime.add("c-renamed", "sb", "web", 0, {"GPU-1": 1000})
+    runtime.containers[-1].metadata.name = "sidecar"  # the mark says "web"
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    asyncio.run(rewriter.rebuild())
+    assert [(h.container_id, h.device, h.milli) for h in rewriter.ledger.holdings()] == [
+        ("c-ours", "GPU-0", 400)
+    ]
+    foreign = events(caplog, "ledger.foreign_mark")
+    assert [(level, f["container"], f["mark_pod_uid"], f["sandbox_pod_uid"]) for level, f in foreign] == [
+        (logging.WARNING, "c-other-pod", UID, "Q"),
+        (logging.WARNING, "c-renamed", UID, UID),
+    ]
+    assert rewriter.ledger.try_reserve([Holding("", "sq", "Q", "c", "GPU-1", 1000)]) == []
+
+
+def test_reconciliation_matches_only_a_container_of_the_marked_name(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    runtime = FakeRuntime()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+
+    async def run() -> None:
+        _, completion = await rewriter.create_container(request(grant={"app": ["GPU-1"]}))
+        completion(None, True)  # type: ignore[misc]
+        runtime.add("c-imposter", "sb", "app", 0, {"GPU-1": 1000})
+        runtime.containers[-1].metadata.name = "other"
+        assert await rewriter.reconcile_unknown("sb")
+        assert rewriter.ledger.holdings() == []
+
+    asyncio.run(run())
+
+
+@pytest.mark.parametrize(
+    ("image", "restored"),
+    [
+        ("/var/lib/kubelet/checkpoints/checkpoint-p_default-app.tar", True),
+        ("/nonexistent.tar", True),  # containerd's stat decides; an absolute path is never an image
+        ("sha256:" + "0" * 64, False),
+        ("docker.io/library/busybox:1.36", False),
+        ("", False),
+    ],
+)
+def test_a_create_from_a_checkpoint_archive_is_refused_before_anything_is_held(
+    tmp_path: Path, image: str, restored: bool
+) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    req = request(grant={"app": ["GPU-0"]})
+    req.config.image.image = image
+
+    async def run() -> None:
+        if not restored:
+            await rewriter.create_container(req)
+            return
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(req)
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert f"image {image!r} is a file" in caught.value.message and "default/p" in caught.value.message
+        assert rewriter.ledger.holdings() == []
+
+    asyncio.run(run())
+
+
+def test_an_image_naming_a_file_relative_to_containerds_directory_is_a_checkpoint(tmp_path: Path) -> None:
+    from crishim.rewrite import restored_from
+
+    (tmp_path / "ckpt.tar").write_bytes(b"")
+    assert restored_from("ckpt.tar", workdir=str(tmp_path)) == "ckpt.tar"
+    assert restored_from("busybox:latest", workdir=str(tmp_path)) is None
+    assert restored_from("/abs/ckpt.tar", workdir=str(tmp_path)) == "/abs/ckpt.tar"
+
+
+def test_restore_pod_is_what_a_device_node_refuses() -> None:
+    from crishim.rewrite import RESTORE_POD
+
+    rewriter = rewriter_for(NodeDevices([Flaky(failures=0, gpus=1)], sysfs_root=None))
+    refusal = rewriter.refused_methods()[RESTORE_POD]
+    assert refusal.code is grpc.StatusCode.FAILED_PRECONDITION and "ledger" in refusal.reason
+    assert set(rewriter.refused_methods()) == {RESTORE_POD}

@@ -19,6 +19,7 @@ import pytest
 
 from crishim.cri import api_pb2
 from crishim.intercept import PassthroughInterceptor, Rejected, intercept_create_container
+from crishim.rewrite import REFUSED_ON_DEVICE_NODES
 from crishim.server import CriShim, ShimConfig, ShimConfigError, prepare_socket_path, unix_path
 
 DETAILS_KEY = "grpc-status-details-bin"
@@ -327,9 +328,92 @@ def test_the_v1alpha2_create_is_refused_not_forwarded(
     with pytest.raises(grpc.RpcError) as caught:
         channel.unary_unary("/runtime.v1alpha2.RuntimeService/CreateContainer")(b"", timeout=5)
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED
+    assert "'/runtime.v1alpha2.RuntimeService/CreateContainer' is refused" in caught.value.details()
     assert not fake_runtime.received
     # Other v1alpha2 methods are still forwarded (containerd answers them as before).
     assert channel.unary_unary("/runtime.v1alpha2.RuntimeService/Version")(b"", timeout=5)
+
+
+class RefusingRestore(PassthroughInterceptor):
+    """Refuses RestorePod, as the allocation rewriter does on a device node."""
+
+    def refused_methods(self):  # type: ignore[no-untyped-def]
+        return REFUSED_ON_DEVICE_NODES
+
+
+def test_restore_pod_is_refused_with_its_reason_and_never_forwarded_on_a_device_node(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    restore = "/runtime.v1.RuntimeService/RestorePod"
+    request = api_pb2.RestorePodRequest(checkpoint_path="/var/lib/kubelet/checkpoints/p.tar")
+    channel = shim_over(RefusingRestore())
+    with pytest.raises(grpc.RpcError) as caught:
+        channel.unary_unary(restore)(request.SerializeToString(), timeout=5)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert f"method {restore!r} is refused" in caught.value.details()
+    assert "without CreateContainer" in caught.value.details() and "ledger" in caught.value.details()
+    assert not fake_runtime.received
+    # Checkpointing leaves the containers where they are: forwarded.
+    checkpoint = "/runtime.v1.RuntimeService/CheckpointContainer"
+    channel.unary_unary(checkpoint)(api_pb2.CheckpointContainerRequest(container_id="c").SerializeToString())
+    assert [m for m, _, _ in fake_runtime.received] == [checkpoint]
+    # Without device allocation (a plain proxy) RestorePod is forwarded like any other call.
+    plain = shim_over(PassthroughInterceptor())
+    plain.unary_unary(restore)(request.SerializeToString(), timeout=5)
+    assert [m for m, _, _ in fake_runtime.received] == [checkpoint, restore]
+
+
+@pytest.mark.parametrize(
+    ("method", "reason"),
+    [
+        ("runtime.v1.RuntimeService/CreateContainer", "containerd would dispatch this one as "),
+        ("runtime.v1.RuntimeService/Version", "must start with '/'"),
+        ("runtime.v1alpha2.RuntimeService/CreateContainer", "must start with '/'"),
+        ("runtime.v1.RuntimeService/RestorePod", "must start with '/'"),
+        ("CreateContainer", "must start with '/'"),
+        ("/runtime.v1alpha2.RuntimeService/CreateContainer", "CRI v1alpha2's CreateContainer"),
+        ("/runtime.v1.RuntimeService/RestorePod", "without CreateContainer"),
+    ],
+)
+def test_a_refusal_names_the_method_as_called_and_its_own_reason(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime, method: str, reason: str
+) -> None:
+    channel = shim_over(RefusingRestore())
+    with pytest.raises(grpc.RpcError) as caught:
+        channel.unary_unary(method)(b"", timeout=5)
+    details = caught.value.details()
+    assert f"method {method!r} is refused: " in details and reason in details, details
+    if not method.startswith("/"):
+        assert f"'/{method}'" in details and "CRI v1alpha2" not in details
+    else:
+        assert "must start with '/'" not in details
+    if "RestorePod" not in method:
+        assert "without CreateContainer" not in details
+    assert not fake_runtime.received
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "/runtime.v1.RuntimeService/CreateContainer/",
+        "/runtime.v1.RuntimeService/createcontainer",
+        "/Runtime.V1.RuntimeService/CreateContainer",
+        "//runtime.v1.RuntimeService/CreateContainer",
+        "/runtime.v1alpha2.RuntimeService/Version",
+    ],
+)
+def test_other_odd_spellings_are_forwarded_unchanged_not_rewritten(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime, method: str
+) -> None:
+    """No other spelling is a method containerd serves under the create's name (Go's server
+    matches the path exactly once one leading slash is gone): they go to the runtime as they
+    are, and none is taken for a create to rewrite."""
+    tagging = Tagging()
+    channel = shim_over(tagging)
+    raw = api_pb2.CreateContainerRequest(pod_sandbox_id="sb").SerializeToString()
+    channel.unary_unary(method)(raw, timeout=5)
+    assert [(m, r) for m, _, r in fake_runtime.received] == [(method, raw)]
+    assert tagging.completed == []
 
 
 def test_removals_are_reported_after_success(
@@ -338,9 +422,11 @@ def test_removals_are_reported_after_success(
     tagging = Tagging()
     channel = shim_over(tagging)
     channel.unary_unary("/runtime.v1.RuntimeService/RemoveContainer")(
-        api_pb2.RemoveContainerRequest(container_id="c1").SerializeToString(), timeout=5)
+        api_pb2.RemoveContainerRequest(container_id="c1").SerializeToString(), timeout=5
+    )
     channel.unary_unary("/runtime.v1.RuntimeService/RemovePodSandbox")(
-        api_pb2.RemovePodSandboxRequest(pod_sandbox_id="s1").SerializeToString(), timeout=5)
+        api_pb2.RemovePodSandboxRequest(pod_sandbox_id="s1").SerializeToString(), timeout=5
+    )
     assert tagging.removed == ["container:c1", "sandbox:s1"]
 
 

@@ -20,6 +20,7 @@ import grpc
 import pytest
 
 from crishim.cri import api_pb2
+from crishim.ledger import MARK_ANNOTATION, mark_value
 from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, Share, SigningKey, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
@@ -516,7 +517,73 @@ def test_a_create_under_another_spelling_of_its_method_is_refused(node: Node, me
     with pytest.raises(grpc.RpcError) as caught:
         node.client.channel.unary_unary(method)(request.SerializeToString(), timeout=30)
     assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED, caught.value.details()
+    assert f"method {method!r} is refused" in caught.value.details()
+    assert f"dispatch this one as '/{method}'" in caught.value.details()
     assert node.containers_in(sandbox) == []
+    # containerd does take the slashless spelling for the method: the refusal is what stops it.
+    node.direct.channel.unary_unary(method)(request.SerializeToString(), timeout=60)
+    assert len(node.containers_in(sandbox)) == 1
+
+
+@pytest.mark.parametrize(
+    "method",
+    [
+        "/runtime.v1.RuntimeService/CreateContainer/",
+        "/runtime.v1.RuntimeService/createContainer",
+        "/RUNTIME.V1.RUNTIMESERVICE/CREATECONTAINER",
+        "//runtime.v1.RuntimeService/CreateContainer",
+    ],
+)
+def test_other_spellings_of_the_create_are_no_method_to_containerd(node: Node, method: str) -> None:
+    """Forwarded as unknown methods, they reach nothing: containerd answers UNIMPLEMENTED and
+    creates nothing, so the shim need not refuse them itself."""
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("odd-method", None, uid)
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        sandbox_config=config,
+        config=shell_container("app", BUSYBOX_IMAGE, "sleep 1", log_path="app.log"),
+    )
+    request.config.devices.add(host_path="/dev/null", container_path="/dev/forged", permissions="rwm")
+    for client in (node.client, node.direct):
+        with pytest.raises(grpc.RpcError) as caught:
+            client.channel.unary_unary(method)(request.SerializeToString(), timeout=30)
+        assert caught.value.code() is grpc.StatusCode.UNIMPLEMENTED, caught.value.details()
+    assert node.containers_in(sandbox) == []
+
+
+def test_restore_pod_is_refused_on_a_device_node_with_its_reason(node: Node) -> None:
+    method = "/runtime.v1.RuntimeService/RestorePod"
+    request = api_pb2.RestorePodRequest(checkpoint_path="/nonexistent/checkpoint.tar").SerializeToString()
+    with pytest.raises(grpc.RpcError) as caught:
+        node.client.channel.unary_unary(method)(request, timeout=30)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+    assert f"method {method!r} is refused" in caught.value.details()
+    assert "without CreateContainer" in caught.value.details()
+    with pytest.raises(grpc.RpcError) as direct:  # containerd 1.6 has no RestorePod at all
+        node.direct.channel.unary_unary(method)(request, timeout=30)
+    assert direct.value.code() is grpc.StatusCode.UNIMPLEMENTED
+
+
+def test_a_mark_the_shim_did_not_write_for_its_container_holds_nothing_after_a_restart(node: Node) -> None:
+    """A container made without the shim (a checkpoint restore brings the checkpointed
+    container's annotations) carries the mark of another pod's container for GPU 4: the
+    rebuilt ledger must not count it, or GPU 4 is held by nobody for good."""
+    device = gpu(4)
+    x_uid, victim_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    x_sandbox, x_config = node.run_pod("foreign-x", None, x_uid)
+    restored = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=x_sandbox,
+        sandbox_config=x_config,
+        config=shell_container("app", BUSYBOX_IMAGE, "sleep 100000", log_path="app.log"),
+    )
+    restored.config.annotations[MARK_ANNOTATION] = mark_value(victim_uid, "app", {device: 1000})
+    node.direct.runtime.CreateContainer(restored, timeout=60)
+    node.restart_shim(kill=True)
+    y_uid = str(uuid.uuid4())
+    y_sandbox, y_config = node.run_pod("foreign-y", node.signed(y_uid, {"app": [device]}), y_uid)
+    assert node.create(y_sandbox, y_config, "app")
+    assert "ledger.foreign_mark" in node.shim.log_path.read_text()
 
 
 def test_an_annotation_nested_to_the_parsers_limit_is_invalid_argument(node: Node) -> None:
@@ -582,10 +649,12 @@ def test_shares_survive_a_shim_restart_in_every_state(node: Node) -> None:
     exited = node.create(s_sandbox, s_config, "x", script="echo END")
     node.client.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=exited))
     wait_for(
-        lambda: node.direct.runtime.ContainerStatus(
-            api_pb2.ContainerStatusRequest(container_id=exited)
-        ).status.state
-        == api_pb2.CONTAINER_EXITED,
+        lambda: (
+            node.direct.runtime.ContainerStatus(
+                api_pb2.ContainerStatusRequest(container_id=exited)
+            ).status.state
+            == api_pb2.CONTAINER_EXITED
+        ),
         timeout=20,
     )
     running = node.create(*pods["p"])

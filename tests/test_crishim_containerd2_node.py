@@ -1,4 +1,4 @@
-"""CDI annotations through the shim against containerd 2.x, which injects CDI devices itself.
+"""The shim with simulated devices in front of containerd 2.x: CDI annotations, checkpoint restore.
 
 containerd 2.x (CDI on, specs from the instance's own directory) reads every ``cdi.k8s.io/``
 container annotation as a comma-separated list of qualified CDI names and applies the specs'
@@ -6,11 +6,16 @@ edits. Here two specs stand in for two vendors: ``example.com/net`` (another dev
 and ``nvidia.com/gpu`` (what the shim manages); each device only sets an environment variable,
 which the container prints. The shim must take out the managed entries and leave the other
 vendor's, and refuse an entry it cannot read that names a managed vendor.
+
+containerd 2.x also takes a CreateContainer whose image names a file as a checkpoint archive to
+restore from, giving the container the checkpoint's annotations: on a device node the shim
+refuses it before containerd sees it.
 """
 
 from __future__ import annotations
 
 import json
+import tarfile
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -158,4 +163,24 @@ def test_an_unreadable_entry_naming_a_managed_vendor_is_refused_by_name(cdi_node
         cdi_node.client.runtime.CreateContainer(request, timeout=60)
     assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
     assert "'cdi.k8s.io/gpu'" in caught.value.details() and "default/cdi-bad-shim" in caught.value.details()
+    assert cdi_node.containers_in(request.pod_sandbox_id) == []
+
+
+def test_a_create_from_a_checkpoint_archive_is_refused_before_containerd_restores_it(
+    cdi_node: CdiNode, tmp_path: Path
+) -> None:
+    archive = tmp_path / "checkpoint.tar"
+    with tarfile.open(archive, "w"):
+        pass
+    direct = cdi_node.request("ckpt-direct", {})
+    direct.config.image.image = str(archive)
+    with pytest.raises(grpc.RpcError) as at_containerd:  # containerd reads the file as a checkpoint
+        cdi_node.direct.runtime.CreateContainer(direct, timeout=60)
+    assert "checkpoint" in at_containerd.value.details().lower(), at_containerd.value.details()
+    request = cdi_node.request("ckpt-shim", {})
+    request.config.image.image = str(archive)
+    with pytest.raises(grpc.RpcError) as caught:
+        cdi_node.client.runtime.CreateContainer(request, timeout=60)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+    assert f"image {str(archive)!r} is a file" in caught.value.details()
     assert cdi_node.containers_in(request.pod_sandbox_id) == []
