@@ -11,7 +11,8 @@ another container of the same pod.
 A holding is in flight (no container id yet) from its reservation until the create's outcome is
 known; a create that failed ambiguously (deadline, cancellation, UNKNOWN) leaves it ``unknown``
 until it is reconciled against containerd by (pod, container name, attempt): it becomes the
-container containerd did create, or goes.
+container containerd did create, or goes. A marked live container found later that the ledger
+does not account for (containerd finished the create after that) is adopted.
 """
 
 from __future__ import annotations
@@ -147,6 +148,41 @@ class Ledger:
                 entries = self._by_device.get(h.device, [])
                 if h in entries:
                     entries[entries.index(h)] = replace(h, unknown=True)
+
+    def adopt(self, found: Iterable[Holding]) -> bool:
+        """Record a live container the ledger does not account for (``found``: its holdings, all
+        with its id), such as one containerd finished creating after its caller gave up and the
+        outcome was settled as "not created", or one a restart's rebuild did not list yet.
+
+        It takes the place of the unknown holdings of the same create (sandbox, pod, container,
+        attempt). Nothing happens (False) if its id is recorded already, or if that create is
+        still in flight here: its own commit records it.
+        """
+        kept = list(found)
+        if not kept:
+            return False
+        first = kept[0]
+
+        def same_create(h: Holding) -> bool:
+            return (
+                not h.container_id and h.sandbox_id == first.sandbox_id and h.create_key == first.create_key
+            )
+
+        with self._lock:
+            everything = [h for entries in self._by_device.values() for h in entries]
+            if any(
+                h.container_id == first.container_id or (same_create(h) and not h.unknown) for h in everything
+            ):
+                return False
+            for device in list(self._by_device):
+                left = [h for h in self._by_device[device] if not same_create(h)]
+                if left:
+                    self._by_device[device] = left
+                else:
+                    del self._by_device[device]
+            for h in kept:
+                self._by_device.setdefault(h.device, []).append(h)
+            return True
 
     def unknown(self, sandbox_id: str | None = None) -> list[Holding]:
         """Holdings whose create failed ambiguously (of one sandbox, or all)."""

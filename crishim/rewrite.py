@@ -328,40 +328,7 @@ class AllocationRewriter:
                 log_event(log, "ledger.rebuild_retry", logging.WARNING, code=error.code().name)
                 await asyncio.sleep(retry_seconds)
         pod_uids = await self._sandbox_uids(retry_seconds)
-        holdings = []
-        for container in listing.containers:
-            mark = parse_mark(container.annotations.get(MARK_ANNOTATION, ""))
-            if mark is None or container.state in GONE_STATES:
-                continue
-            pod_uid, name, devices = mark
-            if (pod_uid, name) != (pod_uids.get(container.pod_sandbox_id), container.metadata.name):
-                # Not a mark this shim wrote for this container: one restored from a checkpoint of
-                # another pod, or forged. Counting it would hold devices the container was not given.
-                log_event(
-                    log,
-                    "ledger.foreign_mark",
-                    logging.WARNING,
-                    container=container.id,
-                    sandbox=container.pod_sandbox_id,
-                    sandbox_pod_uid=pod_uids.get(container.pod_sandbox_id),
-                    name=container.metadata.name,
-                    mark_pod_uid=pod_uid,
-                    mark_container=name,
-                    devices=sorted(devices),
-                )
-                continue
-            holdings.extend(
-                Holding(
-                    container.id,
-                    container.pod_sandbox_id,
-                    pod_uid,
-                    name,
-                    device,
-                    milli,
-                    container.metadata.attempt,
-                )
-                for device, milli in devices.items()
-            )
+        holdings = [h for c in listing.containers for h in self._marked_holdings(c, pod_uids)]
         self.ledger.replace_all(holdings)
         self.rebuilt.set()
         if self.node_devices.sharing is not None:  # from now on the MPS daemons follow the ledger's shares
@@ -372,6 +339,76 @@ class AllocationRewriter:
             containers=len({h.container_id for h in holdings}),
             devices=sorted({h.device for h in holdings}),
         )
+
+    @staticmethod
+    def _marked(container: api_pb2.Container) -> tuple[str, str, dict[str, int]] | None:
+        """The shim's mark on a live container, or None (no mark, or the container exited)."""
+        if container.state in GONE_STATES:
+            return None
+        return parse_mark(container.annotations.get(MARK_ANNOTATION, ""))
+
+    def _marked_holdings(self, container: api_pb2.Container, pod_uids: Mapping[str, str]) -> list[Holding]:
+        """What a listed container holds by its mark: nothing unless the mark is live and is the
+        one the shim writes for it (its sandbox's pod UID, its own name)."""
+        mark = self._marked(container)
+        if mark is None:
+            return []
+        pod_uid, name, devices = mark
+        if (pod_uid, name) != (pod_uids.get(container.pod_sandbox_id), container.metadata.name):
+            # Not a mark this shim wrote for this container: one restored from a checkpoint of
+            # another pod, or forged. Counting it would hold devices the container was not given.
+            log_event(
+                log,
+                "ledger.foreign_mark",
+                logging.WARNING,
+                container=container.id,
+                sandbox=container.pod_sandbox_id,
+                sandbox_pod_uid=pod_uids.get(container.pod_sandbox_id),
+                name=container.metadata.name,
+                mark_pod_uid=pod_uid,
+                mark_container=name,
+                devices=sorted(devices),
+            )
+            return []
+        attempt = container.metadata.attempt
+        return [
+            Holding(container.id, container.pod_sandbox_id, pod_uid, name, device, milli, attempt)
+            for device, milli in devices.items()
+        ]
+
+    async def adopt_unaccounted(self) -> None:
+        """Record every live marked container the ledger does not account for: creates that
+        containerd finished after the caller gave up (cancelled, past its deadline, the shim
+        restarted) and whose outcome was settled, or rebuilt, without them. Run before every
+        reservation, so a device such a container holds is never handed out again. If containerd
+        cannot be asked, the reservation goes on with what the ledger knows (the create itself
+        then fails at containerd)."""
+        assert self._runtime is not None
+        try:
+            listing = await self._runtime.ListContainers(api_pb2.ListContainersRequest(), timeout=10)
+            known = self.ledger.container_ids()
+            strays = [c for c in listing.containers if c.id not in known and self._marked(c) is not None]
+            if not strays:
+                return
+            sandboxes = await self._runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=10)
+        except grpc.aio.AioRpcError as error:
+            log_event(log, "ledger.adopt_failed", logging.WARNING, code=error.code().name)
+            return
+        pod_uids = {s.id: s.metadata.uid for s in sandboxes.items}
+        for container in strays:
+            holdings = self._marked_holdings(container, pod_uids)
+            if self.ledger.adopt(holdings):
+                log_event(
+                    log,
+                    "ledger.adopted",
+                    logging.WARNING,
+                    container=container.id,
+                    pod_uid=holdings[0].pod_uid,
+                    name=holdings[0].container,
+                    attempt=holdings[0].attempt,
+                    devices=sorted(h.device for h in holdings),
+                )
+                self._shares_changed()
 
     async def _sandbox_uids(self, retry_seconds: float) -> dict[str, str]:
         """Each sandbox's pod UID, as containerd recorded it at RunPodSandbox; retried until listed.
@@ -425,8 +462,8 @@ class AllocationRewriter:
             claimed = self.ledger.container_ids()
             made: dict[tuple[str, str, int], str] = {}
             for c in listing.containers:
-                mark = parse_mark(c.annotations.get(MARK_ANNOTATION, ""))
-                if mark is None or c.state in GONE_STATES or c.id in claimed or mark[1] != c.metadata.name:
+                mark = self._marked(c)
+                if mark is None or c.id in claimed or mark[1] != c.metadata.name:
                     continue
                 made.setdefault((mark[0], mark[1], c.metadata.attempt), c.id)
             groups: dict[tuple[str, str, int], list[Holding]] = {}
@@ -543,7 +580,10 @@ class AllocationRewriter:
         return request, self._completion(holdings)
 
     async def _reserve(self, pod: PodRef, container: str, holdings: list[Holding]) -> None:
-        """Reserve, after settling holders that may no longer be real if they are in the way."""
+        """Reserve, after adopting containers the ledger missed and settling holders that may no
+        longer be real if they are in the way."""
+        if self._runtime is not None:
+            await self.adopt_unaccounted()
         conflicts = self.ledger.try_reserve(holdings)
         if not conflicts:
             return

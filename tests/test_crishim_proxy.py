@@ -76,6 +76,7 @@ class FakeRuntime:
                 if sandbox == "slow":  # never answers: the caller's deadline ends the call
                     while context.is_active():
                         threading.Event().wait(0.02)
+                    self.received.append((method + "#cancelled", {}, b""))
                     return b""
                 if sandbox == "missing":
                     context.abort(grpc.StatusCode.NOT_FOUND, "no such sandbox")
@@ -292,6 +293,23 @@ def test_a_create_that_ends_without_an_answer_is_reported_ambiguous(
         call(api_pb2.CreateContainerRequest(pod_sandbox_id="missing").SerializeToString(), timeout=5)
     assert refused.value.code() is grpc.StatusCode.NOT_FOUND
     assert tagging.completed == [None, None] and tagging.ambiguous == [True, False]
+
+
+def test_a_create_the_caller_cancels_before_the_runtime_answers_is_reported_ambiguous(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    """kubelet cancels while containerd is still creating: the cancel goes upstream, and the
+    interceptor hears "unknown" (containerd may finish the container anyway)."""
+    tagging = Tagging()
+    call = shim_over(tagging).unary_unary("/runtime.v1.RuntimeService/CreateContainer")
+    future = call.future(
+        api_pb2.CreateContainerRequest(pod_sandbox_id="slow").SerializeToString(), timeout=30
+    )
+    _wait(lambda: any(m.endswith("/CreateContainer") for m, _, _ in fake_runtime.received))
+    future.cancel()
+    _wait(lambda: len(tagging.completed) == 1)
+    assert tagging.completed == [None] and tagging.ambiguous == [True]
+    _wait(lambda: any(m.endswith("/CreateContainer#cancelled") for m, _, _ in fake_runtime.received))
 
 
 def test_an_internal_failure_is_internal_and_counted_as_such(fake_runtime: FakeRuntime) -> None:

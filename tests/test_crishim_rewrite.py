@@ -693,3 +693,57 @@ def test_a_create_past_its_deadline_and_its_retry_hold_the_share_once(node: Node
     except grpc.RpcError as error:  # containerd is still making (or has made) the first one
         assert error.code() is grpc.StatusCode.UNKNOWN and "is reserved for" in error.details()
     assert node.create(q_sandbox, q_config, "app")
+
+
+def late_container(
+    node: Node, sandbox: str, config: api_pb2.PodSandboxConfig, uid: str, device: str, milli: int
+) -> str:
+    """The container containerd makes from the shim's rewrite of P's create after the caller gave
+    up (made here straight at containerd, as the rewrite would have sent it)."""
+    late = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        sandbox_config=config,
+        config=shell_container("app", BUSYBOX_IMAGE, "sleep 100000", log_path="late.log"),
+    )
+    late.config.annotations[MARK_ANNOTATION] = mark_value(uid, "app", {device: milli})
+    return node.direct.runtime.CreateContainer(late, timeout=60).container_id
+
+
+def test_a_container_containerd_makes_after_the_outcome_was_settled_holds_its_share(node: Node) -> None:
+    """P's create fails ambiguously (UNKNOWN) and the shim, asking containerd, finds no container:
+    the 600 are let go. Then containerd's container for that create turns up after all: Q's 500
+    are refused, and once the container is removed through the shim they fit."""
+    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    device = gpu(7)
+    p_sandbox, p_config = node.run_pod(
+        "late-p", node.signed(p_uid, {"app": [device]}, shares={"app": {device: Share(600)}}), p_uid
+    )
+    q_sandbox, q_config = node.run_pod(
+        "late-q", node.signed(q_uid, {"app": [device]}, shares={"app": {device: Share(500)}}), q_uid
+    )
+    with pytest.raises(grpc.RpcError) as failed:
+        node.create(p_sandbox, p_config, "app", devices=[("/dev/kubegpu-no-such-device", "/dev/x")])
+    assert failed.value.code() is grpc.StatusCode.UNKNOWN, failed.value.details()
+    wait_for(lambda: '"ledger.reconciled"' in node.shim.log_path.read_text(), timeout=30)
+    late = late_container(node, p_sandbox, p_config, p_uid, device, 600)
+    with pytest.raises(grpc.RpcError) as refused:
+        node.create(q_sandbox, q_config, "app")
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+    assert late[:12] in refused.value.details()
+    node.client.runtime.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=late), timeout=60)
+    assert node.create(q_sandbox, q_config, "app")
+
+
+def test_a_container_made_while_the_shim_restarted_holds_its_device(node: Node) -> None:
+    """containerd finishes a create the killed shim forwarded only after the new shim rebuilt
+    its ledger: the device is still not handed to another pod."""
+    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    device = gpu(6)
+    p_sandbox, p_config = node.run_pod("restart-late-p", node.signed(p_uid, {"app": [device]}), p_uid)
+    q_sandbox, q_config = node.run_pod("restart-late-q", node.signed(q_uid, {"app": [device]}), q_uid)
+    node.restart_shim(kill=True)
+    late_container(node, p_sandbox, p_config, p_uid, device, 1000)
+    with pytest.raises(grpc.RpcError) as refused:
+        node.create(q_sandbox, q_config, "app")
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+    assert node.containers_in(q_sandbox) == []
