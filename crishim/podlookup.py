@@ -20,10 +20,11 @@ them by kubelet's ``kubernetes.io/config.source``).
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import logging
 import threading
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
@@ -111,6 +112,8 @@ class NodePodCache:
         self._pods: dict[str, PodFacts] = {}  # by UID; replaced whole, never mutated in place
         self._stopped = threading.Event()
         self._watch: watch.Watch | None = None
+        self._response: Any = None  # the watch's HTTP response in flight
+        self._response_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self.synced = threading.Event()  # set once a list has succeeded
 
@@ -128,12 +131,38 @@ class NodePodCache:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stop the watch thread: the watch in flight is broken off at once (not left to the
+        server's end of it, minutes away), and the thread joined for up to ``timeout`` seconds."""
         self._stopped.set()
         if self._watch is not None:
             self._watch.stop()
+        with self._response_lock:
+            response, self._response = self._response, None
+        if response is not None:
+            _shut(response)
         if self._thread is not None:
-            self._thread.join(timeout=5)
+            self._thread.join(timeout=timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def _listing(self) -> Callable[..., Any]:
+        """The list call for the watch, remembering its response so that stop() can break it off."""
+        list_pods = self._api.list_pod_for_all_namespaces
+
+        @functools.wraps(list_pods)
+        def listing(*args: Any, **kwargs: Any) -> Any:
+            response = list_pods(*args, **kwargs)
+            with self._response_lock:
+                if self._stopped.is_set():
+                    _shut(response)
+                else:
+                    self._response = response
+            return response
+
+        return listing
 
     def _run(self) -> None:
         selector = f"spec.nodeName={self._node}"
@@ -146,6 +175,8 @@ class NodePodCache:
                     failures = 0
                 version = self._follow(selector, version)
             except Exception as error:  # ApiException (403, 410), connection errors, bad JSON
+                if self._stopped.is_set():
+                    return  # stop() broke the watch off
                 version = None  # list again: events may have been missed
                 failures += 1
                 if failures == 1 or failures % 30 == 0:
@@ -177,7 +208,7 @@ class NodePodCache:
         seen (the next watch starts there). Raise when the watch breaks: the caller lists again."""
         self._watch = watch.Watch()
         stream = self._watch.stream(
-            self._api.list_pod_for_all_namespaces,
+            self._listing(),
             field_selector=selector,
             resource_version=version,
             allow_watch_bookmarks=True,
@@ -200,6 +231,18 @@ class NodePodCache:
                 pods[facts.uid] = facts
             self._pods = pods
         return version  # the server ended the watch (timeout_seconds); nothing was missed
+
+
+def _shut(response: Any) -> None:
+    """Break off an HTTP response another thread may be reading (its read ends with an error)."""
+    try:
+        response.shutdown()  # urllib3 2.3+: shuts the socket down, waking a blocked read
+    except Exception:  # noqa: BLE001 - already closed, or not a urllib3 response
+        pass
+    try:
+        response.close()
+    except Exception:  # noqa: BLE001 - as above
+        pass
 
 
 class ApiPodLookup:

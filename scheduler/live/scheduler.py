@@ -167,6 +167,7 @@ class Scheduler:
         self._planned_shapes: set[tuple] = set()
         self._pod_lists = 0  # full pod lists applied so far
         self._fence: tuple[float, int | None] | None = None  # (wait until, pod lists needed)
+        self._watchers: list[threading.Thread] = []
 
     # compatibility views of the cache (benchmarks and tests read them)
     @property
@@ -192,10 +193,18 @@ class Scheduler:
 
     def start_watching(self) -> None:
         for reflector in self.reflectors():
-            threading.Thread(
-                target=reflector.run, args=(self.stop_event,), name=f"watch-{reflector.name}", daemon=True
-            ).start()
-        threading.Thread(target=self._watch_staleness, name="staleness", daemon=True).start()
+            self._watchers.append(
+                threading.Thread(
+                    target=reflector.run, args=(self.stop_event,), name=f"watch-{reflector.name}", daemon=True
+                )
+            )
+        self._watchers.append(threading.Thread(target=self._watch_staleness, name="staleness", daemon=True))
+        for thread in self._watchers:
+            thread.start()
+
+    def watch_threads(self) -> list[threading.Thread]:
+        """The reflector and staleness threads start_watching started (stop() ends them)."""
+        return list(self._watchers)
 
     def start_leading(self, api: k8s.ApiClient) -> threading.Thread | None:
         """Lead at once, or run the Lease election; a replica that loses the lease stops."""
@@ -266,11 +275,18 @@ class Scheduler:
                 continue
             self.schedule_next(timeout=0.5)
 
-    def stop(self) -> None:
+    def stop(self, join_seconds: float = 10.0) -> None:
+        """Stop scheduling and watching: the watches in flight are broken off and their threads
+        joined (for up to ``join_seconds`` in all), so none outlives the scheduler."""
         self.stop_event.set()
         with self.cond:
             self.cond.notify_all()
+        for reflector in self.reflectors():
+            reflector.abort()
         self._binders.shutdown(wait=True, cancel_futures=True)
+        deadline = time.monotonic() + join_seconds
+        for thread in self._watchers:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
 
     # --- cache updates (reflector threads) --------------------------------------------------------
 
