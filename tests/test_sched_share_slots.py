@@ -1,5 +1,6 @@
-"""``ClusterState.share_slots`` (a share's fits and milli over whole arrays, memoised per share shape and
-cluster generation) against each GPU's own rule, over random walks of everything that changes a cluster.
+"""``ClusterState.share_view`` / ``share_slots`` (a share's fits, milli and remainders over whole
+arrays, kept per share shape and refreshed row by row as nodes change) against each GPU's own rule,
+over random walks of everything that changes a cluster.
 
 The spec is ``GpuState.fits_share`` / ``GpuState.share_for`` read from the node states, and the loop
 ``share_remainders`` had before it used ``share_slots``. A seeded walk assumes policy decisions and
@@ -9,9 +10,10 @@ does (GPUs turning unhealthy, vanishing so the others are re-indexed, appearing,
 memory, changing model or enforcement; every booking replayed). After every step, share shapes drawn
 from a fixed pool (so the memo is asked again at the same and at a new generation) are checked on the
 current cluster and on the one before the last rebuild, over random node subsets in any order: the
-slots, the remainders, the GPU filter, and the share policies' scores beside the same scores computed
-with the spec's remainders. The callers' copies are scribbled on after every answer, which must not
-change a later one.
+slots, the remainders, the per-node summaries, the GPU filter, and the share policies' scores beside
+the same scores computed from slots worked out afresh from the spec. The callers' copies are
+scribbled on after every answer, which must not change a later one, and what ``share_view`` hands
+out is read-only.
 """
 
 from __future__ import annotations
@@ -30,7 +32,15 @@ from scheduler.core.filters import GpuFit
 from scheduler.core.policies import ReserveThenAlign, ShareCompletionScore, make_policy, share_remainders
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.schedule import Placement, schedule_one
-from scheduler.core.state import Allocation, AllocationConflict, ClusterState, GpuGrant, GpuState, NodeState
+from scheduler.core.state import (
+    Allocation,
+    AllocationConflict,
+    ClusterState,
+    GpuGrant,
+    GpuState,
+    NodeState,
+    ShareSlots,
+)
 
 MODELS = ("A100", "H100", "T4")
 MEMORIES = (0, 16_384, 40_960, 81_920)
@@ -97,15 +107,27 @@ def reference_remainders(pod: PodRequest, cluster: ClusterState, idx: np.ndarray
     return out
 
 
+def reference_view(cluster: ClusterState, pod: PodRequest) -> ShareSlots:
+    """A ``ShareSlots`` worked out afresh from the spec for every node (nothing kept from before)."""
+    idx = cluster.all_indices
+    fits, take = reference_fits(pod, cluster, idx)
+    return ShareSlots(
+        fits, take, reference_remainders(pod, cluster, idx), cluster.version, cluster.generation
+    )
+
+
 @contextmanager
-def spec_remainders() -> Iterator[None]:
-    """The share policies computing with the spec's remainders instead of ``share_slots``."""
-    real = policies.share_remainders
+def spec_views() -> Iterator[None]:
+    """The GPU filter and the share policies reading the spec's slots instead of ``share_view``'s
+    slots kept row by row (and ``share_remainders``, too, from the spec)."""
+    real_view, real_remainders = ClusterState.share_view, policies.share_remainders
+    ClusterState.share_view = reference_view  # type: ignore[method-assign]
     policies.share_remainders = reference_remainders
     try:
         yield
     finally:
-        policies.share_remainders = real
+        ClusterState.share_view = real_view  # type: ignore[method-assign]
+        policies.share_remainders = real_remainders
 
 
 class Walk:
@@ -292,9 +314,17 @@ class Walk:
         left = share_remainders(pod, cluster, idx)
         assert (left == reference_remainders(pod, cluster, idx)).all(), where
         assert (GpuFit().keep(pod, cluster, idx) == want_fits.any(axis=1)).all(), where
+        view = cluster.share_view(pod)
+        spec_left = reference_remainders(pod, cluster, cluster.all_indices)
+        least = np.where(spec_left >= 0, spec_left, MILLI + 1).min(axis=1)
+        assert (view.least_left == least).all(), where
+        waste = np.where(spec_left >= 0, self.tie_break.waste[np.clip(spec_left, 0, MILLI)], MILLI + 1).min(
+            axis=1
+        )
+        assert (view.least_mapped(self.tie_break.waste, MILLI + 1) == waste).all(), where
         if len(idx):
             got = (self.completion.score(pod, cluster, idx), self.tie_break.score(pod, cluster, idx))
-            with spec_remainders():
+            with spec_views():
                 want = (self.completion.score(pod, cluster, idx), self.tie_break.score(pod, cluster, idx))
             assert (got[0] == want[0]).all() and (got[1] == want[1]).all(), where
         # the callers own what they were given: scribbling on it changes no later answer
@@ -304,6 +334,15 @@ class Walk:
             milli[...] = 1
         again, _ = cluster.share_slots(pod, idx)
         assert (again == want_fits).all(), where
+        # what share_view hands out is read-only: no caller can change the next pod's answer
+        for array in (
+            view.fits,
+            view.left,
+            view.least_left,
+            view.least_mapped(self.tie_break.waste, MILLI + 1),
+        ):
+            with pytest.raises(ValueError, match="read-only"):
+                array[...] = 0
 
 
 def run_walk(seed: int, steps: int) -> Walk:
@@ -334,6 +373,54 @@ def test_the_walk_reaches_every_kind_of_step_and_overbooks() -> None:
         missing |= any(n.missing_gpus(a) for n in walk.cluster.nodes for a in n.allocations.values())
     assert {"schedule", "assume_share", "book_fact", "refused", "forget", "rebuild"} <= set(walk.log)
     assert overbooked and missing
+
+
+def test_the_walk_notices_a_row_kept_past_its_nodes_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk can fail: with a node's ``version`` left as it was by its change (so ``share_view``
+    keeps the row it worked out before), it finds a wrong fit or score."""
+    sync = ClusterState._sync
+
+    def sync_keeping_version(self: ClusterState, i: int) -> None:
+        version = int(self.version[i])
+        sync(self, i)
+        self.version[i] = version
+
+    monkeypatch.setattr(ClusterState, "_sync", sync_keeping_version)
+    with pytest.raises(AssertionError):
+        for seed in range(12):
+            run_walk(seed, 150)
+
+
+def test_the_walk_notices_a_summary_kept_past_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk can fail: with ``least_mapped`` refreshing none of its rows after the first answer,
+    it finds a wrong tie-break."""
+    real = ShareSlots.update
+
+    def update_forgetting_summaries(self: ShareSlots, *args: object) -> None:
+        real(self, *args)  # type: ignore[arg-type]
+        for _, _, seen, _ in self._mapped.values():
+            seen[:] = self.seen
+
+    monkeypatch.setattr(ShareSlots, "update", update_forgetting_summaries)
+    with pytest.raises(AssertionError):
+        for seed in range(12):
+            run_walk(seed, 150)
+
+
+def test_share_shapes_beyond_the_limit_are_worked_out_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With room for two shapes, a third evicts the oldest; asked again, it is worked out afresh."""
+    from scheduler.core import state
+
+    monkeypatch.setattr(state, "MAX_SHARE_SHAPES", 2)
+    walk = Walk(3)
+    shapes = walk.pool[:3]
+    views = [walk.cluster.share_view(pod) for pod in shapes]
+    assert len(walk.cluster._share_views) == 2
+    assert walk.cluster.share_view(shapes[2]) is views[2]
+    again = walk.cluster.share_view(shapes[0])
+    assert again is not views[0]
+    idx = walk.cluster.all_indices
+    assert (again.fits == reference_fits(shapes[0], walk.cluster, idx)[0]).all()
 
 
 def test_the_walk_notices_an_answer_kept_past_a_change(monkeypatch: pytest.MonkeyPatch) -> None:

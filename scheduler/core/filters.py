@@ -162,7 +162,7 @@ class GpuFit(FilterPlugin):
             plain = not (pod.gpu_models or pod.gpu_memory_mib or pod.enforced_share or cluster.any_gpu_memory)
             if plain:
                 return cluster.gpu_max_free[idx] >= pod.gpu_milli
-            return self.share_fits(pod, cluster, idx).any(axis=1)
+            return cluster.share_view(pod).least_left[idx] <= MILLI
         if not pod.gpu_models:
             ok = cluster.gpu_full_free[idx] >= pod.gpu_count
         else:

@@ -441,8 +441,7 @@ def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -
 
 def share_remainders(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
     """Per node in ``idx`` and GPU: free milli left if the share went there (-1 where it cannot)."""
-    fits, milli = cluster.share_slots(pod, idx)
-    return np.where(fits, cluster.gpu_free[idx] - milli, -1)
+    return cluster.share_view(pod).left[idx]
 
 
 class ShareCompletionScore(ScorePlugin):
@@ -462,8 +461,7 @@ class ShareCompletionScore(ScorePlugin):
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not pod.is_share or pod.gpu_milli == 0:
             return np.zeros(len(idx))
-        left = share_remainders(pod, cluster, idx)
-        left = np.where(left >= 0, left, MILLI + 1).min(axis=1)
+        left = cluster.share_view(pod).least_left[idx]
         return np.where(left < self.below, 1.0 + (self.below - left) / self.below, 0.0)
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
@@ -502,8 +500,7 @@ class ReserveThenAlign(AlignmentScore):
         bands = super().score(pod, cluster, idx)  # 0 .. 1 / step
         top = 1.0 + np.max(bands, initial=0.0)
         if self.waste_band and pod.is_share and pod.gpu_milli:
-            left = share_remainders(pod, cluster, idx)
-            waste = np.where(left >= 0, self.waste[np.clip(left, 0, MILLI)], MILLI + 1).min(axis=1)
+            waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1)[idx]
             levels = MILLI // self.waste_band + 2
             bands = bands - top * (waste // self.waste_band)
             top *= levels

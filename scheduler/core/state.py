@@ -362,6 +362,97 @@ class NodeState:
         return f"NodeState({self.name}, cpu {self.cpu_free}/{self.cpu_capacity}, gpu free [{free}])"
 
 
+MAX_SHARE_SHAPES = 64  # share shapes whose slots a ClusterState keeps (the oldest goes first)
+
+
+def _read_only(array: np.ndarray) -> np.ndarray:
+    view = array.view()
+    view.flags.writeable = False
+    return view
+
+
+class ShareSlots:
+    """One share shape's GPU slots over every node of a ``ClusterState``, kept row by row.
+
+    ``fits`` (``[N, G]``): which slots can take the share (``GpuState.fits_share``); ``milli``: what
+    it takes of each (``GpuState.share_for``; an int for a share given in milli, else ``[N, G]``);
+    ``left`` (``[N, G]``): the free milli a slot keeps after it, -1 where it does not fit;
+    ``least_left`` (``[N]``): per node the least of its ``left``, ``MILLI + 1`` where nothing fits
+    (the best-fitting GPU, and whether the node can take the share at all). The arrays are read-only
+    views; ``ClusterState.share_view`` refreshes the rows of the nodes that changed since.
+    """
+
+    __slots__ = (
+        "_fits", "_least", "_left", "_mapped", "_milli", "fits", "generation", "least_left", "left", "milli",
+        "seen",
+    )  # fmt: skip
+
+    def __init__(
+        self,
+        fits: np.ndarray,
+        milli: np.ndarray | int,
+        left: np.ndarray,
+        version: np.ndarray,
+        generation: int,
+    ) -> None:
+        self._fits = fits
+        self._milli = milli
+        self._left = left
+        self._least = _least_left(fits, left)
+        self.seen = version.copy()  # version[i] of each row when it was worked out
+        self.generation = generation  # the cluster's generation when every row was last checked
+        self.fits = _read_only(fits)
+        self.milli = milli if isinstance(milli, int) else _read_only(milli)
+        self.left = _read_only(left)
+        self.least_left = _read_only(self._least)
+        self._mapped: dict[tuple[int, int], tuple[np.ndarray, int, np.ndarray, np.ndarray]] = {}
+
+    def update(
+        self,
+        rows: np.ndarray,
+        fits: np.ndarray,
+        milli: np.ndarray | int,
+        left: np.ndarray,
+        version: np.ndarray,
+    ) -> None:
+        """Take these rows' worked-out ``fits``, ``milli`` and ``left`` (``version``: the cluster's)."""
+        self._fits[rows] = fits
+        if not isinstance(self._milli, int):
+            self._milli[rows] = milli
+        self._left[rows] = left
+        self._least[rows] = _least_left(fits, left)
+        self.seen[rows] = version[rows]
+
+    def least_mapped(self, table: np.ndarray, none: int) -> np.ndarray:
+        """Per node, the least ``table[left]`` over the slots that fit, ``none`` where none does.
+
+        Read-only; kept per ``table`` object and refreshed with the rows, so ``table`` must not change
+        while it is in use (a new table object starts afresh).
+        """
+        entry = self._mapped.get((id(table), none))
+        if entry is None or entry[0] is not table:
+            values = _least_of(table, self._fits, self._left, none)
+            entry = (table, none, self.seen.copy(), values)
+            if len(self._mapped) >= 8:  # tables of policies bound before: let them go
+                self._mapped.clear()
+            self._mapped[(id(table), none)] = entry
+        else:
+            _, _, seen, values = entry
+            rows = np.flatnonzero(seen != self.seen)
+            if rows.size:
+                values[rows] = _least_of(table, self._fits[rows], self._left[rows], none)
+                seen[rows] = self.seen[rows]
+        return _read_only(entry[3])
+
+
+def _least_left(fits: np.ndarray, left: np.ndarray) -> np.ndarray:
+    return np.where(fits, left, MILLI + 1).min(axis=1, initial=MILLI + 1)
+
+
+def _least_of(table: np.ndarray, fits: np.ndarray, left: np.ndarray, none: int) -> np.ndarray:
+    return np.where(fits, table[np.clip(left, 0, len(table) - 1)], none).min(axis=1, initial=none)
+
+
 class ClusterState:
     """All nodes, with per-node numbers mirrored into arrays for vectorised filtering and scoring.
 
@@ -439,7 +530,7 @@ class ClusterState:
         self._label_masks: dict[tuple, np.ndarray] = {}
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._gpu_model_masks: dict[frozenset[str], np.ndarray] = {}
-        self._share_slots: tuple[tuple, np.ndarray, np.ndarray | int] | None = None  # share_slots' last
+        self._share_views: dict[tuple, ShareSlots] = {}  # share shape -> its slots (share_view)
         self.all_indices = np.arange(n, dtype=np.int64)
         # node order for equal scores (lower first); None: uniformly at random
         self.tie_rank: np.ndarray | None = None
@@ -486,38 +577,54 @@ class ClusterState:
     def share_slots(self, pod: PodRequest, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
         """``([len(idx), G] fits, milli)``: which GPU slots of these nodes can take the share, and the
         milli it takes of each (an int for a share in milli); ``GpuState.fits_share`` and
-        ``GpuState.share_for`` over whole rows at once.
+        ``GpuState.share_for`` over whole rows at once (copies; ``share_view`` has every node)."""
+        view = self.share_view(pod)
+        return view.fits[idx], (view.milli if isinstance(view.milli, int) else view.milli[idx])
 
-        Worked out for every node once per share shape and cluster generation (the GPU filter and the
-        share policies ask the same question of one pod in turn), then cut to ``idx``.
+    def share_view(self, pod: PodRequest) -> ShareSlots:
+        """The share's ``ShareSlots`` over every node, up to date.
+
+        Kept per share shape (the GPU filter and the share policies ask the same question of one pod
+        in turn, and the next pod of the shape asks it again): worked out for every node the first
+        time, then only for the rows whose ``version`` changed since.
         """
-        key = (self.generation, pod.gpu_milli, pod.gpu_memory_mib, pod.gpu_models, pod.enforced_share)
-        memo = self._share_slots  # read once: the check and the answer come from one entry
-        if memo is None or memo[0] != key:
-            memo = self._share_slots = (key, *self._share_slots_of_all(pod))
-        _, fits, milli = memo
-        return fits[idx], (milli if isinstance(milli, int) else milli[idx])
+        key = (pod.gpu_milli, pod.gpu_memory_mib, pod.gpu_models, pod.enforced_share)
+        view = self._share_views.get(key)
+        if view is None:
+            if len(self._share_views) >= MAX_SHARE_SHAPES:
+                del self._share_views[next(iter(self._share_views))]
+            fits, milli, left = self._share_rows(pod, slice(None))
+            view = self._share_views[key] = ShareSlots(fits, milli, left, self.version, self.generation)
+        elif view.generation != self.generation:
+            rows = np.flatnonzero(view.seen != self.version)
+            if rows.size:
+                view.update(rows, *self._share_rows(pod, rows), self.version)
+            view.generation = self.generation
+        return view
 
-    def _share_slots_of_all(self, pod: PodRequest) -> tuple[np.ndarray, np.ndarray | int]:
-        free = self.gpu_free
+    def _share_rows(
+        self, pod: PodRequest, rows: slice | np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray]:
+        """(fits, milli, left) of these rows, worked out from the arrays."""
+        free = self.gpu_free[rows]
         milli: np.ndarray | int
         if pod.gpu_milli:
             milli = pod.gpu_milli
         else:  # by memory: the same fraction of compute, rounded up; GPUs of unknown memory: whole
-            total = self.gpu_mem_total
+            total = self.gpu_mem_total[rows]
             milli = np.minimum(
                 np.where(total > 0, -(-pod.gpu_memory_mib * MILLI // np.maximum(total, 1)), MILLI), MILLI
             )
         fits = free >= milli
         if self.any_gpu_memory:
-            total = self.gpu_mem_total
+            total = self.gpu_mem_total[rows]
             memory = pod.gpu_memory_mib if pod.gpu_memory_mib else total * milli // MILLI
-            fits &= (self.gpu_mem_free >= memory) | (total == 0)
+            fits &= (self.gpu_mem_free[rows] >= memory) | (total == 0)
         if pod.gpu_models:
-            fits &= self.gpu_model_mask(pod.gpu_models)
+            fits &= self.gpu_model_mask(pod.gpu_models)[rows]
         if pod.enforced_share:
-            fits &= self.gpu_enforced
-        return fits, milli
+            fits &= self.gpu_enforced[rows]
+        return fits, milli, np.where(fits, free - milli, -1)
 
     def label_mask(self, selector: Mapping[str, str]) -> np.ndarray:
         """Nodes whose labels contain every ``key: value`` of ``selector`` (labels are static)."""
