@@ -13,6 +13,13 @@ A refusal raises ``Rejected`` with INVALID_ARGUMENT (the request or annotation i
 FAILED_PRECONDITION (it does not fit this node now) or UNAVAILABLE (retry: the ledger is being
 rebuilt, or device discovery has not succeeded yet), naming the pod; nothing is created.
 
+Restoring from a checkpoint is refused on a device node: RestorePod as a whole method
+(``refused_methods``), and a CreateContainer whose image names a file (containerd 2.x restores
+it as a checkpoint archive, with the checkpoint's annotations). Before every reservation, live
+marked containers the ledger does not account for (a create containerd finished after its
+caller gave up, or after a restart's rebuild) are adopted; a mark counts only on the container
+it was written for (its sandbox's pod UID, its own name).
+
 In the background it keeps the node's devices current (``maintain_devices``: discovery retried
 until it succeeds, health re-read, rediscovery on health changes and on a slow schedule) and
 reconciles creates whose outcome was unknown against containerd.

@@ -184,3 +184,14 @@ def test_a_create_from_a_checkpoint_archive_is_refused_before_containerd_restore
     assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
     assert f"image {str(archive)!r} is a file" in caught.value.details()
     assert cdi_node.containers_in(request.pod_sandbox_id) == []
+
+
+def test_restore_pod_is_refused_and_this_containerd_has_none(cdi_node: CdiNode) -> None:
+    method = "/runtime.v1.RuntimeService/RestorePod"
+    request = api_pb2.RestorePodRequest(checkpoint_path="/nonexistent/checkpoint.tar").SerializeToString()
+    with pytest.raises(grpc.RpcError) as caught:
+        cdi_node.client.channel.unary_unary(method)(request, timeout=30)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION, caught.value.details()
+    with pytest.raises(grpc.RpcError) as direct:
+        cdi_node.direct.channel.unary_unary(method)(request, timeout=30)
+    assert direct.value.code() is grpc.StatusCode.UNIMPLEMENTED, direct.value.details()
