@@ -53,9 +53,7 @@ def spec_least_mapped(cluster: ClusterState, pod: PodRequest, table: np.ndarray,
     """Per node, the least ``table[free - share]`` over the GPUs whose own rule takes the share."""
     out = []
     for node in cluster.nodes:
-        values = [
-            int(table[g.free_milli - g.share_for(pod)[0]]) for g in node.gpus if g.fits_share(pod)
-        ]
+        values = [int(table[g.free_milli - g.share_for(pod)[0]]) for g in node.gpus if g.fits_share(pod)]
         out.append(min(values, default=none))
     return out
 
