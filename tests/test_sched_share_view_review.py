@@ -78,8 +78,10 @@ def test_least_mapped_is_the_least_table_value_whatever_none_is(pod: PodRequest,
 def test_least_mapped_refuses_a_table_that_does_not_cover_every_remainder() -> None:
     cluster = cluster_of_mixed_gpus()
     view = cluster.share_view(SHARES[0])
-    with pytest.raises(ValueError, match="0..1000"):
-        view.least_mapped(np.zeros(500, dtype=np.int64), MILLI + 1)
+    for short in (500, MILLI):
+        with pytest.raises(ValueError, match="0..1000"):
+            view.least_mapped(np.zeros(short, dtype=np.int64), MILLI + 1)
+    assert view.least_mapped(np.zeros(MILLI + 1, dtype=np.int64), MILLI + 1).tolist() == [0, 0, MILLI + 1, 0]
 
 
 def overbooked_below_zero() -> tuple[ClusterState, NodeState]:
