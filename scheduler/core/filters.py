@@ -152,11 +152,6 @@ class GpuFit(FilterPlugin):
     def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
         return pod.gpu_count > 0
 
-    @staticmethod
-    def share_fits(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        """``[len(idx), G]``: which GPU slots of these nodes can take the share."""
-        return cluster.share_slots(pod, idx)[0]
-
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if pod.is_share:
             plain = not (pod.gpu_models or pod.gpu_memory_mib or pod.enforced_share or cluster.any_gpu_memory)

@@ -377,9 +377,10 @@ class ShareSlots:
     ``fits`` (``[N, G]``): which slots can take the share (``GpuState.fits_share``); ``milli``: what
     it takes of each (``GpuState.share_for``; an int for a share given in milli, else ``[N, G]``);
     ``left`` (``[N, G]``): the free milli a slot keeps after it, -1 where it does not fit;
-    ``least_left`` (``[N]``): per node the least of its ``left``, ``MILLI + 1`` where nothing fits
-    (the best-fitting GPU, and whether the node can take the share at all). The arrays are read-only
-    views; ``ClusterState.share_view`` refreshes the rows of the nodes that changed since.
+    ``least_left`` (``[N]``): per node the least of its ``left`` (at most ``MILLI``: a GPU booked
+    below zero can keep more), ``MILLI + 1`` where nothing fits (the best-fitting GPU, and whether the
+    node can take the share at all). The arrays are read-only views; ``ClusterState.share_view``
+    refreshes the rows of the nodes that changed since.
     """
 
     __slots__ = (
@@ -426,9 +427,13 @@ class ShareSlots:
     def least_mapped(self, table: np.ndarray, none: int) -> np.ndarray:
         """Per node, the least ``table[left]`` over the slots that fit, ``none`` where none does.
 
-        Read-only; kept per ``table`` object and refreshed with the rows, so ``table`` must not change
-        while it is in use (a new table object starts afresh).
+        ``table`` has one value per remainder ``0..MILLI`` (a remainder above ``MILLI``, on a GPU
+        booked below zero, reads ``table[MILLI]``). Read-only; kept per ``table`` object and refreshed
+        with the rows, so ``table`` must not change while it is in use (a new table object starts
+        afresh).
         """
+        if len(table) <= MILLI:
+            raise ValueError(f"least_mapped: table has {len(table)} values, not one per remainder 0..{MILLI}")
         entry = self._mapped.get((id(table), none))
         if entry is None or entry[0] is not table:
             values = _least_of(table, self._fits, self._left, none)
@@ -446,11 +451,15 @@ class ShareSlots:
 
 
 def _least_left(fits: np.ndarray, left: np.ndarray) -> np.ndarray:
-    return np.where(fits, left, MILLI + 1).min(axis=1, initial=MILLI + 1)
+    # capped at MILLI: a GPU booked below zero keeps more than MILLI, which must not read "none fits"
+    return np.where(fits, np.minimum(left, MILLI), MILLI + 1).min(axis=1, initial=MILLI + 1)
 
 
 def _least_of(table: np.ndarray, fits: np.ndarray, left: np.ndarray, none: int) -> np.ndarray:
-    return np.where(fits, table[np.clip(left, 0, len(table) - 1)], none).min(axis=1, initial=none)
+    mapped = table[np.clip(left, 0, MILLI)]
+    top = np.iinfo(mapped.dtype).max if np.issubdtype(mapped.dtype, np.integer) else np.inf
+    least = mapped.min(axis=1, where=fits, initial=top)  # not capped at ``none``: it may be below
+    return np.where(fits.any(axis=1), least, none)
 
 
 class ClusterState:
