@@ -81,6 +81,29 @@ def test_topology_annotation() -> None:
     assert (wish.nvlink, wish.same_numa, wish.same_pcie_switch) == (Wish.REQUIRE, Wish.PREFER, Wish.NONE)
 
 
+NOT_QUANTITIES = ["Infinity", "-Infinity", "inf", "NaN", "sNaN", "1e30", "9300000000000000k"]
+
+
+@pytest.mark.parametrize("value", NOT_QUANTITIES)
+@pytest.mark.parametrize("where", ["cpu", "memory", "gpus", "overhead"])
+def test_quantities_no_node_could_hold_are_refused_by_name(value: str, where: str) -> None:
+    """Non-finite or beyond int64 milli-units: a PodSpecError (a FailedScheduling Event), never an
+    OverflowError or decimal signal that would stop the scheduler's planning for every pod."""
+    if where == "gpus":
+        spec = pod([container("a", gpus=value)])
+    elif where == "overhead":
+        spec = pod([container("a")], overhead={"cpu": value})
+    else:
+        spec = pod([container("a", **{where: value})])
+    with pytest.raises(PodSpecError, match="invalid quantity"):
+        pod_request(spec)
+
+
+def test_the_largest_quantity_kubernetes_keeps_is_accepted() -> None:
+    request = pod_request(pod([container("a", cpu="9223372036854775")]))
+    assert request.cpu_milli == 9_223_372_036_854_775_000
+
+
 @pytest.mark.parametrize(
     ("annotations", "gpus", "message"),
     [
@@ -103,8 +126,12 @@ def test_share_goes_only_to_the_named_containers() -> None:
     from scheduler.core.allocate import split_containers
     from scheduler.core.state import GpuGrant
 
-    request = pod_request(pod([container("a"), container("b")],
-                              {"kubegpu.io/gpu-milli": "400", "kubegpu.io/gpu-containers": "b"}))
+    request = pod_request(
+        pod(
+            [container("a"), container("b")],
+            {"kubegpu.io/gpu-milli": "400", "kubegpu.io/gpu-containers": "b"},
+        )
+    )
     assert split_containers(request, (GpuGrant(0, "GPU-x", 400, 0),)) == {"b": ("GPU-x",)}
 
 

@@ -56,11 +56,21 @@ class PodSpecError(ValueError):
     """The pod's kubegpu request is malformed; the message is meant for a FailedScheduling Event."""
 
 
+# Kubernetes keeps a quantity's value in an int64 of milli-units; beyond it a number is not a quantity
+# a node could have or a pod could ask for (and would overflow the core's int64 arrays).
+MAX_QUANTITY = Decimal((1 << 63) - 1) / 1000
+
+
 def _quantity(value: Any, what: str) -> Decimal:
     try:
-        return Decimal(parse_quantity(value))
+        quantity = Decimal(parse_quantity(value))
     except (ValueError, TypeError, ArithmeticError):
         raise PodSpecError(f"invalid quantity {value!r} for {what}") from None
+    if not quantity.is_finite() or abs(quantity) > MAX_QUANTITY:
+        raise PodSpecError(
+            f"invalid quantity {value!r} for {what}: not a finite number within int64 milli-units"
+        )
+    return quantity
 
 
 def _resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
