@@ -108,6 +108,11 @@ def test_every_adversarial_case_leaves_the_node_out(valid: str) -> None:
         ("heartbeat-future", "future"),
         ("allocatable-cpu", "allocatable cpu"),
         ("allocatable-gpus", "allocatable GPU count"),
+        ("allocatable-cpu-infinite", "allocatable cpu is unreadable"),
+        ("allocatable-memory-nan", "allocatable memory is unreadable"),
+        ("allocatable-memory-beyond-int64", "allocatable memory"),
+        ("allocatable-pods-unreadable", "allocatable pods is unreadable"),
+        ("allocatable-gpus-infinite", "allocatable GPU count is unreadable"),
         ("device-long-id", "id"),
         ("deep-nesting", "inventory"),
     ],
@@ -309,7 +314,7 @@ def test_the_live_scheduler_leaves_a_hostile_node_out_says_why_and_takes_it_back
     valid = inventory("hgx-h100", "bad", tmp_path)
     cases = list(adversarial(valid))
     world = World()
-    world.put_node(node_json("good", len(cases) + 4))
+    world.put_node(node_json("good", len(cases) + 4, cpu=str(len(cases) + 4)))  # room for one pod per case
     world.put_node(_hostile_node_json(cases[0]))
     scheduler, jobs, core, clock = make_scheduler(world)
     feed = Feed(world, scheduler)

@@ -28,7 +28,7 @@ from kubegpu import allocation as contract
 from scheduler.core.request import MILLI, Taint, TaintEffect, container_gpus
 from scheduler.core.state import Allocation, GpuGrant, NodeState
 from scheduler.live import nodecheck
-from scheduler.live.podspec import PodSpecError, _cpu_memory, _quantity, pod_resources
+from scheduler.live.podspec import PodSpecError, _mebibytes, _milli_cpu, _quantity, pod_resources
 
 NO_INVENTORY = "node has no kubegpu device inventory"
 
@@ -77,21 +77,32 @@ class NodeFacts:
         )
 
 
-def _quantity_or_zero(container_like: Mapping[str, Any]) -> tuple[int, int]:
-    try:
-        return _cpu_memory({"resources": {"requests": container_like}})
-    except PodSpecError:
-        return 0, 0
+def _read_allocatable(
+    allocatable: Mapping[str, Any], gpu_resource: str
+) -> tuple[int, int, int | None, int | None, str]:
+    """(CPU milli, memory MiB, pods, GPU count, problem) of a Node's allocatable.
+
+    Pods and the GPU count are None when absent (no limit). A figure that is not a quantity (or one
+    beyond what Kubernetes keeps) is a problem naming it, never a zero or a missing limit.
+    """
+    figures: dict[str, Any] = {}
+    for what, key, read in (
+        ("cpu", "cpu", _milli_cpu),
+        ("memory", "memory", _mebibytes),
+        ("pods", "pods", _count),
+        ("GPU count", gpu_resource, _count),
+    ):
+        value = allocatable.get(key)
+        try:
+            figures[what] = read(value) if value is not None else (None if read is _count else 0)
+        except (PodSpecError, TypeError, ValueError, ArithmeticError):
+            return 0, 0, None, None, f"node's allocatable {what} is unreadable ({str(value)[:40]!r})"
+    return figures["cpu"], figures["memory"], figures["pods"], figures["GPU count"], ""
 
 
-def _count(value: Any) -> int | None:
-    """A countable allocatable (pods, GPUs) as an int, None when absent or unreadable."""
-    if value is None:
-        return None
-    try:
-        return max(0, int(_quantity(value, "count")))
-    except (PodSpecError, ValueError, ArithmeticError):
-        return None
+def _count(value: Any) -> int:
+    """A countable allocatable (pods, GPUs) as an int (negative: 0); raises PodSpecError if unreadable."""
+    return max(0, int(_quantity(value, "count")))
 
 
 def parse_time(value: str | None) -> dt.datetime | None:
@@ -163,7 +174,7 @@ def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu
     spec, status = node.get("spec") or {}, node.get("status") or {}
     annotations = meta.get("annotations") or {}
     allocatable = status.get("allocatable") or {}
-    cpu, memory = _quantity_or_zero(allocatable)
+    cpu, memory, max_pods, gpus, unreadable = _read_allocatable(allocatable, gpu_resource)
     taints = tuple(
         Taint(t.get("key", ""), t.get("value") or "", TaintEffect(t.get("effect", "NoSchedule")))
         for t in spec.get("taints") or []
@@ -178,8 +189,7 @@ def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu
             inventory = parse_inventory(raw)
         except ValueError as error:
             problem = f"node's device inventory is unreadable: {str(error)[:120]}"
-    max_pods, gpus = _count(allocatable.get("pods")), _count(allocatable.get(gpu_resource))
-    problem = problem or nodecheck.allocatable_problem(cpu, memory, max_pods, gpus)
+    problem = problem or unreadable or nodecheck.allocatable_problem(cpu, memory, max_pods, gpus)
     return NodeFacts(
         name=name,
         cpu_milli=cpu,

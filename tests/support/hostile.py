@@ -127,6 +127,12 @@ def adversarial(valid: str) -> Iterator[Case]:
     yield Case("allocatable-memory", valid, allocatable={"memory": "1e30"})
     yield Case("allocatable-pods", valid, allocatable={"pods": "1e9"})
     yield Case("allocatable-gpus", valid, allocatable={"nvidia.com/gpu": "1e12"})
+    # figures that are no quantity at all, or beyond int64 milli-units (never a zero or no limit)
+    yield Case("allocatable-cpu-infinite", valid, allocatable={"cpu": "Infinity"})
+    yield Case("allocatable-memory-nan", valid, allocatable={"memory": "NaN"})
+    yield Case("allocatable-memory-beyond-int64", valid, allocatable={"memory": "1e40"})
+    yield Case("allocatable-pods-unreadable", valid, allocatable={"pods": "lots"})
+    yield Case("allocatable-gpus-infinite", valid, allocatable={"nvidia.com/gpu": "Infinity"})
 
 
 _JUNK: list[Any] = [
