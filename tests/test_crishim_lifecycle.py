@@ -251,11 +251,17 @@ def sim_node(tmp_path: Path) -> NodeDevices:
     return node
 
 
-@pytest.mark.parametrize("created", [False, True])
-def test_an_unknown_outcome_is_settled_by_asking_the_runtime(tmp_path: Path, created: bool) -> None:
+def rewriter_on_fake_runtime(tmp_path: Path) -> tuple[AllocationRewriter, FakeRuntime]:
+    """A sim node's rewriter whose runtime is a ``FakeRuntime`` (returned with it)."""
     rewriter = rewriter_for(sim_node(tmp_path))
     runtime = FakeRuntime()
     rewriter._runtime = runtime  # type: ignore[assignment]
+    return rewriter, runtime
+
+
+@pytest.mark.parametrize("created", [False, True])
+def test_an_unknown_outcome_is_settled_by_asking_the_runtime(tmp_path: Path, created: bool) -> None:
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
     share = {"app": {"GPU-1": Share(600)}}
 
     async def run() -> None:
@@ -287,9 +293,7 @@ def test_an_unknown_outcome_is_settled_by_asking_the_runtime(tmp_path: Path, cre
 
 
 def test_the_retry_of_an_unknown_create_does_not_count_twice(tmp_path: Path) -> None:
-    rewriter = rewriter_for(sim_node(tmp_path))
-    runtime = FakeRuntime()
-    rewriter._runtime = runtime  # type: ignore[assignment]
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
     share = {"app": {"GPU-0": Share(600)}}
 
     async def run() -> None:
@@ -515,9 +519,7 @@ def test_reconciliation_settles_only_the_sandbox_asked_about_and_logs_it(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.DEBUG)
-    rewriter = rewriter_for(sim_node(tmp_path))
-    runtime = FakeRuntime()
-    rewriter._runtime = runtime  # type: ignore[assignment]
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
     here = Holding("", "sb", UID, "app", "GPU-0", 500, attempt=1, ticket=1)
     there = Holding("", "sc", "other", "app", "GPU-1", 500, ticket=2)
     for h in (here, there):
@@ -890,9 +892,7 @@ def test_the_rebuild_counts_only_marks_written_for_the_container_that_carries_th
 
 
 def test_reconciliation_matches_only_a_container_of_the_marked_name(tmp_path: Path) -> None:
-    rewriter = rewriter_for(sim_node(tmp_path))
-    runtime = FakeRuntime()
-    rewriter._runtime = runtime  # type: ignore[assignment]
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
 
     async def run() -> None:
         _, completion = await rewriter.create_container(request(grant={"app": ["GPU-1"]}))
@@ -960,9 +960,7 @@ def test_a_container_containerd_makes_after_its_create_was_settled_is_adopted(
     600 were let go; then containerd finishes the create. Q's 500 must not be handed the same GPU:
     the late container is adopted before Q's reservation, and freed with it."""
     caplog.set_level(logging.DEBUG)
-    rewriter = rewriter_for(sim_node(tmp_path))
-    runtime = FakeRuntime()
-    rewriter._runtime = runtime  # type: ignore[assignment]
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
     q = request(
         container="c", grant={"c": ["GPU-0"]}, shares={"c": {"GPU-0": Share(500)}}, uid="Q", sandbox="sq"
     )
@@ -992,9 +990,7 @@ def test_a_container_containerd_makes_after_its_create_was_settled_is_adopted(
 def test_a_late_container_takes_the_place_of_its_unknown_holding_and_counts_once(tmp_path: Path) -> None:
     """The outcome is still unknown when containerd's container shows up: adopting it replaces
     the unknown 600 rather than adding 600 more, so Q's 400 fits."""
-    rewriter = rewriter_for(sim_node(tmp_path))
-    runtime = FakeRuntime()
-    rewriter._runtime = runtime  # type: ignore[assignment]
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
     runtime.sandbox_uids["sq"] = "Q"
 
     async def run() -> None:
@@ -1019,9 +1015,7 @@ def test_a_late_container_takes_the_place_of_its_unknown_holding_and_counts_once
 def test_an_in_flight_create_is_not_adopted_twice(tmp_path: Path) -> None:
     """containerd has made P's container and the answer is on its way: another create's adoption
     pass must leave it to P's own commit, or P would count twice until then."""
-    rewriter = rewriter_for(sim_node(tmp_path))
-    runtime = FakeRuntime()
-    rewriter._runtime = runtime  # type: ignore[assignment]
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
     runtime.sandbox_uids["sq"] = "Q"
 
     async def run() -> None:

@@ -154,6 +154,20 @@ def visible(output: str) -> tuple[dict[str, str], list[str]]:
     return env, sorted(devices)
 
 
+SharePod = tuple[str, str, api_pb2.PodSandboxConfig]  # uid, sandbox id, sandbox config
+
+
+def share_pods(node: Node, name: str, device: str, p_milli: int, q_milli: int) -> tuple[SharePod, SharePod]:
+    """Pods ``<name>-p`` and ``<name>-q`` with a share of ``device`` each for their container ``app``:
+    (uid, sandbox id, sandbox config) of each."""
+    pods: list[SharePod] = []
+    for suffix, milli in (("p", p_milli), ("q", q_milli)):
+        uid = str(uuid.uuid4())
+        annotation = node.signed(uid, {"app": [device]}, shares={"app": {device: Share(milli)}})
+        pods.append((uid, *node.run_pod(f"{name}-{suffix}", annotation, uid)))
+    return pods[0], pods[1]
+
+
 def test_container_gets_exactly_its_devices(node: Node) -> None:
     uid = str(uuid.uuid4())
     annotation = node.signed(uid, {"train": [gpu(0), gpu(3)], "side": [gpu(5)]})
@@ -438,14 +452,8 @@ def test_an_ambiguously_failed_create_leaves_no_reservation(node: Node) -> None:
     """containerd answers UNKNOWN (it cannot open a device): the shim cannot know from the code
     alone whether a container exists, so it asks containerd; the retry's success must not leave
     a second 600 milli behind that keeps another pod's 400 out."""
-    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
     device = gpu(5)
-    p_sandbox, p_config = node.run_pod(
-        "ambig-p", node.signed(p_uid, {"app": [device]}, shares={"app": {device: Share(600)}}), p_uid
-    )
-    q_sandbox, q_config = node.run_pod(
-        "ambig-q", node.signed(q_uid, {"app": [device]}, shares={"app": {device: Share(400)}}), q_uid
-    )
+    (p_uid, p_sandbox, p_config), (q_uid, q_sandbox, q_config) = share_pods(node, "ambig", device, 600, 400)
     with pytest.raises(grpc.RpcError) as failed:
         node.create(p_sandbox, p_config, "app", devices=[("/dev/kubegpu-no-such-device", "/dev/x")])
     assert failed.value.code() is grpc.StatusCode.UNKNOWN, failed.value.details()
@@ -672,13 +680,9 @@ def test_shares_survive_a_shim_restart_in_every_state(node: Node) -> None:
 def test_a_create_past_its_deadline_and_its_retry_hold_the_share_once(node: Node) -> None:
     """kubelet's create runs past its deadline (the shim and containerd may still finish it),
     kubelet retries: however the first one ended, P's 600 is counted once and Q's 400 fits."""
-    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
     device = gpu(0)
-    p_sandbox, p_config = node.run_pod(
-        "deadline-p", node.signed(p_uid, {"app": [device]}, shares={"app": {device: Share(600)}}), p_uid
-    )
-    q_sandbox, q_config = node.run_pod(
-        "deadline-q", node.signed(q_uid, {"app": [device]}, shares={"app": {device: Share(400)}}), q_uid
+    (p_uid, p_sandbox, p_config), (q_uid, q_sandbox, q_config) = share_pods(
+        node, "deadline", device, 600, 400
     )
     request = api_pb2.CreateContainerRequest(
         pod_sandbox_id=p_sandbox,
@@ -713,14 +717,8 @@ def test_a_container_containerd_makes_after_the_outcome_was_settled_holds_its_sh
     """P's create fails ambiguously (UNKNOWN) and the shim, asking containerd, finds no container:
     the 600 are let go. Then containerd's container for that create turns up after all: Q's 500
     are refused, and once the container is removed through the shim they fit."""
-    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
     device = gpu(7)
-    p_sandbox, p_config = node.run_pod(
-        "late-p", node.signed(p_uid, {"app": [device]}, shares={"app": {device: Share(600)}}), p_uid
-    )
-    q_sandbox, q_config = node.run_pod(
-        "late-q", node.signed(q_uid, {"app": [device]}, shares={"app": {device: Share(500)}}), q_uid
-    )
+    (p_uid, p_sandbox, p_config), (q_uid, q_sandbox, q_config) = share_pods(node, "late", device, 600, 500)
     with pytest.raises(grpc.RpcError) as failed:
         node.create(p_sandbox, p_config, "app", devices=[("/dev/kubegpu-no-such-device", "/dev/x")])
     assert failed.value.code() is grpc.StatusCode.UNKNOWN, failed.value.details()
