@@ -12,7 +12,7 @@ After every step:
 - no device is held by live pods' allocations beyond its capacity (the apiserver's truth);
 - the leader's view books every device a live pod holds (so it can never hand one out again);
 - no assumption without a pod, no booking without a pod or an assumption, the core's arrays
-  match its node states (a share's fits from ``ClusterState.share_slots`` included);
+  match its node states (a share's fits from ``ClusterState.share_view`` included);
 and at every settle point (API healthy, everything delivered, time passed) nothing is left
 assumed and the leader's bookings equal what the bound pods' annotations say.
 
@@ -393,7 +393,7 @@ class Model:
                     assert cluster.cpu_free[i] == node.cpu_free
                     assert set(node.allocations) == {u for u, j in cluster.where.items() if j == i}
                 for shape in SHARE_SHAPES:  # the memoised whole-array share rule, as each GPU says
-                    fits, _ = cluster.share_slots(shape, cluster.all_indices)
+                    fits = cluster.share_view(shape).fits
                     for i, node in enumerate(cluster.nodes):
                         for gpu in node.gpus:
                             assert bool(fits[i, gpu.index]) == gpu.fits_share(shape), (shape, node, gpu)

@@ -264,7 +264,8 @@ def test_share_remainders_honour_models_enforcement_and_memory() -> None:
     """Per GPU, the milli a share would leave (-1 where it cannot go): a model-restricted share only
     on its model, an enforced share only on enforcing GPUs, and on GPUs of known memory only where
     the memory fits too."""
-    from scheduler.core.policies import share_remainders
+    def share_remainders(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return cluster.share_view(pod).left[idx]
 
     mixed = NodeState(
         "m", 64_000, 256_000, [GpuState(0, "m-g0", "X"), GpuState(1, "m-g1", "Y", share_enforced=True)]

@@ -1,9 +1,9 @@
-"""``ClusterState.share_view`` / ``share_slots`` (a share's fits, milli and remainders over whole
+"""``ClusterState.share_view`` (a share's fits, milli and remainders over whole
 arrays, kept per share shape and refreshed row by row as nodes change) against each GPU's own rule,
 over random walks of everything that changes a cluster.
 
-The spec is ``GpuState.fits_share`` / ``GpuState.share_for`` read from the node states, and the loop
-``share_remainders`` had before it used ``share_slots``. A seeded walk assumes policy decisions and
+The spec is ``GpuState.fits_share`` / ``GpuState.share_for`` read from the node states, GPU by GPU.
+A seeded walk assumes policy decisions and
 random shares, books facts (overbooked GPUs, GPUs the node does not list, shares beyond the free
 memory), forgets pods, refuses conflicting assumptions, and rebuilds the cluster as the live scheduler
 does (GPUs turning unhealthy, vanishing so the others are re-indexed, appearing, losing their known
@@ -26,10 +26,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 import pytest
 
-from scheduler.core import policies
 from scheduler.core.allocate import allocate
 from scheduler.core.filters import GpuFit
-from scheduler.core.policies import ReserveThenAlign, ShareCompletionScore, make_policy, share_remainders
+from scheduler.core.policies import ReserveThenAlign, ShareCompletionScore, make_policy
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import (
@@ -62,7 +61,7 @@ def share_pool() -> list[PodRequest]:
         PodRequest("mem4g-mps", gpu_count=1, gpu_memory_mib=4_096, enforced_share=True),
         PodRequest("both", gpu_count=1, gpu_milli=200, gpu_memory_mib=30_000),
     ]
-    # shapes that differ from another in one of the fields share_slots reads (the memo must tell
+    # shapes that differ from another in one of the fields share_view reads (the memo must tell
     # them apart), and one that differs only elsewhere (CPU, selector, name)
     pool += [
         PodRequest("m250-h100", gpu_count=1, gpu_milli=250, gpu_models=frozenset({"H100"})),
@@ -98,7 +97,7 @@ def reference_fits(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> t
 
 
 def reference_remainders(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-    """``share_remainders`` as a loop over the node states (the version before ``share_slots``)."""
+    """The free milli a share leaves per GPU, as a loop over the node states (-1 where it cannot go)."""
     out = np.full((len(idx), cluster.gpu_free.shape[1]), -1, dtype=np.int64)
     for row, i in enumerate(idx.tolist()):
         for g in cluster.nodes[i].gpus:
@@ -119,15 +118,13 @@ def reference_view(cluster: ClusterState, pod: PodRequest) -> ShareSlots:
 @contextmanager
 def spec_views() -> Iterator[None]:
     """The GPU filter and the share policies reading the spec's slots instead of ``share_view``'s
-    slots kept row by row (and ``share_remainders``, too, from the spec)."""
-    real_view, real_remainders = ClusterState.share_view, policies.share_remainders
+    slots kept row by row."""
+    real_view = ClusterState.share_view
     ClusterState.share_view = reference_view  # type: ignore[method-assign]
-    policies.share_remainders = reference_remainders
     try:
         yield
     finally:
         ClusterState.share_view = real_view  # type: ignore[method-assign]
-        policies.share_remainders = real_remainders
 
 
 class Walk:
@@ -307,14 +304,15 @@ class Walk:
     def check_pod(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> None:
         where = (pod.name, [cluster.nodes[i] for i in idx.tolist()])
         want_fits, want_take = reference_fits(pod, cluster, idx)
-        fits, milli = cluster.share_slots(pod, idx)
+        view = cluster.share_view(pod)
+        fits = view.fits[idx]  # fancy indexing: the caller's own copies
+        milli = view.milli if isinstance(view.milli, int) else view.milli[idx]
         assert fits.shape == want_fits.shape and (fits == want_fits).all(), where
         take = np.broadcast_to(milli, fits.shape)
         assert (take[want_fits] == want_take[want_fits]).all(), where
-        left = share_remainders(pod, cluster, idx)
+        left = view.left[idx]
         assert (left == reference_remainders(pod, cluster, idx)).all(), where
         assert (GpuFit().keep(pod, cluster, idx) == want_fits.any(axis=1)).all(), where
-        view = cluster.share_view(pod)
         spec_left = reference_remainders(pod, cluster, cluster.all_indices)
         least = np.where(spec_left >= 0, spec_left, MILLI + 1).min(axis=1)
         assert (view.least_left == least).all(), where
@@ -332,7 +330,7 @@ class Walk:
         left[...] = 7
         if isinstance(milli, np.ndarray):
             milli[...] = 1
-        again, _ = cluster.share_slots(pod, idx)
+        again = cluster.share_view(pod).fits[idx]
         assert (again == want_fits).all(), where
         # what share_view hands out is read-only: no caller can change the next pod's answer
         for array in (
@@ -424,8 +422,8 @@ def test_share_shapes_beyond_the_limit_are_worked_out_again(monkeypatch: pytest.
 
 
 def test_the_walk_notices_an_answer_kept_past_a_change(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The walk can fail: with ``generation`` left as it was by every change (so ``share_slots``'
-    memo answers for a cluster state that is gone), it finds a wrong fit."""
+    """The walk can fail: with ``generation`` left as it was by every change (so ``share_view``
+    answers for a cluster state that is gone), it finds a wrong fit."""
     sync = ClusterState._sync
 
     def sync_keeping_generation(self: ClusterState, i: int) -> None:

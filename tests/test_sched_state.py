@@ -216,15 +216,13 @@ def test_a_pod_asking_nothing_fits_a_node_that_bound_pods_over_commit() -> None:
 
 
 def test_share_slots_agree_with_each_gpus_own_share_rule() -> None:
-    """``ClusterState.share_slots`` (whole rows at once, what the GPU filter and the share policies
+    """``ClusterState.share_view`` (whole rows at once, what the GPU filter and the share policies
     use) says of every GPU slot exactly what ``GpuState.fits_share`` and ``share_for`` say of that GPU:
     random nodes mixing known and unknown memory, models, enforced shares, unhealthy and part-used
     GPUs; random shares by milli and by memory, with and without models and enforcement."""
     import random
 
     import numpy as np
-
-    from scheduler.core.policies import share_remainders
 
     rng = random.Random(7)
     for trial in range(60):
@@ -253,13 +251,13 @@ def test_share_slots_agree_with_each_gpus_own_share_rule() -> None:
                 gpu_models=frozenset(rng.sample(["A100", "H100", "V100"], rng.randint(0, 2))),
                 enforced_share=rng.random() < 0.3,
             )
-            fits, milli = cluster.share_slots(pod, idx)
-            left = share_remainders(pod, cluster, idx)
+            view = cluster.share_view(pod)
+            fits, milli, left = view.fits[idx], view.milli, view.left[idx]
             for row, node_state in enumerate(nodes):
                 for gpu in node_state.gpus:
                     expected = gpu.fits_share(pod)
                     assert bool(fits[row, gpu.index]) == expected, (trial, pod, gpu)
-                    take = milli if isinstance(milli, int) else int(milli[row, gpu.index])
+                    take = milli if isinstance(milli, int) else int(milli[idx[row], gpu.index])
                     if expected:
                         assert take == gpu.share_for(pod)[0]
                         assert left[row, gpu.index] == gpu.free_milli - gpu.share_for(pod)[0]

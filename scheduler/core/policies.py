@@ -439,11 +439,6 @@ def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -
     return np.array([r - best[r] for r in range(MILLI + 1)], dtype=np.int64)
 
 
-def share_remainders(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-    """Per node in ``idx`` and GPU: free milli left if the share went there (-1 where it cannot)."""
-    return cluster.share_view(pod).left[idx]
-
-
 class ShareCompletionScore(ScorePlugin):
     """Shares: the nodes where the share leaves a GPU with less than ``below`` milli free (which no
     common share fills) score ``1 + (below - left) / below``, the others 0; the share takes that GPU.

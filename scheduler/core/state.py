@@ -583,13 +583,6 @@ class ClusterState:
             self._gpu_model_masks[models] = mask
         return mask
 
-    def share_slots(self, pod: PodRequest, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray | int]:
-        """``([len(idx), G] fits, milli)``: which GPU slots of these nodes can take the share, and the
-        milli it takes of each (an int for a share in milli); ``GpuState.fits_share`` and
-        ``GpuState.share_for`` over whole rows at once (copies; ``share_view`` has every node)."""
-        view = self.share_view(pod)
-        return view.fits[idx], (view.milli if isinstance(view.milli, int) else view.milli[idx])
-
     def share_view(self, pod: PodRequest) -> ShareSlots:
         """The share's ``ShareSlots`` over every node, up to date.
 
