@@ -20,13 +20,12 @@ them by kubelet's ``kubernetes.io/config.source``).
 from __future__ import annotations
 
 import asyncio
-import functools
 import json
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
-from functools import partial
+from functools import partial, wraps
 from typing import Any
 
 import grpc
@@ -34,6 +33,7 @@ from kubernetes import client, watch
 
 from crishim.intercept import Rejected
 from kubegpu.allocation import ANNOTATION, MANAGED_RESOURCES, SHARE_ANNOTATIONS
+from kubegpu.kube import shut_response
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim.podlookup")
@@ -140,7 +140,7 @@ class NodePodCache:
         with self._response_lock:
             response, self._response = self._response, None
         if response is not None:
-            _shut(response)
+            shut_response(response)
         if self._thread is not None:
             self._thread.join(timeout=timeout)
 
@@ -152,12 +152,12 @@ class NodePodCache:
         """The list call for the watch, remembering its response so that stop() can break it off."""
         list_pods = self._api.list_pod_for_all_namespaces
 
-        @functools.wraps(list_pods)
+        @wraps(list_pods)
         def listing(*args: Any, **kwargs: Any) -> Any:
             response = list_pods(*args, **kwargs)
             with self._response_lock:
                 if self._stopped.is_set():
-                    _shut(response)
+                    shut_response(response)
                 else:
                     self._response = response
             return response
@@ -231,18 +231,6 @@ class NodePodCache:
                 pods[facts.uid] = facts
             self._pods = pods
         return version  # the server ended the watch (timeout_seconds); nothing was missed
-
-
-def _shut(response: Any) -> None:
-    """Break off an HTTP response another thread may be reading (its read ends with an error)."""
-    try:
-        response.shutdown()  # urllib3 2.3+: shuts the socket down, waking a blocked read
-    except Exception:  # noqa: BLE001 - already closed, or not a urllib3 response
-        pass
-    try:
-        response.close()
-    except Exception:  # noqa: BLE001 - as above
-        pass
 
 
 class ApiPodLookup:

@@ -237,6 +237,11 @@ def restored_from(image: str, workdir: str = CONTAINERD_WORKDIR) -> str | None:
     return image if image.startswith("/") or os.path.lexists(path) else None
 
 
+def _pod_uids(listing: api_pb2.ListPodSandboxResponse) -> dict[str, str]:
+    """Each listed sandbox's pod UID, as containerd recorded it at RunPodSandbox."""
+    return {sandbox.id: sandbox.metadata.uid for sandbox in listing.items}
+
+
 def is_static_pod(sandbox_annotations: Mapping[str, str]) -> bool:
     """A pod kubelet read from a file or URL: it has no API object of its own to look up."""
     source = sandbox_annotations.get(CONFIG_SOURCE_ANNOTATION)
@@ -401,7 +406,7 @@ class AllocationRewriter:
         except grpc.aio.AioRpcError as error:
             log_event(log, "ledger.adopt_failed", logging.WARNING, code=error.code().name)
             return
-        pod_uids = {s.id: s.metadata.uid for s in sandboxes.items}
+        pod_uids = _pod_uids(sandboxes)
         for container in strays:
             holdings = self._marked_holdings(container, pod_uids)
             if self.ledger.adopt(holdings):
@@ -424,8 +429,9 @@ class AllocationRewriter:
         assert self._runtime is not None
         while True:
             try:
-                listing = await self._runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=30)
-                return {s.id: s.metadata.uid for s in listing.items}
+                return _pod_uids(
+                    await self._runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=30)
+                )
             except grpc.aio.AioRpcError as error:
                 log_event(log, "ledger.rebuild_retry", logging.WARNING, code=error.code().name)
                 await asyncio.sleep(retry_seconds)

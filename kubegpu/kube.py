@@ -1,4 +1,5 @@
-"""Kubernetes API client construction shared by the node agent and the scheduler.
+"""Kubernetes API client construction shared by the node agent and the scheduler, and breaking off
+a watch's response from another thread (``shut_response``).
 
 A kubeconfig that cannot be used raises ``cliargs.UsageError`` naming the flag, the file and the
 problem; ``check_reachable`` raises ``cliargs.Failure`` when the API server cannot be reached or
@@ -13,6 +14,7 @@ import os
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import urllib3
@@ -148,3 +150,14 @@ def check_access(what: str, call: Callable[[], object]) -> None:
     except (urllib3.exceptions.HTTPError, OSError) as error:
         raise Failure(f"cannot {what}: {_cause(error)}") from None
 
+
+def shut_response(response: Any) -> None:
+    """Break off an HTTP response another thread may be reading (a watch in flight): shutting the
+    socket down (urllib3 2.3+) wakes a blocked read, which then fails; closing it keeps the
+    connection out of the pool."""
+    for close in (getattr(response, "shutdown", None), getattr(response, "close", None)):
+        if close is not None:
+            try:
+                close()
+            except Exception:  # noqa: BLE001 - already closed; nothing more to do
+                pass

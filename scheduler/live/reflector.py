@@ -18,6 +18,7 @@ from typing import Any, Protocol
 
 from kubernetes.client.rest import ApiException
 
+from kubegpu.kube import shut_response
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.scheduler.reflector")
@@ -59,17 +60,6 @@ def response_lines(response: Any) -> Iterator[bytes]:
         yield from complete
     if pending:
         yield pending
-
-
-def _shut(response: Any) -> None:
-    """Close an HTTP response another thread may be reading: shutting the socket down (urllib3
-    2.3+) wakes a blocked read, which then fails."""
-    for close in (getattr(response, "shutdown", None), getattr(response, "close", None)):
-        if close is not None:
-            try:
-                close()
-            except Exception:  # noqa: BLE001 - already closed; nothing more to do
-                pass
 
 
 class Reflector:
@@ -130,7 +120,7 @@ class Reflector:
             with self._lock:
                 self._response = None
             if aborted or self._aborted:
-                _shut(response)  # broken off: the connection is not fit to be pooled again
+                shut_response(response)  # broken off: the connection is not fit to be pooled again
             else:
                 response.release_conn()
         return resource_version
@@ -142,7 +132,7 @@ class Reflector:
             self._aborted = True
             response = self._response
         if response is not None:
-            _shut(response)
+            shut_response(response)
 
     def run(self, stop: threading.Event) -> None:
         """List, then watch forever (until ``stop``), re-listing on 410 and after errors."""

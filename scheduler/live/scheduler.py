@@ -429,12 +429,8 @@ class Scheduler:
                 cached = (version, pod_request(pod, self.config.gpu_resource))
             except PodSpecError as error:
                 cached = (version, error)
-            except (
-                AttributeError,
-                TypeError,
-                ValueError,
-                ArithmeticError,
-            ) as error:  # a shape the API would not serve
+            # a shape the API would not serve
+            except (AttributeError, TypeError, ValueError, ArithmeticError) as error:
                 cached = (version, PodSpecError(f"pod spec unreadable: {str(error)[:200]}"))
             self._requests[uid] = cached
         return cached[1]

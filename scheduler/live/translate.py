@@ -86,15 +86,15 @@ def _read_allocatable(
     beyond what Kubernetes keeps) is a problem naming it, never a zero or a missing limit.
     """
     figures: dict[str, Any] = {}
-    for what, key, read in (
-        ("cpu", "cpu", _milli_cpu),
-        ("memory", "memory", _mebibytes),
-        ("pods", "pods", _count),
-        ("GPU count", gpu_resource, _count),
+    for what, key, read, absent in (
+        ("cpu", "cpu", _milli_cpu, 0),
+        ("memory", "memory", _mebibytes, 0),
+        ("pods", "pods", _count, None),
+        ("GPU count", gpu_resource, _count, None),
     ):
         value = allocatable.get(key)
         try:
-            figures[what] = read(value) if value is not None else (None if read is _count else 0)
+            figures[what] = absent if value is None else read(value)
         except (PodSpecError, TypeError, ValueError, ArithmeticError):
             return 0, 0, None, None, f"node's allocatable {what} is unreadable ({str(value)[:40]!r})"
     return figures["cpu"], figures["memory"], figures["pods"], figures["GPU count"], ""
