@@ -8,13 +8,14 @@
 # amd64 only: tools/image/requirements.lock pins the x86_64 wheels.
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
-# The project's wheel, with the CRI stubs generated from proto/ (they are not in git).
+# The project's wheel, with the CRI stubs and NRI messages generated from proto/ (they are not in git).
 FROM ${PYTHON_IMAGE} AS wheel
 WORKDIR /src
 COPY . .
 RUN pip install --no-cache-dir "grpcio-tools>=1.66" "setuptools>=68" \
  && python -m grpc_tools.protoc -Icrishim/cri=proto/runtime/v1 --python_out=. --grpc_python_out=. \
         crishim/cri/api.proto \
+ && python -m grpc_tools.protoc -Icrishim/nri=proto/nri --python_out=. crishim/nri/api.proto crishim/nri/ttrpc.proto \
  && pip wheel --no-cache-dir --no-deps --no-build-isolation -w /dist .
 
 FROM ${PYTHON_IMAGE}

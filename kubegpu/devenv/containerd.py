@@ -74,13 +74,14 @@ disabled_plugins = [
 
 # containerd 2.x: CRI split into runtime/images plugins, sandbox image pinned, registry hosts
 # from config_path (<base>/certs.d/<host>/hosts.toml, see HOSTS_TEMPLATE). The 2.x binaries
-# are built without the btrfs/zfs/devmapper snapshotters; NRI is off (its socket is global).
+# are built without the btrfs/zfs/devmapper snapshotters; NRI is off (its default socket is global)
+# unless the instance is given a socket of its own (``nri_socket``, NRI_TEMPLATE).
 CONFIG_TEMPLATE_V3 = """version = 3
 root = "{root}"
 state = "{state}"
 disabled_plugins = [
   "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
-  "io.containerd.snapshotter.v1.devmapper", "io.containerd.nri.v1.nri",
+  "io.containerd.snapshotter.v1.devmapper",{nri_disabled}
   "io.containerd.tracing.processor.v1.otlp", "io.containerd.internal.v1.tracing",
 ]
 
@@ -114,6 +115,17 @@ disabled_plugins = [
 [plugins."io.containerd.grpc.v1.cri"]
   stream_server_address = "127.0.0.1"
   stream_server_port = "0"
+"""
+
+# NRI on a private socket: external plugins connect there; none are started from a plugin directory.
+NRI_TEMPLATE = """
+[plugins."io.containerd.nri.v1.nri"]
+  disable = false
+  socket_path = "{nri_socket}"
+  plugin_path = "{base}/nri/plugins"
+  plugin_config_path = "{base}/nri/conf.d"
+  plugin_registration_timeout = "5s"
+  plugin_request_timeout = "2s"
 """
 
 # The only network config of a node: the loopback plugin (pods of the local cluster use the host
@@ -189,6 +201,8 @@ class Containerd:
     # config is written, so containerd reports the network ready (kubelet marks its Node Ready
     # only then); pods still use the host network.
     cni_bin_dir: Path | None = None
+    # containerd 2.x only: turn NRI on with its socket here (None: NRI off).
+    nri_socket: Path | None = None
 
     def __post_init__(self) -> None:
         if self.bin_dir is not None:
@@ -264,7 +278,13 @@ class Containerd:
         hosts.parent.mkdir(parents=True, exist_ok=True)
         hosts.write_text(HOSTS_TEMPLATE.format(**values))
         self.cdi_spec_dir.mkdir(exist_ok=True)
-        self.config_path.write_text(CONFIG_TEMPLATE_V3.format(**values))
+        values["nri_disabled"] = "" if self.nri_socket else ' "io.containerd.nri.v1.nri",'
+        config = CONFIG_TEMPLATE_V3.format(**values)
+        if self.nri_socket is not None:
+            for sub in ("nri/plugins", "nri/conf.d"):
+                (self.base / sub).mkdir(parents=True, exist_ok=True)
+            config += NRI_TEMPLATE.format(nri_socket=self.nri_socket, base=self.base)
+        self.config_path.write_text(config)
 
     def _environment(self) -> dict[str, str]:
         """containerd's environment: bin_dir (its shim) ahead of the system's binaries."""

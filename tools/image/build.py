@@ -56,7 +56,12 @@ UMASK = 0o022
 USER_NAME = "nonroot"
 PATH_ENV = "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 ENV = (PATH_ENV, "PYTHONDONTWRITEBYTECODE=1", "PYTHONUNBUFFERED=1")
-GENERATED = ("crishim/cri/api_pb2.py", "crishim/cri/api_pb2_grpc.py")
+GENERATED = (
+    "crishim/cri/api_pb2.py",
+    "crishim/cri/api_pb2_grpc.py",
+    "crishim/nri/api_pb2.py",
+    "crishim/nri/ttrpc_pb2.py",
+)
 DEFAULT_REF = "docker.io/library/kubegpu:{version}"
 DESCRIPTION = "kubegpu: topology-aware device scheduler, CRI shim and node agent"
 # Hosts that are placeholders, never a real source (RFC 2606 / RFC 6761).
@@ -248,7 +253,7 @@ def project_wheel(work: Path, epoch: int) -> Path:
         raise BuildError(f"{REPO_ROOT} is not a git checkout: cannot tell the project's files")
     missing = [name for name in GENERATED if not (REPO_ROOT / name).is_file()]
     if missing:
-        raise BuildError(f"generated CRI stubs missing ({', '.join(missing)}): run `make proto`")
+        raise BuildError(f"generated protobuf modules missing ({', '.join(missing)}): run `make proto`")
     src = work / "src"
     for name in [*tracked.split("\0"), *GENERATED]:
         if name and (REPO_ROOT / name).is_file():
