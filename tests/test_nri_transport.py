@@ -13,6 +13,7 @@ import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
+import grpc
 import pytest
 
 from crishim.cri import api_pb2 as cri
@@ -248,7 +249,7 @@ def nri_containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contain
     assert bin_dir is not None
     require_executable("runc")
     socket_path = tmp_path_factory.mktemp("nri") / "nri.sock"
-    instance = Containerd(bin_dir=bin_dir, nri_socket=socket_path)
+    instance = Containerd(bin_dir=bin_dir, nri_socket=socket_path, nri_required_plugins=(PLUGIN,))
     try:
         instance.start()
     except Exception as exc:
@@ -256,6 +257,9 @@ def nri_containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Contain
         missing_component(f"containerd 2.x with NRI could not start: {exc}")
     yield instance
     instance.stop()
+
+
+PLUGIN = "kubegpu-test"
 
 
 class Recorder:
@@ -315,7 +319,7 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
 ) -> None:
     assert nri_containerd.nri_socket is not None
     handlers = Recorder()
-    plugin = PluginThread(PluginSession(handlers, socket=nri_containerd.nri_socket, name="kubegpu-test"))
+    plugin = PluginThread(PluginSession(handlers, socket=nri_containerd.nri_socket, name=PLUGIN))
     client = CriClient(nri_containerd.endpoint)
     sandbox = ""
     try:
@@ -355,3 +359,59 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
             client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
         client.close()
         plugin.stop()
+
+
+def create_in_new_sandbox(client: CriClient, logs: Path, name: str) -> tuple[str, str | grpc.RpcError]:
+    """(sandbox id, the created container's id or the create's error)."""
+    config = host_network_sandbox(name, str(uuid.uuid4()), log_directory=str(logs))
+    sandbox = client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60).pod_sandbox_id
+    request = cri.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        sandbox_config=config,
+        config=shell_container("app", BUSYBOX_IMAGE, "true", log_path="app.log"),
+    )
+    try:
+        return sandbox, client.runtime.CreateContainer(request, timeout=60).container_id
+    except grpc.RpcError as error:
+        return sandbox, error
+
+
+@pytest.mark.containerd
+def test_containerd_refuses_every_create_while_the_required_plugin_is_away(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    """Fail closed: containerd's NRI validator requires the plugin by name, so no container is
+    created before it registers or after its connection ends (a killed agent)."""
+    assert nri_containerd.nri_socket is not None
+    client = CriClient(nri_containerd.endpoint)
+    sandboxes = []
+    plugin: PluginThread | None = None
+    try:
+        sandbox, before = create_in_new_sandbox(client, tmp_path, "before-plugin")
+        sandboxes.append(sandbox)
+        assert isinstance(before, grpc.RpcError)
+        assert f'required plugin "{PLUGIN}" not present' in (before.details() or "")
+
+        plugin = PluginThread(PluginSession(Recorder(), socket=nri_containerd.nri_socket, name=PLUGIN))
+        plugin.run(plugin.session.connect())
+        wait_until(lambda: plugin is not None and plugin.session.synchronized.is_set(), 10, "Synchronize")
+        sandbox, during = create_in_new_sandbox(client, tmp_path, "with-plugin")
+        sandboxes.append(sandbox)
+        assert isinstance(during, str), during
+
+        plugin.stop()  # the agent's connection ends, as when it is killed
+        plugin = None
+
+        def refused() -> bool:
+            sandbox, after = create_in_new_sandbox(client, tmp_path, f"after-{len(sandboxes)}")
+            sandboxes.append(sandbox)
+            return isinstance(after, grpc.RpcError) and "not present" in (after.details() or "")
+
+        wait_until(refused, 10, "containerd to notice the plugin is gone")
+    finally:
+        for sandbox in sandboxes:
+            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+        client.close()
+        if plugin is not None:
+            plugin.stop()

@@ -17,6 +17,7 @@ version that ``containerd --version`` reports.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import re
 import shutil
@@ -127,6 +128,13 @@ NRI_TEMPLATE = """
   plugin_registration_timeout = "5s"
   plugin_request_timeout = "2s"
 """
+# NRI's builtin validator: containerd refuses to create a container while a plugin named here is
+# not connected (how an NRI front fails closed, docs/nri.md).
+NRI_REQUIRED_TEMPLATE = """
+[plugins."io.containerd.nri.v1.nri".default_validator]
+  enable = true
+  required_plugins = {required}
+"""
 
 # The only network config of a node: the loopback plugin (pods of the local cluster use the host
 # network; this makes containerd's CNI, and so the Node, ready).
@@ -203,6 +211,8 @@ class Containerd:
     cni_bin_dir: Path | None = None
     # containerd 2.x only: turn NRI on with its socket here (None: NRI off).
     nri_socket: Path | None = None
+    # with nri_socket: plugins (by name, without their index) containerd requires for every create
+    nri_required_plugins: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.bin_dir is not None:
@@ -284,6 +294,9 @@ class Containerd:
             for sub in ("nri/plugins", "nri/conf.d"):
                 (self.base / sub).mkdir(parents=True, exist_ok=True)
             config += NRI_TEMPLATE.format(nri_socket=self.nri_socket, base=self.base)
+            if self.nri_required_plugins:
+                required = json.dumps(list(self.nri_required_plugins))
+                config += NRI_REQUIRED_TEMPLATE.format(required=required)
         self.config_path.write_text(config)
 
     def _environment(self) -> dict[str, str]:
