@@ -152,13 +152,14 @@ def number(
 
 
 def count(minimum: int = 1, maximum: int | None = None) -> Callable[[str], int]:
-    """A whole number in ``[minimum, maximum]``."""
+    """A whole number in ``[minimum, maximum]``: ASCII digits only (``int()`` would also take
+    ``1_0``, a sign and other scripts' digits)."""
 
     def check(text: str) -> int:
-        try:
-            value = int(text.strip(), 10)
-        except ValueError:
-            raise ValueError("not a whole number") from None
+        digits = text.strip()
+        if not (digits and digits.isascii() and digits.isdigit()):
+            raise ValueError("not a whole number")
+        value = int(digits, 10)
         if value < minimum:
             raise ValueError(f"must be at least {minimum}")
         if maximum is not None and value > maximum:

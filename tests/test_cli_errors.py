@@ -692,7 +692,8 @@ def test_node_names(text: str, ok: bool) -> None:
 
 def test_counts_and_numbers() -> None:
     assert cliargs.count(0, 10)("10") == 10
-    for bad in ["11", "-1", "1.5", "x"]:
+    assert cliargs.count(0, 10)(" 7 ") == 7
+    for bad in ["11", "-1", "1.5", "x", "1_0", "+3", "٣", "", " "]:  # underscores, signs, non-ASCII digits
         with pytest.raises(argparse.ArgumentTypeError):
             cliargs.count(0, 10)(bad)
     assert cliargs.number(0, 2)("2") == 2.0

@@ -120,11 +120,20 @@ def host_remains(ids: set[str]) -> list[str]:
     return sorted(str(place / cid) for place in places for cid in ids if (place / cid).exists())
 
 
+@pytest.mark.parametrize("nodes", ["0", "9", "two", "1_0", "-1"])
+def test_up_takes_one_to_eight_nodes(nodes: str, tmp_path: Path) -> None:
+    result = kubegpu("up", "--state-dir", str(tmp_path), "--nodes", nodes)
+    assert result.returncode == 2
+    assert "--nodes" in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_down_after_kubelet_and_containerd_were_killed_leaves_nothing(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> None:
-    """A crash (kill -9 of kubelet and containerd while a pod runs): `down` still stops and
-    removes everything, including what containerd would have cleaned up on the host."""
+    """A crash (kill -9 of every kubelet and containerd while a pod runs) on a two-node cluster
+    (`up --nodes 2`): `down` still stops and removes everything, including what containerd would
+    have cleaned up on the host."""
     from kubegpu.devenv.controlplane import BinariesMissing
     from kubegpu.localcluster.cluster import find_cluster_binaries
 
@@ -136,27 +145,35 @@ def test_down_after_kubelet_and_containerd_were_killed_leaves_nothing(
     _require_node_tools()
     state = tmp_path_factory.mktemp("crash")
     tunables = read_tunables()
-    up = kubegpu("up", "--state-dir", str(state), "--no-workload")
+    up = kubegpu("up", "--state-dir", str(state), "--no-workload", "--nodes", "2")
     ids: set[str] = set()
     try:
         assert up.returncode == 0, up.stdout + up.stderr
         kubectl = [str(binaries.kubectl), "--kubeconfig", str(state / "control-plane" / "admin.kubeconfig")]
-        pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "sleeper"}, "spec": {
-            "nodeName": "kubegpu-node", "hostNetwork": True,  # no kube-scheduler in the demo cluster
-            "containers": [{"name": "app", "image": "registry.kubegpu.test/busybox:1.0",
-                            "imagePullPolicy": "Never", "command": ["/bin/sleep", "100000"]}]}})
-        made = subprocess.run([*kubectl, "apply", "-f", "-"], input=pod, capture_output=True, text=True,
-                              timeout=60)
-        assert made.returncode == 0, made.stderr
-        ready = subprocess.run([*kubectl, "wait", "--for=condition=Ready", "pod/sleeper", "--timeout=120s"],
+        nodes = subprocess.run([*kubectl, "get", "nodes", "-o", "json"], capture_output=True, text=True,
+                               timeout=60)
+        gpus = {n["metadata"]["name"]: n["status"]["capacity"].get("nvidia.com/gpu")
+                for n in json.loads(nodes.stdout)["items"]}
+        assert gpus == {"kubegpu-node": "8", "kubegpu-node-2": "8"}, nodes.stderr
+        for node in ("kubegpu-node", "kubegpu-node-2"):  # one pod on each node
+            pod = json.dumps({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"sleeper-{node}"},
+                              "spec": {
+                "nodeName": node, "hostNetwork": True,  # no kube-scheduler in the demo cluster
+                "containers": [{"name": "app", "image": "registry.kubegpu.test/busybox:1.0",
+                                "imagePullPolicy": "Never", "command": ["/bin/sleep", "100000"]}]}})
+            made = subprocess.run([*kubectl, "apply", "-f", "-"], input=pod, capture_output=True, text=True,
+                                  timeout=60)
+            assert made.returncode == 0, made.stderr
+        ready = subprocess.run([*kubectl, "wait", "--for=condition=Ready", "pod", "--all", "--timeout=120s"],
                                capture_output=True, text=True, timeout=150)
         assert ready.returncode == 0, ready.stdout + ready.stderr
         ids = container_ids(state)
-        assert len(ids) >= 2 and host_remains(ids)  # the pod's sandbox and container, on the host
+        assert len(ids) >= 4 and host_remains(ids)  # the pods' sandboxes and containers, on the host
         records = json.loads((state / "cluster.json").read_text())["processes"]
-        for record in records:
-            if record["name"].endswith(("/kubelet", "/containerd")):
-                os.kill(record["pid"], signal.SIGKILL)
+        killed = [r for r in records if r["name"].endswith(("/kubelet", "/containerd"))]
+        assert len(killed) == 4  # a kubelet and a containerd per node
+        for record in killed:
+            os.kill(record["pid"], signal.SIGKILL)
     finally:
         down = kubegpu("down", "--state-dir", str(state))
     assert down.returncode == 0, down.stdout + down.stderr

@@ -1,11 +1,12 @@
-"""``kubegpu up`` and ``kubegpu down``: a one-node GPU cluster on this machine (``make demo``).
+"""``kubegpu up`` and ``kubegpu down``: a GPU cluster of real nodes on this machine (``make demo``).
 
 ``up`` builds the Kubernetes binaries on first use (showing progress), starts etcd,
-kube-apiserver, kube-controller-manager, containerd, the kubegpu shim with 8 simulated DGX-1 GPUs,
-kubelet and the kubegpu scheduler, prints the kubeconfig, and runs the demo workload
-(workload.py). The cluster keeps running after ``up`` returns; ``down`` stops it and leaves
-nothing behind: no process, no mount, no changed sysctl, no file outside the state directory
-(whose ``logs/`` it keeps). Both need root (mount namespaces, containerd).
+kube-apiserver, kube-controller-manager, the kubegpu scheduler and ``--nodes`` nodes (default 1),
+each with its own containerd, kubegpu shim with 8 simulated DGX-1 GPUs and kubelet, prints the
+kubeconfig, and runs the demo workload on the first node (workload.py). The cluster keeps
+running after ``up`` returns; ``down`` stops it and leaves nothing behind: no process, no mount,
+no changed sysctl, no file outside the state directory (whose ``logs/`` it keeps). Both need
+root (mount namespaces, containerd).
 """
 
 from __future__ import annotations
@@ -20,13 +21,19 @@ import threading
 import time
 from pathlib import Path
 
-from kubegpu.cliargs import EXIT_FAILURE, EXIT_USAGE, absent_or_directory, one_line
+from kubegpu.cliargs import EXIT_FAILURE, EXIT_USAGE, absent_or_directory, count, one_line
 
 # Imports of the cluster modules (kubernetes client, ...) happen in the commands, so that every
 # other kubegpu subcommand starts without them.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 HEARTBEAT_SECONDS = 15.0
 NODE_NAME = "kubegpu-node"
+MAX_NODES = 8  # each node is a containerd, a shim and a kubelet: a few hundred MiB and some CPU
+
+
+def node_names(nodes: int) -> list[str]:
+    """``kubegpu-node`` for the first node (the one-node demo's name), then ``kubegpu-node-2``, ..."""
+    return [NODE_NAME] + [f"{NODE_NAME}-{i}" for i in range(2, nodes + 1)]
 
 
 def default_state_dir() -> Path:
@@ -40,7 +47,7 @@ def default_state_dir() -> Path:
 def register(sub: argparse._SubParsersAction) -> None:
     up = sub.add_parser(
         "up",
-        help="start a one-node GPU cluster on this machine (the demo; needs root)",
+        help="start a GPU cluster of real nodes on this machine (the demo; needs root)",
         description="Start etcd, kube-apiserver, kube-controller-manager, containerd, the kubegpu shim "
         "with simulated DGX-1 GPUs, kubelet and the kubegpu scheduler; run a small mixed workload.",
     )
@@ -48,6 +55,10 @@ def register(sub: argparse._SubParsersAction) -> None:
                     "(default: $KUBEGPU_STATE_DIR or ~/.local/state/kubegpu/cluster)")
     up.add_argument("--containerd", choices=["debian", "2"], default="debian",
                     help="Debian's containerd 1.6 (default) or the Go-built 2.x (built on first use)")
+    up.add_argument("--nodes", type=count(1, MAX_NODES), default=1, metavar="N",
+                    help=f"how many nodes (1..{MAX_NODES}, default 1), named {NODE_NAME}, "
+                    f"{NODE_NAME}-2, ...; each runs its own containerd, kubegpu shim (8 simulated GPUs) "
+                    "and kubelet")
     up.add_argument("--no-workload", action="store_true", help="start the cluster only")
     up.set_defaults(run=run_up)
     down = sub.add_parser(
@@ -138,8 +149,9 @@ def run_up(args: argparse.Namespace) -> int:
     cluster = LocalCluster(state_dir, binaries)
     try:
         cluster.start(progress=progress)
-        progress(f"node {NODE_NAME}: containerd, kubegpu crishim (8 simulated DGX-1 V100 GPUs), kubelet")
-        cluster.add_node(NODE_NAME, containerd_bin_dir=bin_dir)
+        for name in node_names(args.nodes):
+            progress(f"node {name}: containerd, kubegpu crishim (8 simulated DGX-1 V100 GPUs), kubelet")
+            cluster.add_node(name, containerd_bin_dir=bin_dir)
     except (LocalClusterError, OSError, RuntimeError) as exc:
         started = cluster._started  # False: the state dir was refused before anything started
         cluster.stop()
