@@ -9,7 +9,8 @@
 - ``allocate``: the devices a pod gets on its node;
 - ``scoring`` / ``policies``: score plugins, weighted policies, the policy registry;
 - ``frag``: the fragmentation measure behind FGD;
-- ``schedule``: ``schedule_one``.
+- ``schedule``: ``schedule_one``;
+- ``gang``: ``schedule_group``, a pod group placed whole or not at all (on ``schedule_one``).
 """
 
 from scheduler.core.allocate import allocate, best_fit_share_gpu

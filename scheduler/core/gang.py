@@ -1,0 +1,250 @@
+"""Gang scheduling: place a pod group's members all together, or none of them.
+
+``schedule_group`` plans a ``GroupRequest`` on a ``ClusterState`` with the one-pod decision of
+``schedule.schedule_one``, assuming each member's allocation before choosing the next, so the
+members never count the same device twice. If fewer than ``min_member`` members can be placed,
+the plan is ``GroupUnschedulable`` and names the member that did not fit and why. Members beyond
+the minimum (an elastic job's extras) are placed when they fit and otherwise left waiting; they
+never hold back the minimum. The planner changes nothing: every assumption is undone before it
+returns, and the caller assumes the returned allocations in their order (the same state the plan
+was made on).
+
+Where a group goes, in order of preference:
+1. the fewest nodes: a member goes to a node the group already uses when one fits it;
+2. one topology domain (the nodes sharing a value of ``domain_key``, e.g. the zone, a rack or an
+   NVLink/NVSwitch domain label): the group is planned inside each of the largest domains (by
+   free GPUs, at most ``MAX_DOMAINS`` tried) and the plan on the fewest nodes wins, ties to the
+   larger domain; only when no single domain holds the minimum is it planned over all nodes;
+3. inside a node, the policy's own topology-aware choice of devices, as for any pod.
+
+Members are planned largest first (most GPUs, then most CPU), so a group's big pods are not
+left without a node by its small ones; ties keep the given order.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin
+from scheduler.core.request import PodRequest
+from scheduler.core.schedule import Placement, Unschedulable, schedule_one
+from scheduler.core.scoring import Policy
+from scheduler.core.state import ClusterState
+
+MAX_DOMAINS = 8  # domains a group is tried in before it is planned over the whole cluster
+OUTSIDE_GROUP_NODES = "node(s) not used by the pod's group"
+OUTSIDE_DOMAIN = "node(s) outside the group's topology domain"
+
+
+@dataclass(frozen=True)
+class GroupRequest:
+    """A pod group's pending members and how many of them must run together."""
+
+    name: str
+    min_member: int
+    members: tuple[PodRequest, ...]
+    domain_key: str | None = "topology.kubernetes.io/zone"
+
+    def __post_init__(self) -> None:
+        if self.min_member < 1:
+            raise ValueError(f"group {self.name}: min_member must be at least 1, got {self.min_member}")
+        uids = [m.uid for m in self.members]
+        if len(set(uids)) != len(uids):
+            raise ValueError(f"group {self.name}: a member is listed twice")
+
+
+@dataclass(frozen=True)
+class GroupPlacement:
+    """Where the placed members go (at least ``min_member``), and the members left waiting."""
+
+    placements: tuple[Placement, ...]
+    waiting: tuple[str, ...]  # uids of members beyond the minimum that did not fit now
+    domain: str | None = None  # the domain value the group was kept in, if one
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        """The distinct nodes used, in first-use order."""
+        return tuple(dict.fromkeys(p.node for p in self.placements))
+
+
+@dataclass(frozen=True)
+class GroupUnschedulable:
+    """The minimum does not fit: how many members did, and why the next one did not."""
+
+    group: str
+    min_member: int
+    members: int
+    placed: int
+    blocked: str = ""  # the member that found no node
+    reasons: dict[str, int] = field(default_factory=dict)
+    total_nodes: int = 0
+
+    def message(self) -> str:
+        if self.members < self.min_member:
+            return (
+                f"pod group {self.group} has {self.members} of its {self.min_member} minimum members; "
+                "waiting for the others"
+            )
+        why = Unschedulable(self.total_nodes, self.reasons).message()
+        return (
+            f"pod group {self.group}: only {self.placed} of its {self.min_member} minimum members fit "
+            f"together; member {self.blocked}: {why}"
+        )
+
+
+class OnlyNodes(FilterPlugin):
+    """Keeps the nodes of a mask (the group's nodes, or its domain), with the given reason."""
+
+    def __init__(self, mask: np.ndarray, reason: str) -> None:
+        self.mask = mask
+        self.name = reason
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return self.mask[idx]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        return Counter({self.name: len(rejected)})
+
+
+def member_order(members: Sequence[PodRequest]) -> list[PodRequest]:
+    """Largest first: whole-GPU count (a share counts as less than one GPU), then CPU, then memory."""
+    return sorted(
+        members, key=lambda m: (-m.whole_gpus, -m.total_gpu_milli, -m.cpu_milli, -m.memory_mib)
+    )
+
+
+def _place_members(
+    members: Sequence[PodRequest],
+    cluster: ClusterState,
+    policy: Policy,
+    rng: random.Random,
+    filters: Sequence[FilterPlugin],
+    within: np.ndarray | None,
+    needed: int,
+) -> tuple[list[Placement], list[str], Unschedulable | None, str]:
+    """Plan ``members`` in order (assuming each); undoes every assumption before returning.
+
+    Returns (placements, uids left waiting, the first failure, that member's name). A member that
+    does not fit waits while the others can still make ``needed``; the plan stops as soon as they
+    cannot. The failure is None when at least ``needed`` members were placed.
+    """
+    placed: list[Placement] = []
+    waiting: list[str] = []
+    first_failure: tuple[Unschedulable, str] | None = None
+    used = np.zeros(len(cluster), dtype=bool)
+    base = list(filters) if within is None else [*filters, OnlyNodes(within, OUTSIDE_DOMAIN)]
+    try:
+        for position, member in enumerate(members):
+            result: Placement | Unschedulable | None = None
+            if used.any():
+                narrowed = [*base, OnlyNodes(used, OUTSIDE_GROUP_NODES)]
+                first = schedule_one(member, cluster, policy, rng, filters=narrowed, explain=False)
+                result = first if isinstance(first, Placement) else None
+            if result is None:
+                result = schedule_one(member, cluster, policy, rng, filters=base, explain=True)
+            if isinstance(result, Unschedulable):
+                if first_failure is None:
+                    first_failure = (result, member.name)
+                waiting.append(member.uid)
+                if len(placed) + len(members) - position - 1 < needed:
+                    break  # the others cannot make the minimum any more
+                continue
+            cluster.assume(result.allocation)
+            used[cluster.index[result.node]] = True
+            placed.append(result)
+        if len(placed) >= needed or first_failure is None:
+            return placed, waiting, None, ""
+        return placed, waiting, first_failure[0], first_failure[1]
+    finally:
+        for placement in placed:
+            cluster.forget(placement.allocation.pod_uid)
+
+
+def _domains(group: GroupRequest, cluster: ClusterState) -> list[tuple[str, np.ndarray]]:
+    """The group's candidate domains, largest (free GPU milli) first, at most MAX_DOMAINS."""
+    if not group.domain_key:
+        return []
+    values: dict[str, list[int]] = {}
+    for i, node in enumerate(cluster.nodes):
+        value = node.labels.get(group.domain_key)
+        if value is not None:
+            values.setdefault(value, []).append(i)
+    if len(values) < 1:
+        return []
+    ranked = sorted(
+        values.items(), key=lambda kv: (-int(cluster.gpu_free_total[kv[1]].sum()), kv[0])
+    )[:MAX_DOMAINS]
+    out = []
+    for value, rows in ranked:
+        mask = np.zeros(len(cluster), dtype=bool)
+        mask[rows] = True
+        out.append((value, mask))
+    return out
+
+
+def schedule_group(
+    group: GroupRequest,
+    cluster: ClusterState,
+    policy: Policy,
+    rng: random.Random,
+    *,
+    filters: Sequence[FilterPlugin] = DEFAULT_FILTERS,
+) -> GroupPlacement | GroupUnschedulable:
+    """Plan the whole group (see the module docstring); the cluster is left as it was."""
+    members = member_order(group.members)
+    if len(members) < group.min_member:
+        return GroupUnschedulable(group.name, group.min_member, len(members), 0, total_nodes=len(cluster))
+    best: GroupPlacement | None = None
+    for value, mask in _domains(group, cluster):
+        placed, waiting, failure, _ = _place_members(
+            members, cluster, policy, rng, filters, mask, group.min_member
+        )
+        if failure is None:
+            plan = GroupPlacement(tuple(placed), tuple(waiting), value)
+            if best is None or len(plan.nodes) < len(best.nodes):
+                best = plan
+            if len(best.nodes) == 1:
+                break
+    if best is not None:
+        return _extras_elsewhere(best, members, cluster, policy, rng, filters)
+    placed, waiting, failure, blocked = _place_members(
+        members, cluster, policy, rng, filters, None, group.min_member
+    )
+    if failure is not None:
+        return GroupUnschedulable(
+            group.name,
+            group.min_member,
+            len(members),
+            len(placed),
+            blocked,
+            dict(failure.reasons),
+            failure.total_nodes,
+        )
+    return GroupPlacement(tuple(placed), tuple(waiting))
+
+
+def _extras_elsewhere(
+    plan: GroupPlacement,
+    members: Sequence[PodRequest],
+    cluster: ClusterState,
+    policy: Policy,
+    rng: random.Random,
+    filters: Sequence[FilterPlugin],
+) -> GroupPlacement:
+    """Extras that did not fit inside the chosen domain are tried on the rest of the cluster."""
+    if not plan.waiting:
+        return plan
+    for placement in plan.placements:
+        cluster.assume(placement.allocation)
+    try:
+        extras = [m for m in members if m.uid in set(plan.waiting)]
+        more, waiting, _, _ = _place_members(extras, cluster, policy, rng, filters, None, 0)
+    finally:
+        for placement in plan.placements:
+            cluster.forget(placement.allocation.pod_uid)
+    return GroupPlacement(plan.placements + tuple(more), tuple(waiting), plan.domain)
