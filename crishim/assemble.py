@@ -9,9 +9,11 @@ from pathlib import Path
 from kubernetes import client
 
 from crishim.advertiser import Advertiser
+from crishim.gpumetrics import GpuTelemetrySampler
 from crishim.mps import build_sharing
 from crishim.podlookup import ApiPodLookup, NodePodCache
 from crishim.rewrite import AllocationRewriter, NodeDevices
+from devices.model import DeviceKind
 from devices.plugin import PluginError, load_plugins
 from kubegpu.allocation import KeyRing
 from kubegpu.logs import log_event
@@ -70,6 +72,21 @@ def build_rewriter(
         cache = NodePodCache(core, args.node_name).start() if getattr(args, "pod_cache", False) else None
         lookup = ApiPodLookup(core, cache=cache)
     return AllocationRewriter(args.node_name, node_devices, KeyRing(Path(args.allocation_keys_dir)), lookup)
+
+
+def build_telemetry(
+    args: argparse.Namespace, node_devices: NodeDevices, rewriter: AllocationRewriter
+) -> GpuTelemetrySampler | None:
+    """The per-GPU metrics sampler (``--telemetry-interval``; None when it is 0)."""
+    if not getattr(args, "telemetry_interval", 0):
+        return None
+    return GpuTelemetrySampler(
+        args.node_name,
+        node_devices.plugins,
+        gpus=lambda: node_devices.inventory.by_kind(DeviceKind.GPU),
+        holdings=rewriter.ledger.holdings,
+        interval=args.telemetry_interval,
+    )
 
 
 def build_advertiser(

@@ -22,6 +22,8 @@ from pathlib import Path
 import grpc
 import grpc.aio
 
+from crishim.cri import api_pb2, api_pb2_grpc
+from crishim.gpumetrics import GpuMetricsCollector, GpuTelemetrySampler
 from crishim.intercept import Interceptor, PassthroughInterceptor
 from crishim.metrics import ShimMetrics
 from crishim.proxy import ForwardingHandler
@@ -117,8 +119,14 @@ def prepare_socket_path(path: Path) -> None:
 class CriShim:
     """One running shim: gRPC server, runtime channel, metrics endpoint."""
 
-    def __init__(self, config: ShimConfig, interceptor: Interceptor | None = None) -> None:
+    def __init__(
+        self,
+        config: ShimConfig,
+        interceptor: Interceptor | None = None,
+        telemetry: GpuTelemetrySampler | None = None,
+    ) -> None:
         self.config = config
+        self.telemetry = telemetry  # per-GPU live metrics on /metrics (crishim.gpumetrics)
         self.socket_path = unix_path(config.listen)
         self.metrics = ShimMetrics()
         self._interceptor: Interceptor = interceptor or PassthroughInterceptor()
@@ -139,6 +147,10 @@ class CriShim:
             [ForwardingHandler(self._channel, self.metrics, self._interceptor)]
         )
         self._tasks = self._interceptor.start(self._channel, self.config.health_interval)
+        if self.telemetry is not None:
+            self.telemetry.attach(self._sandbox_names)
+            self.metrics.registry.register(GpuMetricsCollector(self.telemetry))
+            self._tasks.append(asyncio.create_task(self.telemetry.run()))
         old_umask = os.umask(0o117)  # the socket is born 0660, never briefly world-writable
         try:
             self._server.add_insecure_port(f"unix:{self.socket_path}")
@@ -179,6 +191,13 @@ class CriShim:
                 waited_seconds=self.config.ready_wait_seconds,
             )
 
+    async def _sandbox_names(self, ids: set[str]) -> dict[str, tuple[str, str]]:
+        """Sandbox id -> (namespace, pod name), from the runtime, for the ids asked."""
+        assert self._channel is not None
+        stub = api_pb2_grpc.RuntimeServiceStub(self._channel)
+        listing = await stub.ListPodSandbox(api_pb2.ListPodSandboxRequest(), timeout=10)
+        return {s.id: (s.metadata.namespace, s.metadata.name) for s in listing.items if s.id in ids}
+
     def healthz(self) -> tuple[bool, str]:
         """The shim process serves CRI calls."""
         return (self._serving, "ok" if self._serving else "not serving")
@@ -211,9 +230,11 @@ class CriShim:
         log_event(log, "crishim.stopped", listen=str(self.socket_path))
 
 
-async def serve(config: ShimConfig, interceptor: Interceptor | None = None) -> None:
+async def serve(
+    config: ShimConfig, interceptor: Interceptor | None = None, telemetry: GpuTelemetrySampler | None = None
+) -> None:
     """Run a shim until SIGTERM or SIGINT, notifying systemd once it serves."""
-    shim = CriShim(config, interceptor)
+    shim = CriShim(config, interceptor, telemetry)
     try:
         await shim.start()
     except BaseException:

@@ -43,6 +43,7 @@ from typing import Any
 from devices.affinity import normalize_pci_address
 from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
 from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginError, shares_env
+from devices.telemetry import GpuTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ NVML_NVLINK_DEVICE_TYPE_SWITCH = 2
 NVML_NVLINK_MAX_LINKS = 18  # fallback when the module does not say
 NVML_COMPUTEMODE_DEFAULT = 0
 NVML_COMPUTEMODE_EXCLUSIVE_PROCESS = 3
+NVML_TEMPERATURE_GPU = 0
+NVML_MEMORY_ERROR_TYPE_UNCORRECTED = 1
+NVML_VOLATILE_ECC = 0  # counts since the driver loaded
+NVML_ERROR_GPU_IS_LOST = 15
 
 CONTROL_NODES = ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools")
 CDI_KIND = "nvidia.com/gpu"
@@ -475,6 +480,45 @@ class NvidiaPlugin:
                 )
         return result
 
+    def telemetry(self) -> dict[str, GpuTelemetry]:
+        """UUID -> reading of every GPU NVML can see. Utilisation and memory are needed (a GPU
+        NVML cannot give them for is left out, or marked lost when NVML says so); temperature,
+        power and uncorrectable ECC errors are None where the GPU does not report them. XID
+        errors need an NVML event set and are not read (None)."""
+        result: dict[str, GpuTelemetry] = {}
+        with self.session() as nvml:
+            for index in range(int(nvml.nvmlDeviceGetCount())):
+                try:
+                    handle = nvml.nvmlDeviceGetHandleByIndex(index)
+                    uuid = text(nvml.nvmlDeviceGetUUID(handle))
+                except nvml.NVMLError as exc:
+                    log.warning("nvidia: cannot read GPU %d: %s", index, exc)
+                    continue
+                try:
+                    rates = nvml.nvmlDeviceGetUtilizationRates(handle)
+                    memory = nvml.nvmlDeviceGetMemoryInfo(handle)
+                except nvml.NVMLError as exc:
+                    if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST:
+                        result[uuid] = GpuTelemetry(0.0, 0.0, 0, lost=True)
+                    else:
+                        log.warning("nvidia: cannot sample GPU %s: %s", uuid, exc)
+                    continue
+                temperature = _optional(nvml, "nvmlDeviceGetTemperature", handle, NVML_TEMPERATURE_GPU)
+                milliwatts = _optional(nvml, "nvmlDeviceGetPowerUsage", handle)
+                ecc = _optional(
+                    nvml, "nvmlDeviceGetTotalEccErrors", handle, NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
+                    NVML_VOLATILE_ECC,
+                )
+                result[uuid] = GpuTelemetry(
+                    utilization=float(rates.gpu),
+                    memory_used_mib=int(memory.used) / (1024 * 1024),
+                    memory_total_mib=int(memory.total) // (1024 * 1024),
+                    temperature_c=None if temperature is None else float(temperature),
+                    power_w=None if milliwatts is None else int(milliwatts) / 1000.0,
+                    ecc_uncorrected=None if ecc is None else int(ecc),
+                )
+        return result
+
     def set_exclusive_compute(self, uuid: str, exclusive: bool) -> None:
         """Put a GPU in EXCLUSIVE_PROCESS compute mode (one CUDA context: the MPS server's), or back in
         DEFAULT. Needs root; raises ``PluginError`` naming the GPU when NVML refuses."""
@@ -485,3 +529,15 @@ class NvidiaPlugin:
             except nvml.NVMLError as exc:
                 name = "EXCLUSIVE_PROCESS" if exclusive else "DEFAULT"
                 raise PluginError(f"nvidia: GPU {uuid}: cannot set compute mode {name}: {exc}") from exc
+
+
+def _optional(nvml: Any, call: str, *args: Any) -> Any:
+    """``nvml.<call>(*args)``, or None when NVML cannot say (not supported on this GPU, any NVML
+    error, or an older pynvml without the call)."""
+    function = getattr(nvml, call, None)
+    if function is None:
+        return None
+    try:
+        return function(*args)
+    except nvml.NVMLError:
+        return None

@@ -15,6 +15,9 @@ to ``/dev/null`` (containerd resolves symlinked host device paths).
 Health: ``<state>/unhealthy`` lists device ids (whitespace or comma separated, ``#`` comments);
 those are unhealthy, all others healthy. Tests and demos flip health by writing that file.
 
+Telemetry: ``<state>/metrics.json`` holds what the GPUs are doing (format in
+``devices.telemetry``); without it every GPU is idle. Tests and demos make a GPU hot by writing it.
+
 Edits: the device nodes at ``/dev/kubegpu-sim/<name>`` in the container,
 ``KUBEGPU_VISIBLE_DEVICES=<all ids>``, ``NVIDIA_VISIBLE_DEVICES=<GPU ids>`` (when GPUs),
 ``KUBEGPU_RDMA_DEVICES=<NIC ids>`` (when NICs) and ``KUBEGPU_GPU_SHARES`` for fractional GPUs.
@@ -22,6 +25,7 @@ Edits: the device nodes at ``/dev/kubegpu-sim/<name>`` in the container,
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
 import os
@@ -35,6 +39,7 @@ from typing import Any
 
 from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
 from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginConfigError, PluginError, shares_env
+from devices.telemetry import MAX_METRICS_BYTES, GpuTelemetry, TelemetryError, parse_metrics_file
 from kubegpu.inputfiles import read_text
 
 log = logging.getLogger(__name__)
@@ -46,6 +51,7 @@ DEV_SUBDIR = "dev/kubegpu-sim"  # under the state dir on the host
 CONTAINER_DEV_DIR = "/dev/kubegpu-sim"
 DEFAULT_STATE_DIR = "/var/lib/kubegpu/sim"
 UNHEALTHY_FILE = "unhealthy"
+METRICS_FILE = "metrics.json"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:\-]{0,127}$")
 
 
@@ -317,6 +323,27 @@ class SimPlugin:
     def health(self) -> dict[str, bool]:
         bad = self.unhealthy()
         return {d.id: d.id not in bad for d in self._inventory.devices}
+
+    @property
+    def metrics_file(self) -> str:
+        return os.path.join(self.state_dir, METRICS_FILE)
+
+    def telemetry(self) -> dict[str, GpuTelemetry]:
+        """GPU id -> reading from the metrics file (every GPU idle without one); raises
+        PluginError naming the file when it is unreadable or malformed."""
+        gpus = [(d.id, d.index, d.memory_mib) for d in self._inventory.by_kind(DeviceKind.GPU)]
+        try:
+            text = read_text(self.metrics_file, MAX_METRICS_BYTES)
+        except OSError as exc:
+            if exc.errno != errno.ENOENT:
+                raise PluginError(f"sim: {exc}") from None
+            text = ""
+        except ValueError as exc:  # not UTF-8
+            raise PluginError(f"sim: {self.metrics_file}: {exc}") from None
+        try:
+            return parse_metrics_file(text, gpus, self.metrics_file)
+        except TelemetryError as exc:
+            raise PluginError(f"sim: {exc}") from None
 
     def container_edits(
         self, devices: Sequence[Device], shares: Mapping[str, GpuShare] | None = None

@@ -114,6 +114,14 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         help="how often device health is re-read (default: %(default)s)",
     )
     devices.add_argument(
+        "--telemetry-interval",
+        type=cliargs.duration(allow_zero=True),
+        default=15.0,
+        metavar="SECONDS",
+        help="crishim: how often per-GPU live metrics are sampled for /metrics (DCGM names, "
+        "docs/crishim.md); 0 turns them off (default: %(default)s)",
+    )
+    devices.add_argument(
         "--mps-control",
         default="nvidia-cuda-mps-control",
         metavar="PATH",
@@ -195,7 +203,7 @@ def _run_crishim(args: argparse.Namespace) -> int:
     from crishim import grpc_settings
 
     grpc_settings.apply()  # before grpc is imported: gRPC core reads it once, at import
-    from crishim.assemble import build_advertiser, build_rewriter, node_devices_from
+    from crishim.assemble import build_advertiser, build_rewriter, build_telemetry, node_devices_from
     from crishim.server import ShimConfig, ShimConfigError, serve
     from devices.plugin import PluginError
     from kubegpu.kube import api_client
@@ -211,6 +219,7 @@ def _run_crishim(args: argparse.Namespace) -> int:
     advertiser = None
     try:
         interceptor = None
+        telemetry = None
         if args.device_plugin:
             _node_name(args)
             api = api_client(args.kubeconfig)
@@ -218,10 +227,11 @@ def _run_crishim(args: argparse.Namespace) -> int:
                 raise UsageError("--advertise needs --kubeconfig or an in-cluster service account")
             node_devices = node_devices_from(args)
             interceptor = build_rewriter(args, node_devices, api)
+            telemetry = build_telemetry(args, node_devices, interceptor)
             if args.advertise:
                 advertiser = build_advertiser(args, node_devices, api)
                 advertiser.start()
-        run_loop(serve(config, interceptor))
+        run_loop(serve(config, interceptor, telemetry))
     except (ShimConfigError, PluginError) as exc:
         raise UsageError(str(exc)) from None
     finally:
