@@ -445,3 +445,19 @@ def test_a_binding_of_unknown_outcome_is_read_back_from_the_apiserver(trial: Tri
     scheduler._read_back(uid, trial.namespace, "p")
     assert uid not in scheduler.assumed and calls == ["p"]
     assert 'kubegpu_scheduler_read_backs_total{outcome="bound"} 1.0' in scheduler.metrics.render().decode()
+
+
+def test_a_cordoned_node_takes_only_pods_tolerating_the_cordon(trial: Trial) -> None:
+    """kube-scheduler's NodeUnschedulable: a cordoned node refuses a pod with "node(s) were
+    unschedulable" unless the pod tolerates node.kubernetes.io/unschedulable:NoSchedule."""
+    node = trial.node("cordoned", "pcie-4gpu")
+    trial.core.patch_node(node, {"spec": {"unschedulable": True}})
+    trial.scheduler()
+    trial.pod("plain", 1)
+    tolerating = gpu_pod(trial.namespace, "tolerating", 1, scheduler=trial.name, selector={"run": trial.run})
+    tolerating["spec"]["tolerations"] = [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    trial.core.create_namespaced_pod(trial.namespace, tolerating)
+    assert trial.bound(["tolerating"])["tolerating"].spec.node_name == node
+    wait_failed_scheduling(trial.core, trial.namespace, "plain", containing="1 node(s) were unschedulable")
