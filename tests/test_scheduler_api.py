@@ -409,6 +409,16 @@ def test_an_invalid_request_gets_an_event_naming_the_problem(trial: Trial) -> No
     trial.pod("odd", annotations={"kubegpu.io/gpu-milli": "1500"})
     event = wait_failed_scheduling(trial.core, trial.namespace, "odd", containing="invalid kubegpu request")
     assert "kubegpu.io/gpu-milli=1500 is outside 1..999" in event.message
+    # values a lenient reading would take (int() reads "1_00" as 100): the same Event, none bound
+    trial.pod("underscore", annotations={"kubegpu.io/gpu-milli": "1_00"})
+    trial.pod("comma", annotations={"kubegpu.io/gpu-milli": "100", "kubegpu.io/gpu-containers": ","})
+    for name, problem in (
+        ("underscore", "kubegpu.io/gpu-milli='1_00' is not a whole number in decimal digits"),
+        ("comma", "kubegpu.io/gpu-containers=',' names an empty container"),
+    ):
+        event = wait_failed_scheduling(trial.core, trial.namespace, name, containing=problem)
+        assert event.message.startswith("invalid kubegpu request: annotation "), event.message
+        assert not trial.core.read_namespaced_pod(name, trial.namespace).spec.node_name
 
 
 def test_a_binding_of_unknown_outcome_is_read_back_from_the_apiserver(trial: Trial) -> None:
