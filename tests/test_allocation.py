@@ -299,6 +299,28 @@ def test_the_managed_names_are_the_ones_the_scheduler_and_the_advertiser_use() -
     assert {podspec.GPU_MILLI_ANNOTATION, podspec.GPU_MEMORY_ANNOTATION} == set(SHARE_ANNOTATIONS)
 
 
+@pytest.mark.parametrize("value", ["1_00", "\u0661\u0660\u0660", "+100", "0", ""])
+def test_a_share_the_scheduler_refuses_gets_no_device_on_the_node(value: str) -> None:
+    """The node never reads a share's figure (the signed allocation says what a container gets):
+    a pod carrying a share annotation, whatever its value, asks for an allocation; the scheduler
+    refuses the malformed value, so such a pod only reaches a node unscheduled by kubegpu, and
+    the shim refuses it there. Neither side reads "1_00" as 100."""
+    from crishim.intercept import Rejected
+    from crishim.podlookup import decide, facts_of
+    from kubegpu.allocation import SHARE_ANNOTATIONS
+    from scheduler.live.podspec import PodSpecError, pod_request
+
+    for key in SHARE_ANNOTATIONS:
+        pod = {
+            "metadata": {"name": "p", "namespace": "ns", "uid": "u", "annotations": {key: value}},
+            "spec": {"containers": [{"name": "app", "image": "x"}]},
+        }
+        with pytest.raises(PodSpecError, match=key):
+            pod_request(pod)
+        with pytest.raises(Rejected, match="carries no kubegpu allocation"):
+            decide(facts_of(pod, ("nvidia.com/gpu",)))
+
+
 def test_keys_cli_generates_derives_and_checks(tmp_path: Path) -> None:
     """kubegpu keys: generate a private key, derive the public key the nodes hold, check both dirs."""
     import sys

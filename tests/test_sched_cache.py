@@ -411,12 +411,20 @@ def test_no_polling_while_pods_wait_in_backoff() -> None:
 
 
 def test_cordoned_nodes_take_no_pods() -> None:
+    """kube-scheduler's NodeUnschedulable rule and words; a pod tolerating the unschedulable taint
+    still goes there (DaemonSet pods do)."""
     world, scheduler, jobs, core, clock, feed = setup([node_json("n1", 4, cordoned=True)])
     world.put_pod(pod_json("p", 1))
+    tolerating = pod_json("t", 1)
+    tolerating["spec"]["tolerations"] = [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    world.put_pod(tolerating)
     feed.sync()
     drive(scheduler, jobs, feed, clock)
+    assert world.node_of("t") == "n1"
     assert world.node_of("p") is None
-    assert core.failed_events("p")[0] == "0/1 nodes are available: 1 node is cordoned."
+    assert core.failed_events("p")[0] == "0/1 nodes are available: 1 node(s) were unschedulable."
     world.put_node(node_json("n1", 4))
     feed.sync()
     drive(scheduler, jobs, feed, clock)

@@ -121,3 +121,37 @@ def test_whole_gpus_count_only_fully_free_ones() -> None:
     idx, why = run_filters(PodRequest("four", gpu_count=4), cluster)
     assert len(idx) == 0 and why == {"Insufficient nvidia.com/gpu": 1}
     assert isinstance(idx, np.ndarray)
+
+
+UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", TaintEffect.NO_SCHEDULE)
+
+
+def test_a_cordoned_node_takes_only_pods_tolerating_the_unschedulable_taint() -> None:
+    """kube-scheduler's NodeUnschedulable: ``spec.unschedulable`` refuses a pod unless it tolerates
+    ``node.kubernetes.io/unschedulable:NoSchedule``; the node counts under that rule first, before
+    its taints or resources, with kube-scheduler's words."""
+    cordoned = NodeState("c", 1000, 1000, gpus("c", 1), taints=[Taint("dedicated", "x")], unschedulable=True)
+    cluster = ClusterState([cordoned, NodeState("full", 0, 0, gpus("full", 0))])
+    plain = PodRequest("p", cpu_milli=100, gpu_count=1)
+    idx, why = run_filters(plain, cluster)
+    assert len(idx) == 0
+    assert unschedulable_message(len(cluster), why) == (
+        "0/2 nodes are available: 1 Insufficient cpu, 1 node(s) were unschedulable."
+    )
+    assert failed_nodes(plain, cluster)["c"] == "node(s) were unschedulable"
+    for toleration in (
+        Toleration("node.kubernetes.io/unschedulable", "Exists", "", "NoSchedule"),
+        Toleration("node.kubernetes.io/unschedulable", "Exists"),
+        Toleration("node.kubernetes.io/unschedulable", "Equal", "", "NoSchedule"),
+        Toleration("", "Exists"),
+    ):
+        both = (toleration, Toleration("dedicated", "Exists"))
+        tolerating = PodRequest("t", cpu_milli=100, gpu_count=1, tolerations=both)
+        assert run_filters(tolerating, cluster)[0].tolist() == [0], toleration
+    for toleration in (
+        Toleration("node.kubernetes.io/unschedulable", "Exists", "", "NoExecute"),
+        Toleration("node.kubernetes.io/unschedulable", "Equal", "yes", "NoSchedule"),
+    ):
+        refused = PodRequest("r", cpu_milli=100, gpu_count=1, tolerations=(toleration,))
+        assert run_filters(refused, cluster)[1]["node(s) were unschedulable"] == 1, toleration
+    assert UNSCHEDULABLE_TAINT not in cordoned.taints  # the rule is the cordon's, not a taint

@@ -108,7 +108,7 @@ def test_the_largest_quantity_kubernetes_keeps_is_accepted() -> None:
     ("annotations", "gpus", "message"),
     [
         ({"kubegpu.io/gpu-milli": "1500"}, None, "outside 1..999"),
-        ({"kubegpu.io/gpu-milli": "lots"}, None, "not an integer"),
+        ({"kubegpu.io/gpu-milli": "lots"}, None, "not a whole number in decimal digits"),
         ({"kubegpu.io/gpu-milli": "500"}, "1", "not both"),
         ({"kubegpu.io/gpu-milli": "500", "kubegpu.io/gpu-containers": "ghost"}, None, "unknown containers"),
         ({"kubegpu.io/topology": "nvlink=always"}, "2", "is not one of"),
@@ -120,6 +120,38 @@ def test_the_largest_quantity_kubernetes_keeps_is_accepted() -> None:
 def test_bad_requests_get_clear_messages(annotations: dict[str, str], gpus: str | None, message: str) -> None:
     with pytest.raises(PodSpecError, match=message):
         pod_request(pod([container("a", gpus=gpus)], annotations))
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["1_00", "+100", "-100", "\u0661\u0660\u0660", "\uff11\uff10\uff10", "100.0", "1e2", "0x64", "", " ",
+     "1 00", "\u00a0100", "100\u2003"],
+)
+@pytest.mark.parametrize("key", ["kubegpu.io/gpu-milli", "kubegpu.io/gpu-memory-mib"])
+def test_share_figures_are_plain_decimal_digits(key: str, value: str) -> None:
+    """int() would read "1_00" as 100 and Unicode digits as numbers: a share is ASCII digits, with
+    at most spaces or tabs around them; anything else is named."""
+    with pytest.raises(PodSpecError, match=f"annotation {key}=.* is not a whole number in decimal digits"):
+        pod_request(pod([container("a")], {key: value}))
+
+
+@pytest.mark.parametrize(("value", "milli"), [("100", 100), (" 250\t", 250), ("0999", 999)])
+def test_share_figures_in_decimal_digits_are_read(value: str, milli: int) -> None:
+    assert pod_request(pod([container("a")], {"kubegpu.io/gpu-milli": value})).gpu_milli == milli
+
+
+@pytest.mark.parametrize("value", ["", ",", "a,,b", "a,", ",b", " , ", "a, ,b"])
+def test_a_container_list_with_an_empty_name_is_refused(value: str) -> None:
+    """``","`` used to mean the default (the first container) and ``"a,,b"`` to be read as a,b."""
+    annotations = {"kubegpu.io/gpu-milli": "100", "kubegpu.io/gpu-containers": value}
+    with pytest.raises(PodSpecError, match="kubegpu.io/gpu-containers=.* names an empty container"):
+        pod_request(pod([container("a"), container("b")], annotations))
+
+
+def test_container_names_may_have_spaces_around_them() -> None:
+    annotations = {"kubegpu.io/gpu-milli": "100", "kubegpu.io/gpu-containers": "a, b"}
+    request = pod_request(pod([container("a"), container("b")], annotations))
+    assert [(c.name, c.gpu_count) for c in request.containers] == [("a", 1), ("b", 1)]
 
 
 def test_share_goes_only_to_the_named_containers() -> None:

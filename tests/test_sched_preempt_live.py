@@ -375,9 +375,10 @@ def test_labels_set_while_the_pods_binding_is_in_flight_reach_the_rules() -> Non
         assert by_name(world, "second")["spec"]["nodeName"] not in (None, node), when
 
 
-def test_a_pod_being_bound_to_a_node_cordoned_meanwhile_still_counts_for_the_rules() -> None:
-    """The view is rebuilt while a Binding is in flight and its node now takes no pods (cordoned):
-    the pod holds nothing there for this scheduler, but its labels still count in its zone."""
+def test_a_pod_being_bound_to_a_node_left_out_meanwhile_still_counts_for_the_rules() -> None:
+    """The view is rebuilt while a Binding is in flight and its node now takes no pods (its
+    inventory became unreadable): the pod holds nothing there for this scheduler, but its labels
+    still count in its zone."""
     zone = "topology.kubernetes.io/zone"
     scheduler, jobs, core, clock, world, feed = setup(
         [node_json(n, gpus=4, labels={zone: "a", HOSTNAME: n}) for n in ("n1", "n2")]
@@ -388,7 +389,7 @@ def test_a_pod_being_bound_to_a_node_cordoned_meanwhile_still_counts_for_the_rul
     while scheduler.schedule_next(0):
         pass
     node = scheduler.assumed["uid-web"].node
-    world.put_node(node_json(node, gpus=4, labels={zone: "a", HOSTNAME: node}, cordoned=True))
+    world.put_node(node_json(node, gpus=4, labels={zone: "a", HOSTNAME: node}, inventory="null"))
     feed.sync()
     away = pod_json("away", 1)
     away["spec"]["affinity"] = {
@@ -408,9 +409,9 @@ def test_a_pod_being_bound_to_a_node_cordoned_meanwhile_still_counts_for_the_rul
 
 
 def test_a_nominated_pod_being_bound_elsewhere_reserves_nothing_on_its_nominated_node() -> None:
-    """A pod nominated to n0 that found room on n1 instead is being bound there; n1 is cordoned
-    meanwhile (so the pod is not booked in the view): n0's room is not held for it, and the view
-    still knows where the pod is going."""
+    """A pod nominated to n0 that found room on n1 instead is being bound there; n1 is left out
+    meanwhile (its inventory became unreadable, so the pod is not booked in the view): n0's room
+    is not held for it, and the view still knows where the pod is going."""
     scheduler, jobs, core, clock, world, feed = setup([node_json("n0", gpus=4), node_json("n1", gpus=4)])
     add(world, feed, pod_json("filler", 4, priority=10))
     settle(scheduler, jobs, feed)
@@ -422,7 +423,7 @@ def test_a_nominated_pod_being_bound_elsewhere_reserves_nothing_on_its_nominated
     while scheduler.schedule_next(0):
         pass
     assert scheduler.assumed["uid-wanderer"].node == free
-    world.put_node(node_json(free, gpus=4, cordoned=True))
+    world.put_node(node_json(free, gpus=4, inventory="null"))
     world.delete_pod("uid-filler")
     add(world, feed, pod_json("next", 4))
     while scheduler.schedule_next(0):

@@ -409,6 +409,16 @@ def test_an_invalid_request_gets_an_event_naming_the_problem(trial: Trial) -> No
     trial.pod("odd", annotations={"kubegpu.io/gpu-milli": "1500"})
     event = wait_failed_scheduling(trial.core, trial.namespace, "odd", containing="invalid kubegpu request")
     assert "kubegpu.io/gpu-milli=1500 is outside 1..999" in event.message
+    # values a lenient reading would take (int() reads "1_00" as 100): the same Event, none bound
+    trial.pod("underscore", annotations={"kubegpu.io/gpu-milli": "1_00"})
+    trial.pod("comma", annotations={"kubegpu.io/gpu-milli": "100", "kubegpu.io/gpu-containers": ","})
+    for name, problem in (
+        ("underscore", "kubegpu.io/gpu-milli='1_00' is not a whole number in decimal digits"),
+        ("comma", "kubegpu.io/gpu-containers=',' names an empty container"),
+    ):
+        event = wait_failed_scheduling(trial.core, trial.namespace, name, containing=problem)
+        assert event.message.startswith("invalid kubegpu request: annotation "), event.message
+        assert not trial.core.read_namespaced_pod(name, trial.namespace).spec.node_name
 
 
 def test_a_binding_of_unknown_outcome_is_read_back_from_the_apiserver(trial: Trial) -> None:
@@ -445,3 +455,19 @@ def test_a_binding_of_unknown_outcome_is_read_back_from_the_apiserver(trial: Tri
     scheduler._read_back(uid, trial.namespace, "p")
     assert uid not in scheduler.assumed and calls == ["p"]
     assert 'kubegpu_scheduler_read_backs_total{outcome="bound"} 1.0' in scheduler.metrics.render().decode()
+
+
+def test_a_cordoned_node_takes_only_pods_tolerating_the_cordon(trial: Trial) -> None:
+    """kube-scheduler's NodeUnschedulable: a cordoned node refuses a pod with "node(s) were
+    unschedulable" unless the pod tolerates node.kubernetes.io/unschedulable:NoSchedule."""
+    node = trial.node("cordoned", "pcie-4gpu")
+    trial.core.patch_node(node, {"spec": {"unschedulable": True}})
+    trial.scheduler()
+    trial.pod("plain", 1)
+    tolerating = gpu_pod(trial.namespace, "tolerating", 1, scheduler=trial.name, selector={"run": trial.run})
+    tolerating["spec"]["tolerations"] = [
+        {"key": "node.kubernetes.io/unschedulable", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    trial.core.create_namespaced_pod(trial.namespace, tolerating)
+    assert trial.bound(["tolerating"])["tolerating"].spec.node_name == node
+    wait_failed_scheduling(trial.core, trial.namespace, "plain", containing="1 node(s) were unschedulable")

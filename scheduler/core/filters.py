@@ -19,7 +19,7 @@ from scheduler.core.affinity import NodeAffinity, PodFacts
 from scheduler.core.placement import PASS as PLACEMENT_PASS
 from scheduler.core.placement import REASONS as PLACEMENT_REASONS
 from scheduler.core.placement import PodPlacement
-from scheduler.core.request import MILLI, PodRequest, Wish
+from scheduler.core.request import MILLI, PodRequest, Wish, tolerates_unschedulable
 from scheduler.core.state import ClusterState
 from scheduler.core.topology import best_gpu_set
 
@@ -49,6 +49,28 @@ class FilterPlugin:
         for i in rejected.tolist():
             counts.update(self.reasons(pod, cluster, i))
         return counts
+
+
+UNSCHEDULABLE = "node(s) were unschedulable"
+
+
+class NodeUnschedulableFilter(FilterPlugin):
+    """A cordoned node (``spec.unschedulable``) takes only pods tolerating the taint
+    ``node.kubernetes.io/unschedulable:NoSchedule`` (kube-scheduler's NodeUnschedulable)."""
+
+    name = "node unschedulable"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return bool(cluster.unschedulable.any()) and not tolerates_unschedulable(pod.tolerations)
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return ~cluster.unschedulable[idx]
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        return [UNSCHEDULABLE]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        return Counter({UNSCHEDULABLE: len(rejected)})
 
 
 class NodeSelectorFilter(FilterPlugin):
@@ -283,6 +305,7 @@ def pod_placement(pod: PodRequest) -> PodPlacement:
 
 
 DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (
+    NodeUnschedulableFilter(),
     NodeSelectorFilter(),
     TaintFilter(),
     ResourcesFit(),

@@ -64,6 +64,11 @@ class Taint:
         return f"{{{self.key}: {self.value}}}" if self.value else f"{{{self.key}}}"
 
 
+# The taint a cordoned node (``spec.unschedulable``) stands for: a pod tolerating it may go there
+# (kube-scheduler's NodeUnschedulable), although the node need not carry it.
+UNSCHEDULABLE_TAINT = Taint("node.kubernetes.io/unschedulable", "", TaintEffect.NO_SCHEDULE)
+
+
 @dataclass(frozen=True)
 class Toleration:
     """A Kubernetes toleration: ``operator`` is ``Equal`` or ``Exists``; empty key+Exists tolerates all."""
@@ -79,6 +84,11 @@ class Toleration:
         if self.operator == "Exists":
             return not self.key or self.key == taint.key
         return self.key == taint.key and self.value == taint.value
+
+
+def tolerates_unschedulable(tolerations: Iterable[Toleration]) -> bool:
+    """Whether a pod with these tolerations may go to a cordoned node (kube-scheduler's rule)."""
+    return any(t.tolerates(UNSCHEDULABLE_TAINT) for t in tolerations)
 
 
 class ContainerKind(enum.StrEnum):

@@ -194,8 +194,11 @@ class NodeState:
         topology: Topology | None = None,
         max_pods: int | None = None,
         gpu_resource: int | None = None,
+        unschedulable: bool = False,
     ) -> None:
         self.name = name
+        # spec.unschedulable (cordoned): only pods tolerating request.UNSCHEDULABLE_TAINT go here
+        self.unschedulable = unschedulable
         self.cpu_capacity = cpu_milli
         self.memory_capacity = memory_mib
         self.cpu_used = 0
@@ -238,6 +241,7 @@ class NodeState:
         taints: Sequence[Taint] = (),
         max_pods: int | None = None,
         gpu_resource: int | None = None,
+        unschedulable: bool = False,
     ) -> NodeState:
         """A node from what its advertiser published (GPUs sorted by index)."""
         gpus = sorted(inventory.by_kind(DeviceKind.GPU), key=lambda d: d.index)
@@ -255,6 +259,7 @@ class NodeState:
             topology=inventory.topology,
             max_pods=max_pods,
             gpu_resource=gpu_resource,
+            unschedulable=unschedulable,
         )
 
     # -- derived numbers ------------------------------------------------------------------------
@@ -468,8 +473,9 @@ class ClusterState:
     Arrays (row ``i`` is ``nodes[i]``): ``cpu_free``, ``mem_free``, ``cpu_capacity``, ``gpu_count``,
     ``gpu_free`` (``[N, G]`` free milli per GPU in index order, -1 where the node has fewer GPUs or
     the GPU is unhealthy), ``gpu_free_total``, ``gpu_full_free`` (fully free GPUs), ``gpu_max_free``,
-    ``model_code`` (index into ``model_sets``), ``has_taints``, ``version``, ``pods_free`` and
-    ``gpu_resource_free`` (what the kubelet still admits; ``UNLIMITED`` where the node sets no limit).
+    ``model_code`` (index into ``model_sets``), ``has_taints``, ``unschedulable`` (cordoned),
+    ``version``, ``pods_free`` and ``gpu_resource_free`` (what the kubelet still admits;
+    ``UNLIMITED`` where the node sets no limit).
     ``gpu_key[i]`` is the node's free milli per GPU sorted descending, a hashable signature of its GPU
     state. A GPU booked beyond its capacity (possible only for bound pods, which are facts) shows 0
     free.
@@ -507,6 +513,7 @@ class ClusterState:
         self.gpu_rows: list[list[int]] = [[] for _ in range(n)]  # free milli per GPU, index order
         self.version = np.zeros(n, dtype=np.int64)
         self.has_taints = np.array([bool(node.schedulable_taints()) for node in self.nodes], dtype=bool)
+        self.unschedulable = np.array([node.unschedulable for node in self.nodes], dtype=bool)
         self.pods_free = np.full(n, UNLIMITED, dtype=np.int64)
         self.gpu_resource_free = np.full(n, UNLIMITED, dtype=np.int64)
         self.any_pod_limit = any(node.max_pods is not None for node in self.nodes)

@@ -477,7 +477,7 @@ class Cache:
                 self._book_fact(cluster, uid, pod, self._fact(uid, pod))
         for uid, assumed in self.assumed.items():
             if assumed.alloc.node not in cluster.index:
-                # its node takes no pods now (cordoned, stale, ...): nothing to hold there, but
+                # its node takes no pods now (stale, unreadable, ...): nothing to hold there, but
                 # the pod is on its way to it and counts for the rules of pods placed nearby
                 facts = self._pod_facts(uid)
                 if facts is not None and cluster.placement is not None:

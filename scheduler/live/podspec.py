@@ -6,8 +6,9 @@ deserialisation costs about a millisecond per pod, more than scheduling it.
 What a pod can ask for (docs/scheduler.md is the user-facing description):
 - whole GPUs: ``resources.limits["nvidia.com/gpu"]`` per container (the name is configurable);
 - a share of one GPU: annotation ``kubegpu.io/gpu-milli`` (1..999) and/or
-  ``kubegpu.io/gpu-memory-mib``; the share goes to the containers named in
-  ``kubegpu.io/gpu-containers`` (comma separated), by default the first container;
+  ``kubegpu.io/gpu-memory-mib``, each in ASCII decimal digits; the share goes to the containers
+  named in ``kubegpu.io/gpu-containers`` (comma separated, no empty name), by default the first
+  container;
   ``kubegpu.io/gpu-share-enforced: "true"`` places the share only on a GPU whose node enforces
   shares (MPS, docs/gpu-sharing.md);
 - GPU models: annotation ``kubegpu.io/gpu-model``, models separated by ``|``;
@@ -23,6 +24,7 @@ What a pod can ask for (docs/scheduler.md is the user-facing description):
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Any
@@ -132,17 +134,47 @@ def pod_resources(pod: Mapping[str, Any], gpu_resource: str) -> tuple[int, int, 
     return totals[0], totals[1], containers
 
 
+# A share's figure: ASCII digits, at most spaces or tabs around them. Not int()'s reading, which
+# takes "1_00", "+100" and Unicode digits ("١٠٠"), nor a quantity ("1e2", "100m").
+DECIMAL = re.compile(r"[ \t]*([0-9]+)[ \t]*")
+MAX_DIGITS = 18  # below int64; every range checked here is far smaller
+
+
 def _int_annotation(annotations: Mapping[str, str], key: str, low: int, high: int) -> int:
+    """The annotation's whole number in ``low..high`` (0 when absent); PodSpecError naming the value."""
     raw = annotations.get(key)
     if raw is None:
         return 0
-    try:
-        value = int(raw.strip())
-    except ValueError:
-        raise PodSpecError(f"annotation {key}={raw!r} is not an integer") from None
+    match = DECIMAL.fullmatch(raw) if isinstance(raw, str) else None
+    if match is None:
+        raise PodSpecError(f"annotation {key}={raw!r} is not a whole number in decimal digits (0-9)")
+    digits = match.group(1).lstrip("0") or "0"
+    value = int(digits) if len(digits) <= MAX_DIGITS else high + 1
     if not low <= value <= high:
-        raise PodSpecError(f"annotation {key}={value} is outside {low}..{high}")
+        raise PodSpecError(f"annotation {key}={raw.strip()} is outside {low}..{high}")
     return value
+
+
+def _share_containers(annotations: Mapping[str, str], names: list[str]) -> list[str]:
+    """The app containers ``kubegpu.io/gpu-containers`` names (comma separated, spaces around a
+    name allowed); absent: the first container. An empty name (``""``, ``","``, ``"a,,b"``) or an
+    unknown one is a PodSpecError."""
+    raw = annotations.get(GPU_CONTAINERS_ANNOTATION)
+    if raw is None:
+        return names[:1]
+    wanted = [n.strip() for n in raw.split(",")] if isinstance(raw, str) else [""]
+    if "" in wanted:
+        raise PodSpecError(
+            f"annotation {GPU_CONTAINERS_ANNOTATION}={raw!r} names an empty container"
+            " (give container names separated by single commas)"
+        )
+    unknown = sorted(set(wanted) - set(names))
+    if unknown:
+        raise PodSpecError(
+            f"annotation {GPU_CONTAINERS_ANNOTATION} names unknown containers {unknown}"
+            " (a share goes to app containers only)"
+        )
+    return wanted
 
 
 def _bool_annotation(annotations: Mapping[str, str], key: str) -> bool:
@@ -214,16 +246,7 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
     if sharing and any(c.gpu_count for c in rows):
         raise PodSpecError(f"a pod asks for whole GPUs ({gpu_resource}) or a share of one GPU, not both")
     if sharing:
-        names = [c.get("name", "") for c in containers]
-        wanted = [
-            n.strip() for n in annotations.get(GPU_CONTAINERS_ANNOTATION, names[0]).split(",") if n.strip()
-        ]
-        unknown = sorted(set(wanted) - set(names))
-        if unknown:
-            raise PodSpecError(
-                f"annotation {GPU_CONTAINERS_ANNOTATION} names unknown containers {unknown}"
-                " (a share goes to app containers only)"
-            )
+        wanted = _share_containers(annotations, [str(c.get("name", "")) for c in containers])
         container_requests = tuple(
             ContainerRequest(c.name, 1 if c.kind == ContainerKind.APP and c.name in wanted else 0, c.kind)
             for c in rows

@@ -3,10 +3,11 @@ as ``NodeOffer``s built from its cluster view and the pods it knows, and its PDB
 
 Pure functions over the cache's JSON and the core's ``ClusterState``; the scheduler does the I/O
 (evictions through the Eviction API, the ``status.nominatedNodeName`` patch). A node is offered
-unless every eviction would be in vain there: the pod's node selector, node affinity or taints
-rule it out, its required pod affinity or a spread constraint's missing label does (kube-scheduler's
-UnschedulableAndUnresolvable), or no pod there has a lower priority. Pods this replica is binding
-and pods nominated to a node with a priority at least the preemptor's are never victims.
+unless every eviction would be in vain there: its cordon, the pod's node selector, node affinity or
+taints rule it out, its required pod affinity or a spread constraint's missing label does
+(kube-scheduler's UnschedulableAndUnresolvable), or no pod there has a lower priority. Pods this
+replica is binding and pods nominated to a node with a priority at least the preemptor's are never
+victims.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from scheduler.core.constraints import priority_of
 from scheduler.core.filters import (
     DEFAULT_FILTERS,
     NodeSelectorFilter,
+    NodeUnschedulableFilter,
     PlacementFilter,
     TaintFilter,
     apply_filters,
@@ -32,7 +34,7 @@ from scheduler.core.state import Allocation, ClusterState, NodeState
 from scheduler.live.translate import parse_time
 
 NEVER_A_VICTIM = 1 << 40  # above any pod priority (int32)
-UNRESOLVABLE_FILTERS = (NodeSelectorFilter, TaintFilter)
+UNRESOLVABLE_FILTERS = (NodeUnschedulableFilter, NodeSelectorFilter, TaintFilter)
 
 
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:

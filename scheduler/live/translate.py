@@ -1,7 +1,8 @@
 """Translate between the API's JSON and the scheduling core: nodes, bound pods, allocations.
 
 - A Node becomes a ``NodeState`` when its advertiser published a readable inventory
-  (``kubegpu.io/inventory``), its heartbeat is fresh and it is not cordoned. CPU, memory, the
+  (``kubegpu.io/inventory``) and its heartbeat is fresh; a cordoned one is marked ``unschedulable``
+  (the core's NodeUnschedulable filter lets only pods tolerating the cordon there). CPU, memory, the
   number of pods and the GPU count (the GPU resource) come from ``status.allocatable``. Parsing a
   Node never raises: whatever is wrong with it becomes ``NodeFacts.problem``, which keeps only that
   node out. What a node agent publishes is held to the limits of ``nodecheck`` (sizes, ranges,
@@ -53,8 +54,6 @@ class NodeFacts:
         """'' if kubegpu may place pods here now, else the reason (for FailedScheduling)."""
         if self.problem:
             return self.problem
-        if self.cordoned:
-            return "node is cordoned"
         future = nodecheck.heartbeat_problem(self.heartbeat, now)
         if future:
             return future
@@ -216,6 +215,7 @@ def node_state(facts: NodeFacts) -> NodeState:
         taints=facts.taints,
         max_pods=facts.max_pods,
         gpu_resource=facts.gpu_resource,
+        unschedulable=facts.cordoned,
     )
 
 
