@@ -515,7 +515,9 @@ class ClusterState:
     ``gpu_free`` (``[N, G]`` free milli per GPU in index order, -1 where the node has fewer GPUs or
     the GPU is unhealthy), ``gpu_free_total``, ``gpu_full_free`` (fully free GPUs), ``gpu_max_free``,
     ``model_code`` (index into ``model_sets``), ``has_taints``, ``version``, ``pods_free`` and
-    ``gpu_resource_free`` (what the kubelet still admits; ``UNLIMITED`` where the node sets no limit).
+    ``gpu_resource_free`` (what the kubelet still admits; ``UNLIMITED`` where the node sets no limit),
+    ``has_ports`` (nodes whose pods bind host ports) and, once a pod asks for one, ``resource_free(name)``
+    per other resource (``NodeState.allocatable`` less its pods' requests).
     ``gpu_key[i]`` is the node's free milli per GPU sorted descending, a hashable signature of its GPU
     state. A GPU booked beyond its capacity (possible only for bound pods, which are facts) shows 0
     free.
