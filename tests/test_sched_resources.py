@@ -211,3 +211,13 @@ def test_preemption_evicts_the_holders_of_the_resource_or_the_port() -> None:
     assert victims is not None and [v.uid for v in victims.pods] == ["bound"]
     important = RunningPod("important", priority=100, host_ports=(HostPort.of(80),))
     assert select_victims(pod("p", ports=(HostPort.of(80),)), 10, offer((important,))) is None
+
+
+def test_a_node_given_memory_in_mib_has_that_many_bytes_and_mib_pods_count_in_bytes() -> None:
+    """A node built without exact memory (the simulator's, a benchmark's) offers ``memory_mib`` MiB
+    to a pod asking in bytes, less what pods booked in MiB hold."""
+    cluster = ClusterState([NodeState("n", 8000, 1024)])
+    cluster.assume(Allocation("n", "mib", memory_mib=512))
+    too_much = PodRequest("big", memory_mib=513, resources=(("memory", 512 * MiB + 1),))
+    assert place(too_much, cluster) == "0/1 nodes are available: 1 Insufficient memory."
+    assert place(PodRequest("fits", memory_mib=512, resources=(("memory", 512 * MiB),)), cluster) == "n"

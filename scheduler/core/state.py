@@ -28,6 +28,7 @@ from scheduler.core.request import MILLI, HostPort, PodRequest, Taint, TaintEffe
 from scheduler.core.topology import LinkMatrix
 
 UNLIMITED = 1 << 40  # the pods / GPU-count headroom of a node that sets no limit
+MIB = 1 << 20  # bytes
 
 
 @dataclass
@@ -114,6 +115,13 @@ class Allocation:
     def exact_memory(self) -> bool:
         """Its memory is held in bytes among ``resources`` (``memory_mib`` then only feeds scores)."""
         return any(name == "memory" for name, _ in self.resources)
+
+    def memory_bytes(self) -> int:
+        """The memory it holds in bytes: exact when given, else ``memory_mib`` MiB."""
+        for name, amount in self.resources:
+            if name == "memory":
+                return amount
+        return self.memory_mib * MIB
 
     @property
     def charged_gpus(self) -> int:
@@ -221,8 +229,9 @@ class NodeState:
         self.max_pods = max_pods  # status.allocatable.pods; None: no limit
         self.gpu_resource = gpu_resource  # status.allocatable of the GPU resource; None: not checked
         self.gpu_resource_used = 0
-        # other resources' allocatable (PodRequest.resources' names; a name not here is 0) and use
-        self.allocatable: dict[str, int] = dict(allocatable or {})
+        # other resources' allocatable (PodRequest.resources' names; a name not here is 0; memory in
+        # bytes, by default memory_mib MiB) and their use (memory: every pod's, exact or in MiB)
+        self.allocatable: dict[str, int] = {"memory": memory_mib * MIB, **(allocatable or {})}
         self.resources_used: Counter[str] = Counter()
         self.ports: Counter[HostPort] = Counter()  # host ports the node's pods bind
         self.gpus: list[GpuState] = list(gpus)
@@ -383,6 +392,8 @@ class NodeState:
             self.resources_used[name] += sign * amount
             if not self.resources_used[name]:
                 del self.resources_used[name]
+        if alloc.memory_mib and not alloc.exact_memory:  # memory in bytes counts it too
+            self.resources_used["memory"] += sign * alloc.memory_mib * MIB
         for port in alloc.host_ports:
             self.ports[port] += sign
             if self.ports[port] <= 0:

@@ -58,7 +58,7 @@ def running_pod(alloc: Allocation, pod: Mapping[str, Any] | None, protected: boo
         memory_mib=alloc.memory_mib,
         gpus={g.id: (g.milli, g.memory_mib) for g in alloc.gpus},
         charged_gpus=alloc.charged_gpus,
-        resources=dict(alloc.resources),
+        resources={**dict(alloc.resources), "memory": alloc.memory_bytes()},
         host_ports=alloc.host_ports,
         terminating=bool(meta.get("deletionTimestamp")),
     )
