@@ -56,6 +56,8 @@ def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> 
         containers=split_containers(pod, grants),
         gpu_tag=pod.gpu_tag,
         init_containers=frozenset(c.name for c in pod.containers if c.kind == ContainerKind.INIT),
+        resources=pod.resources,
+        host_ports=pod.host_ports,
     )
 
 

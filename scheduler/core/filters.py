@@ -19,11 +19,12 @@ from scheduler.core.affinity import NodeAffinity, PodFacts
 from scheduler.core.placement import PASS as PLACEMENT_PASS
 from scheduler.core.placement import REASONS as PLACEMENT_REASONS
 from scheduler.core.placement import PodPlacement
-from scheduler.core.request import MILLI, PodRequest, Wish, tolerates_unschedulable
+from scheduler.core.request import MILLI, PodRequest, Wish, ports_conflict, tolerates_unschedulable
 from scheduler.core.state import ClusterState
 from scheduler.core.topology import best_gpu_set
 
 NO_ENFORCING_GPU = "no GPU that enforces shares (MPS)"
+PORTS_TAKEN = "node(s) didn't have free ports for the requested pod ports"
 
 
 class FilterPlugin:
@@ -122,42 +123,75 @@ class TaintFilter(FilterPlugin):
         return [f"node(s) had untolerated taint {self.untolerated(pod, cluster, i)[0]}"]
 
 
+class NodePortsFilter(FilterPlugin):
+    """The pod's host ports are free on the node (kube-scheduler's NodePorts): no pod there binds
+    the same protocol and port on the same IP, ``0.0.0.0`` colliding with every IP."""
+
+    name = "ports"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return bool(pod.host_ports)
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        ok = np.ones(len(idx), dtype=bool)
+        for pos in np.flatnonzero(cluster.has_ports[idx]).tolist():
+            ok[pos] = not ports_conflict(pod.host_ports, cluster.nodes[int(idx[pos])].ports)
+        return ok
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        return [PORTS_TAKEN]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        return Counter({PORTS_TAKEN: len(rejected)})
+
+
 class ResourcesFit(FilterPlugin):
-    """CPU and memory requests fit what is free, and the node admits one more pod
-    (``status.allocatable.pods``), like kube-scheduler's NodeResourcesFit."""
+    """Every requested resource fits what is free, and the node admits one more pod
+    (``status.allocatable.pods``), like kube-scheduler's NodeResourcesFit: CPU, memory (in MiB, or
+    in bytes when the pod's ``resources`` name it) and each of the pod's other ``resources``
+    (ephemeral storage, hugepages, extended resources; a node without one has 0). A resource is
+    checked only when the pod asks for it; every shortage is a reason (``Insufficient <name>``)."""
 
     name = "resources"
 
     def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         # A pod asking no CPU fits a node whose bound pods over-commit it (free below zero).
         ok = cluster.cpu_free[idx] >= pod.cpu_milli if pod.cpu_milli else np.ones(len(idx), dtype=bool)
-        if pod.memory_mib:
+        if pod.memory_mib and not (pod.resources and pod.exact_memory):
             ok &= cluster.mem_free[idx] >= pod.memory_mib
+        for name, amount in pod.resources:
+            ok &= cluster.resource_free(name)[idx] >= amount
         if cluster.any_pod_limit:
             ok &= cluster.pods_free[idx] >= 1
         return ok
+
+    def _checks(self, pod: PodRequest, cluster: ClusterState) -> list[tuple[str, np.ndarray, int]]:
+        """(reason, free per node, amount asked) for every resource the pod asks for."""
+        checks = []
+        if pod.cpu_milli:
+            checks.append(("Insufficient cpu", cluster.cpu_free, pod.cpu_milli))
+        if pod.memory_mib and not (pod.resources and pod.exact_memory):
+            checks.append(("Insufficient memory", cluster.mem_free, pod.memory_mib))
+        for name, amount in pod.resources:
+            checks.append((f"Insufficient {name}", cluster.resource_free(name), amount))
+        return checks
 
     def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
         out = []
         if cluster.pods_free[i] < 1:
             out.append("Too many pods")
-        if pod.cpu_milli and cluster.cpu_free[i] < pod.cpu_milli:
-            out.append("Insufficient cpu")
-        if pod.memory_mib and cluster.mem_free[i] < pod.memory_mib:
-            out.append("Insufficient memory")
+        out += [reason for reason, free, amount in self._checks(pod, cluster) if free[i] < amount]
         return out
 
     def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
         counts: Counter[str] = Counter()
         pods = int(np.count_nonzero(cluster.pods_free[rejected] < 1))
-        cpu = int(np.count_nonzero(cluster.cpu_free[rejected] < pod.cpu_milli)) if pod.cpu_milli else 0
-        mem = int(np.count_nonzero(cluster.mem_free[rejected] < pod.memory_mib)) if pod.memory_mib else 0
         if pods:
             counts["Too many pods"] = pods
-        if cpu:
-            counts["Insufficient cpu"] = cpu
-        if mem:
-            counts["Insufficient memory"] = mem
+        for reason, free, amount in self._checks(pod, cluster):
+            short = int(np.count_nonzero(free[rejected] < amount))
+            if short:
+                counts[reason] = short
         return counts
 
 
@@ -308,6 +342,7 @@ DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (
     NodeUnschedulableFilter(),
     NodeSelectorFilter(),
     TaintFilter(),
+    NodePortsFilter(),
     ResourcesFit(),
     GpuFit(),
     TopologyFit(),

@@ -24,7 +24,9 @@ As kube-scheduler's DefaultPreemption, but the devices freed must make a valid s
   highest victim priority, lowest offset sum of priorities, fewest victims, latest start among
   the highest-priority victims, then the order given.
 
-Whether the pod fits is decided by the core's own rules: CPU, memory, the node's pod count, GPUs
+Whether the pod fits is decided by the core's own rules: CPU, memory, the other resources the pod
+asks for (``PodRequest.resources``: ephemeral storage, hugepages, extended resources), its host
+ports (evicting the pods that bind them frees them), the node's pod count, GPUs
 by id (healthy, of an allowed model, enforcing shares for an enforced share, whole or with room
 for the share), required topology via
 ``LinkMatrix`` / ``best_gpu_set``, the kubelet's count of the node's GPU resource (pods of other
@@ -39,7 +41,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from scheduler.core.request import MILLI, PodRequest, Wish
+from scheduler.core.request import MILLI, HostPort, PodRequest, Wish, ports_conflict
 from scheduler.core.selectors import LabelSelector
 from scheduler.core.topology import EXHAUSTIVE_LIMIT, LinkMatrix, best_gpu_set
 
@@ -78,6 +80,9 @@ class RunningPod:
     # what it counts against the node's GPU resource allocatable (``nvidia.com/gpu``); None: one
     # per whole GPU it holds (shares count none). Pods of other schedulers: their request.
     charged_gpus: int | None = None
+    # the other resources it holds (name -> amount, as PodRequest.resources) and its host ports
+    resources: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
+    host_ports: tuple[HostPort, ...] = ()
 
     @property
     def charge(self) -> int:
@@ -106,6 +111,8 @@ class NodeOffer:
     links: LinkMatrix | None = None  # None: no topology facts (any set of GPUs will do)
     max_pods: int | None = None  # status.allocatable.pods; None: no limit (0: no pod fits)
     gpu_resource: int | None = None  # status.allocatable of the GPU resource; None: not checked
+    # the other resources' allocatable (NodeState.allocatable; a name not here is 0)
+    allocatable: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -218,6 +225,13 @@ class _Node:
         self.cpu_used = sum(p.cpu_milli for p in offer.pods)
         self.memory_used = sum(p.memory_mib for p in offer.pods)
         self.charged = sum(p.charge for p in offer.pods)
+        self.resources_used = {
+            name: sum(p.resources.get(name, 0) for p in offer.pods) for name, _ in pod.resources
+        }
+        # the pods binding a host port that collides with one of the pod's
+        self.port_holders = frozenset(
+            p.uid for p in offer.pods if pod.host_ports and ports_conflict(pod.host_ports, p.host_ports)
+        )
 
     def gpu_use(self, i: int, removed: Collection[str]) -> tuple[int, int]:
         milli = memory = 0
@@ -238,14 +252,21 @@ class _Node:
         ]
 
     def resources_fit(self, removed: Collection[str]) -> bool:
-        """CPU, memory, the pod count and the GPU count fit once ``removed`` are gone."""
+        """CPU, memory, the other resources, the host ports, the pod count and the GPU count fit
+        once ``removed`` are gone."""
         offer, pod = self.offer, self.pod
         gone = [self.by_uid[u] for u in removed]
         # as in NodeState.check: a resource is checked only when the pod asks for it
         if pod.cpu_milli and self.cpu_used - sum(p.cpu_milli for p in gone) + pod.cpu_milli > offer.cpu_milli:
             return False
         memory_left = offer.memory_mib - (self.memory_used - sum(p.memory_mib for p in gone))
-        if pod.memory_mib and pod.memory_mib > memory_left:
+        if pod.memory_mib and not pod.exact_memory and pod.memory_mib > memory_left:
+            return False
+        for name, amount in pod.resources:
+            used = self.resources_used[name] - sum(p.resources.get(name, 0) for p in gone)
+            if amount > offer.allocatable.get(name, 0) - used:
+                return False
+        if not self.port_holders <= set(removed):
             return False
         if offer.max_pods is not None and len(offer.pods) - len(gone) + 1 > offer.max_pods:
             return False
@@ -293,7 +314,17 @@ def _complete(node: _Node, chosen: frozenset[str], pool: Sequence[RunningPod]) -
     ``EXACT_EXTRAS`` of them, else the least important first and then the most important given back."""
     if node.resources_fit(chosen):
         return chosen
-    useful = [p for p in pool if p.cpu_milli or p.memory_mib or p.charge or node.offer.max_pods is not None]
+    asked = {name for name, _ in node.pod.resources}
+    useful = [
+        p
+        for p in pool
+        if p.cpu_milli
+        or p.memory_mib
+        or p.charge
+        or node.offer.max_pods is not None
+        or p.uid in node.port_holders
+        or any(p.resources.get(name) for name in asked)
+    ]
     if len(useful) <= EXACT_EXTRAS:
         best: tuple | None = None
         found: frozenset[str] | None = None

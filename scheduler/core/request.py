@@ -8,6 +8,12 @@ by the simulator from a trace row. GPU requests come in two forms:
   ``gpu_memory_mib`` (a share by GPU memory; the milli charged is then derived from the GPU's memory).
   ``enforced_share`` asks for a GPU whose node enforces shares (MPS; the GPU's ``sharing`` attribute).
 
+Beyond CPU, memory and GPUs a pod may ask for any other resource kube-scheduler's NodeResourcesFit
+checks (``resources``: ``ephemeral-storage``, ``hugepages-*``, extended resources such as
+``example.com/foo`` or ``kubegpu.io/rdma``, and ``memory`` in bytes when the caller knows it exactly)
+and for host ports (``host_ports``, kube-scheduler's NodePorts). The simulator's pods ask for none,
+which costs nothing.
+
 ``shape()`` is a hashable key of everything that affects scheduling (not the pod's name), so scores
 can be memoised per request shape.
 """
@@ -142,6 +148,46 @@ def container_gpus(containers: Iterable[ContainerRequest]) -> int:
     return effective_request(app, init)
 
 
+BIND_ALL = "0.0.0.0"  # a host port on every IP of the node
+
+
+@dataclass(frozen=True, order=True)
+class HostPort:
+    """A host port a pod binds on its node (kube-scheduler's ``HostPortInfo`` entry): ``protocol``
+    (TCP when empty), ``ip`` (``0.0.0.0``, every IP, when empty) and ``port`` (> 0)."""
+
+    protocol: str
+    ip: str
+    port: int
+
+    @classmethod
+    def of(cls, port: int, protocol: str = "", ip: str = "") -> HostPort:
+        """The entry as kube-scheduler sanitises it (empty protocol TCP, empty IP 0.0.0.0)."""
+        return cls(protocol or "TCP", ip or BIND_ALL, port)
+
+    def conflicts(self, used: HostPort) -> bool:
+        """Whether binding this port collides with ``used``: same protocol and port, and the same IP
+        or either of them on every IP (``0.0.0.0``)."""
+        if self.port != used.port or self.protocol != used.protocol:
+            return False
+        return self.ip == used.ip or self.ip == BIND_ALL or used.ip == BIND_ALL
+
+
+def ports_conflict(wanted: Iterable[HostPort], used: Iterable[HostPort]) -> bool:
+    """Whether any of ``wanted`` collides with any port in ``used`` (kube-scheduler's NodePorts)."""
+    used = tuple(used)
+    return any(w.conflicts(u) for w in wanted for u in used)
+
+
+def resource_tuple(amounts: Mapping[str, int] | Iterable[tuple[str, int]]) -> tuple[tuple[str, int], ...]:
+    """``(name, amount)`` pairs sorted by name, zero amounts dropped (a zero request is ignored)."""
+    items = amounts.items() if isinstance(amounts, Mapping) else amounts
+    merged: dict[str, int] = {}
+    for name, amount in items:
+        merged[name] = merged.get(name, 0) + int(amount)
+    return tuple(sorted((n, a) for n, a in merged.items() if a))
+
+
 @dataclass(frozen=True)
 class PodRequest:
     """The scheduling-relevant content of one pod."""
@@ -159,6 +205,11 @@ class PodRequest:
     node_selector: Mapping[str, str] = field(default_factory=dict, hash=False)
     tolerations: tuple[Toleration, ...] = ()
     containers: tuple[ContainerRequest, ...] = ()
+    # other resources kube-scheduler's NodeResourcesFit checks, (name, amount in the resource's unit:
+    # bytes, or a count), sorted, none zero; "memory" here (bytes) replaces the check of memory_mib,
+    # which then only feeds scores. The GPU resource is never here (gpu_count).
+    resources: tuple[tuple[str, int], ...] = ()
+    host_ports: tuple[HostPort, ...] = ()  # kube-scheduler's NodePorts
     # placement rules beyond resources (node and pod affinity, spread, priority): not part of the
     # shape, as they depend on other pods; None: none (the simulator's pods)
     placement: PodPlacement | None = field(default=None, compare=False, hash=False, repr=False)
@@ -177,6 +228,13 @@ class PodRequest:
             raise ValueError(f"pod {self.name}: only a share of one GPU can ask for enforcement")
         if not self.uid:
             object.__setattr__(self, "uid", self.name)
+        if self.resources:
+            resources = resource_tuple(self.resources)
+            if any(amount < 0 for _, amount in resources):
+                raise ValueError(f"pod {self.name}: negative resource request")
+            object.__setattr__(self, "resources", resources)
+        if self.host_ports:
+            object.__setattr__(self, "host_ports", tuple(sorted(set(self.host_ports))))
         shape = (
             self.cpu_milli,
             self.memory_mib,
@@ -188,8 +246,15 @@ class PodRequest:
             self.topology if self.gpu_count > 1 else TopologyWish(),
             tuple(sorted(self.node_selector.items())),
             self.tolerations,
+            self.resources,
+            self.host_ports,
         )
         object.__setattr__(self, "_shape", shape)
+
+    @property
+    def exact_memory(self) -> bool:
+        """Memory is asked in bytes among ``resources`` (the MiB figure then only feeds scores)."""
+        return any(name == "memory" for name, _ in self.resources)
 
     @property
     def is_share(self) -> bool:

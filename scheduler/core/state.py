@@ -24,10 +24,11 @@ import numpy as np
 from devices.model import DeviceKind, NodeInventory, Topology
 from scheduler.core.affinity import PodFacts
 from scheduler.core.placement import PlacementView
-from scheduler.core.request import MILLI, PodRequest, Taint, TaintEffect
+from scheduler.core.request import MILLI, HostPort, PodRequest, Taint, TaintEffect, ports_conflict
 from scheduler.core.topology import LinkMatrix
 
 UNLIMITED = 1 << 40  # the pods / GPU-count headroom of a node that sets no limit
+MIB = 1 << 20  # bytes
 
 
 @dataclass
@@ -106,6 +107,21 @@ class Allocation:
     gpu_resource: int | None = None
     # regular init containers: they run alone before the others and may reuse their devices
     init_containers: frozenset[str] = field(default=frozenset(), hash=False)
+    # the other resources it holds (PodRequest.resources: name, amount) and its host ports
+    resources: tuple[tuple[str, int], ...] = ()
+    host_ports: tuple[HostPort, ...] = ()
+
+    @property
+    def exact_memory(self) -> bool:
+        """Its memory is held in bytes among ``resources`` (``memory_mib`` then only feeds scores)."""
+        return any(name == "memory" for name, _ in self.resources)
+
+    def memory_bytes(self) -> int:
+        """The memory it holds in bytes: exact when given, else ``memory_mib`` MiB."""
+        for name, amount in self.resources:
+            if name == "memory":
+                return amount
+        return self.memory_mib * MIB
 
     @property
     def charged_gpus(self) -> int:
@@ -127,7 +143,7 @@ class Allocation:
         return {g.id: (g.milli, g.memory_mib) for g in self.gpus if g.is_share}
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        doc = {
             "node": self.node,
             "podUID": self.pod_uid,
             "podName": self.pod_name,
@@ -141,6 +157,11 @@ class Allocation:
             "gpuResource": self.gpu_resource,
             "initContainers": sorted(self.init_containers),
         }
+        if self.resources:
+            doc["resources"] = dict(self.resources)
+        if self.host_ports:
+            doc["hostPorts"] = [{"protocol": p.protocol, "ip": p.ip, "port": p.port} for p in self.host_ports]
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> Allocation:
@@ -160,6 +181,10 @@ class Allocation:
             gpu_tag=str(doc.get("gpuTag", "no-gpu")),
             gpu_resource=None if doc.get("gpuResource") is None else int(doc["gpuResource"]),
             init_containers=frozenset(str(c) for c in doc.get("initContainers", ())),
+            resources=tuple(sorted((str(k), int(v)) for k, v in dict(doc.get("resources", {})).items())),
+            host_ports=tuple(
+                HostPort(str(p["protocol"]), str(p["ip"]), int(p["port"])) for p in doc.get("hostPorts", ())
+            ),
         )
 
 
@@ -195,6 +220,7 @@ class NodeState:
         max_pods: int | None = None,
         gpu_resource: int | None = None,
         unschedulable: bool = False,
+        allocatable: Mapping[str, int] | None = None,
     ) -> None:
         self.name = name
         # spec.unschedulable (cordoned): only pods tolerating request.UNSCHEDULABLE_TAINT go here
@@ -206,6 +232,11 @@ class NodeState:
         self.max_pods = max_pods  # status.allocatable.pods; None: no limit
         self.gpu_resource = gpu_resource  # status.allocatable of the GPU resource; None: not checked
         self.gpu_resource_used = 0
+        # other resources' allocatable (PodRequest.resources' names; a name not here is 0; memory in
+        # bytes, by default memory_mib MiB) and their use (memory: every pod's, exact or in MiB)
+        self.allocatable: dict[str, int] = {"memory": memory_mib * MIB, **(allocatable or {})}
+        self.resources_used: Counter[str] = Counter()
+        self.ports: Counter[HostPort] = Counter()  # host ports the node's pods bind
         self.gpus: list[GpuState] = list(gpus)
         if [g.index for g in self.gpus] != list(range(len(self.gpus))):
             raise ValueError(f"node {name}: GPUs must be indexed 0..n-1 in order")
@@ -242,6 +273,7 @@ class NodeState:
         max_pods: int | None = None,
         gpu_resource: int | None = None,
         unschedulable: bool = False,
+        allocatable: Mapping[str, int] | None = None,
     ) -> NodeState:
         """A node from what its advertiser published (GPUs sorted by index)."""
         gpus = sorted(inventory.by_kind(DeviceKind.GPU), key=lambda d: d.index)
@@ -260,6 +292,7 @@ class NodeState:
             max_pods=max_pods,
             gpu_resource=gpu_resource,
             unschedulable=unschedulable,
+            allocatable=allocatable,
         )
 
     # -- derived numbers ------------------------------------------------------------------------
@@ -271,6 +304,14 @@ class NodeState:
     @property
     def memory_free(self) -> int:
         return self.memory_capacity - self.memory_used
+
+    def resource_free(self, name: str) -> int:
+        """What is left of another resource (its allocatable, 0 if the node has none, less its use)."""
+        return self.allocatable.get(name, 0) - self.resources_used.get(name, 0)
+
+    def short_resources(self, resources: Iterable[tuple[str, int]]) -> list[str]:
+        """The names among ``resources`` (name, amount) this node has not enough of left."""
+        return [name for name, amount in resources if amount and amount > self.resource_free(name)]
 
     @property
     def pods_free(self) -> int | None:
@@ -308,9 +349,15 @@ class NodeState:
         # Like the kubelet and kube-scheduler, a resource is checked only when the pod asks for it:
         # a pod asking none fits a node that bound pods over-commit.
         if (alloc.cpu_milli and alloc.cpu_milli > self.cpu_free) or (
-            alloc.memory_mib and alloc.memory_mib > self.memory_free
+            alloc.memory_mib and not alloc.exact_memory and alloc.memory_mib > self.memory_free
         ):
             raise AllocationConflict(f"pod {alloc.pod_uid}: not enough CPU/memory on {self.name}")
+        if alloc.resources:
+            short = self.short_resources(alloc.resources)
+            if short:
+                raise AllocationConflict(f"pod {alloc.pod_uid}: not enough {', '.join(short)} on {self.name}")
+        if alloc.host_ports and ports_conflict(alloc.host_ports, self.ports):
+            raise AllocationConflict(f"pod {alloc.pod_uid}: its host ports are taken on {self.name}")
         pods_free = self.pods_free
         if pods_free is not None and pods_free < 1:
             raise AllocationConflict(f"pod {alloc.pod_uid}: {self.name} runs its maximum number of pods")
@@ -346,6 +393,16 @@ class NodeState:
         self.cpu_used += sign * alloc.cpu_milli
         self.memory_used += sign * alloc.memory_mib
         self.gpu_resource_used += sign * alloc.charged_gpus
+        for name, amount in alloc.resources:
+            self.resources_used[name] += sign * amount
+            if not self.resources_used[name]:
+                del self.resources_used[name]
+        if alloc.memory_mib and not alloc.exact_memory:  # memory in bytes counts it too
+            self.resources_used["memory"] += sign * alloc.memory_mib * MIB
+        for port in alloc.host_ports:
+            self.ports[port] += sign
+            if self.ports[port] <= 0:
+                del self.ports[port]
         for grant in alloc.gpus:
             gpu = self.gpu_by_id.get(grant.id)
             if gpu is None:
@@ -475,7 +532,9 @@ class ClusterState:
     the GPU is unhealthy), ``gpu_free_total``, ``gpu_full_free`` (fully free GPUs), ``gpu_max_free``,
     ``model_code`` (index into ``model_sets``), ``has_taints``, ``unschedulable`` (cordoned),
     ``version``, ``pods_free`` and ``gpu_resource_free`` (what the kubelet still admits;
-    ``UNLIMITED`` where the node sets no limit).
+    ``UNLIMITED`` where the node sets no limit), ``has_ports`` (nodes whose pods bind host ports) and,
+    once a pod asks for one, ``resource_free(name)`` per other resource (``NodeState.allocatable``
+    less its pods' requests).
     ``gpu_key[i]`` is the node's free milli per GPU sorted descending, a hashable signature of its GPU
     state. A GPU booked beyond its capacity (possible only for bound pods, which are facts) shows 0
     free.
@@ -517,6 +576,8 @@ class ClusterState:
         self.pods_free = np.full(n, UNLIMITED, dtype=np.int64)
         self.gpu_resource_free = np.full(n, UNLIMITED, dtype=np.int64)
         self.any_pod_limit = any(node.max_pods is not None for node in self.nodes)
+        self.has_ports = np.zeros(n, dtype=bool)  # nodes whose pods bind host ports
+        self._resource_free: dict[str, np.ndarray] = {}  # other resources' free, per name asked
         self.any_gpu_resource_limit = any(node.gpu_resource is not None for node in self.nodes)
         self.gpu_memory_known = np.array(
             [any(gpu.memory_mib for gpu in node.gpus) for node in self.nodes], dtype=bool
@@ -635,6 +696,17 @@ class ClusterState:
             fits &= self.gpu_enforced[rows]
         return fits, milli, np.where(fits, free - milli, -1)
 
+    def resource_free(self, name: str) -> np.ndarray:
+        """Per node, what is left of another resource (``NodeState.resource_free``; read-only).
+
+        Kept, once asked, per resource name and refreshed with the rows; the simulator asks for none.
+        """
+        free = self._resource_free.get(name)
+        if free is None:
+            free = np.array([node.resource_free(name) for node in self.nodes], dtype=np.int64)
+            self._resource_free[name] = free
+        return _read_only(free)
+
     def label_mask(self, selector: Mapping[str, str]) -> np.ndarray:
         """Nodes whose labels contain every ``key: value`` of ``selector`` (labels are static)."""
         key = tuple(sorted(selector.items()))
@@ -725,6 +797,9 @@ class ClusterState:
             self.pods_free[i] = node.max_pods - len(node.allocations)
         if node.gpu_resource is not None:
             self.gpu_resource_free[i] = node.gpu_resource - node.gpu_resource_used
+        for name, free in self._resource_free.items():
+            free[i] = node.resource_free(name)
+        self.has_ports[i] = bool(node.ports)
         free = [max(gpu.free_milli, 0) if gpu.healthy else -1 for gpu in node.gpus]
         self.gpu_rows[i] = free
         row = self.gpu_free[i]

@@ -14,9 +14,17 @@ What a pod can ask for (docs/scheduler.md is the user-facing description):
 - GPU models: annotation ``kubegpu.io/gpu-model``, models separated by ``|``;
 - topology of a multi-GPU set: annotation ``kubegpu.io/topology``, comma-separated
   ``nvlink``/``numa``/``pcie-switch`` each ``=require`` or ``=prefer``;
-- CPU, memory and whole GPUs by Kubernetes' rule (``pod_resources``): the larger of the app
+- every resource by Kubernetes' rule (``pod_resources``, component-helpers' ``PodRequests``): per
+  container its request, else its limit (the apiserver's defaulting); the larger of the app
   containers plus the restartable (sidecar) init containers, and each regular init container plus
-  the sidecars declared before it; ``spec.overhead`` is added to CPU and memory;
+  the sidecars declared before it; pod-level resources (``spec.resources``, PodLevelResources) replace
+  that for CPU, memory and hugepages, with the apiserver's defaulting of pod-level requests; then
+  ``spec.overhead`` is added. CPU is read in milli-units, memory in bytes (exact; ``memory_mib`` rounds
+  up, for scores), ``ephemeral-storage``, ``hugepages-*`` and extended resources (any name with a
+  ``/``, ``kubegpu.io/rdma`` included) into ``PodRequest.resources``; the GPU resource is counted
+  apart (whole GPUs);
+- host ports (``hostPort`` of the app containers and the sidecars, with protocol and host IP),
+  kube-scheduler's NodePorts;
 - node selector, tolerations;
 - placement rules (``scheduler.core.constraints``): node affinity, pod affinity and anti-affinity,
   topology spread constraints, priority and preemption policy, with Kubernetes' semantics.
@@ -26,6 +34,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
+from dataclasses import dataclass
 from decimal import Decimal
 from typing import Any
 
@@ -36,12 +45,14 @@ from scheduler.core.placement import placement_of
 from scheduler.core.request import (
     ContainerKind,
     ContainerRequest,
+    HostPort,
     PodRequest,
     Toleration,
     TopologyWish,
     Wish,
     container_gpus,
     effective_request,
+    resource_tuple,
 )
 
 GPU_MILLI_ANNOTATION = "kubegpu.io/gpu-milli"
@@ -80,19 +91,133 @@ def _resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping
     return resources.get("requests") or {}, resources.get("limits") or {}
 
 
-def _cpu_memory(container: Mapping[str, Any]) -> tuple[int, int]:
-    requests, limits = _resources(container)
-    cpu = requests.get("cpu", limits.get("cpu", 0))
-    memory = requests.get("memory", limits.get("memory", 0))
-    return _milli_cpu(cpu), _mebibytes(memory)
-
-
 def _milli_cpu(value: Any) -> int:
     return int((_quantity(value, "cpu") * 1000).to_integral_value(rounding="ROUND_CEILING"))
 
 
 def _mebibytes(value: Any) -> int:
     return int((_quantity(value, "memory") / MEBI).to_integral_value(rounding="ROUND_CEILING"))
+
+
+def _ceil(quantity: Decimal) -> int:
+    """A quantity's ``Value()``: the integer at or above it."""
+    return int(quantity.to_integral_value(rounding="ROUND_CEILING"))
+
+
+def is_scalar_resource(name: str) -> bool:
+    """kube-scheduler's ``IsScalarResourceName``: extended resources (a name with a domain, such as
+    ``example.com/foo``), ``hugepages-*``, ``attachable-volumes-*`` and prefixed native resources."""
+    return "/" in name or name.startswith(("hugepages-", "attachable-volumes-"))
+
+
+def is_pod_level_resource(name: str) -> bool:
+    """What pod-level resources (``spec.resources``) may set: CPU, memory and hugepages."""
+    return name in ("cpu", "memory") or name.startswith("hugepages-")
+
+
+def checked_resource(name: str, gpu_resource: str) -> bool:
+    """A resource NodeResourcesFit checks beyond CPU and the pod count, and kubegpu counts in
+    ``PodRequest.resources`` (the GPU resource is counted apart, as whole GPUs)."""
+    return name != gpu_resource and (name in ("memory", "ephemeral-storage") or is_scalar_resource(name))
+
+
+def _resource_list(raw: Any, what: str) -> dict[str, Decimal]:
+    """A ResourceList (name -> quantity) read exactly; raises PodSpecError naming ``what``."""
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise PodSpecError(f"{what} must be an object of quantities")
+    out = {}
+    for name, value in raw.items():
+        quantity = _quantity(value, f"{name} of {what}")
+        if quantity < 0:
+            raise PodSpecError(f"{name} of {what} must not be negative, got {value}")
+        out[str(name)] = quantity
+    return out
+
+
+def _container_requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
+    """A container's requests, each defaulted from its limit when not given (the apiserver's rule)."""
+    resources = container.get("resources") or {}
+    if not isinstance(resources, Mapping):
+        raise PodSpecError(f"resources of container {container.get('name', '?')} must be an object")
+    what = f"container {container.get('name', '?')}"
+    requests = _resource_list(resources.get("requests"), what)
+    for name, limit in _resource_list(resources.get("limits"), what).items():
+        requests.setdefault(name, limit)
+    return requests
+
+
+def _aggregate(rows: list[tuple[ContainerKind, dict[str, Decimal]]]) -> dict[str, Decimal]:
+    """Per resource named by any container, the pod's request by the init/sidecar rule."""
+    names = {name for _, requests in rows for name in requests}
+    total = {}
+    for name in names:
+        app = [requests.get(name, Decimal(0)) for kind, requests in rows if kind == ContainerKind.APP]
+        init = [
+            (requests.get(name, Decimal(0)), kind == ContainerKind.SIDECAR)
+            for kind, requests in rows
+            if kind != ContainerKind.APP
+        ]
+        total[name] = Decimal(effective_request(app, init))
+    return total
+
+
+def _pod_level(spec: Mapping[str, Any], containers: Mapping[str, Decimal]) -> dict[str, Decimal]:
+    """The pod-level requests that replace the containers' aggregate (``spec.resources``), after the
+    apiserver's defaulting: hugepages limits from the containers', then requests of CPU and memory
+    from the containers' aggregate, then any request from its pod-level limit."""
+    raw = spec.get("resources")
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise PodSpecError("spec.resources must be an object")
+    requests = _resource_list(raw.get("requests"), "spec.resources.requests")
+    limits = _resource_list(raw.get("limits"), "spec.resources.limits")
+    if requests or limits:
+        for name, value in containers.items():
+            if name.startswith("hugepages-") and name not in requests:
+                limits.setdefault(name, value)
+    if limits:
+        for name, value in containers.items():
+            if name in ("cpu", "memory"):
+                requests.setdefault(name, value)
+        for name, value in limits.items():
+            if is_pod_level_resource(name):
+                requests.setdefault(name, value)
+    if not any(is_pod_level_resource(name) for name in requests):
+        return {}
+    return {name: value for name, value in requests.items() if is_pod_level_resource(name)}
+
+
+def _host_port(port: Any, container: str, host_network: bool) -> HostPort | None:
+    """One ``ports[]`` entry as the host port it binds (None: none; a host-network pod binds its
+    container port, the apiserver's defaulting)."""
+    if not isinstance(port, Mapping):
+        raise PodSpecError(f"a port of container {container} must be an object")
+    number = port.get("hostPort") or (port.get("containerPort") if host_network else 0) or 0
+    protocol, ip = port.get("protocol") or "", port.get("hostIP") or ""
+    if not isinstance(number, int) or isinstance(number, bool) or not 0 <= number <= 65535:
+        raise PodSpecError(f"hostPort of container {container} is not a port number: {number!r}"[:200])
+    if not isinstance(protocol, str) or not isinstance(ip, str):
+        raise PodSpecError(f"protocol and hostIP of container {container}'s ports must be strings")
+    return HostPort.of(number, protocol, ip) if number else None
+
+
+def _host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
+    """The host ports of the app containers and the sidecars (kube-scheduler's ``GetHostPorts``:
+    regular init containers do not count)."""
+    host_network = bool(spec.get("hostNetwork"))
+    out = []
+    for key in ("initContainers", "containers"):
+        for c in spec.get(key) or []:
+            if key == "initContainers" and c.get("restartPolicy") != "Always":
+                continue
+            for port in c.get("ports") or []:
+                entry = _host_port(port, str(c.get("name", "?")), host_network)
+                if entry is not None:
+                    out.append(entry)
+    return tuple(out)
 
 
 def _gpus(container: Mapping[str, Any], resource: str) -> int:
@@ -111,27 +236,50 @@ def _kind(container: Mapping[str, Any], init: bool) -> ContainerKind:
     return ContainerKind.SIDECAR if container.get("restartPolicy") == "Always" else ContainerKind.INIT
 
 
-def pod_resources(pod: Mapping[str, Any], gpu_resource: str) -> tuple[int, int, tuple[ContainerRequest, ...]]:
-    """(CPU milli, memory MiB, the containers with their whole GPUs) of a pod, by Kubernetes' rule.
+@dataclass(frozen=True)
+class PodResources:
+    """What a pod requests of its node by Kubernetes' rule (``pod_resources``)."""
+
+    cpu_milli: int
+    memory_mib: int  # the memory request rounded up to MiB (scores; the check is in bytes)
+    containers: tuple[ContainerRequest, ...]  # in pod order, with their whole GPUs
+    resources: tuple[tuple[str, int], ...] = ()  # memory in bytes and the other checked resources
+    host_ports: tuple[HostPort, ...] = ()
+
+
+def pod_resources(pod: Mapping[str, Any], gpu_resource: str) -> PodResources:
+    """What a pod requests, by Kubernetes' rule (component-helpers' ``PodRequests`` over the
+    containers, pod-level resources and overhead; the scheduler's rounding: CPU up to a milli-unit,
+    anything else up to a whole unit).
 
     The containers come in pod order (init containers, then app containers); the pod's GPU count is
-    ``request.container_gpus`` of them. Raises PodSpecError for a malformed quantity.
+    ``request.container_gpus`` of them. Raises PodSpecError for a malformed quantity or port.
     """
     spec = pod.get("spec") or {}
-    rows: list[tuple[ContainerKind, str, int, int, int]] = []
+    rows: list[tuple[ContainerKind, dict[str, Decimal]]] = []
+    containers = []
     for init, key in ((True, "initContainers"), (False, "containers")):
         for c in spec.get(key) or []:
-            cpu, memory = _cpu_memory(c)
-            rows.append((_kind(c, init), str(c.get("name", "")), cpu, memory, _gpus(c, gpu_resource)))
-    overhead = spec.get("overhead") or {}
-    extras = (_milli_cpu(overhead.get("cpu", 0)), _mebibytes(overhead.get("memory", 0)))
-    totals = []
-    for column, extra in zip((2, 3), extras, strict=True):
-        app = [row[column] for row in rows if row[0] == ContainerKind.APP]
-        init = [(row[column], row[0] == ContainerKind.SIDECAR) for row in rows if row[0] != ContainerKind.APP]
-        totals.append(effective_request(app, init, extra))
-    containers = tuple(ContainerRequest(name, gpus, kind) for kind, name, _, _, gpus in rows)
-    return totals[0], totals[1], containers
+            kind = _kind(c, init)
+            containers.append(ContainerRequest(str(c.get("name", "")), _gpus(c, gpu_resource), kind))
+            rows.append((kind, _container_requests(c)))
+    total = _aggregate(rows)
+    total.update(_pod_level(spec, total))
+    for name, value in _resource_list(spec.get("overhead"), "spec.overhead").items():
+        total[name] = total.get(name, Decimal(0)) + value
+    for name, value in total.items():
+        if value > MAX_QUANTITY:
+            raise PodSpecError(f"the pod's {name} request ({value}) is beyond what Kubernetes keeps")
+    memory = total.get("memory", Decimal(0))
+    return PodResources(
+        cpu_milli=_ceil(total.get("cpu", Decimal(0)) * 1000),
+        memory_mib=_ceil(memory / MEBI),
+        containers=tuple(containers),
+        resources=resource_tuple(
+            (name, _ceil(value)) for name, value in total.items() if checked_resource(name, gpu_resource)
+        ),
+        host_ports=_host_ports(spec),
+    )
 
 
 # A share's figure: ASCII digits, at most spaces or tabs around them. Not int()'s reading, which
@@ -233,7 +381,8 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
     containers = list(spec.get("containers") or [])
     if not containers:
         raise PodSpecError("pod has no containers")
-    cpu, memory, rows = pod_resources(pod, gpu_resource)
+    asked = pod_resources(pod, gpu_resource)
+    rows = asked.containers
     milli = _int_annotation(annotations, GPU_MILLI_ANNOTATION, 1, 999)
     gpu_memory = _int_annotation(annotations, GPU_MEMORY_ANNOTATION, 1, 1 << 24)
     sharing = bool(milli or gpu_memory)
@@ -265,8 +414,8 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
         return PodRequest(
             name=name,
             uid=meta.get("uid") or name,
-            cpu_milli=cpu,
-            memory_mib=memory,
+            cpu_milli=asked.cpu_milli,
+            memory_mib=asked.memory_mib,
             gpu_count=gpu_count,
             gpu_milli=milli if sharing else 0,
             gpu_memory_mib=gpu_memory,
@@ -276,6 +425,8 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
             node_selector=dict(spec.get("nodeSelector") or {}),
             tolerations=tolerations,
             containers=container_requests,
+            resources=asked.resources,
+            host_ports=asked.host_ports,
             placement=placement,
         )
     except ValueError as error:

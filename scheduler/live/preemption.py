@@ -60,6 +60,8 @@ def running_pod(alloc: Allocation, pod: Mapping[str, Any] | None, protected: boo
         memory_mib=alloc.memory_mib,
         gpus={g.id: (g.milli, g.memory_mib) for g in alloc.gpus},
         charged_gpus=alloc.charged_gpus,
+        resources={**dict(alloc.resources), "memory": alloc.memory_bytes()},
+        host_ports=alloc.host_ports,
         terminating=bool(meta.get("deletionTimestamp")),
     )
 
@@ -80,6 +82,7 @@ def node_offer(
         links=node.links(),
         max_pods=node.max_pods,
         gpu_resource=node.gpu_resource,
+        allocatable=node.allocatable,
     )
 
 

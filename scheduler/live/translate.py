@@ -3,14 +3,16 @@
 - A Node becomes a ``NodeState`` when its advertiser published a readable inventory
   (``kubegpu.io/inventory``) and its heartbeat is fresh; a cordoned one is marked ``unschedulable``
   (the core's NodeUnschedulable filter lets only pods tolerating the cordon there). CPU, memory, the
-  number of pods and the GPU count (the GPU resource) come from ``status.allocatable``. Parsing a
-  Node never raises: whatever is wrong with it becomes ``NodeFacts.problem``, which keeps only that
-  node out. What a node agent publishes is held to the limits of ``nodecheck`` (sizes, ranges,
-  links naming listed devices, allocatable counts a real machine could have, a heartbeat not from
-  the future); a node beyond them is left out with the reason (docs/errors.md).
-- A pod bound to a node is a fact (``BoundPod``): its CPU, memory, pod slot and GPU count, and, if
-  it carries a valid signed allocation, the device ids it holds. That annotation is the source of
-  truth for device usage.
+  number of pods, the GPU count (the GPU resource) and every other resource NodeResourcesFit checks
+  (memory in bytes, ephemeral storage, hugepages, extended resources) come from
+  ``status.allocatable``. Parsing a Node never raises: whatever is wrong with it becomes
+  ``NodeFacts.problem``, which keeps only that node out. What a node agent publishes is held to the
+  limits of ``nodecheck`` (sizes, ranges, links naming listed devices, allocatable counts a real
+  machine could have, a heartbeat not from the future); a node beyond them is left out with the
+  reason (docs/errors.md).
+- A pod bound to a node is a fact (``BoundPod``): its CPU, memory, other resources, host ports, pod
+  slot and GPU count, and, if it carries a valid signed allocation, the device ids it holds. That
+  annotation is the source of truth for device usage.
 - A core ``Allocation`` becomes the allocation contract's form (``allocation_contract``), which the
   scheduler signs into the ``kubegpu.io/allocation`` annotation.
 """
@@ -20,16 +22,24 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
 from devices.model import DeviceKind, NodeInventory
 from kubegpu import allocation as contract
-from scheduler.core.request import MILLI, Taint, TaintEffect, container_gpus
+from scheduler.core.request import MILLI, HostPort, Taint, TaintEffect, container_gpus
 from scheduler.core.state import Allocation, GpuGrant, NodeState
 from scheduler.live import nodecheck
-from scheduler.live.podspec import PodSpecError, _mebibytes, _milli_cpu, _quantity, pod_resources
+from scheduler.live.podspec import (
+    MEBI,
+    PodSpecError,
+    _ceil,
+    _milli_cpu,
+    _quantity,
+    checked_resource,
+    pod_resources,
+)
 
 NO_INVENTORY = "node has no kubegpu device inventory"
 
@@ -49,6 +59,8 @@ class NodeFacts:
     problem: str = ""  # why the node cannot take kubegpu pods, if it cannot
     max_pods: int | None = None  # status.allocatable.pods (None: not published)
     gpu_resource: int | None = None  # status.allocatable of the GPU resource (None: not published)
+    # the other resources' allocatable, exact (memory in bytes; PodRequest.resources' names)
+    allocatable: Mapping[str, int] = field(default_factory=dict)
 
     def schedulable(self, now: dt.datetime, stale_after: float) -> str:
         """'' if kubegpu may place pods here now, else the reason (for FailedScheduling)."""
@@ -73,21 +85,24 @@ class NodeFacts:
             self.problem,
             self.max_pods,
             self.gpu_resource,
+            tuple(sorted(self.allocatable.items())),
         )
 
 
 def _read_allocatable(
     allocatable: Mapping[str, Any], gpu_resource: str
-) -> tuple[int, int, int | None, int | None, str]:
-    """(CPU milli, memory MiB, pods, GPU count, problem) of a Node's allocatable.
+) -> tuple[int, int, int | None, int | None, dict[str, int], str]:
+    """(CPU milli, memory MiB, pods, GPU count, other resources, problem) of a Node's allocatable.
 
-    Pods and the GPU count are None when absent (no limit). A figure that is not a quantity (or one
-    beyond what Kubernetes keeps) is a problem naming it, never a zero or a missing limit.
+    Memory in MiB is rounded down (it feeds scores; the fit is checked in bytes, among the other
+    resources, as kube-scheduler's ``Value()``). Pods and the GPU count are None when absent (no
+    limit); a resource absent from the others is 0. A figure that is not a quantity (or one beyond
+    what Kubernetes keeps) is a problem naming it, never a zero or a missing limit.
     """
     figures: dict[str, Any] = {}
     for what, key, read, absent in (
         ("cpu", "cpu", _milli_cpu, 0),
-        ("memory", "memory", _mebibytes, 0),
+        ("memory", "memory", _bytes, 0),
         ("pods", "pods", _count, None),
         ("GPU count", gpu_resource, _count, None),
     ):
@@ -95,8 +110,21 @@ def _read_allocatable(
         try:
             figures[what] = absent if value is None else read(value)
         except (PodSpecError, TypeError, ValueError, ArithmeticError):
-            return 0, 0, None, None, f"node's allocatable {what} is unreadable ({str(value)[:40]!r})"
-    return figures["cpu"], figures["memory"], figures["pods"], figures["GPU count"], ""
+            return 0, 0, None, None, {}, f"node's allocatable {what} is unreadable ({str(value)[:40]!r})"
+    others = {"memory": figures["memory"]}
+    for key, value in allocatable.items():
+        if key != "memory" and checked_resource(str(key), gpu_resource):
+            try:
+                others[str(key)] = _bytes(value)
+            except (PodSpecError, TypeError, ValueError, ArithmeticError):
+                return 0, 0, None, None, {}, f"node's allocatable {key} is unreadable ({str(value)[:40]!r})"
+    memory_mib = figures["memory"] // int(MEBI)
+    return figures["cpu"], memory_mib, figures["pods"], figures["GPU count"], others, ""
+
+
+def _bytes(value: Any) -> int:
+    """A quantity's ``Value()`` (bytes, or a count), at least 0; raises PodSpecError if unreadable."""
+    return max(0, _ceil(_quantity(value, "allocatable")))
 
 
 def _count(value: Any) -> int:
@@ -173,7 +201,7 @@ def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu
     spec, status = node.get("spec") or {}, node.get("status") or {}
     annotations = meta.get("annotations") or {}
     allocatable = status.get("allocatable") or {}
-    cpu, memory, max_pods, gpus, unreadable = _read_allocatable(allocatable, gpu_resource)
+    cpu, memory, max_pods, gpus, others, unreadable = _read_allocatable(allocatable, gpu_resource)
     taints = tuple(
         Taint(t.get("key", ""), t.get("value") or "", TaintEffect(t.get("effect", "NoSchedule")))
         for t in spec.get("taints") or []
@@ -201,6 +229,7 @@ def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu
         problem=problem,
         max_pods=max_pods,
         gpu_resource=gpus,
+        allocatable=others,
     )
 
 
@@ -216,6 +245,7 @@ def node_state(facts: NodeFacts) -> NodeState:
         max_pods=facts.max_pods,
         gpu_resource=facts.gpu_resource,
         unschedulable=facts.cordoned,
+        allocatable=facts.allocatable,
     )
 
 
@@ -227,15 +257,24 @@ class PodUsage:
     memory_mib: int
     gpus: int  # its request of the GPU resource (what the kubelet counts)
     problem: str = ""
+    resources: tuple[tuple[str, int], ...] = ()  # memory in bytes and the other checked resources
+    host_ports: tuple[HostPort, ...] = ()
 
 
 def pod_usage(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") -> PodUsage:
-    """CPU milli, memory MiB and GPU count a pod occupies on its node (Kubernetes' rule)."""
+    """What a pod occupies on its node (Kubernetes' rule, ``podspec.pod_resources``): CPU milli,
+    memory (MiB and bytes), the other resources, its host ports and GPU count."""
     try:
-        cpu, memory, containers = pod_resources(pod, gpu_resource)
+        asked = pod_resources(pod, gpu_resource)
     except (PodSpecError, AttributeError, TypeError, ValueError) as error:
         return PodUsage(0, 0, 0, f"resources unreadable: {str(error)[:120]}")
-    return PodUsage(cpu, memory, container_gpus(containers))
+    return PodUsage(
+        asked.cpu_milli,
+        asked.memory_mib,
+        container_gpus(asked.containers),
+        resources=asked.resources,
+        host_ports=asked.host_ports,
+    )
 
 
 def verified_allocation(
@@ -294,6 +333,8 @@ def fact_allocation(
         gpu_tag=tag,
         gpu_resource=usage.gpus,
         init_containers=frozenset(init),
+        resources=usage.resources,
+        host_ports=usage.host_ports,
     )
 
 
