@@ -43,7 +43,7 @@ from crishim import edits
 from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.hostpaths import Ambiguous, ManagedDevices, numbers_of
 from crishim.intercept import Completion, Refusal, Rejected
-from crishim.ledger import MARK_ANNOTATION, WHOLE, Holding, Ledger, mark_value, parse_mark
+from crishim.ledger import MARK_ANNOTATION, WHOLE, Holding, Ledger, Mark, mark_value, parse_mark
 from crishim.mps import DaemonError, MpsSharing, share_devices
 from devices.model import Device, NodeInventory
 from devices.plugin import (
@@ -224,6 +224,13 @@ def check_allocation(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"pod {pod} container {container}: device {device_id} is unhealthy",
             )
+        share = entry.shares.get(device_id)
+        if share is not None and 0 < device.memory_mib < share.memory_mib:
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {pod} container {container}: the share of device {device_id} asks for "
+                f"{share.memory_mib} MiB of memory, the device has {device.memory_mib} MiB",
+            )
         granted.append(device)
     return granted, dict(entry.shares)
 
@@ -261,12 +268,17 @@ class AllocationRewriter:
         self.node_name = node_name
         self.node_devices = node_devices
         self.keys = keys
-        self.ledger = Ledger()
+        self.ledger = Ledger(self._gpu_memory_mib)
         self._lookup = lookup
         self._runtime: api_pb2_grpc.RuntimeServiceStub | None = None
         self.rebuilt = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._tickets = itertools.count(1)
+
+    def _gpu_memory_mib(self, device_id: str) -> int:
+        """A device's memory in MiB as discovered (0: not known, and then not checked)."""
+        device = self.node_devices.devices.get(device_id)
+        return device.memory_mib if device is not None else 0
 
     def attach(self, channel: grpc.aio.Channel) -> None:
         """Give the rewriter the runtime connection (for rebuild and liveness checks)."""
@@ -353,7 +365,7 @@ class AllocationRewriter:
         )
 
     @staticmethod
-    def _marked(container: api_pb2.Container) -> tuple[str, str, dict[str, int]] | None:
+    def _marked(container: api_pb2.Container) -> Mark | None:
         """The shim's mark on a live container, or None (no mark, or the container exited)."""
         if container.state in GONE_STATES:
             return None
@@ -365,7 +377,7 @@ class AllocationRewriter:
         mark = self._marked(container)
         if mark is None:
             return []
-        pod_uid, name, devices = mark
+        pod_uid, name, devices, memory = mark
         if (pod_uid, name) != (pod_uids.get(container.pod_sandbox_id), container.metadata.name):
             # Not a mark this shim wrote for this container: one restored from a checkpoint of
             # another pod, or forged. Counting it would hold devices the container was not given.
@@ -384,7 +396,16 @@ class AllocationRewriter:
             return []
         attempt = container.metadata.attempt
         return [
-            Holding(container.id, container.pod_sandbox_id, pod_uid, name, device, milli, attempt)
+            Holding(
+                container.id,
+                container.pod_sandbox_id,
+                pod_uid,
+                name,
+                device,
+                milli,
+                attempt,
+                memory_mib=memory.get(device, 0),
+            )
             for device, milli in devices.items()
         ]
 
@@ -558,9 +579,20 @@ class AllocationRewriter:
                 grpc.StatusCode.UNAVAILABLE, f"pod {pod}: the device ledger is still being rebuilt, retry"
             )
         milli = {d.id: (shares[d.id].milli if d.id in shares else WHOLE) for d in granted}
+        memory = {device: share.memory_mib for device, share in shares.items() if share.memory_mib}
         attempt, ticket = request.config.metadata.attempt, next(self._tickets)
         holdings = [
-            Holding("", request.pod_sandbox_id, pod.uid, container, d, m, attempt, ticket=ticket)
+            Holding(
+                "",
+                request.pod_sandbox_id,
+                pod.uid,
+                container,
+                d,
+                m,
+                attempt,
+                ticket=ticket,
+                memory_mib=memory.get(d, 0),
+            )
             for d, m in milli.items()
         ]
         await self._reserve(pod, container, holdings)
@@ -580,7 +612,7 @@ class AllocationRewriter:
             self.ledger.release(holdings)
             self._shares_changed()
             raise
-        request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli)
+        request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli, memory)
         log_event(
             log,
             "create_container.rewritten",

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -17,7 +19,7 @@ import pytest
 from crishim.cri import api_pb2
 from crishim.hostpaths import CHAR, DeviceNumber
 from crishim.intercept import Rejected
-from crishim.ledger import MARK_ANNOTATION, Holding, mark_value
+from crishim.ledger import MARK_ANNOTATION, Holding, mark_value, parse_mark
 from crishim.rewrite import CONFIG_SOURCE_ANNOTATION, AllocationRewriter, DevicesNotDiscovered, NodeDevices
 from devices.model import Device, DeviceKind, NodeInventory
 from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginError
@@ -34,9 +36,10 @@ class Flaky:
     kinds = frozenset({DeviceKind.GPU})
     device_patterns = ("/dev/flaky-gpu*",)
 
-    def __init__(self, failures: int, gpus: int = 2) -> None:
+    def __init__(self, failures: int, gpus: int = 2, memory_mib: int = 0) -> None:
         self.failures = failures
         self.gpus = gpus
+        self.memory_mib = memory_mib
         self.calls = 0
         self.healthy = True
 
@@ -53,6 +56,7 @@ class Flaky:
                     model="x",
                     healthy=self.healthy,
                     device_nodes=(f"/dev/flaky-gpu{i}",),
+                    memory_mib=self.memory_mib,
                 )
                 for i in range(self.gpus)
             )
@@ -1079,3 +1083,103 @@ def test_adoption_skips_foreign_marks_and_goes_on_when_the_runtime_cannot_be_ask
         rewriter.create_container(request(container="d", grant={"d": ["GPU-1"]}, uid="Q", sandbox="sq"))
     )
     assert events(caplog, "ledger.adopt_failed") == [(logging.WARNING, {"code": "UNAVAILABLE"})]
+
+
+GIB = 1024
+
+
+def test_shares_whose_memory_adds_up_past_the_gpus_are_refused(tmp_path: Path) -> None:
+    """Shares of a 23 GiB GPU: milli are checked against 1000 and memory against the GPU's 23 GiB.
+    A share given by milli alone takes its fraction of the memory (as the scheduler books it); a
+    share asking for more than the whole GPU is refused by itself; up to exactly the GPU's memory
+    fits; a GPU whose memory is unknown is checked by milli only."""
+    node = NodeDevices([Flaky(failures=0, gpus=1, memory_mib=23 * GIB)], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+    runtime = FakeRuntime()  # the holders in the way are live containers
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    runtime.containers.extend(api_pb2.Container(id=holder) for holder in ("c-p", "c-h1", "c-h2"))
+
+    def share(pod: str, milli: int, memory: int) -> api_pb2.CreateContainerRequest:
+        return request(
+            grant={"app": ["GPU-0"]},
+            shares={"app": {"GPU-0": Share(milli, memory)}},
+            uid=pod,
+            sandbox=f"s-{pod}",
+        )
+
+    async def refused(req: api_pb2.CreateContainerRequest) -> str:
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(req)
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        return caught.value.message
+
+    async def run() -> None:
+        too_big = await refused(share("big", 100, 92 * GIB))
+        assert "GPU-0 asks for 94208 MiB of memory, the device has 23552 MiB" in too_big
+        assert rewriter.ledger.holdings() == []
+        _, p_done = await rewriter.create_container(share("P", 500, 23 * GIB))
+        p_done("c-p", False)  # type: ignore[misc]
+        by_milli = await refused(share("Q", 300, 0))  # 300 milli of 23 GiB: 7065 MiB more
+        assert "GPU-0 is held by app of pod P (c-p)" in by_milli
+        assert "GPU memory would add up to 30617 MiB, more than its 23552 MiB" in by_milli
+        assert "add up to 24576 MiB" in await refused(share("R", 100, 1 * GIB))
+        rewriter.removed_container("c-p")
+        _, half = await rewriter.create_container(share("H1", 400, 11776))
+        half("c-h1", False)  # type: ignore[misc]
+        _, other_half = await rewriter.create_container(share("H2", 400, 11776))  # exactly 23 GiB
+        other_half("c-h2", False)  # type: ignore[misc]
+        assert "add up to 23553 MiB" in await refused(share("one-more", 100, 1))
+        node.devices["GPU-0"] = replace(node.devices["GPU-0"], memory_mib=0)  # memory not known
+        await rewriter.create_container(share("unknown", 100, 1))
+
+    asyncio.run(run())
+
+
+def test_the_shares_memory_is_marked_and_counts_after_a_rebuild(tmp_path: Path) -> None:
+    """The mark carries a share's memory where the allocation set one, so a restarted shim counts
+    it; a mark without memory (a share by milli, or an earlier shim's) reads as before."""
+    node = NodeDevices([Flaky(failures=0, gpus=1, memory_mib=23 * GIB)], sysfs_root=None)
+    node.discover()
+    created, _ = asyncio.run(
+        rewriter_for(node).create_container(
+            request(grant={"app": ["GPU-0"]}, shares={"app": {"GPU-0": Share(200, 20 * GIB)}})
+        )
+    )
+    mark = created.config.annotations[MARK_ANNOTATION]
+    assert mark == mark_value(UID, "app", {"GPU-0": 200}, {"GPU-0": 20 * GIB})
+    assert parse_mark(mark) == (UID, "app", {"GPU-0": 200}, {"GPU-0": 20480})
+    assert parse_mark(mark_value(UID, "app", {"GPU-0": 200}, {"GPU-0": 0})) == (
+        UID,
+        "app",
+        {"GPU-0": 200},
+        {},
+    )
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.add("c-p", "sb", "app", 0, {"GPU-0": 200})
+    runtime.containers[-1].annotations[MARK_ANNOTATION] = mark
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    asyncio.run(rewriter.rebuild())
+    assert [(h.container_id, h.milli, h.memory_mib) for h in rewriter.ledger.holdings()] == [
+        ("c-p", 200, 20480)
+    ]
+    q = request(
+        container="c",
+        grant={"c": ["GPU-0"]},
+        shares={"c": {"GPU-0": Share(200, 4 * GIB)}},
+        uid="Q",
+        sandbox="sq",
+    )
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(q))
+    assert "add up to 24576 MiB, more than its 23552 MiB" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [{"GPU-9": 5}, {"GPU-0": 0}, {"GPU-0": -1}, {"GPU-0": "5"}, {"GPU-0": True}, ["GPU-0"]],
+)
+def test_a_mark_with_bad_memory_is_not_ours(memory: object) -> None:
+    value = json.dumps({"pod": UID, "container": "app", "devices": {"GPU-0": 200}, "memoryMiB": memory})
+    assert parse_mark(value) is None

@@ -745,3 +745,28 @@ def test_a_container_made_while_the_shim_restarted_holds_its_device(node: Node) 
         node.create(q_sandbox, q_config, "app")
     assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
     assert node.containers_in(q_sandbox) == []
+
+
+def test_shares_whose_memory_adds_up_past_the_gpus_are_refused(node: Node) -> None:
+    """A 16 GiB sim GPU: P's share takes all its memory with 500 milli; Q's 300 milli with 4 GiB
+    fit by milli but not by memory, and a share asking for 64 GiB does not fit the GPU at all.
+    Neither creates a container; once P's container is gone Q's share fits."""
+    device = gpu(3)
+    p_uid, q_uid, big_uid = (str(uuid.uuid4()) for _ in range(3))
+    shares = ((p_uid, "mem-p", 500, 16384), (q_uid, "mem-q", 300, 4096), (big_uid, "mem-big", 100, 65536))
+    pods = {}
+    for uid, name, milli, memory in shares:
+        annotation = node.signed(uid, {"app": [device]}, shares={"app": {device: Share(milli, memory)}})
+        pods[name] = node.run_pod(name, annotation, uid)
+    held = node.create(*pods["mem-p"], "app")
+    with pytest.raises(grpc.RpcError) as refused:
+        node.create(*pods["mem-q"], "app")
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+    assert "GPU memory would add up to 20480 MiB, more than its 16384 MiB" in refused.value.details()
+    with pytest.raises(grpc.RpcError) as too_big:
+        node.create(*pods["mem-big"], "app")
+    assert too_big.value.code() is grpc.StatusCode.FAILED_PRECONDITION, too_big.value.details()
+    assert "asks for 65536 MiB of memory, the device has 16384 MiB" in too_big.value.details()
+    assert node.containers_in(pods["mem-q"][0]) == [] and node.containers_in(pods["mem-big"][0]) == []
+    node.client.runtime.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=held), timeout=60)
+    assert node.create(*pods["mem-q"], "app")
