@@ -9,10 +9,12 @@ container name; kubelet creates the new one while the exited one still exists) i
 another container of the same pod.
 
 A holding is in flight (no container id yet) from its reservation until the create's outcome is
-known; a create that failed ambiguously (deadline, cancellation, UNKNOWN) leaves it ``unknown``
-until it is reconciled against containerd by (pod, container name, attempt): it becomes the
-container containerd did create, or goes. A marked live container found later that the ledger
-does not account for (containerd finished the create after that) is adopted.
+known; a create that failed ambiguously (deadline, cancellation, UNKNOWN) leaves it ``unknown``:
+it becomes the container containerd did create when one is found (by pod, container name and
+attempt), and otherwise stays, quarantined, until containerd can no longer make it (a later
+create of the same container succeeded, or its sandbox is gone). A marked live container found
+later that the ledger does not account for (containerd finished a create after a restart) is
+adopted, unless that would book a device past its capacity (``OverBooked``).
 """
 
 from __future__ import annotations
@@ -72,6 +74,15 @@ class Conflict:
     def describe(self) -> str:
         who = ", ".join(f"{h.container} of pod {h.pod_uid} ({h.state})" for h in self.holders)
         return f"device {self.device} is held by {who}" + (f": {self.reason}" if self.reason else "")
+
+
+class OverBooked(Exception):
+    """A container found in containerd does not fit beside the holdings the ledger has: adopting
+    it would book its devices past their capacity (``conflicts`` say where and beside whom)."""
+
+    def __init__(self, conflicts: list[Conflict]) -> None:
+        super().__init__("; ".join(c.describe() for c in conflicts))
+        self.conflicts = conflicts
 
 
 class Mark(NamedTuple):
@@ -165,12 +176,22 @@ class Ledger:
 
     def commit(self, reserved: Iterable[Holding], container_id: str) -> None:
         """containerd created the container: the holdings get its id (recorded again if they
-        were dropped meanwhile, since the container exists and may use the device)."""
+        were dropped meanwhile, since the container exists and may use the device).
+
+        Unknown holdings of earlier creates of the same container (sandbox, pod, container name,
+        attempt) go: containerd reserves a container's name for its create, so none of them can
+        make a container any more now that this one has the name.
+        """
         with self._lock:
             for h in reserved:
                 entries = self._by_device.setdefault(h.device, [])
                 pending = (h, replace(h, unknown=True))
-                entries[:] = [e for e in entries if e not in pending]
+                entries[:] = [
+                    e
+                    for e in entries
+                    if e not in pending
+                    and not (e.unknown and e.sandbox_id == h.sandbox_id and e.create_key == h.create_key)
+                ]
                 if not any(e.container_id == container_id for e in entries):  # reconciled already
                     entries.append(replace(h, container_id=container_id, unknown=False))
 
@@ -192,12 +213,14 @@ class Ledger:
 
     def adopt(self, found: Iterable[Holding]) -> bool:
         """Record a live container the ledger does not account for (``found``: its holdings, all
-        with its id), such as one containerd finished creating after its caller gave up and the
-        outcome was settled as "not created", or one a restart's rebuild did not list yet.
+        with its id), such as one containerd finished creating after its caller gave up, or one a
+        restart's rebuild did not list yet.
 
         It takes the place of the unknown holdings of the same create (sandbox, pod, container,
         attempt). Nothing happens (False) if its id is recorded already, or if that create is
-        still in flight here: its own commit records it.
+        still in flight here: its own commit records it. Raises ``OverBooked`` (and records
+        nothing) if it does not fit beside the other containers' holdings: a device is never
+        booked past its capacity.
         """
         kept = list(found)
         if not kept:
@@ -215,6 +238,9 @@ class Ledger:
                 h.container_id == first.container_id or (same_create(h) and not h.unknown) for h in everything
             ):
                 return False
+            conflicts = self._conflicts_locked(first.owner, kept)  # the unknowns it replaces are its own
+            if conflicts:
+                raise OverBooked(conflicts)
             for device in list(self._by_device):
                 left = [h for h in self._by_device[device] if not same_create(h)]
                 if left:

@@ -565,3 +565,23 @@ def test_an_unreadable_symlink_in_a_device_host_path_is_invalid_argument(
     assert "pod default/p container app" in details and f"{link}/x" in details
     assert "cannot be resolved: Permission denied" in details
     assert not any(m.endswith("/CreateContainer") for m, _, _ in fake_runtime.received)
+
+
+def test_a_start_the_interceptor_refuses_never_reaches_the_runtime(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    class RefusingStart(PassthroughInterceptor):
+        def start_container(self, container_id: str) -> None:
+            if container_id == "c-over":
+                raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "container c-over: device taken")
+
+    call = shim_over(RefusingStart()).unary_unary("/runtime.v1.RuntimeService/StartContainer")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(api_pb2.StartContainerRequest(container_id="c-over").SerializeToString(), timeout=5)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details() == "container c-over: device taken"
+    assert not any(m.endswith("/StartContainer") for m, _, _ in fake_runtime.received)
+    started = api_pb2.StartContainerRequest(container_id="c-fine").SerializeToString()
+    call(started, timeout=5)
+    call(b"\xff\xff", timeout=5)  # not a request: containerd's to refuse (the fake echoes)
+    assert [r for m, _, r in fake_runtime.received if m.endswith("/StartContainer")] == [started, b"\xff\xff"]
