@@ -187,7 +187,12 @@ def device_entry_verdict(host_path: str, managed: ManagedDevices, fs: HostFS | N
     fs = fs or HostFS()
     # ``..`` after a symlink goes up from the link's target (the kernel, Go's EvalSymlinks), so the
     # raw spelling is resolved as it stands; the lexically cleaned one too, to be safe both ways.
-    for resolved in dict.fromkeys((fs.realpath(host_path), fs.realpath(canonical))):
+    try:
+        resolutions = (fs.realpath(host_path), fs.realpath(canonical))
+    except OSError as error:  # a symlink on the way that cannot be read (readlink refused)
+        unresolved = f"device host path {_named(host_path)} cannot be resolved"
+        raise Ambiguous(f"{unresolved}: {error.strerror}") from None
+    for resolved in dict.fromkeys(resolutions):
         if not _resolved_verdict(host_path, resolved, managed, fs):
             return False
     return True

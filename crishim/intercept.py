@@ -7,9 +7,11 @@ rewrite never drops what kubelet sent. An interceptor refuses a request by raisi
 It may return a completion, called once the create is over: with the new container's id, or with
 None and ``ambiguous`` False when nothing was created, or None and ``ambiguous`` True when the
 create failed in a way that leaves it open whether containerd created the container (deadline,
-cancellation, UNKNOWN). RemoveContainer and RemovePodSandbox are forwarded untouched; after
-they succeed the interceptor is told which container or sandbox is gone. An interceptor may also
-name whole methods it refuses (``refused_methods``): the proxy answers them itself.
+cancellation, UNKNOWN). StartContainer is forwarded untouched unless the interceptor refuses it
+(``start_container`` raises ``Rejected``). RemoveContainer and RemovePodSandbox are forwarded
+untouched; after they succeed the interceptor is told which container or sandbox is gone. An
+interceptor may also name whole methods it refuses (``refused_methods``): the proxy answers
+them itself.
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class Interceptor(Protocol):
         self, request: api_pb2.CreateContainerRequest
     ) -> tuple[api_pb2.CreateContainerRequest, Completion | None]: ...
 
+    def start_container(self, container_id: str) -> None:
+        """Raise ``Rejected`` to refuse starting the container; return to let it start."""
+        ...
+
     def removed_container(self, container_id: str) -> None: ...
 
     def removed_sandbox(self, sandbox_id: str) -> None: ...
@@ -94,6 +100,9 @@ class PassthroughInterceptor:
         self, request: api_pb2.CreateContainerRequest
     ) -> tuple[api_pb2.CreateContainerRequest, Completion | None]:
         return request, None
+
+    def start_container(self, container_id: str) -> None:
+        return None
 
     def removed_container(self, container_id: str) -> None:
         return None

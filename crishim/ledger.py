@@ -9,18 +9,21 @@ container name; kubelet creates the new one while the exited one still exists) i
 another container of the same pod.
 
 A holding is in flight (no container id yet) from its reservation until the create's outcome is
-known; a create that failed ambiguously (deadline, cancellation, UNKNOWN) leaves it ``unknown``
-until it is reconciled against containerd by (pod, container name, attempt): it becomes the
-container containerd did create, or goes. A marked live container found later that the ledger
-does not account for (containerd finished the create after that) is adopted.
+known; a create that failed ambiguously (deadline, cancellation, UNKNOWN) leaves it ``unknown``:
+it becomes the container containerd did create when one is found (by pod, container name and
+attempt), and otherwise stays, quarantined, until containerd can no longer make it (a later
+create of the same container succeeded, or its sandbox is gone). A marked live container found
+later that the ledger does not account for (containerd finished a create after a restart) is
+adopted, unless that would book a device past its capacity (``OverBooked``).
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 MARK_ANNOTATION = "kubegpu.io/devices"
 WHOLE = 1000
@@ -39,6 +42,7 @@ class Holding:
     attempt: int = 0
     unknown: bool = False  # the create failed ambiguously: containerd may have made the container
     ticket: int = 0  # tells apart the reservations of two creates of the same container and attempt
+    memory_mib: int = 0  # the share's GPU memory; 0: its milli's fraction of the GPU's memory
 
     @property
     def state(self) -> str:
@@ -55,52 +59,103 @@ class Holding:
         return (self.pod_uid, self.container, self.attempt)
 
 
+def memory_held(holding: Holding, gpu_memory_mib: int) -> int:
+    """The GPU memory (MiB) a holding takes of a GPU with ``gpu_memory_mib``: its share's memory,
+    or its milli's fraction of the GPU's (all of it for a whole GPU), as the scheduler books it."""
+    return holding.memory_mib or gpu_memory_mib * holding.milli // WHOLE
+
+
 @dataclass(frozen=True)
 class Conflict:
     device: str
     holders: tuple[Holding, ...]
+    reason: str = ""  # empty: their milli leave no room
 
     def describe(self) -> str:
         who = ", ".join(f"{h.container} of pod {h.pod_uid} ({h.state})" for h in self.holders)
-        return f"device {self.device} is held by {who}"
+        return f"device {self.device} is held by {who}" + (f": {self.reason}" if self.reason else "")
 
 
-def mark_value(pod_uid: str, container: str, shares: Mapping[str, int]) -> str:
-    """The annotation the shim puts on a container it rewrote (device id -> milli)."""
-    return json.dumps(
-        {"pod": pod_uid, "container": container, "devices": dict(sorted(shares.items()))},
-        sort_keys=True,
-        separators=(",", ":"),
-    )
+class OverBooked(Exception):
+    """A container found in containerd does not fit beside the holdings the ledger has: adopting
+    it would book its devices past their capacity (``conflicts`` say where and beside whom)."""
+
+    def __init__(self, conflicts: list[Conflict]) -> None:
+        super().__init__("; ".join(c.describe() for c in conflicts))
+        self.conflicts = conflicts
 
 
-def parse_mark(value: str) -> tuple[str, str, dict[str, int]] | None:
+class Mark(NamedTuple):
+    """What the shim's mark on a container says (``mark_value``)."""
+
+    pod: str
+    container: str
+    devices: dict[str, int]  # device id -> milli
+    memory: dict[str, int]  # device id -> the share's memory MiB, where the allocation set one
+
+
+def mark_value(
+    pod_uid: str, container: str, shares: Mapping[str, int], memory: Mapping[str, int] | None = None
+) -> str:
+    """The annotation the shim puts on a container it rewrote (device id -> milli, and the shares'
+    memory in MiB where the allocation set it; a mark without memory is what earlier shims wrote)."""
+    doc: dict[str, object] = {"pod": pod_uid, "container": container, "devices": dict(sorted(shares.items()))}
+    set_memory = {device: mib for device, mib in sorted((memory or {}).items()) if mib}
+    if set_memory:
+        doc["memoryMiB"] = set_memory
+    return json.dumps(doc, sort_keys=True, separators=(",", ":"))
+
+
+def parse_mark(value: str) -> Mark | None:
     """Inverse of mark_value; None for anything the shim did not write."""
     try:
         doc = json.loads(value)
         pod, container, devices = doc["pod"], doc["container"], doc["devices"]
-    except (ValueError, KeyError, TypeError):
+        memory = doc.get("memoryMiB", {})
+    except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if not (isinstance(pod, str) and isinstance(container, str) and isinstance(devices, dict)):
         return None
     if not all(isinstance(k, str) and type(v) is int and 0 < v <= WHOLE for k, v in devices.items()):
         return None
-    return pod, container, devices
+    if not (
+        isinstance(memory, dict) and all(k in devices and type(v) is int and v > 0 for k, v in memory.items())
+    ):
+        return None
+    return Mark(pod, container, devices, memory)
 
 
 class Ledger:
     """Thread-safe device holdings of one node."""
 
-    def __init__(self) -> None:
+    def __init__(self, gpu_memory_mib: Callable[[str], int] | None = None) -> None:
+        """``gpu_memory_mib``: a device's memory in MiB from the node's inventory (0: unknown, and
+        then memory is not checked)."""
         self._lock = threading.Lock()
         self._by_device: dict[str, list[Holding]] = {}
+        self._gpu_memory_mib = gpu_memory_mib or (lambda device: 0)
 
-    def _conflicts_locked(self, owner: tuple[str, str], wanted: Mapping[str, int]) -> list[Conflict]:
+    def _conflicts_locked(self, owner: tuple[str, str], wanted: Sequence[Holding]) -> list[Conflict]:
+        """Where the ``wanted`` holdings (of ``owner``) do not fit beside everyone else's: their milli
+        past 1000, or their memory past the GPU's."""
         found = []
-        for device, milli in wanted.items():
+        for device in dict.fromkeys(h.device for h in wanted):
             others = tuple(h for h in self._by_device.get(device, ()) if h.owner != owner)
-            if others and sum(h.milli for h in others) + milli > WHOLE:
+            if not others:
+                continue
+            together = [*others, *(h for h in wanted if h.device == device)]
+            total = self._gpu_memory_mib(device)
+            used = sum(memory_held(h, total) for h in together)
+            if sum(h.milli for h in together) > WHOLE:
                 found.append(Conflict(device, others))
+            elif total > 0 and used > total:
+                found.append(
+                    Conflict(
+                        device,
+                        others,
+                        f"their GPU memory would add up to {used} MiB, more than its {total} MiB",
+                    )
+                )
         return found
 
     def try_reserve(self, holdings: Iterable[Holding]) -> list[Conflict]:
@@ -112,11 +167,8 @@ class Ledger:
         kept = list(holdings)
         if not kept:
             return []
-        wanted: dict[str, int] = {}
-        for h in kept:
-            wanted[h.device] = wanted.get(h.device, 0) + h.milli
         with self._lock:
-            conflicts = self._conflicts_locked(kept[0].owner, wanted)
+            conflicts = self._conflicts_locked(kept[0].owner, kept)
             if not conflicts:
                 for h in kept:
                     self._by_device.setdefault(h.device, []).append(h)
@@ -124,12 +176,22 @@ class Ledger:
 
     def commit(self, reserved: Iterable[Holding], container_id: str) -> None:
         """containerd created the container: the holdings get its id (recorded again if they
-        were dropped meanwhile, since the container exists and may use the device)."""
+        were dropped meanwhile, since the container exists and may use the device).
+
+        Unknown holdings of earlier creates of the same container (sandbox, pod, container name,
+        attempt) go: containerd reserves a container's name for its create, so none of them can
+        make a container any more now that this one has the name.
+        """
         with self._lock:
             for h in reserved:
                 entries = self._by_device.setdefault(h.device, [])
                 pending = (h, replace(h, unknown=True))
-                entries[:] = [e for e in entries if e not in pending]
+                entries[:] = [
+                    e
+                    for e in entries
+                    if e not in pending
+                    and not (e.unknown and e.sandbox_id == h.sandbox_id and e.create_key == h.create_key)
+                ]
                 if not any(e.container_id == container_id for e in entries):  # reconciled already
                     entries.append(replace(h, container_id=container_id, unknown=False))
 
@@ -151,12 +213,14 @@ class Ledger:
 
     def adopt(self, found: Iterable[Holding]) -> bool:
         """Record a live container the ledger does not account for (``found``: its holdings, all
-        with its id), such as one containerd finished creating after its caller gave up and the
-        outcome was settled as "not created", or one a restart's rebuild did not list yet.
+        with its id), such as one containerd finished creating after its caller gave up, or one a
+        restart's rebuild did not list yet.
 
         It takes the place of the unknown holdings of the same create (sandbox, pod, container,
         attempt). Nothing happens (False) if its id is recorded already, or if that create is
-        still in flight here: its own commit records it.
+        still in flight here: its own commit records it. Raises ``OverBooked`` (and records
+        nothing) if it does not fit beside the other containers' holdings: a device is never
+        booked past its capacity.
         """
         kept = list(found)
         if not kept:
@@ -174,6 +238,9 @@ class Ledger:
                 h.container_id == first.container_id or (same_create(h) and not h.unknown) for h in everything
             ):
                 return False
+            conflicts = self._conflicts_locked(first.owner, kept)  # the unknowns it replaces are its own
+            if conflicts:
+                raise OverBooked(conflicts)
             for device in list(self._by_device):
                 left = [h for h in self._by_device[device] if not same_create(h)]
                 if left:

@@ -360,24 +360,39 @@ class MpsSupervisor:
         it). Raises ``DaemonError`` when it cannot be started."""
         dirs = self.dirs(gpu)
         with self._gpu_lock(gpu):
-            pid = self.pid(gpu)
-            if pid is not None:
-                if gpu not in self._pids:
-                    self._pids[gpu] = pid
-                    log_event(log, "mps.daemon_adopted", gpu=gpu, pid=pid)
-                return dirs
-            try:
-                pid = self._start(gpu, dirs)
-            except DaemonError as error:
-                self.failures[gpu] = (time.monotonic(), str(error))
-                log_event(log, "mps.daemon_start_failed", logging.ERROR, gpu=gpu, error=str(error))
-                raise
-            self.failures.pop(gpu, None)
-            restarted = gpu in self._pids
-            self._pids[gpu] = pid
-            self.starts[gpu] += 1
-            log_event(log, "mps.daemon_restarted" if restarted else "mps.daemon_started", gpu=gpu, pid=pid)
+            return self._ensure_locked(gpu, dirs)
+
+    def ensure_if(self, gpu: str, wanted: Callable[[], bool]) -> bool:
+        """``ensure`` only if ``wanted()`` still says so, asked under the GPU's lock: a GPU whose
+        last share left (and that a container may now hold whole, after ``stop``) gets no daemon
+        started or adopted. True if the daemon runs. Raises ``DaemonError`` like ``ensure``."""
+        dirs = self.dirs(gpu)
+        with self._gpu_lock(gpu):
+            if not wanted():
+                log_event(log, "mps.start_skipped", gpu=gpu, reason="no share of the GPU is held any more")
+                return False
+            self._ensure_locked(gpu, dirs)
+            return True
+
+    def _ensure_locked(self, gpu: str, dirs: DaemonDirs) -> DaemonDirs:
+        pid = self.pid(gpu)
+        if pid is not None:
+            if gpu not in self._pids:
+                self._pids[gpu] = pid
+                log_event(log, "mps.daemon_adopted", gpu=gpu, pid=pid)
             return dirs
+        try:
+            pid = self._start(gpu, dirs)
+        except DaemonError as error:
+            self.failures[gpu] = (time.monotonic(), str(error))
+            log_event(log, "mps.daemon_start_failed", logging.ERROR, gpu=gpu, error=str(error))
+            raise
+        self.failures.pop(gpu, None)
+        restarted = gpu in self._pids
+        self._pids[gpu] = pid
+        self.starts[gpu] += 1
+        log_event(log, "mps.daemon_restarted" if restarted else "mps.daemon_started", gpu=gpu, pid=pid)
+        return dirs
 
     def _start(self, gpu: str, dirs: DaemonDirs) -> int:
         # No live daemon (pid() said so): whatever a dead one left (an orphaned server, its pipes,
@@ -600,7 +615,7 @@ class MpsSharing:
 
     def _stop_unless_shared(self, gpu: str) -> None:
         assert self.supervisor is not None
-        self.supervisor.stop(gpu, keep=lambda: gpu in set(self._wanted()))
+        self.supervisor.stop(gpu, keep=lambda: self._still_wanted(gpu))
 
     # -- watchdog -------------------------------------------------------------------------------
 
@@ -616,8 +631,12 @@ class MpsSharing:
         """The shares changed: reconcile soon (never blocks)."""
         self._wake.set()
 
+    def _still_wanted(self, gpu: str) -> bool:
+        return gpu in set(self._wanted())
+
     def reconcile(self) -> None:
-        """One pass: a daemon for every wanted GPU, none for the others."""
+        """One pass: a daemon for every wanted GPU, none for the others. Each GPU's start is decided
+        again under its lock (``ensure_if``): the shares may have changed since the pass read them."""
         supervisor = self.supervisor
         if supervisor is None:
             return
@@ -627,12 +646,12 @@ class MpsSharing:
                 continue  # a start failed moments ago: do not hammer it (a create still tries)
             if not supervisor.is_running(gpu) and gpu in supervisor.known():
                 log_event(log, "mps.daemon_died", logging.WARNING, gpu=gpu)
-            try:
-                supervisor.ensure(gpu)  # adopts a daemon an earlier agent left, restarts a dead one
+            try:  # adopts a daemon an earlier agent left, restarts a dead one, if still wanted
+                supervisor.ensure_if(gpu, lambda gpu=gpu: self._still_wanted(gpu))
             except DaemonError:
                 pass  # logged by ensure; tried again next pass
         for gpu in sorted(supervisor.known() - wanted):
-            supervisor.stop(gpu, keep=lambda gpu=gpu: gpu in set(self._wanted()))
+            supervisor.stop(gpu, keep=lambda gpu=gpu: self._still_wanted(gpu))
 
     def _run(self) -> None:
         while not self._closing.is_set():

@@ -40,6 +40,7 @@ log = logging.getLogger("kubegpu.crishim")
 
 CREATE_CONTAINER = "/runtime.v1.RuntimeService/CreateContainer"
 REMOVE_CONTAINER = "/runtime.v1.RuntimeService/RemoveContainer"
+START_CONTAINER = "/runtime.v1.RuntimeService/StartContainer"
 REMOVE_SANDBOX = "/runtime.v1.RuntimeService/RemovePodSandbox"
 V1ALPHA2_CREATE = "/runtime.v1alpha2.RuntimeService/CreateContainer"
 # Older CRI versions' creates: refused, never forwarded (they would bypass the rewrite); so is any
@@ -141,6 +142,7 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         self._hooks: dict[str, Hook] = {
             CREATE_CONTAINER: self._create_container_hook,
             REMOVE_CONTAINER: self._remove_container_hook,
+            START_CONTAINER: self._start_container_hook,
             REMOVE_SANDBOX: self._remove_sandbox_hook,
         }
         self._handlers: dict[str, grpc.RpcMethodHandler] = {}
@@ -192,6 +194,16 @@ class ForwardingHandler(grpc.GenericRpcHandler):
         if completion is None:
             return rewritten, None
         return rewritten, _created(completion)
+
+    async def _start_container_hook(self, raw: bytes) -> tuple[bytes, None]:
+        """The interceptor may refuse to start a container (Rejected); bytes that do not parse are
+        forwarded as they are (containerd refuses them itself)."""
+        try:
+            request = api_pb2.StartContainerRequest.FromString(raw)
+        except Exception:  # noqa: BLE001 - not ours to judge: containerd answers it
+            return raw, None
+        self._interceptor.start_container(request.container_id)
+        return raw, None
 
     async def _remove_container_hook(self, raw: bytes) -> tuple[bytes, Outcome]:
         def removed(response: bytes | None, ambiguous: bool) -> None:
@@ -312,8 +324,9 @@ def _unary_unary(
                     code = rejected.code
                     log_event(
                         log,
-                        "create_container.rejected",
+                        "create_container.rejected" if record.label == "CreateContainer" else "call.rejected",
                         logging.WARNING,
+                        method=None if record.label == "CreateContainer" else record.label,
                         code=code.name,
                         reason=rejected.message,
                     )

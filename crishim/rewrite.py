@@ -43,7 +43,16 @@ from crishim import edits
 from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.hostpaths import Ambiguous, ManagedDevices, numbers_of
 from crishim.intercept import Completion, Refusal, Rejected
-from crishim.ledger import MARK_ANNOTATION, WHOLE, Holding, Ledger, mark_value, parse_mark
+from crishim.ledger import (
+    MARK_ANNOTATION,
+    WHOLE,
+    Holding,
+    Ledger,
+    Mark,
+    OverBooked,
+    mark_value,
+    parse_mark,
+)
 from crishim.mps import DaemonError, MpsSharing, share_devices
 from devices.model import Device, NodeInventory
 from devices.plugin import (
@@ -224,6 +233,13 @@ def check_allocation(
                 grpc.StatusCode.FAILED_PRECONDITION,
                 f"pod {pod} container {container}: device {device_id} is unhealthy",
             )
+        share = entry.shares.get(device_id)
+        if share is not None and 0 < device.memory_mib < share.memory_mib:
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {pod} container {container}: the share of device {device_id} asks for "
+                f"{share.memory_mib} MiB of memory, the device has {device.memory_mib} MiB",
+            )
         granted.append(device)
     return granted, dict(entry.shares)
 
@@ -261,12 +277,20 @@ class AllocationRewriter:
         self.node_name = node_name
         self.node_devices = node_devices
         self.keys = keys
-        self.ledger = Ledger()
+        self.ledger = Ledger(self._gpu_memory_mib)
         self._lookup = lookup
         self._runtime: api_pb2_grpc.RuntimeServiceStub | None = None
         self.rebuilt = asyncio.Event()
         self._background: set[asyncio.Task[None]] = set()
         self._tickets = itertools.count(1)
+        # Live marked containers that did not fit beside the ledger's holdings (container id ->
+        # why): never booked; retried at every adoption pass, and reported once.
+        self.overbooked: dict[str, str] = {}
+
+    def _gpu_memory_mib(self, device_id: str) -> int:
+        """A device's memory in MiB as discovered (0: not known, and then not checked)."""
+        device = self.node_devices.devices.get(device_id)
+        return device.memory_mib if device is not None else 0
 
     def attach(self, channel: grpc.aio.Channel) -> None:
         """Give the rewriter the runtime connection (for rebuild and liveness checks)."""
@@ -353,7 +377,7 @@ class AllocationRewriter:
         )
 
     @staticmethod
-    def _marked(container: api_pb2.Container) -> tuple[str, str, dict[str, int]] | None:
+    def _marked(container: api_pb2.Container) -> Mark | None:
         """The shim's mark on a live container, or None (no mark, or the container exited)."""
         if container.state in GONE_STATES:
             return None
@@ -365,7 +389,7 @@ class AllocationRewriter:
         mark = self._marked(container)
         if mark is None:
             return []
-        pod_uid, name, devices = mark
+        pod_uid, name, devices, memory = mark
         if (pod_uid, name) != (pod_uids.get(container.pod_sandbox_id), container.metadata.name):
             # Not a mark this shim wrote for this container: one restored from a checkpoint of
             # another pod, or forged. Counting it would hold devices the container was not given.
@@ -384,7 +408,16 @@ class AllocationRewriter:
             return []
         attempt = container.metadata.attempt
         return [
-            Holding(container.id, container.pod_sandbox_id, pod_uid, name, device, milli, attempt)
+            Holding(
+                container.id,
+                container.pod_sandbox_id,
+                pod_uid,
+                name,
+                device,
+                milli,
+                attempt,
+                memory_mib=memory.get(device, 0),
+            )
             for device, milli in devices.items()
         ]
 
@@ -409,7 +442,7 @@ class AllocationRewriter:
         pod_uids = _pod_uids(sandboxes)
         for container in strays:
             holdings = self._marked_holdings(container, pod_uids)
-            if self.ledger.adopt(holdings):
+            if await self._adopt(container.id, holdings):
                 log_event(
                     log,
                     "ledger.adopted",
@@ -421,6 +454,46 @@ class AllocationRewriter:
                     devices=sorted(h.device for h in holdings),
                 )
                 self._shares_changed()
+
+    async def _adopt(self, container_id: str, holdings: list[Holding]) -> bool:
+        """Adopt one found container; if it does not fit, settle the holders in its way (exited
+        or vanished containers, creates of unknown outcome) and try once more. A container that
+        still does not fit is not booked: it is reported (``ledger.adopt_refused``, once) and kept
+        in ``overbooked``, and StartContainer is refused for it."""
+        try:
+            try:
+                adopted = self.ledger.adopt(holdings)
+            except OverBooked as over:
+                await self._settle_holders([h for c in over.conflicts for h in c.holders])
+                adopted = self.ledger.adopt(holdings)
+        except OverBooked as over:
+            if container_id not in self.overbooked:
+                log_event(
+                    log,
+                    "ledger.adopt_refused",
+                    logging.ERROR,
+                    container=container_id,
+                    pod_uid=holdings[0].pod_uid,
+                    name=holdings[0].container,
+                    attempt=holdings[0].attempt,
+                    devices=sorted(c.device for c in over.conflicts),
+                    reason=str(over),
+                    note="not booked past capacity; StartContainer is refused for it until it fits",
+                )
+            self.overbooked[container_id] = str(over)
+            return False
+        self.overbooked.pop(container_id, None)
+        return adopted
+
+    async def _settle_holders(self, holders: Sequence[Holding]) -> None:
+        """Settle holders in another container's way: creates of unknown outcome are reconciled
+        with containerd, holdings of exited or vanished containers dropped."""
+        for sandbox in sorted({h.sandbox_id for h in holders if h.unknown}):
+            await self.reconcile_unknown(sandbox)
+        for holder in holders:
+            if holder.container_id and not await self._is_live(holder.container_id):
+                if self.ledger.remove_container(holder.container_id):
+                    self._shares_changed()
 
     async def _sandbox_uids(self, retry_seconds: float) -> dict[str, str]:
         """Each sandbox's pod UID, as containerd recorded it at RunPodSandbox; retried until listed.
@@ -436,7 +509,19 @@ class AllocationRewriter:
                 log_event(log, "ledger.rebuild_retry", logging.WARNING, code=error.code().name)
                 await asyncio.sleep(retry_seconds)
 
+    def start_container(self, container_id: str) -> None:
+        """A container adoption refused (it does not fit beside the devices' holders) is not
+        started: it was rewritten for devices the ledger gave to others."""
+        reason = self.overbooked.get(container_id)
+        if reason is not None:
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"container {container_id[:12]} was created for devices that are not its own now ({reason}); "
+                "remove it, kubelet creates the container anew",
+            )
+
     def removed_container(self, container_id: str) -> None:
+        self.overbooked.pop(container_id, None)
         freed = self.ledger.remove_container(container_id)
         if freed:
             log_event(log, "ledger.freed", container=container_id, devices=[h.device for h in freed])
@@ -457,8 +542,11 @@ class AllocationRewriter:
 
     async def reconcile_unknown(self, sandbox_id: str | None = None) -> bool:
         """Settle holdings of creates that failed ambiguously, by asking containerd which of them
-        made a container: matched by pod, container name and attempt on our mark. Returns False
-        if containerd could not be asked (the holdings stay, and count)."""
+        made a container: matched by pod, container name and attempt on our mark. A create with no
+        container yet stays held (quarantined): containerd may still finish it, so its devices are
+        not handed to anyone else until its container shows up (adopted, or found here), a later
+        create of the same container succeeds (containerd reserves the name for one create at a
+        time), or its sandbox is removed. Returns False if containerd could not be asked."""
         assert self._runtime is not None
         pending = self.ledger.unknown(sandbox_id)
         for sandbox in sorted({h.sandbox_id for h in pending}):
@@ -483,12 +571,12 @@ class AllocationRewriter:
             for h in pending:
                 if h.sandbox_id == sandbox:
                     groups.setdefault(h.create_key, []).append(h)
+            committed = False
             for key, group in groups.items():
                 container_id = made.get(key)
                 if container_id:
                     self.ledger.commit(group, container_id)
-                else:
-                    self.ledger.release(group)
+                    committed = True
                 log_event(
                     log,
                     "ledger.reconciled",
@@ -497,8 +585,9 @@ class AllocationRewriter:
                     attempt=key[2],
                     created=container_id or None,
                     devices=[h.device for h in group],
+                    held="by its container" if container_id else "quarantined: the create may still complete",
                 )
-            if groups:
+            if committed:
                 self._shares_changed()
         return True
 
@@ -558,9 +647,20 @@ class AllocationRewriter:
                 grpc.StatusCode.UNAVAILABLE, f"pod {pod}: the device ledger is still being rebuilt, retry"
             )
         milli = {d.id: (shares[d.id].milli if d.id in shares else WHOLE) for d in granted}
+        memory = {device: share.memory_mib for device, share in shares.items() if share.memory_mib}
         attempt, ticket = request.config.metadata.attempt, next(self._tickets)
         holdings = [
-            Holding("", request.pod_sandbox_id, pod.uid, container, d, m, attempt, ticket=ticket)
+            Holding(
+                "",
+                request.pod_sandbox_id,
+                pod.uid,
+                container,
+                d,
+                m,
+                attempt,
+                ticket=ticket,
+                memory_mib=memory.get(d, 0),
+            )
             for d, m in milli.items()
         ]
         await self._reserve(pod, container, holdings)
@@ -580,7 +680,7 @@ class AllocationRewriter:
             self.ledger.release(holdings)
             self._shares_changed()
             raise
-        request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli)
+        request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli, memory)
         log_event(
             log,
             "create_container.rewritten",
@@ -600,14 +700,7 @@ class AllocationRewriter:
         conflicts = self.ledger.try_reserve(holdings)
         if not conflicts:
             return
-        holders = [holder for conflict in conflicts for holder in conflict.holders]
-        if any(h.unknown for h in holders):
-            for sandbox in sorted({h.sandbox_id for h in holders if h.unknown}):
-                await self.reconcile_unknown(sandbox)
-        for holder in holders:
-            if holder.container_id and not await self._is_live(holder.container_id):
-                if self.ledger.remove_container(holder.container_id):
-                    self._shares_changed()
+        await self._settle_holders([holder for conflict in conflicts for holder in conflict.holders])
         conflicts = self.ledger.try_reserve(holdings)
         if conflicts:
             reason = "; ".join(c.describe() for c in conflicts)

@@ -107,7 +107,7 @@ def test_shares_of_one_pod_and_another_never_add_past_a_whole_device() -> None:
 
 
 def test_mark_round_trip_and_forgeries() -> None:
-    assert parse_mark(mark_value("uid", "app", {"GPU-1": 1000})) == ("uid", "app", {"GPU-1": 1000})
+    assert parse_mark(mark_value("uid", "app", {"GPU-1": 1000})) == ("uid", "app", {"GPU-1": 1000}, {})
     for forged in ("", "{}", '{"pod":"u","container":"c","devices":{"GPU-1":5000}}', "[1]", "null"):
         assert parse_mark(forged) is None
 
@@ -150,12 +150,12 @@ def test_a_create_committed_after_reconciliation_claimed_its_container_counts_on
 
 def test_mark_fields_must_all_have_their_types() -> None:
     good = {"pod": "u", "container": "c", "devices": {"GPU-1": 1}}
-    assert parse_mark(json.dumps(good)) == ("u", "c", {"GPU-1": 1})
+    assert parse_mark(json.dumps(good)) == ("u", "c", {"GPU-1": 1}, {})
     for field, wrong in (("pod", 1), ("container", None), ("devices", ["GPU-1"])):
         assert parse_mark(json.dumps({**good, field: wrong})) is None, field
     for milli in (0, -1, 1001, True, 1.0):
         assert parse_mark(json.dumps({**good, "devices": {"GPU-1": milli}})) is None, milli
-    assert parse_mark(json.dumps({**good, "devices": {"GPU-1": 1000}})) == ("u", "c", {"GPU-1": 1000})
+    assert parse_mark(json.dumps({**good, "devices": {"GPU-1": 1000}})) == ("u", "c", {"GPU-1": 1000}, {})
 
 
 def test_ledger_bookkeeping_of_creates_whose_device_entries_went_away() -> None:

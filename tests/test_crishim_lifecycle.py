@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import json
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
 import grpc
@@ -17,7 +19,7 @@ import pytest
 from crishim.cri import api_pb2
 from crishim.hostpaths import CHAR, DeviceNumber
 from crishim.intercept import Rejected
-from crishim.ledger import MARK_ANNOTATION, Holding, mark_value
+from crishim.ledger import MARK_ANNOTATION, Holding, mark_value, parse_mark
 from crishim.rewrite import CONFIG_SOURCE_ANNOTATION, AllocationRewriter, DevicesNotDiscovered, NodeDevices
 from devices.model import Device, DeviceKind, NodeInventory
 from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginError
@@ -34,9 +36,10 @@ class Flaky:
     kinds = frozenset({DeviceKind.GPU})
     device_patterns = ("/dev/flaky-gpu*",)
 
-    def __init__(self, failures: int, gpus: int = 2) -> None:
+    def __init__(self, failures: int, gpus: int = 2, memory_mib: int = 0) -> None:
         self.failures = failures
         self.gpus = gpus
+        self.memory_mib = memory_mib
         self.calls = 0
         self.healthy = True
 
@@ -53,6 +56,7 @@ class Flaky:
                     model="x",
                     healthy=self.healthy,
                     device_nodes=(f"/dev/flaky-gpu{i}",),
+                    memory_mib=self.memory_mib,
                 )
                 for i in range(self.gpus)
             )
@@ -275,19 +279,24 @@ def test_an_unknown_outcome_is_settled_by_asking_the_runtime(tmp_path: Path, cre
         other = request(
             container="c", grant={"c": ["GPU-1"]}, shares={"c": {"GPU-1": Share(500)}}, uid="Q", sandbox="sq"
         )
-        if created:  # the ghost exists and may be started: its 600 stand, 500 more do not fit
-            with pytest.raises(Rejected) as caught:
-                await rewriter.create_container(other)
-            assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
-        else:  # nothing was created: the 600 go, and 500 fit
+        # Either way 500 more do not fit: the ghost exists and may be started, or (no container
+        # yet) containerd may still finish it, so its 600 stay held.
+        with pytest.raises(Rejected) as caught:
             await rewriter.create_container(other)
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert ("c-ghost" if created else "outcome unknown") in caught.value.message
         # The ghost, if made, is adopted before the reservation; otherwise the unknown holding in
         # the way is reconciled by listing its one sandbox. Every list is bounded.
         reconciled = [asked for asked in runtime.asked if asked[0]]
         assert reconciled == ([] if created else [("sb", reconciled[0][1])])
         assert all(t is not None and 0 < t <= 30 for _, t in runtime.asked)
         mine = [h for h in rewriter.ledger.holdings() if h.pod_uid == UID]
-        assert [(h.container_id, h.unknown) for h in mine] == ([("c-ghost", False)] if created else [])
+        assert [(h.container_id, h.unknown) for h in mine] == (
+            [("c-ghost", False)] if created else [("", True)]
+        )
+        rewriter.removed_sandbox("sb")  # P's sandbox is gone: nothing of it can be created any more
+        runtime.containers.clear()  # (containerd removed its containers with it)
+        await rewriter.create_container(other)
 
     asyncio.run(run())
 
@@ -538,7 +547,14 @@ def test_reconciliation_settles_only_the_sandbox_asked_about_and_logs_it(
     assert events(caplog, "ledger.reconciled") == [
         (
             logging.INFO,
-            {"pod_uid": UID, "container": "app", "attempt": 1, "created": "c-made", "devices": ["GPU-0"]},
+            {
+                "pod_uid": UID,
+                "container": "app",
+                "attempt": 1,
+                "created": "c-made",
+                "devices": ["GPU-0"],
+                "held": "by its container",
+            },
         )
     ]
 
@@ -576,15 +592,21 @@ def test_an_unknown_outcome_is_settled_in_the_background(
         assert done is not None
         done(None, True)
         for _ in range(300):
-            if not rewriter.ledger.unknown("sb"):
+            if events(caplog, "ledger.reconciled"):
                 break
             await asyncio.sleep(0.01)
-        assert not rewriter.ledger.unknown("sb") and runtime.reconciles >= 3  # type: ignore[attr-defined]
+        assert runtime.reconciles >= 3  # type: ignore[attr-defined]
         await asyncio.sleep(0.05)
         assert not rewriter._background  # finished tasks are not kept
 
     asyncio.run(run())
-    assert [h.ticket for h in rewriter.ledger.holdings()] == [99]  # the other sandbox's stays
+    # No container yet: the holding stays (containerd may still finish the create); the other
+    # sandbox's was not asked about.
+    held = sorted((h.ticket, h.sandbox_id, h.unknown) for h in rewriter.ledger.holdings())
+    assert held == [(1, "sb", True), (99, "sc", True)]
+    assert [f["held"] for _, f in events(caplog, "ledger.reconciled")] == [
+        "quarantined: the create may still complete"
+    ]
     assert events(caplog, "ledger.outcome_unknown") == [
         (logging.WARNING, {"pod_uid": UID, "container": "app", "attempt": 0, "devices": ["GPU-0"]})
     ]
@@ -900,7 +922,7 @@ def test_reconciliation_matches_only_a_container_of_the_marked_name(tmp_path: Pa
         runtime.add("c-imposter", "sb", "app", 0, {"GPU-1": 1000})
         runtime.containers[-1].metadata.name = "other"
         assert await rewriter.reconcile_unknown("sb")
-        assert rewriter.ledger.holdings() == []
+        assert [(h.container_id, h.unknown) for h in rewriter.ledger.holdings()] == [("", True)]
 
     asyncio.run(run())
 
@@ -957,7 +979,7 @@ def test_a_container_containerd_makes_after_its_create_was_settled_is_adopted(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     """kubelet gave up on P's create (cancelled); asked, containerd had no container yet, so the
-    600 were let go; then containerd finishes the create. Q's 500 must not be handed the same GPU:
+    600 stay held (quarantined); then containerd finishes the create. Q's 500 must not be handed the same GPU:
     the late container is adopted before Q's reservation, and freed with it."""
     caplog.set_level(logging.DEBUG)
     rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
@@ -971,7 +993,8 @@ def test_a_container_containerd_makes_after_its_create_was_settled_is_adopted(
             request(grant={"app": ["GPU-0"]}, shares={"app": {"GPU-0": Share(600)}})
         )
         done(None, True)  # type: ignore[misc]
-        assert await rewriter.reconcile_unknown("sb") and rewriter.ledger.holdings() == []
+        assert await rewriter.reconcile_unknown("sb")  # no container yet: the 600 stay held
+        assert [(h.container_id, h.unknown) for h in rewriter.ledger.holdings()] == [("", True)]
         runtime.add("c-late", "sb", "app", 0, {"GPU-0": 600})
         with pytest.raises(Rejected) as caught:
             await rewriter.create_container(q)
@@ -1079,3 +1102,243 @@ def test_adoption_skips_foreign_marks_and_goes_on_when_the_runtime_cannot_be_ask
         rewriter.create_container(request(container="d", grant={"d": ["GPU-1"]}, uid="Q", sandbox="sq"))
     )
     assert events(caplog, "ledger.adopt_failed") == [(logging.WARNING, {"code": "UNAVAILABLE"})]
+
+
+GIB = 1024
+
+
+def test_shares_whose_memory_adds_up_past_the_gpus_are_refused(tmp_path: Path) -> None:
+    """Shares of a 23 GiB GPU: milli are checked against 1000 and memory against the GPU's 23 GiB.
+    A share given by milli alone takes its fraction of the memory (as the scheduler books it); a
+    share asking for more than the whole GPU is refused by itself; up to exactly the GPU's memory
+    fits; a GPU whose memory is unknown is checked by milli only."""
+    node = NodeDevices([Flaky(failures=0, gpus=1, memory_mib=23 * GIB)], sysfs_root=None)
+    node.discover()
+    rewriter = rewriter_for(node)
+    runtime = FakeRuntime()  # the holders in the way are live containers
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    runtime.containers.extend(api_pb2.Container(id=holder) for holder in ("c-p", "c-h1", "c-h2"))
+
+    def share(pod: str, milli: int, memory: int) -> api_pb2.CreateContainerRequest:
+        return request(
+            grant={"app": ["GPU-0"]},
+            shares={"app": {"GPU-0": Share(milli, memory)}},
+            uid=pod,
+            sandbox=f"s-{pod}",
+        )
+
+    async def refused(req: api_pb2.CreateContainerRequest) -> str:
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(req)
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        return caught.value.message
+
+    async def run() -> None:
+        too_big = await refused(share("big", 100, 92 * GIB))
+        assert "GPU-0 asks for 94208 MiB of memory, the device has 23552 MiB" in too_big
+        assert rewriter.ledger.holdings() == []
+        _, p_done = await rewriter.create_container(share("P", 500, 23 * GIB))
+        p_done("c-p", False)  # type: ignore[misc]
+        by_milli = await refused(share("Q", 300, 0))  # 300 milli of 23 GiB: 7065 MiB more
+        assert "GPU-0 is held by app of pod P (c-p)" in by_milli
+        assert "GPU memory would add up to 30617 MiB, more than its 23552 MiB" in by_milli
+        assert "add up to 24576 MiB" in await refused(share("R", 100, 1 * GIB))
+        rewriter.removed_container("c-p")
+        _, half = await rewriter.create_container(share("H1", 400, 11776))
+        half("c-h1", False)  # type: ignore[misc]
+        _, other_half = await rewriter.create_container(share("H2", 400, 11776))  # exactly 23 GiB
+        other_half("c-h2", False)  # type: ignore[misc]
+        assert "add up to 23553 MiB" in await refused(share("one-more", 100, 1))
+        node.devices["GPU-0"] = replace(node.devices["GPU-0"], memory_mib=0)  # memory not known
+        await rewriter.create_container(share("unknown", 100, 1))
+
+    asyncio.run(run())
+
+
+def test_the_shares_memory_is_marked_and_counts_after_a_rebuild(tmp_path: Path) -> None:
+    """The mark carries a share's memory where the allocation set one, so a restarted shim counts
+    it; a mark without memory (a share by milli, or an earlier shim's) reads as before."""
+    node = NodeDevices([Flaky(failures=0, gpus=1, memory_mib=23 * GIB)], sysfs_root=None)
+    node.discover()
+    created, _ = asyncio.run(
+        rewriter_for(node).create_container(
+            request(grant={"app": ["GPU-0"]}, shares={"app": {"GPU-0": Share(200, 20 * GIB)}})
+        )
+    )
+    mark = created.config.annotations[MARK_ANNOTATION]
+    assert mark == mark_value(UID, "app", {"GPU-0": 200}, {"GPU-0": 20 * GIB})
+    assert parse_mark(mark) == (UID, "app", {"GPU-0": 200}, {"GPU-0": 20480})
+    assert parse_mark(mark_value(UID, "app", {"GPU-0": 200}, {"GPU-0": 0})) == (
+        UID,
+        "app",
+        {"GPU-0": 200},
+        {},
+    )
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.add("c-p", "sb", "app", 0, {"GPU-0": 200})
+    runtime.containers[-1].annotations[MARK_ANNOTATION] = mark
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    asyncio.run(rewriter.rebuild())
+    assert [(h.container_id, h.milli, h.memory_mib) for h in rewriter.ledger.holdings()] == [
+        ("c-p", 200, 20480)
+    ]
+    q = request(
+        container="c",
+        grant={"c": ["GPU-0"]},
+        shares={"c": {"GPU-0": Share(200, 4 * GIB)}},
+        uid="Q",
+        sandbox="sq",
+    )
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(q))
+    assert "add up to 24576 MiB, more than its 23552 MiB" in caught.value.message
+
+
+@pytest.mark.parametrize(
+    "memory",
+    [{"GPU-9": 5}, {"GPU-0": 0}, {"GPU-0": -1}, {"GPU-0": "5"}, {"GPU-0": True}, ["GPU-0"]],
+)
+def test_a_mark_with_bad_memory_is_not_ours(memory: object) -> None:
+    value = json.dumps({"pod": UID, "container": "app", "devices": {"GPU-0": 200}, "memoryMiB": memory})
+    assert parse_mark(value) is None
+
+
+def test_a_gpu_whose_create_may_still_complete_is_not_granted_again(tmp_path: Path) -> None:
+    """Issue #20: P's create of a whole GPU fails ambiguously; about 2 s later the shim finds no
+    container; then containerd finishes P's create after all. Q must not have been handed the
+    GPU meanwhile: P's holding stays quarantined until its container shows up (then adopted in
+    its place, counted once) or P's sandbox goes."""
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
+    runtime.sandbox_uids["sq"] = "Q"
+    q = request(container="c", grant={"c": ["GPU-0"]}, uid="Q", sandbox="sq")
+
+    async def run() -> None:
+        _, done = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        done(None, True)  # type: ignore[misc]
+        assert await rewriter.reconcile_unknown("sb")  # no container (yet)
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(q)
+        assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert (
+            "GPU-0 is held by app of pod" in caught.value.message
+            and "outcome unknown" in caught.value.message
+        )
+        runtime.add("c-late", "sb", "app", 0, {"GPU-0": 1000})  # containerd finishes P's create
+        await rewriter.create_container(request(container="r", grant={"r": ["GPU-1"]}, uid="R", sandbox="sr"))
+        on_gpu0 = [(h.container_id, h.milli) for h in rewriter.ledger.holdings() if h.device == "GPU-0"]
+        assert on_gpu0 == [("c-late", 1000)]
+        with pytest.raises(Rejected):
+            await rewriter.create_container(q)
+        rewriter.removed_sandbox("sb")
+        runtime.containers.clear()
+        _, q_done = await rewriter.create_container(q)
+        q_done("c-q", False)  # type: ignore[misc]
+
+    asyncio.run(run())
+
+
+def test_a_quarantined_create_is_settled_by_its_retry_or_its_sandbox_only(tmp_path: Path) -> None:
+    """Once a retry of the same create (same sandbox, container name and attempt) has made its
+    container, containerd can no longer finish the earlier one (it reserves the name): the
+    quarantined holding goes, and P counts once. A create of another attempt or another sandbox
+    settles nothing; removing the sandbox settles everything of it."""
+    rewriter, _ = rewriter_on_fake_runtime(tmp_path)
+    share = {"app": {"GPU-0": Share(600)}}
+
+    async def run() -> None:
+        _, first = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, shares=share))
+        first(None, True)  # type: ignore[misc]
+        _, other_attempt = await rewriter.create_container(
+            request(grant={"app": ["GPU-0"]}, shares=share, attempt=1)
+        )
+        other_attempt("c-1", False)  # type: ignore[misc]
+        _, other_sandbox = await rewriter.create_container(
+            request(grant={"app": ["GPU-0"]}, shares=share, sandbox="sb2")
+        )
+        other_sandbox("c-sb2", False)  # type: ignore[misc]
+        held = sorted(
+            (h.sandbox_id, h.container_id, h.attempt, h.unknown) for h in rewriter.ledger.holdings()
+        )
+        assert held == [("sb", "", 0, True), ("sb", "c-1", 1, False), ("sb2", "c-sb2", 0, False)]
+        _, retry = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, shares=share))
+        _, concurrent = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, shares=share))
+        retry("c-0", False)  # type: ignore[misc]
+        held = sorted((h.sandbox_id, h.container_id, h.unknown) for h in rewriter.ledger.holdings())
+        # A create still in flight is left to its own answer (containerd refuses it the name).
+        assert held == [
+            ("sb", "", False),
+            ("sb", "c-0", False),
+            ("sb", "c-1", False),
+            ("sb2", "c-sb2", False),
+        ]
+        concurrent(None, False)  # type: ignore[misc]
+        _, again = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, shares=share, attempt=2))
+        again(None, True)  # type: ignore[misc]
+        rewriter.removed_sandbox("sb")
+        assert [h.container_id for h in rewriter.ledger.holdings()] == ["c-sb2"]
+
+    asyncio.run(run())
+
+
+def test_adoption_never_books_a_device_past_its_capacity(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The shim restarted while containerd was making P's container (whole GPU-0): the rebuild did
+    not see it and Q got GPU-0. When P's container turns up it is not booked beside Q's (that
+    would be 2000 milli): the adoption is refused and reported once, naming pod, container and
+    device; once Q's container has exited, P's fits and is adopted."""
+    caplog.set_level(logging.DEBUG)
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.sandbox_uids["sq"] = "Q"
+    rewriter._runtime = runtime  # type: ignore[assignment]
+
+    async def run() -> None:
+        await rewriter.rebuild()
+        _, q_done = await rewriter.create_container(
+            request(container="c", grant={"c": ["GPU-0"]}, uid="Q", sandbox="sq")
+        )
+        q_done("c-q", False)  # type: ignore[misc]
+        runtime.containers.append(
+            api_pb2.Container(id="c-q", pod_sandbox_id="sq", state=api_pb2.CONTAINER_RUNNING)
+        )
+        runtime.add("c-late", "sb", "app", 0, {"GPU-0": 1000})
+        for name in ("r", "s"):  # two reservations, two adoption passes
+            _, done = await rewriter.create_container(
+                request(container=name, grant={name: ["GPU-1"]}, uid=name, sandbox=f"s{name}")
+            )
+            done(None, False)  # type: ignore[misc]
+        on_gpu0 = [(h.container_id, h.milli) for h in rewriter.ledger.holdings() if h.device == "GPU-0"]
+        assert on_gpu0 == [("c-q", 1000)]
+        assert (
+            list(rewriter.overbooked) == ["c-late"]
+            and "held by c of pod Q (c-q)" in rewriter.overbooked["c-late"]
+        )
+        with pytest.raises(Rejected) as start:  # it must not start with a GPU that is Q's
+            rewriter.start_container("c-late")
+        assert start.value.code is grpc.StatusCode.FAILED_PRECONDITION
+        assert "container c-late was created for devices that are not its own now" in start.value.message
+        rewriter.start_container("c-q")
+        runtime.containers[0].state = api_pb2.CONTAINER_EXITED  # Q's container is done
+        _, done = await rewriter.create_container(
+            request(container="t", grant={"t": ["GPU-1"]}, uid="T", sandbox="st")
+        )
+        on_gpu0 = [(h.container_id, h.milli) for h in rewriter.ledger.holdings() if h.device == "GPU-0"]
+        assert on_gpu0 == [("c-late", 1000)] and rewriter.overbooked == {}
+        rewriter.start_container("c-late")  # its own now
+        rewriter.overbooked["c-gone"] = "refused earlier"
+        rewriter.removed_container("c-gone")  # removed: nothing left to refuse
+        assert rewriter.overbooked == {}
+
+    asyncio.run(run())
+    [(level, refused)] = events(caplog, "ledger.adopt_refused")
+    assert level == logging.ERROR
+    assert (refused["container"], refused["pod_uid"], refused["name"], refused["devices"]) == (
+        "c-late",
+        UID,
+        "app",
+        ["GPU-0"],
+    )
+    assert "GPU-0 is held by c of pod Q (c-q)" in str(refused["reason"])
+    assert [f["container"] for _, f in events(caplog, "ledger.adopted")] == ["c-late"]

@@ -517,3 +517,71 @@ def _wait(predicate: Callable[[], bool], timeout: float = 10.0) -> None:
             return
         done.wait(0.02)
     raise AssertionError("condition not met")
+
+
+def test_an_unreadable_symlink_in_a_device_host_path_is_invalid_argument(
+    shim_over: Callable[..., grpc.Channel],
+    fake_runtime: FakeRuntime,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A device host path through a symlink the shim may not read (readlink fails, as on
+    ``/proc/<pid>/root`` of a process it may not trace) cannot be decided: the create is refused
+    with INVALID_ARGUMENT naming the path and the reason, through the real rewriter and proxy,
+    never INTERNAL, and nothing reaches the runtime."""
+    import errno
+    import os
+
+    from crishim.rewrite import AllocationRewriter, NodeDevices
+    from kubegpu.allocation import KeyRing
+
+    link = tmp_path / "unreadable"
+    link.symlink_to("/dev/null")
+    real_readlink = os.readlink
+
+    def readlink(path: object, *args: object, **kwargs: object) -> str:
+        if os.fspath(path) == str(link):  # type: ignore[call-overload]
+            raise PermissionError(errno.EACCES, "Permission denied", str(path))
+        return real_readlink(path, *args, **kwargs)  # type: ignore[call-overload,no-any-return]
+
+    monkeypatch.setattr(os, "readlink", readlink)
+
+    class Attached(AllocationRewriter):
+        def start(self, channel: object, health_interval: float) -> list[asyncio.Task[None]]:
+            self.attach(channel)  # type: ignore[arg-type]
+            self.rebuilt.set()
+            return []
+
+    rewriter = Attached("n", NodeDevices([], sysfs_root=None), KeyRing(None, {}))
+    call = shim_over(rewriter).unary_unary("/runtime.v1.RuntimeService/CreateContainer")
+    request = api_pb2.CreateContainerRequest(pod_sandbox_id="sb")
+    request.sandbox_config.metadata.name, request.sandbox_config.metadata.namespace = "p", "default"
+    request.config.metadata.name = "app"
+    request.config.devices.add(host_path=f"{link}/x", container_path="/dev/x", permissions="rwm")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(request.SerializeToString(), timeout=10)
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT, caught.value.details()
+    details = caught.value.details()
+    assert "pod default/p container app" in details and f"{link}/x" in details
+    assert "cannot be resolved: Permission denied" in details
+    assert not any(m.endswith("/CreateContainer") for m, _, _ in fake_runtime.received)
+
+
+def test_a_start_the_interceptor_refuses_never_reaches_the_runtime(
+    shim_over: Callable[..., grpc.Channel], fake_runtime: FakeRuntime
+) -> None:
+    class RefusingStart(PassthroughInterceptor):
+        def start_container(self, container_id: str) -> None:
+            if container_id == "c-over":
+                raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, "container c-over: device taken")
+
+    call = shim_over(RefusingStart()).unary_unary("/runtime.v1.RuntimeService/StartContainer")
+    with pytest.raises(grpc.RpcError) as caught:
+        call(api_pb2.StartContainerRequest(container_id="c-over").SerializeToString(), timeout=5)
+    assert caught.value.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert caught.value.details() == "container c-over: device taken"
+    assert not any(m.endswith("/StartContainer") for m, _, _ in fake_runtime.received)
+    started = api_pb2.StartContainerRequest(container_id="c-fine").SerializeToString()
+    call(started, timeout=5)
+    call(b"\xff\xff", timeout=5)  # not a request: containerd's to refuse (the fake echoes)
+    assert [r for m, _, r in fake_runtime.received if m.endswith("/StartContainer")] == [started, b"\xff\xff"]

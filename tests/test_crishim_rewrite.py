@@ -745,3 +745,94 @@ def test_a_container_made_while_the_shim_restarted_holds_its_device(node: Node) 
         node.create(q_sandbox, q_config, "app")
     assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
     assert node.containers_in(q_sandbox) == []
+
+
+def test_shares_whose_memory_adds_up_past_the_gpus_are_refused(node: Node) -> None:
+    """A 16 GiB sim GPU: P's share takes all its memory with 500 milli; Q's 300 milli with 4 GiB
+    fit by milli but not by memory, and a share asking for 64 GiB does not fit the GPU at all.
+    Neither creates a container; once P's container is gone Q's share fits."""
+    device = gpu(3)
+    p_uid, q_uid, big_uid = (str(uuid.uuid4()) for _ in range(3))
+    shares = ((p_uid, "mem-p", 500, 16384), (q_uid, "mem-q", 300, 4096), (big_uid, "mem-big", 100, 65536))
+    pods = {}
+    for uid, name, milli, memory in shares:
+        annotation = node.signed(uid, {"app": [device]}, shares={"app": {device: Share(milli, memory)}})
+        pods[name] = node.run_pod(name, annotation, uid)
+    held = node.create(*pods["mem-p"], "app")
+    with pytest.raises(grpc.RpcError) as refused:
+        node.create(*pods["mem-q"], "app")
+    assert refused.value.code() is grpc.StatusCode.FAILED_PRECONDITION, refused.value.details()
+    assert "GPU memory would add up to 20480 MiB, more than its 16384 MiB" in refused.value.details()
+    with pytest.raises(grpc.RpcError) as too_big:
+        node.create(*pods["mem-big"], "app")
+    assert too_big.value.code() is grpc.StatusCode.FAILED_PRECONDITION, too_big.value.details()
+    assert "asks for 65536 MiB of memory, the device has 16384 MiB" in too_big.value.details()
+    assert node.containers_in(pods["mem-q"][0]) == [] and node.containers_in(pods["mem-big"][0]) == []
+    node.client.runtime.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=held), timeout=60)
+    assert node.create(*pods["mem-q"], "app")
+
+
+def test_a_gpu_whose_create_may_still_complete_is_not_granted_again(node: Node) -> None:
+    """Issue #20: P's create of a whole GPU fails ambiguously (UNKNOWN) and the shim, asking
+    containerd, finds no container. Q must not get the GPU while containerd may still finish
+    P's create; when P's container turns up it holds the GPU (once), and removing P's sandbox
+    through the shim lets Q have it."""
+    device = gpu(2)
+    p_uid, q_uid = str(uuid.uuid4()), str(uuid.uuid4())
+    p_sandbox, p_config = node.run_pod("quarantine-p", node.signed(p_uid, {"app": [device]}), p_uid)
+    q_sandbox, q_config = node.run_pod("quarantine-q", node.signed(q_uid, {"app": [device]}), q_uid)
+    with pytest.raises(grpc.RpcError) as failed:
+        node.create(p_sandbox, p_config, "app", devices=[("/dev/kubegpu-no-such-device", "/dev/x")])
+    assert failed.value.code() is grpc.StatusCode.UNKNOWN, failed.value.details()
+    wait_for(lambda: '"ledger.reconciled"' in node.shim.log_path.read_text(), timeout=30)
+    with pytest.raises(grpc.RpcError) as quarantined:
+        node.create(q_sandbox, q_config, "app")
+    assert quarantined.value.code() is grpc.StatusCode.FAILED_PRECONDITION, quarantined.value.details()
+    assert "outcome unknown" in quarantined.value.details() and node.containers_in(q_sandbox) == []
+    late = late_container(node, p_sandbox, p_config, p_uid, device, 1000)
+    with pytest.raises(grpc.RpcError) as held:
+        node.create(q_sandbox, q_config, "app")
+    assert late[:12] in held.value.details() and "outcome unknown" not in held.value.details()
+    node.client.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=p_sandbox), timeout=60)
+    node.client.runtime.RemovePodSandbox(
+        api_pb2.RemovePodSandboxRequest(pod_sandbox_id=p_sandbox), timeout=60
+    )
+    assert node.create(q_sandbox, q_config, "app")
+
+
+def test_a_late_container_is_not_booked_past_its_gpus_capacity(node: Node) -> None:
+    """containerd finishes P's create of a whole GPU after the shim restarted, and Q has the GPU
+    by then: the shim does not book P's container beside Q's (it reports it, naming pod,
+    container and device) and the GPU stays Q's alone."""
+    device = gpu(0)
+    p_uid, q_uid, r_uid = (str(uuid.uuid4()) for _ in range(3))
+    p_sandbox, p_config = node.run_pod("overbook-p", node.signed(p_uid, {"app": [device]}), p_uid)
+    q_sandbox, q_config = node.run_pod("overbook-q", node.signed(q_uid, {"app": [device]}), q_uid)
+    r_sandbox, r_config = node.run_pod("overbook-r", node.signed(r_uid, {"app": [gpu(1)]}), r_uid)
+    node.restart_shim(kill=True)
+    q_container = node.create(q_sandbox, q_config, "app")
+    late = late_container(node, p_sandbox, p_config, p_uid, device, 1000)
+    node.create(r_sandbox, r_config, "app")  # a reservation: the adoption pass sees P's container
+    refused = [
+        json.loads(line) for line in node.shim.log_path.read_text().splitlines() if "adopt_refused" in line
+    ]
+    assert len(refused) == 1, refused
+    fields = refused[0]
+    assert (fields["container"], fields["pod_uid"], fields["name"], fields["devices"]) == (
+        late,
+        p_uid,
+        "app",
+        [device],
+    )
+    assert q_container[:12] in fields["reason"]
+    with pytest.raises(grpc.RpcError) as start:  # P's container must not start with Q's GPU
+        node.client.runtime.StartContainer(api_pb2.StartContainerRequest(container_id=late), timeout=60)
+    assert start.value.code() is grpc.StatusCode.FAILED_PRECONDITION, start.value.details()
+    status = node.direct.runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=late))
+    assert status.status.state == api_pb2.CONTAINER_CREATED
+    node.client.runtime.RemoveContainer(api_pb2.RemoveContainerRequest(container_id=q_container), timeout=60)
+    s_uid = str(uuid.uuid4())
+    s_sandbox, s_config = node.run_pod("overbook-s", node.signed(s_uid, {"app": [device]}), s_uid)
+    with pytest.raises(grpc.RpcError) as taken:  # Q's gone: P's container fits, and is adopted
+        node.create(s_sandbox, s_config, "app")
+    assert late[:12] in taken.value.details()

@@ -8,6 +8,7 @@ every start, command and exit; these tests read that record and the processes th
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import signal
 import threading
@@ -447,3 +448,45 @@ def test_watchdog_pauses_after_a_failed_start_but_a_create_still_tries(
         assert attempts == [GPU_A, GPU_A]  # kubelet's retry of a create does try again
     finally:
         sharing.close()
+
+
+def test_the_watchdog_starts_no_daemon_for_a_gpu_that_is_now_held_whole(
+    supervisors: list[MpsSupervisor], control: Path, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A pass reads the wanted GPUs (GPU_A: a share holds it, and its daemon has died). Before the
+    pass gets to GPU_A, the last share leaves and a container takes GPU_A whole (its create stops
+    what is left of the daemon). The pass must not start a daemon for GPU_A: that would put the
+    GPU in EXCLUSIVE_PROCESS beside the whole-GPU container."""
+    modes: list[tuple[str, bool]] = []
+    supervisor = make(
+        supervisors, control, tmp_path / "mps", compute_mode=lambda g, on: modes.append((g, on))
+    )
+    sharing = MpsSharing(supervisor)
+    supervisor.ensure(GPU_A)
+    pid = supervisor.pid(GPU_A)
+    assert pid is not None
+    os.kill(pid, signal.SIGKILL)
+    wait_for(lambda: not supervisor.is_running(GPU_A))
+    shares = {GPU_A}
+    reads = 0
+
+    def wanted() -> set[str]:
+        nonlocal reads
+        reads += 1
+        seen = set(shares)
+        if reads == 1:  # the pass has read it: now the share leaves and GPU_A is created whole
+            shares.clear()
+            assert asyncio.run(sharing.container_edits([gpu(GPU_A)], {})).env == {}
+        return seen
+
+    sharing._wanted = wanted  # what start() installs, without the watchdog's own thread
+    caplog.set_level(logging.INFO)
+    sharing.reconcile()
+    skipped = [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == "mps.start_skipped"]
+    assert skipped == [{"gpu": GPU_A, "reason": "no share of the GPU is held any more"}]
+    assert supervisor.starts[GPU_A] == 1 and not supervisor.is_running(GPU_A)
+    assert GPU_A not in supervisor.known() and len(events(control, "started")) == 1
+    assert modes == [(GPU_A, True), (GPU_A, False)]  # back to DEFAULT, and left there
+    shares.add(GPU_A)  # a share again: the next pass does start its daemon
+    sharing.reconcile()
+    assert supervisor.starts[GPU_A] == 2 and supervisor.is_running(GPU_A)
