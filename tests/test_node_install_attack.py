@@ -6,6 +6,8 @@ tests/test_node_install.py.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -362,3 +364,65 @@ def test_an_endless_key_is_refused_not_read_whole(
     assert "not a regular file" in child.stderr or "more than 16384 bytes" in child.stderr
     assert child.stderr.count("\n") == 1
     assert list(node.iterdir()) == []
+
+
+# ------------------------------------------------------------------------- a tampered record
+
+
+def tampered(root: Path, outside: Path, case: str) -> dict[str, object]:
+    """An install record naming, in one of several ways, something outside ``root``."""
+    digest = hashlib.sha256(outside.read_bytes()).hexdigest()
+    escape = os.path.relpath(outside, root)  # ../victim
+    (root / "etc/out").symlink_to(outside.parent, target_is_directory=True)
+    files, dirs, pending = {SHIM_UNIT: "0" * 64}, ["etc/kubegpu"], {}
+    if case == "dotdot-file":
+        files[escape] = digest
+    elif case == "absolute-file":
+        files[str(outside)] = digest
+    elif case == "symlinked-file":
+        files[f"etc/out/{outside.name}"] = digest
+    elif case == "dotdot-dir":
+        dirs.append(os.path.relpath(outside.parent / "victim-dir", root))
+    elif case == "symlinked-dir":
+        dirs.append("etc/out/victim-dir")
+    elif case == "pending":
+        pending[escape] = [digest]
+    elif case == "keys-dir":
+        return {"settings": {"keys_dir": "/etc/kubegpu/../../.."}, "files": files, "dirs": dirs}
+    doc: dict[str, object] = {"version": "0", "settings": {}, "files": files, "dirs": dirs}
+    if pending:
+        doc["pending"] = pending
+    return doc
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dotdot-file",
+        "absolute-file",
+        "symlinked-file",
+        "dotdot-dir",
+        "symlinked-dir",
+        "pending",
+        "keys-dir",
+    ],
+)
+def test_uninstall_refuses_a_record_that_leaves_the_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A record is checked as strictly as install's options before anything is deleted: a path
+    with '..', an absolute path or one through a symlink out of --root refuses the whole record."""
+    node, outside = tmp_path / "node", tmp_path / "victim"
+    (node / "etc/kubegpu").mkdir(parents=True)
+    (tmp_path / "victim-dir").mkdir()
+    outside.write_text("not kubegpu's\n")
+    (node / "etc/systemd/system").mkdir(parents=True)
+    (node / SHIM_UNIT).write_text("[Unit]\n")
+    (node / "etc/kubegpu/node-install.json").write_text(json.dumps(tampered(node, outside, case)))
+    before = tree(tmp_path)
+    code, out, err = run(capsys, monkeypatch, "node", "uninstall", "--root", str(node))
+    assert code == 1, (out, err)
+    assert "node-install.json" in err and "outside --root" in err, err
+    assert tree(tmp_path) == before  # nothing deleted: not the victim, not the record, not ours
+    code, _, err = run(capsys, monkeypatch, "node", "check", "--root", str(node))
+    assert code == 1 and "outside --root" in err
