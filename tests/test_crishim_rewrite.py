@@ -626,6 +626,32 @@ def test_a_key_file_of_an_unknown_algorithm_revokes_no_other_key(node: Node, tmp
     assert devices == ["gpu2"]
 
 
+def test_a_key_another_user_planted_is_never_used(node: Node, tmp_path: Path) -> None:
+    """A local user's key file in the node's key directory (here: owned by uid 65534) is skipped
+    and logged, never used: an allocation it signs is refused and creates nothing, while the
+    allocations signed with root's keys still verify."""
+    from kubegpu.allocation import public_key_pem
+
+    planted = tmp_path / "keys" / "k9"
+    planted.write_bytes(public_key_pem(OTHER_KEY))
+    os.chown(planted, 65534, 65534)
+    time.sleep(5.5)  # the shim looks at the directory every 5 s
+    uid = str(uuid.uuid4())
+    forged = sign(Allocation(NODE, uid, {"app": ContainerAllocation((gpu(7),))}), "k9", OTHER_KEY)
+    sandbox, config = node.run_pod("planted-key", forged, uid)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.create(sandbox, config, "app")
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown key id 'k9'" in caught.value.details()
+    assert node.containers_in(sandbox) == []
+    lines = node.shim.log_path.read_text().splitlines()
+    skipped = [json.loads(line) for line in lines if "keys.skipped" in line]
+    assert any(f"k9: {planted} is owned by uid 65534, not root" in entry["problem"] for entry in skipped)
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("root-key", node.signed(uid, {"app": [gpu(7)]}), uid)
+    assert node.create(sandbox, config, "app")
+
+
 @pytest.mark.parametrize("length", [5000, 200_000])
 def test_a_refusal_naming_a_very_long_path_still_arrives_as_such(node: Node, length: int) -> None:
     """A device host path longer than PATH_MAX cannot be resolved: refused, and the refusal must
