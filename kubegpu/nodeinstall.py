@@ -453,6 +453,36 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def trust_problems(root: Path, settings: NodeSettings) -> list[str]:
+    """What someone other than root could change among what the shim trusts (the rule of
+    ``kubegpu.allocation.load_keys``): /etc/kubegpu and the record in it, the keys directory and
+    the directories above it (under ``root``), and every key file there."""
+    from kubegpu.allocation import path_problems, writers_problem
+
+    keys_dir = root / settings.keys_dir.lstrip("/")
+    problems = path_problems(root / RECORD.parent, below=root) + path_problems(keys_dir, below=root)
+    entries = [root / RECORD]
+    if keys_dir.is_dir():
+        entries += sorted(p for p in keys_dir.iterdir() if KEY_ID.match(p.name))
+    for entry in entries:
+        try:
+            link = os.lstat(entry)
+            if stat.S_ISLNK(link.st_mode) and link.st_uid != 0:
+                problems.append(f"{entry} is a symlink owned by uid {link.st_uid}, not root")
+            problem = writers_problem(entry, os.stat(entry))
+        except OSError:
+            continue
+        if problem:
+            problems.append(problem)
+    return list(dict.fromkeys(problems))
+
+
+TRUST_FIX = (
+    "only root may write what the shim trusts: check that nothing there was planted, then "
+    "chown root:root and chmod go-w it (or move it away)"
+)
+
+
 # ------------------------------------------------------------------------------- the record
 
 
@@ -693,6 +723,9 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
             f"--advertise needs API access, and {settings.kubeconfig} does not exist: create it as "
             "docs/deploy.md ('API access') says, or pass --no-advertise"
         )
+    untrusted = trust_problems(root, settings)
+    if untrusted:
+        raise InstallError(f"{'; '.join(untrusted)}: {TRUST_FIX}")
     kubelet_exec = kubelet_exec_start(root)
     wanted = planned_files(settings, keys, kubelet_exec)
     # a copy of the shipped drop-in (installed by hand as docs/deploy.md says) is adopted and
@@ -1072,6 +1105,16 @@ def check(root: Path, kubelet_pid: int | None) -> tuple[list[Finding], Record | 
     ]
     findings.append(check_kubelet(settings, kubelet_pid))
     findings += check_shim(settings)
+    untrusted = trust_problems(root, settings)
+    findings.append(
+        Finding(
+            not untrusted,
+            "owners",
+            "; ".join(untrusted) + f": {TRUST_FIX}"
+            if untrusted
+            else f"/{RECORD.parent}, {settings.keys_dir} and its keys: root's alone",
+        )
+    )
     findings.append(check_keys(root, settings))
     findings.append(check_devices(root, settings))
     return findings, record
