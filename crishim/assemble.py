@@ -71,7 +71,13 @@ def build_rewriter(
         core = client.CoreV1Api(api)
         cache = NodePodCache(core, args.node_name).start() if getattr(args, "pod_cache", False) else None
         lookup = ApiPodLookup(core, cache=cache)
-    return AllocationRewriter(args.node_name, node_devices, KeyRing(Path(args.allocation_keys_dir)), lookup)
+    return AllocationRewriter(
+        args.node_name,
+        node_devices,
+        KeyRing(Path(args.allocation_keys_dir)),
+        lookup,
+        sys_admin_namespaces=frozenset(getattr(args, "allow_sys_admin_namespace", None) or ()),
+    )
 
 
 def build_telemetry(

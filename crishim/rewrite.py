@@ -40,6 +40,7 @@ import grpc
 import grpc.aio
 
 from crishim import edits
+from crishim.capabilities import sys_admin_grant
 from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.hostpaths import Ambiguous, ManagedDevices, numbers_of
 from crishim.intercept import Completion, Refusal, Rejected
@@ -273,8 +274,10 @@ class AllocationRewriter:
         node_devices: NodeDevices,
         keys: KeyRing,
         lookup: PodAnnotationLookup | None = None,
+        sys_admin_namespaces: frozenset[str] = frozenset(),
     ) -> None:
         self.node_name = node_name
+        self.sys_admin_namespaces = sys_admin_namespaces  # where CAP_SYS_ADMIN is allowed
         self.node_devices = node_devices
         self.keys = keys
         self.ledger = Ledger(self._gpu_memory_mib)
@@ -623,16 +626,7 @@ class AllocationRewriter:
             raise Rejected(
                 grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod} container {container}: refused: {error}"
             ) from None
-        if request.config.linux.security_context.privileged:
-            log_event(
-                log,
-                "create_container.privileged",
-                logging.WARNING,
-                pod=str(pod),
-                container=container,
-                node=self.node_name,
-                note="a privileged container sees every device node; Pod Security must forbid it",
-            )
+        self._check_security_context(request.config.linux.security_context, pod, container)
         if value is None:
             return request, None
         try:
@@ -691,6 +685,48 @@ class AllocationRewriter:
             devices=sorted(milli),
         )
         return request, self._completion(holdings)
+
+    def _check_security_context(
+        self, context: api_pb2.LinuxContainerSecurityContext, pod: PodRef, container: str
+    ) -> None:
+        """Log a privileged container (Pod Security's to forbid: containerd gives it every device
+        node, and node infrastructure runs so); log a container given CAP_SYS_ADMIN, and refuse it
+        unless its namespace is allowed (it could lift its device cgroup, past the scrub)."""
+        if context.privileged:
+            log_event(
+                log,
+                "create_container.privileged",
+                logging.WARNING,
+                pod=str(pod),
+                container=container,
+                node=self.node_name,
+                note="a privileged container sees every device node; Pod Security must forbid it",
+            )
+            return
+        granted = sys_admin_grant(context.capabilities)
+        if granted is None:
+            return
+        allowed = pod.namespace in self.sys_admin_namespaces
+        log_event(
+            log,
+            "create_container.sys_admin",
+            logging.WARNING,
+            pod=str(pod),
+            container=container,
+            node=self.node_name,
+            capability=granted[:100],
+            allowed=allowed,
+            note="CAP_SYS_ADMIN lets a container lift its device cgroup and open every device node; "
+            "Pod Security must forbid it",
+        )
+        if not allowed:
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"pod {pod} container {container}: capability SYS_ADMIN (added as {granted[:100]!r}) is "
+                "refused on this node: it lets a container lift its device cgroup and open every "
+                "device node, past the shim; the shim allows it only in the namespaces named by "
+                "--allow-sys-admin-namespace",
+            )
 
     async def _reserve(self, pod: PodRef, container: str, holdings: list[Holding]) -> None:
         """Reserve, after adopting containers the ledger missed and settling holders that may no

@@ -27,6 +27,7 @@ import json
 import logging
 import os
 import re
+import stat
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -338,18 +339,116 @@ class Keys:
     problems: tuple[str, ...] = ()
 
 
+def _trusted_uids() -> frozenset[int]:
+    """Who may own what the keys depend on: root, and the user this process runs as (the
+    scheduler may run as another user, with a key directory of its own)."""
+    return frozenset({0, os.geteuid()})
+
+
+def writers_problem(path: Path | str, st: os.stat_result) -> str | None:
+    """Why someone other than root (or this process's own user) could change ``path``, or None:
+    another owner, or write permission for group or others. A sticky directory of a trusted owner
+    is fine (others may add entries there but not replace the owner's: a Secret volume's tmpfs
+    is 1777); what is added there is checked on its own."""
+    if st.st_uid not in _trusted_uids():
+        return f"{path} is owned by uid {st.st_uid}, not root"
+    writable = st.st_mode & 0o022
+    if not writable or (stat.S_ISDIR(st.st_mode) and st.st_mode & stat.S_ISVTX):
+        return None
+    who = {0o022: "its group and others", 0o020: "its group", 0o002: "others"}[writable]
+    return f"{path} is writable by {who} (mode {stat.S_IMODE(st.st_mode):04o})"
+
+
+def _chain(path: Path, below: Path | None) -> list[Path]:
+    """``path`` and the directories above it, innermost first, stopping above ``below``."""
+    chain = [path, *path.parents]
+    if below is None:
+        return chain
+    return [p for p in chain if p != below and p not in below.parents]
+
+
+def path_problems(path: Path, below: Path | None = None) -> list[str]:
+    """Why ``path`` (a key directory) could be changed by anyone but root: it or a directory above
+    it (up to, not including, ``below``) has another owner or is writable by others, as spelled
+    (a symlink on the way must be root's too) and as resolved. Missing entries are skipped."""
+    problems: list[str] = []
+    seen: set[tuple[int, int]] = set()
+    spelled = Path(os.path.abspath(path))
+    real_below = Path(os.path.realpath(below)) if below is not None else None
+    for entry, follow in [
+        *((p, False) for p in _chain(spelled, below)),
+        *((p, True) for p in _chain(Path(os.path.realpath(spelled)), real_below)),
+    ]:
+        try:
+            if not follow:
+                link = os.lstat(entry)
+                if stat.S_ISLNK(link.st_mode) and link.st_uid not in _trusted_uids():
+                    problems.append(f"{entry} is a symlink owned by uid {link.st_uid}, not root")
+            st = os.stat(entry)
+        except OSError:
+            continue
+        if (st.st_dev, st.st_ino) in seen:
+            continue
+        seen.add((st.st_dev, st.st_ino))
+        problem = writers_problem(entry, st)
+        if problem:
+            problems.append(problem)
+    return problems
+
+
+def _read_key_file(path: Path, directory: Path) -> bytes:
+    """A key file's bytes, once it is known that only root could have written them: the entry (a
+    symlink must be root's), the file itself (checked on the open file, so it cannot be swapped
+    after the check), and, for a symlink out of the directory, the directories it leads through.
+    KeyFileError says why not."""
+    entry = os.lstat(path)
+    if stat.S_ISLNK(entry.st_mode) and entry.st_uid not in _trusted_uids():
+        raise KeyFileError(f"{path} is a symlink owned by uid {entry.st_uid}, not root")
+    if not path.is_file():  # a FIFO or /dev/zero would block or never end: never opened
+        raise KeyFileError("not a regular file, skipped")
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise KeyFileError("not a regular file")
+        problem = writers_problem(path, st)
+        if problem:
+            raise KeyFileError(problem)
+        real_parent = Path(os.path.realpath(path)).parent
+        if real_parent != Path(os.path.realpath(directory)):
+            problems = path_problems(real_parent)
+            if problems:
+                raise KeyFileError(problems[0])
+        if st.st_size > MAX_KEY_FILE_BYTES:
+            raise KeyFileError(f"larger than {MAX_KEY_FILE_BYTES} bytes")
+        data = os.read(fd, MAX_KEY_FILE_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(data) > MAX_KEY_FILE_BYTES:
+        raise KeyFileError(f"larger than {MAX_KEY_FILE_BYTES} bytes")
+    return data
+
+
 def load_keys(directory: Path, allow_private: bool = False) -> Keys:
     """The keys in a key directory: one file per key id (see the formats above).
 
     Private keys are used only with ``allow_private`` (the scheduler); on a node a private key
     file is a deployment mistake: it is skipped and reported, never used. Unreadable or malformed
     files are skipped and reported too, so one bad file does not revoke the other keys.
+
+    Only keys that nobody but root (or this process's own user) could have put there are used: a
+    directory that others could change (it or one above it: another owner, writable by group or
+    others) gives no key at all; a key file (or its symlink) that others could change is skipped.
     """
     public: dict[str, VerifyingKey] = {}
     private: dict[str, SigningKey] = {}
     problems: list[str] = []
     if not directory.is_dir():
         return Keys(public, private, (f"{directory} is not a directory",))
+    untrusted = path_problems(directory)
+    if untrusted:
+        why = "; ".join(untrusted)
+        return Keys(public, private, (f"{directory}: no key used, the directory is not root's alone: {why}",))
     try:
         listing = sorted(directory.iterdir())
     except OSError as error:  # removed or replaced since the check above
@@ -361,14 +460,10 @@ def load_keys(directory: Path, allow_private: bool = False) -> Keys:
             problems.append(f"{path.name}: not a valid key id, skipped")
             continue
         try:
-            if not path.is_file():  # a FIFO or /dev/zero would block or never end: never opened
-                problems.append(f"{path.name}: not a regular file, skipped")
-                continue
-            if path.stat().st_size > MAX_KEY_FILE_BYTES:
-                raise KeyFileError(f"larger than {MAX_KEY_FILE_BYTES} bytes")
-            key = parse_key(path.read_bytes())
+            key = parse_key(_read_key_file(path, directory))
         except (OSError, KeyFileError) as error:
-            problems.append(f"{path.name}: {error}")
+            reason = error.strerror if isinstance(error, OSError) and error.strerror else error
+            problems.append(f"{path.name}: {reason}")
             continue
         if isinstance(key, Ed25519PrivateKey):
             if not allow_private:
@@ -396,9 +491,14 @@ def directory_stamp(directory: Path) -> Any:
                     facts = ()
                 entries.append((entry.name, entry.inode(), facts))
         own = os.stat(directory)
+        # who may write the directory and those above it: a change of owner or mode re-reads
+        trust = tuple(
+            (st.st_ino, st.st_mode, st.st_uid)
+            for st in map(os.stat, [directory, *Path(os.path.abspath(directory)).parents])
+        )
     except OSError as error:
         return ("error", error.errno)
-    return (own.st_ino, own.st_mtime_ns, tuple(sorted(entries)))
+    return (own.st_ino, own.st_mtime_ns, trust, tuple(sorted(entries)))
 
 
 class KeyRing:

@@ -96,6 +96,15 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         type=cliargs.absent_or_directory,
         help="mounted signing-key Secret, one file per key id (default: %(default)s)",
     )
+    devices.add_argument(
+        "--allow-sys-admin-namespace",
+        action="append",
+        default=[],
+        type=cliargs.dns_subdomain,
+        metavar="NAMESPACE",
+        help="create containers given CAP_SYS_ADMIN in this namespace (repeatable; by default they "
+        "are refused: they can lift their device cgroup); each is logged",
+    )
     devices.add_argument("--sim-topology", help="sim plugin: topology file or shipped name")
     devices.add_argument(
         "--sim-state-dir",

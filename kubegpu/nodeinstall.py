@@ -298,6 +298,37 @@ def check_value(what: str, value: str) -> str:
     return value
 
 
+def check_settings(settings: NodeSettings) -> None:
+    """InstallError unless every value is one a unit file reads as written and every path install
+    writes under (or names in a unit) stays under --root. Install's options and the record's
+    settings are checked alike."""
+    values = [
+        ("--listen", settings.listen),
+        ("--containerd-socket", settings.runtime_endpoint),
+        ("--metrics-address", settings.metrics_address),
+        ("--keys-dir", settings.keys_dir),
+        ("--kubeconfig", settings.kubeconfig),
+        ("--kubegpu-binary", settings.binary),
+        ("--node-name", settings.node_name or "x"),
+        ("--sim-topology", settings.sim_topology or "x"),
+        ("--sim-state-dir", settings.sim_state_dir or "x"),
+    ]
+    for what, value in [*values, *(("--device-plugin", plugin) for plugin in settings.plugins)]:
+        if not isinstance(value, str):
+            raise InstallError(f"{what} {value!r}: not a string")
+        check_value(what, value)
+    socket_path(settings.listen)
+    if not settings.keys_dir.startswith("/") or not settings.binary.startswith("/"):
+        raise InstallError("--keys-dir and --kubegpu-binary must be absolute paths")
+    for what, value in (
+        ("--keys-dir", settings.keys_dir),
+        ("--kubeconfig", settings.kubeconfig),
+        ("--kubegpu-binary", settings.binary),
+    ):
+        if any(part in (".", "..") for part in value.split("/")):
+            raise InstallError(f"{what} {value!r}: no '.' or '..' components (it must stay under --root)")
+
+
 def validate_key(key_id: str, data: bytes) -> bytes:
     """The key file's bytes, or InstallError: a valid id and an Ed25519 *public* key in one of
     the key file formats (docs/allocation.md). A node holds only public keys: the shim refuses
@@ -422,6 +453,36 @@ def sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
 
 
+def trust_problems(root: Path, settings: NodeSettings) -> list[str]:
+    """What someone other than root could change among what the shim trusts (the rule of
+    ``kubegpu.allocation.load_keys``): /etc/kubegpu and the record in it, the keys directory and
+    the directories above it (under ``root``), and every key file there."""
+    from kubegpu.allocation import path_problems, writers_problem
+
+    keys_dir = root / settings.keys_dir.lstrip("/")
+    problems = path_problems(root / RECORD.parent, below=root) + path_problems(keys_dir, below=root)
+    entries = [root / RECORD]
+    if keys_dir.is_dir():
+        entries += sorted(p for p in keys_dir.iterdir() if KEY_ID.match(p.name))
+    for entry in entries:
+        try:
+            link = os.lstat(entry)
+            if stat.S_ISLNK(link.st_mode) and link.st_uid != 0:
+                problems.append(f"{entry} is a symlink owned by uid {link.st_uid}, not root")
+            problem = writers_problem(entry, os.stat(entry))
+        except OSError:
+            continue
+        if problem:
+            problems.append(problem)
+    return list(dict.fromkeys(problems))
+
+
+TRUST_FIX = (
+    "only root may write what the shim trusts: check that nothing there was planted, then "
+    "chown root:root and chmod go-w it (or move it away)"
+)
+
+
 # ------------------------------------------------------------------------------- the record
 
 
@@ -456,20 +517,50 @@ class Record:
 
 
 def read_record(root: Path) -> Record | None:
+    """The install record under ``root``, None if there is none; InstallError if it cannot be read
+    or names anything install would refuse (``check_record``)."""
     path = root / RECORD
     try:
         doc = json.loads(path.read_text())
-        return Record(
+        record = Record(
             NodeSettings.from_json(doc["settings"]),
             dict(doc["files"]),
             list(doc.get("dirs", [])),
             str(doc.get("version", "")),
-            {str(rel): [str(d) for d in digests] for rel, digests in doc.get("pending", {}).items()},
+            {rel: list(digests) for rel, digests in dict(doc.get("pending", {})).items()},
         )
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise InstallError(f"/{RECORD} is unreadable ({exc}); move it away to start over") from None
+    try:
+        check_record(root, record)
+    except InstallError as exc:
+        raise InstallError(
+            f"/{RECORD} names a path outside --root or a value install refuses ({exc}): it was damaged "
+            "or tampered with, so nothing was changed; check it, or move it away to start over"
+        ) from None
+    return record
+
+
+def check_record(root: Path, record: Record) -> None:
+    """InstallError unless the record is one install could have written: its settings pass
+    ``check_settings``, and every path in it (files, directories, pending files) is relative,
+    has no empty, '.' or '..' component, and resolves (through symlinks) inside ``root``."""
+    check_settings(record.settings)
+    real_root = os.path.realpath(root)
+    digests = [*record.files.values(), *(d for ds in record.pending.values() for d in ds)]
+    if not all(isinstance(d, str) for d in digests):
+        raise InstallError("a digest that is not a string")
+    paths = [("file", rel) for rel in (*record.files, *record.pending)] + [("dir", d) for d in record.dirs]
+    for what, rel in paths:
+        if not isinstance(rel, str) or not rel or rel.startswith("/") or "\0" in rel:
+            raise InstallError(f"{what} {rel!r} is not a relative path")
+        if any(part in ("", ".", "..") for part in rel.split("/")):
+            raise InstallError(f"{what} {rel!r} has an empty, '.' or '..' component")
+        real = os.path.realpath(os.path.join(real_root, rel))
+        if os.path.commonpath([real_root, real]) != real_root:
+            raise InstallError(f"{what} {rel!r} leads outside --root, to {real} (a symlink on the way)")
 
 
 # ----------------------------------------------------------------------------- writing safely
@@ -618,28 +709,7 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
         raise InstallError(f"device plugin listed twice: {', '.join(settings.plugins)}")
     if "sim" in settings.plugins and not settings.sim_topology:
         raise InstallError("the sim plugin needs --sim-topology")
-    for what, value in (
-        ("--listen", settings.listen),
-        ("--containerd-socket", settings.runtime_endpoint),
-        ("--metrics-address", settings.metrics_address),
-        ("--keys-dir", settings.keys_dir),
-        ("--kubeconfig", settings.kubeconfig),
-        ("--kubegpu-binary", settings.binary),
-        ("--node-name", settings.node_name or "x"),
-        ("--sim-topology", settings.sim_topology or "x"),
-        ("--sim-state-dir", settings.sim_state_dir or "x"),
-    ):
-        check_value(what, value)
-    socket_path(settings.listen)
-    if not settings.keys_dir.startswith("/") or not settings.binary.startswith("/"):
-        raise InstallError("--keys-dir and --kubegpu-binary must be absolute paths")
-    for what, value in (
-        ("--keys-dir", settings.keys_dir),
-        ("--kubeconfig", settings.kubeconfig),
-        ("--kubegpu-binary", settings.binary),
-    ):
-        if any(part in (".", "..") for part in value.split("/")):
-            raise InstallError(f"{what} {value!r}: no '.' or '..' components (it must stay under --root)")
+    check_settings(settings)
     runtime = check_runtime(settings.runtime_endpoint, settings.listen)
 
     record = read_record(root) or Record()
@@ -653,6 +723,9 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
             f"--advertise needs API access, and {settings.kubeconfig} does not exist: create it as "
             "docs/deploy.md ('API access') says, or pass --no-advertise"
         )
+    untrusted = trust_problems(root, settings)
+    if untrusted:
+        raise InstallError(f"{'; '.join(untrusted)}: {TRUST_FIX}")
     kubelet_exec = kubelet_exec_start(root)
     wanted = planned_files(settings, keys, kubelet_exec)
     # a copy of the shipped drop-in (installed by hand as docs/deploy.md says) is adopted and
@@ -1032,6 +1105,16 @@ def check(root: Path, kubelet_pid: int | None) -> tuple[list[Finding], Record | 
     ]
     findings.append(check_kubelet(settings, kubelet_pid))
     findings += check_shim(settings)
+    untrusted = trust_problems(root, settings)
+    findings.append(
+        Finding(
+            not untrusted,
+            "owners",
+            "; ".join(untrusted) + f": {TRUST_FIX}"
+            if untrusted
+            else f"/{RECORD.parent}, {settings.keys_dir} and its keys: root's alone",
+        )
+    )
     findings.append(check_keys(root, settings))
     findings.append(check_devices(root, settings))
     return findings, record

@@ -674,3 +674,103 @@ def test_a_key_directory_replaced_by_a_symlink_is_followed(tmp_path: Path) -> No
     assert ring.keys()["k1"] == KEYS["k1"]
     os.chmod(first / "k1", 0)
     assert set(ring.keys()) == ({"k1"} if os.geteuid() == 0 else set())
+
+
+# ------------------------------------------------------------------- who may change the keys
+
+NOBODY = 65534  # another local user: the tests run as root and hand files to it with chown
+
+
+def trusted_keys(directory: Path) -> Path:
+    """A key directory (0755) with k1 and k2 (0644), all root's, under ``directory`` (0755)."""
+    directory.chmod(0o755)
+    keys = directory / "keys"
+    keys.mkdir(mode=0o755)
+    for key_id in ("k1", "k2"):
+        (keys / key_id).write_bytes(public_key_pem(SIGNING[key_id]))
+    return keys
+
+
+def test_a_key_file_anyone_but_root_can_change_is_skipped_alone(tmp_path: Path) -> None:
+    keys = trusted_keys(tmp_path)
+    assert load_keys(keys).public == KEYS and load_keys(keys).problems == ()
+    os.chown(keys / "k1", NOBODY, 0)
+    loaded = load_keys(keys)
+    assert set(loaded.public) == {"k2"}
+    assert loaded.problems == (f"k1: {keys / 'k1'} is owned by uid {NOBODY}, not root",)
+    os.chown(keys / "k1", 0, 0)
+    (keys / "k1").chmod(0o664)
+    assert load_keys(keys).problems == (f"k1: {keys / 'k1'} is writable by its group (mode 0664)",)
+    (keys / "k1").chmod(0o646)
+    assert load_keys(keys).problems == (f"k1: {keys / 'k1'} is writable by others (mode 0646)",)
+    assert set(load_keys(keys).public) == {"k2"}
+
+
+@pytest.mark.parametrize("where", ["keys", "parent"])
+@pytest.mark.parametrize("how", ["owner", "mode"])
+def test_a_key_directory_anyone_but_root_can_change_gives_no_key(
+    tmp_path: Path, where: str, how: str
+) -> None:
+    """Whoever can write the directory (or one above it) can plant a key or swap the directory:
+    none of its keys is used."""
+    keys = trusted_keys(tmp_path)
+    weak = keys if where == "keys" else tmp_path
+    if how == "owner":
+        os.chown(weak, NOBODY, 0)
+        why = f"{weak} is owned by uid {NOBODY}, not root"
+    else:
+        weak.chmod(0o777)
+        why = f"{weak} is writable by its group and others (mode 0777)"
+    loaded = load_keys(keys)
+    assert loaded.public == {} and loaded.private == {}
+    assert loaded.problems == (f"{keys}: no key used, the directory is not root's alone: {why}",)
+
+
+def test_a_sticky_directory_of_root_loads_but_planted_entries_are_skipped(tmp_path: Path) -> None:
+    """A Secret volume's root is a tmpfs of mode 1777: anyone may add an entry, nobody may replace
+    root's. Keys root wrote load; what another user adds there (a file, a symlink to a key file of
+    root's, a symlink into a directory of its own) is skipped."""
+    keys = trusted_keys(tmp_path)
+    keys.chmod(0o1777)
+    data = keys / "..2026_11_26"
+    data.mkdir(mode=0o755)
+    (data / "k3").write_bytes(public_key_pem(SIGNING["k1"]))
+    (keys / "..data").symlink_to(data.name)
+    (keys / "k3").symlink_to("..data/k3")
+    assert set(load_keys(keys).public) == {"k1", "k2", "k3"} and load_keys(keys).problems == ()
+    planted = keys / "k4"
+    planted.write_bytes(public_key_pem(SIGNING["k2"]))
+    os.chown(planted, NOBODY, NOBODY)
+    link = keys / "k5"
+    link.symlink_to("k1")
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir(mode=0o755)
+    (theirs / "k6").write_bytes(public_key_pem(SIGNING["k1"]))
+    os.chown(theirs, NOBODY, NOBODY)
+    (keys / "k6").symlink_to(theirs / "k6")
+    loaded = load_keys(keys)
+    assert set(loaded.public) == {"k1", "k2", "k3"}
+    assert loaded.problems == (
+        f"k4: {planted} is owned by uid {NOBODY}, not root",
+        f"k5: {link} is a symlink owned by uid {NOBODY}, not root",
+        f"k6: {theirs} is owned by uid {NOBODY}, not root",
+    )
+
+
+def test_a_ring_uses_no_key_once_its_directory_is_open_to_others(tmp_path: Path) -> None:
+    """The shim's ring: after the directory became writable by others and a key was planted, no key
+    verifies (allocations are refused), the planted one least; with the mode fixed, the keys are back."""
+    keys = trusted_keys(tmp_path)
+    ring = KeyRing(keys, recheck_seconds=0)
+    assert ring.keys() == KEYS
+    keys.chmod(0o777)
+    (keys / "k9").write_bytes(public_key_pem(SIGNING["k1"]))
+    assert ring.keys() == {}
+    (keys / "k9").unlink()
+    keys.chmod(0o755)
+    assert ring.keys() == KEYS
+    tmp_path.chmod(0o775)  # an ancestor: nothing inside the key directory changes
+    assert ring.keys() == {}
+    tmp_path.chmod(0o755)
+    assert ring.keys() == KEYS

@@ -375,6 +375,95 @@ def test_a_privileged_container_is_logged(tmp_path: Path, caplog: pytest.LogCapt
     ]
 
 
+SYS_ADMIN_NOTE = (
+    "CAP_SYS_ADMIN lets a container lift its device cgroup and open every device node; "
+    "Pod Security must forbid it"
+)
+
+
+@pytest.mark.parametrize(
+    ("added", "dropped", "granted"),
+    [
+        (["SYS_ADMIN"], [], "SYS_ADMIN"),
+        (["NET_ADMIN", "sys_admin"], [], "sys_admin"),
+        (["Sys_Admin"], ["ALL"], "Sys_Admin"),  # ALL is dropped before the names are added
+        (["CAP_SYS_ADMIN"], [], "CAP_SYS_ADMIN"),  # another runtime strips CAP_; counted
+        (["ſys_admin"], [], "ſys_admin"),  # Go's ToUpper makes it SYS_ADMIN
+        (["ALL"], [], "ALL"),
+        (["all"], ["NET_RAW"], "all"),
+        (["ALL"], ["CAP_SYS_ADMIN"], "ALL"),  # containerd drops CAP_CAP_SYS_ADMIN: nothing
+    ],
+)
+def test_a_container_given_sys_admin_is_logged_and_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, added: list[str], dropped: list[str], granted: str
+) -> None:
+    """CAP_SYS_ADMIN without privileged lifts the device cgroup: refused on a device node, with
+    a log line like the privileged one, unless the namespace is allowed (then only logged)."""
+    caplog.set_level(logging.DEBUG)
+    create = request(grant={"app": ["GPU-0"]})
+    create.config.linux.security_context.capabilities.add_capabilities.extend(added)
+    create.config.linux.security_context.capabilities.drop_capabilities.extend(dropped)
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(create))
+    assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert f"pod default/p container app: capability SYS_ADMIN (added as {granted!r}) is refused" in str(
+        caught.value.message
+    )
+    assert "--allow-sys-admin-namespace" in caught.value.message
+    fields = {"pod": "default/p", "container": "app", "node": NODE, "capability": granted}
+    assert events(caplog, "create_container.sys_admin") == [
+        (logging.WARNING, {**fields, "allowed": False, "note": SYS_ADMIN_NOTE})
+    ]
+    caplog.clear()
+    allowing = rewriter_for(sim_node(tmp_path))
+    allowing.sys_admin_namespaces = frozenset({"default"})
+    created, _ = asyncio.run(allowing.create_container(create))
+    assert list(created.config.linux.security_context.capabilities.add_capabilities) == added
+    assert events(caplog, "create_container.sys_admin") == [
+        (logging.WARNING, {**fields, "allowed": True, "note": SYS_ADMIN_NOTE})
+    ]
+
+
+@pytest.mark.parametrize(
+    ("added", "dropped"),
+    [
+        ([], []),
+        (["NET_ADMIN", "SYS_PTRACE", "SYS_ADMINX"], []),
+        (["SYS_ADMIN"], ["sys_admin"]),  # dropped last
+        (["ALL"], ["SYS_ADMIN"]),
+        (["ALL"], ["all"]),
+    ],
+)
+def test_a_container_without_sys_admin_is_not_refused(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture, added: list[str], dropped: list[str]
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    create = request(grant={"app": ["GPU-0"]})
+    create.config.linux.security_context.capabilities.add_capabilities.extend(added)
+    create.config.linux.security_context.capabilities.drop_capabilities.extend(dropped)
+    asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(create))
+    assert events(caplog, "create_container.sys_admin") == []
+
+
+def test_ambient_sys_admin_and_a_privileged_container_follow_their_own_rule(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An ambient SYS_ADMIN (containerd ignores it, another runtime may not) is refused; a
+    privileged container has every capability anyway: it is logged as privileged, not refused."""
+    caplog.set_level(logging.DEBUG)
+    ambient = request()
+    ambient.config.linux.security_context.capabilities.add_ambient_capabilities.append("SYS_ADMIN")
+    with pytest.raises(Rejected):
+        asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(ambient))
+    caplog.clear()
+    privileged = request()
+    privileged.config.linux.security_context.privileged = True
+    privileged.config.linux.security_context.capabilities.add_capabilities.append("SYS_ADMIN")
+    asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(privileged))
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().startswith("create_container.")]
+    assert logged == ["create_container.privileged"]
+
+
 def test_the_ledger_is_rebuilt_from_the_runtimes_marked_live_containers(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -626,6 +626,107 @@ def test_a_key_file_of_an_unknown_algorithm_revokes_no_other_key(node: Node, tmp
     assert devices == ["gpu2"]
 
 
+def test_a_key_another_user_planted_is_never_used(node: Node, tmp_path: Path) -> None:
+    """A local user's key file in the node's key directory (here: owned by uid 65534) is skipped
+    and logged, never used: an allocation it signs is refused and creates nothing, while the
+    allocations signed with root's keys still verify."""
+    from kubegpu.allocation import public_key_pem
+
+    planted = tmp_path / "keys" / "k9"
+    planted.write_bytes(public_key_pem(OTHER_KEY))
+    os.chown(planted, 65534, 65534)
+    time.sleep(5.5)  # the shim looks at the directory every 5 s
+    uid = str(uuid.uuid4())
+    forged = sign(Allocation(NODE, uid, {"app": ContainerAllocation((gpu(7),))}), "k9", OTHER_KEY)
+    sandbox, config = node.run_pod("planted-key", forged, uid)
+    with pytest.raises(grpc.RpcError) as caught:
+        node.create(sandbox, config, "app")
+    assert caught.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "unknown key id 'k9'" in caught.value.details()
+    assert node.containers_in(sandbox) == []
+    lines = node.shim.log_path.read_text().splitlines()
+    skipped = [json.loads(line) for line in lines if "keys.skipped" in line]
+    assert any(f"k9: {planted} is owned by uid 65534, not root" in entry["problem"] for entry in skipped)
+    uid = str(uuid.uuid4())
+    sandbox, config = node.run_pod("root-key", node.signed(uid, {"app": [gpu(7)]}), uid)
+    assert node.create(sandbox, config, "app")
+
+
+CAP_SYS_ADMIN_BIT = 1 << 21  # linux/capability.h
+
+
+def create_with_capabilities(
+    node: Node, pod: str, container: str, added: list[str], dropped: list[str]
+) -> tuple[str, api_pb2.PodSandboxConfig, str | None]:
+    """A pod ``pod`` whose container prints its capability sets; (sandbox, config, container id
+    or None when the create was refused with FAILED_PRECONDITION)."""
+    sandbox, config = node.run_pod(pod, None)
+    request = api_pb2.CreateContainerRequest(
+        pod_sandbox_id=sandbox,
+        sandbox_config=config,
+        config=shell_container(
+            container,
+            BUSYBOX_IMAGE,
+            "grep Cap /proc/self/status; echo END; exec sleep 100000",
+            log_path=f"{container}.log",
+        ),
+    )
+    request.config.linux.security_context.capabilities.add_capabilities.extend(added)
+    request.config.linux.security_context.capabilities.drop_capabilities.extend(dropped)
+    try:
+        return sandbox, config, node.client.runtime.CreateContainer(request, timeout=60).container_id
+    except grpc.RpcError as error:
+        assert error.code() is grpc.StatusCode.FAILED_PRECONDITION, error
+        assert f"pod default/{pod} container {container}: capability SYS_ADMIN" in error.details()
+        return sandbox, config, None
+
+
+def capability_sets(output: str) -> dict[str, int]:
+    return {
+        k: int(v, 16)
+        for k, v in (line.split(":\t") for line in output.splitlines() if line.startswith("Cap"))
+    }
+
+
+def sys_admin_events(node: Node) -> list[dict[str, object]]:
+    lines = [json.loads(line) for line in node.shim.log_path.read_text().splitlines() if line.startswith("{")]
+    return [line for line in lines if line.get("event") == "create_container.sys_admin"]
+
+
+def test_a_container_given_sys_admin_is_refused_unless_its_namespace_is_allowed(node: Node) -> None:
+    """CAP_SYS_ADMIN lifts the device cgroup: refused on a device node (nothing created) in any
+    spelling containerd grants it; with --allow-sys-admin-namespace the container is created and
+    containerd does give it the capability (the reading of its rules is containerd's own);
+    ALL with SYS_ADMIN dropped is no grant, and containerd indeed leaves it out."""
+    for spelling in ("SYS_ADMIN", "sys_admin", "ALL"):
+        sandbox, _, created = create_with_capabilities(
+            node, f"sysadmin-{spelling.lower().replace('_', '-')}", "app", [spelling], []
+        )
+        assert created is None and node.containers_in(sandbox) == []
+    lines = sys_admin_events(node)
+    assert [(e["event"], e["capability"], e["allowed"]) for e in lines] == [
+        ("create_container.sys_admin", spelling, False) for spelling in ("SYS_ADMIN", "sys_admin", "ALL")
+    ]
+    sandbox, _, created = create_with_capabilities(node, "sysadmin-dropped", "app", ["ALL"], ["SYS_ADMIN"])
+    assert created is not None
+    caps = capability_sets(node.start_and_read(created, "sysadmin-dropped", "app"))
+    assert caps["CapBnd"] & CAP_SYS_ADMIN_BIT == 0 and caps["CapBnd"] != 0
+
+    node.shim.stop()
+    node.shim.extra_args += ["--allow-sys-admin-namespace", "default"]
+    node.shim.start()
+    sandbox, _, created = create_with_capabilities(node, "sysadmin-allowed", "app", ["sys_admin"], [])
+    assert created is not None
+    caps = capability_sets(node.start_and_read(created, "sysadmin-allowed", "app"))
+    assert caps["CapEff"] & CAP_SYS_ADMIN_BIT  # root in the container: effective
+    lines = sys_admin_events(node)
+    assert (lines[-1]["pod"], lines[-1]["capability"], lines[-1]["allowed"]) == (
+        "default/sysadmin-allowed",
+        "sys_admin",
+        True,
+    )
+
+
 @pytest.mark.parametrize("length", [5000, 200_000])
 def test_a_refusal_naming_a_very_long_path_still_arrives_as_such(node: Node, length: int) -> None:
     """A device host path longer than PATH_MAX cannot be resolved: refused, and the refusal must

@@ -6,6 +6,8 @@ tests/test_node_install.py.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import signal
 import subprocess
@@ -16,7 +18,9 @@ from pathlib import Path
 import pytest
 
 from kubegpu import nodeinstall
+from kubegpu.allocation import public_key_pem
 from kubegpu.devenv.containerd import Containerd
+from tests.fixtures.keys import private_key
 from tests.test_node_install import KEY, install_args, run, tree
 from tests.test_node_install import root as root  # noqa: F401, F811 - the fixture, by its own name
 
@@ -362,3 +366,131 @@ def test_an_endless_key_is_refused_not_read_whole(
     assert "not a regular file" in child.stderr or "more than 16384 bytes" in child.stderr
     assert child.stderr.count("\n") == 1
     assert list(node.iterdir()) == []
+
+
+# ------------------------------------------------------------------------- a tampered record
+
+
+def tampered(root: Path, outside: Path, case: str) -> dict[str, object]:
+    """An install record naming, in one of several ways, something outside ``root``."""
+    digest = hashlib.sha256(outside.read_bytes()).hexdigest()
+    escape = os.path.relpath(outside, root)  # ../victim
+    (root / "etc/out").symlink_to(outside.parent, target_is_directory=True)
+    files, dirs, pending = {SHIM_UNIT: "0" * 64}, ["etc/kubegpu"], {}
+    if case == "dotdot-file":
+        files[escape] = digest
+    elif case == "absolute-file":
+        files[str(outside)] = digest
+    elif case == "symlinked-file":
+        files[f"etc/out/{outside.name}"] = digest
+    elif case == "dotdot-dir":
+        dirs.append(os.path.relpath(outside.parent / "victim-dir", root))
+    elif case == "symlinked-dir":
+        dirs.append("etc/out/victim-dir")
+    elif case == "pending":
+        pending[escape] = [digest]
+    elif case == "keys-dir":
+        return {"settings": {"keys_dir": "/etc/kubegpu/../../.."}, "files": files, "dirs": dirs}
+    doc: dict[str, object] = {"version": "0", "settings": {}, "files": files, "dirs": dirs}
+    if pending:
+        doc["pending"] = pending
+    return doc
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "dotdot-file",
+        "absolute-file",
+        "symlinked-file",
+        "dotdot-dir",
+        "symlinked-dir",
+        "pending",
+        "keys-dir",
+    ],
+)
+def test_uninstall_refuses_a_record_that_leaves_the_root(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, case: str
+) -> None:
+    """A record is checked as strictly as install's options before anything is deleted: a path
+    with '..', an absolute path or one through a symlink out of --root refuses the whole record."""
+    node, outside = tmp_path / "node", tmp_path / "victim"
+    (node / "etc/kubegpu").mkdir(parents=True)
+    (tmp_path / "victim-dir").mkdir()
+    outside.write_text("not kubegpu's\n")
+    (node / "etc/systemd/system").mkdir(parents=True)
+    (node / SHIM_UNIT).write_text("[Unit]\n")
+    (node / "etc/kubegpu/node-install.json").write_text(json.dumps(tampered(node, outside, case)))
+    before = tree(tmp_path)
+    code, out, err = run(capsys, monkeypatch, "node", "uninstall", "--root", str(node))
+    assert code == 1, (out, err)
+    assert "node-install.json" in err and "outside --root" in err, err
+    assert tree(tmp_path) == before  # nothing deleted: not the victim, not the record, not ours
+    code, _, err = run(capsys, monkeypatch, "node", "check", "--root", str(node))
+    assert code == 1 and "outside --root" in err
+
+
+# ------------------------------------------------------------------ who may write what the shim trusts
+
+NOBODY = 65534  # another local user (the tests run as root)
+
+
+def weaken(root: Path, case: str) -> str:
+    """Make something the shim trusts writable by another user than root; the path it names."""
+    kubegpu, keys = root / "etc/kubegpu", root / "etc/kubegpu/keys"
+    if case.startswith("keys") or case.startswith("key-file"):
+        keys.mkdir(mode=0o700)
+    if case.startswith("key-file"):
+        (keys / "k0").write_bytes(public_key_pem(private_key("planted")))
+        (keys / "k0").chmod(0o600)
+    target = {"etc": kubegpu, "keys": keys, "key-file": keys / "k0"}[case.rsplit("-", 1)[0]]
+    if case.endswith("owner"):
+        os.chown(target, NOBODY, NOBODY)
+        return f"{target} is owned by uid {NOBODY}, not root"
+    target.chmod(0o777 if target.is_dir() else 0o666)
+    return f"{target} is writable by its group and others (mode {0o777 if target.is_dir() else 0o666:04o})"
+
+
+CASES = ["etc-owner", "etc-mode", "keys-owner", "keys-mode", "key-file-owner", "key-file-mode"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_install_refuses_a_key_directory_others_can_write(
+    root: Path,
+    containerd: Containerd,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    case: str,
+) -> None:
+    """A pre-existing /etc/kubegpu, keys directory or key file that another user owns or may write
+    is refused (a key may have been planted there already), with the path and the fix; nothing is
+    written."""
+    why = weaken(root, case)
+    before = tree(root)
+    args = install_args(root, containerd, "--device-plugin", "nvidia", "--key-file", "-")
+    code, _, err = run(capsys, monkeypatch, *args, stdin=KEY)
+    assert code == 2, err
+    assert why in err and "chown root" in err, err
+    assert tree(root) == before
+
+
+def test_check_reports_each_path_others_can_write(
+    root: Path, containerd: Containerd, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    args = install_args(root, containerd, "--device-plugin", "nvidia", "--key-file", "-")
+    assert run(capsys, monkeypatch, *args, stdin=KEY)[0] == 0
+    _, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root))
+    assert "[ok  ] owners" in out
+    os.chown(root / "etc/kubegpu/keys/k1", NOBODY, NOBODY)
+    (root / "etc/kubegpu").chmod(0o777)
+    (root / "etc/kubegpu/node-install.json").chmod(0o666)
+    code, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root))
+    assert code == 1
+    line = next(line for line in out.splitlines() if " owners " in line)
+    assert line.startswith("  [FAIL] owners")
+    for problem in (
+        f"{root}/etc/kubegpu is writable by its group and others (mode 0777)",
+        f"{root}/etc/kubegpu/node-install.json is writable by its group and others (mode 0666)",
+        f"{root}/etc/kubegpu/keys/k1 is owned by uid {NOBODY}, not root",
+    ):
+        assert problem in line, line
