@@ -598,8 +598,11 @@ class AllocationRewriter:
             for key, group in groups.items():
                 container_id = made.get(key)
                 if container_id:
-                    self.ledger.commit(group, container_id)
-                    committed = True
+                    try:
+                        self.ledger.commit(group, container_id)
+                        committed = True
+                    except OverBooked as over:  # its sandbox was removed while containerd was asked
+                        self._refuse_overbooked(container_id, group, over)
                 log_event(
                     log,
                     "ledger.reconciled",
@@ -784,7 +787,10 @@ class AllocationRewriter:
     def _completion(self, holdings: list[Holding]) -> Completion:
         def done(container_id: str | None, ambiguous: bool = False) -> None:
             if container_id:
-                self.ledger.commit(holdings, container_id)
+                try:
+                    self.ledger.commit(holdings, container_id)
+                except OverBooked as over:  # dropped with its sandbox meanwhile, and others hold it now
+                    self._refuse_overbooked(container_id, holdings, over)
             elif not ambiguous:
                 self.ledger.release(holdings)
                 self._shares_changed()

@@ -20,7 +20,7 @@ from crishim.rewrite import AllocationRewriter
 from kubegpu.allocation import KeyRing
 from tests.fixtures.keys import SIGNING as LIFE_SIGNING
 from tests.test_crishim_lifecycle import NODE as LIFE_NODE
-from tests.test_crishim_lifecycle import FakeRuntime, sim_node
+from tests.test_crishim_lifecycle import FakeRuntime, request, rewriter_on_fake_runtime, sim_node
 from tests.test_crishim_rewrite import Node, gpu, late_container, node  # noqa: F401 - the fixture
 
 # --- a shim restart forgets the over-booking it refused ---------------------------------------
@@ -79,3 +79,31 @@ def test_a_refused_late_container_stays_refused_across_a_shim_restart(node: Node
     assert again.value.code() is grpc.StatusCode.FAILED_PRECONDITION, again.value.details()
     status = node.direct.runtime.ContainerStatus(api_pb2.ContainerStatusRequest(container_id=late))
     assert status.status.state == api_pb2.CONTAINER_CREATED
+
+
+# --- a create that completes after its sandbox was removed ------------------------------------
+
+
+def test_a_create_completing_after_its_sandbox_went_is_not_booked_past_capacity(tmp_path: Path) -> None:
+    """P's create of GPU-0 is in flight when P's sandbox is stopped and removed (containerd checks
+    the sandbox only when a create starts, so it can still finish it): the removal frees P's
+    holding and Q gets GPU-0. When P's create then answers with its container, the shim must not
+    book it beside Q's (2000 milli), nor let it start."""
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
+    runtime.sandbox_uids["sq"] = "Q"
+
+    async def run() -> None:
+        _, p_done = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        rewriter.removed_sandbox("sb")
+        _, q_done = await rewriter.create_container(
+            request(container="c", grant={"c": ["GPU-0"]}, uid="Q", sandbox="sq")
+        )
+        q_done("c-q", False)  # type: ignore[misc]
+        p_done("c-p", False)  # type: ignore[misc]
+
+    asyncio.run(run())
+    on_gpu0 = [(h.container_id, h.milli) for h in rewriter.ledger.holdings() if h.device == "GPU-0"]
+    assert on_gpu0 == [("c-q", 1000)]
+    with pytest.raises(Rejected):
+        rewriter.start_container("c-p")
+    rewriter.start_container("c-q")
