@@ -22,6 +22,7 @@ from tests.fixtures.keys import SIGNING as LIFE_SIGNING
 from tests.test_crishim_lifecycle import NODE as LIFE_NODE
 from tests.test_crishim_lifecycle import FakeRuntime, request, rewriter_on_fake_runtime, sim_node
 from tests.test_crishim_rewrite import Node, gpu, late_container, node  # noqa: F401 - the fixture
+from tests.test_node_install import run, tree
 
 # --- a shim restart forgets the over-booking it refused ---------------------------------------
 
@@ -107,3 +108,25 @@ def test_a_create_completing_after_its_sandbox_went_is_not_booked_past_capacity(
     with pytest.raises(Rejected):
         rewriter.start_container("c-p")
     rewriter.start_container("c-q")
+
+
+# --- an install record of the wrong shape -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"settings": [], "files": {}}', '{"settings": "x", "files": {}}', "[" * 100_000],
+    ids=["settings-list", "settings-string", "deep"],
+)
+def test_uninstall_says_a_record_of_the_wrong_shape_is_unreadable(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    """A damaged record is refused as unreadable, naming it and the way out, like any other bad
+    record, and nothing is removed (it was an 'unexpected AttributeError/RecursionError')."""
+    (tmp_path / "etc/kubegpu").mkdir(parents=True)
+    (tmp_path / "etc/kubegpu/node-install.json").write_text(text)
+    before = tree(tmp_path)
+    code, out, err = run(capsys, monkeypatch, "node", "uninstall", "--root", str(tmp_path))
+    assert code == 1, (out, err)
+    assert "node-install.json is unreadable" in err and "unexpected" not in err, err
+    assert tree(tmp_path) == before
