@@ -176,14 +176,26 @@ class Ledger:
 
     def commit(self, reserved: Iterable[Holding], container_id: str) -> None:
         """containerd created the container: the holdings get its id (recorded again if they
-        were dropped meanwhile, since the container exists and may use the device).
+        were dropped meanwhile, since the container exists and may use the device, unless that
+        would book a device past its capacity: then ``OverBooked`` and nothing is recorded).
 
         Unknown holdings of earlier creates of the same container (sandbox, pod, container name,
         attempt) go: containerd reserves a container's name for its create, so none of them can
         make a container any more now that this one has the name.
         """
+        kept = list(reserved)
         with self._lock:
-            for h in reserved:
+            dropped = [
+                h
+                for h in kept
+                if not any(e in (h, replace(h, unknown=True)) for e in self._by_device.get(h.device, ()))
+                and not any(e.container_id == container_id for e in self._by_device.get(h.device, ()))
+            ]
+            if dropped:  # its sandbox was removed while containerd was still making it
+                conflicts = self._conflicts_locked(dropped[0].owner, kept)
+                if conflicts:
+                    raise OverBooked(conflicts)
+            for h in kept:
                 entries = self._by_device.setdefault(h.device, [])
                 pending = (h, replace(h, unknown=True))
                 entries[:] = [

@@ -259,6 +259,12 @@ def _pod_uids(listing: api_pb2.ListPodSandboxResponse) -> dict[str, str]:
     return {sandbox.id: sandbox.metadata.uid for sandbox in listing.items}
 
 
+def _booking_order(container: api_pb2.Container) -> tuple[bool, int, str]:
+    """The order a rebuild books containers in: running ones first (they use their devices
+    now), then the oldest."""
+    return (container.state != api_pb2.CONTAINER_RUNNING, container.created_at, container.id)
+
+
 def is_static_pod(sandbox_annotations: Mapping[str, str]) -> bool:
     """A pod kubelet read from a file or URL: it has no API object of its own to look up."""
     source = sandbox_annotations.get(CONFIG_SOURCE_ANNOTATION)
@@ -367,7 +373,16 @@ class AllocationRewriter:
                 log_event(log, "ledger.rebuild_retry", logging.WARNING, code=error.code().name)
                 await asyncio.sleep(retry_seconds)
         pod_uids = await self._sandbox_uids(retry_seconds)
-        holdings = [h for c in listing.containers for h in self._marked_holdings(c, pod_uids)]
+        # Booked as adoptions are, running containers first, then by age: a container the ledger
+        # refused before the restart (over-booked, never started) stays refused after it.
+        rebuilt = Ledger(self._gpu_memory_mib)
+        for container in sorted(listing.containers, key=_booking_order):
+            found = self._marked_holdings(container, pod_uids)
+            try:
+                rebuilt.adopt(found)
+            except OverBooked as over:
+                self._refuse_overbooked(container.id, found, over)
+        holdings = rebuilt.holdings()
         self.ledger.replace_all(holdings)
         self.rebuilt.set()
         if self.node_devices.sharing is not None:  # from now on the MPS daemons follow the ledger's shares
@@ -470,23 +485,28 @@ class AllocationRewriter:
                 await self._settle_holders([h for c in over.conflicts for h in c.holders])
                 adopted = self.ledger.adopt(holdings)
         except OverBooked as over:
-            if container_id not in self.overbooked:
-                log_event(
-                    log,
-                    "ledger.adopt_refused",
-                    logging.ERROR,
-                    container=container_id,
-                    pod_uid=holdings[0].pod_uid,
-                    name=holdings[0].container,
-                    attempt=holdings[0].attempt,
-                    devices=sorted(c.device for c in over.conflicts),
-                    reason=str(over),
-                    note="not booked past capacity; StartContainer is refused for it until it fits",
-                )
-            self.overbooked[container_id] = str(over)
+            self._refuse_overbooked(container_id, holdings, over)
             return False
         self.overbooked.pop(container_id, None)
         return adopted
+
+    def _refuse_overbooked(self, container_id: str, holdings: Sequence[Holding], over: OverBooked) -> None:
+        """Keep a found container that does not fit out of the ledger and refuse its start
+        (``ledger.adopt_refused``, logged once per container)."""
+        if container_id not in self.overbooked:
+            log_event(
+                log,
+                "ledger.adopt_refused",
+                logging.ERROR,
+                container=container_id,
+                pod_uid=holdings[0].pod_uid,
+                name=holdings[0].container,
+                attempt=holdings[0].attempt,
+                devices=sorted(c.device for c in over.conflicts),
+                reason=str(over),
+                note="not booked past capacity; StartContainer is refused for it until it fits",
+            )
+        self.overbooked[container_id] = str(over)
 
     async def _settle_holders(self, holders: Sequence[Holding]) -> None:
         """Settle holders in another container's way: creates of unknown outcome are reconciled
@@ -578,8 +598,11 @@ class AllocationRewriter:
             for key, group in groups.items():
                 container_id = made.get(key)
                 if container_id:
-                    self.ledger.commit(group, container_id)
-                    committed = True
+                    try:
+                        self.ledger.commit(group, container_id)
+                        committed = True
+                    except OverBooked as over:  # its sandbox was removed while containerd was asked
+                        self._refuse_overbooked(container_id, group, over)
                 log_event(
                     log,
                     "ledger.reconciled",
@@ -764,7 +787,10 @@ class AllocationRewriter:
     def _completion(self, holdings: list[Holding]) -> Completion:
         def done(container_id: str | None, ambiguous: bool = False) -> None:
             if container_id:
-                self.ledger.commit(holdings, container_id)
+                try:
+                    self.ledger.commit(holdings, container_id)
+                except OverBooked as over:  # dropped with its sandbox meanwhile, and others hold it now
+                    self._refuse_overbooked(container_id, holdings, over)
             elif not ambiguous:
                 self.ledger.release(holdings)
                 self._shares_changed()

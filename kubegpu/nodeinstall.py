@@ -531,7 +531,8 @@ def read_record(root: Path) -> Record | None:
         )
     except FileNotFoundError:
         return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
+    except (OSError, ValueError, KeyError, TypeError, AttributeError, RecursionError) as exc:
+        # AttributeError: a part of another JSON type; RecursionError: nested too deep to decode
         raise InstallError(f"/{RECORD} is unreadable ({exc}); move it away to start over") from None
     try:
         check_record(root, record)
