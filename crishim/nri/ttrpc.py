@@ -8,7 +8,9 @@ and message, the result as payload). A client numbers its streams 1, 3, 5, ... (
 
 ``Endpoint`` plays both parts on a ``Channel`` (crishim/nri/mux.py): ``call`` sends a request and
 waits for its response, and requests that arrive are passed to the ``serve`` handler, whose
-answer (or ``RpcError``) goes back as the response. A request naming a method the handler does
+answer (or ``RpcError``) goes back as the response; a handler still running at 90% of the
+caller's deadline (the request's ``timeout_nano``) is cancelled and answered DEADLINE_EXCEEDED, so
+the caller sees an error rather than its own timeout. A request naming a method the handler does
 not know gets UNIMPLEMENTED, so the runtime sees an error rather than a hang. A message longer
 than 4 MiB or of an unknown type breaks the connection (the peer sent something ttrpc never does).
 """
@@ -82,6 +84,21 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[int, int, int, byt
     except asyncio.IncompleteReadError:
         raise ProtocolError("connection closed inside a message") from None
     return stream_id, kind, flags, data
+
+
+ANSWER_SHARE = 0.9  # of the caller's deadline a handler may use; the rest carries the answer back
+
+
+def answer_budget(timeout_nano: int) -> float | None:
+    """Seconds a handler may take for a request whose caller waits ``timeout_nano`` (0: no limit).
+
+    The answer must reach the caller before its own deadline: containerd treats a call that runs
+    out its deadline as the plugin's death and then creates the container without the plugin's
+    adjustment (fail open), while an error answered in time fails just that call (fail closed).
+    """
+    if timeout_nano <= 0:
+        return None
+    return timeout_nano / 1e9 * ANSWER_SHARE
 
 
 class Endpoint:
@@ -159,7 +176,16 @@ class Endpoint:
             request.ParseFromString(data)
             if self._serve is None:
                 raise RpcError(UNIMPLEMENTED, f"{request.service}/{request.method}: no service here")
-            payload = await self._serve(request.service, request.method, request.payload)
+            budget = answer_budget(request.timeout_nano)
+            try:
+                payload = await asyncio.wait_for(
+                    self._serve(request.service, request.method, request.payload), budget
+                )
+            except TimeoutError:
+                raise RpcError(
+                    DEADLINE_EXCEEDED,
+                    f"kubegpu NRI plugin: {request.service}/{request.method} not done in {budget:.3g}s",
+                ) from None
         except RpcError as error:
             status = ttrpc_pb2.Status(code=error.code, message=error.message)
         except Exception as error:  # a handler's bug must still answer the runtime
