@@ -39,6 +39,7 @@ OK = 0
 UNKNOWN = 2
 INVALID_ARGUMENT = 3
 DEADLINE_EXCEEDED = 4
+RESOURCE_EXHAUSTED = 8
 FAILED_PRECONDITION = 9
 UNIMPLEMENTED = 12
 INTERNAL = 13
@@ -122,17 +123,24 @@ class Endpoint:
 
     async def call(self, service: str, method: str, payload: bytes, timeout: float) -> bytes:
         """Call ``service/method`` with ``payload``; its result, or RpcError (DEADLINE_EXCEEDED on
-        ``timeout`` seconds, UNAVAILABLE when the connection ends first)."""
+        ``timeout`` seconds, UNAVAILABLE when the connection ends first, RESOURCE_EXHAUSTED for a
+        request over ttrpc's 4 MiB)."""
         if self.closed.is_set():
             raise RpcError(UNAVAILABLE, f"connection closed: {self.error}")
-        stream_id = next(self._ids)
         request = ttrpc_pb2.Request(
             service=service, method=method, payload=payload, timeout_nano=int(timeout * 1e9)
         )
+        data = request.SerializeToString()
+        if len(data) > TTRPC_MAX_MESSAGE:  # as ttrpc's Go client: refused before sending
+            raise RpcError(
+                RESOURCE_EXHAUSTED,
+                f"{service}/{method}: request of {len(data)} bytes is over ttrpc's {TTRPC_MAX_MESSAGE}",
+            )
+        stream_id = next(self._ids)
         waiter: asyncio.Future[ttrpc_pb2.Response] = asyncio.get_running_loop().create_future()
         self._pending[stream_id] = waiter
         try:
-            await self._channel.write(frame(stream_id, REQUEST, request.SerializeToString()))
+            await self._channel.write(frame(stream_id, REQUEST, data))
             response = await asyncio.wait_for(waiter, timeout)
         except TimeoutError:
             raise RpcError(DEADLINE_EXCEEDED, f"{service}/{method}: no answer in {timeout:g}s") from None
