@@ -164,3 +164,21 @@ def test_the_planner_agrees_with_brute_force_on_tiny_clusters(policy: str) -> No
     """300 random clusters of 2-4 nodes (2-8 GPUs) and groups of 2-5 whole-GPU members, all
     required: the plan exists exactly when brute force finds one, on the fewest nodes."""
     assert disagreements(policy, "feasible") + disagreements(policy, "fewest") == []
+
+
+ALREADY_ALLOCATED = (
+    "schedule_group raises AllocationConflict for a member the cluster already has an allocation for "
+    "(a caller that assumed part of a plan and retries, or a restart with one member bound): the "
+    "planner plans it again and its own assume fails"
+)
+
+
+@pytest.mark.xfail(strict=True, reason=ALREADY_ALLOCATED)
+def test_a_member_already_allocated_does_not_crash_the_planner() -> None:
+    cluster = ClusterState([node("n0"), node("n1")])
+    group = gang_of([1, 1])
+    first = plan(group, cluster)
+    assert isinstance(first, GroupPlacement)
+    cluster.assume(first.placements[0].allocation)  # the caller got one member in, then retries
+    again = plan(group, cluster)
+    assert isinstance(again, GroupPlacement | GroupUnschedulable)
