@@ -1,8 +1,10 @@
 """Per-GPU live metrics on the node agent's ``/metrics``, named as NVIDIA's DCGM exporter names them.
 
 ``GpuTelemetrySampler`` reads every plugin's telemetry (``devices.telemetry``) every ``interval``
-seconds off the event loop, keeps a moving average per GPU, and works out which pods' containers
-hold each GPU (the node ledger's holdings; pod namespace and name from containerd's sandboxes).
+seconds off the event loop (a read stuck past ``read_timeout`` is logged and waited on by the
+next rounds, never started again beside itself), keeps a moving average per GPU, and works out
+which pods' containers hold each GPU (the node ledger's holdings; pod namespace and name from
+containerd's sandboxes).
 ``GpuMetricsCollector`` turns the last round into Prometheus families on the shim's registry, so
 Grafana dashboards built for dcgm-exporter work unchanged:
 
@@ -41,6 +43,7 @@ from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim.gpumetrics")
 
+READ_TIMEOUT = 10.0  # seconds a round waits for the plugins' readings before it reports them stuck
 DEFAULT_INTERVAL = 15.0  # seconds between samples (dcgm-exporter's default collection is 30 s)
 LABELS = ("gpu", "UUID", "device", "modelName", "Hostname", "namespace", "pod", "container")
 
@@ -90,12 +93,15 @@ class GpuTelemetrySampler:
         holdings: Callable[[], Iterable[Holding]],
         interval: float = DEFAULT_INTERVAL,
         alpha: float = 0.3,
+        read_timeout: float = READ_TIMEOUT,
     ) -> None:
         self.node_name = node_name
         self.plugins = plugins
         self.gpus = gpus
         self.holdings = holdings
         self.interval = interval
+        self.read_timeout = read_timeout
+        self._reading: asyncio.Future[dict[str, GpuTelemetry]] | None = None
         self.smoother = Smoother(alpha)
         self.rows: tuple[GpuRow, ...] = ()
         self.last_error = ""
@@ -108,8 +114,16 @@ class GpuTelemetrySampler:
     async def sample_once(self) -> None:
         """One round: read, smooth, map holders. A plugin failure keeps the last round (logged)."""
         loop = asyncio.get_running_loop()
+        if self._reading is None:  # a read still stuck from an earlier round is waited on, not joined
+            self._reading = loop.run_in_executor(None, telemetry_of, self.plugins)
+        reading = self._reading
         try:
-            readings = await loop.run_in_executor(None, telemetry_of, self.plugins)
+            done, _ = await asyncio.wait({reading}, timeout=self.read_timeout)
+            if not done:
+                stuck = f"the device plugins did not answer in {self.read_timeout:g}s (hung driver?)"
+                raise TimeoutError(stuck)
+            self._reading = None
+            readings = reading.result()
         except Exception as error:  # a plugin's failure: the last round stays, and says so
             message = str(error)[:300]
             if message != self.last_error:
@@ -146,6 +160,12 @@ class GpuTelemetrySampler:
             await asyncio.sleep(self.interval)
 
 
+def _text(value: str) -> str:
+    """A label value the exposition can encode: a lone surrogate (a topology file's JSON can spell
+    one) would fail the whole scrape, so it becomes U+FFFD."""
+    return value.encode("utf-8", "replace").decode("utf-8") if not value.isascii() else value
+
+
 def _family(name: str, help_text: str) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, help_text, labels=LABELS)
 
@@ -177,7 +197,8 @@ class GpuMetricsCollector(Collector):
         for row in self.sampler.rows:
             d, t = row.device, row.latest
             for namespace, pod, container in row.holders or (("", "", ""),):
-                labels = [str(d.index), d.id, f"nvidia{d.index}", d.model, node, namespace, pod, container]
+                values = (str(d.index), d.id, f"nvidia{d.index}", d.model, node, namespace, pod, container)
+                labels = [_text(v) for v in values]
                 families["lost"].add_metric(labels, 1.0 if t.lost else 0.0)
                 if t.lost:
                     continue

@@ -482,7 +482,8 @@ class NvidiaPlugin:
 
     def telemetry(self) -> dict[str, GpuTelemetry]:
         """UUID -> reading of every GPU NVML can see. Utilisation and memory are needed (a GPU
-        NVML cannot give them for is left out, or marked lost when NVML says so); temperature,
+        NVML cannot give them for is left out, or marked lost when NVML says so, also for a
+        discovered GPU whose very handle NVML cannot give because it is lost); temperature,
         power and uncorrectable ECC errors are None where the GPU does not report them. XID
         errors need an NVML event set and are not read (None)."""
         result: dict[str, GpuTelemetry] = {}
@@ -517,6 +518,14 @@ class NvidiaPlugin:
                     power_w=None if milliwatts is None else int(milliwatts) / 1000.0,
                     ecc_uncorrected=None if ecc is None else int(ecc),
                 )
+            for uuid in self._ids:  # a GPU lost before NVML gives its handle is still this node's GPU
+                if uuid in result:
+                    continue
+                try:
+                    nvml.nvmlDeviceGetHandleByUUID(uuid)
+                except nvml.NVMLError as exc:
+                    if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST:
+                        result[uuid] = GpuTelemetry(0.0, 0.0, 0, lost=True)
         return result
 
     def set_exclusive_compute(self, uuid: str, exclusive: bool) -> None:

@@ -11,8 +11,8 @@ The metrics file (the sim plugin's ``<state dir>/metrics.json``) is a JSON objec
 (or ``gpuN``, the GPU's index), each an object of any of: ``utilization`` (percent, 0..100),
 ``memoryUsedMiB`` (0..the GPU's memory), ``temperatureC`` (-50..150), ``powerW`` (0..5000),
 ``eccErrors`` and ``xid`` (whole numbers >= 0), ``lost`` (true/false). GPUs it does not name read
-as idle: 0 % and no memory in use. Anything else is a ``TelemetryError`` naming the file and the
-entry.
+as idle: 0 % and no memory in use. A key given twice (a GPU, or a field of one) is an error.
+Anything else is a ``TelemetryError`` naming the file and the entry.
 """
 
 from __future__ import annotations
@@ -93,6 +93,16 @@ def _entry(raw: Any, where: str, memory_total_mib: int) -> GpuTelemetry:
     return GpuTelemetry(memory_total_mib=memory_total_mib, **values)
 
 
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object whose keys are unique (JSON itself would keep the last of a repeated key)."""
+    doc: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in doc:
+            raise TelemetryError(f"{key[:80]!r} is named twice")
+        doc[key] = value
+    return doc
+
+
 def parse_metrics_file(
     text: str, gpus: Sequence[tuple[str, int, int]], source: str = "metrics file"
 ) -> dict[str, GpuTelemetry]:
@@ -103,7 +113,9 @@ def parse_metrics_file(
     if len(text) > MAX_METRICS_BYTES:
         raise TelemetryError(f"{source}: {len(text)} bytes (at most {MAX_METRICS_BYTES})")
     try:
-        doc = json.loads(text) if text.strip() else {}
+        doc = json.loads(text, object_pairs_hook=_unique_keys) if text.strip() else {}
+    except TelemetryError as error:
+        raise TelemetryError(f"{source}: {error}") from None
     except ValueError as error:
         raise TelemetryError(f"{source}: not JSON: {error}") from None
     if not isinstance(doc, dict):

@@ -9,7 +9,8 @@ longer writes are split. Connection id 0 is reserved.
 
 This module only moves bytes: ``Mux.channel(id)`` gives a ``Channel`` with an asyncio
 ``StreamReader`` of what arrived for that id and a ``write`` that frames outgoing bytes. A
-malformed trunk (a chunk for id 0, or longer than ``MAX_CHUNK``) closes the mux with the reason.
+malformed trunk (a chunk for id 0, or longer than ``MAX_CHUNK``) closes the mux with the reason;
+a chunk for a connection this side has not opened is dropped (NRI's multiplexer does the same).
 """
 
 from __future__ import annotations
@@ -66,7 +67,9 @@ class Mux:
         self.error: BaseException | None = None
 
     def channel(self, conn_id: int) -> Channel:
-        """The logical connection ``conn_id`` (made on first use, by either side)."""
+        """The logical connection ``conn_id``, opened on this side (made on first use). Chunks for a
+        connection this side never opened are dropped, as NRI's multiplexer does: nobody would
+        read them, and kept they would grow without bound."""
         if conn_id == 0:
             raise ValueError("connection id 0 is reserved")
         found = self._channels.get(conn_id)
@@ -98,7 +101,9 @@ class Mux:
                 if conn_id == 0 or length > MAX_CHUNK:
                     raise MuxError(f"malformed chunk header (connection {conn_id}, {length} bytes)")
                 data = await self._reader.readexactly(length) if length else b""
-                self.channel(conn_id).reader.feed_data(data)
+                channel = self._channels.get(conn_id)
+                if channel is not None:
+                    channel.reader.feed_data(data)
         except (MuxError, ConnectionError, asyncio.IncompleteReadError) as error:
             self._shut(error)
         except asyncio.CancelledError:

@@ -12,7 +12,8 @@ does not answer in time.
 
 ``Handlers`` is what the plugin does: its methods take the request message and return the
 response message (or raise ``RpcError``, which the runtime sees as that call's error). An event
-is subscribed when its handler method exists. This module decides nothing about devices.
+is subscribed when its handler method exists (with none, only ``QUIET_EVENT``: NRI reads an empty
+mask as every event). This module decides nothing about devices.
 """
 
 from __future__ import annotations
@@ -57,6 +58,11 @@ STATE_EVENTS: dict[int, str] = {
     Event.POST_START_CONTAINER: "post_start_container",
     Event.REMOVE_CONTAINER: "remove_container",
 }
+
+# NRI reads an empty event mask as "every event" (containerd would then send CreateContainer and
+# the rest to a plugin serving none of them, failing every create): a plugin with no event
+# handler subscribes to this rare notification alone, answered with Empty.
+QUIET_EVENT = Event.POST_UPDATE_POD_SANDBOX
 
 
 # Every method the plugin serves: method -> (request type, handler method)
@@ -199,7 +205,7 @@ class PluginSession:
         configure = getattr(self.handlers, "configure", None)
         if configure is not None:
             configure(request)
-        events = subscribed_events(self.handlers)
+        events = subscribed_events(self.handlers) or {QUIET_EVENT}
         log_event(
             log,
             "nri.configured",

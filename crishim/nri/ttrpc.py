@@ -8,7 +8,9 @@ and message, the result as payload). A client numbers its streams 1, 3, 5, ... (
 
 ``Endpoint`` plays both parts on a ``Channel`` (crishim/nri/mux.py): ``call`` sends a request and
 waits for its response, and requests that arrive are passed to the ``serve`` handler, whose
-answer (or ``RpcError``) goes back as the response. A request naming a method the handler does
+answer (or ``RpcError``) goes back as the response; a handler still running at 90% of the
+caller's deadline (the request's ``timeout_nano``) is cancelled and answered DEADLINE_EXCEEDED, so
+the caller sees an error rather than its own timeout. A request naming a method the handler does
 not know gets UNIMPLEMENTED, so the runtime sees an error rather than a hang. A message longer
 than 4 MiB or of an unknown type breaks the connection (the peer sent something ttrpc never does).
 """
@@ -37,6 +39,7 @@ OK = 0
 UNKNOWN = 2
 INVALID_ARGUMENT = 3
 DEADLINE_EXCEEDED = 4
+RESOURCE_EXHAUSTED = 8
 FAILED_PRECONDITION = 9
 UNIMPLEMENTED = 12
 INTERNAL = 13
@@ -84,6 +87,21 @@ async def read_message(reader: asyncio.StreamReader) -> tuple[int, int, int, byt
     return stream_id, kind, flags, data
 
 
+ANSWER_SHARE = 0.9  # of the caller's deadline a handler may use; the rest carries the answer back
+
+
+def answer_budget(timeout_nano: int) -> float | None:
+    """Seconds a handler may take for a request whose caller waits ``timeout_nano`` (0: no limit).
+
+    The answer must reach the caller before its own deadline: containerd treats a call that runs
+    out its deadline as the plugin's death and then creates the container without the plugin's
+    adjustment (fail open), while an error answered in time fails just that call (fail closed).
+    """
+    if timeout_nano <= 0:
+        return None
+    return timeout_nano / 1e9 * ANSWER_SHARE
+
+
 class Endpoint:
     """ttrpc client and server on one channel."""
 
@@ -105,17 +123,24 @@ class Endpoint:
 
     async def call(self, service: str, method: str, payload: bytes, timeout: float) -> bytes:
         """Call ``service/method`` with ``payload``; its result, or RpcError (DEADLINE_EXCEEDED on
-        ``timeout`` seconds, UNAVAILABLE when the connection ends first)."""
+        ``timeout`` seconds, UNAVAILABLE when the connection ends first, RESOURCE_EXHAUSTED for a
+        request over ttrpc's 4 MiB)."""
         if self.closed.is_set():
             raise RpcError(UNAVAILABLE, f"connection closed: {self.error}")
-        stream_id = next(self._ids)
         request = ttrpc_pb2.Request(
             service=service, method=method, payload=payload, timeout_nano=int(timeout * 1e9)
         )
+        data = request.SerializeToString()
+        if len(data) > TTRPC_MAX_MESSAGE:  # as ttrpc's Go client: refused before sending
+            raise RpcError(
+                RESOURCE_EXHAUSTED,
+                f"{service}/{method}: request of {len(data)} bytes is over ttrpc's {TTRPC_MAX_MESSAGE}",
+            )
+        stream_id = next(self._ids)
         waiter: asyncio.Future[ttrpc_pb2.Response] = asyncio.get_running_loop().create_future()
         self._pending[stream_id] = waiter
         try:
-            await self._channel.write(frame(stream_id, REQUEST, request.SerializeToString()))
+            await self._channel.write(frame(stream_id, REQUEST, data))
             response = await asyncio.wait_for(waiter, timeout)
         except TimeoutError:
             raise RpcError(DEADLINE_EXCEEDED, f"{service}/{method}: no answer in {timeout:g}s") from None
@@ -159,7 +184,16 @@ class Endpoint:
             request.ParseFromString(data)
             if self._serve is None:
                 raise RpcError(UNIMPLEMENTED, f"{request.service}/{request.method}: no service here")
-            payload = await self._serve(request.service, request.method, request.payload)
+            budget = answer_budget(request.timeout_nano)
+            try:
+                payload = await asyncio.wait_for(
+                    self._serve(request.service, request.method, request.payload), budget
+                )
+            except TimeoutError:
+                raise RpcError(
+                    DEADLINE_EXCEEDED,
+                    f"kubegpu NRI plugin: {request.service}/{request.method} not done in {budget:.3g}s",
+                ) from None
         except RpcError as error:
             status = ttrpc_pb2.Status(code=error.code, message=error.message)
         except Exception as error:  # a handler's bug must still answer the runtime

@@ -7,7 +7,8 @@ the plan is ``GroupUnschedulable`` and names the member that did not fit and why
 the minimum (an elastic job's extras) are placed when they fit and otherwise left waiting; they
 never hold back the minimum. The planner changes nothing: every assumption is undone before it
 returns, and the caller assumes the returned allocations in their order (the same state the plan
-was made on).
+was made on), each with its member's pod facts (``facts_of``) as the planner did: members with pod
+(anti-)affinity or spreading towards each other see the members planned before them.
 
 Where a group goes, in order of preference:
 1. the fewest nodes: a member goes to a node the group already uses when one fits it;
@@ -30,6 +31,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from scheduler.core.affinity import PodFacts
 from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, Unschedulable, schedule_one
@@ -111,6 +113,12 @@ class OnlyNodes(FilterPlugin):
         return Counter({self.name: len(rejected)})
 
 
+def facts_of(member: PodRequest) -> PodFacts | None:
+    """What the placement view must record of an assumed member: its labels and pod (anti-)affinity
+    terms, so the members after it see it as the pod it is (None: no placement rules)."""
+    return member.placement.facts if member.placement is not None else None
+
+
 def member_order(members: Sequence[PodRequest]) -> list[PodRequest]:
     """Largest first: whole-GPU count (a share counts as less than one GPU), then CPU, then memory."""
     return sorted(
@@ -154,7 +162,7 @@ def _place_members(
                 if len(placed) + len(members) - position - 1 < needed:
                     break  # the others cannot make the minimum any more
                 continue
-            cluster.assume(result.allocation)
+            cluster.assume(result.allocation, facts_of(member))
             used[cluster.index[result.node]] = True
             placed.append(result)
         if len(placed) >= needed or first_failure is None:
@@ -239,8 +247,9 @@ def _extras_elsewhere(
     """Extras that did not fit inside the chosen domain are tried on the rest of the cluster."""
     if not plan.waiting:
         return plan
+    by_uid = {m.uid: m for m in members}
     for placement in plan.placements:
-        cluster.assume(placement.allocation)
+        cluster.assume(placement.allocation, facts_of(by_uid[placement.allocation.pod_uid]))
     try:
         extras = [m for m in members if m.uid in set(plan.waiting)]
         more, waiting, _, _ = _place_members(extras, cluster, policy, rng, filters, None, 0)
