@@ -166,19 +166,21 @@ def test_the_planner_agrees_with_brute_force_on_tiny_clusters(policy: str) -> No
     assert disagreements(policy, "feasible") + disagreements(policy, "fewest") == []
 
 
-ALREADY_ALLOCATED = (
-    "schedule_group raises AllocationConflict for a member the cluster already has an allocation for "
-    "(a caller that assumed part of a plan and retries, or a restart with one member bound): the "
-    "planner plans it again and its own assume fails"
-)
-
-
-@pytest.mark.xfail(strict=True, reason=ALREADY_ALLOCATED)
-def test_a_member_already_allocated_does_not_crash_the_planner() -> None:
+def test_a_member_already_allocated_counts_towards_the_minimum_and_is_not_planned_again() -> None:
+    """A caller that assumed part of a plan and retries, or a restart with one member bound (this
+    raised AllocationConflict: the planner planned the member again)."""
     cluster = ClusterState([node("n0"), node("n1")])
     group = gang_of([1, 1])
     first = plan(group, cluster)
     assert isinstance(first, GroupPlacement)
-    cluster.assume(first.placements[0].allocation)  # the caller got one member in, then retries
+    done = first.placements[0].allocation
+    cluster.assume(done)  # the caller got one member in, then retries
     again = plan(group, cluster)
-    assert isinstance(again, GroupPlacement | GroupUnschedulable)
+    assert isinstance(again, GroupPlacement)
+    assert [p.allocation.pod_uid for p in again.placements] == [first.placements[1].allocation.pod_uid]
+    assert again.placements[0].node == done.node  # the group's node is preferred
+    for placement in again.placements:
+        cluster.assume(placement.allocation)
+    rest = plan(group, cluster)
+    assert isinstance(rest, GroupPlacement) and rest.placements == () and rest.waiting == ()
+

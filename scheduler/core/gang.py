@@ -134,6 +134,7 @@ def _place_members(
     filters: Sequence[FilterPlugin],
     within: np.ndarray | None,
     needed: int,
+    used_before: np.ndarray | None = None,
 ) -> tuple[list[Placement], list[str], Unschedulable | None, str]:
     """Plan ``members`` in order (assuming each); undoes every assumption before returning.
 
@@ -144,7 +145,7 @@ def _place_members(
     placed: list[Placement] = []
     waiting: list[str] = []
     first_failure: tuple[Unschedulable, str] | None = None
-    used = np.zeros(len(cluster), dtype=bool)
+    used = np.zeros(len(cluster), dtype=bool) if used_before is None else used_before.copy()
     base = list(filters) if within is None else [*filters, OnlyNodes(within, OUTSIDE_DOMAIN)]
     try:
         for position, member in enumerate(members):
@@ -203,32 +204,43 @@ def schedule_group(
     *,
     filters: Sequence[FilterPlugin] = DEFAULT_FILTERS,
 ) -> GroupPlacement | GroupUnschedulable:
-    """Plan the whole group (see the module docstring); the cluster is left as it was."""
-    members = member_order(group.members)
-    if len(members) < group.min_member:
-        return GroupUnschedulable(group.name, group.min_member, len(members), 0, total_nodes=len(cluster))
+    """Plan the whole group (see the module docstring); the cluster is left as it was.
+
+    Members the cluster already holds an allocation for (bound, or assumed by an earlier try)
+    count towards ``min_member`` and are not planned again; their nodes count as the group's.
+    """
+    already = [m for m in group.members if m.uid in cluster.where]
+    members = member_order([m for m in group.members if m.uid not in cluster.where])
+    if len(group.members) < group.min_member:
+        return GroupUnschedulable(
+            group.name, group.min_member, len(group.members), len(already), total_nodes=len(cluster)
+        )
+    needed = max(0, group.min_member - len(already))
+    used = np.zeros(len(cluster), dtype=bool)
+    for member in already:
+        used[cluster.where[member.uid]] = True
     best: GroupPlacement | None = None
     for value, mask in _domains(group, cluster):
         placed, waiting, failure, _ = _place_members(
-            members, cluster, policy, rng, filters, mask, group.min_member
+            members, cluster, policy, rng, filters, mask, needed, used
         )
         if failure is None:
             plan = GroupPlacement(tuple(placed), tuple(waiting), value)
             if best is None or len(plan.nodes) < len(best.nodes):
                 best = plan
-            if len(best.nodes) == 1:
+            if len(best.nodes) <= 1:
                 break
     if best is not None:
         return _extras_elsewhere(best, members, cluster, policy, rng, filters)
     placed, waiting, failure, blocked = _place_members(
-        members, cluster, policy, rng, filters, None, group.min_member
+        members, cluster, policy, rng, filters, None, needed, used
     )
     if failure is not None:
         return GroupUnschedulable(
             group.name,
             group.min_member,
-            len(members),
-            len(placed),
+            len(group.members),
+            len(placed) + len(already),
             blocked,
             dict(failure.reasons),
             failure.total_nodes,
