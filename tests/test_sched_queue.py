@@ -82,3 +82,31 @@ def test_updates_reorder_and_removal_forgets() -> None:
     q.park("unknown")
     q.hold("unknown")
     assert "unknown" not in q
+
+
+def test_a_pod_that_changes_while_queued_keeps_its_priority_order() -> None:
+    q, clock = queue()
+    q.add("low", 0, "2026-01-01T00:00:01Z", "ns/low")
+    q.add("high", 100, "2026-01-01T00:00:05Z", "ns/high")
+    q.add("negative", -10, "2026-01-01T00:00:00Z", "ns/negative")
+    q.update("high", 100, "2026-01-01T00:00:05Z", "ns/high")  # e.g. a label changed
+    q.update("negative", -10, "2026-01-01T00:00:00Z", "ns/negative")
+    assert drain(q) == ["high", "low", "negative"]
+    # A parked pod that changes goes back in its priority's place, ahead of lower ones.
+    q.add("low", 0, "2026-01-01T00:00:01Z", "ns/low")
+    q.add("high", 100, "2026-01-01T00:00:05Z", "ns/high")
+    assert q.pop() == "high"
+    q.park("high", until_pod_changes=True)
+    q.update("high", 100, "2026-01-01T00:00:05Z", "ns/high")
+    assert q.where("high") == "backoff"  # it failed once: it backs off first (1 s)
+    clock.advance(1.0)
+    assert drain(q) == ["high", "low"]
+
+
+def test_an_update_moves_a_pod_by_its_new_priority() -> None:
+    q, _ = queue()
+    for uid, priority, created in (("a", 5, "01"), ("b", 10, "02"), ("c", 0, "03")):
+        q.add(uid, priority, f"2026-01-01T00:00:{created}Z", f"ns/{uid}")
+    q.update("c", 20, "2026-01-01T00:00:03Z", "ns/c")  # raised above everyone
+    q.update("b", -1, "2026-01-01T00:00:02Z", "ns/b")  # lowered below everyone
+    assert drain(q) == ["c", "a", "b"]
