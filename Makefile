@@ -95,7 +95,8 @@ mutate-scheduler: install
 MUTATE_LIVE_SOURCES := scheduler/live/podspec.py scheduler/live/queue.py scheduler/live/translate.py \
 	scheduler/live/cache.py scheduler/live/preemption.py
 MUTATE_LIVE_TESTS := tests/test_sched_podspec.py tests/test_sched_podspec_requests.py \
-	tests/test_sched_queue.py tests/test_sched_cache.py tests/test_sched_preempt_live.py \
+	tests/test_sched_queue.py tests/test_sched_translate.py tests/test_sched_preemption_inputs.py \
+	tests/test_sched_cache.py tests/test_sched_preempt_live.py \
 	tests/test_sched_interleavings.py tests/test_hostile_node_unit.py tests/test_mps_scheduling.py \
 	tests/test_sched_model.py
 mutate-live: install
