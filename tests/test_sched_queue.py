@@ -151,6 +151,20 @@ def test_stale_backoff_entries_neither_release_a_pod_early_nor_hide_the_next_one
     assert q.wait_seconds() == 1.0  # p at 2.5
 
 
+def test_a_stale_backoff_entry_coming_due_releases_nothing() -> None:
+    q, clock = queue(initial=1.0, maximum=60.0)
+    q.add("p", 0, "", "p")
+    assert q.pop() == "p"
+    q.requeue("p", 0, "", "p")  # ready at 1
+    clock.advance(0.5)
+    q.requeue("p", 0, "", "p")  # failed again before that: ready at 0.5 + 2
+    clock.advance(0.5)  # t = 1: the first entry comes due, but it is stale
+    assert q.pop() is None and q.where("p") == "backoff"
+    assert q.counts == {"active": 0, "backoff": 1, "parked": 0}
+    clock.advance(1.5)
+    assert q.pop() == "p"
+
+
 def test_backoffs_expiring_together_all_become_active() -> None:
     q, clock = queue(initial=1.0)
     for uid in ("a", "b", "c"):
