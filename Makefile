@@ -7,7 +7,7 @@ PROTO_OUT := crishim/cri/api_pb2.py crishim/cri/api_pb2_grpc.py
 NRI_PROTO_SRC := proto/nri/api.proto proto/nri/ttrpc.proto
 NRI_PROTO_OUT := crishim/nri/api_pb2.py crishim/nri/ttrpc_pb2.py
 
-.PHONY: deps install proto test bench lint testbin image demo demo-down soak demo-crishim simulate clean mutate-node mutate-scheduler soak-scheduler mutate
+.PHONY: deps install proto test bench lint testbin image demo demo-down soak demo-crishim simulate clean mutate-node mutate-scheduler mutate-live soak-scheduler mutate
 
 # System packages the tests and the local cluster need (containerd, runc, busybox for test images,
 # systemd-analyze, mmdebstrap for the image, the loopback CNI plugin a kubelet node needs to turn
@@ -93,8 +93,25 @@ mutate-scheduler: install
 	$(VPY) -m pip install -q 'mutmut==3.8.1'
 	bash tests/mutate-scheduler.sh
 
-# Both mutation targets.
-mutate: mutate-node mutate-scheduler
+# Mutation testing of the live scheduler's decisions (pod specs, queue, API translation, cache,
+# preemption inputs) with mutmut, against the tests that need no API server or containerd; the
+# randomized cache test runs 3 walks of 300 steps per mutant. Score and survivors: docs/testing.md.
+# Works in build/mutate-live/; the report (per module too) is build/mutate-live/report.txt.
+MUTATE_LIVE_SOURCES := scheduler/live/podspec.py scheduler/live/queue.py scheduler/live/translate.py \
+	scheduler/live/cache.py scheduler/live/preemption.py
+MUTATE_LIVE_TESTS := tests/test_sched_podspec.py tests/test_sched_podspec_requests.py \
+	tests/test_sched_queue.py tests/test_sched_translate.py tests/test_sched_preemption_inputs.py \
+	tests/test_sched_cache.py tests/test_sched_preempt_live.py \
+	tests/test_sched_interleavings.py tests/test_hostile_node_unit.py tests/test_mps_scheduling.py \
+	tests/test_sched_model.py
+mutate-live: install
+	$(VPY) -m pip install -q 'mutmut==3.8.1'
+	KUBEGPU_SOAK_SEEDS=3 KUBEGPU_SOAK_STEPS=300 nice -n 10 $(VPY) -m kubegpu.devenv.mutate live \
+	    --mutate $(MUTATE_LIVE_SOURCES) --tests $(MUTATE_LIVE_TESTS) \
+	    --pytest-arg=-m --pytest-arg='not apiserver and not containerd and not node'
+
+# All mutation targets.
+mutate: mutate-node mutate-scheduler mutate-live
 
 # The main job: a one-node GPU cluster on this machine (kubegpu up; needs root). The first run
 # builds the Kubernetes binaries. It keeps running: `make demo-down` (kubegpu down) removes it.

@@ -477,6 +477,42 @@ def test_shares_of_one_device_may_add_up_to_exactly_1000() -> None:
         verify(resign(document), KEYS)
 
 
+def test_init_containers_may_reuse_any_device_and_app_containers_may_not() -> None:
+    """Regular init containers run alone, before the app containers: they may reuse whole GPUs
+    and shares the others hold (and each other's), and never count towards a device's 1000 milli."""
+
+    def verified(containers: dict[str, ContainerAllocation]) -> Allocation:
+        allocation = Allocation("n", "u", containers)
+        return verify(sign(allocation, "k1", SIGNING["k1"]), KEYS)
+
+    whole = {
+        "setup": ContainerAllocation(("GPU-a", "GPU-b"), init=True),
+        "warmup": ContainerAllocation(("GPU-a",), init=True),
+        "app": ContainerAllocation(("GPU-a",)),
+    }
+    assert verified(whole).containers == whole
+    shares = {
+        "setup": ContainerAllocation(("GPU-a",), {"GPU-a": Share(700)}, init=True),
+        "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(600)}),
+        "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(400)}),
+    }
+    assert verified(shares).containers == shares  # 600 + 400: the init container's 700 not counted
+    one_app = {
+        "setup": ContainerAllocation(("GPU-a",), init=True),
+        "a": ContainerAllocation(("GPU-a",), {"GPU-a": Share(300)}),
+    }
+    assert verified(one_app).containers == one_app
+    # The init flag exempts only the init container: two app containers still may not.
+    with pytest.raises(AllocationError, match="device GPU-a is given whole to one of a, b$"):
+        verified({"setup": whole["setup"], "a": ContainerAllocation(("GPU-a",)), "b": whole["app"]})
+    with pytest.raises(AllocationError, match="shares of device GPU-a add up to more than 1000 milli"):
+        verified({**shares, "b": ContainerAllocation(("GPU-a",), {"GPU-a": Share(401)})})
+    init_flag = json.loads(sign(Allocation("n", "u", whole), "k1", SIGNING["k1"]))
+    init_flag["containers"]["app"]["init"] = "yes"
+    with pytest.raises(AllocationError, match="container app: init must be true or false"):
+        verify(resign(init_flag), KEYS)
+
+
 def test_the_key_ring_logs_what_it_loads_once_per_change(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 import scheduler.live.scheduler as live
+import scheduler.live.translate as translate
 from crishim.advertiser import INVENTORY_ANNOTATION
 from kubegpu import allocation as contract
 from scheduler.live.config import LeaderElection
@@ -535,6 +536,52 @@ def test_a_bound_pods_devices_stay_booked_when_its_annotation_is_tampered_with()
         feed.sync()
         drive(scheduler, jobs, feed, clock)
         assert world.node_of(f"q-{value}") is None
+
+
+@pytest.mark.parametrize(
+    ("node", "uid", "reason"),
+    [
+        ("n1", "uid-p", ""),
+        ("n1", "uid-someone-else", "allocation ignored: it is for another node or pod"),
+        ("n2", "uid-p", "allocation ignored: it is for another node or pod"),
+    ],
+)
+def test_only_an_allocation_signed_for_this_pod_on_this_node_is_verified(
+    node: str, uid: str, reason: str
+) -> None:
+    value = contract.sign(
+        contract.Allocation(node, uid, {"app": contract.ContainerAllocation(("GPU-a",))}), "k1", SIGNING["k1"]
+    )
+    signed, problem = translate.verified_allocation(value, KEYS, "n1", "uid-p")
+    assert problem == reason
+    assert (signed is not None) == (not reason)
+    assert translate.verified_allocation(None, KEYS, "n1", "uid-p") == (None, "")
+    assert translate.verified_allocation("x", KEYS, "n1", "uid-p")[1].startswith("allocation ignored: ")
+
+
+@pytest.mark.parametrize("copied_from", ["another pod", "another node"])
+def test_a_pod_carrying_an_allocation_signed_for_another_pod_or_node_books_no_devices(
+    copied_from: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A valid allocation copied onto a pod it was not made for (another scheduler, or a user,
+    bound the pod with it) names devices that pod does not hold: they stay free for ours."""
+    world, scheduler, jobs, _core, clock, feed = setup([node_json("n1", 1), node_json("n2", 0)])
+    thief = pod_json("thief", scheduler="default-scheduler", node="n1")
+    signed_for = ("n1", "uid-victim") if copied_from == "another pod" else ("n2", "uid-thief")
+    allocation = contract.Allocation(*signed_for, {"app": contract.ContainerAllocation((gpu_id("n1", 0),))})
+    thief["metadata"]["annotations"][contract.ANNOTATION] = contract.sign(allocation, "k1", SIGNING["k1"])
+    world.put_pod(thief)
+    world.put_pod(pod_json("p", 1))
+    caplog.set_level(logging.INFO)
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("p") == "n1" and world.devices_of("p") == [gpu_id("n1", 0)]
+    booked = scheduler.cache.view().allocation("uid-thief")
+    assert booked is not None and booked.gpus == () and booked.cpu_milli == 1000
+    logged = [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == "pod.allocation_problem"]
+    assert [(f["pod"], f["reason"]) for f in logged] == [
+        ("ns/thief", "allocation ignored: it is for another node or pod")
+    ]
 
 
 def test_a_new_leader_lists_before_it_decides_and_retries_a_failed_list_after_a_backoff() -> None:

@@ -255,6 +255,64 @@ def test_errors_keep_the_leader_only_until_the_renew_deadline() -> None:
     assert a.step() is Outcome.RENEWED and a.is_leader
 
 
+class SlowLeases(FakeLeases):
+    """A Lease API whose every call answers just under its client timeout (on the fake clock).
+
+    The answers are right, only late, as from an overloaded apiserver: the wait comes before
+    the call takes effect, so a write lands at the end of it.
+    """
+
+    EARLY = 0.01  # how much sooner than its timeout each call answers, in seconds
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__()
+        self.clock = clock
+
+    def _wait(self, kwargs: dict[str, Any]) -> None:
+        self.clock.advance(kwargs["_request_timeout"] - self.EARLY)
+
+    def read_namespaced_lease(self, name: str, namespace: str, **kwargs: Any) -> k8s.V1Lease:
+        self._wait(kwargs)
+        return super().read_namespaced_lease(name, namespace)
+
+    def create_namespaced_lease(self, namespace: str, body: dict[str, Any], **kwargs: Any) -> None:
+        self._wait(kwargs)
+        super().create_namespaced_lease(namespace, body)
+
+    def replace_namespaced_lease(
+        self, name: str, namespace: str, body: dict[str, Any], **kwargs: Any
+    ) -> None:
+        self._wait(kwargs)
+        super().replace_namespaced_lease(name, namespace, body)
+
+
+@pytest.mark.parametrize("first", ["acquire", "renew"])
+def test_a_slow_step_keeps_the_margin_before_the_lease_expires(first: str) -> None:
+    # On the default timings each call may take 5 s, so a read and a write that answer just in
+    # time end almost 10 s after the renewTime they wrote. The leader must stop leading
+    # renew_deadline (10 s) after that renewTime, lease_seconds - renew_deadline (5 s) before a
+    # candidate may take the Lease over; counted from the end of the write, that margin was ~0 s.
+    clock = FakeClock(T0 + timedelta(microseconds=500))  # a non-zero fraction travels unchanged
+    api = SlowLeases(clock)
+    a, b = fake_elector(api, "a", clock), fake_elector(api, "b", clock)
+    if first == "renew":
+        assert a.step() is Outcome.ACQUIRED
+        clock.advance(2)
+    began = clock.now
+    assert a.step() is (Outcome.ACQUIRED if first == "acquire" else Outcome.RENEWED)
+    assert api.record().renew_time == began and api.record().holder == "a"
+    assert clock.now - began > timedelta(seconds=9.9)  # both calls took almost their timeout
+    assert a.is_leader  # within renew_deadline of the renewTime it wrote
+    clock.advance(10.001 - (clock.now - began).total_seconds())
+    assert not a.is_leader  # renew_deadline after that renewTime
+    clock.advance(5)
+    expiry = api.record().expiry()
+    assert expiry is not None and clock.now > expiry
+    assert not a.is_leader  # the Lease has expired: b may take it now ...
+    assert b.step() is Outcome.ACQUIRED  # ... and does
+    assert not a.is_leader
+
+
 def test_release_frees_the_lease_and_is_a_no_op_for_a_follower() -> None:
     api, clock = FakeLeases(), FakeClock()
     a, b = fake_elector(api, "a", clock), fake_elector(api, "b", clock)

@@ -4,8 +4,8 @@ mutmut (3.x) reads its settings from the working directory's pyproject.toml and 
 ``mutants/`` tree there. To keep both out of the repository, and so that several mutation
 targets (node, scheduler) never share settings, each run works in ``build/mutate-<name>/``: a
 copy of the packages and tests, with a pyproject.toml holding only the pytest settings and this
-run's ``[tool.mutmut]``. It prints the score and every surviving mutant's diff, and writes them
-to ``build/mutate-<name>/report.txt``.
+run's ``[tool.mutmut]``. It prints the score (in all and per module) and every surviving
+mutant's diff, and writes them to ``build/mutate-<name>/report.txt``.
 
     python -m kubegpu.devenv.mutate node --mutate crishim/ledger.py ... --tests tests/test_x.py ...
 """
@@ -15,10 +15,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
 import tomllib
+from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -88,6 +90,7 @@ def run(workdir: Path, jobs: int) -> int:
     survivors = [n for s, names in statuses.items() if s not in ("killed", "skipped") for n in names]
     score = f"{100 * killed / max(total, 1):.1f}%"
     report = [f"mutants: {total}, killed: {killed} ({score}), by status: {counts}"]
+    report += per_module(statuses)
     for name in sorted(survivors):
         shown = subprocess.run([*mutmut, "show", name], cwd=workdir, env=env, capture_output=True, text=True)
         report += ["", f"--- {name} ({_status_of(name, statuses)})", shown.stdout.strip()]
@@ -95,6 +98,29 @@ def run(workdir: Path, jobs: int) -> int:
     (workdir / "report.txt").write_text(text)
     print(text)
     return 0
+
+
+def module_of(name: str) -> str:
+    """The module of a mutant's name (``pkg.mod.x_func__mutmut_3``, ``pkg.mod.xǁClassǁmethod__mutmut_1``)."""
+    match = re.match(r"(.+?)\.x[_ǁ]", name)
+    return match[1] if match else name
+
+
+def per_module(statuses: dict[str, list[str]]) -> list[str]:
+    """One line per mutated module: its mutants, killed, and the other statuses by count."""
+    modules: dict[str, Counter[str]] = {}
+    for status, names in statuses.items():
+        for name in names:
+            modules.setdefault(module_of(name), Counter())[status] += 1
+    lines = []
+    for module, counts in sorted(modules.items()):
+        total, killed = sum(counts.values()), counts["killed"]
+        others = ", ".join(f"{status} {n}" for status, n in sorted(counts.items()) if status != "killed")
+        lines.append(
+            f"  {module}: {total} mutants, killed {killed} ({100 * killed / max(total, 1):.1f}%)"
+            + (f"; {others}" if others else "")
+        )
+    return lines
 
 
 def _status_of(name: str, statuses: dict[str, list[str]]) -> str:

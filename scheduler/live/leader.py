@@ -9,9 +9,11 @@ The protocol is client-go's ``leaderelection`` with a Lease lock:
 - Every write is a create (fails with 409 AlreadyExists if someone else created it first) or an
   update carrying the ``resourceVersion`` that was read (fails with 409 Conflict if someone
   else wrote in between). So two candidates racing for the same Lease can never both win.
-- A leader that cannot renew for ``renew_deadline`` seconds stops leading. Since
-  ``renew_deadline < lease_seconds``, it stops before anyone else may take over, provided the
-  replicas' clocks agree to within ``lease_seconds - renew_deadline``.
+- A leader that cannot renew for ``renew_deadline`` seconds stops leading. The deadline counts
+  from the start of the last successful step, taken before its read and so no later than the
+  ``renewTime`` it wrote, however slowly the calls answered. Since ``renew_deadline <
+  lease_seconds``, it stops before anyone else may take over, provided the replicas' clocks
+  agree to within ``lease_seconds - renew_deadline``.
 - ``release()`` on a clean shutdown clears the holder, so another replica takes over at once
   instead of waiting for the lease to expire.
 
@@ -292,7 +294,7 @@ class LeaderElector:
         self._monotonic = monotonic
         self._lock = threading.Lock()  # one API step (or release) at a time
         self._leading = False
-        self._last_renewed = 0.0  # monotonic time of the last successful write while leading
+        self._last_renewed = 0.0  # monotonic time at the start of the last successful step
         self.observed: LeaseRecord | None = None  # the Lease as last read or written
         # Each API call may take at most this long, so a hung call cannot outlive the deadline.
         self._timeout = {"_request_timeout": max(retry_period, renew_deadline / 2)}
@@ -301,7 +303,7 @@ class LeaderElector:
 
     @property
     def is_leader(self) -> bool:
-        """True while we hold the Lease and renewed it less than ``renew_deadline`` ago.
+        """True while we hold the Lease and its last renewal began less than ``renew_deadline`` ago.
 
         It takes no lock, so it never waits for an API call in progress: cheap enough to ask
         before every bind.
@@ -325,10 +327,14 @@ class LeaderElector:
     def step(self) -> Outcome:
         """Like :meth:`try_acquire_or_renew`, with the reason."""
         with self._lock:
+            # The renew deadline counts from before the read, no later than the renewTime that
+            # _step writes: a write that lands late must not move it on (the safety margin,
+            # lease_seconds - renew_deadline, would shrink by the calls' duration).
+            began = self._monotonic()
             outcome = self._step()
             if outcome.leading:
                 self._leading = True
-                self._last_renewed = self._monotonic()
+                self._last_renewed = began
             elif outcome is Outcome.HELD:
                 self._leading = False  # someone else holds it: we are not leading, whatever we thought
             return outcome
