@@ -52,15 +52,21 @@ def test_a_bound_pod_takes_its_requests_from_its_node() -> None:
     assert (usage.cpu_milli, usage.memory_mib, usage.gpus, usage.problem) == (250, 300, 0, "")
 
 
+def cpu_memory(body: dict[str, Any]) -> tuple[int, int]:
+    """(CPU milli, memory MiB) that ``pod_resources`` finds for ``body``."""
+    found = pod_resources(body, "nvidia.com/gpu")
+    return found.cpu_milli, found.memory_mib
+
+
 def test_a_limit_counts_only_where_no_request_is_stated() -> None:
     only_limits = pod([container("app", None, {"cpu": "2", "memory": "3Gi"})])
-    assert pod_resources(only_limits, "nvidia.com/gpu")[:2] == (2000, 3072)
+    assert cpu_memory(only_limits) == (2000, 3072)
     cpu_request_only = pod([container("app", {"cpu": "100m"}, {"cpu": "1", "memory": "2Gi"})])
-    assert pod_resources(cpu_request_only, "nvidia.com/gpu")[:2] == (100, 2048)
+    assert cpu_memory(cpu_request_only) == (100, 2048)
     memory_request_only = pod([container("app", {"memory": "64Mi"}, {"cpu": "3", "memory": "2Gi"})])
-    assert pod_resources(memory_request_only, "nvidia.com/gpu")[:2] == (3000, 64)
+    assert cpu_memory(memory_request_only) == (3000, 64)
     nothing = pod([container("app", None, None)])
-    assert pod_resources(nothing, "nvidia.com/gpu")[:2] == (0, 0)
+    assert cpu_memory(nothing) == (0, 0)
 
 
 def test_init_sidecar_and_app_containers_are_each_charged_their_requests() -> None:
@@ -75,7 +81,7 @@ def test_init_sidecar_and_app_containers_are_each_charged_their_requests() -> No
         ],
         overhead={"cpu": "50m", "memory": "16Mi"},
     )
-    cpu, memory, _containers = pod_resources(spec, "nvidia.com/gpu")
+    cpu, memory = cpu_memory(spec)
     # CPU: max(setup 2000 (no sidecar before it), apps 1500 + sidecar 100) + overhead 50.
     # Memory: max(setup 1024, apps 1536 + sidecar 128) + overhead 16.
     assert (cpu, memory) == (2050, 1680)
