@@ -59,6 +59,18 @@ class Holding:
         return (self.pod_uid, self.container, self.attempt)
 
 
+def one_per_create(holdings: Iterable[Holding]) -> tuple[Holding, ...]:
+    """The holdings with each create (pod, container, attempt) counted once, its largest kept:
+    containerd makes at most one container per name, so a create and its retry (both quarantined
+    while their outcome is unknown) are one container at most."""
+    kept: dict[tuple[str, str, int], Holding] = {}
+    for h in holdings:
+        current = kept.get(h.create_key)
+        if current is None or (h.milli, h.memory_mib) > (current.milli, current.memory_mib):
+            kept[h.create_key] = h
+    return tuple(kept.values())
+
+
 def memory_held(holding: Holding, gpu_memory_mib: int) -> int:
     """The GPU memory (MiB) a holding takes of a GPU with ``gpu_memory_mib``: its share's memory,
     or its milli's fraction of the GPU's (all of it for a whole GPU), as the scheduler books it."""
@@ -140,7 +152,7 @@ class Ledger:
         past 1000, or their memory past the GPU's."""
         found = []
         for device in dict.fromkeys(h.device for h in wanted):
-            others = tuple(h for h in self._by_device.get(device, ()) if h.owner != owner)
+            others = one_per_create(h for h in self._by_device.get(device, ()) if h.owner != owner)
             if not others:
                 continue
             together = [*others, *(h for h in wanted if h.device == device)]

@@ -130,3 +130,31 @@ def test_uninstall_says_a_record_of_the_wrong_shape_is_unreadable(
     assert code == 1, (out, err)
     assert "node-install.json is unreadable" in err and "unexpected" not in err, err
     assert tree(tmp_path) == before
+
+
+def test_a_create_and_its_ambiguous_retry_count_once_for_other_pods() -> None:
+    """Under load kubelet's create of P runs past its deadline and its retry fails ambiguously too
+    ("name is reserved": containerd is still making the first). Both holdings are quarantined, but
+    containerd makes at most one container per pod, name and attempt: P's 600 count once and Q's
+    400 fit (counted twice, Q was refused: tests/test_crishim_rewrite.py's deadline test failed
+    under load)."""
+    from crishim.ledger import Holding, Ledger
+
+    ledger = Ledger()
+    first = Holding("", "sb-p", "p", "app", "gpu0", 600, attempt=0, ticket=1)
+    retry = Holding("", "sb-p", "p", "app", "gpu0", 600, attempt=0, ticket=2)
+    assert ledger.try_reserve([first]) == []
+    ledger.mark_unknown([first])
+    assert ledger.try_reserve([retry]) == []
+    ledger.mark_unknown([retry])
+    q = Holding("", "sb-q", "q", "app", "gpu0", 400, ticket=3)
+    assert ledger.try_reserve([q]) == []
+    too_much = Holding("", "sb-r", "r", "app", "gpu0", 1, ticket=4)
+    assert ledger.try_reserve([too_much])  # 600 + 400 + 1: refused
+    other_attempt = Holding("", "sb-p", "p", "app", "gpu1", 600, attempt=0, ticket=5)
+    next_attempt = Holding("", "sb-p", "p", "app", "gpu1", 600, attempt=1, ticket=6)
+    for h in (other_attempt, next_attempt):
+        assert ledger.try_reserve([h]) == []
+        ledger.mark_unknown([h])
+    # two attempts may both end up as containers: they count twice for anyone else
+    assert ledger.try_reserve([Holding("", "sb-s", "s", "app", "gpu1", 100, ticket=7)])
