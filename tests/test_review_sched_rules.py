@@ -233,6 +233,12 @@ CASES = (
             ),
         ),
     ),
+    Case(
+        "pods-unlisted",  # a node whose allocatable lists no pods admits none
+        "NodeResourcesFit",
+        (N("a", {"pods": None}),),
+        (P("plain", expect=UNSCHEDULABLE, reason="Too many pods"),),
+    ),
     # --- NodePorts ----------------------------------------------------------------------------------
     Case(
         "ports-sidecar",
@@ -378,12 +384,11 @@ def decisions(
         if thread.is_alive():
             thread.join(timeout=10)
         kube.stop()
+        worlds.delete_nodes()
 
 
 # (case, pod) -> why kubegpu still decides otherwise (each an xfail, strict: it must fail)
-KNOWN: dict[tuple[str, str], str] = {
-    ("gpu-unlisted", "one"): "a node whose allocatable lists no GPU count is not limited by it",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 CHECKS = [
     pytest.param(
         case,

@@ -199,6 +199,13 @@ class Worlds:
         }
         self.core.patch_node(name, patch, _content_type=MERGE_PATCH)
 
+    def delete_nodes(self) -> None:
+        """Remove every case's nodes (a cordoned or tainted one would stay in other tests' counts)."""
+        for case in self.cases.values():
+            for world in WORLDS:
+                for node in case.nodes:
+                    self.core.delete_node(self.node_name(case.name, node.name, world))
+
     def manifest(self, case: str, pod: P, world: str) -> dict[str, Any]:
         """The pod as submitted to ``world``."""
         spec: dict[str, Any] = {"containers": [container()], "terminationGracePeriodSeconds": 0}
