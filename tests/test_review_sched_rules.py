@@ -84,6 +84,70 @@ CASES = (
         ),
     ),
     Case(
+        "resize-refused",  # resized up in its spec, refused by the kubelet: what it runs with counts
+        "NodeResourcesFit",
+        (N("a", {"cpu": "2"}),),
+        (
+            P(
+                "filler",
+                asks({"cpu": "1500m"}),
+                by="none",
+                node="a",
+                step=0,
+                status={
+                    "phase": "Running",
+                    "containerStatuses": [running("app", {"cpu": "500m"})],
+                    "conditions": [
+                        {
+                            "type": "PodResizePending",
+                            "status": "True",
+                            "reason": "Infeasible",
+                            "message": "no",
+                        }
+                    ],
+                },
+            ),
+            P("mine", asks({"cpu": "1"}), expect="a"),
+        ),
+    ),
+    Case(
+        "resized-sidecar",
+        "NodeResourcesFit",
+        (N("a", {"cpu": "2"}),),
+        (
+            P(
+                "filler",
+                {
+                    "containers": [container("app", {"cpu": "100m"})],
+                    "initContainers": [container("side", {"cpu": "400m"}, restartPolicy="Always")],
+                },
+                by="none",
+                node="a",
+                step=0,
+                status={
+                    "phase": "Running",
+                    "containerStatuses": [running("app", {"cpu": "100m"})],
+                    "initContainerStatuses": [running("side", {"cpu": "1400m"})],
+                },
+            ),
+            P("mine", asks({"cpu": "1"}), expect=UNSCHEDULABLE, reason="Insufficient cpu"),
+        ),
+    ),
+    Case(
+        "limits-only",  # memory and ephemeral storage asked by limits alone, in an init container too
+        "NodeResourcesFit",
+        (N("a", {"memory": "1Gi", "ephemeral-storage": "10Gi"}),),
+        (
+            P("mem", asks({}, {"memory": "2Gi"}), expect=UNSCHEDULABLE, reason="Insufficient memory"),
+            P(
+                "init-disk",
+                asks({}, initContainers=[container("init", {}, {"ephemeral-storage": "20Gi"})]),
+                expect=UNSCHEDULABLE,
+                reason="Insufficient ephemeral-storage",
+            ),
+        ),
+    ),
+    Case(
         "succeeded",  # a finished pod holds nothing
         "NodeResourcesFit",
         (N("a", {"cpu": "2"}),),
@@ -310,6 +374,23 @@ CASES = (
         (
             P("theirs", app_ports(port(9006)), by="other"),
             P("mine", app_ports(port(9006, ip="10.0.0.1")), step=2, expect=UNSCHEDULABLE, reason=PORTS_TAKEN),
+        ),
+    ),
+    Case(
+        "ports-many",  # one pod's ports on several IPs and protocols
+        "NodePorts",
+        (N("a"),),
+        (
+            P("two-ips", app_ports(port(9100, ip="10.0.0.1"), port(9100, "UDP"))),
+            P("third-ip", app_ports(port(9100, ip="10.0.0.3")), step=2, expect="a"),
+            P(
+                "udp",
+                app_ports(port(9100, "UDP", ip="10.0.0.9")),
+                step=3,
+                expect=UNSCHEDULABLE,
+                reason=PORTS_TAKEN,
+            ),
+            P("any", app_ports(port(9100)), step=3, expect=UNSCHEDULABLE, reason=PORTS_TAKEN),
         ),
     ),
     # --- NodeUnschedulable ----------------------------------------------------------------------------
