@@ -185,7 +185,7 @@ def test_the_live_cache_follows_a_gpu_flipping_between_mps_and_advisory_while_a_
                     "kubegpu.io/heartbeat": now,
                 },
             },
-            "status": {"allocatable": {"cpu": "8", "memory": "64Gi"}},
+            "status": {"allocatable": {"cpu": "8", "memory": "64Gi", "pods": "110", "nvidia.com/gpu": "2"}},
         }
 
     running = Signed(

@@ -85,10 +85,12 @@ def pod(
 
 def only_reason(message: str) -> str:
     """The reason of kube-scheduler's message for this trial's node, the others (other tests' nodes
-    on the shared apiserver) being left out by the node selector."""
+    on the shared apiserver) being left out by the node selector, or by their cordon, which
+    NodeUnschedulable checks first."""
     assert message.startswith("0/") and " nodes are available: " in message, message
     reasons = message.split(" nodes are available: ", 1)[1].rstrip(".").split(", ")
-    return ", ".join(r for r in reasons if "didn't match Pod's node affinity/selector" not in r)
+    others = ("didn't match Pod's node affinity/selector", "node(s) were unschedulable")
+    return ", ".join(r for r in reasons if not any(o in r for o in others))
 
 
 def node_of(trial: Trial, name: str) -> str | None:

@@ -42,6 +42,7 @@ from kubegpu.logs import log_event
 from scheduler.core.affinity import PodFacts
 from scheduler.core.constraints import pod_facts
 from scheduler.core.state import Allocation, ClusterState, NodeState
+from scheduler.live.podspec import status_key
 from scheduler.live.translate import (
     NodeFacts,
     fact_allocation,
@@ -117,8 +118,9 @@ class PodChange(enum.StrEnum):
 
 @dataclass(frozen=True)
 class _Fact:
-    """A bound pod's booking, memoised on what it depends on: node, annotation, spec and the
-    metadata placement rules read (a status update changes none of them)."""
+    """A bound pod's booking, memoised on what it depends on: node, annotation, spec, the
+    metadata placement rules read and the resources its container statuses report (a resize in
+    place; any other status update changes none of them)."""
 
     node: str
     raw: Any  # the allocation annotation's value
@@ -127,12 +129,14 @@ class _Fact:
     alloc: Allocation
     problem: str
     facts: PodFacts  # what placement rules see of the pod (labels, affinity terms)
+    status: Any = ()  # what pod_usage reads of the status (podspec.status_key)
 
-    def same_pod(self, node: str, raw: Any, spec: Any, seen: Any) -> bool:
+    def same_pod(self, node: str, raw: Any, spec: Any, seen: Any, status: Any) -> bool:
         return (
             node == self.node
             and raw == self.raw
             and seen == self.seen
+            and status == self.status
             and (spec is self.spec or spec == self.spec)
         )
 
@@ -525,7 +529,8 @@ class Cache:
         annotations = meta.get("annotations") or {}
         raw = annotations.get(contract.ANNOTATION) if isinstance(annotations, Mapping) else None
         memo = self._facts_memo.get(uid)
-        if memo is not None and memo.same_pod(node, raw, spec, _seen_by_rules(pod)):
+        status = status_key(pod)
+        if memo is not None and memo.same_pod(node, raw, spec, _seen_by_rules(pod), status):
             return memo
         usage = pod_usage(pod, self.gpu_resource)
         cached = self._verified.get(uid)
@@ -544,7 +549,7 @@ class Cache:
             self._verified[uid] = (raw, node, signed, problem)
         problem = "; ".join(p for p in (usage.problem, problem) if p)
         alloc = fact_allocation(node, uid, pod_key(pod), usage, signed)
-        fact = _Fact(node, raw, spec, _seen_by_rules(pod), alloc, problem, pod_facts(pod))
+        fact = _Fact(node, raw, spec, _seen_by_rules(pod), alloc, problem, pod_facts(pod), status)
         self._facts_memo[uid] = fact
         return fact
 
@@ -559,7 +564,7 @@ class Cache:
         raw = annotations.get(contract.ANNOTATION) if isinstance(annotations, Mapping) else None
         if node != assumed.alloc.node or raw != assumed.annotation:
             return None
-        fact = _Fact(node, raw, spec, _seen_by_rules(pod), assumed.alloc, "", pod_facts(pod))
+        fact = _Fact(node, raw, spec, _seen_by_rules(pod), assumed.alloc, "", pod_facts(pod), status_key(pod))
         self._facts_memo[uid] = fact
         if assumed.signed is not None:
             self._verified[uid] = (raw, node, assumed.signed, "")

@@ -148,6 +148,74 @@ def _container_requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
     return requests
 
 
+RESIZE_PENDING = "PodResizePending"  # the pod condition whose reason ``Infeasible`` refuses a resize
+
+
+def _reported(raw: Any) -> dict[str, Decimal]:
+    """A ResourceList the kubelet reported in a container status; an entry that is no non-negative
+    quantity is left out (a status is the kubelet's report, never the pod's error)."""
+    out: dict[str, Decimal] = {}
+    if isinstance(raw, Mapping):
+        for name, value in raw.items():
+            try:
+                quantity = _quantity(value, str(name))
+            except PodSpecError:
+                continue
+            if quantity >= 0:
+                out[str(name)] = quantity
+    return out
+
+
+def container_statuses(pod: Mapping[str, Any]) -> dict[str, tuple[dict[str, Decimal], dict[str, Decimal]]]:
+    """Per container (app or init) whose status reports its resources: the requests it runs with
+    (``status.resources.requests``) and those the kubelet allocated (``allocatedResources``)."""
+    status = pod.get("status")
+    out: dict[str, tuple[dict[str, Decimal], dict[str, Decimal]]] = {}
+    if not isinstance(status, Mapping):
+        return out
+    for key in ("containerStatuses", "initContainerStatuses"):
+        entries = status.get(key)
+        for entry in entries if isinstance(entries, list) else []:
+            if not isinstance(entry, Mapping) or not isinstance(entry.get("resources"), Mapping):
+                continue
+            requests = _reported(entry["resources"].get("requests"))
+            out[str(entry.get("name", ""))] = (requests, _reported(entry.get("allocatedResources")))
+    return out
+
+
+def resize_infeasible(pod: Mapping[str, Any]) -> bool:
+    """Whether the kubelet refused the pod's resize (condition PodResizePending, reason Infeasible)."""
+    status = pod.get("status")
+    conditions = status.get("conditions") if isinstance(status, Mapping) else None
+    for condition in conditions if isinstance(conditions, list) else []:
+        if isinstance(condition, Mapping) and condition.get("type") == RESIZE_PENDING:
+            return condition.get("reason") == "Infeasible"
+    return False
+
+
+def status_key(pod: Mapping[str, Any]) -> tuple[Any, ...]:
+    """What ``pod_resources`` reads of a pod's status (a hashable key, to memoise on)."""
+    reported = sorted(
+        (name, tuple(sorted(running.items())), tuple(sorted(allocated.items())))
+        for name, (running, allocated) in container_statuses(pod).items()
+    )
+    return resize_infeasible(pod), tuple(reported)
+
+
+def _running_requests(
+    spec: dict[str, Decimal], reported: tuple[dict[str, Decimal], dict[str, Decimal]], infeasible: bool
+) -> dict[str, Decimal]:
+    """A container's requests while it may be resized in place (InPlacePodVerticalScaling, as
+    component-helpers with ``UseStatusResources``): per resource the largest of its spec, what it
+    runs with and what was allocated; the spec left out when the kubelet refused the resize."""
+    out = {} if infeasible else dict(spec)
+    for figures in reported:
+        for name, value in figures.items():
+            if name not in out or value > out[name]:
+                out[name] = value
+    return out
+
+
 def _aggregate(rows: list[tuple[ContainerKind, dict[str, Decimal]]]) -> dict[str, Decimal]:
     """Per resource named by any container, the pod's request by the init/sidecar rule."""
     names = {name for _, requests in rows for name in requests}
@@ -258,11 +326,17 @@ def pod_resources(pod: Mapping[str, Any], gpu_resource: str) -> PodResources:
     spec = pod.get("spec") or {}
     rows: list[tuple[ContainerKind, dict[str, Decimal]]] = []
     containers = []
+    statuses = container_statuses(pod)
+    infeasible = resize_infeasible(pod) if statuses else False
     for init, key in ((True, "initContainers"), (False, "containers")):
         for c in spec.get(key) or []:
             kind = _kind(c, init)
-            containers.append(ContainerRequest(str(c.get("name", "")), _gpus(c, gpu_resource), kind))
-            rows.append((kind, _container_requests(c)))
+            name = str(c.get("name", ""))
+            containers.append(ContainerRequest(name, _gpus(c, gpu_resource), kind))
+            requests = _container_requests(c)
+            if kind != ContainerKind.INIT and name in statuses:
+                requests = _running_requests(requests, statuses[name], infeasible)
+            rows.append((kind, requests))
     total = _aggregate(rows)
     total.update(_pod_level(spec, total))
     for name, value in _resource_list(spec.get("overhead"), "spec.overhead").items():

@@ -57,8 +57,8 @@ class NodeFacts:
     heartbeat: dt.datetime | None
     cordoned: bool
     problem: str = ""  # why the node cannot take kubegpu pods, if it cannot
-    max_pods: int | None = None  # status.allocatable.pods (None: not published)
-    gpu_resource: int | None = None  # status.allocatable of the GPU resource (None: not published)
+    max_pods: int | None = None  # status.allocatable.pods (0 when not published)
+    gpu_resource: int | None = None  # status.allocatable of the GPU resource (0 when not published)
     # the other resources' allocatable, exact (memory in bytes; PodRequest.resources' names)
     allocatable: Mapping[str, int] = field(default_factory=dict)
 
@@ -95,16 +95,17 @@ def _read_allocatable(
     """(CPU milli, memory MiB, pods, GPU count, other resources, problem) of a Node's allocatable.
 
     Memory in MiB is rounded down (it feeds scores; the fit is checked in bytes, among the other
-    resources, as kube-scheduler's ``Value()``). Pods and the GPU count are None when absent (no
-    limit); a resource absent from the others is 0. A figure that is not a quantity (or one beyond
-    what Kubernetes keeps) is a problem naming it, never a zero or a missing limit.
+    resources, as kube-scheduler's ``Value()``). Any figure absent is 0, as kube-scheduler reads
+    it: a node listing no ``pods`` admits no pod, one listing no GPU count no whole GPU. A figure
+    that is not a quantity (or one beyond what Kubernetes keeps) is a problem naming it, never a
+    zero or a missing limit.
     """
     figures: dict[str, Any] = {}
     for what, key, read, absent in (
         ("cpu", "cpu", _milli_cpu, 0),
         ("memory", "memory", _bytes, 0),
-        ("pods", "pods", _count, None),
-        ("GPU count", gpu_resource, _count, None),
+        ("pods", "pods", _count, 0),
+        ("GPU count", gpu_resource, _count, 0),
     ):
         value = allocatable.get(key)
         try:

@@ -58,10 +58,11 @@ ANYWHERE = "*"  # P.expect: bound, to whichever node
 
 @dataclass(frozen=True)
 class N:
-    """A node of a case: its short name, allocatable figures, GPUs, NICs, labels, taints, cordon."""
+    """A node of a case: its short name, allocatable figures (a figure None: the node does not
+    list it), GPUs, NICs, labels, taints, cordon."""
 
     name: str
-    capacity: Mapping[str, str] = field(default_factory=dict)
+    capacity: Mapping[str, str | None] = field(default_factory=dict)
     gpus: int = 0
     nics: int = 0
     labels: Mapping[str, str] = field(default_factory=dict)
@@ -73,7 +74,8 @@ class N:
 class P:
     """A pod of a case: ``spec`` is merged over a one-container pod asking 100m CPU and 64Mi;
     ``expect`` is the node's short name, ``UNSCHEDULABLE`` or ``ANYWHERE``; ``reason`` a text
-    the FailedScheduling message of an unschedulable pod holds, in both schedulers' messages."""
+    the FailedScheduling message of an unschedulable pod holds, in both schedulers' messages;
+    ``status`` is written over a pod ``by="none"`` once created (its phase, container statuses)."""
 
     name: str
     spec: Mapping[str, Any] = field(default_factory=dict)
@@ -83,6 +85,7 @@ class P:
     node: str = ""
     expect: str | None = ANYWHERE
     reason: str = ""
+    status: Mapping[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -177,11 +180,11 @@ class Worlds:
         gpus = [(gpu_id(name, i), True) for i in range(node.gpus)]
         nics = [f"mlx5_{i}" for i in range(node.nics)]
         if node.gpus:
-            capacity["nvidia.com/gpu"] = str(node.gpus)
+            capacity.setdefault("nvidia.com/gpu", str(node.gpus))
         if node.nics:
-            capacity["kubegpu.io/rdma"] = str(node.nics)
+            capacity.setdefault("kubegpu.io/rdma", str(node.nics))
         labels = {CASE_LABEL: case, WORLD_LABEL: world, NODE_LABEL: node.name, HOSTNAME: name, **node.labels}
-        create_fake_node(self.core, name, labels=labels, capacity=capacity)
+        create_fake_node(self.core, name, labels=labels, capacity=capacity)  # type: ignore[arg-type]
         patch: dict[str, Any] = {
             "metadata": {
                 "annotations": {
@@ -195,6 +198,13 @@ class Worlds:
             },
         }
         self.core.patch_node(name, patch, _content_type=MERGE_PATCH)
+
+    def delete_nodes(self) -> None:
+        """Remove every case's nodes (a cordoned or tainted one would stay in other tests' counts)."""
+        for case in self.cases.values():
+            for world in WORLDS:
+                for node in case.nodes:
+                    self.core.delete_node(self.node_name(case.name, node.name, world))
 
     def manifest(self, case: str, pod: P, world: str) -> dict[str, Any]:
         """The pod as submitted to ``world``."""
@@ -223,9 +233,12 @@ class Worlds:
                 if pod.step != step:
                     continue
                 for world in WORLDS:
-                    self.core.create_namespaced_pod(
-                        self.namespace(case.name, world), self.manifest(case.name, pod, world)
-                    )
+                    namespace = self.namespace(case.name, world)
+                    self.core.create_namespaced_pod(namespace, self.manifest(case.name, pod, world))
+                    if pod.status:
+                        self.core.patch_namespaced_pod_status(
+                            pod.name, namespace, {"status": copy.deepcopy(dict(pod.status))}
+                        )
                     made.append((case.name, world, pod.name))
         return made
 
