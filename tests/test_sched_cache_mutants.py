@@ -1,0 +1,301 @@
+"""The live scheduler's ``Cache`` driven directly: what each event reports to the scheduler (whether
+to wake the queue), what a read-back proved, and that the view kept up to date event by event
+books exactly what a rebuild from the same objects books.
+
+Added for the survivors of ``make mutate-live`` (docs/testing.md): the world-driven tests of
+``test_sched_cache.py`` mostly see the cache through a rebuilt view, so the incremental paths
+(``observe_bound``, ``apply_pod``, ``drop_pod`` on a clean view) and the return values the
+scheduler acts on were not checked one by one.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from typing import Any
+
+from scheduler.core.state import Allocation, GpuGrant
+from scheduler.live.cache import Cache, PodChange
+from tests.support.schedworld import KEYS, gpu_id, node_json, pod_json
+from tests.test_sched_cache import signed
+
+
+def cache_with(*nodes: dict, pods: list[dict] = ()) -> Cache:
+    cache = Cache("kubegpu", lambda: KEYS)
+    cache.replace_nodes(nodes)
+    cache.replace_pods([copy.deepcopy(p) for p in pods])
+    cache.view()
+    return cache
+
+
+def snapshot(cache: Cache) -> dict[str, Any]:
+    """What the view books: per node its free CPU, memory, pod slots and devices, and where each pod is."""
+    cluster = cache.view()
+    nodes = {
+        node.name: (
+            int(cluster.cpu_free[i]),
+            int(cluster.mem_free[i]),
+            int(cluster.pods_free[i]),
+            cluster.gpu_free[i].tolist(),
+            sorted(node.allocations),
+        )
+        for i, node in enumerate(cluster.nodes)
+    }
+    where = {uid: cluster.nodes[i].name for uid, i in cluster.where.items()}
+    placed = dict(cluster.placement.index.node_of) if cluster.placement is not None else {}
+    return {"nodes": nodes, "where": where, "placed": placed}
+
+
+def same_as_rebuilt(cache: Cache) -> None:
+    """The view kept up to date by events equals one rebuilt from the cache's objects."""
+    assert not cache.dirty
+    kept = snapshot(cache)
+    cache.dirty = True
+    assert snapshot(cache) == kept
+    assert cache.check_consistency() == []
+
+
+def bound(name: str, node: str, devices: list[str], **kw: Any) -> dict:
+    return signed(pod_json(name, len(devices), **kw), node, devices)
+
+
+def uid_of(pod: dict) -> str:
+    return pod["metadata"]["uid"]
+
+
+def alloc_of(pod: dict, node: str, devices: list[str]) -> Allocation:
+    gpus = tuple(GpuGrant(int(d.rsplit("-", 1)[1]), d) for d in devices)
+    return Allocation(node, uid_of(pod), f"ns/{pod['metadata']['name']}", 1000, 1024, gpus)
+
+
+# --- nodes ---------------------------------------------------------------------------------------
+
+
+def test_node_events_report_whether_the_usable_nodes_changed() -> None:
+    cache = cache_with(node_json("n1", 2))
+    assert cache.apply_node("DELETED", node_json("ghost")) is False  # never known
+    assert cache.apply_node("MODIFIED", node_json("n1", 2)) is False  # the same node again
+    assert not cache.dirty
+    assert cache.apply_node("ADDED", node_json("n2", 2)) is True and cache.dirty
+    assert sorted(snapshot(cache)["nodes"]) == ["n1", "n2"]
+    assert cache.apply_node("MODIFIED", node_json("n2", 4)) is True
+    assert len(snapshot(cache)["nodes"]["n2"][3]) == 4
+    assert cache.apply_node("DELETED", node_json("n2")) is True and cache.dirty
+    assert sorted(snapshot(cache)["nodes"]) == ["n1"]
+    assert "n2" not in cache.facts
+
+
+def test_a_heartbeat_matters_only_when_it_makes_a_node_usable_or_not() -> None:
+    fresh = node_json("n1", 2)
+    cache = cache_with(fresh)
+    later = copy.deepcopy(fresh)
+    stamp = dt.datetime.now(dt.UTC).replace(microsecond=0)
+    later["metadata"]["annotations"] = {
+        **later["metadata"]["annotations"],
+        "kubegpu.io/heartbeat": (stamp + dt.timedelta(seconds=1)).strftime("%Y-%m-%dT%H:%M:%SZ"),
+    }
+    assert cache.apply_node("MODIFIED", later) is False and not cache.dirty  # fresh before and after
+    stale = copy.deepcopy(fresh)
+    stale["metadata"]["annotations"]["kubegpu.io/heartbeat"] = "2020-01-01T00:00:00Z"
+    assert cache.apply_node("MODIFIED", stale) is True
+    cache.view()
+    assert cache.excluded == {"n1": "node's device heartbeat is stale"}
+    assert cache.apply_node("MODIFIED", later) is True
+    cache.view()
+    assert cache.excluded == {}
+
+
+# --- namespaces ----------------------------------------------------------------------------------
+
+
+def test_namespace_events_report_label_changes() -> None:
+    cache = Cache("kubegpu", lambda: KEYS)
+    cache.replace_namespaces([{"metadata": {"name": "ns", "labels": {"team": "a"}}}, {"metadata": {}}])
+    assert cache.namespaces == {"ns": {"team": "a"}}
+    assert cache.apply_namespace("MODIFIED", {"metadata": {"name": "ns", "labels": {"team": "a"}}}) is False
+    assert cache.apply_namespace("MODIFIED", {"metadata": {"name": "ns", "labels": {"team": "b"}}}) is True
+    assert cache.apply_namespace("ADDED", {"metadata": {"name": "other", "labels": ["x"]}}) is True
+    assert cache.namespaces["other"] == {}
+    assert cache.apply_namespace("ADDED", {"metadata": {"labels": {}}}) is False  # no name
+    assert cache.apply_namespace("DELETED", {"metadata": {"name": "gone"}}) is False
+    assert cache.apply_namespace("DELETED", {"metadata": {"name": "other"}}) is True
+    assert cache.namespaces == {"ns": {"team": "b"}}
+
+
+# --- pods ----------------------------------------------------------------------------------------
+
+
+def test_pod_events_report_what_they_did() -> None:
+    cache = cache_with(node_json("n1", 4))
+    assert cache.apply_pod("ADDED", {"metadata": {"name": "no-uid"}, "spec": {}}) is PodChange.NONE
+    waiting = pod_json("waiting", 1)
+    assert cache.apply_pod("ADDED", waiting) is PodChange.PENDING
+    other = pod_json("other", 1, scheduler="default-scheduler")
+    assert cache.apply_pod("ADDED", other) is PodChange.NONE  # another scheduler's pending pod
+    assert cache.apply_pod("DELETED", pod_json("never-seen")) is PodChange.NONE
+    done = copy.deepcopy(waiting)
+    done["status"] = {"phase": "Succeeded"}
+    assert cache.apply_pod("MODIFIED", done) is PodChange.GONE
+    assert uid_of(waiting) not in cache.pods
+    holder = bound("holder", "n1", [gpu_id("n1", 0)])
+    assert cache.apply_pod("ADDED", holder) is PodChange.BOUND
+    assert cache.apply_pod("MODIFIED", copy.deepcopy(holder)) is PodChange.NONE  # a status update
+    unbound = pod_json("holder", 1, uid=uid_of(holder))
+    assert cache.apply_pod("MODIFIED", unbound) is PodChange.NONE  # older than what was seen
+    assert snapshot(cache)["where"] == {uid_of(holder): "n1"}
+    failed = copy.deepcopy(holder)
+    failed["status"] = {"phase": "Failed"}
+    assert cache.apply_pod("MODIFIED", failed) is PodChange.GONE
+    assert snapshot(cache)["where"] == {}
+    same_as_rebuilt(cache)
+
+
+def test_a_pod_that_leaves_this_scheduler_is_gone() -> None:
+    cache = cache_with(node_json("n1", 4))
+    mine = pod_json("p", 1)
+    assert cache.apply_pod("ADDED", mine) is PodChange.PENDING
+    gated = copy.deepcopy(mine)
+    gated["spec"]["schedulingGates"] = [{"name": "wait"}]
+    assert cache.apply_pod("MODIFIED", gated) is PodChange.GONE and uid_of(mine) not in cache.pods
+
+
+def test_bound_pods_seen_one_by_one_book_what_a_rebuild_books() -> None:
+    a = bound("a", "n1", [gpu_id("n1", 0)])
+    cache = cache_with(node_json("n1", 4), node_json("n2", 4), pods=[a])
+    b = bound("b", "n1", [gpu_id("n1", 1), gpu_id("n1", 2)])
+    assert cache.apply_pod("ADDED", b) is PodChange.BOUND
+    same_as_rebuilt(cache)
+    # a pod of another scheduler, bound without an allocation: CPU and memory, no devices
+    c = pod_json("c", cpu="2", scheduler="default-scheduler", node="n2")
+    assert cache.apply_pod("ADDED", c) is PodChange.BOUND
+    same_as_rebuilt(cache)
+    # its labels change: the placement rules of later pods see the new ones
+    relabelled = copy.deepcopy(c)
+    relabelled["metadata"]["labels"] = {"app": "web"}
+    assert cache.apply_pod("MODIFIED", relabelled) is PodChange.BOUND
+    assert cache.view().placement.index.facts[uid_of(c)].labels == {"app": "web"}
+    same_as_rebuilt(cache)
+    # the allocation annotation of b is replaced by a valid one for other devices: the new booking
+    moved = bound("b", "n1", [gpu_id("n1", 3)], uid=uid_of(b))
+    assert cache.apply_pod("MODIFIED", moved) is PodChange.BOUND
+    assert snapshot(cache)["nodes"]["n1"][3][:4] == [0, 1000, 1000, 0]
+    same_as_rebuilt(cache)
+    assert cache.apply_pod("DELETED", moved) is PodChange.GONE
+    assert cache.apply_pod("DELETED", a) is PodChange.GONE
+    assert snapshot(cache)["nodes"]["n1"][3][:4] == [1000] * 4
+    same_as_rebuilt(cache)
+
+
+def test_a_bound_pod_on_a_node_kubegpu_does_not_use_counts_for_rules_only() -> None:
+    cordoned = node_json("n2", 2)
+    cordoned["metadata"]["annotations"]["kubegpu.io/heartbeat"] = "2020-01-01T00:00:00Z"
+    cache = cache_with(node_json("n1", 2), cordoned)
+    there = pod_json("there", cpu="1", scheduler="default-scheduler", node="n2")
+    assert cache.apply_pod("ADDED", there) is PodChange.BOUND
+    view = cache.view()
+    assert uid_of(there) not in view.where and uid_of(there) in view.placement.index.node_of
+    same_as_rebuilt(cache)
+    assert cache.apply_pod("DELETED", there) is PodChange.GONE
+    assert uid_of(there) not in cache.view().placement.index.node_of
+    same_as_rebuilt(cache)
+
+
+# --- assumptions ---------------------------------------------------------------------------------
+
+
+def test_our_own_binding_seen_bound_keeps_the_assumed_booking() -> None:
+    cache = cache_with(node_json("n1", 4))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    alloc = alloc_of(p, "n1", [gpu_id("n1", 2)])
+    cache.assume(uid_of(p), alloc, 0.0)
+    seen = bound("p", "n1", [gpu_id("n1", 2)], uid=uid_of(p))
+    annotation = seen["metadata"]["annotations"]["kubegpu.io/allocation"]
+    cache.sending(uid_of(p), annotation, None)
+    cache.bind_succeeded(uid_of(p), 1.0, 5.0)
+    assert cache.next_read_at() == 6.0
+    assert cache.apply_pod("MODIFIED", seen) is PodChange.BOUND
+    assert uid_of(p) not in cache.assumed and cache.view().allocation(uid_of(p)) == alloc
+    assert cache.next_read_at() is None  # nothing left to read back
+    same_as_rebuilt(cache)
+
+
+def test_a_pod_bound_elsewhere_than_assumed_books_where_it_is() -> None:
+    cache = cache_with(node_json("n1", 4), node_json("n2", 4))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    cache.sending(uid_of(p), "our annotation", None)
+    elsewhere = bound("p", "n2", [gpu_id("n2", 1)], uid=uid_of(p))
+    assert cache.apply_pod("MODIFIED", elsewhere) is PodChange.BOUND
+    nodes = snapshot(cache)["nodes"]
+    assert nodes["n1"][3][:4] == [1000] * 4 and nodes["n2"][3][:4] == [1000, 0, 1000, 1000]
+    same_as_rebuilt(cache)
+
+
+def test_read_back_says_what_it_proved() -> None:
+    cache = cache_with(node_json("n1", 4))
+    pods = {name: pod_json(name, 1) for name in ("gone", "other", "done", "bound", "unbound")}
+    for i, p in enumerate(pods.values()):
+        cache.apply_pod("ADDED", p)
+        cache.assume(
+            uid_of(p), alloc_of(p, "n1", [gpu_id("n1", i % 4)]) if i < 4 else alloc_of(p, "n1", []), 0.0
+        )
+        cache.bind_uncertain(uid_of(p), 0.0, 1.0)
+    assert sorted(cache.due_reads(1.0)) == sorted(uid_of(p) for p in pods.values())
+    assert cache.read_back(uid_of(pods["gone"]), None) == "gone"
+    assert (
+        cache.read_back(uid_of(pods["other"]), pod_json("other", 1, uid="new")) == "gone"
+    )  # same name, new pod
+    finished = copy.deepcopy(pods["done"])
+    finished["status"] = {"phase": "Succeeded"}
+    assert cache.read_back(uid_of(pods["done"]), finished) == "gone"
+    seen = bound("bound", "n1", [gpu_id("n1", 3)], uid=uid_of(pods["bound"]))
+    assert cache.read_back(uid_of(pods["bound"]), seen) == "bound"
+    assert cache.read_back(uid_of(pods["unbound"]), pods["unbound"]) == "unbound"
+    assert cache.read_back(uid_of(pods["unbound"]), pods["unbound"]) == "resolved"
+    assert cache.assumed == {}
+    assert snapshot(cache)["where"] == {uid_of(pods["bound"]): "n1"}
+    for name in ("gone", "other", "done"):
+        assert uid_of(pods[name]) not in cache.pods
+    same_as_rebuilt(cache)
+
+
+def test_a_failed_read_is_tried_again_later() -> None:
+    cache = cache_with(node_json("n1", 4))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    cache.bind_uncertain(uid_of(p), 0.0, 2.0)
+    assert cache.due_reads(1.9) == [] and cache.due_reads(2.0) == [uid_of(p)]
+    assert cache.next_read_at() is None  # being read
+    cache.read_failed(uid_of(p), 2.5, 3.0)
+    assert cache.assumed[uid_of(p)].reads == 1 and cache.next_read_at() == 5.5
+    assert cache.due_reads(5.5) == [uid_of(p)]
+
+
+def test_an_assumed_pod_relabelled_while_binding_shows_its_new_labels() -> None:
+    cache = cache_with(node_json("n1", 4))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    relabelled = copy.deepcopy(p)
+    relabelled["metadata"]["labels"] = {"role": "db"}
+    assert cache.apply_pod("MODIFIED", relabelled) is PodChange.PENDING
+    assert cache.view().placement.index.facts[uid_of(p)].labels == {"role": "db"}
+    same_as_rebuilt(cache)
+
+
+def test_a_relist_drops_assumptions_of_gone_pods_and_books_bound_ones() -> None:
+    cache = cache_with(node_json("n1", 4))
+    stays, goes = pod_json("stays", 1), pod_json("goes", 1)
+    for i, p in enumerate((stays, goes)):
+        cache.apply_pod("ADDED", p)
+        cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", i)]), 0.0)
+    listed = bound("stays", "n1", [gpu_id("n1", 0)], uid=uid_of(stays))
+    assert cache.replace_pods([listed]) == [uid_of(goes)]
+    assert cache.assumed == {}
+    assert snapshot(cache)["where"] == {uid_of(stays): "n1"}
+    # a list older than that: the pod shows unbound, but a pod never unbinds
+    assert cache.replace_pods([stays]) == []
+    assert snapshot(cache)["where"] == {uid_of(stays): "n1"}
