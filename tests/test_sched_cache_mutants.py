@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
+import logging
 from typing import Any
 
+import pytest
+
 from scheduler.core.state import Allocation, GpuGrant
-from scheduler.live.cache import Cache, PodChange
-from tests.support.schedworld import KEYS, gpu_id, node_json, pod_json
+from scheduler.live.cache import Cache, PodChange, is_bound, is_pending_for
+from tests.support.schedworld import KEYS, gpu_id, inventory_json, node_json, pod_json
 from tests.test_sched_cache import signed
 
 
@@ -299,3 +302,225 @@ def test_a_relist_drops_assumptions_of_gone_pods_and_books_bound_ones() -> None:
     # a list older than that: the pod shows unbound, but a pod never unbinds
     assert cache.replace_pods([stays]) == []
     assert snapshot(cache)["where"] == {uid_of(stays): "n1"}
+
+
+# --- which pods are whose -------------------------------------------------------------------------
+
+
+def test_which_pods_wait_for_this_scheduler_and_which_are_bound() -> None:
+    p = pod_json("p", 1)
+    assert is_pending_for(p, "kubegpu") and not is_pending_for(p, "default-scheduler")
+    for change in (
+        {"spec": {**p["spec"], "schedulingGates": [{"name": "quota"}]}},
+        {"status": {"phase": "Failed"}},
+        {"status": {"phase": "Succeeded"}},
+        {"metadata": {**p["metadata"], "deletionTimestamp": "2026-01-01T00:00:00Z"}},
+        {"spec": {**p["spec"], "nodeName": "n1"}},
+    ):
+        assert not is_pending_for({**p, **change}, "kubegpu"), change
+    assert is_pending_for({**p, "status": {"phase": "Pending"}}, "kubegpu")
+    on_node = pod_json("q", 1, node="n1")
+    assert is_bound(on_node) and is_bound({**on_node, "status": {"phase": "Running"}})
+    assert not is_bound({**on_node, "status": {"phase": "Succeeded"}}) and not is_bound(p)
+
+
+# --- logs: one line per event, naming the objects --------------------------------------------------
+
+
+def events(caplog: pytest.LogCaptureFixture, name: str) -> list[tuple[int, dict[str, Any]]]:
+    return [(r.levelno, r.fields) for r in caplog.records if r.getMessage() == name]
+
+
+def test_excluded_and_usable_nodes_are_logged_once_per_change(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    stale = node_json("n1", 2)
+    stale["metadata"]["annotations"]["kubegpu.io/heartbeat"] = "2020-01-01T00:00:00Z"
+    cache = cache_with(stale, node_json("n2", 2))
+    assert events(caplog, "node.excluded") == [
+        (logging.WARNING, {"node": "n1", "reason": "node's device heartbeat is stale"})
+    ]
+    cache.dirty = True
+    cache.view()
+    assert len(events(caplog, "node.excluded")) == 1 and events(caplog, "node.usable") == []
+    cache.apply_node("MODIFIED", node_json("n1", 2))
+    cache.view()
+    assert events(caplog, "node.usable") == [(logging.INFO, {"node": "n1"})]
+    assert cache.rebuilds == 3
+
+
+def test_each_rebuild_logs_what_the_view_holds(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    stale = node_json("n3", 2)
+    stale["metadata"]["annotations"]["kubegpu.io/heartbeat"] = "2020-01-01T00:00:00Z"
+    holder, waiting = bound("holder", "n1", [gpu_id("n1", 0)]), pod_json("waiting", 1)
+    cache = cache_with(node_json("n1", 2), node_json("n2", 2), stale, pods=[holder, waiting])
+    cache.assume(uid_of(waiting), alloc_of(waiting, "n2", [gpu_id("n2", 0)]), 0.0)
+    cache.dirty = True
+    cache.view()
+    assert [fields for _, fields in events(caplog, "cache.rebuilt")][-1] == {
+        "nodes": 2,
+        "excluded": 1,
+        "bound_pods": 1,
+        "assumed": 1,
+    }
+
+
+def test_a_relist_logs_each_assumption_it_drops(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    cache = cache_with(node_json("n1", 2))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 1)]), 0.0)
+    cache.replace_pods([])
+    assert events(caplog, "pod.assumption_dropped") == [
+        (logging.INFO, {"pod": "ns/p", "node": "n1", "reason": "pod is gone"})
+    ]
+
+
+def test_two_pods_holding_one_gpu_are_an_error_logged_once(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    first = bound("first", "n1", [gpu_id("n1", 0)])
+    second = bound("second", "n1", [gpu_id("n1", 0)])
+    cache = cache_with(node_json("n1", 2), pods=[first, second])
+    conflicts = events(caplog, "pod.allocation_conflict")
+    assert conflicts == [
+        (
+            logging.ERROR,
+            {
+                "pod": "ns/second",
+                "node": "n1",
+                "devices": [gpu_id("n1", 0)],
+                "reason": f"GPU {gpu_id('n1', 0)} is booked beyond its capacity",
+            },
+        )
+    ]
+    cache.dirty = True
+    cache.view()
+    assert len(events(caplog, "pod.allocation_conflict")) == 1  # the same report is not repeated
+    assert events(caplog, "pod.allocation_problem") == []
+
+
+def test_an_allocation_that_is_not_a_string_is_a_problem_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    odd = pod_json("odd", 1, node="n1")
+    odd["metadata"]["annotations"]["kubegpu.io/allocation"] = {"devices": [gpu_id("n1", 0)]}
+    cache = cache_with(node_json("n1", 2), pods=[odd])
+    assert events(caplog, "pod.allocation_problem") == [
+        (
+            logging.WARNING,
+            {"pod": "ns/odd", "node": "n1", "devices": [], "reason": "allocation ignored: not a string"},
+        )
+    ]
+    assert snapshot(cache)["nodes"]["n1"][3][:2] == [1000, 1000]
+
+
+def test_an_annotation_changed_after_binding_keeps_its_devices(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    p = bound("p", "n1", [gpu_id("n1", 1)])
+    cache = cache_with(node_json("n1", 2), pods=[p])
+    removed = copy.deepcopy(p)
+    del removed["metadata"]["annotations"]["kubegpu.io/allocation"]
+    cache.apply_pod("MODIFIED", removed)
+    assert snapshot(cache)["nodes"]["n1"][3][:2] == [1000, 0]
+    same_as_rebuilt(cache)
+    assert [f["reason"] for _, f in events(caplog, "pod.allocation_problem")] == [
+        "annotation changed after binding (removed); keeping its devices"
+    ]
+    garbled = copy.deepcopy(p)
+    garbled["metadata"]["annotations"]["kubegpu.io/allocation"] = "garbled"
+    cache.apply_pod("MODIFIED", garbled)
+    cache.dirty = True
+    assert snapshot(cache)["nodes"]["n1"][3][:2] == [1000, 0]
+    reason = events(caplog, "pod.allocation_problem")[-1][1]["reason"]
+    assert reason.startswith("annotation changed after binding (allocation ignored: ")
+    assert reason.endswith("); keeping its devices")
+
+
+def test_an_assumption_that_no_longer_fits_is_logged(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    cache = cache_with(node_json("n1", 2))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    cache.replace_pods([p, bound("other", "n1", [gpu_id("n1", 0)])])  # another binder's pod on it
+    cache.view()
+    assert events(caplog, "pod.assumption_conflict") == [
+        (
+            logging.WARNING,
+            {
+                "pod": "ns/p",
+                "node": "n1",
+                "devices": [gpu_id("n1", 0)],
+                "reason": f"GPU {gpu_id('n1', 0)} is booked beyond its capacity",
+            },
+        )
+    ]
+
+
+# --- our own bindings, NICs, memos ----------------------------------------------------------------
+
+
+def test_our_own_binding_is_not_verified_again() -> None:
+    """The annotation this replica sent is booked as assumed even when the verifying keys changed
+    meanwhile (rotated out): it is this replica's decision, not a claim to check."""
+    keys: dict[str, Any] = dict(KEYS)
+    cache = Cache("kubegpu", lambda: keys)
+    cache.replace_nodes([node_json("n1", 4)])
+    p = pod_json("p", 1)
+    cache.replace_pods([p])
+    cache.view()
+    alloc = alloc_of(p, "n1", [gpu_id("n1", 3)])
+    cache.assume(uid_of(p), alloc, 0.0)
+    seen = bound("p", "n1", [gpu_id("n1", 3)], uid=uid_of(p))
+    cache.sending(uid_of(p), seen["metadata"]["annotations"]["kubegpu.io/allocation"], None)
+    keys.clear()
+    assert cache.apply_pod("MODIFIED", seen) is PodChange.BOUND
+    assert cache.view().allocation(uid_of(p)) == alloc
+    status = copy.deepcopy(seen)
+    status["status"] = {"phase": "Running"}
+    assert cache.apply_pod("MODIFIED", status) is PodChange.NONE
+    cache.dirty = True
+    assert cache.view().allocation(uid_of(p)) == alloc  # a rebuild keeps it too
+
+
+def test_a_binding_not_yet_sent_is_verified_like_any_other() -> None:
+    cache = cache_with(node_json("n1", 4), node_json("n2", 4))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    seen = bound("p", "n1", [gpu_id("n1", 2)], uid=uid_of(p))  # another replica's binding, other GPU
+    assert cache.apply_pod("MODIFIED", seen) is PodChange.BOUND
+    assert snapshot(cache)["nodes"]["n1"][3][:4] == [1000, 1000, 0, 1000]
+    same_as_rebuilt(cache)
+
+
+def test_nics_in_an_allocation_are_not_booked_as_gpus() -> None:
+    inventory = inventory_json([(gpu_id("n1", i), True) for i in range(2)], nics=["nic-0"])
+    node = node_json("n1", 2, inventory=inventory)
+    a = bound("a", "n1", [gpu_id("n1", 0), "nic-0"])
+    cache = cache_with(node, pods=[a])
+    assert [g.id for g in cache.view().allocation(uid_of(a)).gpus] == [gpu_id("n1", 0)]
+    b = bound("b", "n1", [gpu_id("n1", 1), "nic-0"])
+    assert cache.apply_pod("ADDED", b) is PodChange.BOUND
+    assert [g.id for g in cache.view().allocation(uid_of(b)).gpus] == [gpu_id("n1", 1)]
+    assert cache.apply_pod("MODIFIED", copy.deepcopy(b)) is PodChange.NONE
+    same_as_rebuilt(cache)
+
+
+def test_a_cache_takes_node_events_before_any_list() -> None:
+    cache = Cache("kubegpu", lambda: KEYS)
+    assert cache.apply_node("ADDED", node_json("n1", 2)) is True
+    assert cache.view().node("n1").gpu_resource == 2  # nvidia.com/gpu, the default resource name
+
+
+def test_a_heartbeat_older_than_two_minutes_is_stale_by_default() -> None:
+    now = dt.datetime(2026, 5, 1, 12, 0, 0, tzinfo=dt.UTC)
+    node = node_json("n1", 2)
+    cache = Cache("kubegpu", lambda: KEYS, now=lambda: now)
+    for age, stale in ((120, False), (121, True)):
+        node["metadata"]["annotations"]["kubegpu.io/heartbeat"] = (now - dt.timedelta(seconds=age)).strftime(
+            "%Y-%m-%dT%H:%M:%SZ"
+        )
+        cache.replace_nodes([node])
+        cache.view()
+        assert ("n1" in cache.excluded) is stale, age
