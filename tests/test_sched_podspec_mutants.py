@@ -139,8 +139,8 @@ def test_sub_milli_cpu_and_fractional_bytes_round_up() -> None:
     )
     assert asked.cpu_milli == 1
     assert dict(asked.resources) == {"memory": 1, "ephemeral-storage": 2}
-    node = node_json("n1", cpu="1500u")
-    assert node_facts(node).cpu_milli == 2
+    node = node_json("n1", cpu="2500u")  # 2.5 milli-CPUs: up, not to the even 2
+    assert node_facts(node).cpu_milli == 3
 
 
 @pytest.mark.parametrize(
