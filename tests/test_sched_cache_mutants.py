@@ -17,8 +17,10 @@ from typing import Any
 
 import pytest
 
+from kubegpu import allocation as contract
+from scheduler.core.constraints import pod_facts
 from scheduler.core.state import Allocation, GpuGrant
-from scheduler.live.cache import Cache, PodChange, is_bound, is_pending_for
+from scheduler.live.cache import Assumed, Binding, Cache, PodChange, is_bound, is_pending_for
 from tests.support.schedworld import KEYS, gpu_id, inventory_json, node_json, pod_json
 from tests.test_sched_cache import signed
 
@@ -524,3 +526,259 @@ def test_a_heartbeat_older_than_two_minutes_is_stale_by_default() -> None:
         cache.replace_nodes([node])
         cache.view()
         assert ("n1" in cache.excluded) is stale, age
+
+
+# --- relists, resizes, configured resource names ---------------------------------------------------
+
+
+def test_a_bound_pod_resized_in_place_books_its_new_cpu() -> None:
+    p = bound("p", "n1", [gpu_id("n1", 0)], cpu="1")
+    cache = cache_with(node_json("n1", 2, cpu="64"), pods=[p])
+    resized = copy.deepcopy(p)
+    resized["spec"]["containers"][0]["resources"]["requests"]["cpu"] = "4"
+    assert cache.apply_pod("MODIFIED", resized) is PodChange.BOUND
+    assert snapshot(cache)["nodes"]["n1"][0] == 60000
+    same_as_rebuilt(cache)
+
+
+def test_a_configured_gpu_resource_is_read_from_nodes_and_pods() -> None:
+    def node(name: str) -> dict:
+        n = node_json(name, 4)
+        allocatable = n["status"]["allocatable"]
+        allocatable["example.com/gpu"] = allocatable.pop("nvidia.com/gpu", "4")
+        return n
+
+    cache = Cache("kubegpu", lambda: KEYS, gpu_resource="example.com/gpu")
+    cache.replace_nodes([node("n1")])
+    assert cache.apply_node("ADDED", node("n2")) is True
+    p = pod_json("p", node="n1")
+    p["spec"]["containers"][0]["resources"]["limits"] = {"example.com/gpu": "3"}
+    cache.replace_pods([p])
+    view = cache.view()
+    assert [view.node(n).gpu_resource for n in ("n1", "n2")] == [4, 4]
+    assert view.gpu_resource_free.tolist() == [1, 4]
+
+
+def test_a_relist_takes_the_listed_version_of_known_pods() -> None:
+    holder = bound("holder", "n1", [gpu_id("n1", 0)])
+    waiting = pod_json("waiting", 1)
+    cache = cache_with(node_json("n1", 2), pods=[holder, waiting])
+    newer_holder, newer_waiting = copy.deepcopy(holder), copy.deepcopy(waiting)
+    newer_holder["metadata"]["labels"] = {"v": "2"}
+    newer_waiting["metadata"]["labels"] = {"v": "2"}
+    cache.replace_pods([newer_holder, newer_waiting])
+    assert cache.pods[uid_of(holder)]["metadata"]["labels"] == {"v": "2"}
+    assert cache.pods[uid_of(waiting)]["metadata"]["labels"] == {"v": "2"}
+    assert cache.view().placement.index.facts[uid_of(holder)].labels == {"v": "2"}
+
+
+def test_a_relist_showing_a_bound_pod_finished_releases_it() -> None:
+    holder = bound("holder", "n1", [gpu_id("n1", 0)])
+    cache = cache_with(node_json("n1", 2), pods=[holder])
+    finished = copy.deepcopy(holder)
+    finished["status"] = {"phase": "Succeeded"}
+    cache.replace_pods([finished])
+    assert snapshot(cache)["where"] == {} and uid_of(holder) not in cache.pods
+
+
+def test_a_stale_entry_in_a_relist_does_not_hide_the_pods_after_it() -> None:
+    holder = bound("holder", "n1", [gpu_id("n1", 0)])
+    cache = cache_with(node_json("n1", 2), pods=[holder])
+    stale = pod_json("holder", 1, uid=uid_of(holder))  # listed unbound: older than what was seen
+    other, waiting = bound("other", "n1", [gpu_id("n1", 1)]), pod_json("waiting", 1)
+    cache.replace_pods([stale, other, waiting])
+    assert set(cache.pods) == {uid_of(holder), uid_of(other), uid_of(waiting)}
+    assert snapshot(cache)["where"] == {uid_of(holder): "n1", uid_of(other): "n1"}
+
+
+def test_while_the_view_is_stale_only_a_first_sighting_is_news() -> None:
+    cache = cache_with(node_json("n1", 2))
+    cache.apply_node("ADDED", node_json("n2", 2))  # the view is stale until the next decision
+    p = bound("p", "n1", [gpu_id("n1", 0)])
+    assert cache.apply_pod("ADDED", p) is PodChange.BOUND
+    assert cache.apply_pod("MODIFIED", copy.deepcopy(p)) is PodChange.NONE
+    assert snapshot(cache)["where"] == {uid_of(p): "n1"}
+
+
+def test_a_relist_keeps_the_devices_of_an_annotation_changed_after_binding() -> None:
+    p = bound("p", "n1", [gpu_id("n1", 1)])
+    cache = cache_with(node_json("n1", 2), pods=[p])
+    removed = copy.deepcopy(p)
+    del removed["metadata"]["annotations"]["kubegpu.io/allocation"]
+    cache.apply_pod("MODIFIED", removed)
+    cache.replace_pods([removed])
+    assert snapshot(cache)["nodes"]["n1"][3][:2] == [1000, 0]
+
+
+# --- assumptions and placement rules --------------------------------------------------------------
+
+
+def test_an_assumed_pod_counts_for_rules_with_its_labels() -> None:
+    cache = cache_with(node_json("n1", 2))
+    p, q = pod_json("p", 1), pod_json("q", 1)
+    for pod, labels in ((p, {"app": "a"}), (q, {"app": "b"})):
+        pod["metadata"]["labels"] = labels
+        cache.apply_pod("ADDED", pod)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    given = pod_facts({**q, "metadata": {**q["metadata"], "labels": {"app": "given"}}})
+    cache.assume(uid_of(q), alloc_of(q, "n1", [gpu_id("n1", 1)]), 0.0, given)
+    facts = cache.view().placement.index.facts
+    assert facts[uid_of(p)].labels == {"app": "a"} and facts[uid_of(q)].labels == {"app": "given"}
+
+
+def test_our_own_binding_seen_with_new_labels_shows_them() -> None:
+    cache = cache_with(node_json("n1", 4))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    seen = bound("p", "n1", [gpu_id("n1", 0)], uid=uid_of(p))
+    seen["metadata"]["labels"] = {"role": "db"}
+    cache.sending(uid_of(p), seen["metadata"]["annotations"]["kubegpu.io/allocation"], None)
+    assert cache.apply_pod("MODIFIED", seen) is PodChange.BOUND
+    assert cache.view().placement.index.facts[uid_of(p)].labels == {"role": "db"}
+
+
+def test_releasing_an_assumption_on_a_node_gone_stale_forgets_it_for_rules() -> None:
+    fresh = node_json("n1", 2)
+    cache = cache_with(fresh)
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    stale = copy.deepcopy(fresh)
+    stale["metadata"]["annotations"]["kubegpu.io/heartbeat"] = "2020-01-01T00:00:00Z"
+    cache.apply_node("MODIFIED", stale)
+    assert uid_of(p) in cache.view().placement.index.node_of  # on its way there: counts for rules
+    assert cache.release(uid_of(p)) is not None
+    assert uid_of(p) not in cache.view().placement.index.node_of
+
+
+def test_each_failed_read_counts() -> None:
+    cache = cache_with(node_json("n1", 2))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 0)]), 0.0)
+    cache.bind_uncertain(uid_of(p), 0.0, 1.0)
+    for attempt in (1, 2, 3):
+        assert cache.due_reads(100.0 * attempt) == [uid_of(p)]
+        cache.read_failed(uid_of(p), 100.0 * attempt, 1.0)
+        assert cache.assumed[uid_of(p)].reads == attempt
+
+
+# --- reports with several problems, NICs, key rotation ---------------------------------------------
+
+
+def test_every_problem_of_a_booking_is_in_its_report(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    both = [gpu_id("n1", 0), gpu_id("n1", 1)]
+    first, second = bound("first", "n1", both), bound("second", "n1", both)
+    cache = cache_with(node_json("n1", 2), pods=[first])
+    assert cache.apply_pod("ADDED", second) is PodChange.BOUND  # seen by a watch event
+    beyond = "; ".join(f"GPU {d} is booked beyond its capacity" for d in both)
+    assert [f["reason"] for _, f in events(caplog, "pod.allocation_conflict")] == [beyond]
+    cache.dirty = True
+    cache.view()
+    assert len(events(caplog, "pod.allocation_conflict")) == 1  # reported once per pod
+    p = pod_json("p", 2)
+    cache.apply_pod("ADDED", p)
+    cache.replace_pods([p])
+    cache.view()
+    cache.assume(uid_of(p), alloc_of(p, "n1", both), 0.0)
+    cache.replace_pods([p, first])
+    cache.view()
+    assert events(caplog, "pod.assumption_conflict")[-1][1]["reason"] == beyond
+    odd = pod_json("odd", node="n1", cpu="lots")
+    odd["metadata"]["annotations"]["kubegpu.io/allocation"] = 7
+    cache.apply_pod("ADDED", odd)
+    reason = events(caplog, "pod.allocation_problem")[-1][1]["reason"]
+    assert reason.startswith("resources unreadable: ") and reason.endswith(
+        "; allocation ignored: not a string"
+    )
+
+
+def test_an_allocation_of_nics_only_is_no_problem(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    inventory = inventory_json([(gpu_id("n1", 0), True)], nics=["nic-0"])
+    nic_only = signed(pod_json("rdma"), "n1", ["nic-0"])
+    cache = cache_with(node_json("n1", 1, inventory=inventory), pods=[nic_only])
+    assert events(caplog, "pod.allocation_problem") == [] and snapshot(cache)["nodes"]["n1"][3][:1] == [1000]
+
+
+def test_a_pod_verified_once_is_not_doubted_when_keys_rotate(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    keys: dict[str, Any] = dict(KEYS)
+    cache = Cache("kubegpu", lambda: keys)
+    cache.replace_nodes([node_json("n1", 2)])
+    p = bound("p", "n1", [gpu_id("n1", 1)])
+    cache.replace_pods([p])
+    cache.view()
+    keys.clear()
+    relabelled = copy.deepcopy(p)
+    relabelled["metadata"]["labels"] = {"v": "2"}
+    cache.apply_pod("MODIFIED", relabelled)
+    cache.dirty = True
+    assert snapshot(cache)["nodes"]["n1"][3][:2] == [1000, 0]
+    assert events(caplog, "pod.allocation_problem") == []
+
+
+def test_an_annotation_that_never_verified_is_not_kept(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    p = pod_json("p", 1, node="n1")
+    p["metadata"]["annotations"]["kubegpu.io/allocation"] = "garbage-1"
+    cache = cache_with(node_json("n1", 2), pods=[p])
+    changed = copy.deepcopy(p)
+    changed["metadata"]["annotations"]["kubegpu.io/allocation"] = "garbage-2"
+    cache.apply_pod("MODIFIED", changed)
+    cache.dirty = True
+    cache.view()
+    reasons = [f["reason"] for _, f in events(caplog, "pod.allocation_problem")]
+    assert reasons and all(r.startswith("allocation ignored: ") for r in reasons), reasons
+
+
+def test_our_own_binding_is_reported_as_no_problem(caplog: pytest.LogCaptureFixture) -> None:
+    caplog.set_level(logging.INFO, "kubegpu.scheduler.cache")
+    cache = cache_with(node_json("n1", 4))
+    p = pod_json("p", 1)
+    cache.apply_pod("ADDED", p)
+    cache.assume(uid_of(p), alloc_of(p, "n1", [gpu_id("n1", 1)]), 0.0)
+    seen = bound("p", "n1", [gpu_id("n1", 1)], uid=uid_of(p))
+    annotation = seen["metadata"]["annotations"]["kubegpu.io/allocation"]
+    cache.sending(uid_of(p), annotation, contract.verify(annotation, KEYS))
+    cache.apply_pod("MODIFIED", seen)
+    cache.dirty = True
+    cache.view()
+    relabelled = copy.deepcopy(seen)
+    relabelled["metadata"]["labels"] = {"v": "2"}
+    cache.apply_pod("MODIFIED", relabelled)
+    cache.dirty = True
+    cache.view()
+    assert events(caplog, "pod.allocation_problem") == []
+
+
+# --- the soak's consistency check and heartbeats going stale ---------------------------------------
+
+
+def test_the_consistency_check_names_each_violation() -> None:
+    holder, waiting = bound("holder", "n1", [gpu_id("n1", 0)]), pod_json("waiting", 1)
+    cache = cache_with(node_json("n1", 2), pods=[holder, waiting])
+    assert cache.check_consistency() == []
+    cache.assumed["ghost"] = Assumed(alloc_of(waiting, "n1", []), Binding.IN_FLIGHT, 0.0)
+    cache.assumed[uid_of(holder)] = Assumed(alloc_of(holder, "n1", []), Binding.IN_FLIGHT, 0.0)
+    cache.view().book(Allocation("n1", "orphan"))
+    assert cache.check_consistency() == [
+        "assumption without a pod: ghost",
+        f"bound and assumed: {uid_of(holder)}",
+        "booking without a pod: orphan",
+    ]
+
+
+def test_time_passing_makes_a_silent_node_stale_and_a_heartbeat_brings_it_back() -> None:
+    clock = [dt.datetime.now(dt.UTC)]
+    cache = Cache("kubegpu", lambda: KEYS, now=lambda: clock[0])
+    cache.replace_nodes([node_json("n1", 2), node_json("n2", 2)])
+    cache.view()
+    assert cache.exclusions_flipped() is False and not cache.dirty
+    clock[0] += dt.timedelta(seconds=300)
+    assert cache.exclusions_flipped() is True and cache.dirty
+    cache.view()
+    assert sorted(cache.excluded) == ["n1", "n2"]
+    assert cache.exclusions_flipped() is False and not cache.dirty
