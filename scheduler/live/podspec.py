@@ -86,9 +86,13 @@ def _quantity(value: Any, what: str) -> Decimal:
     return quantity
 
 
-def _resources(container: Mapping[str, Any]) -> tuple[Mapping[str, Any], Mapping[str, Any]]:
+def _resources(container: Mapping[str, Any]) -> tuple[Any, Any]:
+    """A container's raw ``requests`` and ``limits`` (None when absent); PodSpecError when its
+    ``resources`` is not an object."""
     resources = container.get("resources") or {}
-    return resources.get("requests") or {}, resources.get("limits") or {}
+    if not isinstance(resources, Mapping):
+        raise PodSpecError(f"resources of container {container.get('name', '?')} must be an object")
+    return resources.get("requests"), resources.get("limits")
 
 
 def _milli_cpu(value: Any) -> int:
@@ -138,12 +142,10 @@ def _resource_list(raw: Any, what: str) -> dict[str, Decimal]:
 
 def _container_requests(container: Mapping[str, Any]) -> dict[str, Decimal]:
     """A container's requests, each defaulted from its limit when not given (the apiserver's rule)."""
-    resources = container.get("resources") or {}
-    if not isinstance(resources, Mapping):
-        raise PodSpecError(f"resources of container {container.get('name', '?')} must be an object")
+    raw_requests, raw_limits = _resources(container)
     what = f"container {container.get('name', '?')}"
-    requests = _resource_list(resources.get("requests"), what)
-    for name, limit in _resource_list(resources.get("limits"), what).items():
+    requests = _resource_list(raw_requests, what)
+    for name, limit in _resource_list(raw_limits, what).items():
         requests.setdefault(name, limit)
     return requests
 
@@ -289,7 +291,8 @@ def _host_ports(spec: Mapping[str, Any]) -> tuple[HostPort, ...]:
 
 
 def _gpus(container: Mapping[str, Any], resource: str) -> int:
-    requests, limits = _resources(container)
+    # a list that is not an object counts no GPUs here; _container_requests refuses it with its message
+    requests, limits = (raw if isinstance(raw, Mapping) else {} for raw in _resources(container))
     value = limits.get(resource, requests.get(resource, 0))
     name = container.get("name", "?")
     count = _quantity(value, f"{resource} of container {name}")
