@@ -6,18 +6,24 @@ kubegpu must decide each pod as kube-scheduler does.
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 from kubernetes import client as k8s
 
-from kubegpu.allocation import KeyRing
 from kubegpu.devenv.controlplane import ControlPlane
-from scheduler.live.config import SchedulerConfig
-from scheduler.live.scheduler import Scheduler
-from tests.fixtures.keys import SIGNING
-from tests.support.kuberules import UNSCHEDULABLE, Case, Decision, N, P, Worlds, compare, container, taint
+from tests.support.kuberules import (
+    UNSCHEDULABLE,
+    Case,
+    Decision,
+    N,
+    P,
+    Worlds,
+    compare,
+    container,
+    side_by_side,
+    taint,
+)
 
 pytestmark = pytest.mark.apiserver
 
@@ -450,22 +456,8 @@ def decisions(
             "overhead": {"podFixed": {"cpu": "1"}},
         }
     )
-    kube = control_plane.start_scheduler({"profiles": [{"schedulerName": KUBE_SCHEDULER}]})
-    config = SchedulerConfig(scheduler_name=KUBEGPU, heartbeat_stale_seconds=3600.0)
-    kubegpu = Scheduler(config, admin_api, KeyRing(None, SIGNING), seed=7)
-    thread = threading.Thread(target=kubegpu.run, daemon=True)
-    try:
-        kubegpu.start_watching()
-        assert kubegpu.wait_synced(30)
-        kubegpu.leading.set()
-        thread.start()
-        yield worlds.run_steps()
-    finally:
-        kubegpu.stop()
-        if thread.is_alive():
-            thread.join(timeout=10)
-        kube.stop()
-        worlds.delete_nodes()
+    with side_by_side(control_plane, admin_api, worlds, KUBE_SCHEDULER, KUBEGPU) as decided:
+        yield decided
 
 
 # (case, pod) -> why kubegpu still decides otherwise (each an xfail, strict: it must fail)

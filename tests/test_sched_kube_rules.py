@@ -11,17 +11,12 @@ which of kube-scheduler's default plugins kubegpu applies and the case checking 
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Iterator
 
 import pytest
 from kubernetes import client as k8s
 
-from kubegpu.allocation import KeyRing
 from kubegpu.devenv.controlplane import ControlPlane
-from scheduler.live.config import SchedulerConfig
-from scheduler.live.scheduler import Scheduler
-from tests.fixtures.keys import SIGNING
 from tests.support.kuberules import (
     NODE_LABEL,
     UNSCHEDULABLE,
@@ -32,6 +27,7 @@ from tests.support.kuberules import (
     Worlds,
     compare,
     container,
+    side_by_side,
     taint,
 )
 
@@ -471,21 +467,8 @@ def decisions(
     core = k8s.CoreV1Api(admin_api)
     worlds = Worlds(core, CASES, {"ks": KUBE_SCHEDULER, "kg": KUBEGPU})
     worlds.create()
-    kube = control_plane.start_scheduler({"profiles": [{"schedulerName": KUBE_SCHEDULER}]})
-    config = SchedulerConfig(scheduler_name=KUBEGPU, heartbeat_stale_seconds=3600.0)
-    kubegpu = Scheduler(config, admin_api, KeyRing(None, SIGNING), seed=7)
-    thread = threading.Thread(target=kubegpu.run, daemon=True)
-    try:
-        kubegpu.start_watching()
-        assert kubegpu.wait_synced(30)
-        kubegpu.leading.set()
-        thread.start()
-        yield worlds.run_steps()
-    finally:
-        kubegpu.stop()
-        if thread.is_alive():
-            thread.join(timeout=10)
-        kube.stop()
+    with side_by_side(control_plane, admin_api, worlds, KUBE_SCHEDULER, KUBEGPU) as decided:
+        yield decided
 
 
 CHECKS = [(case, pod) for case in CASES for pod in case.pods if pod.by == "self"]

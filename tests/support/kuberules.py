@@ -22,16 +22,22 @@ from __future__ import annotations
 
 import copy
 import re
+import threading
 import time
 import uuid
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
 from kubernetes import client as k8s
 
 from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
-from kubegpu.devenv.controlplane import MERGE_PATCH, create_fake_node, ensure_namespace
+from kubegpu.allocation import KeyRing
+from kubegpu.devenv.controlplane import MERGE_PATCH, ControlPlane, create_fake_node, ensure_namespace
+from scheduler.live.config import SchedulerConfig
+from scheduler.live.scheduler import Scheduler
+from tests.fixtures.keys import SIGNING
 from tests.support.schedworld import gpu_id, inventory_json, now_stamp
 
 WORLDS = ("ks", "kg")  # kube-scheduler's world, kubegpu's world
@@ -317,3 +323,28 @@ def compare(case: Case, pod: P, ks: Decision | None, kg: Decision | None) -> lis
                 f" kubegpu {comparable(kg_reasons)}"
             )
     return problems
+
+
+@contextmanager
+def side_by_side(
+    control_plane: ControlPlane, admin_api: k8s.ApiClient, worlds: Worlds, kube_name: str, kubegpu_name: str
+) -> Iterator[dict[tuple[str, str, str], Decision | None]]:
+    """The real kube-scheduler (``kube_name``) and the live kubegpu scheduler (``kubegpu_name``)
+    started on the created ``worlds``; yields every step's decisions; stops both and deletes the
+    worlds' nodes at the end (a cordoned node left behind would count in other modules' messages)."""
+    kube = control_plane.start_scheduler({"profiles": [{"schedulerName": kube_name}]})
+    config = SchedulerConfig(scheduler_name=kubegpu_name, heartbeat_stale_seconds=3600.0)
+    kubegpu = Scheduler(config, admin_api, KeyRing(None, SIGNING), seed=7)
+    thread = threading.Thread(target=kubegpu.run, daemon=True)
+    try:
+        kubegpu.start_watching()
+        assert kubegpu.wait_synced(30)
+        kubegpu.leading.set()
+        thread.start()
+        yield worlds.run_steps()
+    finally:
+        kubegpu.stop()
+        if thread.is_alive():
+            thread.join(timeout=10)
+        kube.stop()
+        worlds.delete_nodes()
