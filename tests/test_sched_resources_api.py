@@ -9,6 +9,7 @@ as kube-scheduler or a DaemonSet would leave them.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -85,12 +86,14 @@ def pod(
 
 def only_reason(message: str) -> str:
     """The reason of kube-scheduler's message for this trial's node, the others (other tests' nodes
-    on the shared apiserver) being left out by the node selector, or by their cordon, which
-    NodeUnschedulable checks first."""
+    on the shared apiserver) being left out by the node selector, by their cordon, which
+    NodeUnschedulable checks first, or as nodes kubegpu does not use at all ("node has no kubegpu
+    device inventory", "node's device heartbeat is stale", ...: counted before any filter)."""
     assert message.startswith("0/") and " nodes are available: " in message, message
     reasons = message.split(" nodes are available: ", 1)[1].rstrip(".").split(", ")
     others = ("didn't match Pod's node affinity/selector", "node(s) were unschedulable")
-    return ", ".join(r for r in reasons if not any(o in r for o in others))
+    excluded = re.compile(r"^\d+ node(?!\(s\))")  # a node left out whole says "node", not "node(s)"
+    return ", ".join(r for r in reasons if not any(o in r for o in others) and not excluded.match(r))
 
 
 def node_of(trial: Trial, name: str) -> str | None:

@@ -83,8 +83,12 @@ def test_a_node_object_of_the_wrong_shape_is_a_problem_never_an_error(
         heartbeat=None,
         cordoned=False,
         problem=problem,
-        # a node object read this far has its allocatable read: no memory figure is 0 bytes
-        allocatable={"memory": 0} if name == "" and problem.startswith("node has no") else {},
+        # a node object read this far has its allocatable read: every absent figure is 0
+        **(
+            {"allocatable": {"memory": 0}, "max_pods": 0, "gpu_resource": 0}
+            if name == "" and problem.startswith("node has no")
+            else {}
+        ),
     )
 
 
@@ -99,7 +103,7 @@ def test_allocatable_figures_absent_unreadable_and_negative() -> None:
     del node["status"]["allocatable"]["cpu"]
     del node["status"]["allocatable"]["memory"]
     facts = node_facts(node)
-    assert (facts.cpu_milli, facts.memory_mib, facts.max_pods) == (0, 0, None)
+    assert (facts.cpu_milli, facts.memory_mib, facts.max_pods) == (0, 0, 0)  # absent: 0, as kube-scheduler
     negative = node_facts(node_json("n1", 1, pods="-3", gpu_count="0"))
     assert (negative.max_pods, negative.gpu_resource) == (0, 0)
     long_value = "x" * 50
