@@ -99,10 +99,6 @@ def _milli_cpu(value: Any) -> int:
     return int((_quantity(value, "cpu") * 1000).to_integral_value(rounding="ROUND_CEILING"))
 
 
-def _mebibytes(value: Any) -> int:
-    return int((_quantity(value, "memory") / MEBI).to_integral_value(rounding="ROUND_CEILING"))
-
-
 def _ceil(quantity: Decimal) -> int:
     """A quantity's ``Value()``: the integer at or above it."""
     return int(quantity.to_integral_value(rounding="ROUND_CEILING"))
