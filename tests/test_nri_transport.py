@@ -105,6 +105,15 @@ def test_event_masks_are_nris_bits() -> None:
 # -- two endpoints over one multiplexed socket pair ---------------------------------------------
 
 
+async def mux_on_socketpair() -> tuple[Mux, socket.socket]:
+    """A started Mux on one end of a socket pair, and the other end (the test plays the runtime)."""
+    left, right = socket.socketpair()
+    reader, writer = await asyncio.open_unix_connection(sock=left)
+    mux = Mux(reader, writer)
+    mux.start()
+    return mux, right
+
+
 async def linked_pair(serve: object) -> tuple[Endpoint, Endpoint, Mux, Mux, socket.socket]:
     left, right = socket.socketpair()
     muxes = []
@@ -178,10 +187,7 @@ def test_errors_come_back_as_status_codes_never_as_hangs() -> None:
 
 def test_garbage_on_the_trunk_closes_the_mux_with_the_reason() -> None:
     async def scenario() -> None:
-        left, right = socket.socketpair()
-        reader, writer = await asyncio.open_unix_connection(sock=left)
-        mux = Mux(reader, writer)
-        mux.start()
+        mux, right = await mux_on_socketpair()
         channel = mux.channel(PLUGIN_SERVICE_CONN)
         right.sendall(HEADER.pack(0, 4) + b"junk")  # connection id 0 is reserved
         await asyncio.wait_for(mux.closed.wait(), 2)
@@ -195,10 +201,7 @@ def test_garbage_on_the_trunk_closes_the_mux_with_the_reason() -> None:
 
 def test_a_response_for_an_unknown_stream_is_ignored_and_a_bad_type_breaks_the_connection() -> None:
     async def scenario() -> None:
-        left, right = socket.socketpair()
-        reader, writer = await asyncio.open_unix_connection(sock=left)
-        mux = Mux(reader, writer)
-        mux.start()
+        mux, right = await mux_on_socketpair()
         endpoint = Endpoint(mux.channel(PLUGIN_SERVICE_CONN), echo, name="x")
         endpoint.start()
         stray = ttrpc_pb2.Response(payload=b"nobody asked").SerializeToString()

@@ -19,7 +19,14 @@ from crishim.nri.plugin import PluginSession
 from crishim.nri.ttrpc import RESOURCE_EXHAUSTED, Endpoint, RpcError
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
-from tests.test_nri_transport import PLUGIN, PluginThread, Recorder, nri_containerd, wait_until
+from tests.test_nri_transport import (
+    PLUGIN,
+    PluginThread,
+    Recorder,
+    mux_on_socketpair,
+    nri_containerd,
+    wait_until,
+)
 
 __all__ = ["nri_containerd"]  # the module fixture, shared with tests/test_nri_transport.py
 
@@ -150,10 +157,7 @@ def test_a_call_too_big_for_ttrpc_fails_as_an_rpc_error() -> None:
     bare ValueError (ttrpc's Go client answers RESOURCE_EXHAUSTED)."""
 
     async def scenario() -> None:
-        left, right = socket.socketpair()
-        reader, writer = await asyncio.open_unix_connection(sock=left)
-        mux = Mux(reader, writer)
-        mux.start()
+        mux, right = await mux_on_socketpair()
         endpoint = Endpoint(mux.channel(RUNTIME_SERVICE_CONN), None, name="runtime")
         endpoint.start()
         try:
