@@ -101,15 +101,15 @@ def _read_allocatable(
     zero or a missing limit.
     """
     figures: dict[str, Any] = {}
-    for what, key, read, absent in (
-        ("cpu", "cpu", _milli_cpu, 0),
-        ("memory", "memory", _bytes, 0),
-        ("pods", "pods", _count, 0),
-        ("GPU count", gpu_resource, _count, 0),
+    for what, key, read in (
+        ("cpu", "cpu", _milli_cpu),
+        ("memory", "memory", _bytes),
+        ("pods", "pods", _count),
+        ("GPU count", gpu_resource, _count),
     ):
         value = allocatable.get(key)
         try:
-            figures[what] = absent if value is None else read(value)
+            figures[what] = 0 if value is None else read(value)
         except (PodSpecError, TypeError, ValueError, ArithmeticError):
             return 0, 0, None, None, {}, f"node's allocatable {what} is unreadable ({str(value)[:40]!r})"
     others = {"memory": figures["memory"]}
