@@ -141,6 +141,10 @@ SCHEDULER_CLUSTER_RULES = (
     | expand("", ["nodes"], ["get", "list", "watch"])
     | expand("", ["events"], ["create", "patch"])
     | expand("events.k8s.io", ["events"], ["create", "patch"])
+    | expand("scheduling.x-k8s.io", ["podgroups"], ["get", "list", "watch"])
+    | expand("scheduling.k8s.io", ["podgroups"], ["get", "list", "watch"])
+    | expand("scheduling.x-k8s.io", ["podgroups/status"], ["patch", "update"])
+    | expand("scheduling.k8s.io", ["podgroups/status"], ["patch", "update"])
 )
 SCHEDULER_LEASE_RULES = expand("coordination.k8s.io", ["leases"], ["create"]) | expand(
     "coordination.k8s.io", ["leases"], ["get", "update"], LEASE

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -269,3 +269,51 @@ def _extras_elsewhere(
         for placement in plan.placements:
             cluster.forget(placement.allocation.pod_uid)
     return GroupPlacement(plan.placements + tuple(more), tuple(waiting), plan.domain)
+
+
+GPUS = "gpus"  # ``resource_gap``'s name for whole GPUs (the caller maps its GPU resource to it)
+
+
+def resource_gap(
+    cluster: ClusterState, wanted: Mapping[str, int], members: Iterable[str] = ()
+) -> dict[str, int]:
+    """What of ``wanted`` the cluster's free resources, summed over its nodes, lack (empty: none).
+
+    scheduler-plugins' ``minResources`` check: a group waits until the cluster as a whole has
+    room for its minimum, before any member is tried. Names: ``cpu`` (milli), ``memory``
+    (bytes), ``pods``, ``GPUS`` (whole GPUs: fully free healthy ones), any other resource by
+    its name (what the nodes publish, less its use). What the group's own ``members`` hold
+    already (bound or assumed) counts as free for it, as scheduler-plugins counts it.
+    """
+    members = list(members)
+    own = {cluster.where[uid] for uid in members if uid in cluster.where}
+    free: dict[str, int] = {}
+    for name in wanted:
+        if name == "cpu":
+            total = int(cluster.cpu_free.sum())
+        elif name == "pods":
+            total = sum(
+                node.max_pods - len(node.allocations) if node.max_pods is not None else 1 << 62
+                for node in cluster.nodes
+            )
+        elif name == GPUS:
+            total = int(cluster.gpu_full_free.sum())
+        else:
+            total = sum(node.resource_free(name) for node in cluster.nodes)  # memory in bytes too
+        free[name] = total
+    for i in own:
+        node = cluster.nodes[i]
+        for uid in members:
+            alloc = node.allocations.get(uid)
+            if alloc is None:
+                continue
+            held = {
+                "cpu": alloc.cpu_milli,
+                "memory": alloc.memory_bytes(),
+                "pods": 1,
+                GPUS: sum(1 for g in alloc.gpus if not g.is_share),
+                **dict(alloc.resources),
+            }
+            for name in free:
+                free[name] += held.get(name, 0)
+    return {name: amount - free[name] for name, amount in sorted(wanted.items()) if amount > free[name]}

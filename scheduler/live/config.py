@@ -43,6 +43,12 @@ class SchedulerConfig:
     backoff_max_seconds: float = 10.0
     bind_timeout_seconds: float = 5.0
     identity: str = field(default_factory=socket.gethostname)
+    # gang scheduling (docs/gang.md): how long a group may try before it is reported and backed
+    # off (when its PodGroup names no timeout), the label of the topology domain a group is kept
+    # in, and how long a group waits before pods queued behind it stop taking the GPUs it needs
+    gang_timeout_seconds: float = 60.0
+    gang_domain_label: str = "topology.kubernetes.io/zone"
+    gang_starvation_seconds: float = 300.0
     leader_election: LeaderElection = field(default_factory=LeaderElection)
 
 

@@ -6,6 +6,11 @@ receives ``replace(items, resource_version)`` after every (re)list and ``apply(t
 each ADDED, MODIFIED or DELETED event. Watches resume from the last resourceVersion seen
 (bookmarks included); API errors back off and re-list. ``abort`` breaks off the watch in flight
 so that the thread running the reflector ends when its owner stops, not minutes later.
+
+An ``optional`` resource (a CustomResourceDefinition that may not be installed, an API group
+behind a feature gate) that the server does not serve (404 on the list) reads as an empty
+collection, counts as synced, and is listed again every ``ABSENT_RETRY_SECONDS``, so it is
+picked up once it is installed.
 """
 
 from __future__ import annotations
@@ -24,6 +29,8 @@ from kubegpu.logs import log_event
 log = logging.getLogger("kubegpu.scheduler.reflector")
 
 GONE = 410
+NOT_FOUND = 404
+ABSENT_RETRY_SECONDS = 30.0
 
 
 class Handler(Protocol):
@@ -72,6 +79,9 @@ class Reflector:
         handler: Handler,
         list_kwargs: Mapping[str, Any] | None = None,
         watch_seconds: int = 300,
+        *,
+        optional: bool = False,
+        absent_retry_seconds: float = ABSENT_RETRY_SECONDS,
     ) -> None:
         self.name = name
         self._list_call = list_call
@@ -80,6 +90,9 @@ class Reflector:
         self._watch_seconds = watch_seconds
         self.synced = threading.Event()
         self.relists = 0
+        self.optional = optional
+        self.absent_retry_seconds = absent_retry_seconds
+        self.absent = False  # an optional resource the server does not serve (as last listed)
         self._lock = threading.Lock()
         self._response: Any = None  # the watch in flight
         self._aborted = False
@@ -142,6 +155,7 @@ class Reflector:
             try:
                 if resource_version is None:
                     resource_version = self.list_once()
+                    self.absent = False
                 resource_version = self.watch_once(resource_version)
                 failures = 0
             except WatchExpired as expired:
@@ -150,6 +164,9 @@ class Reflector:
             except Exception as error:  # network, API and decoding errors alike: back off, re-list
                 if stop.is_set() or self._aborted:
                     return
+                if resource_version is None and self._not_served(error):
+                    stop.wait(self.absent_retry_seconds)
+                    continue
                 failures += 1
                 wait = min(30.0, 0.5 * 2 ** min(failures, 6))
                 log_event(
@@ -162,3 +179,14 @@ class Reflector:
                 )
                 resource_version = None
                 stop.wait(wait)
+
+    def _not_served(self, error: Exception) -> bool:
+        """An optional resource the list found not served: read it as empty, synced (True)."""
+        if not (self.optional and isinstance(error, ApiException) and error.status == NOT_FOUND):
+            return False
+        if not self.absent:
+            log_event(log, "watch.absent", resource=self.name, retry_in_seconds=self.absent_retry_seconds)
+        self.absent = True
+        self._handler.replace([], "")
+        self.synced.set()
+        return True

@@ -46,6 +46,13 @@ from scheduler.core.affinity import PodFacts
 from scheduler.core.allocate import allocate
 from scheduler.core.constraints import priority_of
 from scheduler.core.filters import unschedulable_message
+from scheduler.core.gang import (
+    GroupPlacement,
+    GroupRequest,
+    GroupUnschedulable,
+    resource_gap,
+    schedule_group,
+)
 from scheduler.core.policies import make_policy
 from scheduler.core.preempt import PREEMPT_LOWER, Budget, RunningPod, Victims, choose, eligible
 from scheduler.core.request import PodRequest
@@ -59,8 +66,24 @@ from scheduler.live.cache import (
     pod_key,
 )
 from scheduler.live.config import SchedulerConfig
+from scheduler.live.gangs import GroupBook, rfc3339
 from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.nodeevents import NodeEvents, poster
+from scheduler.live.podgroups import (
+    KUBE_API,
+    KUBE_VERSION,
+    PLUGINS_API,
+    PLUGINS_VERSION,
+    PLURAL,
+    GroupError,
+    GroupRef,
+    GroupSpec,
+    initially_scheduled_condition,
+    member_counts,
+    min_resources_wanted,
+    plugins_status,
+    status_patch,
+)
 from scheduler.live.podspec import PodSpecError, pod_request
 from scheduler.live.preemption import budget, candidate_nodes, node_offer, other_rules, running_pod
 from scheduler.live.queue import SchedulingQueue
@@ -120,10 +143,12 @@ class Scheduler:
         submit: Callable[..., Any] | None = None,
         core: Any = None,
         policy_api: Any = None,
+        custom_api: Any = None,
     ) -> None:
         self.config = config
         self.core = core if core is not None else k8s.CoreV1Api(api)
         self.policy_api = policy_api if policy_api is not None else k8s.PolicyV1Api(api)
+        self.custom_api = custom_api if custom_api is not None else k8s.CustomObjectsApi(api)
         self.keys = keys
         self.metrics = metrics or SchedulerMetrics()
         self.policy = make_policy(config.policy)
@@ -159,6 +184,21 @@ class Scheduler:
             lambda **kw: self.policy_api.list_pod_disruption_budget_for_all_namespaces(**kw),
             _Handler(self.replace_budgets, self.apply_budget),
         )
+        self.group_reflectors = tuple(
+            Reflector(
+                f"{PLURAL}.{group}",
+                _custom_lister(self.custom_api, group, version),
+                _Handler(
+                    lambda items, g=group: self.replace_groups(g, items),
+                    lambda kind, obj, g=group: self.apply_group(g, kind, obj),
+                ),
+                optional=True,
+            )
+            for group, version in ((PLUGINS_API, PLUGINS_VERSION), (KUBE_API, KUBE_VERSION))
+        )
+        self.groups = GroupBook()
+        self._blocking: GroupRef | None = None  # a group pods queued behind it must not starve
+        self._group_deadlines: dict[GroupRef, float] = {}  # a waiting group is tried again then
         self.budgets: dict[str, Budget] = {}  # namespace/name -> PodDisruptionBudget
         self.nominated: dict[str, str] = {}  # pending pod uid -> node its preemption freed room on
         self._pod_rules_waiting: set[str] = set()  # parked pods whose rules look at other pods
@@ -189,7 +229,13 @@ class Scheduler:
     # --- lifecycle ------------------------------------------------------------------------------
 
     def reflectors(self) -> tuple[Reflector, ...]:
-        return (self.node_reflector, self.pod_reflector, self.namespace_reflector, self.budget_reflector)
+        return (
+            self.node_reflector,
+            self.pod_reflector,
+            self.namespace_reflector,
+            self.budget_reflector,
+            *self.group_reflectors,
+        )
 
     def start_watching(self) -> None:
         for reflector in self.reflectors():
@@ -317,6 +363,7 @@ class Scheduler:
             self._pod_rules_waiting &= pending
             for uid in pending:
                 self.queue.add(uid, *_queue_key(self.cache.pods[uid]))
+            self.groups.replace_pods(self.cache.pods)
             nominated, self.nominated = self.nominated, {}
             for uid in pending:
                 if uid in nominated:
@@ -332,6 +379,13 @@ class Scheduler:
             before = _relevant(old)
             change = self.cache.apply_pod(event_type, pod)
             self._note_nomination(uid, self.cache.pods.get(uid), old)
+            current = self.cache.pods.get(uid)
+            if current is None:
+                self.groups.drop_pod(uid)
+            else:
+                ref = self.groups.set_pod(uid, current)
+                if isinstance(ref, GroupRef) and change == PodChange.PENDING and old is None:
+                    self._wake_group(ref)  # a new member may complete its group's minimum
             if change == PodChange.GONE:
                 self.queue.remove(uid)
                 self._pod_rules_waiting.discard(uid)
@@ -345,6 +399,30 @@ class Scheduler:
                 if uid not in self.queue or before != _relevant(pod):
                     self.queue.update(uid, *_queue_key(pod))
                     self.cond.notify_all()
+
+    def replace_groups(self, api: str, items: list[dict[str, Any]]) -> None:
+        with self.cond:
+            self.groups.replace_groups(api, items)
+            self._changed()
+
+    def apply_group(self, api: str, event_type: str, obj: dict[str, Any]) -> None:
+        with self.cond:
+            if event_type == "DELETED":
+                ref = self.groups.delete_group(api, obj)
+                self._group_deadlines.pop(ref, None)
+                if self._blocking == ref:
+                    self._blocking = None
+                self._changed()  # what its members were held back by may go now
+            else:
+                self._wake_group(self.groups.put_group(api, obj))
+
+    def _wake_group(self, ref: GroupRef) -> None:
+        """The group's parked members may be tried again (after their backoff)."""
+        for uid in self.groups.members.get(ref, ()):
+            pod = self.cache.pods.get(uid)
+            if pod is not None and self.queue.where(uid) == "parked":
+                self.queue.update(uid, *_queue_key(pod))
+        self.cond.notify_all()
 
     def replace_namespaces(self, items: list[dict[str, Any]]) -> None:
         with self.cond:
@@ -404,6 +482,7 @@ class Scheduler:
                     self._nodes_changed = True
                     self._changed()
                 self.post_node_events()
+                self.write_group_statuses()
 
     def post_node_events(self) -> None:
         """While leading: Events on nodes whose publication turned invalid or valid (rate-limited)."""
@@ -493,6 +572,8 @@ class Scheduler:
             wait = min(wait, max(0.0, read_at - now))
         if self._fence is not None:
             wait = min(wait, max(0.01, self._fence[0] - now))
+        if self._group_deadlines:
+            wait = min(wait, max(0.0, min(self._group_deadlines.values()) - now))
         return max(0.0, wait)
 
     def schedule_next(self, timeout: float) -> bool:
@@ -504,6 +585,7 @@ class Scheduler:
                 self.cond.wait(self._wait_seconds(timeout))
                 return False
             self._start_reads()
+            self._wake_timed_out_groups()
             uid = self.queue.pop()
             if uid is None:
                 self._set_queue_metrics()
@@ -519,7 +601,11 @@ class Scheduler:
                 self.queue.remove(uid)
                 return True
             try:
-                self._decide(uid, pod, self._view())
+                ref = self.groups.of.get(uid)
+                if ref is not None:
+                    self._decide_member(uid, pod, ref, self._view())
+                elif not self._held_back(uid, pod):
+                    self._decide(uid, pod, self._view())
             except Exception as error:  # a bug or an input nobody foresaw: costs only this pod
                 self._decide_failed(uid, pod, error)
             self._set_queue_metrics()
@@ -589,6 +675,306 @@ class Scheduler:
         self.metrics.attempts.labels("scheduled").inc()
         self.queue.hold(uid)  # keeps its attempts: a Binding that fails backs off from there
         self._submit(self._bind, pod, result.allocation)
+
+    # --- pod groups (docs/gang.md) -----------------------------------------------------------------
+
+    def _decide_member(
+        self, uid: str, pod: dict[str, Any], ref: GroupRef | GroupError, cluster: ClusterState
+    ) -> None:
+        """A pod that joins a group: wait for the group to exist and be valid, then decide the
+        whole group (or, under Kubernetes' ``basic`` policy, the pod alone)."""
+        if isinstance(ref, GroupError):
+            self.metrics.attempts.labels("invalid").inc()
+            self.queue.park(uid, until_pod_changes=True)
+            self._emit_failed(pod, f"invalid kubegpu request: {ref}")
+            return
+        spec = self.groups.specs.get(ref)
+        if not isinstance(spec, GroupSpec):
+            self.metrics.attempts.labels("unschedulable").inc()
+            self.queue.park(uid)  # woken when the PodGroup appears or changes
+            if spec is None:
+                self._emit_failed(pod, f"waiting for pod group {ref} ({ref.kind}) to exist")
+            else:
+                self._emit_failed(pod, f"pod group {ref} ({ref.kind}) is invalid: {spec}")
+            return
+        if not spec.gang:
+            if not self._held_back(uid, pod):
+                self._decide(uid, pod, cluster)
+            return
+        self._decide_group(ref, spec, uid, cluster)
+
+    def _group_members(
+        self, ref: GroupRef, cluster: ClusterState
+    ) -> tuple[list[PodRequest], list[str], int]:
+        """The group's members the plan counts (placed ones and those waiting for this
+        scheduler), the uids of those waiting, and how many are placed. A waiting member whose
+        request is invalid is parked with its Event and left out."""
+        requests: list[PodRequest] = []
+        pending: list[str] = []
+        placed = 0
+        for uid in sorted(self.groups.members.get(ref, ())):
+            pod = self.cache.pods.get(uid)
+            if pod is None:
+                continue
+            waiting = uid not in self.cache.assumed and is_pending_for(pod, self.config.scheduler_name)
+            if not waiting and uid not in cluster.where:
+                continue  # finished, deleting, gated, another scheduler's, or on a node kubegpu skips
+            request = self._request(uid, pod)
+            if isinstance(request, PodSpecError):
+                if waiting:
+                    self.queue.park(uid, until_pod_changes=True)
+                    self._emit_failed(pod, f"invalid kubegpu request: {request}")
+                continue
+            requests.append(request)
+            if waiting:
+                pending.append(uid)
+            else:
+                placed += 1
+        return requests, pending, placed
+
+    def _decide_group(self, ref: GroupRef, spec: GroupSpec, popped: str, cluster: ClusterState) -> None:
+        """Plan the group whole (scheduler/core/gang.py); assume and bind every placed member, or
+        none. Members not placed wait parked; the group's clock runs until its minimum is placed."""
+        started = time.perf_counter()
+        now = self.clock()
+        progress = self.groups.trying(ref, now, dt.datetime.now(dt.UTC))
+        if progress.placed:  # placed before, short of its minimum again (a Binding not stored)
+            progress.placed, progress.first_try, progress.timed_out = False, now, False
+        requests, pending, placed = self._group_members(ref, cluster)
+        if not pending:
+            return
+        wanted = min_resources_wanted(spec, self.config.gpu_resource)
+        gap = resource_gap(cluster, wanted, self.groups.members.get(ref, ())) if wanted else {}
+        if gap:
+            lacking = ", ".join(f"{name} {amount}" for name, amount in gap.items())
+            self._group_failed(ref, spec, pending, placed, f"pod group {ref}: the cluster lacks its "
+                               f"minResources (short by {lacking})", len(requests), now)
+            return
+        by_uid = {r.uid: r for r in requests}
+        lead = by_uid.get(popped) or by_uid[pending[0]]
+        reserved = self._reserve_nominated(popped, lead, cluster)
+        try:
+            group = GroupRequest(
+                str(ref), spec.min_member, tuple(requests), spec.domain_key or self.config.gang_domain_label
+            )
+            result = schedule_group(group, cluster, self.policy, self.rng)
+        finally:
+            for other in reserved:
+                cluster.forget(other)
+        self.metrics.latency.observe(time.perf_counter() - started)
+        if isinstance(result, GroupUnschedulable):
+            self._group_failed(ref, spec, pending, placed, result.message(), len(requests), now)
+            return
+        self._place_group(ref, result, by_uid, pending)
+
+    def _place_group(
+        self, ref: GroupRef, result: GroupPlacement, by_uid: Mapping[str, PodRequest], pending: list[str]
+    ) -> None:
+        assumed: list[Allocation] = []
+        try:
+            for placement in result.placements:
+                alloc = placement.allocation
+                self.cache.assume(alloc.pod_uid, alloc, self.clock(), _facts(by_uid[alloc.pod_uid]))
+                assumed.append(alloc)
+        except AllocationConflict as error:  # a core bug: never bind part of what was planned
+            for alloc in assumed:
+                self.cache.release(alloc.pod_uid)
+            self.metrics.attempts.labels("error").inc()
+            log_event(
+                log, "group.assume_failed", logging.ERROR, group=str(ref), api=ref.api, reason=str(error)
+            )
+            for uid in pending:
+                self.queue.requeue(uid, *_queue_key(self.cache.pods[uid]))
+            return
+        for uid in result.waiting:
+            self.queue.park(uid)  # extras beyond the minimum: placed when room appears
+        for alloc in assumed:
+            self.metrics.attempts.labels("scheduled").inc()
+            self.queue.hold(alloc.pod_uid)
+            self._submit(self._bind, self.cache.pods[alloc.pod_uid], alloc)
+        progress = self.groups.progress[ref]
+        progress.placed, progress.message, progress.timed_out = True, "", False
+        self._group_deadlines.pop(ref, None)
+        self.groups.dirty.add(ref)
+        if self._blocking == ref:
+            self._blocking = None
+            self._changed()
+        log_event(
+            log,
+            "group.placed",
+            group=str(ref),
+            api=ref.api,
+            pods=[a.pod_name for a in assumed],
+            nodes=list(result.nodes),
+            domain=result.domain or "",
+            waiting=len(result.waiting),
+        )
+
+    def _group_failed(
+        self,
+        ref: GroupRef,
+        spec: GroupSpec,
+        pending: list[str],
+        placed: int,
+        message: str,
+        members: int,
+        now: float,
+    ) -> None:
+        """The group's minimum does not fit now: park its waiting members, tell them (and the
+        PodGroup) why; past its timeout, report that once; past the starvation bound, hold back
+        the pods queued behind it."""
+        self.metrics.attempts.labels("unschedulable").inc()
+        progress = self.groups.progress[ref]
+        if 0 < placed < spec.min_member:
+            message += f" ({placed} of its {spec.min_member} minimum members are placed already)"
+        for uid in pending:
+            self.queue.park(uid)
+        waited = now - progress.first_try
+        timeout = spec.timeout_seconds or self.config.gang_timeout_seconds
+        if waited < timeout:
+            self._group_deadlines[ref] = progress.first_try + timeout  # to report it then
+        elif not progress.timed_out:
+            progress.timed_out = True
+            message = f"pod group {ref} timed out after {waited:.0f}s, retrying with backoff: {message}"
+            log_event(log, "group.timed_out", logging.WARNING, group=str(ref), api=ref.api, reason=message)
+            self._submit(self._post_group_event, ref, spec.uid, "Timeout", message, "Warning")
+        if message != progress.message:
+            progress.message = message
+            self.groups.dirty.add(ref)
+            self._submit(self._post_group_event, ref, spec.uid, "Unschedulable", message, "Warning")
+        for uid in pending:
+            self._emit_failed(self.cache.pods[uid], message)
+        if (
+            waited >= self.config.gang_starvation_seconds
+            and members >= spec.min_member
+            and self._blocking is None
+            and self._could_ever_fit(ref)
+        ):
+            self._blocking = ref
+            log_event(log, "group.holding_back", group=str(ref), api=ref.api, waited_seconds=round(waited))
+
+    def _wake_timed_out_groups(self) -> None:
+        """Groups still waiting when their timeout comes are tried once more, which reports them
+        (nothing else may change in the cluster to wake them)."""
+        now = self.clock()
+        for ref, deadline in list(self._group_deadlines.items()):
+            if deadline <= now:
+                del self._group_deadlines[ref]
+                self._wake_group(ref)
+
+    def _could_ever_fit(self, ref: GroupRef) -> bool:
+        """Whether the group's members could fit the cluster's GPUs if nothing else ran: every
+        member's GPU count on some node, and their sum within all the GPUs (a bound, not a plan)."""
+        cluster = self.cache.view()
+        counts = cluster.gpu_count
+        most = int(counts.max()) if len(counts) else 0
+        needed = 0
+        for uid in self.groups.members.get(ref, ()):
+            pod = self.cache.pods.get(uid)
+            request = self._request(uid, pod) if pod is not None else None
+            if isinstance(request, PodRequest):
+                if request.whole_gpus > most:
+                    return False
+                needed += request.whole_gpus
+        return needed <= int(counts.sum())
+
+    def _held_back(self, uid: str, pod: dict[str, Any]) -> bool:
+        """While a group waits past ``gangStarvationSeconds``, GPU pods of no higher priority
+        queued behind it are parked instead of taking the GPUs it waits for (docs/gang.md)."""
+        ref = self._blocking
+        if ref is None:
+            return False
+        members = [self.cache.pods.get(u) for u in self.groups.members.get(ref, ())]
+        waiting = [p for p in members if p is not None and is_pending_for(p, self.config.scheduler_name)]
+        if not isinstance(self.groups.specs.get(ref), GroupSpec) or not waiting:
+            self._blocking = None
+            return False
+        request = self._request(uid, pod)
+        if not isinstance(request, PodRequest) or not (request.whole_gpus or request.total_gpu_milli):
+            return False
+        if _pod_priority(pod) > max(_pod_priority(p) for p in waiting):
+            return False
+        self.queue.park(uid)
+        self._emit_failed(
+            pod,
+            f"waiting behind pod group {ref}, which has waited longer than gangStarvationSeconds "
+            f"({self.config.gang_starvation_seconds:g}s) for GPUs",
+        )
+        return True
+
+    def write_group_statuses(self) -> None:
+        """While leading: write the status of the PodGroups whose members or progress changed
+        (scheduler-plugins' counts and phase; Kubernetes' PodGroupInitiallyScheduled condition)."""
+        if not self.leading.is_set():
+            self.groups.dirty.clear()
+            return
+        now = rfc3339(dt.datetime.now(dt.UTC))
+        for ref in sorted(self.groups.dirty):
+            spec = self.groups.specs.get(ref)
+            if not isinstance(spec, GroupSpec):
+                continue
+            uids = sorted(self.groups.members.get(ref, ()))
+            pods = [self.cache.pods[u] for u in uids if u in self.cache.pods]
+            progress = self.groups.progress.get(ref)
+            patch: dict[str, Any] | None
+            if ref.api == PLUGINS_API:
+                start = progress.start_time if progress is not None else None
+                patch = status_patch(spec.status, plugins_status(spec, pods, start))
+            elif progress is None or not spec.gang:
+                patch = None
+            else:
+                scheduled = progress.placed or member_counts(pods).scheduled >= spec.min_member
+                reason = "Scheduled" if scheduled else "Unschedulable"
+                text = "the group's minimum is placed" if scheduled else progress.message
+                conditions = spec.status.get("conditions")
+                condition = initially_scheduled_condition(conditions, scheduled, reason, text, now, None)
+                patch = None
+                if condition is not None:
+                    others = [
+                        c
+                        for c in conditions or []
+                        if isinstance(c, Mapping) and c.get("type") != condition["type"]
+                    ]
+                    patch = {"status": {"conditions": [*others, condition]}}
+            if patch is not None:
+                self._submit(self._patch_group_status, ref, patch)
+        self.groups.dirty.clear()
+
+    def _patch_group_status(self, ref: GroupRef, patch: dict[str, Any]) -> None:
+        version = PLUGINS_VERSION if ref.api == PLUGINS_API else KUBE_VERSION
+        try:
+            drain(
+                self.custom_api.patch_namespaced_custom_object_status(
+                    ref.api, version, ref.namespace, PLURAL, ref.name, patch, _preload_content=False
+                )
+            )
+        except Exception as error:  # written again at the group's next change
+            log_event(
+                log,
+                "group.status_failed",
+                logging.WARNING,
+                group=str(ref),
+                api=ref.api,
+                error=str(error)[:200],
+            )
+            return
+        log_event(log, "group.status", group=str(ref), api=ref.api, status=patch["status"])
+
+    def _post_group_event(self, ref: GroupRef, uid: str, reason: str, message: str, kind: str) -> None:
+        """An Event on the PodGroup object (best effort)."""
+        version = PLUGINS_VERSION if ref.api == PLUGINS_API else KUBE_VERSION
+        involved = {
+            "apiVersion": f"{ref.api}/{version}",
+            "kind": "PodGroup",
+            "name": ref.name,
+            "namespace": ref.namespace,
+            "uid": uid,
+        }
+        try:
+            event = self._event_for(involved, reason, message, kind)
+            drain(self.core.create_namespaced_event(ref.namespace, event, _preload_content=False))
+        except Exception as error:
+            log_event(log, "event.failed", logging.WARNING, group=str(ref), error=str(error)[:200])
 
     # --- nominated pods and preemption ------------------------------------------------------------
 
@@ -894,18 +1280,25 @@ class Scheduler:
 
     def _event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> dict[str, Any]:
         meta = _meta(pod)
+        involved = {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "name": meta.get("name"),
+            "namespace": meta.get("namespace"),
+            "uid": meta.get("uid"),
+        }
+        return self._event_for(involved, reason, message, kind)
+
+    def _event_for(self, involved: Mapping[str, Any], reason: str, message: str, kind: str) -> dict[str, Any]:
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         return {
             "apiVersion": "v1",
             "kind": "Event",
-            "metadata": {"generateName": f"{meta.get('name', 'pod')}.", "namespace": meta.get("namespace")},
-            "involvedObject": {
-                "apiVersion": "v1",
-                "kind": "Pod",
-                "name": meta.get("name"),
-                "namespace": meta.get("namespace"),
-                "uid": meta.get("uid"),
+            "metadata": {
+                "generateName": f"{involved.get('name') or 'object'}.",
+                "namespace": involved.get("namespace"),
             },
+            "involvedObject": dict(involved),
             "reason": reason,
             "message": message,
             "type": kind,
@@ -953,6 +1346,15 @@ class Scheduler:
             )
         except Exception as error:  # an Event is best effort; never let it escape into a future
             log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
+
+
+def _custom_lister(api: Any, group: str, version: str) -> Callable[..., Any]:
+    """A reflector's list (and watch) call for a custom resource of every namespace."""
+
+    def list_call(**kwargs: Any) -> Any:
+        return api.list_cluster_custom_object(group, version, PLURAL, **kwargs)
+
+    return list_call
 
 
 def _nominated_node(pod: Mapping[str, Any]) -> str:

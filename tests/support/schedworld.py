@@ -35,11 +35,13 @@ from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION, publi
 from devices.model import Device, DeviceKind, NodeInventory
 from kubegpu.allocation import ANNOTATION, KeyRing, verify
 from scheduler.live.config import SchedulerConfig
+from scheduler.live.podgroups import KUBE_API, PLUGINS_API
 from scheduler.live.scheduler import Scheduler
 from tests.fixtures.keys import SIGNING, public
 
 KEYS = public()  # verifying keys; the scheduler signs with SIGNING (tests.fixtures.keys)
 GPU_MEMORY_MIB = 40960
+GROUP_APIS = (PLUGINS_API, KUBE_API)  # the two PodGroup APIs, each a watch log of its own
 
 
 def gpu_id(node: str, index: int) -> str:
@@ -113,6 +115,8 @@ def pod_json(
     created: str | None = None,
     namespace: str = "ns",
     init: list[dict[str, Any]] | None = None,
+    labels: dict[str, str] | None = None,
+    group: str | None = None,
 ) -> dict[str, Any]:
     """A Pod as the API serves it; ``created`` defaults to a fresh, strictly later timestamp."""
     if created is None:
@@ -136,6 +140,8 @@ def pod_json(
         spec["nodeName"] = node
     if priority is not None:
         spec["priority"] = priority
+    if group is not None:  # Kubernetes' own PodGroup (scheduling.k8s.io)
+        spec["schedulingGroup"] = {"podGroupName": group}
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -144,6 +150,7 @@ def pod_json(
             "namespace": namespace,
             "uid": uid or f"uid-{name}",
             "annotations": dict(annotations or {}),
+            "labels": dict(labels or {}),
             "creationTimestamp": created,
         },
         "spec": spec,
@@ -158,7 +165,10 @@ class World:
         self.nodes: dict[str, dict[str, Any]] = {}
         self.pods: dict[str, dict[str, Any]] = {}  # uid -> pod
         self.rv = 0
+        self.groups: dict[tuple[str, str, str], dict[str, Any]] = {}  # (api, namespace, name) -> PodGroup
         self.logs: dict[str, list[tuple[str, dict[str, Any]]]] = {"nodes": [], "pods": []}
+        for api in GROUP_APIS:
+            self.logs[api] = []
 
     def _emit(self, resource: str, kind: str, obj: dict[str, Any]) -> None:
         self.rv += 1
@@ -185,6 +195,20 @@ class World:
         pod = self.pods.pop(uid)
         self._emit("pods", "DELETED", pod)
 
+    def put_group(self, api: str, group: dict[str, Any]) -> None:
+        meta = group["metadata"]
+        key = (api, meta.get("namespace", "ns"), meta["name"])
+        kind = "MODIFIED" if key in self.groups else "ADDED"
+        meta.setdefault("uid", f"uid-pg-{meta['name']}")
+        self.groups[key] = copy.deepcopy(group)
+        self._emit(api, kind, self.groups[key])
+
+    def delete_group(self, api: str, name: str, namespace: str = "ns") -> None:
+        self._emit(api, "DELETED", self.groups.pop((api, namespace, name)))
+
+    def group(self, api: str, name: str, namespace: str = "ns") -> dict[str, Any]:
+        return self.groups[(api, namespace, name)]
+
     def find(self, namespace: str, name: str) -> dict[str, Any] | None:
         for pod in self.pods.values():
             if pod["metadata"]["namespace"] == namespace and pod["metadata"]["name"] == name:
@@ -208,7 +232,10 @@ class World:
         return 201
 
     def list_body(self, resource: str) -> dict[str, Any]:
-        items = self.nodes.values() if resource == "nodes" else self.pods.values()
+        if resource in GROUP_APIS:
+            items: Any = [g for (api, _, _), g in self.groups.items() if api == resource]
+        else:
+            items = self.nodes.values() if resource == "nodes" else self.pods.values()
         return {"metadata": {"resourceVersion": str(self.rv)}, "items": copy.deepcopy(list(items))}
 
     # --- what the tests check -----------------------------------------------------------------
@@ -345,6 +372,38 @@ class FakeCore:
         return [e["message"] for e in self.events if e["involvedObject"]["name"] == pod]
 
 
+@dataclass
+class FakeCustom:
+    """The ``CustomObjectsApi`` calls the scheduler makes (PodGroup status), against a ``World``."""
+
+    world: World
+    patches: list[tuple[str, str, dict[str, Any]]] = field(default_factory=list)  # (api, name, body)
+    patch_error: Callable[[], Exception] | None = None
+
+    def patch_namespaced_custom_object_status(
+        self, group: str, version: str, namespace: str, plural: str, name: str, body: Any, **_: Any
+    ) -> Response:
+        if self.patch_error is not None:
+            raise self.patch_error()
+        key = (group, namespace, name)
+        if key not in self.world.groups:
+            raise ApiException(status=404, reason="Not Found")
+        self.patches.append((group, name, copy.deepcopy(body)))
+        stored = copy.deepcopy(self.world.groups[key])
+        status = stored.setdefault("status", {})
+        for field_name, value in body.get("status", {}).items():
+            if value is None:
+                status.pop(field_name, None)
+            else:
+                status[field_name] = value
+        self.world.put_group(group, stored)
+        return Response(stored)
+
+    def list_cluster_custom_object(self, group: str, version: str, plural: str, **kwargs: Any) -> Response:
+        assert not kwargs.get("watch"), "the tests feed watch events themselves"
+        return Response(self.world.list_body(group))
+
+
 class Jobs:
     """The binder pool, captured: jobs run only when a test says, in the order it says."""
 
@@ -401,7 +460,14 @@ def make_scheduler(
         scheduler_name=name, policy=overrides.pop("policy", "bestfit"), signing_key_id="k1", **overrides
     )
     scheduler = Scheduler(
-        config, k8s.ApiClient(), KeyRing(None, SIGNING), seed=seed, clock=clock, submit=jobs.submit, core=core
+        config,
+        k8s.ApiClient(),
+        KeyRing(None, SIGNING),
+        seed=seed,
+        clock=clock,
+        submit=jobs.submit,
+        core=core,
+        custom_api=FakeCustom(world),
     )
     scheduler._binders.shutdown()
     scheduler._binders = jobs  # type: ignore[assignment]
@@ -415,14 +481,16 @@ class Feed:
     def __init__(self, world: World, scheduler: Scheduler) -> None:
         self.world = world
         self.scheduler = scheduler
-        self.cursor = {"nodes": 0, "pods": 0}
+        self.cursor = {"nodes": 0, "pods": 0, **{api: 0 for api in GROUP_APIS}}
 
     def relist(self, resource: str | None = None) -> None:
         """A full list (whatever events were missed), then the watch resumes at the end."""
-        for name in [resource] if resource else ["nodes", "pods"]:
+        for name in [resource] if resource else [*GROUP_APIS, "nodes", "pods"]:
             items = self.world.list_body(name)["items"]
             if name == "nodes":
                 self.scheduler.replace_nodes(items)
+            elif name in GROUP_APIS:
+                self.scheduler.replace_groups(name, items)
             else:
                 self.scheduler.replace_pods(items)
             self.cursor[name] = len(self.world.logs[name])
@@ -430,7 +498,7 @@ class Feed:
     def sync(self, resource: str | None = None, limit: int | None = None) -> int:
         """Deliver up to ``limit`` pending events of one resource (or all of both)."""
         delivered = 0
-        for name in [resource] if resource else ["nodes", "pods"]:
+        for name in [resource] if resource else [*GROUP_APIS, "nodes", "pods"]:
             log = self.world.logs[name]
             while self.cursor[name] < len(log) and (limit is None or delivered < limit):
                 kind, obj = log[self.cursor[name]]
@@ -438,6 +506,8 @@ class Feed:
                 delivered += 1
                 if name == "nodes":
                     self.scheduler.apply_node(kind, copy.deepcopy(obj))
+                elif name in GROUP_APIS:
+                    self.scheduler.apply_group(name, kind, copy.deepcopy(obj))
                 else:
                     self.scheduler.apply_pod(kind, copy.deepcopy(obj))
         return delivered
