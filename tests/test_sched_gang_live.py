@@ -9,6 +9,7 @@ from typing import Any
 
 from scheduler.live.podgroups import KUBE_API, PLUGINS_API, PLUGINS_LABEL
 from tests.support.schedworld import Feed, World, drive, make_scheduler, node_json, pod_json
+from tests.test_sched_preempt_live import add, settle, setup
 
 
 def plugins_group(name: str, min_member: int | Any, **spec: Any) -> dict[str, Any]:
@@ -330,3 +331,54 @@ def test_a_starving_group_holds_back_gpu_pods_queued_behind_it() -> None:
     feed.sync()
     drive(scheduler, jobs, feed, clock)
     assert world.node_of("s3") is not None  # no longer held back once the group is placed
+
+
+def preempt_world() -> tuple[Any, Any, Any, Any, World, Feed]:
+    """n1: low (4 GPUs); n2: low2 (2 GPUs); n3: low3 (1 GPU) beside keep (3 GPUs, high priority)."""
+    scheduler, jobs, core, clock, world, feed = setup(
+        [node_json("n1", 4), node_json("n2", 4), node_json("n3", 4)]
+    )
+    for name, gpus, priority in (("low", 4, 1), ("low2", 2, 1), ("keep", 3, 1000), ("low3", 1, 1)):
+        add(world, feed, pod_json(name, gpus, priority=priority))
+        settle(scheduler, jobs, feed)
+    assert world.node_of("keep") == "n3" and world.node_of("low3") == "n3"
+    return scheduler, jobs, core, clock, world, feed
+
+
+def test_a_high_priority_group_preempts_just_the_pods_its_whole_minimum_needs() -> None:
+    scheduler, jobs, core, clock, world, feed = preempt_world()
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    for name in ("a", "b"):
+        add(world, feed, member(name, 4, priority=500))
+    settle(scheduler, jobs, feed)
+    assert sorted(core.evictions) == ["low", "low2"]  # low3 shares n3 with keep: not needed
+    assert bound(world, "a", "b") == [None, None]
+    assert {scheduler.nominated["uid-a"], scheduler.nominated["uid-b"]} == {"n1", "n2"}
+    # a lower-priority pod must not take the room being freed
+    for uid in ("uid-low", "uid-low2"):
+        world.delete_pod(uid)
+    add(world, feed, pod_json("sneak", 4, priority=10))
+    drive(scheduler, jobs, feed, clock)
+    assert sorted(bound(world, "a", "b")) == ["n1", "n2"]
+    assert world.node_of("sneak") is None and sorted(core.evictions) == ["low", "low2"]
+
+
+def test_a_group_that_would_still_not_fit_evicts_nobody() -> None:
+    scheduler, jobs, core, clock, world, feed = preempt_world()
+    world.put_group(PLUGINS_API, plugins_group("g", 3))
+    for name in ("a", "b", "c"):
+        add(world, feed, member(name, 4, priority=500))
+    drive(scheduler, jobs, feed, clock)
+    assert core.evictions == [] and bound(world, "a", "b", "c") == [None, None, None]
+    assert not scheduler.nominated
+
+
+def test_a_group_that_may_not_preempt_evicts_nobody() -> None:
+    scheduler, jobs, core, clock, world, feed = preempt_world()
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    for name in ("a", "b"):
+        pod = member(name, 4, priority=500)
+        pod["spec"]["preemptionPolicy"] = "Never"
+        add(world, feed, pod)
+    drive(scheduler, jobs, feed, clock)
+    assert core.evictions == [] and bound(world, "a", "b") == [None, None]

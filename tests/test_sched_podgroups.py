@@ -135,7 +135,8 @@ def counts(**kw: int) -> MemberCounts:
 
 
 def test_plugins_phase_follows_the_controllers_rules() -> None:
-    assert plugins_phase("", 2, counts(pods=2)) == "Pending"
+    assert plugins_phase("", 2, counts(pods=2)) == "Scheduling"
+    assert plugins_phase("", 2, counts(pods=1)) == "Pending"
     assert plugins_phase("Pending", 2, counts(pods=1)) == "Pending"
     assert plugins_phase("Pending", 2, counts(pods=2)) == "Scheduling"
     assert plugins_phase("Scheduling", 2, counts(pods=2, scheduled=2)) == "Scheduled"

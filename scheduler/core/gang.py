@@ -36,7 +36,7 @@ from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, Unschedulable, schedule_one
 from scheduler.core.scoring import Policy
-from scheduler.core.state import ClusterState
+from scheduler.core.state import Allocation, AllocationConflict, ClusterState
 
 MAX_DOMAINS = 8  # domains a group is tried in before it is planned over the whole cluster
 OUTSIDE_GROUP_NODES = "node(s) not used by the pod's group"
@@ -317,3 +317,60 @@ def resource_gap(
             for name in free:
                 free[name] += held.get(name, 0)
     return {name: amount - free[name] for name, amount in sorted(wanted.items()) if amount > free[name]}
+
+
+@dataclass(frozen=True)
+class GroupVictims:
+    """A group's plan once ``victims`` (pod uids) are evicted, and nothing more."""
+
+    plan: GroupPlacement
+    victims: tuple[str, ...]
+
+
+def group_preemption(
+    group: GroupRequest,
+    cluster: ClusterState,
+    policy: Policy,
+    rng: random.Random,
+    candidates: Sequence[str],
+    *,
+    filters: Sequence[FilterPlugin] = DEFAULT_FILTERS,
+) -> GroupVictims | None:
+    """Which of ``candidates`` (placed pods the group may preempt, the ones to keep most first)
+    must go for the group's minimum to fit whole; None when it does not fit even with all of
+    them gone (then nobody is evicted), or fits without evicting anyone.
+
+    The group is planned with every candidate removed; then, the plan's members booked, each
+    candidate in order is put back when it still fits beside them: the victims are the ones that
+    do not. The cluster is left as it was.
+    """
+    removed: list[tuple[Allocation, PodFacts | None]] = []
+    facts = cluster.placement.index.facts if cluster.placement is not None else {}
+    try:
+        for uid in candidates:
+            if uid in cluster.where:
+                held = facts.get(uid)
+                removed.append((cluster.forget(uid), held))
+        plan = schedule_group(group, cluster, policy, rng, filters=filters)
+        if not isinstance(plan, GroupPlacement):
+            return None
+        by_uid = {m.uid: m for m in group.members}
+        booked: list[str] = []
+        victims: list[str] = []
+        try:
+            for placement in plan.placements:
+                cluster.assume(placement.allocation, facts_of(by_uid[placement.allocation.pod_uid]))
+                booked.append(placement.allocation.pod_uid)
+            for alloc, held in removed:
+                try:
+                    cluster.assume(alloc, held)
+                    booked.append(alloc.pod_uid)
+                except AllocationConflict:
+                    victims.append(alloc.pod_uid)
+        finally:
+            for uid in booked:
+                cluster.forget(uid)
+        return GroupVictims(plan, tuple(victims)) if victims else None
+    finally:
+        for alloc, held in removed:
+            cluster.book(alloc, held)

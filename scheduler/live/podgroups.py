@@ -261,13 +261,12 @@ def occupied_by(pods: Iterable[Mapping[str, Any]]) -> str:
 def plugins_phase(previous: str, min_member: int, counts: MemberCounts) -> str:
     """The next ``status.phase`` of a scheduler-plugins PodGroup, by its controller's rules, with
     the ``Scheduled`` phase of the releases that had one (``scheduled`` at least the minimum,
-    fewer running). ``Finished`` and ``Failed`` are final."""
+    fewer running). ``Finished`` and ``Failed`` are final. Where the controller steps through
+    ``Pending`` once per reconcile, this goes straight to where the counts say."""
     if previous in ("Finished", "Failed"):
         return previous
     if counts.pods < min_member:
         return "Pending"
-    if not previous:
-        return "Pending"  # as the controller: a new group is Pending once before Scheduling
     active = counts.running + counts.succeeded
     phase = "Scheduling"
     if counts.scheduled + counts.succeeded >= min_member and active < min_member:

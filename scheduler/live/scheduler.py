@@ -50,11 +50,13 @@ from scheduler.core.gang import (
     GroupPlacement,
     GroupRequest,
     GroupUnschedulable,
+    GroupVictims,
+    group_preemption,
     resource_gap,
     schedule_group,
 )
 from scheduler.core.policies import make_policy
-from scheduler.core.preempt import PREEMPT_LOWER, Budget, RunningPod, Victims, choose, eligible
+from scheduler.core.preempt import PREEMPT_LOWER, PREEMPT_NEVER, Budget, RunningPod, Victims, choose, eligible
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import Allocation, AllocationConflict, ClusterState
@@ -752,20 +754,79 @@ class Scheduler:
             return
         by_uid = {r.uid: r for r in requests}
         lead = by_uid.get(popped) or by_uid[pending[0]]
-        reserved = self._reserve_nominated(popped, lead, cluster)
+        group = GroupRequest(
+            str(ref), spec.min_member, tuple(requests), spec.domain_key or self.config.gang_domain_label
+        )
+        reserved = self._reserve_nominated(popped, lead, cluster, frozenset(by_uid))
         try:
-            group = GroupRequest(
-                str(ref), spec.min_member, tuple(requests), spec.domain_key or self.config.gang_domain_label
-            )
             result = schedule_group(group, cluster, self.policy, self.rng)
+            preempted = None
+            if isinstance(result, GroupUnschedulable) and len(requests) >= spec.min_member:
+                preempted = self._preempt_for_group(ref, group, pending, cluster)
         finally:
             for other in reserved:
                 cluster.forget(other)
         self.metrics.latency.observe(time.perf_counter() - started)
         if isinstance(result, GroupUnschedulable):
-            self._group_failed(ref, spec, pending, placed, result.message(), len(requests), now)
+            message = result.message()
+            if preempted is not None:
+                nodes = sorted({p.node for p in preempted.plan.placements})
+                message += f" Preempting {len(preempted.victims)} pod(s) on node(s) {', '.join(nodes)}."
+            self._group_failed(ref, spec, pending, placed, message, len(requests), now)
             return
         self._place_group(ref, result, by_uid, pending)
+
+    def _preempt_for_group(
+        self, ref: GroupRef, group: GroupRequest, pending: list[str], cluster: ClusterState
+    ) -> GroupVictims | None:
+        """If evicting lower-priority pods lets the group's minimum fit whole, evict just those
+        (through the Eviction API) and nominate each planned member's node; never for a group
+        that would still not fit. Not again while an earlier preemption's victims terminate."""
+        waiting = [m for m in group.members if m.uid in set(pending)]
+        if any(m.uid in self.nominated for m in waiting):
+            return None  # room is being freed for it already
+        if any(m.placement is not None and m.placement.rules.preemption_policy == PREEMPT_NEVER
+               for m in waiting):
+            return None
+        priority = min(_priority(m) for m in waiting)
+        members = {m.uid for m in group.members}
+        protected = set(self.cache.assumed) | {u for u in self.nominated if u in cluster.where} | members
+        exhausted = [b for b in self.budgets.values() if b.disruptions_allowed <= 0]
+        ranked = []
+        for uid in cluster.where:
+            pod = self.cache.pods.get(uid)
+            if uid in protected or pod is None or _meta(pod).get("deletionTimestamp"):
+                continue
+            victim_priority = _pod_priority(pod)
+            if victim_priority >= priority:
+                continue
+            alloc = cluster.nodes[cluster.where[uid]].allocations[uid]
+            guarded = any(b.covers(running_pod(alloc, pod)) for b in exhausted)
+            ranked.append((not guarded, -victim_priority, uid))  # keep guarded, then important, first
+        if not ranked:
+            return None
+        chosen = group_preemption(group, cluster, self.policy, self.rng, [uid for *_, uid in sorted(ranked)])
+        if chosen is None:
+            return None
+        lead = self.cache.pods[pending[0]]
+        log_event(
+            log,
+            "group.preempting",
+            group=str(ref),
+            api=ref.api,
+            victims=[pod_key(self.cache.pods[v]) for v in chosen.victims],
+            nodes=sorted({p.node for p in chosen.plan.placements}),
+        )
+        self.metrics.preemptions.inc()
+        for victim in chosen.victims:
+            victim_pod = self.cache.pods[victim]
+            node = cluster.nodes[cluster.where[victim]].name
+            self._submit(self._evict, victim_pod, lead, node)
+        for placement in chosen.plan.placements:
+            uid = placement.allocation.pod_uid
+            self.nominated[uid] = placement.node
+            self._submit(self._nominate, self.cache.pods[uid], placement.node)
+        return chosen
 
     def _place_group(
         self, ref: GroupRef, result: GroupPlacement, by_uid: Mapping[str, PodRequest], pending: list[str]
@@ -978,10 +1039,13 @@ class Scheduler:
 
     # --- nominated pods and preemption ------------------------------------------------------------
 
-    def _reserve_nominated(self, uid: str, request: PodRequest, cluster: ClusterState) -> list[str]:
+    def _reserve_nominated(
+        self, uid: str, request: PodRequest, cluster: ClusterState, group: frozenset[str] = frozenset()
+    ) -> list[str]:
         """Book, for this decision only, the room of pods nominated to a node whose priority is at
         least this pod's (kube-scheduler counts them as placed): what a preemption freed goes to
-        its preemptor. Returns the uids booked (the caller forgets them)."""
+        its preemptor. ``group``: the deciding pod's fellow members, whose room is their own.
+        Returns the uids booked (the caller forgets them)."""
         if not self.nominated:
             return []
         priority = _priority(request)
@@ -989,7 +1053,7 @@ class Scheduler:
         for other, node in sorted(self.nominated.items()):
             pod = self.cache.pods.get(other)
             i = cluster.index.get(node)
-            if other == uid or pod is None or i is None or other in cluster.where:
+            if other == uid or other in group or pod is None or i is None or other in cluster.where:
                 continue
             if other in self.cache.assumed:
                 continue  # being bound where it was placed (its node may take no pods now)

@@ -1,0 +1,247 @@
+"""Gang scheduling against a real kube-apiserver (v1.37.2) that serves both PodGroup APIs:
+scheduler-plugins' CRD from deploy/crds/ and Kubernetes' own ``scheduling.k8s.io/v1beta1``
+(``GenericWorkload`` gate on). The live scheduler places groups whole or not at all, keeps their
+status, reports timeouts on the PodGroup, completes a group after a restart, and two replicas
+never bind a member twice (docs/gang.md)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from kubegpu.allocation import ANNOTATION, verify
+from kubegpu.devenv.controlplane import ControlPlane, ensure_namespace
+from kubegpu.devenv.manifests import apply_manifests
+from scheduler.live.podgroups import KUBE_API, KUBE_VERSION, PLUGINS_API, PLUGINS_LABEL, PLUGINS_VERSION, PLURAL
+from scheduler.live.scheduler import Scheduler
+from tests.test_scheduler_api import KEYS, advertise, gpu_pod, scheduler_starter
+
+pytestmark = pytest.mark.apiserver
+
+CRDS = Path(__file__).resolve().parents[1] / "deploy" / "crds"
+GATED = ("--runtime-config=scheduling.k8s.io/v1beta1=true", "--feature-gates=GenericWorkload=true")
+
+
+@pytest.fixture(scope="module")
+def gang_plane(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane) -> Iterator[ControlPlane]:
+    """A control plane of this module's own, serving both PodGroup APIs."""
+    plane = ControlPlane(
+        run_dir=tmp_path_factory.mktemp("gang-plane"), binaries=control_plane.binaries, apiserver_extra_args=GATED
+    )
+    plane.start()
+    api = plane.admin_client()
+    apply_manifests(api, [CRDS])
+    extensions = k8s.ApiextensionsV1Api(api)
+    deadline = time.monotonic() + 30
+    while True:
+        crd = extensions.read_custom_resource_definition(f"{PLURAL}.{PLUGINS_API}")
+        if any(c.type == "Established" and c.status == "True" for c in crd.status.conditions or []):
+            break
+        assert time.monotonic() < deadline, "the PodGroup CRD was not established"
+        time.sleep(0.2)
+    try:
+        yield plane
+    finally:
+        api.close()
+        plane.stop()
+
+
+class Gang:
+    """One test's slice of the gang plane: a namespace, nodes only its pods select, its scheduler."""
+
+    def __init__(self, api: k8s.ApiClient, state: Path, start: Callable[..., Scheduler]) -> None:
+        self.api = api
+        self.core = k8s.CoreV1Api(api)
+        self.custom = k8s.CustomObjectsApi(api)
+        self.run = uuid.uuid4().hex[:6]
+        self.namespace = f"g-{self.run}"
+        ensure_namespace(self.core, self.namespace)
+        self.state = state
+        self.start = start
+        self.name = f"kubegpu-{self.run}"
+
+    def node(self, prefix: str, topology: str = "dgx1-v100", **labels: str) -> str:
+        name = f"{prefix}-{self.run}"
+        advertise(self.core, name, topology, self.state, labels={"run": self.run, **labels})
+        return name
+
+    def scheduler(self, **overrides: Any) -> Scheduler:
+        return self.start(self.name, **overrides)
+
+    def pod(self, name: str, gpus: int, *, group: str | None = None, kube_group: str | None = None) -> str:
+        body = gpu_pod(self.namespace, name, gpus, scheduler=self.name, selector={"run": self.run})
+        if group is not None:
+            body["metadata"]["labels"] = {PLUGINS_LABEL: group}
+        if kube_group is not None:
+            body["spec"]["schedulingGroup"] = {"podGroupName": kube_group}
+        self.core.create_namespaced_pod(self.namespace, body)
+        return name
+
+    def plugins_group(self, name: str, min_member: int, **spec: Any) -> None:
+        body = {
+            "apiVersion": f"{PLUGINS_API}/{PLUGINS_VERSION}",
+            "kind": "PodGroup",
+            "metadata": {"name": name},
+            "spec": {"minMember": min_member, **spec},
+        }
+        self.custom.create_namespaced_custom_object(PLUGINS_API, PLUGINS_VERSION, self.namespace, PLURAL, body)
+
+    def kube_group(self, name: str, min_count: int) -> None:
+        body = {
+            "apiVersion": f"{KUBE_API}/{KUBE_VERSION}",
+            "kind": "PodGroup",
+            "metadata": {"name": name},
+            "spec": {"schedulingPolicy": {"gang": {"minCount": min_count}}},
+        }
+        self.custom.create_namespaced_custom_object(KUBE_API, KUBE_VERSION, self.namespace, PLURAL, body)
+
+    def group(self, api: str, name: str) -> dict[str, Any]:
+        version = PLUGINS_VERSION if api == PLUGINS_API else KUBE_VERSION
+        return self.custom.get_namespaced_custom_object(api, version, self.namespace, PLURAL, name)
+
+    def nodes_of(self, names: list[str]) -> dict[str, str | None]:
+        pods = {p.metadata.name: p for p in self.core.list_namespaced_pod(self.namespace).items}
+        return {n: pods[n].spec.node_name if n in pods else None for n in names}
+
+    def wait(self, what: str, probe: Callable[[], Any], timeout: float = 60) -> Any:
+        deadline = time.monotonic() + timeout
+        while True:
+            value = probe()
+            if value:
+                return value
+            assert time.monotonic() < deadline, f"timed out waiting for {what}"
+            time.sleep(0.2)
+
+    def events(self, name: str, kind: str = "Pod") -> list[k8s.CoreV1Event]:
+        return [
+            e
+            for e in self.core.list_namespaced_event(self.namespace).items
+            if e.involved_object.name == name and e.involved_object.kind == kind
+        ]
+
+    def event_with(self, name: str, text: str, kind: str = "Pod", timeout: float = 30) -> k8s.CoreV1Event:
+        return self.wait(
+            f"an event on {kind} {name} containing {text!r}",
+            lambda: next((e for e in self.events(name, kind) if text in (e.message or "")), None),
+            timeout,
+        )
+
+    def bound_whole(self, names: list[str], timeout: float = 60) -> dict[str, str]:
+        return self.wait(f"{names} bound", lambda: _all_bound(self.nodes_of(names)), timeout)
+
+
+def _all_bound(nodes: dict[str, str | None]) -> dict[str, str] | None:
+    return {k: v for k, v in nodes.items() if v} if all(nodes.values()) else None
+
+
+@pytest.fixture
+def gang(gang_plane: ControlPlane, tmp_path: Path) -> Iterator[Gang]:
+    api = gang_plane.admin_client()
+    with scheduler_starter(api) as start:
+        yield Gang(api, tmp_path, start)
+    api.close()
+
+
+def test_the_crd_takes_upstream_podgroups_and_their_status(gang: Gang) -> None:
+    gang.plugins_group("shape", 2, minResources={"nvidia.com/gpu": "16", "cpu": "500m"}, scheduleTimeoutSeconds=30)
+    status = {"phase": "Running", "scheduled": 1, "running": 2, "scheduleStartTime": "2026-01-01T00:00:00Z"}
+    gang.custom.patch_namespaced_custom_object_status(
+        PLUGINS_API, PLUGINS_VERSION, gang.namespace, PLURAL, "shape", {"status": status}
+    )
+    stored = gang.group(PLUGINS_API, "shape")
+    assert stored["spec"]["minResources"] == {"nvidia.com/gpu": "16", "cpu": "500m"}
+    assert {k: stored["status"][k] for k in status} == status
+    with pytest.raises(k8s.ApiException) as refused:
+        gang.plugins_group("zero", 0)
+    assert refused.value.status == 422  # minMember at least 1, as upstream's schema says
+
+
+def test_a_group_that_only_fits_across_two_nodes_is_bound_whole(gang: Gang) -> None:
+    gang.node("a")
+    gang.node("b")
+    gang.scheduler()
+    gang.plugins_group("train", 2)
+    gang.pod("w0", 8, group="train")
+    first = gang.event_with("w0", "has 1 of its 2 minimum members; waiting for the others")
+    assert first.reason == "FailedScheduling"
+    assert gang.nodes_of(["w0"]) == {"w0": None}
+    gang.pod("w1", 8, group="train")
+    nodes = gang.bound_whole(["w0", "w1"])
+    assert sorted(nodes.values()) == sorted([f"a-{gang.run}", f"b-{gang.run}"])
+    for pod in gang.core.list_namespaced_pod(gang.namespace).items:
+        allocation = verify(pod.metadata.annotations[ANNOTATION], KEYS)
+        assert allocation.node == pod.spec.node_name and len(allocation.containers["app"].devices) == 8
+    status = gang.wait(
+        "PodGroup status Scheduled", lambda: (gang.group(PLUGINS_API, "train").get("status") or {}).get("scheduled")
+    )
+    assert status == 2
+    stored = gang.group(PLUGINS_API, "train")["status"]
+    assert stored["phase"] == "Scheduled" and stored["scheduleStartTime"]
+
+
+def test_two_competing_groups_one_goes_whole_and_the_other_waits_then_times_out(gang: Gang) -> None:
+    gang.node("a")
+    gang.node("b")
+    gang.scheduler(gang_timeout_seconds=3.0)
+    gang.plugins_group("x", 2)
+    gang.plugins_group("y", 2)
+    for name, group in (("x0", "x"), ("y0", "y"), ("x1", "x"), ("y1", "y")):
+        gang.pod(name, 8, group=group)
+    nodes = gang.wait(
+        "one group bound whole",
+        lambda: _all_bound(gang.nodes_of(["x0", "x1"])) or _all_bound(gang.nodes_of(["y0", "y1"])),
+    )
+    winner = "x" if "x0" in nodes else "y"
+    loser = "y" if winner == "x" else "x"
+    gang.event_with(loser, "timed out after", kind="PodGroup", timeout=30)
+    time.sleep(1)
+    assert gang.nodes_of([f"{loser}0", f"{loser}1"]) == {f"{loser}0": None, f"{loser}1": None}
+    for index in (0, 1):
+        gang.core.delete_namespaced_pod(f"{winner}{index}", gang.namespace, grace_period_seconds=0)
+    gang.bound_whole([f"{loser}0", f"{loser}1"])
+
+
+def test_kubernetes_podgroup_gang_with_its_condition(gang: Gang) -> None:
+    gang.node("a")
+    gang.scheduler()
+    gang.kube_group("kg", 2)
+    gang.pod("k0", 8, kube_group="kg")
+    gang.pod("k1", 8, kube_group="kg")
+    gang.event_with("k0", "only 1 of its 2 minimum members fit together")
+
+    def condition() -> dict[str, Any] | None:
+        for c in (gang.group(KUBE_API, "kg").get("status") or {}).get("conditions") or []:
+            if c["type"] == "PodGroupInitiallyScheduled":
+                return c
+        return None
+
+    assert gang.wait("the False condition", condition)["status"] == "False"
+    assert gang.nodes_of(["k0", "k1"]) == {"k0": None, "k1": None}
+    gang.node("b")
+    gang.bound_whole(["k0", "k1"])
+    done = gang.wait("the True condition", lambda: (c := condition()) and c["status"] == "True" and c)
+    assert done["reason"] == "Scheduled"
+
+
+def test_a_restarted_scheduler_and_a_second_replica_never_bind_a_member_twice(gang: Gang) -> None:
+    gang.node("a")
+    gang.node("b")
+    first = gang.scheduler()
+    gang.plugins_group("r", 2)
+    gang.pod("r0", 8, group="r")
+    gang.event_with("r0", "waiting for the others")
+    first.stop()  # the replica dies with the group half-arrived
+    gang.pod("r1", 8, group="r")
+    gang.scheduler()
+    gang.scheduler()  # two replicas leading at once (no election): the apiserver refuses a 2nd Binding
+    nodes = gang.bound_whole(["r0", "r1"])
+    assert len(set(nodes.values())) == 2
+    time.sleep(1)
+    for pod in gang.core.list_namespaced_pod(gang.namespace).items:
+        verify(pod.metadata.annotations[ANNOTATION], KEYS)
