@@ -18,8 +18,16 @@ from kubernetes import client as k8s
 from kubegpu.allocation import ANNOTATION, verify
 from kubegpu.devenv.controlplane import ControlPlane, ensure_namespace
 from kubegpu.devenv.manifests import apply_manifests
-from scheduler.live.podgroups import KUBE_API, KUBE_VERSION, PLUGINS_API, PLUGINS_LABEL, PLUGINS_VERSION, PLURAL
+from scheduler.live.podgroups import (
+    KUBE_API,
+    KUBE_VERSION,
+    PLUGINS_API,
+    PLUGINS_LABEL,
+    PLUGINS_VERSION,
+    PLURAL,
+)
 from scheduler.live.scheduler import Scheduler
+from tests.support.schedtrial import kubelet_stand_in, priority_classes
 from tests.test_scheduler_api import KEYS, advertise, gpu_pod, scheduler_starter
 
 pytestmark = pytest.mark.apiserver
@@ -29,10 +37,14 @@ GATED = ("--runtime-config=scheduling.k8s.io/v1beta1=true", "--feature-gates=Gen
 
 
 @pytest.fixture(scope="module")
-def gang_plane(tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane) -> Iterator[ControlPlane]:
+def gang_plane(
+    tmp_path_factory: pytest.TempPathFactory, control_plane: ControlPlane
+) -> Iterator[ControlPlane]:
     """A control plane of this module's own, serving both PodGroup APIs."""
     plane = ControlPlane(
-        run_dir=tmp_path_factory.mktemp("gang-plane"), binaries=control_plane.binaries, apiserver_extra_args=GATED
+        run_dir=tmp_path_factory.mktemp("gang-plane"),
+        binaries=control_plane.binaries,
+        apiserver_extra_args=GATED,
     )
     plane.start()
     api = plane.admin_client()
@@ -74,8 +86,20 @@ class Gang:
     def scheduler(self, **overrides: Any) -> Scheduler:
         return self.start(self.name, **overrides)
 
-    def pod(self, name: str, gpus: int, *, group: str | None = None, kube_group: str | None = None) -> str:
-        body = gpu_pod(self.namespace, name, gpus, scheduler=self.name, selector={"run": self.run})
+    def pod(
+        self,
+        name: str,
+        gpus: int,
+        *,
+        group: str | None = None,
+        kube_group: str | None = None,
+        priority_class: str | None = None,
+        on: str | None = None,
+    ) -> str:
+        selector = {"run": self.run} if on is None else {"run": self.run, "pin": on}
+        body = gpu_pod(self.namespace, name, gpus, scheduler=self.name, selector=selector)
+        if priority_class is not None:
+            body["spec"]["priorityClassName"] = priority_class
         if group is not None:
             body["metadata"]["labels"] = {PLUGINS_LABEL: group}
         if kube_group is not None:
@@ -90,7 +114,9 @@ class Gang:
             "metadata": {"name": name},
             "spec": {"minMember": min_member, **spec},
         }
-        self.custom.create_namespaced_custom_object(PLUGINS_API, PLUGINS_VERSION, self.namespace, PLURAL, body)
+        self.custom.create_namespaced_custom_object(
+            PLUGINS_API, PLUGINS_VERSION, self.namespace, PLURAL, body
+        )
 
     def kube_group(self, name: str, min_count: int) -> None:
         body = {
@@ -149,7 +175,9 @@ def gang(gang_plane: ControlPlane, tmp_path: Path) -> Iterator[Gang]:
 
 
 def test_the_crd_takes_upstream_podgroups_and_their_status(gang: Gang) -> None:
-    gang.plugins_group("shape", 2, minResources={"nvidia.com/gpu": "16", "cpu": "500m"}, scheduleTimeoutSeconds=30)
+    gang.plugins_group(
+        "shape", 2, minResources={"nvidia.com/gpu": "16", "cpu": "500m"}, scheduleTimeoutSeconds=30
+    )
     status = {"phase": "Running", "scheduled": 1, "running": 2, "scheduleStartTime": "2026-01-01T00:00:00Z"}
     gang.custom.patch_namespaced_custom_object_status(
         PLUGINS_API, PLUGINS_VERSION, gang.namespace, PLURAL, "shape", {"status": status}
@@ -178,7 +206,8 @@ def test_a_group_that_only_fits_across_two_nodes_is_bound_whole(gang: Gang) -> N
         allocation = verify(pod.metadata.annotations[ANNOTATION], KEYS)
         assert allocation.node == pod.spec.node_name and len(allocation.containers["app"].devices) == 8
     status = gang.wait(
-        "PodGroup status Scheduled", lambda: (gang.group(PLUGINS_API, "train").get("status") or {}).get("scheduled")
+        "PodGroup status Scheduled",
+        lambda: (gang.group(PLUGINS_API, "train").get("status") or {}).get("scheduled"),
     )
     assert status == 2
     stored = gang.group(PLUGINS_API, "train")["status"]
@@ -245,3 +274,29 @@ def test_a_restarted_scheduler_and_a_second_replica_never_bind_a_member_twice(ga
     time.sleep(1)
     for pod in gang.core.list_namespaced_pod(gang.namespace).items:
         verify(pod.metadata.annotations[ANNOTATION], KEYS)
+
+
+def test_a_high_priority_group_preempts_only_what_its_minimum_needs(gang: Gang) -> None:
+    """Three DGX-1s: low-priority pods hold all of a and b and one GPU of c, beside a high-priority
+    pod on c. A group of two 8-GPU members at mid priority evicts the pods on a and b (not the one
+    on c, which would not make room) and lands there whole."""
+    with (
+        priority_classes(gang.api, gang.run, low=100, mid=500, high=1000) as classes,
+        kubelet_stand_in(gang.core, gang.namespace) as removed,
+    ):
+        for node in ("a", "b", "c"):
+            gang.node(node, pin=node)
+        gang.scheduler()
+        gang.pod("low-a", 8, priority_class=classes["low"], on="a")
+        gang.pod("low-b", 8, priority_class=classes["low"], on="b")
+        gang.bound_whole(["low-a", "low-b"])
+        gang.pod("high-c", 7, priority_class=classes["high"], on="c")
+        gang.pod("low-c", 1, priority_class=classes["low"], on="c")
+        gang.bound_whole(["high-c", "low-c"])
+        gang.plugins_group("urgent", 2)
+        gang.pod("u0", 8, group="urgent", priority_class=classes["mid"])
+        gang.pod("u1", 8, group="urgent", priority_class=classes["mid"])
+        nodes = gang.bound_whole(["u0", "u1"])
+        assert sorted(nodes.values()) == [f"a-{gang.run}", f"b-{gang.run}"]
+        assert sorted(removed) == ["low-a", "low-b"]
+        assert gang.nodes_of(["low-c", "high-c"]) == {"low-c": f"c-{gang.run}", "high-c": f"c-{gang.run}"}
