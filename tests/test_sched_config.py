@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from scheduler.core.policies import policy_names
-from scheduler.live.config import ConfigError, SchedulerConfig, load_config
+from scheduler.live.config import ConfigError, SchedulerConfig, load_config, validate
 
 DEPLOY_CONFIG = Path(__file__).resolve().parents[1] / "deploy" / "20-scheduler-config.yaml"
 
@@ -47,3 +47,32 @@ def test_numbers_and_defaults(tmp_path: Path) -> None:
     config = load_config(path)
     assert config.heartbeat_stale_seconds == 60.0 and config.leader_election.lease_seconds == 3.0
     assert load_config(None) == SchedulerConfig(identity=config.identity)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("gangDomainLabel: ''\n", "gangDomainLabel '' is not a label key"),
+        ("gangDomainLabel: 'a b'\n", "gangDomainLabel 'a b' is not a label key"),
+        ("gangDomainLabel: 'Rack.example/x'\n", "is not a label key"),
+        ("gangTimeoutSeconds: 0\n", "gangTimeoutSeconds must be more than 0"),
+        ("gangStarvationSeconds: -1\n", "gangStarvationSeconds must be more than 0"),
+    ],
+)
+def test_gang_settings_are_checked(tmp_path: Path, text: str, message: str) -> None:
+    path = tmp_path / "scheduler.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=message):
+        validate(load_config(path))
+
+
+def test_gang_settings_load(tmp_path: Path) -> None:
+    path = tmp_path / "scheduler.yaml"
+    path.write_text("gangTimeoutSeconds: 30\ngangDomainLabel: example.com/rack\ngangStarvationSeconds: 600\n")
+    config = load_config(path)
+    validate(config)
+    assert (config.gang_timeout_seconds, config.gang_domain_label, config.gang_starvation_seconds) == (
+        30.0,
+        "example.com/rack",
+        600.0,
+    )

@@ -88,6 +88,7 @@ def _apply(target: Any, doc: dict[str, Any], names: dict[str, str], where: str) 
 
 EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 MAX_BIND_WORKERS = 1024
+LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
 def _problems(target: Any, where: str) -> list[str]:
@@ -126,6 +127,8 @@ def validate(config: SchedulerConfig) -> None:
             problems.append(f"metricsAddress {config.metrics_address!r}: {error}")
     if config.backoff_initial_seconds > config.backoff_max_seconds:
         problems.append("backoffInitialSeconds must not exceed backoffMaxSeconds")
+    if not LABEL_KEY.match(config.gang_domain_label) or len(config.gang_domain_label) > 316:
+        problems.append(f"gangDomainLabel {config.gang_domain_label!r} is not a label key")
     if not config.keys_dir or not config.identity:
         problems.append("keysDir and identity must not be empty")
     if not DNS_SUBDOMAIN.match(lease.namespace) or "." in lease.namespace or len(lease.namespace) > 63:
