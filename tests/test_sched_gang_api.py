@@ -16,7 +16,7 @@ import pytest
 from kubernetes import client as k8s
 
 from kubegpu.allocation import ANNOTATION, verify
-from kubegpu.devenv.controlplane import ControlPlane, ensure_namespace
+from kubegpu.devenv.controlplane import POD_GROUP_API_ARGS, ControlPlane, ensure_namespace
 from kubegpu.devenv.manifests import apply_manifests
 from scheduler.live.podgroups import (
     KUBE_API,
@@ -33,7 +33,6 @@ from tests.test_scheduler_api import KEYS, advertise, gpu_pod, scheduler_starter
 pytestmark = pytest.mark.apiserver
 
 CRDS = Path(__file__).resolve().parents[1] / "deploy" / "crds"
-GATED = ("--runtime-config=scheduling.k8s.io/v1beta1=true", "--feature-gates=GenericWorkload=true")
 
 
 @pytest.fixture(scope="module")
@@ -44,7 +43,7 @@ def gang_plane(
     plane = ControlPlane(
         run_dir=tmp_path_factory.mktemp("gang-plane"),
         binaries=control_plane.binaries,
-        apiserver_extra_args=GATED,
+        apiserver_extra_args=POD_GROUP_API_ARGS,
     )
     plane.start()
     api = plane.admin_client()

@@ -68,6 +68,14 @@ class BinariesMissing(ControlPlaneError):
 # --------------------------------------------------------------------------- binaries
 
 
+# kube-apiserver flags that serve Kubernetes' own PodGroup API (scheduling.k8s.io/v1beta1, beta in
+# v1.37 behind the GenericWorkload gate, off by default): gang scheduling (docs/gang.md).
+POD_GROUP_API_ARGS = (
+    "--runtime-config=scheduling.k8s.io/v1beta1=true",
+    "--feature-gates=GenericWorkload=true",
+)
+
+
 def pinned_version(go_mod: Path, module: str) -> str:
     """Version that ``go_mod`` requires for ``module`` (single-line or block ``require``)."""
     pattern = rf"^\s*(?:require\s+)?{re.escape(module)}\s+(v\S+)"

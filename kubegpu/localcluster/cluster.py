@@ -11,7 +11,9 @@ Everything lives under one state directory::
 The apiserver runs ``--authorization-mode=Node,RBAC`` with NodeRestriction; kubelets use node
 certificates; the kubegpu scheduler and the node agents use the ``kubegpu-scheduler`` and
 ``kubegpu-node`` ServiceAccounts and RBAC of ``deploy/`` (10-scheduler-rbac.yaml,
-11-node-rbac.yaml), so every component runs with the rights it has in a real cluster.
+11-node-rbac.yaml), so every component runs with the rights it has in a real cluster. Both
+PodGroup APIs are served: scheduler-plugins' CRD (deploy/crds/) and Kubernetes' own
+(``scheduling.k8s.io/v1beta1``, ``GenericWorkload`` gate on).
 
 ``LocalCluster.stop()`` stops what this process started. ``teardown(state_dir)`` stops a cluster
 from its ``cluster.json`` alone (``kubegpu down``, from another process). Both end with the
@@ -38,6 +40,7 @@ from kubernetes import client as k8s
 from kubegpu.allocation import VerifyingKey, load_keys, private_key_pem, public_key_pem
 from kubegpu.devenv.containerd import Containerd, ContainerdError
 from kubegpu.devenv.controlplane import (
+    POD_GROUP_API_ARGS,
     REPO_ROOT,
     Binaries,
     BinariesMissing,
@@ -69,6 +72,9 @@ SYSTEM_NAMESPACE = "kubegpu-system"
 SCHEDULER_ACCOUNT = "kubegpu-scheduler"
 NODE_ACCOUNT = "kubegpu-node"
 DEPLOY_RBAC = ("00-namespace.yaml", "10-scheduler-rbac.yaml", "11-node-rbac.yaml")
+# Gang scheduling (docs/gang.md): scheduler-plugins' PodGroup CRD, and Kubernetes' own PodGroup API
+# (beta in v1.37, behind the GenericWorkload gate), so both kinds of group work on the local cluster.
+DEPLOY_CRDS = REPO_ROOT / "deploy" / "crds"
 KEY_ID = "k1"
 # ServiceAccount tokens of the scheduler and node agents last as long as the cluster's certificates.
 TOKEN_SECONDS = 7 * 24 * 3600
@@ -241,7 +247,9 @@ class LocalCluster:
         try:
             progress("etcd and kube-apiserver")
             self.plane = ControlPlane(
-                run_dir=self.state_dir / "control-plane", binaries=self.binaries.control_plane()
+                run_dir=self.state_dir / "control-plane",
+                binaries=self.binaries.control_plane(),
+                apiserver_extra_args=POD_GROUP_API_ARGS,
             ).start()
             self.save_state()
             progress("kube-controller-manager")
@@ -250,6 +258,7 @@ class LocalCluster:
             progress("RBAC, ServiceAccounts and allocation keys")
             with self.admin_client() as admin:
                 apply_manifests(admin, [REPO_ROOT / "deploy" / name for name in DEPLOY_RBAC])
+                apply_manifests(admin, [DEPLOY_CRDS])
             self.key_id = write_allocation_keys(self.scheduler_keys, self.node_keys)
             progress("kubegpu scheduler")
             self.start_scheduler()
