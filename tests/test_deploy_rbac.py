@@ -389,6 +389,50 @@ def test_scheduler_may_do_what_it_needs(
     assert core.read_namespaced_pod(pending_pod, kube_namespace).metadata.deletion_timestamp is not None
 
 
+def test_scheduler_may_read_pod_groups_and_keep_their_status(
+    scheduler_api: k8s.ApiClient, admin_api: k8s.ApiClient, kube_namespace: str
+) -> None:
+    """scheduler-plugins' PodGroup (the CRD of deploy/crds/): the scheduler lists and watches the
+    groups and patches their status, and may not change a group's spec or delete it."""
+    apply_manifests(admin_api, [DEPLOY / "crds"])
+    group, version, plural = "scheduling.x-k8s.io", "v1alpha1", "podgroups"
+    body = {"apiVersion": f"{group}/{version}", "kind": "PodGroup", "metadata": {"name": "pg"},
+            "spec": {"minMember": 2}}
+    admin = k8s.CustomObjectsApi(admin_api)
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            admin.create_namespaced_custom_object(group, version, kube_namespace, plural, body)
+            break
+        except k8s.ApiException as error:  # the CRD is not served yet
+            assert error.status == 404 and time.monotonic() < deadline, error
+            time.sleep(0.2)
+    custom = k8s.CustomObjectsApi(scheduler_api)
+    listed = custom.list_cluster_custom_object(group, version, plural)
+    assert "pg" in {item["metadata"]["name"] for item in listed["items"]}
+    response = custom.list_cluster_custom_object(
+        group, version, plural, watch=True, timeout_seconds=1, _preload_content=False
+    )
+    assert response.status == 200
+    response.release_conn()
+    custom.patch_namespaced_custom_object_status(
+        group, version, kube_namespace, plural, "pg", {"status": {"phase": "Scheduling", "scheduled": 1}}
+    )
+    assert admin.get_namespaced_custom_object(group, version, kube_namespace, plural, "pg")["status"] == {
+        "phase": "Scheduling",
+        "scheduled": 1,
+    }
+    for forbidden in (
+        lambda: custom.patch_namespaced_custom_object(
+            group, version, kube_namespace, plural, "pg", {"spec": {"minMember": 1}}
+        ),
+        lambda: custom.delete_namespaced_custom_object(group, version, kube_namespace, plural, "pg"),
+    ):
+        with pytest.raises(k8s.ApiException) as refused:
+            forbidden()
+        assert refused.value.status == 403
+
+
 def test_scheduler_may_record_events_through_both_apis(
     scheduler_api: k8s.ApiClient, kube_namespace: str, pending_pod: str
 ) -> None:
