@@ -94,9 +94,10 @@ class Gang:
         kube_group: str | None = None,
         priority_class: str | None = None,
         on: str | None = None,
+        scheduler: str | None = None,
     ) -> str:
         selector = {"run": self.run} if on is None else {"run": self.run, "pin": on}
-        body = gpu_pod(self.namespace, name, gpus, scheduler=self.name, selector=selector)
+        body = gpu_pod(self.namespace, name, gpus, scheduler=scheduler or self.name, selector=selector)
         if priority_class is not None:
             body["spec"]["priorityClassName"] = priority_class
         if group is not None:
@@ -299,3 +300,48 @@ def test_a_high_priority_group_preempts_only_what_its_minimum_needs(gang: Gang) 
         assert sorted(nodes.values()) == [f"a-{gang.run}", f"b-{gang.run}"]
         assert sorted(removed) == ["low-a", "low-b"]
         assert gang.nodes_of(["low-c", "high-c"]) == {"low-c": f"c-{gang.run}", "high-c": f"c-{gang.run}"}
+
+
+def test_side_by_side_with_kube_schedulers_own_gang(gang: Gang, gang_plane: ControlPlane) -> None:
+    """The same Kubernetes PodGroups, given to kube-scheduler v1.37.2 (GenericWorkload on, pods
+    counting nvidia.com/gpu as an extended resource) and to kubegpu, on worlds of their own (one
+    8-GPU node each, then a second): a group short of members and a group that does not fit stay
+    wholly unbound under both; once a node is added, the group that did not fit is bound whole
+    under both."""
+    kube = gang_plane.start_scheduler(extra_args=["--feature-gates=GenericWorkload=true"])
+    try:
+        gang.scheduler()
+        worlds = {"kubegpu": gang.name, "kube": "default-scheduler"}
+        for world in worlds:
+            gang.node(f"{world}-1", pin=world)
+        for world, scheduler_name in worlds.items():
+            gang.kube_group(f"{world}-short", 3)
+            gang.kube_group(f"{world}-big", 2)
+            for index in range(2):
+                gang.pod(
+                    f"{world}-short-{index}",
+                    1,
+                    kube_group=f"{world}-short",
+                    on=world,
+                    scheduler=scheduler_name,
+                )
+                gang.pod(
+                    f"{world}-big-{index}", 8, kube_group=f"{world}-big", on=world, scheduler=scheduler_name
+                )
+        gang.event_with("kubegpu-big-0", "only 1 of its 2 minimum members fit together")
+        time.sleep(5)  # kube-scheduler holds a member at Permit; neither binds a part of a group
+        names = [f"{w}-{g}-{i}" for w in worlds for g in ("short", "big") for i in range(2)]
+        assert gang.nodes_of(names) == dict.fromkeys(names)
+        for world in worlds:
+            gang.node(f"{world}-2", pin=world)
+        big = [f"{w}-big-{i}" for w in worlds for i in range(2)]
+        nodes = gang.bound_whole(big, timeout=120)
+        for world in worlds:
+            assert {nodes[f"{world}-big-0"], nodes[f"{world}-big-1"]} == {
+                f"{world}-1-{gang.run}",
+                f"{world}-2-{gang.run}",
+            }
+        short = [f"{w}-short-{i}" for w in worlds for i in range(2)]
+        assert gang.nodes_of(short) == dict.fromkeys(short)
+    finally:
+        kube.stop()
