@@ -237,8 +237,11 @@ def test_two_competing_groups_one_goes_whole_and_the_other_waits_then_times_out(
 
 
 def test_kubernetes_podgroup_gang_with_its_condition(gang: Gang) -> None:
-    gang.node("a")
+    gang.node("a", pin="a")
+    gang.node("b", pin="b")
     gang.scheduler()
+    gang.pod("blocker", 1, on="b")
+    gang.bound_whole(["blocker"])
     gang.kube_group("kg", 2)
     gang.pod("k0", 8, kube_group="kg")
     gang.pod("k1", 8, kube_group="kg")
@@ -252,7 +255,7 @@ def test_kubernetes_podgroup_gang_with_its_condition(gang: Gang) -> None:
 
     assert gang.wait("the False condition", condition)["status"] == "False"
     assert gang.nodes_of(["k0", "k1"]) == {"k0": None, "k1": None}
-    gang.node("b")
+    gang.core.delete_namespaced_pod("blocker", gang.namespace, grace_period_seconds=0)
     gang.bound_whole(["k0", "k1"])
     done = gang.wait("the True condition", lambda: (c := condition()) and c["status"] == "True" and c)
     assert done["reason"] == "Scheduled"

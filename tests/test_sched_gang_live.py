@@ -68,7 +68,7 @@ def test_a_group_is_bound_whole_or_not_at_all() -> None:
     drive(scheduler, jobs, feed, clock)
     assert bound(world, "a", "b", "c") == [None, None, None]
     assert not core.binds and not scheduler.cache.assumed
-    assert any("only 2 of its 3 minimum members fit together" in m for m in messages(core, "a"))
+    assert any("its 3 smallest members ask for 9 GPUs, the nodes have 8" in m for m in messages(core, "a"))
     world.put_node(node_json("n3", 4))
     feed.sync()
     drive(scheduler, jobs, feed, clock)
@@ -187,7 +187,10 @@ def test_min_resources_beyond_the_free_cluster_hold_the_group_with_the_gap() -> 
 
 
 def test_a_timed_out_group_is_reported_once_on_the_podgroup_and_retried() -> None:
-    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4), node_json("n2", 4))
+    world.put_pod(pod_json("blocker", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
     world.put_group(PLUGINS_API, plugins_group("g", 2, scheduleTimeoutSeconds=30))
     world.put_pod(member("a", 4))
     world.put_pod(member("b", 4))
@@ -198,7 +201,7 @@ def test_a_timed_out_group_is_reported_once_on_the_podgroup_and_retried() -> Non
     assert len(timeouts) == 1 and "timed out after" in timeouts[0]["message"]
     assert timeouts[0]["involvedObject"]["apiVersion"] == "scheduling.x-k8s.io/v1alpha1"
     assert timeouts[0]["involvedObject"]["uid"] == "uid-pg-g"
-    world.put_node(node_json("n2", 4))
+    world.delete_pod("uid-blocker")
     feed.sync()
     drive(scheduler, jobs, feed, clock)
     assert None not in bound(world, "a", "b")
@@ -236,7 +239,10 @@ def test_plugins_podgroup_status_follows_its_members() -> None:
 
 
 def test_kubernetes_podgroup_gang_and_its_condition() -> None:
-    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4), node_json("n2", 4))
+    world.put_pod(pod_json("blocker", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
     world.put_group(KUBE_API, kube_group("k", 2))
     world.put_pod(pod_json("a", 4, group="k"))
     world.put_pod(pod_json("b", 4, group="k"))
@@ -249,7 +255,7 @@ def test_kubernetes_podgroup_gang_and_its_condition() -> None:
     assert (
         condition["reason"] == "Unschedulable" and "only 1 of its 2 minimum members" in condition["message"]
     )
-    world.put_node(node_json("n2", 4))
+    world.delete_pod("uid-blocker")
     feed.sync()
     drive(scheduler, jobs, feed, clock)
     write_status(scheduler, jobs, feed)
@@ -382,3 +388,40 @@ def test_a_group_that_may_not_preempt_evicts_nobody() -> None:
         add(world, feed, pod)
     drive(scheduler, jobs, feed, clock)
     assert core.evictions == [] and bound(world, "a", "b") == [None, None]
+
+
+def test_a_group_that_can_never_fit_waits_for_the_nodes_not_for_every_pod() -> None:
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4), node_json("n2", 4))
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    world.put_pod(member("a", 8))
+    world.put_pod(member("b", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert any(
+        "can never fit this cluster: 1 of its members ask for more GPUs than any node has (4)" in m
+        for m in messages(core, "a")
+    )
+    attempts = scheduler.metrics.attempts.labels("unschedulable")._value.get()
+    for index in range(5):  # other pods come and go: the group is not tried again for them
+        world.put_pod(pod_json(f"other{index}", 1))
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+    assert scheduler.metrics.attempts.labels("unschedulable")._value.get() == attempts
+    world.put_node(node_json("n3", 8))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert bound(world, "a", "b")[0] == "n3" and None not in bound(world, "a", "b")
+
+
+def test_the_smallest_members_decide_whether_an_elastic_group_could_ever_fit() -> None:
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+    world.put_group(PLUGINS_API, plugins_group("h", 2))
+    world.put_pod(member("x", 4, group="h"))
+    world.put_pod(member("y", 2, group="h"))
+    world.put_group(PLUGINS_API, plugins_group("k", 2))
+    for name, gpus in (("p", 4), ("q", 2), ("r", 2)):
+        world.put_pod(member(name, gpus, group="k"))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert any("its 2 smallest members ask for 6 GPUs, the nodes have 4" in m for m in messages(core, "x"))
+    assert not any("can never fit" in m for m in messages(core, "p"))  # q and r could

@@ -374,3 +374,23 @@ def group_preemption(
     finally:
         for alloc, held in removed:
             cluster.book(alloc, held)
+
+
+def never_fits(group: GroupRequest, cluster: ClusterState) -> str:
+    """Why the group's minimum could not fit the cluster's GPUs even if nothing else ran ("" when
+    it might): fewer than ``min_member`` members ask for no more GPUs than the largest node has,
+    or the ``min_member`` smallest of them ask for more than all the nodes have. A bound, not a
+    plan: "" does not promise a fit."""
+    counts = cluster.gpu_count
+    most = int(counts.max()) if len(counts) else 0
+    total = int(counts.sum())
+    fitting = sorted(m.whole_gpus for m in group.members if m.whole_gpus <= most)
+    if len(fitting) < group.min_member:
+        return (
+            f"{len(group.members) - len(fitting)} of its members ask for more GPUs than any node has "
+            f"({most}), and it needs {group.min_member}"
+        )
+    need = sum(fitting[: group.min_member])
+    if need > total:
+        return f"its {group.min_member} smallest members ask for {need} GPUs, the nodes have {total}"
+    return ""

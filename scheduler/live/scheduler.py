@@ -52,6 +52,7 @@ from scheduler.core.gang import (
     GroupUnschedulable,
     GroupVictims,
     group_preemption,
+    never_fits,
     resource_gap,
     schedule_group,
 )
@@ -201,6 +202,7 @@ class Scheduler:
         self.groups = GroupBook()
         self._blocking: GroupRef | None = None  # a group pods queued behind it must not starve
         self._group_deadlines: dict[GroupRef, float] = {}  # a waiting group is tried again then
+        self._never_fits: set[GroupRef] = set()  # groups waiting for the nodes to change
         self.budgets: dict[str, Budget] = {}  # namespace/name -> PodDisruptionBudget
         self.nominated: dict[str, str] = {}  # pending pod uid -> node its preemption freed room on
         self._pod_rules_waiting: set[str] = set()  # parked pods whose rules look at other pods
@@ -342,12 +344,14 @@ class Scheduler:
         with self.cond:
             self.cache.replace_nodes(items)
             self._nodes_changed = True
+            self._nodes_changed_for_groups()
             self._changed()
 
     def apply_node(self, event_type: str, node: dict[str, Any]) -> None:
         with self.cond:
             if self.cache.apply_node(event_type, node):
                 self._nodes_changed = True
+                self._nodes_changed_for_groups()
                 self._changed()
 
     def replace_pods(self, items: list[dict[str, Any]]) -> None:
@@ -482,6 +486,7 @@ class Scheduler:
             with self.cond:
                 if self.cache.exclusions_flipped():
                     self._nodes_changed = True
+                    self._nodes_changed_for_groups()
                     self._changed()
                 self.post_node_events()
                 self.write_group_statuses()
@@ -769,6 +774,11 @@ class Scheduler:
         self.metrics.latency.observe(time.perf_counter() - started)
         if isinstance(result, GroupUnschedulable):
             message = result.message()
+            impossible = never_fits(group, cluster) if len(requests) >= spec.min_member else ""
+            if impossible:
+                self._group_never_fits(ref, spec, pending, f"pod group {ref} can never fit this cluster: "
+                                       f"{impossible}; waiting for its nodes to change")
+                return
             if preempted is not None:
                 nodes = sorted({p.node for p in preempted.plan.placements})
                 message += f" Preempting {len(preempted.victims)} pod(s) on node(s) {', '.join(nodes)}."
@@ -909,10 +919,29 @@ class Scheduler:
             waited >= self.config.gang_starvation_seconds
             and members >= spec.min_member
             and self._blocking is None
-            and self._could_ever_fit(ref)
         ):
             self._blocking = ref
             log_event(log, "group.holding_back", group=str(ref), api=ref.api, waited_seconds=round(waited))
+
+    def _group_never_fits(self, ref: GroupRef, spec: GroupSpec, pending: list[str], message: str) -> None:
+        """The group cannot fit the cluster's nodes even empty: its members wait, parked until a
+        node changes (or they or the PodGroup do), instead of retrying at every pod's change."""
+        self.metrics.attempts.labels("unschedulable").inc()
+        progress = self.groups.progress[ref]
+        for uid in pending:
+            self.queue.park(uid, until_pod_changes=True)
+            self._emit_failed(self.cache.pods[uid], message)
+        self._never_fits.add(ref)
+        if message != progress.message:
+            progress.message = message
+            self.groups.dirty.add(ref)
+            self._submit(self._post_group_event, ref, spec.uid, "Unschedulable", message, "Warning")
+
+    def _nodes_changed_for_groups(self) -> None:
+        """Nodes changed: groups that could never fit the old ones are tried again."""
+        refs, self._never_fits = self._never_fits, set()
+        for ref in refs:
+            self._wake_group(ref)
 
     def _wake_timed_out_groups(self) -> None:
         """Groups still waiting when their timeout comes are tried once more, which reports them
@@ -922,22 +951,6 @@ class Scheduler:
             if deadline <= now:
                 del self._group_deadlines[ref]
                 self._wake_group(ref)
-
-    def _could_ever_fit(self, ref: GroupRef) -> bool:
-        """Whether the group's members could fit the cluster's GPUs if nothing else ran: every
-        member's GPU count on some node, and their sum within all the GPUs (a bound, not a plan)."""
-        cluster = self.cache.view()
-        counts = cluster.gpu_count
-        most = int(counts.max()) if len(counts) else 0
-        needed = 0
-        for uid in self.groups.members.get(ref, ()):
-            pod = self.cache.pods.get(uid)
-            request = self._request(uid, pod) if pod is not None else None
-            if isinstance(request, PodRequest):
-                if request.whole_gpus > most:
-                    return False
-                needed += request.whole_gpus
-        return needed <= int(counts.sum())
 
     def _held_back(self, uid: str, pod: dict[str, Any]) -> bool:
         """While a group waits past ``gangStarvationSeconds``, GPU pods of no higher priority
