@@ -1,4 +1,8 @@
-"""Functions that change a CRI ContainerConfig: scrub device visibility, apply plugin edits.
+"""The rewrite core: scrub device visibility from a container, then apply the plugins' edits.
+
+Both work on a ``crishim.container.ContainerSpec``, whichever front brought the container (the
+CRI proxy's ``ContainerConfig``, NRI's container); ``scrub`` and ``apply`` are the CRI proxy's
+shorthands that convert a ``ContainerConfig`` in and out.
 
 Scrubbing comes first for every container: whatever a user put in the pod spec or an image can
 make visible is removed or overridden, whatever its spelling:
@@ -28,6 +32,7 @@ import re
 import unicodedata
 from collections.abc import MutableMapping
 
+from crishim.container import ContainerSpec, DeviceEntry, MountEntry, from_cri, to_cri
 from crishim.cri import api_pb2
 from crishim.hostpaths import Ambiguous, HostFS, ManagedDevices, clean, device_entry_verdict
 from devices.plugin import ContainerEdits
@@ -173,42 +178,34 @@ def _scrub_annotations(annotations: MutableMapping[str, str], own_marks: bool) -
                 annotations[key] = left
 
 
-def scrub(config: api_pb2.ContainerConfig, managed: ManagedDevices, fs: HostFS | None = None) -> None:
-    """Remove every way the request could make a managed device visible (see module docstring).
+def scrub_spec(spec: ContainerSpec, managed: ManagedDevices, fs: HostFS | None = None) -> None:
+    """Remove every way the container could make a managed device visible (see module docstring).
 
-    Raises Ambiguous, naming the entry, for what cannot be decided; ``config`` is then unusable.
+    Raises Ambiguous, naming the entry, for what cannot be decided; ``spec`` is then unusable.
     """
     kept_env = []
-    for kv in config.envs:
-        if "=" in kv.key or "\x00" in kv.key or b"\x00" in kv.value:
-            raise Ambiguous(f"environment variable {kv.key[:200]!r} has '=' or NUL in its name or value")
-        if not _scrubbed_env(kv.key):
-            kept_env.append(kv)
-    del config.envs[:]
-    config.envs.extend(kept_env)
-    for key, value in NEUTRAL_ENV:
-        config.envs.add(key=key, value=value.encode())
-
-    if config.devices:
-        kept_devices = [d for d in config.devices if device_entry_verdict(d.host_path, managed, fs)]
-        del config.devices[:]
-        config.devices.extend(kept_devices)
-
-    kept_mounts = []
-    for mount in config.mounts:
+    for key, value in spec.env:
+        if "=" in key or "\x00" in key or b"\x00" in value:
+            raise Ambiguous(f"environment variable {key[:200]!r} has '=' or NUL in its name or value")
+        if not _scrubbed_env(key):
+            kept_env.append((key, value))
+    spec.env = kept_env + [(key, value.encode()) for key, value in NEUTRAL_ENV]
+    if spec.devices:
+        spec.devices = [d for d in spec.devices if device_entry_verdict(d.host_path, managed, fs)]
+    for mount in spec.mounts:
         if "\x00" in mount.container_path:
             raise Ambiguous(f"mount path {mount.container_path[:200]!r} has a NUL")
-        if not is_device_request_mount(mount.container_path):
-            kept_mounts.append(mount)
-    del config.mounts[:]
-    config.mounts.extend(kept_mounts)
+    spec.mounts = [m for m in spec.mounts if not is_device_request_mount(m.container_path)]
+    if spec.cdi_devices:
+        spec.cdi_devices = [name for name in spec.cdi_devices if not is_scrubbed_cdi(name)]
+    _scrub_annotations(spec.annotations, own_marks=True)
 
-    if config.CDI_devices:
-        kept_cdi = [c for c in config.CDI_devices if not is_scrubbed_cdi(c.name)]
-        del config.CDI_devices[:]
-        config.CDI_devices.extend(kept_cdi)
 
-    _scrub_annotations(config.annotations, own_marks=True)
+def scrub(config: api_pb2.ContainerConfig, managed: ManagedDevices, fs: HostFS | None = None) -> None:
+    """``scrub_spec`` on a CRI ContainerConfig, in place."""
+    spec = from_cri(config)
+    scrub_spec(spec, managed, fs)
+    to_cri(spec, config)
 
 
 def scrub_sandbox_annotations(sandbox: api_pb2.PodSandboxConfig) -> None:
@@ -221,35 +218,30 @@ def _under(path: str, directory: str) -> bool:
     return path == directory or path.startswith(directory.rstrip("/") + "/")
 
 
-def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
+def apply_spec(spec: ContainerSpec, edits: ContainerEdits) -> None:
     """Add the plugins' device nodes, env, mounts and CDI names. What the plugins give wins: env
     of the same name, device nodes at the same container path and mounts at or inside a plugin
     mount's container path (in any spelling) are replaced or dropped, so a request cannot shadow
     a granted device with something else (and an MPS client's /dev/shm is the daemon's, with no
     pod mount points in it)."""
     if edits.env:
-        kept = [kv for kv in config.envs if kv.key not in edits.env]
-        del config.envs[:]
-        config.envs.extend(kept)
-        for key, value in sorted(edits.env.items()):
-            config.envs.add(key=key, value=value.encode())
+        spec.env = [(key, value) for key, value in spec.env if key not in edits.env]
+        spec.env += [(key, value.encode()) for key, value in sorted(edits.env.items())]
     if edits.device_nodes:
         ours = {clean(n.container_path) for n in edits.device_nodes}
-        kept_devices = [d for d in config.devices if clean(d.container_path) not in ours]
-        del config.devices[:]
-        config.devices.extend(kept_devices)
-        for node in edits.device_nodes:
-            config.devices.add(
-                container_path=node.container_path, host_path=node.host_path, permissions=node.permissions
-            )
+        spec.devices = [d for d in spec.devices if clean(d.container_path) not in ours]
+        spec.devices += [
+            DeviceEntry(node.container_path, node.host_path, node.permissions) for node in edits.device_nodes
+        ]
     if edits.mounts:
         taken = [clean(m.container_path) for m in edits.mounts]
-        kept_mounts = [m for m in config.mounts if not any(_under(clean(m.container_path), t) for t in taken)]
-        del config.mounts[:]
-        config.mounts.extend(kept_mounts)
-        for mount in edits.mounts:
-            config.mounts.add(
-                container_path=mount.container_path, host_path=mount.host_path, readonly=mount.readonly
-            )
-    for name in edits.cdi_devices:
-        config.CDI_devices.add(name=name)
+        spec.mounts = [m for m in spec.mounts if not any(_under(clean(m.container_path), t) for t in taken)]
+        spec.mounts += [MountEntry(m.container_path, m.host_path, m.readonly) for m in edits.mounts]
+    spec.cdi_devices += list(edits.cdi_devices)
+
+
+def apply(config: api_pb2.ContainerConfig, edits: ContainerEdits) -> None:
+    """``apply_spec`` on a CRI ContainerConfig, in place."""
+    spec = from_cri(config)
+    apply_spec(spec, edits)
+    to_cri(spec, config)

@@ -41,6 +41,7 @@ import grpc.aio
 
 from crishim import edits
 from crishim.capabilities import sys_admin_grant
+from crishim.container import from_cri, to_cri
 from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.hostpaths import Ambiguous, ManagedDevices, numbers_of
 from crishim.intercept import Completion, Refusal, Rejected
@@ -642,8 +643,9 @@ class AllocationRewriter:
         value = sandbox_annotations.get(ANNOTATION)
         if value is None and self._lookup is not None and not is_static_pod(sandbox_annotations):
             value = await self._lookup(pod.namespace, pod.name, pod.uid)
+        spec = from_cri(request.config)
         try:
-            edits.scrub(request.config, self.node_devices.managed)
+            edits.scrub_spec(spec, self.node_devices.managed)
             edits.scrub_sandbox_annotations(request.sandbox_config)
         except Ambiguous as error:
             raise Rejected(
@@ -651,6 +653,7 @@ class AllocationRewriter:
             ) from None
         self._check_security_context(request.config.linux.security_context, pod, container)
         if value is None:
+            to_cri(spec, request.config)
             return request, None
         try:
             allocation = verify(value, self.keys.keys())
@@ -658,6 +661,7 @@ class AllocationRewriter:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod}: {error}") from None
         granted, shares = check_allocation(allocation, pod, container, self.node_name, self.node_devices)
         if not granted:
+            to_cri(spec, request.config)
             return request, None
         if not self.rebuilt.is_set():
             raise Rejected(
@@ -686,7 +690,7 @@ class AllocationRewriter:
             applied = edits_for(self.node_devices.plugins, granted, shares)
             if sharing is not None:  # a share on a node that enforces shares: the container is an MPS client
                 applied = merge_edits([applied, await sharing.container_edits(granted, shares)])
-            edits.apply(request.config, applied)
+            edits.apply_spec(spec, applied)
         except (PluginError, DaemonError) as error:
             self.ledger.release(holdings)
             self._shares_changed()
@@ -697,7 +701,8 @@ class AllocationRewriter:
             self.ledger.release(holdings)
             self._shares_changed()
             raise
-        request.config.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli, memory)
+        spec.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli, memory)
+        to_cri(spec, request.config)
         log_event(
             log,
             "create_container.rewritten",
