@@ -208,10 +208,15 @@ def scrub(config: api_pb2.ContainerConfig, managed: ManagedDevices, fs: HostFS |
     to_cri(spec, config)
 
 
-def scrub_sandbox_annotations(sandbox: api_pb2.PodSandboxConfig) -> None:
+def scrub_annotations(annotations: MutableMapping[str, str]) -> None:
     """CDI requests in the pod's annotations (containerd can pass them to containers): the same
-    rule as a container's. Raises Ambiguous like ``scrub``."""
-    _scrub_annotations(sandbox.annotations, own_marks=False)
+    rule as a container's, in place. Raises Ambiguous like ``scrub_spec``."""
+    _scrub_annotations(annotations, own_marks=False)
+
+
+def scrub_sandbox_annotations(sandbox: api_pb2.PodSandboxConfig) -> None:
+    """``scrub_annotations`` on a CRI PodSandboxConfig's annotations."""
+    scrub_annotations(sandbox.annotations)
 
 
 def _under(path: str, directory: str) -> bool:

@@ -41,7 +41,7 @@ import grpc.aio
 
 from crishim import edits
 from crishim.capabilities import sys_admin_grant
-from crishim.container import from_cri, to_cri
+from crishim.container import ContainerSpec, from_cri, to_cri
 from crishim.cri import api_pb2, api_pb2_grpc
 from crishim.hostpaths import Ambiguous, ManagedDevices, numbers_of
 from crishim.intercept import Completion, Refusal, Rejected
@@ -187,6 +187,36 @@ class PodRef:
 
     def __str__(self) -> str:
         return f"{self.namespace}/{self.name}"
+
+
+@dataclass(frozen=True)
+class Security:
+    """What of a container's security context the rewrite core checks: privileged, and the added
+    capability name that gives it CAP_SYS_ADMIN (as the request spells it; None: not given)."""
+
+    privileged: bool = False
+    sys_admin: str | None = None
+
+
+def security_of(context: api_pb2.LinuxContainerSecurityContext) -> Security:
+    """The CRI front's reading of a container's security context."""
+    return Security(context.privileged, sys_admin_grant(context.capabilities))
+
+
+@dataclass
+class ContainerCreate:
+    """One container create as the rewrite core decides it, whichever front brought it: the pod,
+    its sandbox's annotations (the signed allocation; scrubbed in place), the container's name,
+    attempt, image and security facts, and its ``ContainerSpec`` (changed in place)."""
+
+    pod: PodRef
+    sandbox_id: str
+    sandbox_annotations: dict[str, str]
+    container: str
+    attempt: int
+    image: str
+    security: Security
+    spec: ContainerSpec
 
 
 def pod_of(request: api_pb2.CreateContainerRequest) -> PodRef:
@@ -629,9 +659,32 @@ class AllocationRewriter:
     async def create_container(
         self, request: api_pb2.CreateContainerRequest
     ) -> tuple[api_pb2.CreateContainerRequest, Completion | None]:
-        pod = pod_of(request)
-        container = request.config.metadata.name
-        checkpoint = restored_from(request.config.image.image)
+        """The CRI proxy's front: a CRI CreateContainer in, the same request rewritten out."""
+        create = ContainerCreate(
+            pod=pod_of(request),
+            sandbox_id=request.pod_sandbox_id,
+            sandbox_annotations=dict(request.sandbox_config.annotations),
+            container=request.config.metadata.name,
+            attempt=request.config.metadata.attempt,
+            image=request.config.image.image,
+            security=security_of(request.config.linux.security_context),
+            spec=from_cri(request.config),
+        )
+        completion = await self.decide(create)
+        to_cri(create.spec, request.config)
+        if dict(request.sandbox_config.annotations) != create.sandbox_annotations:
+            request.sandbox_config.annotations.clear()
+            request.sandbox_config.annotations.update(create.sandbox_annotations)
+        return request, completion
+
+    async def decide(self, create: ContainerCreate) -> Completion | None:
+        """The rewrite core's decision for one container, whichever front brought it: scrub what
+        could reach a managed device, verify the pod's signed allocation, book its devices in the
+        ledger and apply the plugins' edits, all on ``create`` (in place). Returns the completion
+        the front calls once the runtime has answered (None: nothing was booked); raises
+        ``Rejected`` with the reason the front reports."""
+        pod, container = create.pod, create.container
+        checkpoint = restored_from(create.image)
         if checkpoint is not None:
             raise Rejected(
                 grpc.StatusCode.FAILED_PRECONDITION,
@@ -639,46 +692,43 @@ class AllocationRewriter:
                 "restores as a container checkpoint with the checkpoint's own annotations, past the "
                 "device scrub and the ledger; checkpoint restore is refused on this node",
             )
-        sandbox_annotations = request.sandbox_config.annotations
+        sandbox_annotations = create.sandbox_annotations
         value = sandbox_annotations.get(ANNOTATION)
         if value is None and self._lookup is not None and not is_static_pod(sandbox_annotations):
             value = await self._lookup(pod.namespace, pod.name, pod.uid)
-        spec = from_cri(request.config)
         try:
-            edits.scrub_spec(spec, self.node_devices.managed)
-            edits.scrub_sandbox_annotations(request.sandbox_config)
+            edits.scrub_spec(create.spec, self.node_devices.managed)
+            edits.scrub_annotations(sandbox_annotations)
         except Ambiguous as error:
             raise Rejected(
                 grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod} container {container}: refused: {error}"
             ) from None
-        self._check_security_context(request.config.linux.security_context, pod, container)
+        self._check_security(create.security, pod, container)
         if value is None:
-            to_cri(spec, request.config)
-            return request, None
+            return None
         try:
             allocation = verify(value, self.keys.keys())
         except AllocationError as error:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod}: {error}") from None
         granted, shares = check_allocation(allocation, pod, container, self.node_name, self.node_devices)
         if not granted:
-            to_cri(spec, request.config)
-            return request, None
+            return None
         if not self.rebuilt.is_set():
             raise Rejected(
                 grpc.StatusCode.UNAVAILABLE, f"pod {pod}: the device ledger is still being rebuilt, retry"
             )
         milli = {d.id: (shares[d.id].milli if d.id in shares else WHOLE) for d in granted}
         memory = {device: share.memory_mib for device, share in shares.items() if share.memory_mib}
-        attempt, ticket = request.config.metadata.attempt, next(self._tickets)
+        ticket = next(self._tickets)
         holdings = [
             Holding(
                 "",
-                request.pod_sandbox_id,
+                create.sandbox_id,
                 pod.uid,
                 container,
                 d,
                 m,
-                attempt,
+                create.attempt,
                 ticket=ticket,
                 memory_mib=memory.get(d, 0),
             )
@@ -690,7 +740,7 @@ class AllocationRewriter:
             applied = edits_for(self.node_devices.plugins, granted, shares)
             if sharing is not None:  # a share on a node that enforces shares: the container is an MPS client
                 applied = merge_edits([applied, await sharing.container_edits(granted, shares)])
-            edits.apply_spec(spec, applied)
+            edits.apply_spec(create.spec, applied)
         except (PluginError, DaemonError) as error:
             self.ledger.release(holdings)
             self._shares_changed()
@@ -701,8 +751,7 @@ class AllocationRewriter:
             self.ledger.release(holdings)
             self._shares_changed()
             raise
-        spec.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli, memory)
-        to_cri(spec, request.config)
+        create.spec.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli, memory)
         log_event(
             log,
             "create_container.rewritten",
@@ -712,15 +761,13 @@ class AllocationRewriter:
             container=container,
             devices=sorted(milli),
         )
-        return request, self._completion(holdings)
+        return self._completion(holdings)
 
-    def _check_security_context(
-        self, context: api_pb2.LinuxContainerSecurityContext, pod: PodRef, container: str
-    ) -> None:
+    def _check_security(self, security: Security, pod: PodRef, container: str) -> None:
         """Log a privileged container (Pod Security's to forbid: containerd gives it every device
         node, and node infrastructure runs so); log a container given CAP_SYS_ADMIN, and refuse it
         unless its namespace is allowed (it could lift its device cgroup, past the scrub)."""
-        if context.privileged:
+        if security.privileged:
             log_event(
                 log,
                 "create_container.privileged",
@@ -731,7 +778,7 @@ class AllocationRewriter:
                 note="a privileged container sees every device node; Pod Security must forbid it",
             )
             return
-        granted = sys_admin_grant(context.capabilities)
+        granted = security.sys_admin
         if granted is None:
             return
         allowed = pod.namespace in self.sys_admin_namespaces
