@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from crishim.cri import api_pb2
+from crishim.hostpaths import DeviceNumber
 
 
 @dataclass
@@ -22,9 +23,10 @@ class DeviceEntry:
     """A device node the container asks for: where it appears, which host node it is."""
 
     container_path: str
-    host_path: str
+    host_path: str  # "" when the front names the node only by its number (NRI: an OCI device)
     permissions: str = "rwm"
     origin: Any = None  # the front's own entry, when it brought this one
+    number: DeviceNumber | None = None  # the node's type and numbers, when the front knows them
 
 
 @dataclass
@@ -46,6 +48,17 @@ class ContainerSpec:
     mounts: list[MountEntry] = field(default_factory=list)
     cdi_devices: list[str] = field(default_factory=list)
     annotations: dict[str, str] = field(default_factory=dict)
+
+    def copy(self) -> ContainerSpec:
+        """A copy whose lists can change without changing this one (the entries are shared, so
+        a front can tell which of its own entries a changed copy kept)."""
+        return ContainerSpec(
+            env=list(self.env),
+            devices=list(self.devices),
+            mounts=list(self.mounts),
+            cdi_devices=list(self.cdi_devices),
+            annotations=dict(self.annotations),
+        )
 
 
 def from_cri(config: api_pb2.ContainerConfig) -> ContainerSpec:

@@ -178,6 +178,14 @@ def _scrub_annotations(annotations: MutableMapping[str, str], own_marks: bool) -
                 annotations[key] = left
 
 
+def _keep_device(device: DeviceEntry, managed: ManagedDevices, fs: HostFS | None) -> bool:
+    """Whether a device entry reaches no managed node: by its number when the front gives one (an
+    OCI device is made from its numbers, whatever its path), else by its host path."""
+    if device.number is not None:
+        return not managed.has_number(device.number)
+    return device_entry_verdict(device.host_path, managed, fs)
+
+
 def scrub_spec(spec: ContainerSpec, managed: ManagedDevices, fs: HostFS | None = None) -> None:
     """Remove every way the container could make a managed device visible (see module docstring).
 
@@ -191,7 +199,7 @@ def scrub_spec(spec: ContainerSpec, managed: ManagedDevices, fs: HostFS | None =
             kept_env.append((key, value))
     spec.env = kept_env + [(key, value.encode()) for key, value in NEUTRAL_ENV]
     if spec.devices:
-        spec.devices = [d for d in spec.devices if device_entry_verdict(d.host_path, managed, fs)]
+        spec.devices = [d for d in spec.devices if _keep_device(d, managed, fs)]
     for mount in spec.mounts:
         if "\x00" in mount.container_path:
             raise Ambiguous(f"mount path {mount.container_path[:200]!r} has a NUL")

@@ -1,0 +1,118 @@
+"""The NRI front's translation: an NRI container into the rewrite core's terms, and the core's
+changed ``ContainerSpec`` back into the ``ContainerAdjustment`` containerd applies.
+
+containerd shows an NRI plugin the container as its OCI spec will be (issue #22): environment
+as ``NAME=value`` strings, mounts by destination, and device nodes as OCI devices, made from
+their type and numbers whatever their path (CDI devices already injected). So a device entry is
+judged by its number (``DeviceEntry.number``), and a device the plugins add is given the type and
+numbers of its host node (``number_of``, a ``stat`` of the host path on the node).
+
+An adjustment can only add and remove: a removal is the name (env, annotation) or path (mount
+destination, device path) with a leading ``-``; containerd applies removals before additions.
+``adjustment`` therefore diffs the spec as the core left it against the container as it came.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from crishim.container import ContainerSpec, DeviceEntry, MountEntry
+from crishim.hostpaths import BLOCK, CHAR, Ambiguous, DeviceNumber
+from crishim.nri import api_pb2
+
+REMOVE = "-"
+BIND_OPTIONS = ("rbind", "rprivate")
+# OCI device types: c and u are character devices, b block, p a FIFO (reaches no device)
+DEVICE_KINDS = {"c": CHAR, "u": CHAR, "b": BLOCK}
+
+
+def _env(entries: list[str]) -> list[tuple[str, bytes]]:
+    env = []
+    for entry in entries:
+        key, equals, value = entry.partition("=")
+        if not equals:
+            raise Ambiguous(f"environment entry {entry[:200]!r} has no '='")
+        env.append((key, value.encode("utf-8", "surrogateescape")))
+    return env
+
+
+def _device(device: api_pb2.LinuxDevice) -> DeviceEntry:
+    kind = DEVICE_KINDS.get(device.type)
+    number = DeviceNumber(kind, device.major, device.minor) if kind is not None else None
+    if kind is None and device.type != "p":
+        raise Ambiguous(f"device {device.path[:200]!r} has an unknown type {device.type[:20]!r}")
+    return DeviceEntry(
+        device.path, "", origin=device, number=number or DeviceNumber("p", device.major, device.minor)
+    )
+
+
+def spec_from_nri(container: api_pb2.Container) -> ContainerSpec:
+    """The container as the rewrite core reads it. Raises Ambiguous for an entry it cannot read."""
+    return ContainerSpec(
+        env=_env(list(container.env)),
+        devices=[_device(d) for d in container.linux.devices],
+        mounts=[
+            MountEntry(m.destination, m.source, "ro" in m.options, origin=m) for m in container.mounts
+        ],
+        cdi_devices=[c.name for c in container.CDI_devices],
+        annotations=dict(container.annotations),
+    )
+
+
+def _last_values(env: list[tuple[str, bytes]]) -> dict[str, bytes]:
+    values: dict[str, bytes] = {}
+    for key, value in env:
+        values[key] = value
+    return values
+
+
+def adjustment(
+    before: ContainerSpec, after: ContainerSpec, number_of: Callable[[str], DeviceNumber]
+) -> api_pb2.ContainerAdjustment:
+    """What containerd must change to make the container ``before`` into ``after`` (the core's
+    result): removals of what the scrub or the plugins' edits took out, then additions."""
+    adjust = api_pb2.ContainerAdjustment()
+    old, new = _last_values(before.env), _last_values(after.env)
+    for key in old:
+        if key not in new:
+            adjust.env.add(key=REMOVE + key)
+    for key, value in new.items():
+        if old.get(key) != value:
+            adjust.env.add(key=key, value=value.decode("utf-8", "surrogateescape"))
+
+    kept_mounts = {id(m.origin) for m in after.mounts if m.origin is not None}
+    for mount in before.mounts:
+        if id(mount.origin) not in kept_mounts:
+            adjust.mounts.add(destination=REMOVE + mount.container_path)
+    for mount in after.mounts:
+        if mount.origin is None:
+            options = [*BIND_OPTIONS, "ro" if mount.readonly else "rw"]
+            adjust.mounts.add(
+                destination=mount.container_path, type="bind", source=mount.host_path, options=options
+            )
+
+    kept_devices = {id(d.origin) for d in after.devices if d.origin is not None}
+    for device in before.devices:
+        if id(device.origin) not in kept_devices:
+            adjust.linux.devices.add(path=REMOVE + device.container_path)
+    for device in after.devices:
+        if device.origin is None:
+            number = number_of(device.host_path)
+            added = adjust.linux.devices.add(
+                path=device.container_path, type=number.kind, major=number.major, minor=number.minor
+            )
+            added.file_mode.value = 0o666
+
+    # CDI names the scrub took out cannot be taken back (containerd injected them before NRI);
+    # the devices they injected are in ``devices`` and judged there by number.
+    for name in after.cdi_devices:
+        if name not in before.cdi_devices:
+            adjust.CDI_devices.add(name=name)
+
+    for key, value in after.annotations.items():
+        if before.annotations.get(key) != value:
+            adjust.annotations[key] = value
+    for key in before.annotations:
+        if key not in after.annotations:
+            adjust.annotations[REMOVE + key] = ""
+    return adjust
