@@ -406,13 +406,19 @@ class AllocationRewriter:
         pod_uids = await self._sandbox_uids(retry_seconds)
         # Booked as adoptions are, running containers first, then by age: a container the ledger
         # refused before the restart (over-booked, never started) stays refused after it.
+        ordered = sorted(listing.containers, key=_booking_order)
+        self.install_rebuilt([(c.id, self._marked_holdings(c, pod_uids)) for c in ordered])
+
+    def install_rebuilt(self, found: Sequence[tuple[str, list[Holding]]]) -> None:
+        """Replace the ledger with what the runtime's containers hold by their marks (container
+        id, holdings), booked in the given order; a container that does not fit beside those
+        before it is refused (``overbooked``). Any front's rebuild ends here."""
         rebuilt = Ledger(self._gpu_memory_mib)
-        for container in sorted(listing.containers, key=_booking_order):
-            found = self._marked_holdings(container, pod_uids)
+        for container_id, holdings in found:
             try:
-                rebuilt.adopt(found)
+                rebuilt.adopt(holdings)
             except OverBooked as over:
-                self._refuse_overbooked(container.id, found, over)
+                self._refuse_overbooked(container_id, holdings, over)
         holdings = rebuilt.holdings()
         self.ledger.replace_all(holdings)
         self.rebuilt.set()
@@ -433,33 +439,53 @@ class AllocationRewriter:
         return parse_mark(container.annotations.get(MARK_ANNOTATION, ""))
 
     def _marked_holdings(self, container: api_pb2.Container, pod_uids: Mapping[str, str]) -> list[Holding]:
-        """What a listed container holds by its mark: nothing unless the mark is live and is the
-        one the shim writes for it (its sandbox's pod UID, its own name)."""
-        mark = self._marked(container)
+        """What a CRI-listed container holds by its mark (``holdings_by_mark``)."""
+        if container.state in GONE_STATES:
+            return []
+        return self.holdings_by_mark(
+            container.id,
+            container.pod_sandbox_id,
+            container.metadata.name,
+            container.metadata.attempt,
+            container.annotations.get(MARK_ANNOTATION, ""),
+            pod_uids.get(container.pod_sandbox_id),
+        )
+
+    def holdings_by_mark(
+        self,
+        container_id: str,
+        sandbox_id: str,
+        name: str,
+        attempt: int,
+        mark_text: str,
+        sandbox_pod_uid: str | None,
+    ) -> list[Holding]:
+        """What a live container holds by its mark: nothing unless the mark is one the shim
+        writes for it (its sandbox's pod UID, its own name)."""
+        mark = parse_mark(mark_text)
         if mark is None:
             return []
-        pod_uid, name, devices, memory = mark
-        if (pod_uid, name) != (pod_uids.get(container.pod_sandbox_id), container.metadata.name):
+        pod_uid, mark_name, devices, memory = mark
+        if (pod_uid, mark_name) != (sandbox_pod_uid, name):
             # Not a mark this shim wrote for this container: one restored from a checkpoint of
             # another pod, or forged. Counting it would hold devices the container was not given.
             log_event(
                 log,
                 "ledger.foreign_mark",
                 logging.WARNING,
-                container=container.id,
-                sandbox=container.pod_sandbox_id,
-                sandbox_pod_uid=pod_uids.get(container.pod_sandbox_id),
-                name=container.metadata.name,
+                container=container_id,
+                sandbox=sandbox_id,
+                sandbox_pod_uid=sandbox_pod_uid,
+                name=name,
                 mark_pod_uid=pod_uid,
-                mark_container=name,
+                mark_container=mark_name,
                 devices=sorted(devices),
             )
             return []
-        attempt = container.metadata.attempt
         return [
             Holding(
-                container.id,
-                container.pod_sandbox_id,
+                container_id,
+                sandbox_id,
                 pod_uid,
                 name,
                 device,
@@ -541,7 +567,11 @@ class AllocationRewriter:
 
     async def _settle_holders(self, holders: Sequence[Holding]) -> None:
         """Settle holders in another container's way: creates of unknown outcome are reconciled
-        with containerd, holdings of exited or vanished containers dropped."""
+        with containerd, holdings of exited or vanished containers dropped. Without a CRI runtime
+        (the NRI front) there is nothing to settle: the ledger follows containerd's own events,
+        and every create is booked to its container id at once."""
+        if self._runtime is None:
+            return
         for sandbox in sorted({h.sandbox_id for h in holders if h.unknown}):
             await self.reconcile_unknown(sandbox)
         for holder in holders:

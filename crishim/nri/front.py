@@ -7,9 +7,12 @@ their type and numbers whatever their path (CDI devices already injected). So a 
 judged by its number (``DeviceEntry.number``), and a device the plugins add is given the type and
 numbers of its host node (``number_of``, a ``stat`` of the host path on the node).
 
-An adjustment can only add and remove: a removal is the name (env, annotation) or path (mount
+An adjustment can only add and remove: a removal is the name (annotation) or path (mount
 destination, device path) with a leading ``-``; containerd applies removals before additions.
 ``adjustment`` therefore diffs the spec as the core left it against the container as it came.
+Environment is the exception: NRI v0.11 (containerd 2.2.9) passes a removed variable on to later
+plugins but never removes it from the OCI spec, so a variable the scrub takes out is set to the
+empty string instead (``KUBEGPU_VISIBLE_DEVICES=``), which selects nothing.
 """
 
 from __future__ import annotations
@@ -74,8 +77,8 @@ def adjustment(
     adjust = api_pb2.ContainerAdjustment()
     old, new = _last_values(before.env), _last_values(after.env)
     for key in old:
-        if key not in new:
-            adjust.env.add(key=REMOVE + key)
+        if key not in new:  # NRI drops env removals on the way to the OCI spec (v0.11): emptied
+            adjust.env.add(key=key, value="")
     for key, value in new.items():
         if old.get(key) != value:
             adjust.env.add(key=key, value=value.decode("utf-8", "surrogateescape"))

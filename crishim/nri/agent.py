@@ -1,0 +1,156 @@
+"""The node agent as an NRI plugin: containerd's container events, decided by the rewrite core.
+
+``NriAgent`` is the ``Handlers`` of an NRI ``PluginSession`` (crishim/nri/plugin.py). It brings
+each event to the same ``AllocationRewriter`` the CRI proxy uses, in the core's terms:
+
+- ``Synchronize`` (every (re)connection): the ledger is rebuilt from the containers containerd
+  reports, by the marks the agent wrote on them (``install_rebuilt``), before any create is
+  decided; what is not reported any more is no longer held.
+- ``CreateContainer``: the container (``front.spec_from_nri``) and its pod's sandbox annotations
+  go through ``AllocationRewriter.decide``, the very decision of the CRI proxy; its result is
+  answered as a ``ContainerAdjustment`` (``front.adjustment``). A refusal is the call's error,
+  with the proxy's reason text, and containerd fails the create with it. The container's id is
+  known here, so its devices are booked to it at once.
+- ``StopContainer``, ``RemoveContainer`` and ``RemovePodSandbox`` release what the container or
+  pod held (a stopped container never runs again: kubelet creates a new one).
+
+NRI does not show a container's security context: ``security`` (a callable, e.g. reading the
+pod from the node's pod cache) supplies what the CRI front reads from the request; without it a
+container counts as neither privileged nor given CAP_SYS_ADMIN (docs/nri.md).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import stat
+from collections.abc import Awaitable, Callable
+
+import grpc
+
+from crishim.hostpaths import BLOCK, CHAR, Ambiguous, DeviceNumber
+from crishim.intercept import Rejected
+from crishim.ledger import MARK_ANNOTATION
+from crishim.nri import api_pb2
+from crishim.nri.front import adjustment, spec_from_nri
+from crishim.nri.ttrpc import FAILED_PRECONDITION, INTERNAL, INVALID_ARGUMENT, UNAVAILABLE, RpcError
+from crishim.rewrite import AllocationRewriter, ContainerCreate, PodRef, Security
+from kubegpu.logs import log_event
+
+log = logging.getLogger("kubegpu.nri")
+
+# kubelet's annotation with a container's restart count: CRI's attempt, which NRI does not carry
+RESTART_COUNT_ANNOTATION = "io.kubernetes.container.restartCount"
+GRPC_TO_TTRPC = {
+    grpc.StatusCode.INVALID_ARGUMENT: INVALID_ARGUMENT,
+    grpc.StatusCode.FAILED_PRECONDITION: FAILED_PRECONDITION,
+    grpc.StatusCode.UNAVAILABLE: UNAVAILABLE,
+}
+SecurityLookup = Callable[[PodRef, str], Awaitable[Security]]
+
+
+def host_device_number(path: str) -> DeviceNumber:
+    """The type and numbers of a host device node (what an OCI device entry is made from)."""
+    info = os.stat(path)
+    if stat.S_ISCHR(info.st_mode):
+        kind = CHAR
+    elif stat.S_ISBLK(info.st_mode):
+        kind = BLOCK
+    else:
+        raise OSError(f"{path} is not a device node")
+    return DeviceNumber(kind, os.major(info.st_rdev), os.minor(info.st_rdev))
+
+
+def attempt_of(annotations: dict[str, str] | object) -> int:
+    raw = annotations.get(RESTART_COUNT_ANNOTATION, "0") if isinstance(annotations, dict) else "0"
+    return int(raw) if raw.isascii() and raw.isdigit() and len(raw) < 10 else 0
+
+
+class NriAgent:
+    """NRI handlers that drive the rewrite core (see the module docstring)."""
+
+    def __init__(
+        self,
+        rewriter: AllocationRewriter,
+        security: SecurityLookup | None = None,
+        number_of: Callable[[str], DeviceNumber] = host_device_number,
+    ) -> None:
+        self.rewriter = rewriter
+        self._security = security
+        self._number_of = number_of
+
+    def configure(self, request: api_pb2.ConfigureRequest) -> None:
+        log_event(log, "nri.configured", runtime=request.runtime_name, version=request.runtime_version)
+
+    def synchronize(self, pods: list[api_pb2.PodSandbox], containers: list[api_pb2.Container]) -> None:
+        pod_uids = {pod.id: pod.uid for pod in pods}
+        live = [c for c in containers if c.state != api_pb2.CONTAINER_STOPPED]
+        live.sort(key=lambda c: (c.state != api_pb2.CONTAINER_RUNNING, c.id))
+        found = [
+            (
+                c.id,
+                self.rewriter.holdings_by_mark(
+                    c.id,
+                    c.pod_sandbox_id,
+                    c.name,
+                    attempt_of(dict(c.annotations)),
+                    c.annotations.get(MARK_ANNOTATION, ""),
+                    pod_uids.get(c.pod_sandbox_id),
+                ),
+            )
+            for c in live
+        ]
+        self.rewriter.install_rebuilt(found)
+
+    async def create_container(
+        self, request: api_pb2.CreateContainerRequest
+    ) -> api_pb2.CreateContainerResponse:
+        pod = PodRef(request.pod.namespace, request.pod.name, request.pod.uid)
+        container = request.container
+        try:
+            spec = spec_from_nri(container)
+            security = await self._security(pod, container.name) if self._security is not None else Security()
+            create = ContainerCreate(
+                pod=pod,
+                sandbox_id=request.pod.id,
+                sandbox_annotations=dict(request.pod.annotations),
+                container=container.name,
+                attempt=attempt_of(dict(container.annotations)),
+                image="",
+                security=security,
+                spec=spec.copy(),
+            )
+            completion = await self.rewriter.decide(create)
+        except Rejected as refused:
+            log_event(
+                log,
+                "nri.create_refused",
+                logging.WARNING,
+                pod=str(pod),
+                container=container.name,
+                reason=refused.message,
+            )
+            raise RpcError(GRPC_TO_TTRPC.get(refused.code, FAILED_PRECONDITION), refused.message) from None
+        except Ambiguous as error:  # an entry the front could not read
+            message = f"pod {pod} container {container.name}: refused: {error}"
+            raise RpcError(INVALID_ARGUMENT, message) from None
+        try:
+            adjust = adjustment(spec, create.spec, self._number_of)
+        except OSError as error:
+            if completion is not None:
+                completion(None)
+            raise RpcError(INTERNAL, f"pod {pod}: a granted device node cannot be read: {error}") from None
+        if completion is not None:
+            completion(container.id)
+        return api_pb2.CreateContainerResponse(adjust=adjust)
+
+    def stop_container(self, request: api_pb2.StopContainerRequest) -> api_pb2.StopContainerResponse:
+        """A stopped container never runs again (kubelet creates a new one): its devices are free."""
+        self.rewriter.removed_container(request.container.id)
+        return api_pb2.StopContainerResponse()
+
+    def remove_container(self, event: api_pb2.StateChangeEvent) -> None:
+        self.rewriter.removed_container(event.container.id)
+
+    def remove_pod_sandbox(self, event: api_pb2.StateChangeEvent) -> None:
+        self.rewriter.removed_sandbox(event.pod.id)

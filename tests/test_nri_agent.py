@@ -1,0 +1,177 @@
+"""The node agent as an NRI plugin (crishim/nri/agent.py) on the Go-built containerd 2.2.9 with NRI
+on and the plugin required: the very rewrite core of the CRI proxy decides each container.
+
+A pod with a signed allocation of two simulated GPUs: its container sees exactly those, with
+NVIDIA_VISIBLE_DEVICES naming them, whatever it asked for itself; a forged allocation is refused
+with the proxy's reason; a second pod asking for a GPU already held is refused (double use); the
+ledger follows RemoveContainer; and a plugin that reconnects rebuilds the ledger from
+Synchronize, by the marks on the containers still there."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crishim.cri import api_pb2 as cri
+from crishim.nri.agent import NriAgent
+from crishim.nri.plugin import PluginSession
+from crishim.rewrite import AllocationRewriter, NodeDevices
+from devices.plugin import load_plugins
+from devices.sim import sim_gpu_id
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, sign
+from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd, containerd2_bin_dir
+from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
+from tests.fixtures.common import missing_component, require_executable
+from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, SIGNING
+from tests.test_nri_transport import PluginThread, wait_until
+
+pytestmark = pytest.mark.containerd
+
+PLUGIN = "kubegpu"
+NODE = "nri-node"
+
+
+@pytest.fixture(scope="module")
+def nri_containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
+    bin_dir = containerd2_bin_dir()
+    if bin_dir is None:
+        missing_component("containerd 2.x is not built: run `bash tests/containerd/build.sh`")
+    assert bin_dir is not None
+    require_executable("runc")
+    socket_path = tmp_path_factory.mktemp("nri-agent") / "nri.sock"
+    instance = Containerd(bin_dir=bin_dir, nri_socket=socket_path, nri_required_plugins=(PLUGIN,))
+    try:
+        instance.start()
+    except Exception as exc:
+        instance.stop()
+        missing_component(f"containerd 2.x with NRI could not start: {exc}")
+    yield instance
+    instance.stop()
+
+
+def agent_for(tmp_path: Path) -> NriAgent:
+    plugins = load_plugins(
+        ["sim"], {"node_name": NODE, "topology": "dgx1-v100", "state_dir": str(tmp_path / "sim")}
+    )
+    devices = NodeDevices(plugins, sysfs_root=None)
+    devices.discover()
+    return NriAgent(AllocationRewriter(NODE, devices, KeyRing(None, SIGNING)))
+
+
+def signed(pod_uid: str, devices: list[str], key: object = KEY) -> str:
+    allocation = Allocation(NODE, pod_uid, {"app": ContainerAllocation(tuple(devices))})
+    return sign(allocation, KEY_ID, key)  # type: ignore[arg-type]
+
+
+class Pods:
+    """Sandboxes and containers made straight on containerd (no proxy: NRI is the only front)."""
+
+    def __init__(self, containerd: Containerd, logs: Path) -> None:
+        self.client = CriClient(containerd.endpoint)
+        self.logs = logs
+        self.sandboxes: list[str] = []
+
+    def create(
+        self, name: str, annotation: Callable[[str], str] | None, envs: dict[str, str] | None = None
+    ) -> str | grpc.RpcError:
+        uid = str(uuid.uuid4())
+        if callable(annotation):
+            annotation = annotation(uid)
+        log_dir = self.logs / name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        config = host_network_sandbox(name, uid, log_directory=str(log_dir))
+        if annotation is not None:
+            config.annotations[ANNOTATION] = annotation
+        sandbox = self.client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
+        self.sandboxes.append(sandbox.pod_sandbox_id)
+        script = "env; echo ---; ls /dev/kubegpu-sim 2>&1; echo END; exec sleep 100000"
+        request = cri.CreateContainerRequest(
+            pod_sandbox_id=sandbox.pod_sandbox_id,
+            sandbox_config=config,
+            config=shell_container("app", BUSYBOX_IMAGE, script, log_path="app.log", envs=envs),
+        )
+        try:
+            return self.client.runtime.CreateContainer(request, timeout=60).container_id
+        except grpc.RpcError as error:
+            return error
+
+    def output(self, container_id: str, name: str) -> str:
+        self.client.runtime.StartContainer(cri.StartContainerRequest(container_id=container_id), timeout=60)
+        log = self.logs / name / "app.log"
+        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, f"{name}'s output")
+        return "\n".join(line.split(" ", 3)[-1] for line in log.read_text().splitlines())
+
+    def close(self) -> None:
+        for sandbox in self.sandboxes:
+            self.client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            self.client.runtime.RemovePodSandbox(
+                cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60
+            )
+        self.client.close()
+
+
+def test_the_rewrite_core_decides_every_container_through_nri(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    assert nri_containerd.nri_socket is not None
+    agent = agent_for(tmp_path)
+    plugin = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
+    pods = Pods(nri_containerd, tmp_path / "logs")
+    gpus = [sim_gpu_id(NODE, 0), sim_gpu_id(NODE, 1)]
+    try:
+        plugin.run(plugin.session.connect())
+        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        assert agent.rewriter.rebuilt.is_set()
+
+        first = pods.create("granted", lambda uid: signed(uid, gpus), envs={"NVIDIA_VISIBLE_DEVICES": "all"})
+        assert isinstance(first, str), first
+        out = pods.output(first, "granted")
+        assert f"NVIDIA_VISIBLE_DEVICES={','.join(gpus)}" in out
+        listing = [name for name in out.split("---", 1)[1].split() if name != "END"]
+        assert len(listing) == 2, out  # exactly the two granted device nodes
+        assert sorted(h.device for h in agent.rewriter.ledger.holdings()) == sorted(gpus)
+
+        forged = pods.create("forged", lambda uid: signed(uid, [sim_gpu_id(NODE, 2)], key=OTHER_KEY))
+        assert isinstance(forged, grpc.RpcError)
+        assert "signature" in (forged.details() or "").lower(), forged.details()
+
+        double = pods.create("double", lambda uid: signed(uid, [gpus[0]]))
+        assert isinstance(double, grpc.RpcError)
+        assert "held by" in (double.details() or "") or "conflict" in (double.details() or "").lower(), (
+            double.details()
+        )
+
+        plain = pods.create(
+            "plain", None, envs={"NVIDIA_VISIBLE_DEVICES": "all", "KUBEGPU_VISIBLE_DEVICES": "x"}
+        )
+        assert isinstance(plain, str), plain
+        out = pods.output(plain, "plain")
+        assert "NVIDIA_VISIBLE_DEVICES=void" in out and "KUBEGPU_VISIBLE_DEVICES=x" not in out
+        assert "KUBEGPU_VISIBLE_DEVICES=\n" in out  # emptied (NRI cannot remove a variable)
+
+        # a reconnect (the agent restarted): the ledger comes back from Synchronize by the marks
+        plugin.stop()
+        agent2 = agent_for(tmp_path)
+        plugin = PluginThread(PluginSession(agent2, socket=nri_containerd.nri_socket, name=PLUGIN))
+        plugin.run(plugin.session.connect())
+        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize after the restart")
+        assert sorted(h.device for h in agent2.rewriter.ledger.holdings()) == sorted(gpus)
+        again = pods.create("again", lambda uid: signed(uid, [gpus[1]]))
+        assert isinstance(again, grpc.RpcError), "a GPU held before the restart was handed out again"
+
+        pods.client.runtime.StopContainer(cri.StopContainerRequest(container_id=first, timeout=1), timeout=60)
+        pods.client.runtime.RemoveContainer(cri.RemoveContainerRequest(container_id=first), timeout=60)
+        wait_until(
+            lambda: not agent2.rewriter.ledger.holdings(), 10, "the ledger to free the removed container"
+        )
+        time.sleep(0.1)
+        reused = pods.create("reused", lambda uid: signed(uid, [gpus[1]]))
+        assert isinstance(reused, str), reused
+    finally:
+        pods.close()
+        plugin.stop()
