@@ -24,7 +24,7 @@ import json
 import logging
 import threading
 from collections.abc import Callable, Collection, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial, wraps
 from typing import Any
 
@@ -48,6 +48,8 @@ class PodFacts:
     uid: str
     allocation: str | None
     wants: tuple[str, ...]
+    # container name -> (privileged, capabilities added): what the NRI front cannot see itself
+    security: Mapping[str, tuple[bool, tuple[str, ...]]] = field(default_factory=dict, hash=False)
 
 
 def requested_resources(pod: Mapping[str, Any], managed: Collection[str]) -> list[str]:
@@ -61,6 +63,22 @@ def requested_resources(pod: Mapping[str, Any], managed: Collection[str]) -> lis
     return sorted(names)
 
 
+def container_security(pod: Mapping[str, Any]) -> dict[str, tuple[bool, tuple[str, ...]]]:
+    """Each container's ``securityContext.privileged`` and ``capabilities.add`` (API JSON), for
+    every kind of container (init, sidecar, app, ephemeral)."""
+    spec = pod.get("spec") or {}
+    out: dict[str, tuple[bool, tuple[str, ...]]] = {}
+    for key in ("initContainers", "containers", "ephemeralContainers"):
+        for container in spec.get(key) or []:
+            if not isinstance(container, Mapping):
+                continue
+            context = container.get("securityContext") or {}
+            capabilities = (context.get("capabilities") or {}).get("add") or []
+            added = tuple(str(c) for c in capabilities if isinstance(c, str))
+            out[str(container.get("name") or "")] = (context.get("privileged") is True, added)
+    return out
+
+
 def facts_of(pod: Mapping[str, Any], managed: Collection[str]) -> PodFacts:
     """The facts of a pod as the API server returns it (JSON)."""
     meta = pod.get("metadata") or {}
@@ -72,6 +90,7 @@ def facts_of(pod: Mapping[str, Any], managed: Collection[str]) -> PodFacts:
         uid=str(meta.get("uid") or ""),
         allocation=annotations.get(ANNOTATION),
         wants=tuple(requested_resources(pod, managed) + asked),
+        security=container_security(pod),
     )
 
 
@@ -262,6 +281,14 @@ class ApiPodLookup:
         if len(self._cache) > 4096:
             self._cache.pop(next(iter(self._cache)))
         return value
+
+    async def facts(self, namespace: str, name: str, uid: str) -> PodFacts | None:
+        """The pod's facts from the node's pod cache or a read (None: the API cannot answer, or
+        the pod of that name has another UID)."""
+        facts = self._node_pods.get(namespace, name, uid) if self._node_pods is not None else None
+        if facts is None:
+            facts = await self._read(namespace, name)
+        return facts if facts is not None and facts.uid == uid else None
 
     async def _read(self, namespace: str, name: str) -> PodFacts | None:
         """GET the pod; None when the API server cannot answer (logged)."""

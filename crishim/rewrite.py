@@ -327,6 +327,11 @@ class AllocationRewriter:
         # why): never booked; retried at every adoption pass, and reported once.
         self.overbooked: dict[str, str] = {}
 
+    @property
+    def pod_lookup(self) -> PodAnnotationLookup | None:
+        """Where pods' facts come from when a sandbox lacks them (None: no API)."""
+        return self._lookup
+
     def _gpu_memory_mib(self, device_id: str) -> int:
         """A device's memory in MiB as discovered (0: not known, and then not checked)."""
         device = self.node_devices.devices.get(device_id)

@@ -65,6 +65,33 @@ def _add_crishim(sub: argparse._SubParsersAction) -> None:
         help="on SIGTERM, wait this long for in-flight calls; 0: stop at once (default: %(default)s)",
     )
     parser.add_argument(
+        "--front",
+        choices=("cri", "nri"),
+        default="cri",
+        help="cri: serve kubelet's CRI calls as a proxy in front of the runtime; nri: register "
+        "with containerd 2.x as an NRI plugin instead (nothing on kubelet's call path; needs "
+        "--device-plugin; docs/nri.md) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--nri-socket",
+        default="/var/run/nri/nri.sock",
+        type=cliargs.unix_endpoint,
+        help="--front nri: containerd's NRI socket (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--nri-plugin-name",
+        default="kubegpu",
+        type=cliargs.dns_subdomain,
+        help="--front nri: the plugin's name, as containerd's required_plugins lists it "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--nri-plugin-index",
+        default="10",
+        type=cliargs.two_digits,
+        help="--front nri: the plugin's two-digit index, its place among NRI plugins (default: %(default)s)",
+    )
+    parser.add_argument(
         "--pod-cache",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -217,6 +244,8 @@ def _run_crishim(args: argparse.Namespace) -> int:
     from devices.plugin import PluginError
     from kubegpu.kube import api_client
 
+    if args.front == "nri":
+        return _run_nri_front(args)
     config = ShimConfig(
         listen=args.listen,
         runtime_endpoint=args.runtime_endpoint,
@@ -242,6 +271,49 @@ def _run_crishim(args: argparse.Namespace) -> int:
                 advertiser.start()
         run_loop(serve(config, interceptor, telemetry))
     except (ShimConfigError, PluginError) as exc:
+        raise UsageError(str(exc)) from None
+    finally:
+        if advertiser is not None:
+            advertiser.stop()
+    return 0
+
+
+def _run_nri_front(args: argparse.Namespace) -> int:
+    """``kubegpu crishim --front nri``: the rewrite core as a containerd NRI plugin."""
+    from crishim.assemble import build_advertiser, build_rewriter, build_telemetry, node_devices_from
+    from crishim.nri.agent import NriAgent, pod_security
+    from crishim.nri.serve import NriConfig, serve_nri
+    from crishim.podlookup import ApiPodLookup
+    from crishim.server import unix_path
+    from devices.plugin import PluginError
+    from kubegpu.kube import api_client
+
+    if not args.device_plugin:
+        raise UsageError("--front nri needs at least one --device-plugin (it decides nothing else)")
+    _preflight_crishim(args)
+    _node_name(args)
+    advertiser = None
+    try:
+        api = api_client(args.kubeconfig)
+        if args.advertise and api is None:
+            raise UsageError("--advertise needs --kubeconfig or an in-cluster service account")
+        node_devices = node_devices_from(args)
+        rewriter = build_rewriter(args, node_devices, api)
+        lookup = rewriter.pod_lookup
+        agent = NriAgent(rewriter, pod_security(lookup) if isinstance(lookup, ApiPodLookup) else None)
+        telemetry = build_telemetry(args, node_devices, rewriter)
+        if args.advertise:
+            advertiser = build_advertiser(args, node_devices, api)
+            advertiser.start()
+        config = NriConfig(
+            socket=unix_path(args.nri_socket),
+            plugin_name=args.nri_plugin_name,
+            plugin_index=args.nri_plugin_index,
+            metrics_address=args.metrics_address,
+            health_interval=args.health_interval,
+        )
+        run_loop(serve_nri(config, agent, telemetry))
+    except PluginError as exc:
         raise UsageError(str(exc)) from None
     finally:
         if advertiser is not None:

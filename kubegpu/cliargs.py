@@ -284,6 +284,16 @@ dns_subdomain = _subdomain("DNS subdomain")
 dns_subdomain.__doc__ = "An argparse type: a lowercase DNS subdomain (object names); returned unchanged."
 
 
+def _two_digits(value: str) -> str:
+    if not (len(value) == 2 and value.isascii() and value.isdigit()):
+        raise ValueError("want two ASCII digits, 00 to 99")
+    return value
+
+
+two_digits = _type("two digits", _two_digits)
+two_digits.__doc__ = "An argparse type: two ASCII digits (an NRI plugin index); returned unchanged."
+
+
 def input_file(limit: int = inputfiles.MAX_INPUT_BYTES) -> Callable[[str], Path]:
     """An argparse type: a regular file (symlinks followed) of at most ``limit`` bytes we may read.
 

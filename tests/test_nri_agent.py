@@ -9,6 +9,11 @@ Synchronize, by the marks on the containers still there."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -26,8 +31,9 @@ from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd, containerd2_bin_dir
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
+from kubegpu.devenv.shimproc import sim_node_args
 from tests.fixtures.common import missing_component, require_executable
-from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, SIGNING
+from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, SIGNING, write_node_keys
 from tests.test_nri_transport import PluginThread, wait_until
 
 pytestmark = pytest.mark.containerd
@@ -175,3 +181,75 @@ def test_the_rewrite_core_decides_every_container_through_nri(
     finally:
         pods.close()
         plugin.stop()
+
+
+def start_agent(containerd: Containerd, tmp_path: Path, keys: Path) -> subprocess.Popen[bytes]:
+    """``kubegpu crishim --front nri`` with the sim plugin, as a process of its own."""
+    assert containerd.nri_socket is not None
+    log = open(tmp_path / "agent.log", "ab")  # noqa: SIM115 - the process owns it
+    command = [
+        sys.executable,
+        "-m",
+        "kubegpu",
+        "crishim",
+        "--front",
+        "nri",
+        "--nri-socket",
+        str(containerd.nri_socket),
+        "--nri-plugin-name",
+        PLUGIN,
+        "--no-pod-cache",
+        "--telemetry-interval",
+        "0",
+        *sim_node_args(NODE, "dgx1-v100", tmp_path / "sim", keys),
+    ]
+    return subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def test_the_nri_front_process_fails_closed_when_killed_and_rebuilds_when_back(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    """`kubegpu crishim --front nri`: a pod gets its GPU; with the agent killed (-9) containerd
+    creates nothing at all (the plugin is required); started again, it rebuilds its ledger from
+    Synchronize and refuses the GPU still held, then grants a free one."""
+    keys = tmp_path / "keys"
+    write_node_keys(keys)
+    pods = Pods(nri_containerd, tmp_path / "logs")
+    gpus = [sim_gpu_id(NODE, 0), sim_gpu_id(NODE, 1)]
+    agent = start_agent(nri_containerd, tmp_path, keys)
+    try:
+
+        def created(name: str, devices: list[str]) -> str | grpc.RpcError:
+            return pods.create(name, lambda uid: signed(uid, devices))
+
+        tries: list[str | grpc.RpcError] = []
+
+        def granted() -> bool:
+            tries.append(created(f"first-{len(tries)}", gpus[:1]))
+            return isinstance(tries[-1], str)
+
+        wait_until(granted, 30, "the agent to register and grant the GPU")
+        os.killpg(agent.pid, signal.SIGKILL)
+        agent.wait(10)
+        refused = pods.create("while-away", None)
+        assert isinstance(refused, grpc.RpcError) and "not present" in (refused.details() or ""), refused
+
+        agent = start_agent(nri_containerd, tmp_path, keys)
+        again: list[str | grpc.RpcError] = []
+
+        def answered() -> bool:
+            made = created(f"again-{len(again)}", gpus[:1])
+            again.append(made)
+            return not (isinstance(made, grpc.RpcError) and "not present" in (made.details() or ""))
+
+        wait_until(answered, 30, "the agent to register again")
+        held = again[-1]
+        assert isinstance(held, grpc.RpcError), "a GPU held before the restart was handed out again"
+        assert gpus[0] in (held.details() or ""), held.details()
+        free = created("free", gpus[1:])
+        assert isinstance(free, str), free
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait(10)
+        pods.close()

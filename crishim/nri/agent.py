@@ -14,9 +14,10 @@ each event to the same ``AllocationRewriter`` the CRI proxy uses, in the core's 
 - ``StopContainer``, ``RemoveContainer`` and ``RemovePodSandbox`` release what the container or
   pod held (a stopped container never runs again: kubelet creates a new one).
 
-NRI does not show a container's security context: ``security`` (a callable, e.g. reading the
-pod from the node's pod cache) supplies what the CRI front reads from the request; without it a
-container counts as neither privileged nor given CAP_SYS_ADMIN (docs/nri.md).
+NRI does not show a container's security context: ``security`` (``pod_security``: the Pod from
+the node's pod cache or the API) supplies what the CRI front reads from the request; a static
+pod (no API object) and an agent given none count as neither privileged nor given CAP_SYS_ADMIN
+(docs/nri.md).
 """
 
 from __future__ import annotations
@@ -28,13 +29,16 @@ from collections.abc import Awaitable, Callable
 
 import grpc
 
+from crishim.capabilities import sys_admin_grant
+from crishim.cri import api_pb2 as cri_pb2
 from crishim.hostpaths import BLOCK, CHAR, Ambiguous, DeviceNumber
 from crishim.intercept import Rejected
 from crishim.ledger import MARK_ANNOTATION
 from crishim.nri import api_pb2
 from crishim.nri.front import adjustment, spec_from_nri
 from crishim.nri.ttrpc import FAILED_PRECONDITION, INTERNAL, INVALID_ARGUMENT, UNAVAILABLE, RpcError
-from crishim.rewrite import AllocationRewriter, ContainerCreate, PodRef, Security
+from crishim.podlookup import ApiPodLookup
+from crishim.rewrite import AllocationRewriter, ContainerCreate, PodRef, Security, is_static_pod
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.nri")
@@ -109,7 +113,9 @@ class NriAgent:
         container = request.container
         try:
             spec = spec_from_nri(container)
-            security = await self._security(pod, container.name) if self._security is not None else Security()
+            static = is_static_pod(dict(request.pod.annotations))
+            lookup = self._security if not static else None
+            security = await lookup(pod, container.name) if lookup is not None else Security()
             create = ContainerCreate(
                 pod=pod,
                 sandbox_id=request.pod.id,
@@ -154,3 +160,22 @@ class NriAgent:
 
     def remove_pod_sandbox(self, event: api_pb2.StateChangeEvent) -> None:
         self.rewriter.removed_sandbox(event.pod.id)
+
+
+def pod_security(lookup: ApiPodLookup) -> SecurityLookup:
+    """Read a container's security facts from its Pod (the node's pod cache, else a read): NRI
+    shows no security context. A pod that cannot be read is refused for now (UNAVAILABLE):
+    kubelet retries the create."""
+
+    async def security(pod: PodRef, container: str) -> Security:
+        facts = await lookup.facts(pod.namespace, pod.name, pod.uid)
+        if facts is None:
+            raise Rejected(
+                grpc.StatusCode.UNAVAILABLE,
+                f"pod {pod} container {container}: its security context cannot be read from the API "
+                "(NRI does not show it), retry",
+            )
+        privileged, added = facts.security.get(container, (False, ()))
+        return Security(privileged, sys_admin_grant(cri_pb2.Capability(add_capabilities=list(added))))
+
+    return security

@@ -151,6 +151,11 @@ class PluginSession:
         )
         log_event(log, "nri.registered", plugin=f"{self.index}-{self.name}", socket=str(self.socket))
 
+    @property
+    def closed(self) -> bool:
+        """Not connected: never connected, closed by containerd, or asked to shut down."""
+        return self._mux is None or self._mux.closed.is_set() or self._shutdown.is_set()
+
     async def wait_closed(self) -> str:
         """Wait until containerd closes the connection or asks the plugin to shut down; why."""
         assert self._mux is not None
