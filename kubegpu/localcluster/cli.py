@@ -59,6 +59,9 @@ def register(sub: argparse._SubParsersAction) -> None:
                     help=f"how many nodes (1..{MAX_NODES}, default 1), named {NODE_NAME}, "
                     f"{NODE_NAME}-2, ...; each runs its own containerd, kubegpu shim (8 simulated GPUs) "
                     "and kubelet")
+    up.add_argument("--front", choices=["cri", "nri"], default="cri",
+                    help="how the node agent meets containerd: cri, a CRI proxy kubelet talks to "
+                    "(default), or nri, containerd's required NRI plugin (needs --containerd 2)")
     up.add_argument("--no-workload", action="store_true", help="start the cluster only")
     up.set_defaults(run=run_up)
     down = sub.add_parser(
@@ -119,6 +122,8 @@ def run_up(args: argparse.Namespace) -> int:
 
     if os.geteuid() != 0:
         return _fail("up", "needs root (it makes mount namespaces and runs containerd and kubelet)")
+    if args.front == "nri" and args.containerd != "2":
+        return _fail("up", "--front nri needs --containerd 2 (containerd 1.6 has no NRI to speak of)")
     try:
         state_dir = check_state_dir(args.state_dir or default_state_dir())
     except LocalClusterError as exc:
@@ -151,7 +156,8 @@ def run_up(args: argparse.Namespace) -> int:
         cluster.start(progress=progress)
         for name in node_names(args.nodes):
             progress(f"node {name}: containerd, kubegpu crishim (8 simulated DGX-1 V100 GPUs), kubelet")
-            cluster.add_node(name, containerd_bin_dir=bin_dir)
+            cluster.add_node(name, containerd_bin_dir=bin_dir,
+                             proxy="kubegpu-nri" if args.front == "nri" else "kubegpu")
     except (LocalClusterError, OSError, RuntimeError) as exc:
         started = cluster._started  # False: the state dir was refused before anything started
         cluster.stop()

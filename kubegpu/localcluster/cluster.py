@@ -71,6 +71,7 @@ STATE_VERSION = 1
 SYSTEM_NAMESPACE = "kubegpu-system"
 SCHEDULER_ACCOUNT = "kubegpu-scheduler"
 NODE_ACCOUNT = "kubegpu-node"
+KUBEGPU_AGENTS = ("kubegpu", "kubegpu-nri")  # node proxies that run the kubegpu node agent
 DEPLOY_RBAC = ("00-namespace.yaml", "10-scheduler-rbac.yaml", "11-node-rbac.yaml")
 # Gang scheduling (docs/gang.md): scheduler-plugins' PodGroup CRD, and Kubernetes' own PodGroup API
 # (beta in v1.37, behind the GenericWorkload gate), so both kinds of group work on the local cluster.
@@ -336,8 +337,8 @@ class LocalCluster:
             proxy=proxy,
             topology=topology,
             agent_kubeconfig=(self._account_kubeconfig(NODE_ACCOUNT)
-                              if proxy == "kubegpu" and node_agent_api else None),
-            keys_dir=self.node_keys if proxy == "kubegpu" else None,
+                              if proxy in KUBEGPU_AGENTS and node_agent_api else None),
+            keys_dir=self.node_keys if proxy in KUBEGPU_AGENTS else None,
             max_pods=max_pods,
             advertise_interval=advertise_interval,
         )
@@ -377,7 +378,7 @@ class LocalCluster:
 
     @staticmethod
     def _advertised(node: LocalNode, seen: k8s.V1Node) -> bool:
-        if node.proxy != "kubegpu" or node.agent_kubeconfig is None:
+        if node.proxy not in KUBEGPU_AGENTS or node.agent_kubeconfig is None:
             return True
         capacity = (seen.status.capacity if seen.status else None) or {}
         annotations = seen.metadata.annotations or {}

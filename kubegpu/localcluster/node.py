@@ -6,6 +6,9 @@ directory. kubelet's ``--container-runtime-endpoint`` is, by ``proxy``:
 * ``"kubegpu"``: ``kubegpu crishim`` with the sim device plugin (a shipped topology, 8 simulated
   DGX-1 V100 GPUs by default) and its advertiser publishing the node's devices, the product as a
   GPU node runs it;
+* ``"kubegpu-nri"``: containerd itself, with ``kubegpu crishim --front nri`` registered as its
+  required NRI plugin (containerd 2.x only; docs/nri.md): the same agent, nothing on kubelet's
+  call path;
 * ``"none"``: containerd itself (the baseline of bench/node_overhead.py);
 * a ``PeerProxy``: another CRI proxy, started from a command line (bench/node_overhead.py).
 
@@ -57,6 +60,10 @@ def cni_plugin_dir() -> Path:
     raise NodeError("no loopback CNI plugin (apt-get install containernetworking-plugins)")
 
 
+NRI_FRONT = "kubegpu-nri"  # the node agent as containerd's NRI plugin instead of a CRI proxy
+NRI_PLUGIN = "kubegpu"
+
+
 @dataclass(frozen=True)
 class PeerProxy:
     """Another CRI proxy: ``command(listen_socket, runtime_endpoint)`` gives its command line."""
@@ -97,11 +104,15 @@ class LocalNode:
 
     @property
     def runtime_endpoint(self) -> str:
-        """The CRI endpoint kubelet uses."""
-        if self.proxy == "none":
+        """The CRI endpoint kubelet uses: containerd itself without a proxy or with the NRI front."""
+        if self.proxy in ("none", NRI_FRONT):
             assert self.containerd is not None
             return self.containerd.endpoint
         return f"unix://{self.proxy_socket}"
+
+    @property
+    def nri_socket(self) -> Path:
+        return self.directory / "nri.sock"
 
     @property
     def sim_state_dir(self) -> Path:
@@ -119,11 +130,14 @@ class LocalNode:
         try:
             self.namespace = MountNamespace(self.directory).start()
             self.cgroup_parents = absent_cgroup_parents()
+            nri = self.proxy == NRI_FRONT  # containerd requires the agent's plugin: it fails closed
             self.containerd = Containerd(
                 base=self.directory / "containerd",
                 bin_dir=self.containerd_bin_dir,
                 command_prefix=self._enter([]),
                 cni_bin_dir=cni_plugin_dir(),
+                nri_socket=self.nri_socket if nri else None,
+                nri_required_plugins=(NRI_PLUGIN,) if nri else (),
             ).start()
             self.start_proxy()
             self.kubelet = Kubelet(
@@ -151,9 +165,11 @@ class LocalNode:
             self.peer = Component(self.proxy.name, argv, self.directory / f"{self.proxy.name}.log").start()
             self.peer.wait_until(self._proxy_answers, "serving CRI", 30)
             return
-        if self.proxy != "kubegpu":
-            raise NodeError(f"unknown proxy {self.proxy!r} (kubegpu, none or a PeerProxy)")
+        if self.proxy not in ("kubegpu", NRI_FRONT):
+            raise NodeError(f"unknown proxy {self.proxy!r} (kubegpu, kubegpu-nri, none or a PeerProxy)")
         args = sim_node_args(self.name, self.topology, self.sim_state_dir, self.keys_dir)
+        if self.proxy == NRI_FRONT:
+            args += ["--front", "nri", "--nri-socket", str(self.nri_socket), "--nri-plugin-name", NRI_PLUGIN]
         if self.agent_kubeconfig is not None:
             args += ["--kubeconfig", str(self.agent_kubeconfig), "--advertise",
                      "--advertise-interval", str(self.advertise_interval)]
