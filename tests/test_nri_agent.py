@@ -23,6 +23,7 @@ import grpc
 import pytest
 
 from crishim.cri import api_pb2 as cri
+from crishim.hostpaths import CHAR, DeviceNumber, ManagedDevices
 from crishim.nri.agent import NriAgent
 from crishim.nri.plugin import PluginSession
 from crishim.rewrite import AllocationRewriter, NodeDevices
@@ -83,7 +84,13 @@ class Pods:
         self.sandboxes: list[str] = []
 
     def create(
-        self, name: str, annotation: Callable[[str], str] | None, envs: dict[str, str] | None = None
+        self,
+        name: str,
+        annotation: Callable[[str], str] | None,
+        envs: dict[str, str] | None = None,
+        devices: list[tuple[str, str]] | None = None,
+        mounts: list[tuple[str, str]] | None = None,
+        script: str = "",
     ) -> str | grpc.RpcError:
         uid = str(uuid.uuid4())
         if callable(annotation):
@@ -95,12 +102,16 @@ class Pods:
             config.annotations[ANNOTATION] = annotation
         sandbox = self.client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
         self.sandboxes.append(sandbox.pod_sandbox_id)
-        script = "env; echo ---; ls /dev/kubegpu-sim 2>&1; echo END; exec sleep 100000"
+        script = script or "env; echo ---; ls /dev/kubegpu-sim 2>&1; echo END; exec sleep 100000"
         request = cri.CreateContainerRequest(
             pod_sandbox_id=sandbox.pod_sandbox_id,
             sandbox_config=config,
             config=shell_container("app", BUSYBOX_IMAGE, script, log_path="app.log", envs=envs),
         )
+        for host, inside in devices or []:
+            request.config.devices.add(host_path=host, container_path=inside, permissions="rwm")
+        for host, inside in mounts or []:
+            request.config.mounts.add(host_path=host, container_path=inside, readonly=True)
         try:
             return self.client.runtime.CreateContainer(request, timeout=60).container_id
         except grpc.RpcError as error:
@@ -248,8 +259,67 @@ def test_the_nri_front_process_fails_closed_when_killed_and_rebuilds_when_back(
         assert gpus[0] in (held.details() or ""), held.details()
         free = created("free", gpus[1:])
         assert isinstance(free, str), free
+
+        # containerd restarted under the agent: it registers again and still holds both GPUs
+        nri_containerd.restart()
+
+        def registered_again() -> bool:
+            made = created(f"after-restart-{time.monotonic()}", gpus[1:])
+            return not (isinstance(made, grpc.RpcError) and "not present" in (made.details() or "")) and (
+                isinstance(made, grpc.RpcError) and gpus[1] in (made.details() or "")
+            )
+
+        wait_until(registered_again, 60, "the agent to hold gpu1 again after containerd's restart")
+
+        # the signing key revoked (removed from the node's keys): allocations it signed are refused
+        (keys / KEY_ID).unlink()
+
+        def revoked() -> bool:
+            made = created(f"revoked-{time.monotonic()}", [sim_gpu_id(NODE, 5)])
+            return isinstance(made, grpc.RpcError) and "k1" in (made.details() or "")
+
+        wait_until(revoked, 30, "the revoked key to be refused")
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(agent.pid, signal.SIGTERM)
         agent.wait(10)
         pods.close()
+
+
+def test_nri_scrubs_managed_nodes_by_number_and_toolkit_mount_requests(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    """A container asking, past any allocation, for a managed device node under another path and
+    for a toolkit device-list mount gets neither: the mount is removed, and the node (NRI v0.11
+    cannot remove a device from the spec) is denied in its device cgroup. The sim's own nodes
+    share /dev/null's numbers, so the node managed here is /dev/kmsg (c 1:11)."""
+    assert nri_containerd.nri_socket is not None
+    agent = agent_for(tmp_path)
+    kmsg = DeviceNumber(CHAR, 1, 11)
+    node = agent.rewriter.node_devices
+    node.managed = ManagedDevices(numbers=node.managed.numbers | {kmsg}, patterns=node.managed.patterns)
+    plugin = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
+    pods = Pods(nri_containerd, tmp_path / "logs")
+    source = tmp_path / "grab"
+    source.mkdir()
+    try:
+        plugin.run(plugin.session.connect())
+        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        script = (
+            "head -c 1 /dev/grab >/dev/null 2>/tmp/err; echo open=$?; cat /tmp/err; "
+            "ls /var/run/nvidia-container-devices 2>&1; echo END; exec sleep 100000"
+        )
+        made = pods.create(
+            "grabber",
+            None,
+            devices=[("/dev/kmsg", "/dev/grab")],
+            mounts=[(str(source), "/var/run/nvidia-container-devices/all")],
+            script=script,
+        )
+        assert isinstance(made, str), made
+        out = pods.output(made, "grabber")
+        assert "open=1" in out and "Operation not permitted" in out, out
+        assert "nvidia-container-devices: No such file or directory" in out, out
+    finally:
+        pods.close()
+        plugin.stop()

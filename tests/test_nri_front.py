@@ -38,6 +38,14 @@ def test_scrub_through_nri_removes_what_reaches_managed_devices_by_number() -> N
     assert not any(key in ("PATH", "HOME", "-PATH", "-HOME") for key, _ in env)
     assert [m.destination for m in adjust.mounts] == ["-/var/run/nvidia-container-devices/all"]
     assert [d.path for d in adjust.linux.devices] == ["-/dev/my-gpu"]
+    (deny,) = adjust.linux.resources.devices  # NRI v0.11 drops the removal: the cgroup denies it
+    assert (deny.allow, deny.type, deny.major.value, deny.minor.value, deny.access) == (
+        False,
+        "c",
+        195,
+        0,
+        "rwm",
+    )
     assert dict(adjust.annotations) == {"-kubegpu.io/forged": ""}
 
 
@@ -97,3 +105,13 @@ def test_a_fifo_is_kept_and_a_unbuffered_char_device_is_judged_as_char() -> None
     spec = spec_from_nri(c)
     edits.scrub_spec(spec, MANAGED)
     assert [d.container_path for d in spec.devices] == ["/dev/pipe"]
+
+
+def test_runc_default_devices_are_never_denied() -> None:
+    c = api_pb2.Container(name="app")
+    c.linux.devices.add(path="/dev/sim-null", type="c", major=1, minor=3)
+    before = spec_from_nri(c)
+    after = before.copy()
+    edits.scrub_spec(after, ManagedDevices(numbers=frozenset({DeviceNumber(CHAR, 1, 3)})))
+    adjust = adjustment(before, after, HOST_NUMBERS.__getitem__)
+    assert [d.path for d in adjust.linux.devices] == ["-/dev/sim-null"] and not adjust.linux.resources.devices

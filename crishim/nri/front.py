@@ -10,9 +10,13 @@ numbers of its host node (``number_of``, a ``stat`` of the host path on the node
 An adjustment can only add and remove: a removal is the name (annotation) or path (mount
 destination, device path) with a leading ``-``; containerd applies removals before additions.
 ``adjustment`` therefore diffs the spec as the core left it against the container as it came.
-Environment is the exception: NRI v0.11 (containerd 2.2.9) passes a removed variable on to later
-plugins but never removes it from the OCI spec, so a variable the scrub takes out is set to the
-empty string instead (``KUBEGPU_VISIBLE_DEVICES=``), which selects nothing.
+Environment and devices are the exceptions: NRI v0.11 (containerd 2.2.9) passes a removed
+variable or device on to later plugins but never removes it from the OCI spec (mounts it does
+remove). So a variable the scrub takes out is set to the empty string instead
+(``KUBEGPU_VISIBLE_DEVICES=``), which selects nothing, and a device it takes out is also denied in
+the container's device cgroup (``c 195:0 rwm``, after the allow rule containerd made): the node
+may stay in ``/dev``, but it cannot be opened, read or written. runc's default devices (``/dev/null``
+and the like) are never denied; only the sim plugin's stand-in nodes share their numbers.
 """
 
 from __future__ import annotations
@@ -24,6 +28,8 @@ from crishim.hostpaths import BLOCK, CHAR, Ambiguous, DeviceNumber
 from crishim.nri import api_pb2
 
 REMOVE = "-"
+# Devices runc gives every container (null, zero, full, random, urandom, tty, ptmx): never denied
+RUNC_DEFAULTS = frozenset({(1, 3), (1, 5), (1, 7), (1, 8), (1, 9), (5, 0), (5, 2)})
 BIND_OPTIONS = ("rbind", "rprivate")
 # OCI device types: c and u are character devices, b block, p a FIFO (reaches no device)
 DEVICE_KINDS = {"c": CHAR, "u": CHAR, "b": BLOCK}
@@ -62,6 +68,13 @@ def spec_from_nri(container: api_pb2.Container) -> ContainerSpec:
     )
 
 
+def _deniable(number: DeviceNumber | None) -> bool:
+    """Whether a scrubbed device's number can be denied in the device cgroup (not runc's own)."""
+    if number is None or number.kind not in (CHAR, BLOCK):
+        return False
+    return (number.major, number.minor) not in RUNC_DEFAULTS
+
+
 def _last_values(env: list[tuple[str, bytes]]) -> dict[str, bytes]:
     values: dict[str, bytes] = {}
     for key, value in env:
@@ -98,6 +111,10 @@ def adjustment(
     for device in before.devices:
         if id(device.origin) not in kept_devices:
             adjust.linux.devices.add(path=REMOVE + device.container_path)
+            if _deniable(device.number):
+                assert device.number is not None
+                deny = adjust.linux.resources.devices.add(allow=False, type=device.number.kind, access="rwm")
+                deny.major.value, deny.minor.value = device.number.major, device.number.minor
     for device in after.devices:
         if device.origin is None:
             number = number_of(device.host_path)
