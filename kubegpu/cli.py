@@ -403,6 +403,78 @@ def _add_scheduler(sub: argparse._SubParsersAction) -> None:
     parser.set_defaults(run=_run_scheduler)
 
 
+def _add_extender(sub: argparse._SubParsersAction) -> None:
+    parser = sub.add_parser(
+        "extender",
+        help="serve kube-scheduler's extender protocol (filter, prioritize, bind) from kubegpu's core",
+        description="Run kubegpu as an HTTP scheduler extender of kube-scheduler: kube-scheduler keeps "
+        "choosing nodes, kubegpu filters and scores them by devices and binds with the signed "
+        "allocation (docs/extender.md). --scheduler-name is the kube-scheduler profile whose pods "
+        "it serves (default-scheduler).",
+    )
+    parser.add_argument("--config", type=cliargs.readable_file, help="scheduler config file (YAML)")
+    parser.add_argument(
+        "--kubeconfig", type=cliargs.readable_file, help="API access (default: in-cluster service account)"
+    )
+    parser.add_argument(
+        "--scheduler-name",
+        type=cliargs.dns_subdomain,
+        default="default-scheduler",
+        help="the kube-scheduler profile (spec.schedulerName) whose pods it serves (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--policy", type=cliargs.one_of(_policy_names, "policy"), help="node scoring policy for prioritize"
+    )
+    parser.add_argument(
+        "--address",
+        default="0.0.0.0:8888",
+        type=cliargs.listen_address,
+        metavar="HOST:PORT",
+        help="serve the extender verbs, /healthz, /readyz and /metrics here (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--tls-cert-file", type=cliargs.readable_file, help="serve HTTPS with this certificate (PEM)"
+    )
+    parser.add_argument(
+        "--tls-private-key-file", type=cliargs.readable_file, help="the certificate's private key (PEM)"
+    )
+    parser.add_argument("--keys-dir", type=cliargs.directory, help="mounted signing-key Secret directory")
+    parser.add_argument("--signing-key-id", help="key id to sign allocations with")
+    parser.add_argument("--leader-elect", action="store_true", default=None, help="run Lease leader election")
+    parser.add_argument("--identity", help="this replica's identity (default: hostname)")
+    parser.set_defaults(run=_run_extender)
+
+
+def _run_extender(args: argparse.Namespace) -> int:
+    from kubegpu.kube import api_client, check_reachable
+    from scheduler.live.config import ConfigError, load_config, validate
+    from scheduler.live.main import run_extender
+
+    if (args.tls_cert_file is None) != (args.tls_private_key_file is None):
+        raise UsageError("--tls-cert-file and --tls-private-key-file go together")
+    try:
+        config = load_config(args.config)
+        config.scheduler_name = args.scheduler_name
+        for flag in ("policy", "keys_dir", "signing_key_id", "identity"):
+            value = getattr(args, flag)
+            if value is not None:
+                setattr(config, flag, value)
+        if args.leader_elect:
+            config.leader_election.enabled = True
+        validate(config)
+    except ConfigError as exc:
+        raise UsageError(str(exc) if args.config is None else f"--config {args.config}: {exc}") from None
+    _scheduler_keys(config.keys_dir, config.signing_key_id)
+    api = api_client(args.kubeconfig)
+    if api is None:
+        raise UsageError("needs --kubeconfig or an in-cluster service account")
+    check_reachable(api)
+    api.close()
+    cliargs.check_listen("--address", args.address)
+    tls = (str(args.tls_cert_file), str(args.tls_private_key_file)) if args.tls_cert_file else None
+    return run_extender(config, str(args.kubeconfig) if args.kubeconfig else None, args.address, tls)
+
+
 def _policy_names() -> list[str]:
     from scheduler.core.policies import POLICIES
 
@@ -476,6 +548,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_advertise(sub)
     _add_devices(sub)
     _add_scheduler(sub)
+    _add_extender(sub)
     _add_simulate(sub)
     _add_keys(sub)
     _add_localcluster(sub)

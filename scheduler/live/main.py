@@ -67,3 +67,58 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
     if server is not None:
         server.stop()
     return 0
+
+
+def run_extender(
+    config: SchedulerConfig, kubeconfig: str | None, address: str, tls: tuple[str, str] | None
+) -> int:
+    """``kubegpu extender``: serve kube-scheduler's extender protocol from a Scheduler's cache
+    (scheduler/live/extender.py) until SIGTERM; with leader election only the leader is ready."""
+    from scheduler.live.extender import Extender, ExtenderServer
+
+    api = api_client(kubeconfig)
+    if api is None:
+        log_event(log, "extender.no_api", logging.ERROR, reason="needs --kubeconfig or an in-cluster account")
+        return 2
+    scheduler = Scheduler(config, api, KeyRing(Path(config.keys_dir), allow_private=True))
+    stop = scheduler.stop_event
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log_event(log, "extender.stopping", signal=signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+    def ready() -> tuple[bool, str]:
+        if not (scheduler.node_reflector.synced.is_set() and scheduler.pod_reflector.synced.is_set()):
+            return False, "caches not synced"
+        if not scheduler.leading.is_set():
+            return False, "not the leader"
+        if scheduler.fenced:
+            return False, "new leader: waiting out the former leader's Bindings"
+        return True, "ready"
+
+    server = ExtenderServer(Extender(scheduler), address, ready, tls)
+    server.start()
+    scheduler.start_watching()
+    if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
+        log_event(log, "extender.sync_timeout", logging.ERROR, seconds=SYNC_TIMEOUT_SECONDS)
+    elector_thread = scheduler.start_leading(api)
+    log_event(
+        log,
+        "extender.started",
+        address=address,
+        tls=tls is not None,
+        scheduler_name=config.scheduler_name,
+        identity=config.identity,
+        policy=config.policy,
+        leader_election=config.leader_election.enabled,
+    )
+    while not stop.is_set():
+        scheduler.tend(0.5)
+    scheduler.stop()
+    if elector_thread is not None:
+        elector_thread.join(timeout=10)
+    server.stop()
+    return 0

@@ -618,6 +618,29 @@ class Scheduler:
             self._set_queue_metrics()
             return True
 
+    def tend(self, timeout: float) -> None:
+        """What ``schedule_next`` does besides deciding pods, for a replica that decides none
+        itself (the extender): pass a new leader's fence, read back Bindings of unknown outcome,
+        then wait up to ``timeout`` for the next of those to be due."""
+        with self.cond:
+            if not self.leading.is_set():
+                self.cond.wait(timeout)
+                return
+            if self._fence_passed():
+                self._start_reads()
+            wait = timeout
+            read_at = self.cache.next_read_at()
+            if read_at is not None:
+                wait = min(wait, max(0.0, read_at - self.clock()))
+            if self._fence is not None:
+                wait = min(wait, max(0.01, self._fence[0] - self.clock()))
+            self.cond.wait(wait)
+
+    @property
+    def fenced(self) -> bool:
+        """A new leader still waiting out a former leader's Bindings (decides nothing yet)."""
+        return self._fence is not None
+
     def _decide_failed(self, uid: str, pod: dict[str, Any], error: Exception) -> None:
         """Deciding the pod raised: log it, tell the pod, park it until the cluster changes
         (with its backoff), and keep scheduling the others."""
@@ -1196,7 +1219,9 @@ class Scheduler:
 
     # --- binding (binder threads) -----------------------------------------------------------------
 
-    def _bind(self, pod: dict[str, Any], alloc: Allocation) -> None:
+    def _bind(self, pod: dict[str, Any], alloc: Allocation) -> str:
+        """POST the pod's Binding with its signed allocation; the outcome: ``ok``, or what the
+        Binding met (``not-leader``, ``error``, an HTTP status), already handled here."""
         meta = _meta(pod)
         uid, name, namespace = meta.get("uid", ""), meta.get("name", ""), meta.get("namespace", "")
         binding: dict[str, Any] = {
@@ -1209,7 +1234,7 @@ class Scheduler:
         if self.elector is not None and not self.elector.is_leader:
             # Lost the lease since deciding: never sent; the new leader decides this pod.
             self._bind_outcome(pod, alloc, "not-leader", release=True, retry=False)
-            return
+            return "not-leader"
         annotation: str | None = None
         signed = None
         try:
@@ -1224,7 +1249,7 @@ class Scheduler:
                 binding["metadata"]["annotations"] = {contract.ANNOTATION: annotation}
         except Exception as error:  # never sent: release and retry later
             self._bind_outcome(pod, alloc, "error", release=True, retry=True, error=error)
-            return
+            return "error"
         with self.cond:
             self.cache.sending(uid, annotation, signed)
         try:
@@ -1239,17 +1264,17 @@ class Scheduler:
             )
         except ApiException as error:
             status = error.status
+            result = str(status or "error")
             if status == 404:  # the pod is gone: nothing was stored
                 self._bind_outcome(pod, alloc, "404", release=True, retry=False, error=error)
             elif status and 400 <= status < 500 and status != 409:  # refused before anything was stored
-                self._bind_outcome(pod, alloc, str(status), release=True, retry=True, error=error)
+                self._bind_outcome(pod, alloc, result, release=True, retry=True, error=error)
             else:  # 409 (bound already, or another pod of that name), 5xx: maybe stored
-                result = str(status or "error")
                 self._bind_outcome(pod, alloc, result, release=False, retry=False, error=error)
-            return
+            return result
         except Exception as error:  # timeouts, lost connections, anything: maybe stored
             self._bind_outcome(pod, alloc, "error", release=False, retry=False, error=error)
-            return
+            return "error"
         with self.cond:
             self.cache.bind_succeeded(uid, self.clock(), SUCCEEDED_READ_SECONDS)
             self.cond.notify_all()
@@ -1258,6 +1283,7 @@ class Scheduler:
         if created is not None:
             self.metrics.e2e.observe(max(0.0, (dt.datetime.now(dt.UTC) - created).total_seconds()))
         log_event(log, "pod.bound", pod=f"{namespace}/{name}", pod_uid=uid, node=alloc.node, devices=devices)
+        return "ok"
 
     def _bind_outcome(
         self,

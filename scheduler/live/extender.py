@@ -1,0 +1,283 @@
+"""``kubegpu extender``: the scheduling core behind kube-scheduler's HTTP extender protocol.
+
+kube-scheduler keeps deciding which node; kubegpu, as its extender, says which nodes can take
+the pod's devices (filter, with each failed node's reason), how well (prioritize) and binds the
+pod on the node kube-scheduler picked with the exact devices and the signed allocation (bind),
+so the node needs nothing new. The decisions use a ``Scheduler``'s own watched cache, filters,
+policy and Binding code (scheduler/live/scheduler.py), with its scheduling loop off: one account
+of devices whether pods are bound by the live scheduler or by the extender.
+
+- **filter**: a pod that asks for no managed device passes every node (kube-scheduler checks
+  the rest). Otherwise each named node is checked by the core's filters; a node kubegpu does not
+  know or cannot use fails with why (``FailedNodes``). A pod whose kubegpu request is invalid
+  fails every node as unresolvable with the reason.
+- **prioritize**: the active policy's scores over the nodes that pass, scaled to 0..10.
+- **bind**: the pod is placed on the given node only (re-checked: the node kube-scheduler picks
+  need not be kubegpu's favourite, and things change between filter and bind), its devices
+  booked under the scheduler's lock (concurrent binds never share a device), then the one signed
+  Binding is posted. A refusal is the answer's ``Error``; kube-scheduler retries the pod.
+
+Requests are bounded (``MAX_BODY_BYTES``, a read timeout); malformed ones get 400 with the reason,
+never a crash. ``/healthz``, ``/readyz`` (caches synced and, with leader election, leading) and
+``/metrics`` (per-verb latency histograms) are served on the same port. docs/extender.md.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+import ssl
+import threading
+import time
+from collections.abc import Callable
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import numpy as np
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
+
+from kubegpu.cliargs import split_host_port
+from kubegpu.logs import log_event
+from scheduler.core.filters import DEFAULT_FILTERS, apply_filters, failed_nodes
+from scheduler.core.gang import OnlyNodes
+from scheduler.core.request import PodRequest
+from scheduler.core.schedule import Placement, schedule_one
+from scheduler.core.state import AllocationConflict
+from scheduler.live.extenderapi import (
+    BindArgs,
+    ExtenderRequestError,
+    FilterArgs,
+    bind_args,
+    filter_args,
+    filter_result,
+    scaled_scores,
+)
+from scheduler.live.podspec import PodSpecError
+from scheduler.live.scheduler import Scheduler, _facts
+
+log = logging.getLogger("kubegpu.extender")
+MAX_BODY_BYTES = 16 << 20  # a Pod plus 5,000 node names is far less
+READ_TIMEOUT_SECONDS = 10.0
+NOT_KUBEGPU = "node not usable by kubegpu"
+NOT_CHOSEN = "node(s) not the one kube-scheduler chose"
+
+
+class Extender:
+    """The extender's verbs on a ``Scheduler``'s cache (see the module docstring)."""
+
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.scheduler = scheduler
+        registry = scheduler.metrics.registry
+        self.latency = Histogram(
+            "kubegpu_extender_request_duration_seconds",
+            "Extender request latency by verb",
+            ["verb"],
+            registry=registry,
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
+        )
+        self.requests = Counter(
+            "kubegpu_extender_requests_total",
+            "Extender requests by verb and HTTP status",
+            ["verb", "code"],
+            registry=registry,
+        )
+
+    # --- verbs ------------------------------------------------------------------------------------
+
+    def filter(self, args: FilterArgs) -> dict[str, Any]:
+        sched = self.scheduler
+        with sched.cond:
+            cluster = sched._view()
+            request = sched._request(args.uid, args.pod)
+            if isinstance(request, PodSpecError):
+                why = f"invalid kubegpu request: {request}"
+                return filter_result(args, [], {}, dict.fromkeys(args.node_names, why))
+            if not _wants_devices(request):
+                return filter_result(args, list(args.node_names), {}, {})
+            known = [cluster.index[n] for n in args.node_names if n in cluster.index]
+            failed = {
+                name: sched.cache.excluded.get(name, NOT_KUBEGPU)
+                for name in args.node_names
+                if name not in cluster.index
+            }
+            idx = np.asarray(known, dtype=np.int64)
+            kept, _ = apply_filters(request, cluster, DEFAULT_FILTERS, idx, collect=False)
+            passed = {cluster.nodes[i].name for i in kept.tolist()}
+            failed.update(failed_nodes(request, cluster, DEFAULT_FILTERS, idx))
+        return filter_result(args, [n for n in args.node_names if n in passed], failed, {})
+
+    def prioritize(self, args: FilterArgs) -> list[dict[str, Any]]:
+        sched = self.scheduler
+        with sched.cond:
+            cluster = sched._view()
+            request = sched._request(args.uid, args.pod)
+            if isinstance(request, PodSpecError) or not _wants_devices(request):
+                return [{"Host": name, "Score": 0} for name in args.node_names]
+            known = [cluster.index[n] for n in args.node_names if n in cluster.index]
+            idx, _ = apply_filters(
+                request, cluster, DEFAULT_FILTERS, np.asarray(known, dtype=np.int64), collect=False
+            )
+            scores = sched.policy.score(request, cluster, idx) if len(idx) else np.zeros(0)
+            scaled = scaled_scores(scores)
+            by_name = {cluster.nodes[i].name: score for i, score in zip(idx.tolist(), scaled, strict=True)}
+        return [{"Host": name, "Score": by_name.get(name, 0)} for name in args.node_names]
+
+    def bind(self, args: BindArgs) -> dict[str, str]:
+        sched = self.scheduler
+        with sched.cond:
+            pod = sched.cache.pods.get(args.uid)
+            meta = (pod or {}).get("metadata") or {}
+            if pod is None or (meta.get("name"), meta.get("namespace")) != (args.name, args.namespace):
+                return {"Error": f"pod {args.namespace}/{args.name} ({args.uid}) is not known yet; retry"}
+            if (pod.get("spec") or {}).get("nodeName"):
+                return {"Error": f"pod {args.namespace}/{args.name} is bound already"}
+            if args.uid in sched.cache.assumed:
+                return {"Error": f"pod {args.namespace}/{args.name} is being bound already"}
+            cluster = sched._view()
+            request = sched._request(args.uid, pod)
+            if isinstance(request, PodSpecError):
+                return {"Error": f"invalid kubegpu request: {request}"}
+            i = cluster.index.get(args.node)
+            if i is None:
+                why = sched.cache.excluded.get(args.node, NOT_KUBEGPU)
+                return {"Error": f"node {args.node}: {why}"}
+            only = np.zeros(len(cluster), dtype=bool)
+            only[i] = True
+            filters = (*DEFAULT_FILTERS, OnlyNodes(only, NOT_CHOSEN))
+            result = schedule_one(request, cluster, sched.policy, sched.rng, filters=filters)
+            if not isinstance(result, Placement):
+                return {"Error": f"node {args.node} cannot take the pod now: {result.message()}"}
+            try:
+                sched.cache.assume(args.uid, result.allocation, sched.clock(), _facts(request))
+            except AllocationConflict as error:
+                return {"Error": f"node {args.node}: {error}"}
+            sched.queue.hold(args.uid)
+        outcome = sched._bind(pod, result.allocation)
+        if outcome != "ok":
+            return {"Error": f"binding pod {args.namespace}/{args.name} to {args.node} failed: {outcome}"}
+        return {"Error": ""}
+
+    # --- HTTP -------------------------------------------------------------------------------------
+
+    def handle(self, verb: str, body: bytes) -> tuple[int, Any]:
+        """Answer one verb's request body: (HTTP status, JSON document)."""
+        started = time.perf_counter()
+        code = 200
+        try:
+            doc = json.loads(body)
+            if verb == "filter":
+                answer: Any = self.filter(filter_args(doc))
+            elif verb == "prioritize":
+                answer = self.prioritize(filter_args(doc))
+            elif verb == "bind":
+                answer = self.bind(bind_args(doc))
+            else:
+                code, answer = 404, {"Error": f"unknown verb {verb[:50]!r}"}
+        except (ValueError, ExtenderRequestError) as error:  # json's errors are ValueErrors too
+            code, answer = 400, {"Error": f"bad {verb} request: {str(error)[:300]}"}
+        except Exception as error:  # a bug: answered, logged, never a crash
+            reason = f"{type(error).__name__}: {error}"[:300]
+            log_event(log, "extender.failed", logging.ERROR, verb=verb, error=reason)
+            code, answer = 500, {"Error": f"{type(error).__name__}: {str(error)[:300]}"}
+        self.latency.labels(verb).observe(time.perf_counter() - started)
+        self.requests.labels(verb, str(code)).inc()
+        return code, answer
+
+
+def _wants_devices(request: PodRequest) -> bool:
+    return bool(request.whole_gpus or request.total_gpu_milli)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+
+class _Server6(_Server):
+    address_family = socket.AF_INET6
+
+
+class ExtenderServer:
+    """The extender's HTTP(S) endpoint: POST /<verb>, GET /healthz, /readyz, /metrics."""
+
+    def __init__(
+        self,
+        extender: Extender,
+        address: str,
+        ready: Callable[[], tuple[bool, str]],
+        tls: tuple[str, str] | None = None,
+    ) -> None:
+        host, port = split_host_port(address)
+        server_class = _Server6 if ":" in host else _Server
+        self._server = server_class((host or "127.0.0.1", port), _handler(extender, ready))
+        if tls is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+            context.minimum_version = ssl.TLSVersion.TLSv1_2
+            context.load_cert_chain(tls[0], tls[1])
+            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, name="extender-http", daemon=True)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+
+
+def _handler(extender: Extender, ready: Callable[[], tuple[bool, str]]) -> type[BaseHTTPRequestHandler]:
+    class Handler(BaseHTTPRequestHandler):
+        timeout = READ_TIMEOUT_SECONDS
+
+        def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+            return
+
+        def _send(self, status: int, content_type: str, body: bytes) -> None:
+            self.send_response(status)
+            self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def _json(self, status: int, doc: Any) -> None:
+            self._send(status, "application/json", json.dumps(doc).encode())
+
+        def do_GET(self) -> None:  # noqa: N802
+            path = self.path.split("?", 1)[0]
+            if path == "/metrics":
+                self._send(200, CONTENT_TYPE_LATEST, extender.scheduler.metrics.render())
+            elif path == "/healthz":
+                self._send(200, "text/plain", b"ok\n")
+            elif path == "/readyz":
+                ok, detail = ready()
+                self._send(200 if ok else 503, "text/plain", (detail + "\n").encode())
+            else:
+                self._send(404, "text/plain", b"not found\n")
+
+        def do_POST(self) -> None:  # noqa: N802
+            verb = self.path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1]
+            length = self.headers.get("Content-Length")
+            if length is None or not length.isdigit():
+                self._json(411 if length is None else 400, {"Error": "a Content-Length is required"})
+                return
+            if int(length) > MAX_BODY_BYTES:
+                self._json(413, {"Error": f"request body over {MAX_BODY_BYTES} bytes"})
+                self.close_connection = True
+                return
+            try:
+                body = self.rfile.read(int(length))
+            except (TimeoutError, OSError):
+                self.close_connection = True
+                return
+            ok, detail = ready()
+            if not ok:
+                self._json(503, {"Error": f"not ready: {detail}"})
+                return
+            status, doc = extender.handle(verb, body)
+            self._json(status, doc)
+
+    return Handler

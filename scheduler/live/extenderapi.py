@@ -1,0 +1,122 @@
+"""kube-scheduler's HTTP extender protocol, read and written as plain JSON (pure).
+
+kube-scheduler (``k8s.io/kube-scheduler/extender/v1``) POSTs ``ExtenderArgs`` to the filter and
+prioritize verbs (with ``nodeCacheCapable: true``: only ``NodeNames``, the extender knows the
+nodes from its own cache) and ``ExtenderBindingArgs`` to the bind verb; it reads back
+``ExtenderFilterResult`` (``NodeNames``, ``FailedNodes``, ``FailedAndUnresolvableNodes``,
+``Error``), a ``HostPriorityList`` (``[{"Host", "Score"}]``, scores 0..``MAX_PRIORITY``) and an
+``ExtenderBindingResult`` (``Error``). Malformed input raises ``ExtenderRequestError``, which the
+server answers with 400 and the reason.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+MAX_PRIORITY = 10  # kube-scheduler's extenderv1.MaxExtenderPriority
+MAX_NODE_NAMES = 100_000
+
+
+class ExtenderRequestError(ValueError):
+    """A request kube-scheduler would not send: the reason for the 400 answer."""
+
+
+@dataclass(frozen=True)
+class FilterArgs:
+    """``ExtenderArgs``: the pod and the candidate node names."""
+
+    pod: dict[str, Any]
+    node_names: tuple[str, ...]
+    names_only: bool  # the request named the nodes (NodeNames), rather than sending Node objects
+
+    @property
+    def uid(self) -> str:
+        return str((self.pod.get("metadata") or {}).get("uid") or "")
+
+
+@dataclass(frozen=True)
+class BindArgs:
+    """``ExtenderBindingArgs``."""
+
+    name: str
+    namespace: str
+    uid: str
+    node: str
+
+
+def _object(doc: Any, what: str) -> Mapping[str, Any]:
+    if not isinstance(doc, Mapping):
+        raise ExtenderRequestError(f"{what} must be a JSON object")
+    return doc
+
+
+def _string(doc: Mapping[str, Any], key: str) -> str:
+    value = doc.get(key)
+    if not isinstance(value, str) or not value:
+        raise ExtenderRequestError(f"{key} must be a non-empty string")
+    return value
+
+
+def filter_args(doc: Any) -> FilterArgs:
+    """Read ``ExtenderArgs`` (the filter and prioritize verbs)."""
+    doc = _object(doc, "ExtenderArgs")
+    pod = _object(doc.get("Pod") or doc.get("pod"), "Pod")
+    meta = _object(pod.get("metadata"), "Pod.metadata")
+    for key in ("name", "namespace", "uid"):
+        _string(meta, key)
+    names = doc.get("NodeNames") if "NodeNames" in doc else doc.get("nodenames")
+    if names is not None:
+        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+            raise ExtenderRequestError("NodeNames must be a list of node names")
+        if len(names) > MAX_NODE_NAMES:
+            raise ExtenderRequestError(f"NodeNames lists more than {MAX_NODE_NAMES} nodes")
+        return FilterArgs(dict(pod), tuple(names), True)
+    nodes = doc.get("Nodes") or doc.get("nodes")
+    if nodes is None:
+        raise ExtenderRequestError("ExtenderArgs has neither NodeNames nor Nodes")
+    items = _object(nodes, "Nodes").get("items")
+    if not isinstance(items, list):
+        raise ExtenderRequestError("Nodes.items must be a list")
+    found = []
+    for item in items:
+        found.append(_string(_object(_object(item, "a node").get("metadata"), "a node's metadata"), "name"))
+    return FilterArgs(dict(pod), tuple(found), False)
+
+
+def bind_args(doc: Any) -> BindArgs:
+    """Read ``ExtenderBindingArgs``."""
+    doc = _object(doc, "ExtenderBindingArgs")
+    return BindArgs(
+        _string(doc, "PodName"), _string(doc, "PodNamespace"), _string(doc, "PodUID"), _string(doc, "Node")
+    )
+
+
+def filter_result(
+    args: FilterArgs, passed: Sequence[str], failed: Mapping[str, str], unresolvable: Mapping[str, str]
+) -> dict[str, Any]:
+    """``ExtenderFilterResult`` in the form the request used (names, or Node objects when sent)."""
+    result: dict[str, Any] = {
+        "FailedNodes": dict(failed),
+        "FailedAndUnresolvableNodes": dict(unresolvable),
+        "Error": "",
+    }
+    if args.names_only:
+        result["NodeNames"] = list(passed)
+    else:
+        result["Nodes"] = {"items": [{"metadata": {"name": name}} for name in passed]}
+    return result
+
+
+def scaled_scores(scores: np.ndarray) -> list[int]:
+    """Scores mapped onto 0..MAX_PRIORITY, keeping their order (all equal: all MAX_PRIORITY)."""
+    if not len(scores):
+        return []
+    low, high = float(scores.min()), float(scores.max())
+    if not np.isfinite(low) or not np.isfinite(high) or high - low < 1e-12:
+        return [MAX_PRIORITY] * len(scores)
+    scaled = np.rint((scores - low) / (high - low) * MAX_PRIORITY)
+    return [int(v) for v in scaled]
