@@ -1,0 +1,152 @@
+"""kube-scheduler v1.37.2 with kubegpu as its HTTP extender, against the real kube-apiserver
+(issue #23): nodes advertised by the sim plugin (no kubelet), pods of a kube-scheduler profile of
+this test's own. kube-scheduler calls kubegpu's filter, prioritize and bind: a multi-GPU pod gets
+an NVLink set with the signed allocation, shares of one GPU are booked exactly, a pod that fits
+nowhere carries the extender's per-node reasons in its FailedScheduling Event, and with the
+extender down (ignorable: false) pods wait, then schedule once it is back."""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from kubegpu.allocation import ANNOTATION, KeyRing, verify
+from scheduler.live.config import SchedulerConfig
+from scheduler.live.extender import Extender, ExtenderServer
+from scheduler.live.scheduler import Scheduler
+from tests.fixtures.keys import SIGNING
+from tests.test_scheduler_api import KEYS, advertise, gpu_index, gpu_pod, wait_bound, wait_failed_scheduling
+
+pytestmark = pytest.mark.apiserver
+
+
+class RunningExtender:
+    """kubegpu's extender in this process: a Scheduler's cache, its tend loop and the HTTP server."""
+
+    def __init__(self, api: k8s.ApiClient, profile: str, port: int = 0) -> None:
+        config = SchedulerConfig(scheduler_name=profile, policy="topology", signing_key_id="k1")
+        self.scheduler = Scheduler(config, api, KeyRing(None, SIGNING), seed=3)
+        self.scheduler.start_watching()
+        assert self.scheduler.wait_synced(30)
+        self.scheduler.leading.set()
+        self.server = ExtenderServer(Extender(self.scheduler), f"127.0.0.1:{port}", lambda: (True, "ready"))
+        self.server.start()
+        self.thread = threading.Thread(target=self._tend, daemon=True)
+        self.thread.start()
+
+    def _tend(self) -> None:
+        while not self.scheduler.stop_event.is_set():
+            self.scheduler.tend(0.2)
+
+    @property
+    def port(self) -> int:
+        return self.server.port
+
+    def stop(self) -> None:
+        self.server.stop()
+        self.scheduler.stop()
+        self.thread.join(5)
+
+
+def extender_config(profile: str, port: int) -> dict[str, Any]:
+    return {
+        "profiles": [{"schedulerName": profile}],
+        "extenders": [
+            {
+                "urlPrefix": f"http://127.0.0.1:{port}",
+                "filterVerb": "filter",
+                "prioritizeVerb": "prioritize",
+                "bindVerb": "bind",
+                "weight": 5,
+                "nodeCacheCapable": True,
+                "ignorable": False,
+                "httpTimeout": "5s",
+                # no managedResources: kube-scheduler would then consult the extender only for pods
+                # requesting one, and a GPU share requests none (docs/extender.md)
+            }
+        ],
+    }
+
+
+class Setup:
+    """One test's slice: its kube-scheduler profile, nodes labelled for it, its extender."""
+
+    def __init__(self, api: k8s.ApiClient, core: k8s.CoreV1Api, namespace: str, run: str) -> None:
+        self.api, self.core, self.namespace, self.run = api, core, namespace, run
+        self.profile = f"kube-ext-{run}"
+        self.extenders: list[RunningExtender] = []
+
+    def start_extender(self, port: int = 0) -> RunningExtender:
+        extender = RunningExtender(self.api, self.profile, port)
+        self.extenders.append(extender)
+        return extender
+
+    def pod(self, name: str, gpus: int, **kw: Any) -> str:
+        body = gpu_pod(self.namespace, name, gpus, scheduler=self.profile, selector={"run": self.run}, **kw)
+        self.core.create_namespaced_pod(self.namespace, body)
+        return name
+
+
+@pytest.fixture
+def setup(
+    admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
+) -> Iterator[Setup]:
+    core = k8s.CoreV1Api(admin_api)
+    trial = Setup(admin_api, core, kube_namespace, uuid.uuid4().hex[:6])
+    extender = trial.start_extender()
+    kube_scheduler(extender_config(trial.profile, extender.port))
+    for name in ("a", "b"):
+        advertise(core, f"{name}-{trial.run}", "dgx1-v100", tmp_path, labels={"run": trial.run})
+    try:
+        yield trial
+    finally:
+        for running in trial.extenders:
+            running.stop()
+
+
+def test_kube_scheduler_with_the_extender_places_topology_aware_and_shares(setup: Setup) -> None:
+    core, namespace = setup.core, setup.namespace
+    setup.pod("four", 4)
+    placed = wait_bound(core, namespace, ["four"])["four"]
+    allocation = verify(placed.metadata.annotations[ANNOTATION], KEYS)
+    assert allocation.node == placed.spec.node_name and allocation.pod_uid == placed.metadata.uid
+    indices = sorted(gpu_index(allocation.node, d) for d in allocation.containers["app"].devices)
+    assert indices in ([0, 1, 2, 3], [4, 5, 6, 7])  # an NVLink-connected quad of the DGX-1
+
+    share = {"kubegpu.io/gpu-milli": "500"}
+    for name in ("half-1", "half-2"):
+        setup.pod(name, 0, annotations=share)
+    halves = wait_bound(core, namespace, ["half-1", "half-2"])
+    used: dict[tuple[str, str], int] = {}
+    for bound in halves.values():
+        granted = verify(bound.metadata.annotations[ANNOTATION], KEYS)
+        for device, got in granted.containers["app"].shares.items():
+            used[(granted.node, device)] = used.get((granted.node, device), 0) + got.milli
+    assert used and all(milli <= 1000 for milli in used.values())
+
+
+def test_a_pod_that_fits_nowhere_carries_the_extenders_reasons(setup: Setup) -> None:
+    # kube-scheduler's own filters pass these nodes (8 nvidia.com/gpu each): only kubegpu's refuse
+    setup.pod("wrong-model", 2, annotations={"kubegpu.io/gpu-model": "A100-SXM4-80GB"})
+    event = wait_failed_scheduling(setup.core, setup.namespace, "wrong-model", timeout=60)
+    assert "0/" in event.message and "A100-SXM4-80GB" in event.message, event.message
+
+
+def test_pods_wait_while_the_extender_is_down_and_schedule_when_it_is_back(setup: Setup) -> None:
+    first = setup.extenders[0]
+    port = first.port
+    first.stop()
+    setup.pod("waits", 2)
+    wait_failed_scheduling(setup.core, setup.namespace, "waits", timeout=60)
+    time.sleep(1)
+    assert not setup.core.read_namespaced_pod("waits", setup.namespace).spec.node_name
+    setup.start_extender(port)
+    placed = wait_bound(setup.core, setup.namespace, ["waits"], timeout=120)["waits"]
+    assert verify(placed.metadata.annotations[ANNOTATION], KEYS).node == placed.spec.node_name
