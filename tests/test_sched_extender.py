@@ -163,3 +163,30 @@ def test_the_http_server_answers_and_refuses_as_documented() -> None:
         assert 'kubegpu_extender_request_duration_seconds_count{verb="filter"}' in text
     finally:
         server.stop()
+
+
+def test_the_live_scheduler_and_its_extender_share_one_account() -> None:
+    """One replica serving both its own pods and kube-scheduler's (extenderAddress): a device the
+    scheduler assumed for its pod, Binding still in flight, is not given to the extender's pod."""
+    world = World()
+    world.put_node(node_json("n1", 4))
+    scheduler, jobs, core, clock = make_scheduler(world, name="kubegpu")
+    feed = Feed(world, scheduler)
+    feed.relist()
+    extender = Extender(scheduler)
+    world.put_pod(pod_json("ours", 2))
+    for name, gpus in (("theirs", 2), ("late", 1)):
+        world.put_pod(kube_pod(name, gpus))
+    feed.sync()
+    while scheduler.schedule_next(0):
+        pass
+    assert jobs.binds() and world.node_of("ours") is None  # assumed, its Binding not sent yet
+    theirs = {"PodName": "theirs", "PodNamespace": "ns", "PodUID": "uid-theirs", "Node": "n1"}
+    assert extender.handle("bind", json.dumps(theirs).encode()) == (200, {"Error": ""})
+    late = {"PodName": "late", "PodNamespace": "ns", "PodUID": "uid-late", "Node": "n1"}
+    assert "cannot take the pod now" in extender.handle("bind", json.dumps(late).encode())[1]["Error"]
+    jobs.run_all()
+    feed.sync()
+    assert world.node_of("ours") == world.node_of("theirs") == "n1"
+    assert not set(world.devices_of("ours")) & set(world.devices_of("theirs"))
+    assert not world.double_booked()

@@ -49,6 +49,11 @@ class SchedulerConfig:
     gang_timeout_seconds: float = 60.0
     gang_domain_label: str = "topology.kubernetes.io/zone"
     gang_starvation_seconds: float = 300.0
+    # serve kube-scheduler's extender protocol too, from this replica's cache (docs/extender.md):
+    # HOST:PORT, and a PEM certificate and key for HTTPS (both or neither)
+    extender_address: str | None = None
+    extender_tls_cert_file: str | None = None
+    extender_tls_private_key_file: str | None = None
     leader_election: LeaderElection = field(default_factory=LeaderElection)
 
 
@@ -125,6 +130,13 @@ def validate(config: SchedulerConfig) -> None:
             split_host_port(config.metrics_address)
         except ValueError as error:
             problems.append(f"metricsAddress {config.metrics_address!r}: {error}")
+    if config.extender_address is not None:
+        try:
+            split_host_port(config.extender_address)
+        except ValueError as error:
+            problems.append(f"extenderAddress {config.extender_address!r}: {error}")
+    if (config.extender_tls_cert_file is None) != (config.extender_tls_private_key_file is None):
+        problems.append("extenderTlsCertFile and extenderTlsPrivateKeyFile go together")
     if config.backoff_initial_seconds > config.backoff_max_seconds:
         problems.append("backoffInitialSeconds must not exceed backoffMaxSeconds")
     if not LABEL_KEY.match(config.gang_domain_label) or len(config.gang_domain_label) > 316:

@@ -127,6 +127,9 @@ class Extender:
         sched = self.scheduler
         with sched.cond:
             pod = sched.cache.pods.get(args.uid)
+        if pod is None:  # pending for a scheduler whose pods the cache does not keep: read it
+            pod = self._read_pod(args)
+        with sched.cond:
             meta = (pod or {}).get("metadata") or {}
             if pod is None or (meta.get("name"), meta.get("namespace")) != (args.name, args.namespace):
                 return {"Error": f"pod {args.namespace}/{args.name} ({args.uid}) is not known yet; retry"}
@@ -157,6 +160,22 @@ class Extender:
         if outcome != "ok":
             return {"Error": f"binding pod {args.namespace}/{args.name} to {args.node} failed: {outcome}"}
         return {"Error": ""}
+
+    def _read_pod(self, args: BindArgs) -> dict[str, Any] | None:
+        """The pod from the API (None: gone, or not the pod of that UID)."""
+        try:
+            response = self.scheduler.core.read_namespaced_pod(
+                args.name, args.namespace, _preload_content=False, _request_timeout=READ_TIMEOUT_SECONDS
+            )
+            try:
+                pod = json.loads(response.data)
+            finally:
+                response.release_conn()
+        except Exception as error:
+            where = f"{args.namespace}/{args.name}"
+            log_event(log, "extender.read_failed", logging.WARNING, pod=where, error=str(error)[:200])
+            return None
+        return pod if (pod.get("metadata") or {}).get("uid") == args.uid else None
 
     # --- HTTP -------------------------------------------------------------------------------------
 

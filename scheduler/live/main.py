@@ -6,6 +6,7 @@ import logging
 import signal
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 from kubegpu.allocation import KeyRing
 from kubegpu.httpserve import MetricsServer
@@ -48,6 +49,7 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
             },
         )
         server.start()
+    extender = _extender_server(scheduler, config)
     scheduler.start_watching()
     if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
         log_event(log, "scheduler.sync_timeout", logging.ERROR, seconds=SYNC_TIMEOUT_SECONDS)
@@ -66,7 +68,35 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
         elector_thread.join(timeout=10)
     if server is not None:
         server.stop()
+    if extender is not None:
+        extender.stop()
     return 0
+
+
+def _ready(scheduler: Scheduler) -> tuple[bool, str]:
+    """Whether this replica may answer the extender's verbs: synced, leading, past the fence."""
+    if not (scheduler.node_reflector.synced.is_set() and scheduler.pod_reflector.synced.is_set()):
+        return False, "caches not synced"
+    if not scheduler.leading.is_set():
+        return False, "not the leader"
+    if scheduler.fenced:
+        return False, "new leader: waiting out the former leader's Bindings"
+    return True, "ready"
+
+
+def _extender_server(scheduler: Scheduler, config: SchedulerConfig) -> Any:
+    """With ``extenderAddress``: the extender's HTTP(S) server on this replica's cache, started."""
+    if config.extender_address is None:
+        return None
+    from scheduler.live.extender import Extender, ExtenderServer
+
+    tls = None
+    if config.extender_tls_cert_file and config.extender_tls_private_key_file:
+        tls = (config.extender_tls_cert_file, config.extender_tls_private_key_file)
+    server = ExtenderServer(Extender(scheduler), config.extender_address, lambda: _ready(scheduler), tls)
+    server.start()
+    log_event(log, "extender.serving", address=config.extender_address, tls=tls is not None)
+    return server
 
 
 def run_extender(
@@ -90,16 +120,7 @@ def run_extender(
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
 
-    def ready() -> tuple[bool, str]:
-        if not (scheduler.node_reflector.synced.is_set() and scheduler.pod_reflector.synced.is_set()):
-            return False, "caches not synced"
-        if not scheduler.leading.is_set():
-            return False, "not the leader"
-        if scheduler.fenced:
-            return False, "new leader: waiting out the former leader's Bindings"
-        return True, "ready"
-
-    server = ExtenderServer(Extender(scheduler), address, ready, tls)
+    server = ExtenderServer(Extender(scheduler), address, lambda: _ready(scheduler), tls)
     server.start()
     scheduler.start_watching()
     if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
