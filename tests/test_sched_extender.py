@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import uuid
 from typing import Any
 
 import pytest
@@ -190,3 +191,33 @@ def test_the_live_scheduler_and_its_extender_share_one_account() -> None:
     assert world.node_of("ours") == world.node_of("theirs") == "n1"
     assert not set(world.devices_of("ours")) & set(world.devices_of("theirs"))
     assert not world.double_booked()
+
+
+def test_the_shipped_extender_manifests_load() -> None:
+    """deploy/extender: the scheduler config validates with the extender on, and kube-scheduler's
+    stanza is the one tests/test_extender_api.py runs kube-scheduler with (but its URL)."""
+    from pathlib import Path
+
+    import yaml
+
+    from scheduler.live.config import load_config, validate
+    from tests.test_extender_api import extender_config
+
+    deploy = Path(__file__).resolve().parents[1] / "deploy" / "extender"
+    config_map, service = yaml.safe_load_all((deploy / "kubegpu-scheduler-config.yaml").read_text())
+    path = Path("/tmp") / f"kubegpu-extender-{uuid.uuid4().hex}.yaml"
+    try:
+        path.write_text(config_map["data"]["scheduler.yaml"])
+        config = load_config(path)
+    finally:
+        path.unlink()
+    validate(config)
+    assert config.extender_address == "0.0.0.0:8888"
+    assert service["spec"]["ports"][0]["port"] == 8888
+    shipped = yaml.safe_load((deploy / "kube-scheduler-config.yaml").read_text())
+    tested = extender_config("default-scheduler", 8888)
+    assert shipped["profiles"] == tested["profiles"]
+    (ours,), (theirs,) = shipped["extenders"], tested["extenders"]
+    assert ours["urlPrefix"].endswith(":8888") and {k: v for k, v in ours.items() if k != "urlPrefix"} == {
+        k: v for k, v in theirs.items() if k != "urlPrefix"
+    }
