@@ -348,3 +348,20 @@ def test_side_by_side_with_kube_schedulers_own_gang(gang: Gang, gang_plane: Cont
         assert gang.nodes_of(short) == dict.fromkeys(short)
     finally:
         kube.stop()
+
+
+def test_elastic_extras_are_bound_when_they_fit_without_holding_back_the_minimum(gang: Gang) -> None:
+    """minMember 2 of 3 members of 8 GPUs on two nodes: the minimum is bound whole at once, the
+    extra waits; a third node lets the extra in."""
+    gang.node("a")
+    gang.node("b")
+    gang.scheduler()
+    gang.plugins_group("elastic", 2)
+    for index in range(3):
+        gang.pod(f"e{index}", 8, group="elastic")
+    names = ["e0", "e1", "e2"]
+    bound = gang.wait("the minimum bound", lambda: [n for n, node in gang.nodes_of(names).items() if node])
+    time.sleep(2)
+    assert len([node for node in gang.nodes_of(names).values() if node]) == 2, bound
+    gang.node("c")
+    gang.bound_whole(names)
