@@ -154,6 +154,31 @@ CASES: list[tuple[str, list[str], int, str]] = [
     ),
     ("devices-topology-binary", ["devices", "--plugin", "sim", "--topology", "{binary}"], 2, "{binary}"),
     # ---- scheduler
+    # ---- extender
+    ("extender-unknown-policy", ["extender", "--policy", "fastest"], 2, "--policy"),
+    ("extender-malformed-address", ["extender", "--address", "8888"], 2, "--address"),
+    ("extender-bad-name", ["extender", "--scheduler-name", "My Scheduler"], 2, "--scheduler-name"),
+    (
+        "extender-tls-half",
+        ["extender", "--tls-cert-file", "{badyaml}"],
+        2,
+        "--tls-private-key-file",
+    ),
+    ("extender-missing-keys", ["extender", "--keys-dir", "{missing}"], 2, "--keys-dir"),
+    ("extender-malformed-config", ["extender", "--config", "{badyaml}"], 2, "{badyaml}"),
+    ("crishim-nri-without-devices", ["crishim", "--front", "nri"], 2, "--device-plugin"),
+    (
+        "crishim-nri-bad-index",
+        ["crishim", "--front", "nri", "--nri-plugin-index", "7"],
+        2,
+        "--nri-plugin-index",
+    ),
+    (
+        "crishim-nri-bad-socket",
+        ["crishim", "--front", "nri", "--nri-socket", "relative.sock"],
+        2,
+        "--nri-socket",
+    ),
     ("scheduler-unknown-policy", ["scheduler", "--policy", "fastest"], 2, "--policy"),
     ("scheduler-malformed-address", ["scheduler", "--metrics-address", "9464"], 2, "--metrics-address"),
     ("scheduler-bad-name", ["scheduler", "--scheduler-name", "My Scheduler"], 2, "--scheduler-name"),
@@ -530,7 +555,7 @@ def test_bad_input_is_one_line_and_a_status(
     assert done.stdout == "", done.stdout
 
 
-COMMANDS = {"crishim", "advertise", "devices", "scheduler", "simulate", "keys", "node", "up", "down"}
+COMMANDS = {"crishim", "advertise", "devices", "scheduler", "extender", "simulate", "keys", "node", "up", "down"}
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
