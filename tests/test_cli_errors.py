@@ -555,7 +555,9 @@ def test_bad_input_is_one_line_and_a_status(
     assert done.stdout == "", done.stdout
 
 
-COMMANDS = {"crishim", "advertise", "devices", "scheduler", "extender", "simulate", "keys", "node", "up", "down"}
+COMMANDS = {
+    "crishim", "advertise", "devices", "scheduler", "extender", "simulate", "keys", "node", "up", "down"
+}
 
 
 def _leaves(parser: argparse.ArgumentParser, path: tuple[str, ...] = ()) -> Iterator[tuple[str, ...]]:
