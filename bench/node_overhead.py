@@ -21,8 +21,17 @@ crishim`` with the sim plugin and its advertiser as a GPU node runs it (``shim``
 ``--shim-without-api`` adds the shim with no API access (no advertiser, no pod lookups) as a
 fourth path, to show what the API lookup of a pod without an allocation costs.
 
+``--nri`` (needs ``--containerd 2``) adds the node agent as containerd's required NRI plugin
+(``kubegpu crishim --front nri``, docs/nri.md; kubelet talks straight to containerd) as one more
+path, interleaved with the others and measured in the same steady window. The JSON's ``"nri"``
+object (``null`` without ``--nri``) gives ``pods`` (pods started on that path),
+``pod_start_ratio_p50`` (its p50 over direct's p50 in the same run), the p50, p99, p99 ratio and
+paired difference as for the other paths, ``agent_cpu_percent_of_core`` (the agent process's CPU
+over the steady window, measured as the proxies' is) with ``steady_pods`` running, and its
+kubelet's CPU.
+
 Usage: ``python bench/node_overhead.py [--json] [--pods N] [--steady-pods N]
-[--steady-seconds S] [--containerd debian|2] [--peer-binary PATH] [--shim-without-api]``.
+[--steady-seconds S] [--containerd debian|2] [--peer-binary PATH] [--shim-without-api] [--nri]``.
 Needs root and the testbin binaries. Prints a table and one JSON object (only the JSON object
 with ``--json``).
 """
@@ -50,7 +59,7 @@ from kubernetes import watch
 
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, containerd2_bin_dir
 from kubegpu.localcluster.cluster import LocalCluster
-from kubegpu.localcluster.node import LocalNode, PeerProxy
+from kubegpu.localcluster.node import NRI_FRONT, LocalNode, PeerProxy
 
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 PRODUCTION_ADVERTISE_INTERVAL = 10.0  # kubegpu crishim's default --advertise-interval
@@ -211,6 +220,7 @@ def shim_calls(node: LocalNode) -> dict[str, float]:
 
 
 def proxy_pid(node: LocalNode) -> int | None:
+    """The process of the node's CRI proxy, or of its NRI agent (``proxy="kubegpu-nri"``)."""
     if node.shim is not None and node.shim.process is not None:
         return node.shim.process.pid
     if node.peer is not None and node.peer.process is not None:
@@ -225,10 +235,11 @@ def kubelet_pid(node: LocalNode) -> int:
 
 
 def steady_state(routes: list[Route], seconds: float) -> dict[str, dict[str, Any]]:
-    """CPU of each route's proxy and kubelet (and, through the shim, kubelet's CRI calls by
-    method) over the same ``seconds``, all routes at once."""
+    """CPU of each route's proxy (or NRI agent) and kubelet (and, through the shim, kubelet's CRI
+    calls by method) over the same ``seconds``, all routes at once."""
     pids = {route.name: (kubelet_pid(route.node), proxy_pid(route.node)) for route in routes}
-    calls_before = {r.name: shim_calls(r.node) for r in routes if r.node.shim is not None}
+    # the NRI agent is on no CRI call's path: it counts no CRI calls
+    calls_before = {r.name: shim_calls(r.node) for r in routes if r.node.proxy == "kubegpu"}
     cpu_before = {pid: process_cpu_seconds(pid) for pair in pids.values() for pid in pair if pid}
     started = time.monotonic()
     time.sleep(seconds)
@@ -261,6 +272,24 @@ def paired_difference(path: list[float], direct: list[float]) -> float:
     return round(statistics.median(a - b for a, b in zip(path, direct, strict=True)), 4)
 
 
+def nri_result(latencies: list[float], direct: list[float], steady: dict[str, Any],
+               steady_pods: int) -> dict[str, Any]:
+    """The JSON's ``"nri"`` object from the NRI path's pod starts, direct's pod starts of the same
+    turns, and the NRI route's steady-state figures (those of ``steady_state``)."""
+    nri, base = summary(latencies), summary(direct)
+    return {
+        "pods": len(latencies),
+        "p50_s": nri["p50_s"],
+        "p99_s": nri["p99_s"],
+        "pod_start_ratio_p50": round(nri["p50_s"] / base["p50_s"], 3),
+        "pod_start_ratio_p99": round(nri["p99_s"] / base["p99_s"], 3),
+        "paired_difference_p50_s": paired_difference(latencies, direct),
+        "steady_pods": steady_pods,
+        "agent_cpu_percent_of_core": steady["proxy_cpu_percent_of_core"],
+        "kubelet_cpu_percent_of_core": steady["kubelet_cpu_percent_of_core"],
+    }
+
+
 def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
     state = Path(tempfile.mkdtemp(prefix="kgbench-", dir="/tmp"))
     cluster = LocalCluster(state)
@@ -280,6 +309,9 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
         if args.shim_without_api:
             nodes["shim-no-api"] = cluster.add_node("bench-shim-no-api", bin_dir, proxy="kubegpu",
                                                     max_pods=max_pods, node_agent_api=False)
+        if args.nri:
+            nodes["nri"] = cluster.add_node("bench-nri", bin_dir, proxy=NRI_FRONT, max_pods=max_pods,
+                                            advertise_interval=PRODUCTION_ADVERTISE_INTERVAL)
         if args.peer_binary:
             peer = PeerProxy(Path(args.peer_binary).name, koord_runtime_proxy(args.peer_binary))
             nodes["peer"] = cluster.add_node("bench-peer", bin_dir, proxy=peer, max_pods=max_pods)
@@ -337,6 +369,7 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             "direct_kubelet_cpu_percent_of_core": steady["direct"]["kubelet_cpu_percent_of_core"],
         },
         "peer": None,
+        "nri": None,
         "containerd": "debian 1.6" if bin_dir is None else bin_dir.name,
         "machine": {"cpus": os.cpu_count(), "kernel": platform.release(),
                     "load_average": [round(x, 2) for x in os.getloadavg()]},
@@ -350,6 +383,8 @@ def run(args: argparse.Namespace, say: Callable[[str], None]) -> dict[str, Any]:
             "paired_difference_p50_s": paired_difference(routes["shim-no-api"].latencies, direct_latencies),
             "cpu_percent_of_core": steady["shim-no-api"].get("proxy_cpu_percent_of_core"),
         }
+    if "nri" in routes:
+        result["nri"] = nri_result(routes["nri"].latencies, direct_latencies, steady["nri"], args.steady_pods)
     if "peer" in routes:
         peer = summary(routes["peer"].latencies)
         result["peer"] = {
@@ -379,6 +414,11 @@ def table(result: dict[str, Any]) -> str:
         rows.append(("shim, no API access", f"{bare['p50_s']:.3f}", f"{bare['p99_s']:.3f}",
                      f"{bare['ratio_p50']:.3f}", f"{bare['paired_difference_p50_s']:+.3f}",
                      f"{bare['cpu_percent_of_core']}"))
+    nri = result.get("nri")
+    if nri:
+        rows.append(("kubegpu NRI agent", f"{nri['p50_s']:.3f}", f"{nri['p99_s']:.3f}",
+                     f"{nri['pod_start_ratio_p50']:.3f}", f"{nri['paired_difference_p50_s']:+.3f}",
+                     f"{nri['agent_cpu_percent_of_core']}"))
     if peer:
         rows.append((peer["name"], f"{peer['p50_s']:.3f}", f"{peer['p99_s']:.3f}", f"{peer['ratio_p50']:.3f}",
                      f"{peer['paired_difference_p50_s']:+.3f}", f"{peer['cpu_percent_of_core']}"))
@@ -402,11 +442,15 @@ def main(argv: list[str] | None = None) -> int:
                         "(koord-runtime-proxy command line)")
     parser.add_argument("--shim-without-api", action="store_true",
                         help="also measure the shim with no API access (no advertiser, no pod lookups)")
+    parser.add_argument("--nri", action="store_true",
+                        help="also measure the node agent as containerd's NRI plugin (needs --containerd 2)")
     parser.add_argument("--timeout", type=float, default=600.0, help="per-run timeout in seconds")
     args = parser.parse_args(argv)
     if args.pods < 1 or args.steady_pods < 1 or args.steady_seconds <= 0:
         parser.error("--pods, --steady-pods and --steady-seconds must be positive")
     refuse_unusable_peer(parser, args.peer_binary)
+    if args.nri and args.containerd != "2":
+        parser.error("--nri needs --containerd 2 (containerd 1.6 has no NRI)")
     say: Callable[[str], None] = (lambda _: None) if args.json else (lambda m: print(m, file=sys.stderr))
     result = run(args, say)
     if not args.json:
