@@ -38,7 +38,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from scheduler.core.request import MILLI, PodRequest
-from scheduler.sim.trace import NodeSpec
+from scheduler.sim.trace import Gang, NodeSpec
 
 TOLERANCE = 1e-7  # reduced values (per milli of objective) below this count as zero
 
@@ -287,18 +287,22 @@ def protocol_bounds(
     seed: int,
     inflation: float,
     points: Sequence[int] = (100, 130),
+    gangs: Sequence[Gang] = (),
+    spread: bool = False,
 ) -> dict[int, BoundResult]:
-    """The bound at each arrival point of one seed's protocol run (the same arrival order as the run).
+    """The bound at each arrival point of one seed's protocol run (the same arrival order as the run,
+    ``gangs`` and ``spread`` as there; the LP ignores that a gang runs whole, which only lowers what a
+    policy can place, so it stays an upper bound).
 
     A point where the run's curve has no value (no event close enough: the inflation stops below
     it, or one large pod jumps over it) is left out, as the run's value there is missing too.
     """
-    from scheduler.sim.protocol import arrival_order, arrived_percent, curve_events
+    from scheduler.sim.protocol import arrivals, arrived_percent, curve_events
 
     capacity = sum(max(n.gpus, 0) for n in nodes) * MILLI
     if not capacity:
         return {}
-    order = arrival_order(pods, seed, capacity, inflation)
+    order, _ = arrivals(pods, seed, capacity, inflation, gangs, spread)
     x = arrived_percent(np.cumsum([p.total_gpu_milli for p in order], dtype=np.int64), capacity)
     out: dict[int, BoundResult] = {}
     for point in points:

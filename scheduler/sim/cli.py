@@ -95,6 +95,20 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="equal scores: first node of a seeded node order, as the FGD simulator (default), "
         "or uniformly at random, as stock kube-scheduler",
     )
+    parser.add_argument(
+        "--gang-mode",
+        choices=("gang", "none"),
+        default="gang",
+        help="pod groups of the trace (columns gang, gang_min): each tried whole when its last member "
+        "arrives (default), or none: members one by one as any pod, the baseline that leaves groups partial",
+    )
+    parser.add_argument(
+        "--gang-arrival",
+        choices=("together", "spread"),
+        default="together",
+        help="a group's members arrive one after another (default), or each at a random slot among the "
+        "gang members' slots",
+    )
     parser.set_defaults(run=run)
     return parser
 
@@ -137,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
     from scheduler.sim.machines import MachineError, parse_mapping, resolve
     from scheduler.sim.report import plot_curves, text_report
     from scheduler.sim.runner import run_experiment
-    from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, load_nodes, load_pods, with_shapes
+    from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, load_nodes, load_workload, with_shapes
 
     if args.list_policies:
         print(list_policies())
@@ -155,7 +169,7 @@ def run(args: argparse.Namespace) -> int:
             raise ValueError(f"--inflation must be in [0, {MAX_INFLATION:g}], not {args.inflation!r}")
         seeds = _seeds(args)
         nodes = load_nodes(nodes_path)
-        pods = load_pods(pods_path)
+        workload = load_workload(pods_path)
         if args.no_topology and args.machine:
             raise MachineError("--machine and --no-topology exclude each other")
         if not args.no_topology:
@@ -169,7 +183,18 @@ def run(args: argparse.Namespace) -> int:
         except ImportError:
             print("kubegpu simulate: --bound needs scipy (pip install 'kubegpu[bound]')", file=sys.stderr)
             return 2
-    experiment = run_experiment(nodes, pods, args.policy, seeds, args.inflation, args.ties, args.bound)
+    experiment = run_experiment(
+        nodes,
+        workload.pods,
+        args.policy,
+        seeds,
+        args.inflation,
+        args.ties,
+        args.bound,
+        workload.gangs,
+        args.gang_mode,
+        args.gang_arrival,
+    )
     if args.plot:
         try:
             plot_curves([experiment], args.plot, title=f"{pods_path.name} on {nodes_path.name}")
@@ -185,8 +210,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         builtin = " (built-in sample of openb)" if args.nodes is None else ""
         cluster = f"{len(nodes)} nodes from {nodes_path.name}{builtin}"
-        workload = f"{len(pods)} pods from {pods_path.name}"
-        print(text_report(experiment, cluster, workload))
+        count = len(workload.gangs)
+        gangs = f" ({count} pod group{'s' if count != 1 else ''})" if count else ""
+        print(text_report(experiment, cluster, f"{len(workload.pods)} pods{gangs} from {pods_path.name}"))
         if args.plot:
             print(f"  curve written to {args.plot}")
     return 0

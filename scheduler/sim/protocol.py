@@ -13,10 +13,19 @@
    link information (``scheduler.sim.machines``) adds to the link quality (``LinkStats``).
 4. The curve at x% is the mean allocation over the events whose arrived percent rounds to x (if
    there are none, those rounding to x-1..x+1); the headline points are x = 100 and x = 130.
+
+Gang workloads (``trace.Gang``): a group is one unit of steps 1 and 2 (shuffled, cloned and cut
+whole; its members arrive one after another, or with ``gang_arrival="spread"`` each at a random
+slot among the slots of all gang members). With ``gang_mode="gang"`` a group is tried once, with
+``schedule_group``, at the arrival of its last member: the minimum and the extras that fit, or
+nothing. With ``gang_mode="none"`` its members are tried one by one as any pod. ``GangStats``
+counts the groups, the GPUs their partly placed members hold idle, and how long groups wait.
+A trace without gangs runs exactly as before.
 """
 
 from __future__ import annotations
 
+import math
 import random
 import time
 from collections.abc import Sequence
@@ -24,16 +33,22 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from scheduler.core.gang import GroupPlacement, GroupRequest, facts_of, schedule_group
 from scheduler.core.policies import make_policy
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.schedule import Placement, schedule_one
-from scheduler.core.state import NodeState
+from scheduler.core.scoring import Policy
+from scheduler.core.state import ClusterState, NodeState
 from scheduler.core.topology import greedy_gpu_set
-from scheduler.sim.trace import NodeSpec, build_cluster
+from scheduler.sim.trace import Gang, NodeSpec, build_cluster
 
 INFLATION = 1.3
 MAX_INFLATION = 10.0  # arrivals beyond 10x the GPU capacity say nothing more and only cost memory
 CURVE_MAX = 130
+GANG_MODES = ("gang", "none")  # a group whole or not at all; or its members one by one, as any pod
+GANG_ARRIVALS = ("together", "spread")  # a group's members one after another; or each at a random slot
+PERCENTILES = (50, 90, 99)
+_SPREAD_SALT = 0x6A6E67  # the stream that spreads gang members, apart from the shuffle's
 
 
 @dataclass
@@ -94,6 +109,7 @@ class RunResult:
     capacity_milli: int
     seconds: float
     links: LinkStats = field(default_factory=LinkStats)
+    gangs: GangStats | None = None  # None: the workload has no gangs
 
     def at(self, x: int) -> float:
         return self.curve.get(x, float("nan"))
@@ -107,37 +123,217 @@ class RunResult:
         return self.at(130)
 
 
-def arrival_order(
-    pods: Sequence[PodRequest], seed: int, capacity_milli: int, inflation: float = INFLATION
-) -> list[PodRequest]:
-    """The pods in arrival order for one seed: shuffled, then inflated (or cut) to the target.
+def nearest_rank(values: Sequence[int], pct: float) -> int | None:
+    """The ``pct``-th percentile by the nearest-rank method (a value of ``values``); None if empty."""
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[max(0, math.ceil(pct / 100 * len(ordered)) - 1)]
+
+
+@dataclass(frozen=True)
+class GangStats:
+    """What became of a run's pod groups (or of several runs', ``merge``).
+
+    A group is *whole* once at least its minimum of members is placed, *partial* when some but fewer
+    are, *unplaced* when none is. ``idle_milli_events`` sums over the arrival events the GPU milli
+    held, after the event, by placed members of groups not (yet) whole: GPUs a gang job holds but
+    cannot use (the trace has no durations, so the arrival event is the unit of time). ``waits``: per
+    group that became whole, the arrival events from its first member's arrival to that event.
+    """
+
+    mode: str
+    arrival: str
+    groups: int = 0
+    whole: int = 0
+    partial: int = 0
+    unplaced: int = 0
+    idle_milli_events: int = 0
+    idle_milli_end: int = 0  # held by the members of the groups left partial
+    events: int = 0
+    capacity_milli: int = 0  # per run
+    waits: tuple[int, ...] = ()
+
+    @staticmethod
+    def merge(stats: Sequence[GangStats]) -> GangStats:
+        """Several runs' stats as one: counts, GPU-events and events summed, waits pooled."""
+        summed = ("groups", "whole", "partial", "unplaced", "idle_milli_events", "idle_milli_end", "events")
+        return replace(
+            stats[0],
+            waits=tuple(w for s in stats for w in s.waits),
+            **{name: sum(getattr(s, name) for s in stats) for name in summed},
+        )
+
+    def percentiles(self) -> dict[str, int | None]:
+        """p50, p90, p99 of ``waits`` (nearest rank; None without a whole group)."""
+        return {f"p{p}": nearest_rank(self.waits, p) for p in PERCENTILES}
+
+    def summary(self) -> dict[str, object]:
+        """The JSON form (GPU amounts in GPUs, i.e. milli / 1000)."""
+        idle_pct = self.idle_milli_events / (self.events * self.capacity_milli) * 100 if self.events else 0.0
+        return {
+            "mode": self.mode,
+            "arrival": self.arrival,
+            "groups": self.groups,
+            "whole": self.whole,
+            "partial": self.partial,
+            "unplaced": self.unplaced,
+            "idle_gpu_events": round(self.idle_milli_events / MILLI, 3),
+            "idle_gpus_at_end": round(self.idle_milli_end / MILLI, 3),
+            "idle_pct_mean": round(idle_pct, 4),
+            "time_to_place_events": {**self.percentiles(), "groups": len(self.waits)},
+        }
+
+
+class GangTracker:
+    """Follows a run's group instances event by event (pure bookkeeping; decides nothing)."""
+
+    def __init__(self, groups: Sequence[Gang]) -> None:
+        self.groups = groups
+        self.of = {uid: i for i, g in enumerate(groups) for uid in g.members}
+        self.first = [-1] * len(groups)
+        self.waiting: list[list[PodRequest]] = [[] for _ in groups]
+        self.arrived = [0] * len(groups)
+        self.placed = [0] * len(groups)
+        self.held = [0] * len(groups)
+        self.whole_at = [-1] * len(groups)
+        self.idle = 0  # GPU milli held now by placed members of groups not whole
+        self.idle_sum = 0
+        self.events = 0
+
+    def arrive(self, group: int, event: int) -> bool:
+        """A member of ``group`` arrives at ``event``; True when it is the group's last."""
+        if self.first[group] < 0:
+            self.first[group] = event
+        self.arrived[group] += 1
+        return self.arrived[group] == len(self.groups[group].members)
+
+    def place(self, group: int, event: int, gpu_milli: int) -> None:
+        """A member of ``group`` was placed at ``event``, holding ``gpu_milli``."""
+        self.placed[group] += 1
+        self.held[group] += gpu_milli
+        if self.whole_at[group] >= 0:
+            return
+        self.idle += gpu_milli
+        if self.placed[group] >= self.groups[group].min_member:
+            self.whole_at[group] = event
+            self.idle -= self.held[group]
+
+    def tick(self) -> None:
+        """The end of an arrival event: what partial groups hold now counts once more."""
+        self.idle_sum += self.idle
+        self.events += 1
+
+    def stats(self, mode: str, arrival: str, capacity_milli: int) -> GangStats:
+        whole = sum(1 for w in self.whole_at if w >= 0)
+        unplaced = sum(1 for p in self.placed if p == 0)
+        return GangStats(
+            mode=mode,
+            arrival=arrival,
+            groups=len(self.groups),
+            whole=whole,
+            partial=len(self.groups) - whole - unplaced,
+            unplaced=unplaced,
+            idle_milli_events=self.idle_sum,
+            idle_milli_end=self.idle,
+            events=self.events,
+            capacity_milli=capacity_milli,
+            waits=tuple(w - f for w, f in zip(self.whole_at, self.first, strict=True) if w >= 0),
+        )
+
+
+Unit = tuple[PodRequest, ...]  # what arrives as one in the shuffle: a pod, or a gang's members
+
+
+def _units(pods: Sequence[PodRequest], gangs: Sequence[Gang]) -> tuple[list[Unit], dict[int, Gang]]:
+    """The pods as units sorted by name (a gang's members in name order, keyed by the first name),
+    and which units are gangs (by id of the unit tuple). ``ValueError`` for a member that is not
+    among the pods or is in two groups (``trace.load_workload`` never gives such groups)."""
+    by_uid = {p.uid: p for p in pods}
+    in_gang: set[str] = set()
+    for gang in gangs:
+        for uid in gang.members:
+            if uid not in by_uid or uid in in_gang:
+                why = "is not among the pods" if uid not in by_uid else "is in two groups"
+                raise ValueError(f"gang {gang.name}: member {uid} {why}")
+            in_gang.add(uid)
+    units: list[Unit] = [(p,) for p in pods if p.uid not in in_gang]
+    which: dict[int, Gang] = {}
+    for gang in gangs:
+        unit = tuple(sorted((by_uid[uid] for uid in gang.members), key=lambda p: p.name))
+        units.append(unit)
+        which[id(unit)] = gang
+    units.sort(key=lambda u: u[0].name)
+    return units, which
+
+
+def arrivals(
+    pods: Sequence[PodRequest],
+    seed: int,
+    capacity_milli: int,
+    inflation: float = INFLATION,
+    gangs: Sequence[Gang] = (),
+    spread: bool = False,
+) -> tuple[list[PodRequest], list[Gang]]:
+    """The pods in arrival order for one seed, and the group instances in it (a clone of a group is
+    a group of clones, named ``NAME-clone-K`` like its members): shuffled, then inflated (or cut) to
+    the target, a gang as one unit. With ``spread`` the gang members are then dealt at random over
+    the slots the members of all gangs hold (the other pods keep theirs).
 
     ``inflation`` 0 is the trace once, shuffled, neither inflated nor cut. ``ValueError`` for an
     inflation that is not a number in [0, ``MAX_INFLATION``] (NaN or infinity would never reach the
-    target).
+    target). Without gangs the order is exactly ``arrival_order``'s of before gangs existed.
     """
     if not 0 <= inflation <= MAX_INFLATION:
         raise ValueError(f"inflation must be in [0, {MAX_INFLATION:g}], not {inflation!r}")
     rng = random.Random(seed)
-    base = sorted(pods, key=lambda p: p.name)
-    order = list(base)
+    base, which = _units(pods, gangs)
+    chosen: list[tuple[Unit, Gang | None]] = [(u, which.get(id(u))) for u in base]
+    order = list(chosen)
     rng.shuffle(order)
     target = inflation * capacity_milli
-    total = sum(p.total_gpu_milli for p in order)
-    if inflation == 0 or not any(p.total_gpu_milli for p in base):
-        return order  # nothing to inflate by (a CPU-only trace would never reach the target)
-    if total > target:
+
+    def milli(unit: Unit) -> int:
+        return sum(p.total_gpu_milli for p in unit)
+
+    total = sum(milli(u) for u, _ in order)
+    if inflation == 0 or not any(milli(u) for u in base):
+        pass  # nothing to inflate by (a CPU-only trace would never reach the target)
+    elif total > target:
         while total > target and order:
-            total -= order.pop(rng.randrange(len(order))).total_gpu_milli
-        return order
-    clone = 0
-    while True:
-        pod = base[rng.randrange(len(base))]
-        if total + pod.total_gpu_milli > target:
-            return order
-        order.append(replace(pod, name=f"{pod.name}-clone-{clone}", uid=f"{pod.uid}-clone-{clone}"))
-        total += pod.total_gpu_milli
-        clone += 1
+            total -= milli(order.pop(rng.randrange(len(order)))[0])
+    else:
+        clone = 0
+        while True:
+            unit, gang = chosen[rng.randrange(len(chosen))]
+            if total + milli(unit) > target:
+                break
+            copy = tuple(
+                replace(p, name=f"{p.name}-clone-{clone}", uid=f"{p.uid}-clone-{clone}") for p in unit
+            )
+            if gang is not None:
+                gang = Gang(f"{gang.name}-clone-{clone}", gang.min_member, tuple(p.uid for p in copy))
+            order.append((copy, gang))
+            total += milli(unit)
+            clone += 1
+    flat = [p for unit, _ in order for p in unit]
+    instances = [gang for _, gang in order if gang is not None]
+    if spread and instances:
+        members = {uid for g in instances for uid in g.members}
+        slots = [i for i, p in enumerate(flat) if p.uid in members]
+        dealt = [flat[i] for i in slots]
+        random.Random(seed ^ _SPREAD_SALT).shuffle(dealt)
+        for i, pod in zip(slots, dealt, strict=True):
+            flat[i] = pod
+    return flat, instances
+
+
+def arrival_order(
+    pods: Sequence[PodRequest], seed: int, capacity_milli: int, inflation: float = INFLATION
+) -> list[PodRequest]:
+    """The pods in arrival order for one seed: shuffled, then inflated (or cut) to the target
+    (``arrivals`` without gangs)."""
+    return arrivals(pods, seed, capacity_milli, inflation)[0]
 
 
 def arrived_percent(arrived: np.ndarray, capacity_milli: int) -> np.ndarray:
@@ -173,9 +369,17 @@ def run_once(
     seed: int,
     inflation: float = INFLATION,
     ties: str = "node-order",
+    gangs: Sequence[Gang] = (),
+    gang_mode: str = "gang",
+    gang_arrival: str = "together",
 ) -> RunResult:
-    """One run of the protocol: a fresh cluster, the seed's arrival order, one try per pod."""
+    """One run of the protocol: a fresh cluster, the seed's arrival order, one try per pod (per group
+    with ``gang_mode="gang"``; see the module docstring)."""
     start = time.perf_counter()
+    if gang_mode not in GANG_MODES:
+        raise ValueError(f"gang_mode must be one of {', '.join(GANG_MODES)}, not {gang_mode!r}")
+    if gang_arrival not in GANG_ARRIVALS:
+        raise ValueError(f"gang_arrival must be one of {', '.join(GANG_ARRIVALS)}, not {gang_arrival!r}")
     cluster = build_cluster(nodes)
     if ties == "node-order":
         cluster.set_tie_order(random.Random(seed + 1_000_003).sample(range(len(cluster)), len(cluster)))
@@ -185,22 +389,40 @@ def run_once(
     rng = random.Random(seed ^ 0x5EED5EED)  # the policy's randomness: a stream apart from the arrivals
     policy = make_policy(policy_name)
     policy.bind(cluster, pods, rng)  # typical pods etc. come from the original (not inflated) trace
-    order = arrival_order(pods, seed, capacity, inflation)
+    order, groups = arrivals(pods, seed, capacity, inflation, gangs, gang_arrival == "spread")
+    tracker = GangTracker(groups)
     arrived = np.zeros(len(order), dtype=np.int64)
     allocated = np.zeros(len(order), dtype=np.int64)
     arr = used = placed = 0
     links = LinkStats()
     ideal: dict[tuple[int, int], int] = {}
+
+    def book(pod: PodRequest, result: Placement, k: int, group: int | None) -> None:
+        nonlocal used, placed
+        cluster.assume(result.allocation, facts_of(pod))
+        used += result.allocation.gpu_milli
+        placed += 1
+        if pod.whole_gpus >= 2:
+            node = cluster.nodes[cluster.index[result.node]]
+            links.add(node, [g.index for g in result.allocation.gpus], ideal)
+        if group is not None:
+            tracker.place(group, k, result.allocation.gpu_milli)
+
     for k, pod in enumerate(order):
         arr += pod.total_gpu_milli
-        result = schedule_one(pod, cluster, policy, rng, explain=False)
-        if isinstance(result, Placement):
-            cluster.assume(result.allocation)
-            used += result.allocation.gpu_milli
-            placed += 1
-            if pod.whole_gpus >= 2:
-                node = cluster.nodes[cluster.index[result.node]]
-                links.add(node, [g.index for g in result.allocation.gpus], ideal)
+        group = tracker.of.get(pod.uid)
+        if group is not None and gang_mode == "gang":
+            tracker.waiting[group].append(pod)
+            if tracker.arrive(group, k):
+                for member, result in _group_try(groups[group], tracker.waiting[group], cluster, policy, rng):
+                    book(member, result, k, group)
+        else:
+            if group is not None:
+                tracker.arrive(group, k)
+            result = schedule_one(pod, cluster, policy, rng, explain=False)
+            if isinstance(result, Placement):
+                book(pod, result, k, group)
+        tracker.tick()
         arrived[k] = arr
         allocated[k] = used
     return RunResult(
@@ -214,4 +436,18 @@ def run_once(
         capacity_milli=capacity,
         seconds=time.perf_counter() - start,
         links=links,
+        gangs=tracker.stats(gang_mode, gang_arrival, capacity) if gangs else None,
     )
+
+
+def _group_try(
+    gang: Gang, members: Sequence[PodRequest], cluster: ClusterState, policy: Policy, rng: random.Random
+) -> list[tuple[PodRequest, Placement]]:
+    """The group's one try: its members and their placements in the planner's order (empty: none
+    fit). The sim's nodes have no topology domain labels, so no domain is asked for."""
+    request = GroupRequest(gang.name, gang.min_member, tuple(members), domain_key=None)
+    plan = schedule_group(request, cluster, policy, rng)
+    if not isinstance(plan, GroupPlacement):
+        return []
+    by_uid = {m.uid: m for m in members}
+    return [(by_uid[p.allocation.pod_uid], p) for p in plan.placements]

@@ -6,6 +6,7 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
+from scheduler.sim.protocol import GangStats
 from scheduler.sim.runner import Experiment
 
 CURVE_POINTS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 100, 110, 120, 130)
@@ -20,11 +21,13 @@ def text_report(experiment: Experiment, cluster: str, workload: str) -> str:
     """Per-seed headline numbers, their mean and spread, and the mean curve as bars."""
     runs = experiment.runs
     first = runs[0]
+    gangs = experiment.gangs()
     lines = [
         f"kubegpu simulate: policy {experiment.policy}",
         f"  cluster:  {cluster} ({first.capacity_milli // 1000} GPUs)",
         f"  workload: {workload}",
-        "  protocol: seeded shuffle, inflation to 130% of GPU capacity, one try per pod",
+        "  protocol: seeded shuffle, inflation to 130% of GPU capacity, one try per pod"
+        + (" (per pod group)" if gangs is not None and gangs.mode == "gang" else ""),
         "",
         "  seed   alloc% @100  alloc% @130   pods  placed  seconds",
     ]
@@ -58,6 +61,7 @@ def text_report(experiment: Experiment, cluster: str, workload: str) -> str:
         ]
     elif links["multi_gpu_pods_without_links"]:
         lines += ["", "  link quality: the nodes have no link information (see --machine)"]
+    lines += gang_report(experiment)
     lines += ["", "  GPU allocation (% of capacity) as GPU requests arrive (% of capacity):"]
     curve = experiment.mean_curve()
     for x in CURVE_POINTS:
@@ -66,6 +70,45 @@ def text_report(experiment: Experiment, cluster: str, workload: str) -> str:
             lines.append(f"  {x:>4}% arrived  {y:6.2f}%  " + "#" * max(0, round(y / 100 * BAR_WIDTH)))
     lines.append(f"\n  {experiment.seconds:.2f} s in all")
     return "\n".join(lines)
+
+
+GANG_MODE_TEXT = {
+    "gang": "gang (a group whole or not at all, tried when its last member arrives)",
+    "none": "none (members one by one, as any pod: groups can be left partial)",
+}
+GANG_ARRIVAL_TEXT = {
+    "together": "a group's members arrive one after another",
+    "spread": "gang members arrive each at a random slot",
+}
+
+
+def _waits(stats: GangStats) -> str:
+    return " / ".join("-" if v is None else str(v) for v in stats.percentiles().values())
+
+
+def gang_report(experiment: Experiment) -> list[str]:
+    """The lines on pod groups (none for a workload without gangs)."""
+    total = experiment.gangs()
+    if total is None:
+        return []
+    lines = [
+        "",
+        f"  gang workloads: mode {GANG_MODE_TEXT.get(total.mode, total.mode)};",
+        f"  {GANG_ARRIVAL_TEXT.get(total.arrival, total.arrival)}. Idle: GPUs held by placed members of",
+        "  groups not yet whole, x arrival events; time to place: arrival events from a group's first",
+        "  member to its minimum placed (p50 / p90 / p99):",
+        "  seed  groups  whole  partial  unplaced  idle GPU x events  idle GPUs at end  time to place",
+    ]
+    rows = [(str(r.seed), r.gangs) for r in experiment.runs if r.gangs is not None]
+    if len(rows) > 1:
+        rows.append(("all", total))
+    for label, g in rows:
+        assert g is not None
+        lines.append(
+            f"  {label:>4}  {g.groups:>6}  {g.whole:>5}  {g.partial:>7}  {g.unplaced:>8}"
+            f"  {g.idle_milli_events / 1000:>17.3f}  {g.idle_milli_end / 1000:>16.3f}  {_waits(g)}"
+        )
+    return lines
 
 
 def plot_curves(experiments: Sequence[Experiment], path: str | Path, title: str = "") -> None:

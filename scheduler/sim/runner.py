@@ -1,7 +1,8 @@
 """Running the protocol for one policy over several seeds, and the result as a whole.
 
 With ``bound=True`` each seed also gets the LP upper bound on the allocation at 100% and 130% arrived
-(``scheduler.sim.bound``), computed from the same arrival order as the run.
+(``scheduler.sim.bound``), computed from the same arrival order as the run. With gangs, each run also
+has ``GangStats`` (``scheduler.sim.protocol``), and the experiment their merge over the seeds.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core.request import PodRequest
-from scheduler.sim.protocol import INFLATION, LinkStats, RunResult, run_once
-from scheduler.sim.trace import NodeSpec
+from scheduler.sim.protocol import INFLATION, GangStats, LinkStats, RunResult, run_once
+from scheduler.sim.trace import Gang, NodeSpec
 
 BOUND_POINTS = (100, 130)
 
@@ -44,6 +45,11 @@ class Experiment:
                 setattr(total, name, getattr(total, name) + getattr(r.links, name))
         return total
 
+    def gangs(self) -> GangStats | None:
+        """The runs' gang statistics merged (counts summed, waits pooled); None without gangs."""
+        stats = [r.gangs for r in self.runs if r.gangs is not None]
+        return GangStats.merge(stats) if stats else None
+
     def _values(self, x: int) -> list[float]:
         return [r.at(x) for r in self.runs if not math.isnan(r.at(x))]
 
@@ -70,6 +76,8 @@ class Experiment:
                 "curve": [[x, y] for x, y in sorted(r.curve.items())],
                 "links": r.links.summary(),
             }
+            if r.gangs is not None:
+                run["gangs"] = r.gangs.summary()
             for x, value in sorted(self.bounds.get(r.seed, {}).items()):
                 run[f"bound_alloc_pct_at_{x}"] = round(value, 2)
             runs.append(run)
@@ -81,6 +89,9 @@ class Experiment:
             "links": self.links().summary(),
             "seconds": round(self.seconds, 3),
         }
+        gangs = self.gangs()
+        if gangs is not None:
+            doc["gangs"] = gangs.summary()
         if self.bounds:
             for x in BOUND_POINTS:
                 bound = self.bound_at(x)
@@ -121,15 +132,23 @@ def run_experiment(
     inflation: float = INFLATION,
     ties: str = "node-order",
     bound: bool = False,
+    gangs: Sequence[Gang] = (),
+    gang_mode: str = "gang",
+    gang_arrival: str = "together",
 ) -> Experiment:
-    """Run the protocol once per seed (sequentially, on one core); with ``bound``, the LP bounds too."""
+    """Run the protocol once per seed (sequentially, on one core); with ``bound``, the LP bounds too
+    (from the same arrival order, gangs included)."""
     start = time.perf_counter()
-    runs = tuple(run_once(nodes, pods, policy, seed, inflation, ties) for seed in seeds)
+    runs = tuple(
+        run_once(nodes, pods, policy, seed, inflation, ties, gangs, gang_mode, gang_arrival) for seed in seeds
+    )
     bounds: dict[int, dict[int, float]] = {}
     if bound:
         from scheduler.sim.bound import protocol_bounds
 
         for seed in seeds:
-            found = protocol_bounds(nodes, pods, seed, inflation, BOUND_POINTS)
+            found = protocol_bounds(
+                nodes, pods, seed, inflation, BOUND_POINTS, gangs=gangs, spread=gang_arrival == "spread"
+            )
             bounds[seed] = {x: b.bound_pct for x, b in found.items()}
     return Experiment(policy, runs, time.perf_counter() - start, bounds)

@@ -1,14 +1,16 @@
 """Reading the openb trace format (Alibaba cluster-trace-gpu-v2023) into the core's types.
 
 Nodes: ``sn,cpu_milli,memory_mib,gpu,model``. Pods: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli``
-and optionally ``gpu_spec`` (allowed models separated by ``|``; empty = any); other columns
-(qos, phase, timestamps) are ignored. A pod with ``num_gpu == 1`` and ``gpu_milli < 1000`` shares
-one GPU; other GPU pods take ``num_gpu`` whole GPUs.
+and optionally ``gpu_spec`` (allowed models separated by ``|``; empty = any) and the gang columns
+``gang`` (the pod's group; empty = none) and ``gang_min`` (the group's minimum; without the column,
+all its members); other columns (qos, phase, timestamps) are ignored. A pod with ``num_gpu == 1`` and
+``gpu_milli < 1000`` shares one GPU; other GPU pods take ``num_gpu`` whole GPUs.
 """
 
 from __future__ import annotations
 
 import csv
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -21,6 +23,11 @@ from scheduler.sim.machines import MachineError, MachineShape
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 DEFAULT_NODES = DATA_DIR / "default_nodes.csv"
 DEFAULT_PODS = DATA_DIR / "default_pods.csv"
+
+GANG = "gang"  # the pod list's column naming a pod's group
+GANG_MIN = "gang_min"  # the column with the group's minimum number of members that must run together
+MAX_GANG_MIN = 100_000  # as the live scheduler's bound on a PodGroup's minMember
+CLONE_NAME = re.compile(r"-clone-[0-9]+$")  # the names the protocol gives its clones
 
 
 class TraceError(ValueError):
@@ -105,10 +112,118 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
     return out
 
 
+@dataclass(frozen=True)
+class Gang:
+    """A pod group: its members (pod uids, in trace order) of which ``min_member`` must run together."""
+
+    name: str
+    min_member: int
+    members: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """A pod list: the pods in trace order and the groups (gangs) some of them form."""
+
+    pods: tuple[PodRequest, ...]
+    gangs: tuple[Gang, ...] = ()
+
+
+@dataclass
+class _GangRows:
+    first_line: int
+    min_member: int | None  # None: no gang_min column (all members)
+    members: list[str]
+
+
+def _gang_min(path: Path, line: int, gang: str, text: str) -> int:
+    if not text:
+        raise TraceError(
+            f"{path}:{line}: gang {gang!r}: column {GANG_MIN} is empty "
+            "(give the group's minimum on every member)"
+        )
+    whole = text.isascii() and text.isdigit() and len(text) <= len(str(MAX_GANG_MIN))
+    if not whole or not 1 <= int(text) <= MAX_GANG_MIN:
+        raise TraceError(
+            f"{path}:{line}: column {GANG_MIN}: not a whole number from 1 to {MAX_GANG_MIN}: {text!r}"
+        )
+    return int(text)
+
+
+def _gang_of(
+    path: Path, line: int, row: dict[str, str], name: str, has_min: bool, gangs: dict[str, _GangRows]
+) -> None:
+    """Record the row's group membership in ``gangs`` (raises ``TraceError`` naming the row)."""
+    gang = (row.get(GANG) or "").strip()
+    min_text = (row.get(GANG_MIN) or "").strip()
+    if not gang:
+        if min_text:
+            raise TraceError(f"{path}:{line}: column {GANG_MIN} is {min_text!r} but the pod is in no gang")
+        return
+    minimum = _gang_min(path, line, gang, min_text) if has_min else None
+    known = gangs.get(gang)
+    if known is None:
+        gangs[gang] = _GangRows(line, minimum, [name])
+        return
+    if minimum != known.min_member:
+        raise TraceError(
+            f"{path}:{line}: gang {gang!r}: {GANG_MIN} {minimum} differs from the {known.min_member} "
+            f"of its member on line {known.first_line}"
+        )
+    known.members.append(name)
+
+
+def _check_gangs(path: Path, names: dict[str, list[int]], gangs: dict[str, _GangRows]) -> tuple[Gang, ...]:
+    """The groups, once every row is read: each has its minimum of members, members have names of their
+    own, and no name can be mistaken for a clone's (raises ``TraceError`` naming the row)."""
+    for name, lines in names.items():
+        if CLONE_NAME.search(name):
+            raise TraceError(
+                f"{path}:{lines[0]}: pod name {name!r} ends like a simulator clone's (-clone-N); "
+                "a trace with gangs may not use such names"
+            )
+    out = []
+    for gang, rows in gangs.items():
+        for member in rows.members:
+            if len(names[member]) > 1:
+                raise TraceError(
+                    f"{path}:{names[member][1]}: pod name {member!r} of gang {gang!r} is also on line "
+                    f"{names[member][0]} (a gang's members need names of their own)"
+                )
+        minimum = len(rows.members) if rows.min_member is None else rows.min_member
+        if minimum > len(rows.members):
+            raise TraceError(
+                f"{path}:{rows.first_line}: gang {gang!r}: {GANG_MIN} {minimum} but the trace has "
+                f"{len(rows.members)} member(s)"
+            )
+        out.append(Gang(gang, minimum, tuple(rows.members)))
+    return tuple(out)
+
+
 def load_pods(path: str | Path) -> list[PodRequest]:
+    """The pods of a pod list, in trace order (its gang columns are checked, see ``load_workload``)."""
+    return list(load_workload(path).pods)
+
+
+def load_workload(path: str | Path) -> Workload:
+    """A pod list with its gangs. Raises ``TraceError`` naming the row for a malformed value, a
+    ``gang_min`` that is not a whole number from 1 to ``MAX_GANG_MIN``, is empty on a member, is given
+    on a pod in no gang or differs among a group's members, a group with fewer members than its
+    minimum, a member whose name another row also has, and (with gangs) a name like a clone's."""
     path = Path(path)
     out = []
-    for line, row in _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli")):
+    names: dict[str, list[int]] = {}
+    gangs: dict[str, _GangRows] = {}
+    rows = _rows(path, ("name", "cpu_milli", "memory_mib", "num_gpu", "gpu_milli"))
+    fields: Sequence[str] = ()
+    for line, row in rows:
+        if not fields:
+            fields = list(row)
+            if GANG_MIN in fields and GANG not in fields:
+                raise TraceError(f"{path}: column {GANG_MIN} without a {GANG} column")
+        name = row["name"].strip()
+        names.setdefault(name, []).append(line)
+        _gang_of(path, line, row, name, GANG_MIN in fields, gangs)
         count = _int(path, line, row, "num_gpu")
         milli = _int(path, line, row, "gpu_milli") if count else 0
         if count and not 0 < milli < MILLI:
@@ -120,7 +235,7 @@ def load_pods(path: str | Path) -> list[PodRequest]:
         models = frozenset(m for m in (row.get("gpu_spec") or "").split("|") if m.strip())
         out.append(
             PodRequest(
-                name=row["name"].strip(),
+                name=name,
                 cpu_milli=_int(path, line, row, "cpu_milli"),
                 memory_mib=_int(path, line, row, "memory_mib"),
                 gpu_count=count,
@@ -130,7 +245,7 @@ def load_pods(path: str | Path) -> list[PodRequest]:
         )
     if not out:
         raise TraceError(f"{path}: no pods")
-    return out
+    return Workload(tuple(out), _check_gangs(path, names, gangs) if gangs else ())
 
 
 def build_cluster(nodes: Sequence[NodeSpec]) -> ClusterState:
