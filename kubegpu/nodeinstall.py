@@ -4,8 +4,11 @@
 plugins, a drop-in with their flags), the kubelet drop-in that points kubelet at the shim, and
 the signing key (mode 0600), all-or-nothing, and records what it wrote with each file's digest
 in ``/etc/kubegpu/node-install.json``. Running it again with the same options changes nothing.
+With ``--front nri`` the same unit runs the agent as containerd's NRI plugin (a drop-in of its
+own), kubelet keeps talking to containerd, and containerd's NRI settings come from a drop-in in
+a directory its config imports (kubegpu/containerdconfig.py), never from an edit of config.toml.
 ``uninstall`` removes exactly the recorded files that are still as install wrote them.
-``check`` reports, on one screen, whether kubelet really talks to the shim and the shim works.
+``check`` reports, on one screen, which front is live and whether it works.
 
 Every path is taken under ``--root`` (default ``/``), so tests install into a throwaway tree.
 The file formats and the record are documented in docs/install.md.
@@ -28,15 +31,29 @@ import time
 import urllib.request
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
 from kubegpu import __version__, cliargs
+from kubegpu.containerdconfig import (
+    DEFAULT_CONFIG,
+    DEFAULT_NRI_SOCKET,
+    DROPIN_NAMES,
+    ConfigError,
+    plan_dropin,
+    read_containerd_config,
+)
 
 UNIT_NAME = "kubegpu-crishim.service"
 SHIM_UNIT = Path("etc/systemd/system") / UNIT_NAME
 SHIM_DEVICES_DROPIN = Path("etc/systemd/system") / f"{UNIT_NAME}.d" / "30-devices.conf"
+# --front nri: the same unit runs the agent as containerd's NRI plugin (one unit for both fronts,
+# so the two can never run at once and hand out the same devices from two ledgers)
+SHIM_NRI_DROPIN = Path("etc/systemd/system") / f"{UNIT_NAME}.d" / "30-nri.conf"
+FRONTS = ("cri", "nri")
+# containerd that has NRI's default validator (required_plugins): NRI v0.10, first vendored by 2.2
+NRI_MIN_CONTAINERD = (2, 2)
 KUBELET_DROPIN = Path("etc/systemd/system/kubelet.service.d/20-kubegpu-crishim.conf")
 # Where systemd looks for kubelet drop-ins (a name in an earlier directory masks the same name later).
 KUBELET_DROPIN_DIRS = tuple(
@@ -85,10 +102,19 @@ class NodeSettings:
     sim_state_dir: str | None = None
     binary: str = DEFAULT_BINARY
     drain_timeout: int = 10
+    front: str = "cri"
+    # --front nri only (recorded only then)
+    nri_plugin_name: str = "kubegpu"
+    nri_plugin_index: str = "10"
+    nri_socket: str = DEFAULT_NRI_SOCKET  # containerd's NRI socket, read from its config
+    containerd_config: str = DEFAULT_CONFIG
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["plugins"] = list(self.plugins)
+        if self.front != "nri":
+            for key in NRI_SETTINGS:
+                data.pop(key)
         return data
 
     @classmethod
@@ -96,6 +122,9 @@ class NodeSettings:
         known = {k: v for k, v in data.items() if k in cls.__dataclass_fields__}
         known["plugins"] = tuple(known.get("plugins", ()))
         return cls(**known)
+
+
+NRI_SETTINGS = ("nri_plugin_name", "nri_plugin_index", "nri_socket", "containerd_config")
 
 
 def _continued(argv: Sequence[str]) -> str:
@@ -112,6 +141,22 @@ def _continued(argv: Sequence[str]) -> str:
 
 
 def shim_argv(settings: NodeSettings, with_devices: bool) -> list[str]:
+    if settings.front == "nri" and with_devices:
+        argv = [
+            settings.binary,
+            "crishim",
+            "--front",
+            "nri",
+            "--nri-socket",
+            settings.nri_socket,
+            "--nri-plugin-name",
+            settings.nri_plugin_name,
+            "--nri-plugin-index",
+            settings.nri_plugin_index,
+            "--metrics-address",
+            settings.metrics_address,
+        ]
+        return argv + device_argv(settings)
     argv = [
         settings.binary,
         "crishim",
@@ -124,8 +169,12 @@ def shim_argv(settings: NodeSettings, with_devices: bool) -> list[str]:
         "--drain-timeout",
         str(settings.drain_timeout),
     ]
-    if not with_devices:
-        return argv
+    return argv + device_argv(settings) if with_devices else argv
+
+
+def device_argv(settings: NodeSettings) -> list[str]:
+    """The device-allocation options, the same for both fronts."""
+    argv: list[str] = []
     for plugin in settings.plugins:
         argv += ["--device-plugin", plugin]
     if settings.sim_topology:
@@ -185,6 +234,19 @@ ExecStart=
 ExecStart={exec_start}
 """
 
+NRI_DROPIN_TEMPLATE = """\
+# Written by `kubegpu node install --front nri` (docs/install.md): the node agent as containerd's
+# NRI plugin{advertiser} (docs/nri.md). Nothing is on kubelet's call path: kubelet talks to
+# containerd, which calls the agent once per container and, as its config requires the plugin,
+# creates no container while the agent is away. This replaces the unit's CRI proxy command line.
+[Unit]
+Description=kubegpu node agent (containerd NRI plugin applying the scheduler's device allocation)
+
+[Service]
+ExecStart=
+ExecStart={exec_start}
+"""
+
 KUBELET_DROPIN_TEMPLATE = """\
 # Points kubelet's CRI client at the kubegpu shim instead of containerd.
 # The ExecStart below is kubelet's own with $KUBEGPU_KUBELET_ARGS appended: kubeadm's here,
@@ -213,11 +275,20 @@ def shim_unit_text(settings: NodeSettings) -> str:
 
 
 def devices_dropin_text(settings: NodeSettings) -> str | None:
-    """The drop-in that turns on device allocation (None without device plugins)."""
-    if not settings.plugins:
+    """The drop-in that turns on device allocation (None without device plugins, or for the NRI
+    front, whose drop-in is ``nri_dropin_text``)."""
+    if not settings.plugins or settings.front == "nri":
         return None
     advertiser = " and the advertiser" if settings.advertise else ""
     return DEVICES_DROPIN_TEMPLATE.format(
+        advertiser=advertiser, exec_start=_continued(shim_argv(settings, with_devices=True))
+    )
+
+
+def nri_dropin_text(settings: NodeSettings) -> str:
+    """systemd/kubegpu-crishim.service.d/30-nri.conf: the agent as containerd's NRI plugin."""
+    advertiser = " with the advertiser" if settings.advertise else ""
+    return NRI_DROPIN_TEMPLATE.format(
         advertiser=advertiser, exec_start=_continued(shim_argv(settings, with_devices=True))
     )
 
@@ -312,18 +383,32 @@ def check_settings(settings: NodeSettings) -> None:
         ("--node-name", settings.node_name or "x"),
         ("--sim-topology", settings.sim_topology or "x"),
         ("--sim-state-dir", settings.sim_state_dir or "x"),
+        ("--front", settings.front),
+        ("--nri-plugin-name", settings.nri_plugin_name),
+        ("--nri-plugin-index", settings.nri_plugin_index),
+        ("containerd's NRI socket_path", settings.nri_socket),
+        ("--containerd-config", settings.containerd_config),
     ]
     for what, value in [*values, *(("--device-plugin", plugin) for plugin in settings.plugins)]:
         if not isinstance(value, str):
             raise InstallError(f"{what} {value!r}: not a string")
         check_value(what, value)
     socket_path(settings.listen)
-    if not settings.keys_dir.startswith("/") or not settings.binary.startswith("/"):
-        raise InstallError("--keys-dir and --kubegpu-binary must be absolute paths")
+    if settings.front not in FRONTS:
+        raise InstallError(f"--front {settings.front!r}: want one of {', '.join(FRONTS)}")
+    if not cliargs.DNS_SUBDOMAIN.match(settings.nri_plugin_name) or len(settings.nri_plugin_name) > 253:
+        raise InstallError(f"--nri-plugin-name {settings.nri_plugin_name!r}: not a DNS subdomain")
+    if not (len(settings.nri_plugin_index) == 2 and settings.nri_plugin_index.isdigit()):
+        raise InstallError(f"--nri-plugin-index {settings.nri_plugin_index!r}: want two digits")
+    socket_path(settings.nri_socket)
+    absolute = (settings.keys_dir, settings.binary, settings.containerd_config)
+    if not all(path.startswith("/") for path in absolute):
+        raise InstallError("--keys-dir, --kubegpu-binary and --containerd-config must be absolute paths")
     for what, value in (
         ("--keys-dir", settings.keys_dir),
         ("--kubeconfig", settings.kubeconfig),
         ("--kubegpu-binary", settings.binary),
+        ("--containerd-config", settings.containerd_config),
     ):
         if any(part in (".", "..") for part in value.split("/")):
             raise InstallError(f"{what} {value!r}: no '.' or '..' components (it must stay under --root)")
@@ -377,8 +462,8 @@ def cri_version(endpoint: str, timeout: float = 5.0) -> tuple[str, str, str]:
     return reply.runtime_name, reply.runtime_version, reply.runtime_api_version
 
 
-def check_runtime(endpoint: str, listen: str) -> str:
-    """The runtime at ``endpoint`` is a socket that answers CRI v1; a description of it."""
+def check_runtime(endpoint: str, listen: str) -> tuple[str, str]:
+    """The runtime at ``endpoint`` is a socket that answers CRI v1: (its name, its version)."""
     import grpc
 
     path = socket_path(endpoint)
@@ -402,7 +487,27 @@ def check_runtime(endpoint: str, listen: str) -> str:
         ) from None
     if api != "v1":
         raise InstallError(f"{path}: {name} {version} speaks CRI {api!r}; the shim needs v1")
-    return f"{name} {version} (CRI {api})"
+    return name, version
+
+
+def release(version: str) -> tuple[int, int] | None:
+    """(major, minor) of a runtime version as CRI reports it ("v2.2.9", "1.6.20~ds1"); None if unreadable."""
+    match = re.match(r"^v?(\d+)\.(\d+)", version)
+    return (int(match.group(1)), int(match.group(2))) if match else None
+
+
+def check_nri_runtime(name: str, version: str) -> None:
+    """InstallError unless the runtime is a containerd with NRI's default validator, the setting
+    that makes the NRI front fail closed (containerd 2.0 and 2.1 have NRI but not that validator:
+    they would ignore required_plugins and create containers while the agent is away)."""
+    want = ".".join(map(str, NRI_MIN_CONTAINERD))
+    found = release(version)
+    if name != "containerd" or found is None or found < NRI_MIN_CONTAINERD:
+        raise InstallError(
+            f"the runtime is {name} {version}: --front nri needs containerd {want} or later (its NRI "
+            "default validator's required_plugins is how the node fails closed while the agent is "
+            f"away); use the CRI front (leave --front out) or upgrade containerd to {want} or later"
+        )
 
 
 def kubelet_dropin_conflicts(root: Path, ours: Sequence[str], recorded: set[str]) -> list[str]:
@@ -654,15 +759,25 @@ class Wanted:
 
 
 def planned_files(
-    settings: NodeSettings, keys: dict[str, bytes], kubelet_exec: str | None = None
+    settings: NodeSettings,
+    keys: dict[str, bytes],
+    kubelet_exec: str | None = None,
+    containerd_dropin: tuple[str, str] | None = None,
 ) -> list[Wanted]:
-    files = [
-        Wanted(SHIM_UNIT, shim_unit_text(settings).encode(), 0o644),
-        Wanted(KUBELET_DROPIN, kubelet_dropin_text(settings, kubelet_exec).encode(), 0o644),
-    ]
-    devices = devices_dropin_text(settings)
-    if devices is not None:
-        files.append(Wanted(SHIM_DEVICES_DROPIN, devices.encode(), 0o644))
+    """The files install writes: the unit and, for the CRI front, the kubelet drop-in and the
+    devices drop-in; for the NRI front, its drop-in and ``containerd_dropin`` (node path, text)
+    when containerd needs one; then the keys."""
+    files = [Wanted(SHIM_UNIT, shim_unit_text(settings).encode(), 0o644)]
+    if settings.front == "nri":
+        files.append(Wanted(SHIM_NRI_DROPIN, nri_dropin_text(settings).encode(), 0o644))
+        if containerd_dropin is not None:
+            path, text = containerd_dropin
+            files.append(Wanted(Path(path.lstrip("/")), text.encode(), 0o644))
+    else:
+        files.append(Wanted(KUBELET_DROPIN, kubelet_dropin_text(settings, kubelet_exec).encode(), 0o644))
+        devices = devices_dropin_text(settings)
+        if devices is not None:
+            files.append(Wanted(SHIM_DEVICES_DROPIN, devices.encode(), 0o644))
     keys_dir = Path(settings.keys_dir.lstrip("/"))
     files += [Wanted(keys_dir / key_id, data, 0o600, 0o700) for key_id, data in sorted(keys.items())]
     return files
@@ -674,6 +789,40 @@ class InstallResult:
     unchanged: list[str]
     removed: list[str]
     runtime: str
+    front: str = "cri"
+    containerd_changed: bool = False  # its drop-in written or removed: containerd must restart
+
+
+def is_containerd_dropin(rel: str) -> bool:
+    """A recorded path that is kubegpu's containerd drop-in (containerdconfig.DROPIN_NAMES)."""
+    return Path(rel).name in DROPIN_NAMES
+
+
+def switch_refusal(installed: str, wanted: str) -> str:
+    return (
+        f"this node runs the {installed} front (/{RECORD}); switching to --front {wanted} in place is "
+        "refused: the new front would rebuild its ledger without the devices running containers hold "
+        "(the CRI proxy reads its marks from CRI's container list, the NRI front's are in the OCI "
+        "spec), and could hand them out twice. Drain the node's GPU pods (kubectl drain), run "
+        f"`kubegpu node uninstall --disable-now`, then `kubegpu node install --front {wanted} ...`"
+    )
+
+
+def plan_nri(
+    root: Path, settings: NodeSettings, record: Record
+) -> tuple[NodeSettings, tuple[str, str] | None]:
+    """The NRI front's settings with containerd's NRI socket, and the containerd drop-in to write
+    (None: containerd already requires the agent); InstallError with what to change otherwise."""
+    ours = tuple("/" + rel for rel in record.files if is_containerd_dropin(rel))
+    try:
+        plan = plan_dropin(root, settings.containerd_config, settings.nri_plugin_name, ours)
+    except ConfigError as exc:
+        raise InstallError(f"containerd's config: {exc}") from None
+    settings = replace(settings, nri_socket=plan.socket)
+    check_settings(settings)  # the socket containerd's config names goes into the unit
+    if plan.path is None or plan.text is None:
+        return settings, None
+    return settings, (plan.path, plan.text)
 
 
 @contextmanager
@@ -710,10 +859,17 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
         raise InstallError(f"device plugin listed twice: {', '.join(settings.plugins)}")
     if "sim" in settings.plugins and not settings.sim_topology:
         raise InstallError("the sim plugin needs --sim-topology")
+    if settings.front == "nri" and not settings.plugins:
+        raise InstallError("--front nri needs --device-plugin (the NRI agent decides nothing else)")
     check_settings(settings)
-    runtime = check_runtime(settings.runtime_endpoint, settings.listen)
+    name, version = check_runtime(settings.runtime_endpoint, settings.listen)
+    runtime = f"{name} {version} (CRI v1)"
+    if settings.front == "nri":
+        check_nri_runtime(name, version)
 
     record = read_record(root) or Record()
+    if (record.files or record.pending) and record.settings.front != settings.front:
+        raise InstallError(switch_refusal(record.settings.front, settings.front))
     recorded = set(record.files)
     keys_dir = root / settings.keys_dir.lstrip("/")
     present = {p.name for p in keys_dir.iterdir() if KEY_ID.match(p.name)} if keys_dir.is_dir() else set()
@@ -727,12 +883,30 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
     untrusted = trust_problems(root, settings)
     if untrusted:
         raise InstallError(f"{'; '.join(untrusted)}: {TRUST_FIX}")
-    kubelet_exec = kubelet_exec_start(root)
-    wanted = planned_files(settings, keys, kubelet_exec)
-    # a copy of the shipped drop-in (installed by hand as docs/deploy.md says) is adopted and
-    # rewritten for this node's kubelet command line
-    adoptable = (kubelet_dropin_text(settings, kubelet_exec), kubelet_dropin_text(settings))
-    problems = kubelet_dropin_conflicts(root, adoptable, recorded)
+    if settings.front == "nri":
+        if (root / KUBELET_DROPIN).exists():
+            raise InstallError(
+                f"/{KUBELET_DROPIN} points kubelet at the CRI shim, which the NRI front does not run "
+                "(kubelet must talk to containerd): remove it first"
+            )
+        settings, containerd_dropin = plan_nri(root, settings, record)
+        wanted = planned_files(settings, keys, None, containerd_dropin)
+        problems: list[str] = []
+    else:
+        kubelet_exec = kubelet_exec_start(root)
+        wanted = planned_files(settings, keys, kubelet_exec)
+        # a copy of the shipped drop-in (installed by hand as docs/deploy.md says) is adopted and
+        # rewritten for this node's kubelet command line
+        adoptable = (kubelet_dropin_text(settings, kubelet_exec), kubelet_dropin_text(settings))
+        problems = kubelet_dropin_conflicts(root, adoptable, recorded)
+    # the other front's unit drop-in, put there by hand, would replace (30-nri.conf sorts last) or
+    # shadow this front's command line
+    other = SHIM_DEVICES_DROPIN if settings.front == "nri" else SHIM_NRI_DROPIN
+    if (root / other).exists() and str(other) not in recorded:
+        problems.append(
+            f"/{other} is another front's drop-in that `kubegpu node install` did not write; it would "
+            f"fight this --front {settings.front} install's command line: move it away first"
+        )
     for item in wanted:
         path = root / item.rel
         if not path.exists():
@@ -774,7 +948,7 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
         raise InstallError("; ".join(problems))
 
     transaction = Transaction(root)
-    result = InstallResult([], [], [], runtime)
+    result = InstallResult([], [], [], runtime, settings.front)
     new_files = dict(record.files)
     for item in wanted:
         new_files[str(item.rel)] = sha256(item.data)
@@ -808,6 +982,9 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
             new_files.pop(rel)
         new_record = Record(settings, new_files, record.dirs + transaction.created_dirs)
         transaction.write(RECORD, new_record.to_bytes(), 0o644)
+        result.containerd_changed = any(
+            is_containerd_dropin(path) for path in (*result.written, *result.removed)
+        )
     except OSError as exc:
         transaction.rollback()
         raise InstallError(f"writing under {root} failed ({exc}); nothing was changed") from None
@@ -820,6 +997,25 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
 SYSTEMCTL_INSTALL = (("daemon-reload",), ("enable", "--now", UNIT_NAME), ("restart", "kubelet.service"))
 SYSTEMCTL_UNINSTALL_BEFORE = (("disable", "--now", UNIT_NAME),)
 SYSTEMCTL_UNINSTALL_AFTER = (("daemon-reload",), ("restart", "kubelet.service"))
+RESTART_CONTAINERD = ("restart", "containerd.service")
+
+
+def install_steps(front: str, containerd_changed: bool) -> tuple[tuple[str, ...], ...]:
+    """The systemctl steps after install. NRI: containerd first (NRI on, the plugin required), so
+    that the agent can register (systemd waits for its READY=1, sent after containerd's first
+    Synchronize); the agent restarted (a rewritten drop-in takes effect); kubelet untouched."""
+    if front != "nri":
+        return SYSTEMCTL_INSTALL
+    restart = (RESTART_CONTAINERD,) if containerd_changed else ()
+    return (("daemon-reload",), *restart, ("enable", UNIT_NAME), ("restart", UNIT_NAME))
+
+
+def uninstall_steps_after(front: str, containerd_changed: bool) -> tuple[tuple[str, ...], ...]:
+    """After the files are gone: kubelet back on containerd (CRI), or containerd no longer
+    requiring the stopped agent (NRI: until it restarts it creates no container at all)."""
+    if front != "nri":
+        return SYSTEMCTL_UNINSTALL_AFTER
+    return (("daemon-reload",), *((RESTART_CONTAINERD,) if containerd_changed else ()))
 
 
 def systemd_running(root: Path) -> bool:
@@ -841,6 +1037,8 @@ class UninstallResult:
     removed: list[str]
     kept: list[str]
     missing: list[str]
+    front: str = "cri"
+    containerd_changed: bool = False  # its drop-in removed: containerd must restart
 
 
 def uninstall(root: Path, before: Callable[[], None] | None = None) -> UninstallResult | None:
@@ -856,7 +1054,7 @@ def _uninstall(root: Path) -> UninstallResult | None:
     record = read_record(root)
     if record is None:
         return None
-    result = UninstallResult([], [], [])
+    result = UninstallResult([], [], [], record.settings.front)
     for rel in sorted(record.files):
         path = root / rel
         if not path.is_file():
@@ -866,6 +1064,7 @@ def _uninstall(root: Path) -> UninstallResult | None:
         else:
             path.unlink()
             result.removed.append("/" + rel)
+            result.containerd_changed |= is_containerd_dropin(rel)
     (root / RECORD).unlink()
     for rel in sorted(set(record.dirs), key=lambda d: d.count("/"), reverse=True):
         try:
@@ -947,7 +1146,8 @@ def same_socket(a: str, b: str) -> bool:
         return False
 
 
-def check_kubelet(settings: NodeSettings, pid: int | None) -> Finding:
+def find_kubelet(pid: int | None) -> tuple[int, str, str] | Finding:
+    """(pid, runtime endpoint, where it came from) of the running kubelet, or why not (a Finding)."""
     pids = [pid] if pid is not None else kubelet_pids()
     if not pids:
         return Finding(False, "kubelet", "no kubelet process found")
@@ -968,13 +1168,77 @@ def check_kubelet(settings: NodeSettings, pid: int | None) -> Finding:
     except OSError:
         cwd = None
     endpoint, source = kubelet_endpoint(argv, cwd)
+    return pids[0], endpoint, source
+
+
+def check_kubelet(settings: NodeSettings, pid: int | None) -> Finding:
+    return kubelet_finding(settings, find_kubelet(pid))
+
+
+def kubelet_finding(settings: NodeSettings, kubelet: tuple[int, str, str] | Finding) -> Finding:
+    """CRI front: kubelet must talk to the shim; NRI front: to containerd itself."""
+    if isinstance(kubelet, Finding):
+        return kubelet
+    pid, endpoint, source = kubelet
+    if settings.front == "nri":
+        if same_socket(endpoint, settings.runtime_endpoint):
+            return Finding(True, "kubelet", f"pid {pid} talks to containerd ({endpoint}, {source})")
+        if same_socket(endpoint, settings.listen):
+            return Finding(
+                False,
+                "kubelet",
+                f"pid {pid} talks to the CRI shim's socket {endpoint} ({source}), not to containerd "
+                f"{settings.runtime_endpoint}: the NRI front needs kubelet on containerd (remove the "
+                "setting that points it at the shim, restart kubelet)",
+            )
+        return Finding(
+            False,
+            "kubelet",
+            f"pid {pid} talks to {endpoint or '?'} ({source}), not to containerd {settings.runtime_endpoint}",
+        )
     if same_socket(endpoint, settings.listen):
-        return Finding(True, "kubelet", f"pid {pids[0]} talks to the shim ({endpoint}, {source})")
+        return Finding(True, "kubelet", f"pid {pid} talks to the shim ({endpoint}, {source})")
     return Finding(
         False,
         "kubelet",
-        f"pid {pids[0]} talks to {endpoint or '?'} ({source}), not to the shim "
+        f"pid {pid} talks to {endpoint or '?'} ({source}), not to the shim "
         f"{settings.listen}: restart kubelet after install",
+    )
+
+
+NRI_READY = "registered with containerd"  # the NRI agent's /readyz while registered (crishim/nri/serve.py)
+
+
+def front_finding(
+    settings: NodeSettings, kubelet: tuple[int, str, str] | Finding, ready: bool, ready_detail: str
+) -> Finding:
+    """Which front is live: the CRI proxy when kubelet's endpoint is the shim, the NRI front when
+    the agent's /readyz says it is registered with containerd. Ok when the installed one is."""
+    endpoint = "" if isinstance(kubelet, Finding) else kubelet[1]
+    live = {
+        "cri": bool(endpoint) and same_socket(endpoint, settings.listen),
+        "nri": ready and ready_detail == NRI_READY,
+    }
+    if live[settings.front]:
+        if settings.front == "nri":
+            return Finding(
+                True,
+                "front",
+                f"NRI: the agent is registered with containerd as {settings.nri_plugin_name} "
+                f"(index {settings.nri_plugin_index}, /readyz)",
+            )
+        return Finding(True, "front", f"CRI proxy: kubelet's endpoint is the shim ({settings.listen})")
+    names = {"cri": "the CRI proxy (kubelet's endpoint is the shim)", "nri": "the NRI front (/readyz)"}
+    other = [names[front] for front, on in live.items() if on]
+    if other:
+        installed = f"this node is installed for --front {settings.front}"
+        return Finding(False, "front", f"{' and '.join(other)} is live, but {installed}")
+    kubelet_says = f"kubelet talks to {endpoint}" if endpoint else "no kubelet endpoint read"
+    return Finding(
+        False,
+        "front",
+        f"no front is live: {kubelet_says}, not the shim, and no agent is {NRI_READY} "
+        f"(/readyz: {ready_detail or '?'})",
     )
 
 
@@ -988,7 +1252,66 @@ def http_probe(address: str, path: str) -> tuple[bool, str]:
         return False, str(getattr(exc, "reason", exc))
 
 
-def check_shim(settings: NodeSettings) -> list[Finding]:
+def probes(settings: NodeSettings) -> tuple[bool, str, bool, str]:
+    """(/healthz ok, its body, /readyz ok, its body) from the agent's metrics address; /readyz is
+    asked up to READY_TRIES times (the shim connects to the runtime lazily, the NRI agent
+    registers with backoff)."""
+    health, health_detail = http_probe(settings.metrics_address, "/healthz")
+    for attempt in range(READY_TRIES):
+        ready, ready_detail = http_probe(settings.metrics_address, "/readyz")
+        if ready or not health or attempt == READY_TRIES - 1:
+            break
+        time.sleep(0.5)
+    return health, health_detail, ready, ready_detail
+
+
+def check_containerd_nri(root: Path, settings: NodeSettings) -> Finding:
+    """containerd's version (CRI Version) and its NRI settings as its config and imports say
+    (read from disk: containerd uses them once restarted): NRI on at the agent's socket, the
+    agent's name required by the default validator, nothing tolerating its absence."""
+    import grpc
+
+    from kubegpu.containerdconfig import ContainerdConfig
+
+    what = "containerd NRI"
+    try:
+        name, version, _ = cri_version(settings.runtime_endpoint)
+    except grpc.RpcError as exc:
+        return Finding(False, what, f"{settings.runtime_endpoint}: {exc.code().name} {exc.details()}")
+    except InstallError as exc:
+        return Finding(False, what, str(exc))
+    try:
+        view: ContainerdConfig = read_containerd_config(root, settings.containerd_config)
+    except ConfigError as exc:
+        return Finding(False, what, f"{name} {version}: its config: {exc}")
+    plugin = settings.nri_plugin_name
+    problems = []
+    found = release(version)
+    if name != "containerd" or found is None or found < NRI_MIN_CONTAINERD:
+        problems.append(f"{name} {version} has no NRI default validator (needs containerd 2.2+)")
+    if not view.nri_enabled:
+        where = ", ".join(view.disabled_by) or view.where("disable")
+        problems.append(f"NRI is off ({where})")
+    if not view.connections_allowed:
+        problems.append(f"disable_connections = true ({view.where('disable_connections')})")
+    if view.socket != settings.nri_socket:
+        problems.append(f"its NRI socket is {view.socket}, the agent's {settings.nri_socket}")
+    if not view.validator_enabled or plugin not in view.required:
+        problems.append(f"it does not require {plugin}: creates go ahead while the agent is away")
+    if view.tolerate_annotation:
+        problems.append(f"pods annotated {view.tolerate_annotation} are created without the agent")
+    if problems:
+        where = f" ({view.main} and its imports)"
+        return Finding(False, what, f"{name} {version}: " + "; ".join(problems) + where)
+    return Finding(
+        True,
+        what,
+        f"{name} {version}: NRI on at {view.socket}, requires {plugin} (fail closed; "
+        f"{view.where('default_validator.required_plugins')})",
+    )
+
+
+def check_shim(settings: NodeSettings) -> tuple[list[Finding], bool, str]:
     """A CRI call through the shim (which also wakes its runtime connection), then its probes.
 
     /readyz is asked up to READY_TRIES times: the shim connects to the runtime lazily, so the
@@ -1002,14 +1325,9 @@ def check_shim(settings: NodeSettings) -> list[Finding]:
         cri = Finding(False, "CRI via shim", f"{settings.listen}: {exc.code().name} {exc.details()}")
     except InstallError as exc:
         cri = Finding(False, "CRI via shim", str(exc))
-    health, health_detail = http_probe(settings.metrics_address, "/healthz")
-    for attempt in range(READY_TRIES):
-        ready, ready_detail = http_probe(settings.metrics_address, "/readyz")
-        if ready or not health or attempt == READY_TRIES - 1:
-            break
-        time.sleep(0.5)
+    health, health_detail, ready, ready_detail = probes(settings)
     detail = f"/healthz {health_detail}, /readyz {ready_detail} (http://{settings.metrics_address})"
-    return [Finding(health and ready, "shim health", detail), cri]
+    return [Finding(health and ready, "shim health", detail), cri], ready, ready_detail
 
 
 def check_keys(root: Path, settings: NodeSettings) -> Finding:
@@ -1099,13 +1417,25 @@ def check(root: Path, kubelet_pid: int | None) -> tuple[list[Finding], Record | 
         Finding(
             record is not None,
             "installed",
-            f"kubegpu {record.version}, plugins: {', '.join(settings.plugins) or 'none'}"
+            f"kubegpu {record.version}, front {settings.front}, "
+            f"plugins: {', '.join(settings.plugins) or 'none'}"
             if record
             else f"no /{RECORD}: not installed by `kubegpu node install` (checking the defaults)",
         )
     ]
-    findings.append(check_kubelet(settings, kubelet_pid))
-    findings += check_shim(settings)
+    kubelet = find_kubelet(kubelet_pid)
+    if settings.front == "nri":
+        health, health_detail, ready, ready_detail = probes(settings)
+        findings.append(front_finding(settings, kubelet, ready, ready_detail))
+        findings.append(kubelet_finding(settings, kubelet))
+        detail = f"/healthz {health_detail}, /readyz {ready_detail} (http://{settings.metrics_address})"
+        findings.append(Finding(health and ready and ready_detail == NRI_READY, "agent health", detail))
+        findings.append(check_containerd_nri(root, settings))
+    else:
+        shim, ready, ready_detail = check_shim(settings)
+        findings.append(front_finding(settings, kubelet, ready, ready_detail))
+        findings.append(kubelet_finding(settings, kubelet))
+        findings += shim
     untrusted = trust_problems(root, settings)
     findings.append(
         Finding(
@@ -1121,12 +1451,18 @@ def check(root: Path, kubelet_pid: int | None) -> tuple[list[Finding], Record | 
     return findings, record
 
 
-def render_findings(findings: Sequence[Finding]) -> str:
+VERDICTS = {
+    "cri": "kubelet talks to a working shim",
+    "nri": "containerd calls a working NRI agent (fail closed)",
+}
+
+
+def render_findings(findings: Sequence[Finding], front: str = "cri") -> str:
     marks = {True: "ok  ", False: "FAIL", None: " -- "}
     width = max(len(f.what) for f in findings)
     lines = [f"  [{marks[f.ok]}] {f.what.ljust(width)}  {f.detail}" for f in findings]
     failed = sum(1 for f in findings if f.ok is False)
-    verdict = "kubelet talks to a working shim" if not failed else f"{failed} problem(s)"
+    verdict = VERDICTS.get(front, VERDICTS["cri"]) if not failed else f"{failed} problem(s)"
     return "\n".join(["kubegpu node check", *lines, verdict])
 
 
@@ -1187,6 +1523,32 @@ def register(sub: argparse._SubParsersAction) -> None:
         help="the shim's metrics (default: %(default)s)",
     )
     inst.add_argument("--keys-dir", default=DEFAULT_KEYS_DIR, help="(default: %(default)s)")
+    inst.add_argument(
+        "--front",
+        choices=FRONTS,
+        default="cri",
+        help="cri: the agent as a CRI proxy kubelet talks to; nri: as containerd's NRI plugin, kubelet "
+        "staying on containerd (needs containerd 2.2+ and --device-plugin; docs/nri.md) "
+        "(default: %(default)s)",
+    )
+    inst.add_argument(
+        "--nri-plugin-name",
+        default="kubegpu",
+        type=cliargs.dns_subdomain,
+        help="--front nri: the agent's plugin name, which containerd requires (default: %(default)s)",
+    )
+    inst.add_argument(
+        "--nri-plugin-index",
+        default="10",
+        type=cliargs.two_digits,
+        help="--front nri: the agent's two-digit place among NRI plugins (default: %(default)s)",
+    )
+    inst.add_argument(
+        "--containerd-config",
+        default=DEFAULT_CONFIG,
+        help="--front nri: containerd's config file, whose imports take kubegpu's drop-in "
+        "(default: %(default)s)",
+    )
     inst.add_argument("--kubegpu-binary", default=DEFAULT_BINARY, help="(default: %(default)s)")
     inst.add_argument(
         "--enable-now",
@@ -1241,6 +1603,10 @@ def _run_install(args: argparse.Namespace) -> int:
             sim_topology=args.sim_topology,
             sim_state_dir=args.sim_state_dir,
             binary=args.kubegpu_binary,
+            front=args.front,
+            nri_plugin_name=args.nri_plugin_name,
+            nri_plugin_index=args.nri_plugin_index,
+            containerd_config=args.containerd_config,
         )
         result = install(root, settings, keys)
     except InstallError as exc:
@@ -1253,7 +1619,13 @@ def _run_install(args: argparse.Namespace) -> int:
     ):
         for path in paths:
             print(f"  {verb:9} {path}")
-    return _systemctl(args.enable_now, SYSTEMCTL_INSTALL, "to start the shim and point kubelet at it")
+    if result.front == "nri":
+        why = "to " + ("make containerd require the agent, then " if result.containerd_changed else "") + (
+            "start the agent as containerd's NRI plugin"
+        )
+    else:
+        why = "to start the shim and point kubelet at it"
+    return _systemctl(args.enable_now, install_steps(result.front, result.containerd_changed), why)
 
 
 def _systemctl(now: bool, steps: Sequence[Sequence[str]], why: str) -> int:
@@ -1290,10 +1662,16 @@ def _run_uninstall(args: argparse.Namespace) -> int:
             print(f"  {verb:9} {path}")
     for path in result.kept:
         print(f"  kept      {path} (changed since install; remove it yourself)")
+    after = uninstall_steps_after(result.front, result.containerd_changed)
     if args.disable_now:
-        return _systemctl(True, SYSTEMCTL_UNINSTALL_AFTER, "")
-    steps = (*SYSTEMCTL_UNINSTALL_BEFORE, *SYSTEMCTL_UNINSTALL_AFTER)
-    return _systemctl(False, steps, "to stop the shim and give kubelet containerd back")
+        return _systemctl(True, after, "")
+    if result.front == "nri":
+        why = "to stop the agent" + (
+            " and let containerd create containers without it" if result.containerd_changed else ""
+        )
+    else:
+        why = "to stop the shim and give kubelet containerd back"
+    return _systemctl(False, (*SYSTEMCTL_UNINSTALL_BEFORE, *after), why)
 
 
 def _missing_root(root: Path) -> str:
@@ -1307,8 +1685,8 @@ def _run_check(args: argparse.Namespace) -> int:
     if _missing_root(args.root):
         return _fail(_missing_root(args.root))
     try:
-        findings, _ = check(args.root.resolve(), args.kubelet_pid)
+        findings, record = check(args.root.resolve(), args.kubelet_pid)
     except InstallError as exc:
         return _fail(str(exc), 1)
-    print(render_findings(findings))
+    print(render_findings(findings, record.settings.front if record else "cri"))
     return 1 if any(f.ok is False for f in findings) else 0

@@ -567,15 +567,18 @@ def test_check_reports_a_working_node_at_a_glance(
     assert "containerd 1.6" in text and f"through {shim.endpoint}" in text
     assert "[ok  ] signing keys  k1 in /etc/kubegpu/keys" in text
     assert "8 gpu" in text and "discovered here by sim" in text
+    assert f"[ok  ] front         CRI proxy: kubelet's endpoint is the shim ({shim.endpoint})" in text
 
-    # kubelet still on containerd: said plainly, exit 1
+    # kubelet still on containerd: said plainly, exit 1; so no front is live
     direct = fake_kubelet(f"--container-runtime-endpoint={containerd.endpoint}")
     code, out, _ = run(
         capsys, monkeypatch, "node", "check", "--root", str(root), "--kubelet-pid", str(direct)
     )
     assert code == 1
     assert f"talks to {containerd.endpoint} (--container-runtime-endpoint), not to the shim" in out
-    assert out.strip().splitlines()[-1] == "1 problem(s)"
+    no_front = f"[FAIL] front         no front is live: kubelet talks to {containerd.endpoint}, not the shim"
+    assert no_front in out
+    assert out.strip().splitlines()[-1] == "2 problem(s)"
 
     # the shim down, the key unreadable: each reported
     shim.stop()

@@ -78,7 +78,7 @@ disabled_plugins = [
 # are built without the btrfs/zfs/devmapper snapshotters; NRI is off (its default socket is global)
 # unless the instance is given a socket of its own (``nri_socket``, NRI_TEMPLATE).
 CONFIG_TEMPLATE_V3 = """version = 3
-root = "{root}"
+{imports}root = "{root}"
 state = "{state}"
 disabled_plugins = [
   "io.containerd.snapshotter.v1.btrfs", "io.containerd.snapshotter.v1.zfs",
@@ -213,6 +213,9 @@ class Containerd:
     nri_socket: Path | None = None
     # with nri_socket: plugins (by name, without their index) containerd requires for every create
     nri_required_plugins: tuple[str, ...] = ()
+    # containerd 2.x only: the config's ``imports`` (drop-in files merged over it; a relative
+    # pattern is taken from ``base``, where the config lives)
+    config_imports: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if self.bin_dir is not None:
@@ -289,6 +292,8 @@ class Containerd:
         hosts.write_text(HOSTS_TEMPLATE.format(**values))
         self.cdi_spec_dir.mkdir(exist_ok=True)
         values["nri_disabled"] = "" if self.nri_socket else ' "io.containerd.nri.v1.nri",'
+        imports = json.dumps(list(self.config_imports))
+        values["imports"] = f"imports = {imports}\n" if self.config_imports else ""
         config = CONFIG_TEMPLATE_V3.format(**values)
         if self.nri_socket is not None:
             for sub in ("nri/plugins", "nri/conf.d"):
