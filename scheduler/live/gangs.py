@@ -123,10 +123,12 @@ class GroupBook:
             first = now
             if isinstance(recorded, str) and recorded:
                 try:
-                    then = dt.datetime.fromisoformat(recorded.replace("Z", "+00:00"))
+                    then = dt.datetime.fromisoformat(recorded.upper().replace("Z", "+00:00"))
+                    if then.tzinfo is None:  # no offset (a bare date, a local time): read as UTC
+                        then = then.replace(tzinfo=dt.UTC)
                     first = now - max(0.0, (wall - then).total_seconds())
                     start = recorded
-                except ValueError:
-                    pass
+                except (ValueError, OverflowError):
+                    pass  # unreadable: the clock starts now
             progress = self.progress[ref] = GroupProgress(first, start)
         return progress

@@ -1,0 +1,26 @@
+"""A hostile review of the live scheduler's gang path (docs/gang.md) against the in-memory
+apiserver (tests/support/schedworld.py): odd PodGroups, restarts, the starvation guard, gang
+preemption, status, Bindings refused mid-group and large groups. Each test failed before the
+fix it came with."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from scheduler.live.podgroups import PLUGINS_API
+from tests.support.schedworld import node_json
+from tests.test_sched_gang_live import drive, member, messages, plugins_group, world_of
+
+
+def test_a_recorded_start_time_without_an_offset_does_not_break_the_group() -> None:
+    """scheduleStartTime written by someone else as a local time (no offset), a bare date, or
+    lower case: read as UTC or ignored, never an error that keeps the group from scheduling."""
+    for recorded in ("2026-01-01T00:00:00", "2026-01-01", "2026-01-01t00:00:00z", "yesterday", 12):
+        world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+        group: dict[str, Any] = plugins_group("g", 1)
+        group["status"] = {"scheduleStartTime": recorded}
+        world.put_group(PLUGINS_API, group)
+        world.put_pod(member("a", 1))
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)  # asserts no decision raised
+        assert world.node_of("a") == "n1", (recorded, messages(core, "a"))
