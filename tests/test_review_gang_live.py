@@ -24,3 +24,15 @@ def test_a_recorded_start_time_without_an_offset_does_not_break_the_group() -> N
         feed.sync()
         drive(scheduler, jobs, feed, clock)  # asserts no decision raised
         assert world.node_of("a") == "n1", (recorded, messages(core, "a"))
+
+
+def test_a_huge_min_resources_quantity_is_refused_as_invalid_not_an_error() -> None:
+    """"1e5000" matches the Quantity pattern the CRD validates; as an int it has more digits than
+    Python prints (and "1e999999999" would take the scheduling thread's lock for hours)."""
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+    world.put_group(PLUGINS_API, plugins_group("g", 1, minResources={"nvidia.com/gpu": "1e5000"}))
+    world.put_pod(member("a", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)  # asserts no decision raised
+    assert world.node_of("a") is None
+    assert any("spec.minResources.nvidia.com/gpu is too large" in m for m in messages(core, "a"))
