@@ -9,7 +9,7 @@ from typing import Any
 
 from scheduler.live.podgroups import PLUGINS_API
 from tests.support.schedworld import node_json
-from tests.test_sched_gang_live import drive, member, messages, plugins_group, world_of
+from tests.test_sched_gang_live import drive, member, messages, plugins_group, world_of, write_status
 
 
 def test_a_recorded_start_time_without_an_offset_does_not_break_the_group() -> None:
@@ -36,3 +36,35 @@ def test_a_huge_min_resources_quantity_is_refused_as_invalid_not_an_error() -> N
     drive(scheduler, jobs, feed, clock)  # asserts no decision raised
     assert world.node_of("a") is None
     assert any("spec.minResources.nvidia.com/gpu is too large" in m for m in messages(core, "a"))
+
+
+def set_phase(world: Any, name: str, phase: str) -> None:
+    pod = world.find("ns", name)
+    assert pod is not None, name
+    world.put_pod(dict(pod, status={"phase": phase}))
+
+
+def test_a_finished_or_failed_group_shows_it_in_its_phase() -> None:
+    """Succeeded and Failed pods leave the scheduling cache; the status must still count them
+    (it went back to Pending when its pods finished)."""
+    for last, phase, counted in (("Succeeded", "Finished", "succeeded"), ("Failed", "Failed", "failed")):
+        world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 8))
+        world.put_group(PLUGINS_API, plugins_group("g", 2))
+        for name in ("a", "b"):
+            world.put_pod(member(name, 2))
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+        for name in ("a", "b"):
+            set_phase(world, name, "Running")
+        feed.sync()
+        write_status(scheduler, jobs, feed)
+        assert world.group(PLUGINS_API, "g")["status"]["phase"] == "Running"
+        set_phase(world, "a", "Succeeded" if last == "Succeeded" else "Running")
+        set_phase(world, "b", last)
+        feed.sync()
+        write_status(scheduler, jobs, feed)
+        status = world.group(PLUGINS_API, "g")["status"]
+        assert status["phase"] == phase and status.get(counted), status
+        feed.relist()  # a relist sees them the same way
+        write_status(scheduler, jobs, feed)
+        assert world.group(PLUGINS_API, "g")["status"]["phase"] == phase

@@ -42,13 +42,16 @@ class GroupBook:
         self.specs: dict[GroupRef, GroupSpec | GroupError] = {}
         self.members: dict[GroupRef, set[str]] = {}
         self.of: dict[str, GroupRef | GroupError] = {}
+        self.pods: dict[str, Mapping[str, Any]] = {}  # members as last seen, whatever their state
         self.progress: dict[GroupRef, GroupProgress] = {}
         self.dirty: set[GroupRef] = set()  # groups whose status may need writing
 
     # --- pods ---------------------------------------------------------------------------------
 
     def set_pod(self, uid: str, pod: Mapping[str, Any]) -> GroupRef | GroupError | None:
-        """Record which group the pod joins now (GroupError: it names one wrongly)."""
+        """Record which group the pod joins now (GroupError: it names one wrongly). Every pod
+        that exists counts, whoever schedules it and whatever its phase: a group's status counts
+        its finished, gated and other schedulers' pods too."""
         try:
             ref: GroupRef | GroupError | None = group_ref(pod)
         except GroupError as error:
@@ -58,14 +61,19 @@ class GroupBook:
             self._leave(old, uid)
         if ref is None:
             self.of.pop(uid, None)
+            self.pods.pop(uid, None)
             return None
         self.of[uid] = ref
         if isinstance(ref, GroupRef):
             self.members.setdefault(ref, set()).add(uid)
+            self.pods[uid] = pod
             self.dirty.add(ref)
+        else:
+            self.pods.pop(uid, None)
         return ref
 
     def drop_pod(self, uid: str) -> None:
+        self.pods.pop(uid, None)
         old = self.of.pop(uid, None)
         if isinstance(old, GroupRef):
             self._leave(old, uid)

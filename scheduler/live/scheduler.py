@@ -369,7 +369,9 @@ class Scheduler:
             self._pod_rules_waiting &= pending
             for uid in pending:
                 self.queue.add(uid, *_queue_key(self.cache.pods[uid]))
-            self.groups.replace_pods(self.cache.pods)
+            listed = {str(_meta(pod).get("uid", "")): pod for pod in items}
+            listed.pop("", None)
+            self.groups.replace_pods({uid: self.cache.pods.get(uid, pod) for uid, pod in listed.items()})
             nominated, self.nominated = self.nominated, {}
             for uid in pending:
                 if uid in nominated:
@@ -384,12 +386,14 @@ class Scheduler:
             old = self.cache.pods.get(uid)
             before = _relevant(old)
             change = self.cache.apply_pod(event_type, pod)
-            self._note_nomination(uid, self.cache.pods.get(uid), old)
             current = self.cache.pods.get(uid)
-            if current is None:
+            self._note_nomination(uid, current, old)
+            if event_type == "DELETED":
                 self.groups.drop_pod(uid)
-            else:
-                ref = self.groups.set_pod(uid, current)
+            elif uid:
+                # the cache's view when it keeps one (it may know better); finished, gated or
+                # another scheduler's pods as they are: their group's status counts them too
+                ref = self.groups.set_pod(uid, current if current is not None else pod)
                 if isinstance(ref, GroupRef) and change == PodChange.PENDING and old is None:
                     self._wake_group(ref)  # a new member may complete its group's minimum
             if change == PodChange.GONE:
@@ -988,7 +992,7 @@ class Scheduler:
             if not isinstance(spec, GroupSpec):
                 continue
             uids = sorted(self.groups.members.get(ref, ()))
-            pods = [self.cache.pods[u] for u in uids if u in self.cache.pods]
+            pods = [self.groups.pods[u] for u in uids if u in self.groups.pods]
             progress = self.groups.progress.get(ref)
             patch: dict[str, Any] | None
             if ref.api == PLUGINS_API:
