@@ -7,9 +7,17 @@ from __future__ import annotations
 
 from typing import Any
 
-from scheduler.live.podgroups import PLUGINS_API
-from tests.support.schedworld import node_json
-from tests.test_sched_gang_live import drive, member, messages, plugins_group, world_of, write_status
+from scheduler.live.podgroups import KUBE_API, PLUGINS_API
+from tests.support.schedworld import Feed, make_scheduler, node_json, pod_json
+from tests.test_sched_gang_live import (
+    drive,
+    kube_group,
+    member,
+    messages,
+    plugins_group,
+    world_of,
+    write_status,
+)
 
 
 def test_a_recorded_start_time_without_an_offset_does_not_break_the_group() -> None:
@@ -68,3 +76,43 @@ def test_a_finished_or_failed_group_shows_it_in_its_phase() -> None:
         feed.relist()  # a relist sees them the same way
         write_status(scheduler, jobs, feed)
         assert world.group(PLUGINS_API, "g")["status"]["phase"] == phase
+
+
+def test_a_kubernetes_group_bound_by_a_former_leader_gets_its_scheduled_condition() -> None:
+    """The leader bound the group's minimum and died before writing the condition (statuses are
+    written every 5 s): the next one, which never tries the group, must still turn it True."""
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4), node_json("n2", 4))
+    world.put_pod(pod_json("blocker", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    world.put_group(KUBE_API, kube_group("k", 2))
+    world.put_pod(pod_json("a", 4, group="k"))
+    world.put_pod(pod_json("b", 4, group="k"))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    write_status(scheduler, jobs, feed)  # False: only 1 of its 2 fit
+    world.delete_pod("uid-blocker")
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)  # placed and bound; the replica dies before writing
+    assert None not in [world.node_of("a"), world.node_of("b")]
+    successor, jobs2, _core2, clock2 = make_scheduler(world)
+    feed2 = Feed(world, successor)
+    feed2.relist()
+    drive(successor, jobs2, feed2, clock2)
+    write_status(successor, jobs2, feed2)
+    (condition,) = world.group(KUBE_API, "k")["status"]["conditions"]
+    assert condition["status"] == "True" and condition["reason"] == "Scheduled", condition
+
+
+def test_a_kubernetes_group_with_malformed_conditions_does_not_kill_the_status_writer() -> None:
+    """write_group_statuses runs on the staleness thread, which nothing restarts."""
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+    group = kube_group("k", 1)
+    group["status"] = {"conditions": 5}
+    world.put_group(KUBE_API, group)
+    world.put_pod(pod_json("a", 1, group="k"))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    write_status(scheduler, jobs, feed)
+    (condition,) = world.group(KUBE_API, "k")["status"]["conditions"]
+    assert condition["status"] == "True"

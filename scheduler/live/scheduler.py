@@ -998,19 +998,23 @@ class Scheduler:
             if ref.api == PLUGINS_API:
                 start = progress.start_time if progress is not None else None
                 patch = status_patch(spec.status, plugins_status(spec, pods, start))
-            elif progress is None or not spec.gang:
+            elif not spec.gang:
                 patch = None
             else:
-                scheduled = progress.placed or member_counts(pods).scheduled >= spec.min_member
+                # bound by a former leader (that died before writing it) counts as placed too
+                placed = progress is not None and progress.placed
+                scheduled = placed or member_counts(pods).scheduled >= spec.min_member
                 reason = "Scheduled" if scheduled else "Unschedulable"
-                text = "the group's minimum is placed" if scheduled else progress.message
+                text = "the group's minimum is placed" if scheduled else progress.message if progress else ""
                 conditions = spec.status.get("conditions")
-                condition = initially_scheduled_condition(conditions, scheduled, reason, text, now, None)
+                condition = None
+                if scheduled or progress is not None:
+                    condition = initially_scheduled_condition(conditions, scheduled, reason, text, now, None)
                 patch = None
                 if condition is not None:
                     others = [
                         c
-                        for c in conditions or []
+                        for c in (conditions if isinstance(conditions, list) else [])
                         if isinstance(c, Mapping) and c.get("type") != condition["type"]
                     ]
                     patch = {"status": {"conditions": [*others, condition]}}
