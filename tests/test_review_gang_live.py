@@ -116,3 +116,21 @@ def test_a_kubernetes_group_with_malformed_conditions_does_not_kill_the_status_w
     write_status(scheduler, jobs, feed)
     (condition,) = world.group(KUBE_API, "k")["status"]["conditions"]
     assert condition["status"] == "True"
+
+
+def test_another_schedulers_pod_groups_keep_their_status_untouched() -> None:
+    """scheduler-plugins' controller (or kube-scheduler) keeps the status of the groups it
+    schedules; kubegpu writing it too flaps it between two writers (Pending against Scheduling,
+    Scheduled against Scheduling), each echo waking the other."""
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+    world.put_group(PLUGINS_API, plugins_group("theirs", 2))
+    world.put_group(KUBE_API, kube_group("kube", 2))
+    for name in ("a", "b"):
+        world.put_pod(member(name, 0, group="theirs", scheduler="scheduler-plugins"))
+        world.put_pod(pod_json(f"k{name}", 0, group="kube", scheduler="default-scheduler", node="n1"))
+    world.put_group(PLUGINS_API, plugins_group("ours", 1))
+    world.put_pod(member("c", 1, group="ours"))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    write_status(scheduler, jobs, feed)
+    assert [name for _, name, _ in scheduler.custom_api.patches] == ["ours"]

@@ -993,6 +993,8 @@ class Scheduler:
                 continue
             uids = sorted(self.groups.members.get(ref, ()))
             pods = [self.groups.pods[u] for u in uids if u in self.groups.pods]
+            if pods and not any(_scheduler_name(p) == self.config.scheduler_name for p in pods):
+                continue  # another scheduler's group (scheduler-plugins, kube-scheduler): its status is theirs
             progress = self.groups.progress.get(ref)
             patch: dict[str, Any] | None
             if ref.api == PLUGINS_API:
@@ -1440,6 +1442,11 @@ def _custom_lister(api: Any, group: str, version: str) -> Callable[..., Any]:
         return api.list_cluster_custom_object(group, version, PLURAL, **kwargs)
 
     return list_call
+
+
+def _scheduler_name(pod: Mapping[str, Any]) -> Any:
+    spec = pod.get("spec")
+    return spec.get("schedulerName") if isinstance(spec, Mapping) else None
 
 
 def _nominated_node(pod: Mapping[str, Any]) -> str:
