@@ -134,3 +134,22 @@ def test_another_schedulers_pod_groups_keep_their_status_untouched() -> None:
     drive(scheduler, jobs, feed, clock)
     write_status(scheduler, jobs, feed)
     assert [name for _, name, _ in scheduler.custom_api.patches] == ["ours"]
+
+
+def test_a_new_leader_writes_the_status_that_changed_while_it_followed() -> None:
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 8))
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    for name in ("a", "b"):
+        world.put_pod(member(name, 2))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    write_status(scheduler, jobs, feed)
+    scheduler.leading.clear()  # a follower: it watches, but writes nothing
+    for name in ("a", "b"):
+        set_phase(world, name, "Succeeded")
+    feed.sync()
+    write_status(scheduler, jobs, feed)
+    assert world.group(PLUGINS_API, "g")["status"]["phase"] == "Scheduled"
+    scheduler.became_leader()
+    write_status(scheduler, jobs, feed)
+    assert world.group(PLUGINS_API, "g")["status"]["phase"] == "Finished"

@@ -308,6 +308,7 @@ class Scheduler:
         """Start leading after the fence: wait out a former leader's Bindings, then list pods."""
         with self.cond:
             self._fence = (self.clock() + self.config.bind_timeout_seconds, None)
+            self.groups.dirty.update(self.groups.specs)  # what changed while following was not written
             self.leading.set()
             self.cond.notify_all()
 
