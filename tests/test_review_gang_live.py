@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from scheduler.core.gang import GPUS, capacity_gap
+from scheduler.core.state import MIB, Allocation, ClusterState, GpuGrant, GpuState, NodeState
 from scheduler.live.podgroups import KUBE_API, PLUGINS_API
 from tests.support.schedworld import Feed, make_scheduler, node_json, pod_json
 from tests.test_sched_gang_live import (
@@ -153,3 +155,79 @@ def test_a_new_leader_writes_the_status_that_changed_while_it_followed() -> None
     scheduler.became_leader()
     write_status(scheduler, jobs, feed)
     assert world.group(PLUGINS_API, "g")["status"]["phase"] == "Finished"
+
+
+def starving_group(**overrides: Any) -> tuple[Any, Any, Any, Any, Any, Any]:
+    """n1, n2 (4 GPUs each) each hold a small pod; group g (2 x 4 GPUs) has waited past
+    gangStarvationSeconds (100 s) and holds back the GPU pods behind it."""
+    world, scheduler, jobs, core, clock, feed = world_of(
+        node_json("n1", 4), node_json("n2", 4), gang_starvation_seconds=100.0, **overrides
+    )
+    world.put_pod(pod_json("s1", 1))
+    world.put_pod(pod_json("s2", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    world.put_pod(member("a", 4))
+    world.put_pod(member("b", 4))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    clock.advance(100)
+    with scheduler.cond:
+        scheduler._changed()
+    drive(scheduler, jobs, feed, clock)
+    assert scheduler._blocking is not None and [world.node_of("a"), world.node_of("b")] == [None, None]
+    return world, scheduler, jobs, core, clock, feed
+
+
+def test_a_starving_group_that_can_no_longer_ever_fit_stops_holding_pods_back() -> None:
+    world, scheduler, jobs, core, clock, feed = starving_group()
+    world.delete_node("n2")  # replaced by a smaller node: 2 x 4 GPUs can never fit 4 + 2
+    world.put_node(node_json("n3", 2))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert any("can never fit this cluster" in m for m in messages(core, "a"))
+    world.put_pod(pod_json("s3", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("s3") is not None, messages(core, "s3")
+
+
+def test_min_resources_beyond_the_nodes_can_never_fit_and_hold_nothing_back() -> None:
+    world, scheduler, jobs, core, clock, feed = world_of(
+        node_json("n1", 4), node_json("n2", 4), gang_starvation_seconds=100.0
+    )
+    world.put_group(PLUGINS_API, plugins_group("g", 1, minResources={"nvidia.com/gpu": "64"}))
+    world.put_pod(member("a", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    clock.advance(200)
+    with scheduler.cond:
+        scheduler._changed()
+    drive(scheduler, jobs, feed, clock)
+    assert any(
+        "can never fit this cluster: the cluster lacks its minResources (short by gpus 56) even" in m
+        for m in messages(core, "a")
+    )
+    world.put_pod(pod_json("s", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("s") is not None, messages(core, "s")
+
+
+def test_capacity_gap_counts_the_nodes_whatever_runs_on_them() -> None:
+    state = ClusterState(
+        [
+            NodeState(f"n{i}", 4000, 1024, [GpuState(j, f"n{i}-g{j}", "A100") for j in range(4)], max_pods=10)
+            for i in range(2)
+        ]
+    )
+    grant = (GpuGrant(0, "n0-g0", 1000), GpuGrant(1, "n0-g1", 1000))
+    state.assume(Allocation("n0", "m1", "ns/m1", cpu_milli=4000, memory_mib=512, gpus=grant))
+    assert capacity_gap(state, {"cpu": 8000, GPUS: 8, "pods": 20, "memory": 2048 * MIB}) == {}
+    assert capacity_gap(state, {"cpu": 8001, GPUS: 9, "pods": 21, "x.io/y": 1}) == {
+        "cpu": 1,
+        GPUS: 1,
+        "pods": 1,
+        "x.io/y": 1,
+    }

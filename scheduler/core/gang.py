@@ -319,6 +319,26 @@ def resource_gap(
     return {name: amount - free[name] for name, amount in sorted(wanted.items()) if amount > free[name]}
 
 
+def capacity_gap(cluster: ClusterState, wanted: Mapping[str, int]) -> dict[str, int]:
+    """What of ``wanted`` (``resource_gap``'s names and units) the nodes lack even with nothing
+    running on them (empty: none): a ``minResources`` the cluster can never give."""
+    gap: dict[str, int] = {}
+    for name, amount in sorted(wanted.items()):
+        if name == "cpu":
+            total = int(cluster.cpu_capacity.sum())
+        elif name == "pods":
+            if any(node.max_pods is None for node in cluster.nodes):
+                continue
+            total = sum(node.max_pods or 0 for node in cluster.nodes)
+        elif name == GPUS:
+            total = int(cluster.gpu_count.sum())
+        else:
+            total = sum(node.allocatable.get(name, 0) for node in cluster.nodes)
+        if amount > total:
+            gap[name] = amount - total
+    return gap
+
+
 @dataclass(frozen=True)
 class GroupVictims:
     """A group's plan once ``victims`` (pod uids) are evicted, and nothing more."""

@@ -51,6 +51,7 @@ from scheduler.core.gang import (
     GroupRequest,
     GroupUnschedulable,
     GroupVictims,
+    capacity_gap,
     group_preemption,
     never_fits,
     resource_gap,
@@ -758,6 +759,13 @@ class Scheduler:
         wanted = min_resources_wanted(spec, self.config.gpu_resource)
         gap = resource_gap(cluster, wanted, self.groups.members.get(ref, ())) if wanted else {}
         if gap:
+            never = capacity_gap(cluster, wanted)
+            if never:
+                lacking = ", ".join(f"{name} {amount}" for name, amount in never.items())
+                self._group_never_fits(ref, spec, pending, f"pod group {ref} can never fit this cluster: "
+                                       f"the cluster lacks its minResources (short by {lacking}) even "
+                                       "with nothing running; waiting for its nodes to change")
+                return
             lacking = ", ".join(f"{name} {amount}" for name, amount in gap.items())
             self._group_failed(ref, spec, pending, placed, f"pod group {ref}: the cluster lacks its "
                                f"minResources (short by {lacking})", len(requests), now)
@@ -937,6 +945,9 @@ class Scheduler:
             self.queue.park(uid, until_pod_changes=True)
             self._emit_failed(self.cache.pods[uid], message)
         self._never_fits.add(ref)
+        if self._blocking == ref:  # nothing it could wait for: the pods held back behind it go on
+            self._blocking = None
+            self._changed()
         if message != progress.message:
             progress.message = message
             self.groups.dirty.add(ref)
@@ -995,7 +1006,7 @@ class Scheduler:
             uids = sorted(self.groups.members.get(ref, ()))
             pods = [self.groups.pods[u] for u in uids if u in self.groups.pods]
             if pods and not any(_scheduler_name(p) == self.config.scheduler_name for p in pods):
-                continue  # another scheduler's group (scheduler-plugins, kube-scheduler): its status is theirs
+                continue  # another scheduler's group (scheduler-plugins, kube-scheduler): theirs to write
             progress = self.groups.progress.get(ref)
             patch: dict[str, Any] | None
             if ref.api == PLUGINS_API:
