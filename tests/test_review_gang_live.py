@@ -231,3 +231,27 @@ def test_capacity_gap_counts_the_nodes_whatever_runs_on_them() -> None:
         "pods": 1,
         "x.io/y": 1,
     }
+
+
+def test_a_starving_group_holds_back_other_groups_gpu_pods_too() -> None:
+    """A stream of small gangs (minMember 1, as an operator creates one PodGroup per job) took
+    the GPUs the starving group waited for, as single pods may not."""
+    world, scheduler, jobs, core, clock, feed = starving_group()
+    world.put_group(PLUGINS_API, plugins_group("h", 1))
+    world.delete_pod("uid-s1")
+    world.put_pod(member("h1", 1, group="h"))
+    world.put_pod(member("h2", 0, group="h"))  # decided with h1: held back with it
+    world.put_group(PLUGINS_API, plugins_group("c", 1))
+    world.put_pod(member("c1", 0, group="c"))  # a CPU-only gang: never held back
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert [world.node_of("h1"), world.node_of("h2")] == [None, None] and world.node_of("c1")
+    assert any("waiting behind pod group ns/g" in m for m in messages(core, "h1"))
+    world.delete_pod("uid-s2")
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert None not in [world.node_of("a"), world.node_of("b")]
+    world.delete_pod("uid-a")
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("h1") is not None and world.node_of("h2") is not None

@@ -714,6 +714,8 @@ class Scheduler:
             if not self._held_back(uid, pod):
                 self._decide(uid, pod, cluster)
             return
+        if ref != self._blocking and self._held_back(uid, pod, ref):
+            return  # another group's GPU pods wait behind the starving one as single pods do
         self._decide_group(ref, spec, uid, cluster)
 
     def _group_members(
@@ -968,21 +970,32 @@ class Scheduler:
                 del self._group_deadlines[ref]
                 self._wake_group(ref)
 
-    def _held_back(self, uid: str, pod: dict[str, Any]) -> bool:
+    def _waiting_members(self, ref: GroupRef) -> list[tuple[str, dict[str, Any]]]:
+        """The group's members waiting for this scheduler (uid, pod)."""
+        members = [(u, self.cache.pods.get(u)) for u in self.groups.members.get(ref, ())]
+        return [
+            (u, p)
+            for u, p in members
+            if p is not None and u not in self.cache.assumed and is_pending_for(p, self.config.scheduler_name)
+        ]
+
+    def _held_back(self, uid: str, pod: dict[str, Any], group: GroupRef | None = None) -> bool:
         """While a group waits past ``gangStarvationSeconds``, GPU pods of no higher priority
-        queued behind it are parked instead of taking the GPUs it waits for (docs/gang.md)."""
+        queued behind it are parked instead of taking the GPUs it waits for (docs/gang.md).
+        ``group``: the popped pod decides this other gang whole, so the gang's waiting members
+        are judged together (any asking for GPUs, at their highest priority)."""
         ref = self._blocking
         if ref is None:
             return False
-        members = [self.cache.pods.get(u) for u in self.groups.members.get(ref, ())]
-        waiting = [p for p in members if p is not None and is_pending_for(p, self.config.scheduler_name)]
+        waiting = [p for _, p in self._waiting_members(ref)]
         if not isinstance(self.groups.specs.get(ref), GroupSpec) or not waiting:
             self._blocking = None
             return False
-        request = self._request(uid, pod)
-        if not isinstance(request, PodRequest) or not (request.whole_gpus or request.total_gpu_milli):
+        behind = [(uid, pod)] if group is None else self._waiting_members(group)
+        requests = [self._request(u, p) for u, p in behind]
+        if not any(isinstance(r, PodRequest) and (r.whole_gpus or r.total_gpu_milli) for r in requests):
             return False
-        if _pod_priority(pod) > max(_pod_priority(p) for p in waiting):
+        if max(_pod_priority(p) for _, p in behind) > max(_pod_priority(p) for p in waiting):
             return False
         self.queue.park(uid)
         self._emit_failed(
