@@ -255,3 +255,32 @@ def test_a_starving_group_holds_back_other_groups_gpu_pods_too() -> None:
     feed.sync()
     drive(scheduler, jobs, feed, clock)
     assert world.node_of("h1") is not None and world.node_of("h2") is not None
+
+
+def test_a_members_room_is_kept_while_its_refused_binding_is_retried() -> None:
+    """a and b placed whole; a is bound, b's Binding refused (not stored): its room was released
+    and a small pod parked meanwhile took it before b's backoff ended, leaving the group half
+    placed for as long as the small pod ran."""
+    for outcome in ("400", "timeout"):  # refused; or unknown, then read back unbound
+        world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4), node_json("n2", 4))
+        world.put_pod(pod_json("x1", 4))
+        world.put_pod(pod_json("x2", 4))
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+        world.put_group(PLUGINS_API, plugins_group("g", 2))
+        world.put_pod(member("a", 4))
+        world.put_pod(member("b", 4))
+        world.put_pod(pod_json("s", 1))
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+        refused = {"ns/b"}
+        core.bind_outcome = lambda ns, name, body, o=outcome, r=refused: (
+            o if f"{ns}/{name}" in r and not r.clear() else "ok"
+        )
+        world.delete_pod("uid-x1")
+        world.delete_pod("uid-x2")
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+        assert None not in [world.node_of("a"), world.node_of("b")], outcome
+        assert world.node_of("s") is None and "uid-b" not in scheduler.nominated
+        assert not world.double_booked()

@@ -1324,11 +1324,21 @@ class Scheduler:
                 if self.cache.release(uid) is not None:
                     if retry and uid in self.cache.pods:
                         self.queue.requeue(uid, *_queue_key(pod))
+                        self._keep_member_room(uid, alloc.node)
                     self._changed()
             else:
                 delay = self.queue.backoff_seconds(self.queue.attempts(uid) + 1)
                 self.cache.bind_uncertain(uid, self.clock(), delay)
             self.cond.notify_all()
+
+    def _keep_member_room(self, uid: str, node: str) -> None:
+        """A gang member whose Binding was not stored while the rest of its group may be bound:
+        nominate it (in this replica) to the node it was placed on, so that pods of no higher
+        priority do not take its room before it is tried again, leaving the group short."""
+        ref = self.groups.of.get(uid)
+        spec = self.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
+        if isinstance(spec, GroupSpec) and spec.gang:
+            self.nominated[uid] = node
 
     def _start_reads(self) -> None:
         """Read back the pods whose Binding's outcome is still unknown (under the lock)."""
@@ -1355,11 +1365,14 @@ class Scheduler:
             self._read_failed(uid, error)
             return
         with self.cond:
+            assumed = self.cache.assumed.get(uid)
             outcome = self.cache.read_back(uid, pod)
             self.metrics.read_backs.labels(outcome).inc()
             log_event(log, "pod.read_back", pod=f"{namespace}/{name}", pod_uid=uid, outcome=outcome)
             if outcome == "unbound" and pod is not None:
                 self.queue.requeue(uid, *_queue_key(pod))
+                if assumed is not None:
+                    self._keep_member_room(uid, assumed.alloc.node)
                 self._changed()
             elif outcome == "gone":
                 self.queue.remove(uid)
