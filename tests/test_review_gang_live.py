@@ -17,9 +17,11 @@ from tests.test_sched_gang_live import (
     member,
     messages,
     plugins_group,
+    preempt_world,
     world_of,
     write_status,
 )
+from tests.test_sched_preempt_live import add, settle
 
 
 def test_a_recorded_start_time_without_an_offset_does_not_break_the_group() -> None:
@@ -284,3 +286,54 @@ def test_a_members_room_is_kept_while_its_refused_binding_is_retried() -> None:
         assert None not in [world.node_of("a"), world.node_of("b")], outcome
         assert world.node_of("s") is None and "uid-b" not in scheduler.nominated
         assert not world.double_booked()
+
+
+def test_a_group_preempts_again_once_its_victims_are_gone_and_it_still_does_not_fit() -> None:
+    """low2's eviction was refused (its budget, for now): the members stayed nominated, and a
+    nominated group never preempted again, waiting for good."""
+    scheduler, jobs, core, clock, world, feed = preempt_world()
+    core.refuse = {"low2"}
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    for name in ("a", "b"):
+        add(world, feed, member(name, 4, priority=500))
+    settle(scheduler, jobs, feed)
+    assert sorted(core.evictions) == ["low", "low2"] and len(scheduler.nominated) == 2
+    core.refuse = set()  # the budget allows it now
+    world.delete_pod("uid-low")  # the evicted victim is gone
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert sorted(core.evictions) == ["low", "low2", "low2"]  # once more, only once
+    world.delete_pod("uid-low2")
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert sorted([world.node_of("a"), world.node_of("b")]) == ["n1", "n2"]
+    assert not scheduler.nominated
+
+
+def test_a_groups_nominations_are_cleared_when_no_preemption_can_place_it_any_more() -> None:
+    scheduler, jobs, core, clock, world, feed = preempt_world()
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    for name in ("a", "b"):
+        add(world, feed, member(name, 4, priority=500))
+    settle(scheduler, jobs, feed)
+    assert sorted(core.evictions) == ["low", "low2"]
+    nominated = dict(scheduler.nominated)
+    # the victims go, and a pod of higher priority than the group takes one of the freed nodes
+    world.delete_pod("uid-low")
+    world.delete_pod("uid-low2")
+    world.put_pod(pod_json("big", 4, priority=1000))
+    feed.sync()
+    big = scheduler.queue.pop()
+    assert big == "uid-big"
+    scheduler._decide(big, scheduler.cache.pods[big], scheduler._view())
+    jobs.run_all()
+    feed.sync()
+    assert world.node_of("big") in nominated.values()
+    drive(scheduler, jobs, feed, clock)
+    assert [world.node_of("a"), world.node_of("b")] == [None, None]
+    assert sorted(core.evictions) == ["low", "low2"] and not scheduler.nominated
+    assert not any(world.find("ns", n)["status"].get("nominatedNodeName") for n in ("a", "b"))
+    # the room is no longer kept from pods of lower priority
+    add(world, feed, pod_json("small", 4, priority=10))
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("small") is not None

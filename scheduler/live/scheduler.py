@@ -806,10 +806,35 @@ class Scheduler:
     ) -> GroupVictims | None:
         """If evicting lower-priority pods lets the group's minimum fit whole, evict just those
         (through the Eviction API) and nominate each planned member's node; never for a group
-        that would still not fit. Not again while an earlier preemption's victims terminate."""
+        that would still not fit. Not again while an earlier preemption's victims terminate on a
+        node its members are nominated to (kube-scheduler's rule for a pod); otherwise its
+        members' nominations that no plan backs any more are cleared, as kube-scheduler clears a
+        preemptor's that finds nothing: they would keep their room from lower-priority pods for
+        good, and an eviction that was refused would never be tried again."""
         waiting = [m for m in group.members if m.uid in set(pending)]
-        if any(m.uid in self.nominated for m in waiting):
+        priority = min(_priority(m) for m in waiting)
+        on_nominated = []
+        for node in {self.nominated[m.uid] for m in waiting if m.uid in self.nominated}:
+            if node in cluster.index:
+                allocations = cluster.nodes[cluster.index[node]].allocations
+                on_nominated += [running_pod(a, self.cache.pods.get(u)) for u, a in allocations.items()]
+        if not eligible(PREEMPT_LOWER, on_nominated, priority)[0]:
             return None  # room is being freed for it already
+        chosen = self._group_victims(ref, group, pending, cluster)
+        planned = set() if chosen is None else {p.allocation.pod_uid for p in chosen.plan.placements}
+        for member in waiting:
+            if member.uid in self.nominated and member.uid not in planned:
+                del self.nominated[member.uid]
+                pod = self.cache.pods[member.uid]
+                if _nominated_node(pod):
+                    self._submit(self._nominate, pod, None)
+        return chosen
+
+    def _group_victims(
+        self, ref: GroupRef, group: GroupRequest, pending: list[str], cluster: ClusterState
+    ) -> GroupVictims | None:
+        """The preemption itself (``_preempt_for_group``): choose, evict and nominate."""
+        waiting = [m for m in group.members if m.uid in set(pending)]
         if any(m.placement is not None and m.placement.rules.preemption_policy == PREEMPT_NEVER
                for m in waiting):
             return None
