@@ -337,3 +337,26 @@ def test_a_groups_nominations_are_cleared_when_no_preemption_can_place_it_any_mo
     add(world, feed, pod_json("small", 4, priority=10))
     drive(scheduler, jobs, feed, clock)
     assert world.node_of("small") is not None
+
+
+def test_a_group_that_ran_before_a_restart_starts_a_new_clock_when_it_tries_again() -> None:
+    """scheduleStartTime is kept in the status for good; a restarted scheduler took it as the
+    start of the current attempt, so a group that ran a year ago and lost a member timed out at
+    its first try and at once held back every GPU pod as the starving group."""
+    world, scheduler, jobs, core, clock, feed = world_of(
+        node_json("n1", 4), node_json("n2", 4), gang_starvation_seconds=300.0
+    )
+    group = plugins_group("g", 2)
+    group["status"] = {"phase": "Running", "running": 2, "scheduleStartTime": "2025-01-01T00:00:00Z"}
+    world.put_group(PLUGINS_API, group)
+    world.put_pod(member("a", 4, node="n1"))
+    world.put_pod(pod_json("other", 1))  # holds a GPU on n2 for now
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    world.put_pod(member("b", 4))  # the replacement of a worker that failed
+    feed.sync()
+    while scheduler.schedule_next(0):
+        pass
+    jobs.run_all()
+    reasons = [e["reason"] for e in core.events if e["involvedObject"]["kind"] == "PodGroup"]
+    assert reasons == ["Unschedulable"] and scheduler._blocking is None

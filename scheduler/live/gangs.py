@@ -20,6 +20,9 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
+NOT_PLACED_YET = (None, "", "Pending", "Scheduling")  # phases whose scheduleStartTime is the current try
+
+
 def rfc3339(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -122,12 +125,16 @@ class GroupBook:
 
     def trying(self, ref: GroupRef, now: float, wall: dt.datetime) -> GroupProgress:
         """The group's progress, starting its clock at its first attempt (an earlier start
-        recorded in the PodGroup's status, by this or another replica, is kept)."""
+        recorded in the PodGroup's status, by this or another replica, is kept while the status
+        says the group was not placed since: a group that ran, tried again for a member that
+        came back, starts a new clock)."""
         progress = self.progress.get(ref)
         if progress is None:
             start = rfc3339(wall)
             spec = self.specs.get(ref)
             recorded = spec.status.get("scheduleStartTime") if isinstance(spec, GroupSpec) else None
+            if isinstance(spec, GroupSpec) and spec.status.get("phase") not in NOT_PLACED_YET:
+                recorded = None
             first = now
             if isinstance(recorded, str) and recorded:
                 try:
