@@ -360,3 +360,19 @@ def test_a_group_that_ran_before_a_restart_starts_a_new_clock_when_it_tries_agai
     jobs.run_all()
     reasons = [e["reason"] for e in core.events if e["involvedObject"]["kind"] == "PodGroup"]
     assert reasons == ["Unschedulable"] and scheduler._blocking is None
+
+
+def test_a_group_that_can_never_fit_still_reports_its_timeout_once() -> None:
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+    world.put_group(PLUGINS_API, plugins_group("g", 2, scheduleTimeoutSeconds=30))
+    world.put_pod(member("a", 8))
+    world.put_pod(member("b", 8))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)  # runs the clock past 30 s
+    world.put_pod(pod_json("other", 1))  # pods come and go: not tried again for them
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    group_events = [e for e in core.events if e["involvedObject"]["kind"] == "PodGroup"]
+    timeouts = [e for e in group_events if e["reason"] == "Timeout"]
+    assert len(timeouts) == 1 and "can never fit this cluster" in timeouts[0]["message"]
+    assert any("timed out after" in m for m in messages(core, "a"))

@@ -941,14 +941,7 @@ class Scheduler:
         for uid in pending:
             self.queue.park(uid)
         waited = now - progress.first_try
-        timeout = spec.timeout_seconds or self.config.gang_timeout_seconds
-        if waited < timeout:
-            self._group_deadlines[ref] = progress.first_try + timeout  # to report it then
-        elif not progress.timed_out:
-            progress.timed_out = True
-            message = f"pod group {ref} timed out after {waited:.0f}s, retrying with backoff: {message}"
-            log_event(log, "group.timed_out", logging.WARNING, group=str(ref), api=ref.api, reason=message)
-            self._submit(self._post_group_event, ref, spec.uid, "Timeout", message, "Warning")
+        message = self._timeout_message(ref, spec, message, now)
         if message != progress.message:
             progress.message = message
             self.groups.dirty.add(ref)
@@ -963,11 +956,28 @@ class Scheduler:
             self._blocking = ref
             log_event(log, "group.holding_back", group=str(ref), api=ref.api, waited_seconds=round(waited))
 
+    def _timeout_message(self, ref: GroupRef, spec: GroupSpec, message: str, now: float) -> str:
+        """Before its timeout: wake the group then, to report it. Past it, the first time: report
+        the timeout (Event on the PodGroup, log line) and return the message that says it."""
+        progress = self.groups.progress[ref]
+        waited = now - progress.first_try
+        timeout = spec.timeout_seconds or self.config.gang_timeout_seconds
+        if waited < timeout:
+            self._group_deadlines[ref] = progress.first_try + timeout  # to report it then
+        elif not progress.timed_out:
+            progress.timed_out = True
+            message = f"pod group {ref} timed out after {waited:.0f}s, retrying with backoff: {message}"
+            log_event(log, "group.timed_out", logging.WARNING, group=str(ref), api=ref.api, reason=message)
+            self._submit(self._post_group_event, ref, spec.uid, "Timeout", message, "Warning")
+        return message
+
     def _group_never_fits(self, ref: GroupRef, spec: GroupSpec, pending: list[str], message: str) -> None:
         """The group cannot fit the cluster's nodes even empty: its members wait, parked until a
-        node changes (or they or the PodGroup do), instead of retrying at every pod's change."""
+        node changes (or they or the PodGroup do), instead of retrying at every pod's change. Its
+        timeout is reported as any other group's."""
         self.metrics.attempts.labels("unschedulable").inc()
         progress = self.groups.progress[ref]
+        message = self._timeout_message(ref, spec, message, self.clock())
         for uid in pending:
             self.queue.park(uid, until_pod_changes=True)
             self._emit_failed(self.cache.pods[uid], message)
