@@ -376,3 +376,58 @@ def test_a_group_that_can_never_fit_still_reports_its_timeout_once() -> None:
     timeouts = [e for e in group_events if e["reason"] == "Timeout"]
     assert len(timeouts) == 1 and "can never fit this cluster" in timeouts[0]["message"]
     assert any("timed out after" in m for m in messages(core, "a"))
+
+
+class CountingQueue:
+    """The scheduler's queue, counting the calls made on it."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.calls = 0
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self.inner, name)
+        if not callable(attr):
+            return attr
+
+        def counted(*args: Any, **kwargs: Any) -> Any:
+            self.calls += 1
+            return attr(*args, **kwargs)
+
+        return counted
+
+    def __contains__(self, uid: str) -> bool:
+        self.calls += 1
+        return uid in self.inner
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+def test_a_large_group_arriving_member_by_member_costs_linear_work_and_events() -> None:
+    """Each new member woke every other (O(members) per member), each decision of the growing
+    group told every waiting member a new count (N^2/2 Events and status patches) and parked
+    them all again (their backoff doubling at every arrival)."""
+    size = 60
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 0, cpu="100"))
+    world.put_group(PLUGINS_API, plugins_group("g", size))
+    feed.sync()
+    counting = CountingQueue(scheduler.queue)
+    scheduler.queue = counting
+    for index in range(size - 1):
+        world.put_pod(member(f"m{index}", 0))
+        feed.sync()
+        clock.advance(0.5)
+        while scheduler.schedule_next(0):
+            pass
+        jobs.run_all()
+    failed = [e for e in core.events if e["reason"] == "FailedScheduling"]
+    assert len(failed) <= 3 * size, len(failed)
+    group_events = [e for e in core.events if e["involvedObject"]["kind"] == "PodGroup"]
+    assert len(group_events) <= 4, [e["message"] for e in group_events]
+    assert counting.inner.attempts("uid-m0") <= 4
+    assert counting.calls <= 30 * size, counting.calls
+    world.put_pod(member(f"m{size - 1}", 0))  # the last one: the group goes whole at once
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert all(world.node_of(f"m{i}") == "n1" for i in range(size))

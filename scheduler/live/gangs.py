@@ -36,6 +36,8 @@ class GroupProgress:
     timed_out: bool = False  # reported as timed out since ``first_try``
     message: str = ""  # why its last attempt failed ("" once placed)
     placed: bool = False  # its minimum was bound (or assumed) at least once
+    told_at: float = float("-inf")  # when every waiting member was last told why (monotonic)
+    told: str = ""  # the reason last posted on the PodGroup
 
 
 class GroupBook:

@@ -395,9 +395,9 @@ class Scheduler:
             elif uid:
                 # the cache's view when it keeps one (it may know better); finished, gated or
                 # another scheduler's pods as they are: their group's status counts them too
-                ref = self.groups.set_pod(uid, current if current is not None else pod)
-                if isinstance(ref, GroupRef) and change == PodChange.PENDING and old is None:
-                    self._wake_group(ref)  # a new member may complete its group's minimum
+                # a new member, queued below, decides its whole group when popped: waking the
+                # others too cost O(members) per member added
+                self.groups.set_pod(uid, current if current is not None else pod)
             if change == PodChange.GONE:
                 self.queue.remove(uid)
                 self._pod_rules_waiting.discard(uid)
@@ -755,6 +755,18 @@ class Scheduler:
         progress = self.groups.trying(ref, now, dt.datetime.now(dt.UTC))
         if progress.placed:  # placed before, short of its minimum again (a Binding not stored)
             progress.placed, progress.first_try, progress.timed_out = False, now, False
+        known = len(self.groups.members.get(ref, ()))
+        if (
+            known < spec.min_member
+            and now - progress.told_at < EVENT_REPEAT_SECONDS
+            and isinstance(self._request(popped, self.cache.pods[popped]), PodRequest)
+        ):
+            # fewer pods than its minimum exist: the popped member waits, in O(1); the whole group
+            # is looked at (and told) at most every EVENT_REPEAT_SECONDS while its members arrive
+            message = f"pod group {ref} has {known} of its {spec.min_member} minimum members; waiting "
+            message += "for the others"
+            self._group_failed(ref, spec, [popped], 0, message, known, now, popped)
+            return
         requests, pending, placed = self._group_members(ref, cluster)
         if not pending:
             return
@@ -770,7 +782,7 @@ class Scheduler:
                 return
             lacking = ", ".join(f"{name} {amount}" for name, amount in gap.items())
             self._group_failed(ref, spec, pending, placed, f"pod group {ref}: the cluster lacks its "
-                               f"minResources (short by {lacking})", len(requests), now)
+                               f"minResources (short by {lacking})", len(requests), now, popped)
             return
         by_uid = {r.uid: r for r in requests}
         lead = by_uid.get(popped) or by_uid[pending[0]]
@@ -797,7 +809,7 @@ class Scheduler:
             if preempted is not None:
                 nodes = sorted({p.node for p in preempted.plan.placements})
                 message += f" Preempting {len(preempted.victims)} pod(s) on node(s) {', '.join(nodes)}."
-            self._group_failed(ref, spec, pending, placed, message, len(requests), now)
+            self._group_failed(ref, spec, pending, placed, message, len(requests), now, popped)
             return
         self._place_group(ref, result, by_uid, pending)
 
@@ -930,10 +942,14 @@ class Scheduler:
         message: str,
         members: int,
         now: float,
+        popped: str = "",
     ) -> None:
         """The group's minimum does not fit now: park its waiting members, tell them (and the
         PodGroup) why; past its timeout, report that once; past the starvation bound, hold back
-        the pods queued behind it."""
+        the pods queued behind it. Every member (and the PodGroup) is told at most every
+        EVENT_REPEAT_SECONDS, in between only the ``popped`` one, and the group is tried again
+        then to tell the rest: a group of N members that arrive one by one, each deciding the
+        group with a new count, posted N^2/2 Events."""
         self.metrics.attempts.labels("unschedulable").inc()
         progress = self.groups.progress[ref]
         if 0 < placed < spec.min_member:
@@ -941,12 +957,22 @@ class Scheduler:
         for uid in pending:
             self.queue.park(uid)
         waited = now - progress.first_try
+        timed_out = progress.timed_out
         message = self._timeout_message(ref, spec, message, now)
         if message != progress.message:
             progress.message = message
             self.groups.dirty.add(ref)
-            self._submit(self._post_group_event, ref, spec.uid, "Unschedulable", message, "Warning")
-        for uid in pending:
+        told = pending
+        if now - progress.told_at < EVENT_REPEAT_SECONDS and progress.timed_out == timed_out:
+            told = [popped] if popped in pending else []
+            again = progress.told_at + EVENT_REPEAT_SECONDS
+            self._group_deadlines[ref] = min(self._group_deadlines.get(ref, again), again)
+        else:
+            progress.told_at = now
+            if message != progress.told:
+                progress.told = message
+                self._submit(self._post_group_event, ref, spec.uid, "Unschedulable", message, "Warning")
+        for uid in told:
             self._emit_failed(self.cache.pods[uid], message)
         if (
             waited >= self.config.gang_starvation_seconds
