@@ -5,7 +5,10 @@ fix it came with."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
+
+from kubernetes.client.rest import ApiException
 
 from scheduler.core.gang import GPUS, capacity_gap
 from scheduler.core.state import MIB, Allocation, ClusterState, GpuGrant, GpuState, NodeState
@@ -431,3 +434,36 @@ def test_a_large_group_arriving_member_by_member_costs_linear_work_and_events() 
     feed.sync()
     drive(scheduler, jobs, feed, clock)
     assert all(world.node_of(f"m{i}") == "n1" for i in range(size))
+
+
+def test_podgroups_the_scheduler_may_not_list_neither_stall_its_start_nor_read_as_missing() -> None:
+    """RBAC without the podgroups rule (an older ClusterRole): the optional reflector never
+    synced, so the scheduler waited its 120 s sync timeout at every start, and the members said
+    'waiting for pod group to exist' about a group that exists."""
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4))
+    world.put_group(PLUGINS_API, plugins_group("g", 1))
+
+    def forbidden(*args: Any, **kwargs: Any) -> Any:
+        raise ApiException(status=403, reason="Forbidden")
+
+    scheduler.custom_api.list_cluster_custom_object = forbidden
+    reflector = scheduler.group_reflectors[0]
+    assert reflector.name == f"podgroups.{PLUGINS_API}"
+    stop = threading.Event()
+    thread = threading.Thread(target=reflector.run, args=(stop,), daemon=True)
+    thread.start()
+    try:
+        assert reflector.synced.wait(5), "a forbidden optional resource never synced"
+    finally:
+        stop.set()
+        thread.join(5)
+    assert reflector.forbidden
+    feed.skip(PLUGINS_API)  # what the forbidden watch never delivers
+    world.put_pod(member("a", 1))
+    feed.sync("pods")
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("a") is None
+    assert any(
+        f"cannot see pod group ns/g: the scheduler is forbidden to list podgroups.{PLUGINS_API}" in m
+        for m in messages(core, "a")
+    )

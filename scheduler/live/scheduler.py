@@ -705,7 +705,13 @@ class Scheduler:
         if not isinstance(spec, GroupSpec):
             self.metrics.attempts.labels("unschedulable").inc()
             self.queue.park(uid)  # woken when the PodGroup appears or changes
-            if spec is None:
+            if spec is None and any(r.forbidden for r in self.group_reflectors if r.name == ref.kind):
+                self._emit_failed(
+                    pod,
+                    f"cannot see pod group {ref}: the scheduler is forbidden to list {ref.kind} "
+                    "(403; its RBAC lacks the rule, docs/gang.md)",
+                )
+            elif spec is None:
                 self._emit_failed(pod, f"waiting for pod group {ref} ({ref.kind}) to exist")
             else:
                 self._emit_failed(pod, f"pod group {ref} ({ref.kind}) is invalid: {spec}")
