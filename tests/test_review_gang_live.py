@@ -467,3 +467,15 @@ def test_podgroups_the_scheduler_may_not_list_neither_stall_its_start_nor_read_a
         f"cannot see pod group ns/g: the scheduler is forbidden to list podgroups.{PLUGINS_API}" in m
         for m in messages(core, "a")
     )
+
+
+def test_a_starving_group_that_lost_a_member_stops_holding_pods_back() -> None:
+    world, scheduler, jobs, core, clock, feed = starving_group()
+    world.delete_pod("uid-b")  # not recreated (a hand-made group, a job being torn down)
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert any("has 1 of its 2 minimum members" in m for m in messages(core, "a"))
+    world.put_pod(pod_json("s3", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("s3") is not None, messages(core, "s3")

@@ -980,6 +980,9 @@ class Scheduler:
                 self._submit(self._post_group_event, ref, spec.uid, "Unschedulable", message, "Warning")
         for uid in told:
             self._emit_failed(self.cache.pods[uid], message)
+        if members < spec.min_member and self._blocking == ref:
+            self._blocking = None  # short of members: not the cluster's GPUs it waits for now
+            self._changed()
         if (
             waited >= self.config.gang_starvation_seconds
             and members >= spec.min_member
