@@ -479,3 +479,57 @@ def test_a_starving_group_that_lost_a_member_stops_holding_pods_back() -> None:
     feed.sync()
     drive(scheduler, jobs, feed, clock)
     assert world.node_of("s3") is not None, messages(core, "s3")
+
+
+def test_a_group_that_could_not_fit_even_alone_never_holds_pods_back() -> None:
+    """Its GPU counts fit the nodes, but its node selector matches none (a typo): it became the
+    starving group after gangStarvationSeconds and held back every GPU pod for good."""
+    world, scheduler, jobs, core, clock, feed = world_of(
+        node_json("n1", 4), node_json("n2", 4), gang_starvation_seconds=100.0
+    )
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    for name in ("a", "b"):
+        pod = member(name, 4)
+        pod["spec"]["nodeSelector"] = {"gpu.example.com/model": "h100"}
+        world.put_pod(pod)
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    clock.advance(200)
+    with scheduler.cond:
+        scheduler._changed()
+    drive(scheduler, jobs, feed, clock)
+    assert scheduler._blocking is None
+    world.put_pod(pod_json("s", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("s") is not None, messages(core, "s")
+
+
+def test_a_starving_group_whose_nodes_lost_their_label_stops_holding_pods_back() -> None:
+    world, scheduler, jobs, core, clock, feed = world_of(
+        node_json("n1", 4, labels={"pool": "train"}),
+        node_json("n2", 4, labels={"pool": "train"}),
+        gang_starvation_seconds=100.0,
+    )
+    world.put_pod(pod_json("s1", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    for name in ("a", "b"):
+        pod = member(name, 4)
+        pod["spec"]["nodeSelector"] = {"pool": "train"}
+        world.put_pod(pod)
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    clock.advance(200)
+    with scheduler.cond:
+        scheduler._changed()
+    drive(scheduler, jobs, feed, clock)
+    assert scheduler._blocking is not None  # it could fit if s1 went: it holds pods back
+    world.put_node(node_json("n2", 4, labels={"pool": "serve"}))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    world.put_pod(pod_json("s2", 1))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("s2") is not None, messages(core, "s2")

@@ -396,6 +396,30 @@ def group_preemption(
             cluster.book(alloc, held)
 
 
+def fits_alone(
+    group: GroupRequest,
+    cluster: ClusterState,
+    policy: Policy,
+    rng: random.Random,
+    *,
+    filters: Sequence[FilterPlugin] = DEFAULT_FILTERS,
+) -> bool:
+    """Whether the group's minimum would fit if no pod but its own members ran: what the
+    starvation guard may hold other pods back for (a group whose node selector, taints or
+    resources no node can meet must not). The cluster is left as it was."""
+    own = {m.uid for m in group.members}
+    facts = cluster.placement.index.facts if cluster.placement is not None else {}
+    removed: list[tuple[Allocation, PodFacts | None]] = []
+    try:
+        for uid in [u for u in cluster.where if u not in own]:
+            held = facts.get(uid)
+            removed.append((cluster.forget(uid), held))
+        return isinstance(schedule_group(group, cluster, policy, rng, filters=filters), GroupPlacement)
+    finally:
+        for alloc, held in removed:
+            cluster.book(alloc, held)
+
+
 def never_fits(group: GroupRequest, cluster: ClusterState) -> str:
     """Why the group's minimum could not fit the cluster's GPUs even if nothing else ran ("" when
     it might): fewer than ``min_member`` members ask for no more GPUs than the largest node has,

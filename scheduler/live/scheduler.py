@@ -52,6 +52,7 @@ from scheduler.core.gang import (
     GroupUnschedulable,
     GroupVictims,
     capacity_gap,
+    fits_alone,
     group_preemption,
     never_fits,
     resource_gap,
@@ -815,7 +816,15 @@ class Scheduler:
             if preempted is not None:
                 nodes = sorted({p.node for p in preempted.plan.placements})
                 message += f" Preempting {len(preempted.victims)} pod(s) on node(s) {', '.join(nodes)}."
-            self._group_failed(ref, spec, pending, placed, message, len(requests), now, popped)
+            could_fit = True  # the starvation guard holds pods back only for a group that could fit
+            waited = now - self.groups.progress[ref].first_try
+            if (
+                self._blocking in (None, ref)
+                and waited >= self.config.gang_starvation_seconds
+                and len(requests) >= spec.min_member
+            ):
+                could_fit = fits_alone(group, cluster, self.policy, self.rng)
+            self._group_failed(ref, spec, pending, placed, message, len(requests), now, popped, could_fit)
             return
         self._place_group(ref, result, by_uid, pending)
 
@@ -949,6 +958,7 @@ class Scheduler:
         members: int,
         now: float,
         popped: str = "",
+        could_fit: bool = True,
     ) -> None:
         """The group's minimum does not fit now: park its waiting members, tell them (and the
         PodGroup) why; past its timeout, report that once; past the starvation bound, hold back
@@ -980,12 +990,13 @@ class Scheduler:
                 self._submit(self._post_group_event, ref, spec.uid, "Unschedulable", message, "Warning")
         for uid in told:
             self._emit_failed(self.cache.pods[uid], message)
-        if members < spec.min_member and self._blocking == ref:
-            self._blocking = None  # short of members: not the cluster's GPUs it waits for now
+        if (members < spec.min_member or not could_fit) and self._blocking == ref:
+            self._blocking = None  # short of members, or would not fit even alone: not GPUs it waits for
             self._changed()
         if (
             waited >= self.config.gang_starvation_seconds
             and members >= spec.min_member
+            and could_fit
             and self._blocking is None
         ):
             self._blocking = ref
