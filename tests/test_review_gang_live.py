@@ -533,3 +533,30 @@ def test_a_starving_group_whose_nodes_lost_their_label_stops_holding_pods_back()
     feed.sync()
     drive(scheduler, jobs, feed, clock)
     assert world.node_of("s2") is not None, messages(core, "s2")
+
+
+def test_fits_alone_is_worked_out_once_per_nodes_and_members(monkeypatch: Any) -> None:
+    """It plans the group on the cluster emptied of every pod: not at every retry."""
+    import scheduler.live.scheduler as live
+
+    calls: list[str] = []
+    real = live.fits_alone
+
+    def counted(group: Any, *args: Any, **kwargs: Any) -> bool:
+        calls.append(group.name)
+        return real(group, *args, **kwargs)
+
+    monkeypatch.setattr(live, "fits_alone", counted)
+    world, scheduler, jobs, core, clock, feed = starving_group()
+    for index in range(5):  # pods come and go: the group is retried each time
+        world.put_pod(pod_json(f"cpu{index}", 0))
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+        world.delete_pod(f"uid-cpu{index}")
+        feed.sync()
+        drive(scheduler, jobs, feed, clock)
+    assert calls == ["ns/g"] and scheduler.metrics.attempts.labels("unschedulable")._value.get() >= 8
+    world.put_node(node_json("n3", 2))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert calls == ["ns/g", "ns/g"]

@@ -205,6 +205,8 @@ class Scheduler:
         self._blocking: GroupRef | None = None  # a group pods queued behind it must not starve
         self._group_deadlines: dict[GroupRef, float] = {}  # a waiting group is tried again then
         self._never_fits: set[GroupRef] = set()  # groups waiting for the nodes to change
+        self._node_epoch = 0  # counts node changes (what fits_alone verdicts depend on)
+        self._alone: dict[GroupRef, tuple[tuple, bool]] = {}  # group -> (what it depended on, fits_alone)
         self.budgets: dict[str, Budget] = {}  # namespace/name -> PodDisruptionBudget
         self.nominated: dict[str, str] = {}  # pending pod uid -> node its preemption freed room on
         self._pod_rules_waiting: set[str] = set()  # parked pods whose rules look at other pods
@@ -423,6 +425,7 @@ class Scheduler:
             if event_type == "DELETED":
                 ref = self.groups.delete_group(api, obj)
                 self._group_deadlines.pop(ref, None)
+                self._alone.pop(ref, None)
                 if self._blocking == ref:
                     self._blocking = None
                 self._changed()  # what its members were held back by may go now
@@ -823,7 +826,12 @@ class Scheduler:
                 and waited >= self.config.gang_starvation_seconds
                 and len(requests) >= spec.min_member
             ):
-                could_fit = fits_alone(group, cluster, self.policy, self.rng)
+                # it depends on the nodes and the members only: worked out once per both
+                key = (self._node_epoch, spec.min_member, group.domain_key, tuple(sorted(by_uid)))
+                cached = self._alone.get(ref)
+                if cached is None or cached[0] != key:
+                    cached = self._alone[ref] = (key, fits_alone(group, cluster, self.policy, self.rng))
+                could_fit = cached[1]
             self._group_failed(ref, spec, pending, placed, message, len(requests), now, popped, could_fit)
             return
         self._place_group(ref, result, by_uid, pending)
@@ -1039,6 +1047,7 @@ class Scheduler:
     def _nodes_changed_for_groups(self) -> None:
         """Nodes changed: groups that could never fit the old ones are tried again."""
         refs, self._never_fits = self._never_fits, set()
+        self._node_epoch += 1
         for ref in refs:
             self._wake_group(ref)
 
