@@ -560,3 +560,20 @@ def test_fits_alone_is_worked_out_once_per_nodes_and_members(monkeypatch: Any) -
     feed.sync()
     drive(scheduler, jobs, feed, clock)
     assert calls == ["ns/g", "ns/g"]
+
+
+def test_a_member_bound_by_another_scheduler_completes_the_waiting_group() -> None:
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 4), node_json("n2", 4))
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
+    world.put_pod(member("a", 4))
+    world.put_pod(member("b", 0, scheduler="default-scheduler"))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)  # past its timeout: nothing wakes it on a timer any more
+    assert world.node_of("a") is None
+    assert any("has 1 of its 2 minimum members" in m for m in messages(core, "a"))
+    pod = world.find("ns", "b")
+    assert pod is not None
+    world.put_pod(dict(pod, spec=dict(pod["spec"], nodeName="n2")))  # default-scheduler binds it
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert world.node_of("a") == "n2"  # beside the member already placed

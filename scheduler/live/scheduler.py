@@ -390,6 +390,7 @@ class Scheduler:
         with self.cond:
             old = self.cache.pods.get(uid)
             before = _relevant(old)
+            ours = uid in self.cache.assumed
             change = self.cache.apply_pod(event_type, pod)
             current = self.cache.pods.get(uid)
             self._note_nomination(uid, current, old)
@@ -397,8 +398,8 @@ class Scheduler:
                 self.groups.drop_pod(uid)
             elif uid:
                 # the cache's view when it keeps one (it may know better); finished, gated or
-                # another scheduler's pods as they are: their group's status counts them too
-                # a new member, queued below, decides its whole group when popped: waking the
+                # another scheduler's pods as they are: their group's status counts them too. A
+                # new member, queued below, decides its whole group when popped: waking the
                 # others too cost O(members) per member added
                 self.groups.set_pod(uid, current if current is not None else pod)
             if change == PodChange.GONE:
@@ -408,6 +409,9 @@ class Scheduler:
             elif change == PodChange.BOUND:
                 self.queue.remove(uid)
                 self._pod_rules_waiting.discard(uid)
+                ref = self.groups.of.get(uid)
+                if not ours and isinstance(ref, GroupRef):
+                    self._wake_group(ref)  # bound by another scheduler: it counts towards the minimum
                 if self._pod_rules_waiting:  # a placed pod's labels may satisfy a waiting pod's rules
                     self._changed()
             elif change == PodChange.PENDING and uid not in self.cache.assumed:
