@@ -319,6 +319,26 @@ def resource_gap(
     return {name: amount - free[name] for name, amount in sorted(wanted.items()) if amount > free[name]}
 
 
+def capacity_gap(cluster: ClusterState, wanted: Mapping[str, int]) -> dict[str, int]:
+    """What of ``wanted`` (``resource_gap``'s names and units) the nodes lack even with nothing
+    running on them (empty: none): a ``minResources`` the cluster can never give."""
+    gap: dict[str, int] = {}
+    for name, amount in sorted(wanted.items()):
+        if name == "cpu":
+            total = int(cluster.cpu_capacity.sum())
+        elif name == "pods":
+            if any(node.max_pods is None for node in cluster.nodes):
+                continue
+            total = sum(node.max_pods or 0 for node in cluster.nodes)
+        elif name == GPUS:
+            total = int(cluster.gpu_count.sum())
+        else:
+            total = sum(node.allocatable.get(name, 0) for node in cluster.nodes)
+        if amount > total:
+            gap[name] = amount - total
+    return gap
+
+
 @dataclass(frozen=True)
 class GroupVictims:
     """A group's plan once ``victims`` (pod uids) are evicted, and nothing more."""
@@ -371,6 +391,30 @@ def group_preemption(
             for uid in booked:
                 cluster.forget(uid)
         return GroupVictims(plan, tuple(victims)) if victims else None
+    finally:
+        for alloc, held in removed:
+            cluster.book(alloc, held)
+
+
+def fits_alone(
+    group: GroupRequest,
+    cluster: ClusterState,
+    policy: Policy,
+    rng: random.Random,
+    *,
+    filters: Sequence[FilterPlugin] = DEFAULT_FILTERS,
+) -> bool:
+    """Whether the group's minimum would fit if no pod but its own members ran: what the
+    starvation guard may hold other pods back for (a group whose node selector, taints or
+    resources no node can meet must not). The cluster is left as it was."""
+    own = {m.uid for m in group.members}
+    facts = cluster.placement.index.facts if cluster.placement is not None else {}
+    removed: list[tuple[Allocation, PodFacts | None]] = []
+    try:
+        for uid in [u for u in cluster.where if u not in own]:
+            held = facts.get(uid)
+            removed.append((cluster.forget(uid), held))
+        return isinstance(schedule_group(group, cluster, policy, rng, filters=filters), GroupPlacement)
     finally:
         for alloc, held in removed:
             cluster.book(alloc, held)

@@ -20,6 +20,9 @@ def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     return meta if isinstance(meta, Mapping) else {}
 
 
+NOT_PLACED_YET = (None, "", "Pending", "Scheduling")  # phases whose scheduleStartTime is the current try
+
+
 def rfc3339(when: dt.datetime) -> str:
     return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
@@ -33,6 +36,8 @@ class GroupProgress:
     timed_out: bool = False  # reported as timed out since ``first_try``
     message: str = ""  # why its last attempt failed ("" once placed)
     placed: bool = False  # its minimum was bound (or assumed) at least once
+    told_at: float = float("-inf")  # when every waiting member was last told why (monotonic)
+    told: str = ""  # the reason last posted on the PodGroup
 
 
 class GroupBook:
@@ -42,13 +47,16 @@ class GroupBook:
         self.specs: dict[GroupRef, GroupSpec | GroupError] = {}
         self.members: dict[GroupRef, set[str]] = {}
         self.of: dict[str, GroupRef | GroupError] = {}
+        self.pods: dict[str, Mapping[str, Any]] = {}  # members as last seen, whatever their state
         self.progress: dict[GroupRef, GroupProgress] = {}
         self.dirty: set[GroupRef] = set()  # groups whose status may need writing
 
     # --- pods ---------------------------------------------------------------------------------
 
     def set_pod(self, uid: str, pod: Mapping[str, Any]) -> GroupRef | GroupError | None:
-        """Record which group the pod joins now (GroupError: it names one wrongly)."""
+        """Record which group the pod joins now (GroupError: it names one wrongly). Every pod
+        that exists counts, whoever schedules it and whatever its phase: a group's status counts
+        its finished, gated and other schedulers' pods too."""
         try:
             ref: GroupRef | GroupError | None = group_ref(pod)
         except GroupError as error:
@@ -58,14 +66,19 @@ class GroupBook:
             self._leave(old, uid)
         if ref is None:
             self.of.pop(uid, None)
+            self.pods.pop(uid, None)
             return None
         self.of[uid] = ref
         if isinstance(ref, GroupRef):
             self.members.setdefault(ref, set()).add(uid)
+            self.pods[uid] = pod
             self.dirty.add(ref)
+        else:
+            self.pods.pop(uid, None)
         return ref
 
     def drop_pod(self, uid: str) -> None:
+        self.pods.pop(uid, None)
         old = self.of.pop(uid, None)
         if isinstance(old, GroupRef):
             self._leave(old, uid)
@@ -114,19 +127,25 @@ class GroupBook:
 
     def trying(self, ref: GroupRef, now: float, wall: dt.datetime) -> GroupProgress:
         """The group's progress, starting its clock at its first attempt (an earlier start
-        recorded in the PodGroup's status, by this or another replica, is kept)."""
+        recorded in the PodGroup's status, by this or another replica, is kept while the status
+        says the group was not placed since: a group that ran, tried again for a member that
+        came back, starts a new clock)."""
         progress = self.progress.get(ref)
         if progress is None:
             start = rfc3339(wall)
             spec = self.specs.get(ref)
             recorded = spec.status.get("scheduleStartTime") if isinstance(spec, GroupSpec) else None
+            if isinstance(spec, GroupSpec) and spec.status.get("phase") not in NOT_PLACED_YET:
+                recorded = None
             first = now
             if isinstance(recorded, str) and recorded:
                 try:
-                    then = dt.datetime.fromisoformat(recorded.replace("Z", "+00:00"))
+                    then = dt.datetime.fromisoformat(recorded.upper().replace("Z", "+00:00"))
+                    if then.tzinfo is None:  # no offset (a bare date, a local time): read as UTC
+                        then = then.replace(tzinfo=dt.UTC)
                     first = now - max(0.0, (wall - then).total_seconds())
                     start = recorded
-                except ValueError:
-                    pass
+                except (ValueError, OverflowError):
+                    pass  # unreadable: the clock starts now
             progress = self.progress[ref] = GroupProgress(first, start)
         return progress

@@ -39,6 +39,7 @@ PLURAL = "podgroups"
 INITIALLY_SCHEDULED = "PodGroupInitiallyScheduled"
 MAX_MIN_MEMBER = 100_000  # more members than any cluster holds pods: a typo, refused
 MAX_TIMEOUT_SECONDS = 7 * 24 * 3600
+MAX_QUANTITY = Decimal(2**63 - 1)  # a quantity's int64 value, as the apiserver reads one; beyond: a typo
 TERMINAL = ("Succeeded", "Failed")
 
 
@@ -149,6 +150,8 @@ def _min_resources(raw: Any) -> dict[str, Decimal]:
             raise GroupError(f"spec.minResources.{name}: invalid quantity {value!r}") from None
         if not quantity.is_finite() or quantity < 0:
             raise GroupError(f"spec.minResources.{name} must be a finite quantity, at least 0: {value!r}")
+        if quantity > MAX_QUANTITY:
+            raise GroupError(f"spec.minResources.{name} is too large: {str(value)[:40]!r} (at most 2^63-1)")
         out[str(name)] = quantity
     return out
 

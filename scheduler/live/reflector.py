@@ -10,7 +10,11 @@ so that the thread running the reflector ends when its owner stops, not minutes 
 An ``optional`` resource (a CustomResourceDefinition that may not be installed, an API group
 behind a feature gate) that the server does not serve (404 on the list) reads as an empty
 collection, counts as synced, and is listed again every ``ABSENT_RETRY_SECONDS``, so it is
-picked up once it is installed.
+picked up once it is installed. One the server forbids this client to list (403, its RBAC
+lacks the rule) before it was ever listed also counts as synced (nothing known of it), so the
+caller does not wait for it; ``forbidden`` says so until a list succeeds. A 403 after a
+successful list keeps what was listed and retries, as any other error (an RBAC change in
+flight).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ log = logging.getLogger("kubegpu.scheduler.reflector")
 
 GONE = 410
 NOT_FOUND = 404
+FORBIDDEN = 403
 ABSENT_RETRY_SECONDS = 30.0
 
 
@@ -93,6 +98,7 @@ class Reflector:
         self.optional = optional
         self.absent_retry_seconds = absent_retry_seconds
         self.absent = False  # an optional resource the server does not serve (as last listed)
+        self.forbidden = False  # an optional resource this client may not list (never listed yet)
         self._lock = threading.Lock()
         self._response: Any = None  # the watch in flight
         self._aborted = False
@@ -155,7 +161,7 @@ class Reflector:
             try:
                 if resource_version is None:
                     resource_version = self.list_once()
-                    self.absent = False
+                    self.absent = self.forbidden = False
                 resource_version = self.watch_once(resource_version)
                 failures = 0
             except WatchExpired as expired:
@@ -181,8 +187,24 @@ class Reflector:
                 stop.wait(wait)
 
     def _not_served(self, error: Exception) -> bool:
-        """An optional resource the list found not served: read it as empty, synced (True)."""
-        if not (self.optional and isinstance(error, ApiException) and error.status == NOT_FOUND):
+        """An optional resource the list found not served: read it as empty, synced (True).
+        Forbidden before it was ever listed: synced with nothing known, ``forbidden`` (True)."""
+        if not (self.optional and isinstance(error, ApiException)):
+            return False
+        if error.status == FORBIDDEN and (self.forbidden or not self.synced.is_set()):
+            if not self.forbidden:
+                log_event(
+                    log,
+                    "watch.forbidden",
+                    logging.WARNING,
+                    resource=self.name,
+                    reason=str(error.reason or "")[:200],
+                    retry_in_seconds=self.absent_retry_seconds,
+                )
+            self.forbidden = True
+            self.synced.set()
+            return True
+        if error.status != NOT_FOUND:
             return False
         if not self.absent:
             log_event(log, "watch.absent", resource=self.name, retry_in_seconds=self.absent_retry_seconds)

@@ -51,6 +51,8 @@ from scheduler.core.gang import (
     GroupRequest,
     GroupUnschedulable,
     GroupVictims,
+    capacity_gap,
+    fits_alone,
     group_preemption,
     never_fits,
     resource_gap,
@@ -203,6 +205,8 @@ class Scheduler:
         self._blocking: GroupRef | None = None  # a group pods queued behind it must not starve
         self._group_deadlines: dict[GroupRef, float] = {}  # a waiting group is tried again then
         self._never_fits: set[GroupRef] = set()  # groups waiting for the nodes to change
+        self._node_epoch = 0  # counts node changes (what fits_alone verdicts depend on)
+        self._alone: dict[GroupRef, tuple[tuple, bool]] = {}  # group -> (what it depended on, fits_alone)
         self.budgets: dict[str, Budget] = {}  # namespace/name -> PodDisruptionBudget
         self.nominated: dict[str, str] = {}  # pending pod uid -> node its preemption freed room on
         self._pod_rules_waiting: set[str] = set()  # parked pods whose rules look at other pods
@@ -308,6 +312,7 @@ class Scheduler:
         """Start leading after the fence: wait out a former leader's Bindings, then list pods."""
         with self.cond:
             self._fence = (self.clock() + self.config.bind_timeout_seconds, None)
+            self.groups.dirty.update(self.groups.specs)  # what changed while following was not written
             self.leading.set()
             self.cond.notify_all()
 
@@ -369,7 +374,9 @@ class Scheduler:
             self._pod_rules_waiting &= pending
             for uid in pending:
                 self.queue.add(uid, *_queue_key(self.cache.pods[uid]))
-            self.groups.replace_pods(self.cache.pods)
+            listed = {str(_meta(pod).get("uid", "")): pod for pod in items}
+            listed.pop("", None)
+            self.groups.replace_pods({uid: self.cache.pods.get(uid, pod) for uid, pod in listed.items()})
             nominated, self.nominated = self.nominated, {}
             for uid in pending:
                 if uid in nominated:
@@ -383,15 +390,18 @@ class Scheduler:
         with self.cond:
             old = self.cache.pods.get(uid)
             before = _relevant(old)
+            ours = uid in self.cache.assumed
             change = self.cache.apply_pod(event_type, pod)
-            self._note_nomination(uid, self.cache.pods.get(uid), old)
             current = self.cache.pods.get(uid)
-            if current is None:
+            self._note_nomination(uid, current, old)
+            if event_type == "DELETED":
                 self.groups.drop_pod(uid)
-            else:
-                ref = self.groups.set_pod(uid, current)
-                if isinstance(ref, GroupRef) and change == PodChange.PENDING and old is None:
-                    self._wake_group(ref)  # a new member may complete its group's minimum
+            elif uid:
+                # the cache's view when it keeps one (it may know better); finished, gated or
+                # another scheduler's pods as they are: their group's status counts them too. A
+                # new member, queued below, decides its whole group when popped: waking the
+                # others too cost O(members) per member added
+                self.groups.set_pod(uid, current if current is not None else pod)
             if change == PodChange.GONE:
                 self.queue.remove(uid)
                 self._pod_rules_waiting.discard(uid)
@@ -399,6 +409,9 @@ class Scheduler:
             elif change == PodChange.BOUND:
                 self.queue.remove(uid)
                 self._pod_rules_waiting.discard(uid)
+                ref = self.groups.of.get(uid)
+                if not ours and isinstance(ref, GroupRef):
+                    self._wake_group(ref)  # bound by another scheduler: it counts towards the minimum
                 if self._pod_rules_waiting:  # a placed pod's labels may satisfy a waiting pod's rules
                     self._changed()
             elif change == PodChange.PENDING and uid not in self.cache.assumed:
@@ -416,6 +429,7 @@ class Scheduler:
             if event_type == "DELETED":
                 ref = self.groups.delete_group(api, obj)
                 self._group_deadlines.pop(ref, None)
+                self._alone.pop(ref, None)
                 if self._blocking == ref:
                     self._blocking = None
                 self._changed()  # what its members were held back by may go now
@@ -722,7 +736,13 @@ class Scheduler:
         if not isinstance(spec, GroupSpec):
             self.metrics.attempts.labels("unschedulable").inc()
             self.queue.park(uid)  # woken when the PodGroup appears or changes
-            if spec is None:
+            if spec is None and any(r.forbidden for r in self.group_reflectors if r.name == ref.kind):
+                self._emit_failed(
+                    pod,
+                    f"cannot see pod group {ref}: the scheduler is forbidden to list {ref.kind} "
+                    "(403; its RBAC lacks the rule, docs/gang.md)",
+                )
+            elif spec is None:
                 self._emit_failed(pod, f"waiting for pod group {ref} ({ref.kind}) to exist")
             else:
                 self._emit_failed(pod, f"pod group {ref} ({ref.kind}) is invalid: {spec}")
@@ -731,6 +751,8 @@ class Scheduler:
             if not self._held_back(uid, pod):
                 self._decide(uid, pod, cluster)
             return
+        if ref != self._blocking and self._held_back(uid, pod, ref):
+            return  # another group's GPU pods wait behind the starving one as single pods do
         self._decide_group(ref, spec, uid, cluster)
 
     def _group_members(
@@ -770,15 +792,34 @@ class Scheduler:
         progress = self.groups.trying(ref, now, dt.datetime.now(dt.UTC))
         if progress.placed:  # placed before, short of its minimum again (a Binding not stored)
             progress.placed, progress.first_try, progress.timed_out = False, now, False
+        known = len(self.groups.members.get(ref, ()))
+        if (
+            known < spec.min_member
+            and now - progress.told_at < EVENT_REPEAT_SECONDS
+            and isinstance(self._request(popped, self.cache.pods[popped]), PodRequest)
+        ):
+            # fewer pods than its minimum exist: the popped member waits, in O(1); the whole group
+            # is looked at (and told) at most every EVENT_REPEAT_SECONDS while its members arrive
+            message = f"pod group {ref} has {known} of its {spec.min_member} minimum members; waiting "
+            message += "for the others"
+            self._group_failed(ref, spec, [popped], 0, message, known, now, popped)
+            return
         requests, pending, placed = self._group_members(ref, cluster)
         if not pending:
             return
         wanted = min_resources_wanted(spec, self.config.gpu_resource)
         gap = resource_gap(cluster, wanted, self.groups.members.get(ref, ())) if wanted else {}
         if gap:
+            never = capacity_gap(cluster, wanted)
+            if never:
+                lacking = ", ".join(f"{name} {amount}" for name, amount in never.items())
+                self._group_never_fits(ref, spec, pending, f"pod group {ref} can never fit this cluster: "
+                                       f"the cluster lacks its minResources (short by {lacking}) even "
+                                       "with nothing running; waiting for its nodes to change")
+                return
             lacking = ", ".join(f"{name} {amount}" for name, amount in gap.items())
             self._group_failed(ref, spec, pending, placed, f"pod group {ref}: the cluster lacks its "
-                               f"minResources (short by {lacking})", len(requests), now)
+                               f"minResources (short by {lacking})", len(requests), now, popped)
             return
         by_uid = {r.uid: r for r in requests}
         lead = by_uid.get(popped) or by_uid[pending[0]]
@@ -805,7 +846,20 @@ class Scheduler:
             if preempted is not None:
                 nodes = sorted({p.node for p in preempted.plan.placements})
                 message += f" Preempting {len(preempted.victims)} pod(s) on node(s) {', '.join(nodes)}."
-            self._group_failed(ref, spec, pending, placed, message, len(requests), now)
+            could_fit = True  # the starvation guard holds pods back only for a group that could fit
+            waited = now - self.groups.progress[ref].first_try
+            if (
+                self._blocking in (None, ref)
+                and waited >= self.config.gang_starvation_seconds
+                and len(requests) >= spec.min_member
+            ):
+                # it depends on the nodes and the members only: worked out once per both
+                key = (self._node_epoch, spec.min_member, group.domain_key, tuple(sorted(by_uid)))
+                cached = self._alone.get(ref)
+                if cached is None or cached[0] != key:
+                    cached = self._alone[ref] = (key, fits_alone(group, cluster, self.policy, self.rng))
+                could_fit = cached[1]
+            self._group_failed(ref, spec, pending, placed, message, len(requests), now, popped, could_fit)
             return
         self._place_group(ref, result, by_uid, pending)
 
@@ -814,10 +868,35 @@ class Scheduler:
     ) -> GroupVictims | None:
         """If evicting lower-priority pods lets the group's minimum fit whole, evict just those
         (through the Eviction API) and nominate each planned member's node; never for a group
-        that would still not fit. Not again while an earlier preemption's victims terminate."""
+        that would still not fit. Not again while an earlier preemption's victims terminate on a
+        node its members are nominated to (kube-scheduler's rule for a pod); otherwise its
+        members' nominations that no plan backs any more are cleared, as kube-scheduler clears a
+        preemptor's that finds nothing: they would keep their room from lower-priority pods for
+        good, and an eviction that was refused would never be tried again."""
         waiting = [m for m in group.members if m.uid in set(pending)]
-        if any(m.uid in self.nominated for m in waiting):
+        priority = min(_priority(m) for m in waiting)
+        on_nominated = []
+        for node in {self.nominated[m.uid] for m in waiting if m.uid in self.nominated}:
+            if node in cluster.index:
+                allocations = cluster.nodes[cluster.index[node]].allocations
+                on_nominated += [running_pod(a, self.cache.pods.get(u)) for u, a in allocations.items()]
+        if not eligible(PREEMPT_LOWER, on_nominated, priority)[0]:
             return None  # room is being freed for it already
+        chosen = self._group_victims(ref, group, pending, cluster)
+        planned = set() if chosen is None else {p.allocation.pod_uid for p in chosen.plan.placements}
+        for member in waiting:
+            if member.uid in self.nominated and member.uid not in planned:
+                del self.nominated[member.uid]
+                pod = self.cache.pods[member.uid]
+                if _nominated_node(pod):
+                    self._submit(self._nominate, pod, None)
+        return chosen
+
+    def _group_victims(
+        self, ref: GroupRef, group: GroupRequest, pending: list[str], cluster: ClusterState
+    ) -> GroupVictims | None:
+        """The preemption itself (``_preempt_for_group``): choose, evict and nominate."""
+        waiting = [m for m in group.members if m.uid in set(pending)]
         if any(m.placement is not None and m.placement.rules.preemption_policy == PREEMPT_NEVER
                for m in waiting):
             return None
@@ -913,16 +992,55 @@ class Scheduler:
         message: str,
         members: int,
         now: float,
+        popped: str = "",
+        could_fit: bool = True,
     ) -> None:
         """The group's minimum does not fit now: park its waiting members, tell them (and the
         PodGroup) why; past its timeout, report that once; past the starvation bound, hold back
-        the pods queued behind it."""
+        the pods queued behind it. Every member (and the PodGroup) is told at most every
+        EVENT_REPEAT_SECONDS, in between only the ``popped`` one, and the group is tried again
+        then to tell the rest: a group of N members that arrive one by one, each deciding the
+        group with a new count, posted N^2/2 Events."""
         self.metrics.attempts.labels("unschedulable").inc()
         progress = self.groups.progress[ref]
         if 0 < placed < spec.min_member:
             message += f" ({placed} of its {spec.min_member} minimum members are placed already)"
         for uid in pending:
             self.queue.park(uid)
+        waited = now - progress.first_try
+        timed_out = progress.timed_out
+        message = self._timeout_message(ref, spec, message, now)
+        if message != progress.message:
+            progress.message = message
+            self.groups.dirty.add(ref)
+        told = pending
+        if now - progress.told_at < EVENT_REPEAT_SECONDS and progress.timed_out == timed_out:
+            told = [popped] if popped in pending else []
+            again = progress.told_at + EVENT_REPEAT_SECONDS
+            self._group_deadlines[ref] = min(self._group_deadlines.get(ref, again), again)
+        else:
+            progress.told_at = now
+            if message != progress.told:
+                progress.told = message
+                self._submit(self._post_group_event, ref, spec.uid, "Unschedulable", message, "Warning")
+        for uid in told:
+            self._emit_failed(self.cache.pods[uid], message)
+        if (members < spec.min_member or not could_fit) and self._blocking == ref:
+            self._blocking = None  # short of members, or would not fit even alone: not GPUs it waits for
+            self._changed()
+        if (
+            waited >= self.config.gang_starvation_seconds
+            and members >= spec.min_member
+            and could_fit
+            and self._blocking is None
+        ):
+            self._blocking = ref
+            log_event(log, "group.holding_back", group=str(ref), api=ref.api, waited_seconds=round(waited))
+
+    def _timeout_message(self, ref: GroupRef, spec: GroupSpec, message: str, now: float) -> str:
+        """Before its timeout: wake the group then, to report it. Past it, the first time: report
+        the timeout (Event on the PodGroup, log line) and return the message that says it."""
+        progress = self.groups.progress[ref]
         waited = now - progress.first_try
         timeout = spec.timeout_seconds or self.config.gang_timeout_seconds
         if waited < timeout:
@@ -932,29 +1050,22 @@ class Scheduler:
             message = f"pod group {ref} timed out after {waited:.0f}s, retrying with backoff: {message}"
             log_event(log, "group.timed_out", logging.WARNING, group=str(ref), api=ref.api, reason=message)
             self._submit(self._post_group_event, ref, spec.uid, "Timeout", message, "Warning")
-        if message != progress.message:
-            progress.message = message
-            self.groups.dirty.add(ref)
-            self._submit(self._post_group_event, ref, spec.uid, "Unschedulable", message, "Warning")
-        for uid in pending:
-            self._emit_failed(self.cache.pods[uid], message)
-        if (
-            waited >= self.config.gang_starvation_seconds
-            and members >= spec.min_member
-            and self._blocking is None
-        ):
-            self._blocking = ref
-            log_event(log, "group.holding_back", group=str(ref), api=ref.api, waited_seconds=round(waited))
+        return message
 
     def _group_never_fits(self, ref: GroupRef, spec: GroupSpec, pending: list[str], message: str) -> None:
         """The group cannot fit the cluster's nodes even empty: its members wait, parked until a
-        node changes (or they or the PodGroup do), instead of retrying at every pod's change."""
+        node changes (or they or the PodGroup do), instead of retrying at every pod's change. Its
+        timeout is reported as any other group's."""
         self.metrics.attempts.labels("unschedulable").inc()
         progress = self.groups.progress[ref]
+        message = self._timeout_message(ref, spec, message, self.clock())
         for uid in pending:
             self.queue.park(uid, until_pod_changes=True)
             self._emit_failed(self.cache.pods[uid], message)
         self._never_fits.add(ref)
+        if self._blocking == ref:  # nothing it could wait for: the pods held back behind it go on
+            self._blocking = None
+            self._changed()
         if message != progress.message:
             progress.message = message
             self.groups.dirty.add(ref)
@@ -963,6 +1074,7 @@ class Scheduler:
     def _nodes_changed_for_groups(self) -> None:
         """Nodes changed: groups that could never fit the old ones are tried again."""
         refs, self._never_fits = self._never_fits, set()
+        self._node_epoch += 1
         for ref in refs:
             self._wake_group(ref)
 
@@ -975,21 +1087,32 @@ class Scheduler:
                 del self._group_deadlines[ref]
                 self._wake_group(ref)
 
-    def _held_back(self, uid: str, pod: dict[str, Any]) -> bool:
+    def _waiting_members(self, ref: GroupRef) -> list[tuple[str, dict[str, Any]]]:
+        """The group's members waiting for this scheduler (uid, pod)."""
+        members = [(u, self.cache.pods.get(u)) for u in self.groups.members.get(ref, ())]
+        return [
+            (u, p)
+            for u, p in members
+            if p is not None and u not in self.cache.assumed and is_pending_for(p, self.config.scheduler_name)
+        ]
+
+    def _held_back(self, uid: str, pod: dict[str, Any], group: GroupRef | None = None) -> bool:
         """While a group waits past ``gangStarvationSeconds``, GPU pods of no higher priority
-        queued behind it are parked instead of taking the GPUs it waits for (docs/gang.md)."""
+        queued behind it are parked instead of taking the GPUs it waits for (docs/gang.md).
+        ``group``: the popped pod decides this other gang whole, so the gang's waiting members
+        are judged together (any asking for GPUs, at their highest priority)."""
         ref = self._blocking
         if ref is None:
             return False
-        members = [self.cache.pods.get(u) for u in self.groups.members.get(ref, ())]
-        waiting = [p for p in members if p is not None and is_pending_for(p, self.config.scheduler_name)]
+        waiting = [p for _, p in self._waiting_members(ref)]
         if not isinstance(self.groups.specs.get(ref), GroupSpec) or not waiting:
             self._blocking = None
             return False
-        request = self._request(uid, pod)
-        if not isinstance(request, PodRequest) or not (request.whole_gpus or request.total_gpu_milli):
+        behind = [(uid, pod)] if group is None else self._waiting_members(group)
+        requests = [self._request(u, p) for u, p in behind]
+        if not any(isinstance(r, PodRequest) and (r.whole_gpus or r.total_gpu_milli) for r in requests):
             return False
-        if _pod_priority(pod) > max(_pod_priority(p) for p in waiting):
+        if max(_pod_priority(p) for _, p in behind) > max(_pod_priority(p) for p in waiting):
             return False
         self.queue.park(uid)
         self._emit_failed(
@@ -1011,25 +1134,31 @@ class Scheduler:
             if not isinstance(spec, GroupSpec):
                 continue
             uids = sorted(self.groups.members.get(ref, ()))
-            pods = [self.cache.pods[u] for u in uids if u in self.cache.pods]
+            pods = [self.groups.pods[u] for u in uids if u in self.groups.pods]
+            if pods and not any(_scheduler_name(p) == self.config.scheduler_name for p in pods):
+                continue  # another scheduler's group (scheduler-plugins, kube-scheduler): theirs to write
             progress = self.groups.progress.get(ref)
             patch: dict[str, Any] | None
             if ref.api == PLUGINS_API:
                 start = progress.start_time if progress is not None else None
                 patch = status_patch(spec.status, plugins_status(spec, pods, start))
-            elif progress is None or not spec.gang:
+            elif not spec.gang:
                 patch = None
             else:
-                scheduled = progress.placed or member_counts(pods).scheduled >= spec.min_member
+                # bound by a former leader (that died before writing it) counts as placed too
+                placed = progress is not None and progress.placed
+                scheduled = placed or member_counts(pods).scheduled >= spec.min_member
                 reason = "Scheduled" if scheduled else "Unschedulable"
-                text = "the group's minimum is placed" if scheduled else progress.message
+                text = "the group's minimum is placed" if scheduled else progress.message if progress else ""
                 conditions = spec.status.get("conditions")
-                condition = initially_scheduled_condition(conditions, scheduled, reason, text, now, None)
+                condition = None
+                if scheduled or progress is not None:
+                    condition = initially_scheduled_condition(conditions, scheduled, reason, text, now, None)
                 patch = None
                 if condition is not None:
                     others = [
                         c
-                        for c in conditions or []
+                        for c in (conditions if isinstance(conditions, list) else [])
                         if isinstance(c, Mapping) and c.get("type") != condition["type"]
                     ]
                     patch = {"status": {"conditions": [*others, condition]}}
@@ -1315,11 +1444,21 @@ class Scheduler:
                 if self.cache.release(uid) is not None:
                     if retry and uid in self.cache.pods:
                         self.queue.requeue(uid, *_queue_key(pod))
+                        self._keep_member_room(uid, alloc.node)
                     self._changed()
             else:
                 delay = self.queue.backoff_seconds(self.queue.attempts(uid) + 1)
                 self.cache.bind_uncertain(uid, self.clock(), delay)
             self.cond.notify_all()
+
+    def _keep_member_room(self, uid: str, node: str) -> None:
+        """A gang member whose Binding was not stored while the rest of its group may be bound:
+        nominate it (in this replica) to the node it was placed on, so that pods of no higher
+        priority do not take its room before it is tried again, leaving the group short."""
+        ref = self.groups.of.get(uid)
+        spec = self.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
+        if isinstance(spec, GroupSpec) and spec.gang:
+            self.nominated[uid] = node
 
     def _start_reads(self) -> None:
         """Read back the pods whose Binding's outcome is still unknown (under the lock)."""
@@ -1346,11 +1485,14 @@ class Scheduler:
             self._read_failed(uid, error)
             return
         with self.cond:
+            assumed = self.cache.assumed.get(uid)
             outcome = self.cache.read_back(uid, pod)
             self.metrics.read_backs.labels(outcome).inc()
             log_event(log, "pod.read_back", pod=f"{namespace}/{name}", pod_uid=uid, outcome=outcome)
             if outcome == "unbound" and pod is not None:
                 self.queue.requeue(uid, *_queue_key(pod))
+                if assumed is not None:
+                    self._keep_member_room(uid, assumed.alloc.node)
                 self._changed()
             elif outcome == "gone":
                 self.queue.remove(uid)
@@ -1458,6 +1600,11 @@ def _custom_lister(api: Any, group: str, version: str) -> Callable[..., Any]:
         return api.list_cluster_custom_object(group, version, PLURAL, **kwargs)
 
     return list_call
+
+
+def _scheduler_name(pod: Mapping[str, Any]) -> Any:
+    spec = pod.get("spec")
+    return spec.get("schedulerName") if isinstance(spec, Mapping) else None
 
 
 def _nominated_node(pod: Mapping[str, Any]) -> str:
