@@ -20,7 +20,7 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes.config import new_client_from_config
 
-from kubegpu.allocation import ANNOTATION, verify
+from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, load_keys, sign, verify
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, containerd2_bin_dir
 from kubegpu.devenv.controlplane import BinariesMissing, ensure_namespace
 from kubegpu.localcluster.cluster import find_cluster_binaries, verifying_keys
@@ -129,7 +129,13 @@ def refusal(core: k8s.CoreV1Api, name: str, text: str) -> str:
                 return event.message
         return ""
 
-    return wait_for(f"an event on {name} containing {text!r}", find)
+    try:
+        return wait_for(f"an event on {name} containing {text!r}", find)
+    except AssertionError:
+        seen = [
+            e.message for e in core.list_namespaced_event(NAMESPACE).items if e.involved_object.name == name
+        ]
+        raise AssertionError(f"no event on {name} containing {text!r}; its events: {seen}") from None
 
 
 def test_the_nri_front_honours_allocations_and_refuses_what_the_proxy_refuses(
@@ -160,6 +166,53 @@ def test_the_nri_front_honours_allocations_and_refuses_what_the_proxy_refuses(
     assert "allocation is for pod UID" in refusal(core, "replay", "allocation is for pod UID")
     for name in ("forged", "no-allocation", "replay"):
         assert core.read_namespaced_pod(name, NAMESPACE).status.phase == "Pending"
+        core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+    wait_for(  # kubelet counts their GPUs until they are gone
+        "the refused pods to go",
+        lambda: (
+            not {"forged", "no-allocation", "replay"}
+            & {p.metadata.name for p in core.list_namespaced_pod(NAMESPACE).items}
+        ),
+    )
+
+    # signed with the cluster's own key, so only the node's checks can refuse these
+    signer = load_keys(state / "keys" / "scheduler", allow_private=True).private
+    key_id, key = next(iter(signer.items()))
+
+    def bound_with(name: str, node: str, gpus: list[str]) -> None:
+        """A pod no scheduler serves, given an allocation signed for it, then bound to NODE."""
+        body = pod(name, len(gpus))
+        body["spec"]["schedulerName"] = "nobody"
+        core.create_namespaced_pod(NAMESPACE, body)
+        uid = core.read_namespaced_pod(name, NAMESPACE).metadata.uid
+        allocation = Allocation(node, uid, {"app": ContainerAllocation(tuple(gpus))})
+        annotations = {ANNOTATION: sign(allocation, key_id, key)}
+        core.patch_namespaced_pod(name, NAMESPACE, {"metadata": {"annotations": annotations}})
+        binding = {
+            "apiVersion": "v1",
+            "kind": "Binding",
+            "metadata": {"name": name},
+            "target": {"apiVersion": "v1", "kind": "Node", "name": NODE},
+        }
+        core.create_namespaced_pod_binding(name, NAMESPACE, binding, _preload_content=False).release_conn()
+
+    bound_with("other-node", "kubegpu-node-9", devices[:1])
+    assert "kubegpu-node-9" in refusal(core, "other-node", "kubegpu-node-9")
+    bound_with("double", NODE, devices[:1])
+    assert devices[0] in refusal(core, "double", devices[0])
+
+    mount = pod("toolkit-mount")
+    mount["spec"]["volumes"] = [{"name": "grab", "hostPath": {"path": "/tmp"}}]
+    mount["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "grab", "mountPath": "/var/run/nvidia-container-devices/all"}
+    ]
+    mount["spec"]["containers"][0]["command"] = [
+        "/bin/sh",
+        "-c",
+        "ls /var/run/nvidia-container-devices 2>&1; echo END; sleep 1000000",
+    ]
+    core.create_namespaced_pod(NAMESPACE, mount)
+    assert "No such file or directory" in output(core, "toolkit-mount")
 
     core.create_namespaced_pod(NAMESPACE, pod("plain", env={"NVIDIA_VISIBLE_DEVICES": "all"}))
     log = output(core, "plain")
