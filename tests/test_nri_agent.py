@@ -9,21 +9,25 @@ Synchronize, by the marks on the containers still there."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
 
 from crishim.cri import api_pb2 as cri
 from crishim.hostpaths import CHAR, DeviceNumber, ManagedDevices
+from crishim.nri import api_pb2 as nri_api
 from crishim.nri.agent import NriAgent
 from crishim.nri.plugin import PluginSession
 from crishim.rewrite import AllocationRewriter, NodeDevices
@@ -323,3 +327,85 @@ def test_nri_scrubs_managed_nodes_by_number_and_toolkit_mount_requests(
     finally:
         pods.close()
         plugin.stop()
+
+
+class StallingAgent(NriAgent):
+    """An agent whose CreateContainer never answers: killed (its connection closed) mid-create."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.entered = threading.Event()
+
+    async def create_container(self, request: Any) -> Any:  # type: ignore[override]
+        self.entered.set()
+        await asyncio.sleep(3600)
+
+
+def test_an_agent_killed_mid_create_lets_no_unscrubbed_container_through(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    assert nri_containerd.nri_socket is not None
+    base = agent_for(tmp_path)
+    agent = StallingAgent(base.rewriter)
+    plugin = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
+    pods = Pods(nri_containerd, tmp_path / "logs")
+    outcome: list[str | grpc.RpcError] = []
+    try:
+        plugin.run(plugin.session.connect())
+        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        creating = threading.Thread(
+            target=lambda: outcome.append(pods.create("grab", None, envs={"NVIDIA_VISIBLE_DEVICES": "all"}))
+        )
+        creating.start()
+        assert agent.entered.wait(30)
+        plugin.run(plugin.session.close())  # the agent dies with the create in flight
+        creating.join(60)
+        made = outcome[0]
+        if isinstance(made, str):
+            out = pods.output(made, "grab")
+            assert "NVIDIA_VISIBLE_DEVICES=all" not in out, "created without the scrub"
+        assert isinstance(made, grpc.RpcError), made  # containerd 2.2.9 without the validator: created
+    finally:
+        pods.close()
+        plugin.stop()
+
+
+class DeviceAdder:
+    """Another NRI plugin that adds a device node to every container it sees."""
+
+    def create_container(self, request: Any) -> Any:
+        adjust = nri_api.ContainerAdjustment()
+        added = adjust.linux.devices.add(path="/dev/sneak", type="c", major=1, minor=11)
+        added.file_mode.value = 0o666
+        return nri_api.CreateContainerResponse(adjust=adjust)
+
+
+def test_the_agent_rejects_another_plugins_managed_device(nri_containerd: Containerd, tmp_path: Path) -> None:
+    """A plugin after kubegpu's puts back a managed node (here /dev/kmsg, c 1:11, made managed):
+    kubegpu's validation of the final adjustments rejects the create, naming the device."""
+    assert nri_containerd.nri_socket is not None
+    agent = agent_for(tmp_path)
+    node = agent.rewriter.node_devices
+    node.managed = ManagedDevices(
+        numbers=node.managed.numbers | {DeviceNumber(CHAR, 1, 11)}, patterns=node.managed.patterns
+    )
+    ours = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
+    other = PluginThread(
+        PluginSession(DeviceAdder(), socket=nri_containerd.nri_socket, name="adder", index="20")
+    )
+    pods = Pods(nri_containerd, tmp_path / "logs")
+    try:
+        ours.run(ours.session.connect())
+        other.run(other.session.connect())
+        wait_until(
+            lambda: ours.session.synchronized.is_set() and other.session.synchronized.is_set(), 10, "sync"
+        )
+        made = pods.create("sneaked", None)
+        assert isinstance(made, grpc.RpcError), made
+        assert "/dev/sneak" in (made.details() or "") and "did not grant" in (made.details() or ""), (
+            made.details()
+        )
+    finally:
+        pods.close()
+        other.stop()
+        ours.stop()

@@ -46,6 +46,11 @@ Event = api_pb2.Event
 CALLS: dict[str, tuple[type[Message], str, int]] = {
     "CreateContainer": (api_pb2.CreateContainerRequest, "create_container", Event.CREATE_CONTAINER),
     "StopContainer": (api_pb2.StopContainerRequest, "stop_container", Event.STOP_CONTAINER),
+    "ValidateContainerAdjustment": (
+        api_pb2.ValidateContainerAdjustmentRequest,
+        "validate_container_adjustment",
+        Event.VALIDATE_CONTAINER_ADJUSTMENT,
+    ),
 }
 # The events containerd only reports, through StateChange: event -> handler method (it gets the
 # StateChangeEvent, with the pod and, for a container's event, the container)
