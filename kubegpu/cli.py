@@ -447,24 +447,11 @@ def _add_extender(sub: argparse._SubParsersAction) -> None:
 
 def _run_extender(args: argparse.Namespace) -> int:
     from kubegpu.kube import api_client, check_reachable
-    from scheduler.live.config import ConfigError, load_config, validate
     from scheduler.live.main import run_extender
 
     if (args.tls_cert_file is None) != (args.tls_private_key_file is None):
         raise UsageError("--tls-cert-file and --tls-private-key-file go together")
-    try:
-        config = load_config(args.config)
-        config.scheduler_name = args.scheduler_name
-        for flag in ("policy", "keys_dir", "signing_key_id", "identity"):
-            value = getattr(args, flag)
-            if value is not None:
-                setattr(config, flag, value)
-        if args.leader_elect:
-            config.leader_election.enabled = True
-        validate(config)
-    except ConfigError as exc:
-        raise UsageError(str(exc) if args.config is None else f"--config {args.config}: {exc}") from None
-    _scheduler_keys(config.keys_dir, config.signing_key_id)
+    config = _scheduler_config(args, ("scheduler_name", "policy", "keys_dir", "signing_key_id", "identity"))
     api = api_client(args.kubeconfig)
     if api is None:
         raise UsageError("needs --kubeconfig or an in-cluster service account")
@@ -497,35 +484,37 @@ def _scheduler_keys(keys_dir: str, key_id: str) -> None:
         )
 
 
-def _run_scheduler(args: argparse.Namespace) -> int:
-    from kubernetes import client
-
-    from kubegpu.kube import PROBE_TIMEOUT_SECONDS, api_client, check_access, check_reachable
+def _scheduler_config(args: argparse.Namespace, flags: tuple[str, ...]) -> Any:
+    """The scheduler config file overlaid with the given flags (those set), validated, and its
+    signing key present; UsageError naming what is wrong."""
     from scheduler.live.config import ConfigError, load_config, validate
-    from scheduler.live.main import run_scheduler
 
     try:
         config = load_config(args.config)
-    except ConfigError as exc:
+    except ConfigError as exc:  # its message names the file
         raise UsageError(f"--config: {exc}") from None
     try:
-        for flag, attr in (
-            ("scheduler_name", "scheduler_name"),
-            ("policy", "policy"),
-            ("metrics_address", "metrics_address"),
-            ("keys_dir", "keys_dir"),
-            ("signing_key_id", "signing_key_id"),
-            ("identity", "identity"),
-        ):
+        for flag in flags:
             value = getattr(args, flag)
             if value is not None:
-                setattr(config, attr, value)
+                setattr(config, flag, value)
         if args.leader_elect:
             config.leader_election.enabled = True
         validate(config)
     except ConfigError as exc:
         raise UsageError(str(exc) if args.config is None else f"--config {args.config}: {exc}") from None
     _scheduler_keys(config.keys_dir, config.signing_key_id)
+    return config
+
+
+def _run_scheduler(args: argparse.Namespace) -> int:
+    from kubernetes import client
+
+    from kubegpu.kube import PROBE_TIMEOUT_SECONDS, api_client, check_access, check_reachable
+    from scheduler.live.main import run_scheduler
+
+    flags = ("scheduler_name", "policy", "metrics_address", "keys_dir", "signing_key_id", "identity")
+    config = _scheduler_config(args, flags)
     api = api_client(args.kubeconfig)
     if api is None:
         raise UsageError("needs --kubeconfig or an in-cluster service account")

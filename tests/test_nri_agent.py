@@ -18,7 +18,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,35 +34,16 @@ from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.plugin import load_plugins
 from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, sign
-from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd, containerd2_bin_dir
+from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import sim_node_args
-from tests.fixtures.common import missing_component, require_executable
 from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, SIGNING, write_node_keys
-from tests.test_nri_transport import PluginThread, wait_until
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
 
 pytestmark = pytest.mark.containerd
 
-PLUGIN = "kubegpu"
+__all__ = ["nri_containerd"]  # the module fixture of tests/test_nri_transport.py (plugin PLUGIN required)
 NODE = "nri-node"
-
-
-@pytest.fixture(scope="module")
-def nri_containerd(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Containerd]:
-    bin_dir = containerd2_bin_dir()
-    if bin_dir is None:
-        missing_component("containerd 2.x is not built: run `bash tests/containerd/build.sh`")
-    assert bin_dir is not None
-    require_executable("runc")
-    socket_path = tmp_path_factory.mktemp("nri-agent") / "nri.sock"
-    instance = Containerd(bin_dir=bin_dir, nri_socket=socket_path, nri_required_plugins=(PLUGIN,))
-    try:
-        instance.start()
-    except Exception as exc:
-        instance.stop()
-        missing_component(f"containerd 2.x with NRI could not start: {exc}")
-    yield instance
-    instance.stop()
 
 
 def agent_for(tmp_path: Path) -> NriAgent:

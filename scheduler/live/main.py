@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import threading
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -19,6 +20,17 @@ log = logging.getLogger("kubegpu.scheduler")
 SYNC_TIMEOUT_SECONDS = 120.0
 
 
+def _stop_on_signals(stop: threading.Event, event: str) -> None:
+    """SIGTERM and SIGINT set ``stop``, logged as ``event``."""
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log_event(log, event, signal=signum)
+        stop.set()
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+
+
 def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
     api = api_client(kubeconfig)
     if api is None:
@@ -28,13 +40,7 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
         return 2
     scheduler = Scheduler(config, api, KeyRing(Path(config.keys_dir), allow_private=True))
     stop = scheduler.stop_event
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log_event(log, "scheduler.stopping", signal=signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    _stop_on_signals(stop, "scheduler.stopping")
     server = None
     if config.metrics_address:
         server = MetricsServer(
@@ -112,13 +118,7 @@ def run_extender(
         return 2
     scheduler = Scheduler(config, api, KeyRing(Path(config.keys_dir), allow_private=True))
     stop = scheduler.stop_event
-
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        log_event(log, "extender.stopping", signal=signum)
-        stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    _stop_on_signals(stop, "extender.stopping")
 
     server = ExtenderServer(Extender(scheduler), address, lambda: _ready(scheduler), tls)
     server.start()
