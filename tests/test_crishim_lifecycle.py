@@ -1846,3 +1846,26 @@ def test_a_container_found_after_its_sandbox_went_is_booked_again_and_its_share_
         assert sharing.pokes == 2
 
     asyncio.run(run())
+
+
+def test_the_nodes_discovery_places_nics_by_the_sysfs_it_is_given(tmp_path: Path) -> None:
+    """The shim's discovery reads PCI placement under its sysfs root: which NIC is near which GPU
+    is part of the inventory it publishes."""
+    from devices.nvidia import NvidiaPlugin
+    from devices.rdma import RdmaPlugin
+    from tests.test_devices_affinity import _machine_nvml
+    from tests.test_devices_rdma import build_machine
+
+    build_machine(tmp_path)
+    nvml = _machine_nvml()
+    node = NodeDevices(
+        [NvidiaPlugin(nvml=nvml, sysfs_root=str(tmp_path)), RdmaPlugin(str(tmp_path))], str(tmp_path)
+    )
+    node.discover()
+    g0, _, g2 = nvml.uuids
+    assert dict(node.current_inventory().topology.nic_gpus) == {
+        "mlx5_0": (g0,),
+        "mlx5_1": (g0,),
+        "mlx5_2": (g0,),
+        "mlx5_10": (g2,),
+    }
