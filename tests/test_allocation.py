@@ -24,6 +24,7 @@ from kubegpu.allocation import (
     canonical_bytes,
     load_keys,
     parse_key,
+    path_problems,
     private_key_pem,
     public_key_base64,
     public_key_pem,
@@ -377,6 +378,9 @@ def test_the_key_file_size_limit(tmp_path: Path) -> None:
     pem = public_key_pem(SIGNING["k1"])
     (tmp_path / "k1").write_bytes(pem + b" " * (MAX_KEY_FILE_BYTES - len(pem)))
     assert set(load_keys(tmp_path).public) == {"k1"}
+    ending = pem.rstrip()  # a file of exactly the limit whose last byte is the key's own: read whole
+    (tmp_path / "k1").write_bytes(b" " * (MAX_KEY_FILE_BYTES - len(ending)) + ending)
+    assert set(load_keys(tmp_path).public) == {"k1"} and load_keys(tmp_path).problems == ()
     (tmp_path / "k1").write_bytes(pem + b" " * (MAX_KEY_FILE_BYTES + 1 - len(pem)))
     loaded = load_keys(tmp_path)
     assert not loaded.public and loaded.problems == (f"k1: larger than {MAX_KEY_FILE_BYTES} bytes",)
@@ -394,6 +398,7 @@ def test_a_key_directory_with_subdirectories_and_nothing_else(tmp_path: Path) ->
     (tmp_path / "aaa").mkdir()  # a directory with a valid key id name, listed first
     (tmp_path / "k1").write_bytes(public_key_pem(SIGNING["k1"]))
     assert set(load_keys(tmp_path).public) == {"k1"}
+    assert load_keys(tmp_path).problems == ("aaa: not a regular file, skipped",)
     missing = load_keys(tmp_path / "missing")
     assert missing.public == {} and missing.private == {} and len(missing.problems) == 1
 
@@ -727,13 +732,14 @@ def trusted_keys(directory: Path) -> Path:
     return keys
 
 
-def test_a_key_file_anyone_but_root_can_change_is_skipped_alone(tmp_path: Path) -> None:
+@pytest.mark.parametrize("owner", [1, NOBODY])
+def test_a_key_file_anyone_but_root_can_change_is_skipped_alone(tmp_path: Path, owner: int) -> None:
     keys = trusted_keys(tmp_path)
     assert load_keys(keys).public == KEYS and load_keys(keys).problems == ()
-    os.chown(keys / "k1", NOBODY, 0)
+    os.chown(keys / "k1", owner, 0)
     loaded = load_keys(keys)
     assert set(loaded.public) == {"k2"}
-    assert loaded.problems == (f"k1: {keys / 'k1'} is owned by uid {NOBODY}, not root",)
+    assert loaded.problems == (f"k1: {keys / 'k1'} is owned by uid {owner}, not root",)
     os.chown(keys / "k1", 0, 0)
     (keys / "k1").chmod(0o664)
     assert load_keys(keys).problems == (f"k1: {keys / 'k1'} is writable by its group (mode 0664)",)
@@ -810,3 +816,107 @@ def test_a_ring_uses_no_key_once_its_directory_is_open_to_others(tmp_path: Path)
     assert ring.keys() == {}
     tmp_path.chmod(0o755)
     assert ring.keys() == KEYS
+
+
+def test_every_reason_a_key_directory_is_not_roots_alone_is_named(tmp_path: Path) -> None:
+    keys = trusted_keys(tmp_path)
+    keys.chmod(0o757)
+    os.chown(tmp_path, NOBODY, 0)
+    loaded = load_keys(keys)
+    assert loaded.public == {}
+    assert loaded.problems == (
+        f"{keys}: no key used, the directory is not root's alone: {keys} is writable by others "
+        f"(mode 0757); {tmp_path} is owned by uid {NOBODY}, not root",
+    )
+
+
+def test_a_key_directory_reached_through_someone_elses_symlink_gives_no_key(tmp_path: Path) -> None:
+    """Whoever owns a symlink on the way can re-point it at a directory of their own keys."""
+    keys = trusted_keys(tmp_path)
+    link = tmp_path / "via"
+    link.symlink_to(keys)
+    os.chown(link, NOBODY, NOBODY, follow_symlinks=False)
+    loaded = load_keys(link)
+    assert loaded.public == {}
+    assert loaded.problems == (
+        f"{link}: no key used, the directory is not root's alone: {link} is a symlink owned by uid "
+        f"{NOBODY}, not root",
+    )
+    os.chown(link, 0, 0, follow_symlinks=False)
+    assert load_keys(link).public == KEYS and load_keys(link).problems == ()
+
+
+def test_a_key_directory_is_checked_where_its_symlink_leads_too(tmp_path: Path) -> None:
+    """The directories above the real key directory count, not only those above its link."""
+    tmp_path.chmod(0o755)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    real = trusted_keys(loose)
+    loose.chmod(0o777)  # trusted_keys made it 0755
+    link = tmp_path / "keys"
+    link.symlink_to(real)
+    loaded = load_keys(link)
+    assert loaded.public == {}
+    assert loaded.problems == (
+        f"{link}: no key used, the directory is not root's alone: {loose} is writable by its group "
+        "and others (mode 0777)",
+    )
+
+
+def test_the_trust_check_below_an_install_root_stops_at_that_root(tmp_path: Path) -> None:
+    """``kubegpu node install --root R`` checks what it writes under R up to, not including, R
+    (``path_problems(path, below=R)``), as spelled and as resolved; without a root every directory
+    above counts. A directory that does not exist yet is skipped, not the ones above it."""
+    tmp_path.chmod(0o755)
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    loose.chmod(0o777)
+    root = loose / "root"
+    etc = root / "etc"
+    keys = etc / "keys"
+    keys.mkdir(parents=True)
+    for directory in (root, etc, keys):
+        directory.chmod(0o755)
+    above = f"{loose} is writable by its group and others (mode 0777)"
+    assert path_problems(keys) == [above]
+    assert path_problems(loose / "not-yet" / "keys") == [above]
+    assert path_problems(keys, below=root) == []
+    link = tmp_path / "link"
+    link.symlink_to(root)
+    assert path_problems(link / "etc" / "keys", below=link) == []
+    etc.chmod(0o775)
+    inside = f"{etc} is writable by its group (mode 0775)"
+    assert path_problems(keys, below=root) == [inside]
+    assert path_problems(link / "etc" / "keys", below=link) == [
+        f"{link / 'etc'} is writable by its group (mode 0775)"
+    ]
+
+
+def test_a_key_file_removed_while_the_directory_is_read_is_skipped_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    keys = trusted_keys(tmp_path)
+    listed = sorted(keys.iterdir())  # the listing still has k2 ...
+    (keys / "k2").unlink()  # ... removed before it is read
+    monkeypatch.setattr(Path, "iterdir", lambda self: iter(listed))
+    loaded = load_keys(keys)
+    assert set(loaded.public) == {"k1"} and loaded.problems == ("k2: No such file or directory",)
+
+
+def test_a_key_file_swapped_for_a_fifo_after_its_check_is_refused_unread(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The entry was a regular file when checked and is a FIFO when opened: the open file is
+    checked again, and refused. (A writer holds the FIFO open, so no open of it can block here.)"""
+    keys = trusted_keys(tmp_path)
+    (keys / "k2").unlink()
+    os.mkfifo(keys / "k2")
+    writer = os.open(keys / "k2", os.O_RDWR | os.O_NONBLOCK)
+    try:
+        with monkeypatch.context() as patch:
+            patch.setattr(Path, "is_file", lambda self: True)  # what the check saw
+            loaded = load_keys(keys)
+    finally:
+        os.close(writer)
+    assert set(loaded.public) == {"k1"} and loaded.problems == ("k2: not a regular file",)

@@ -13,7 +13,7 @@ from crishim import edits
 from crishim.cri import api_pb2
 from crishim.hostpaths import ManagedDevices
 from crishim.intercept import Rejected
-from crishim.ledger import Holding, Ledger, mark_value, parse_mark
+from crishim.ledger import Holding, Ledger, OverBooked, mark_value, parse_mark
 from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.plugin import ContainerEdits, DeviceNode, Mount, load_plugins
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, sign
@@ -156,6 +156,12 @@ def test_mark_fields_must_all_have_their_types() -> None:
     for milli in (0, -1, 1001, True, 1.0):
         assert parse_mark(json.dumps({**good, "devices": {"GPU-1": milli}})) is None, milli
     assert parse_mark(json.dumps({**good, "devices": {"GPU-1": 1000}})) == ("u", "c", {"GPU-1": 1000}, {})
+    assert parse_mark(json.dumps({**good, "memoryMiB": {"GPU-1": 1}})) == (
+        "u",
+        "c",
+        {"GPU-1": 1},
+        {"GPU-1": 1},
+    )
 
 
 def test_ledger_bookkeeping_of_creates_whose_device_entries_went_away() -> None:
@@ -264,3 +270,116 @@ def test_in_every_order_the_owners_on_a_device_never_pass_a_whole_one() -> None:
                     ledger.remove_container(f"{pod}-{container}-{attempt - 1}")
                 owners[(pod, container)] = milli
             assert sum(owners.values()) <= 1000, order
+
+
+def test_a_create_answering_after_its_holdings_went_is_not_booked_past_capacity() -> None:
+    """P's create of GPU-1 (whole) and GPU-2 (600) is in flight when its sandbox is removed, and Q
+    and R take the devices. When containerd answers with P's container, booking it would pass
+    both devices' capacity: OverBooked names every device and holder, and nothing is recorded.
+    Once Q and R are gone, the same answer books P's container (it exists and may use them)."""
+    ledger = Ledger()
+    mine = [
+        Holding("", "sb", "P", "app", "GPU-1", 1000, ticket=1),
+        Holding("", "sb", "P", "app", "GPU-2", 600, ticket=1),
+    ]
+    assert not ledger.try_reserve(mine)
+    ledger.remove_sandbox("sb")
+    q, r = Holding("c-q", "sq", "Q", "c", "GPU-1", 1000), Holding("", "sr", "R", "d", "GPU-2", 500, ticket=2)
+    assert not ledger.try_reserve([q]) and not ledger.try_reserve([r])
+    with pytest.raises(OverBooked) as caught:
+        ledger.commit(mine, "c-p")
+    assert str(caught.value) == (
+        "device GPU-1 is held by c of pod Q (c-q); device GPU-2 is held by d of pod R (creating)"
+    )
+    assert [c.device for c in caught.value.conflicts] == ["GPU-1", "GPU-2"]
+    assert sorted(h.pod_uid for h in ledger.holdings()) == ["Q", "R"]
+    ledger.remove_container("c-q")
+    ledger.release([r])
+    ledger.commit(mine, "c-p")
+    assert sorted((h.container_id, h.device, h.milli) for h in ledger.holdings()) == [
+        ("c-p", "GPU-1", 1000),
+        ("c-p", "GPU-2", 600),
+    ]
+
+
+def test_a_late_answer_is_booked_beside_the_same_containers_earlier_instance() -> None:
+    """The restart exemption holds for a create answering after its sandbox went: P's container
+    of an earlier sandbox still holds GPU-1, and P's new instance of that container is booked
+    beside it, as its reservation was."""
+    ledger = Ledger()
+    ledger.commit([Holding("", "sb-old", "P", "app", "GPU-1", 1000, ticket=1)], "c-old")
+    new = Holding("", "sb", "P", "app", "GPU-1", 1000, ticket=2)
+    assert not ledger.try_reserve([new])
+    ledger.remove_sandbox("sb")
+    ledger.commit([new], "c-new")
+    assert sorted(h.container_id for h in ledger.holdings()) == ["c-new", "c-old"]
+    assert ledger.try_reserve([Holding("", "sq", "Q", "c", "GPU-1", 1)])  # both P's for anyone else
+
+
+def test_adopting_a_found_container_leaves_every_other_holding_alone() -> None:
+    ledger = Ledger()
+    committed = Holding("c-q", "sq", "Q", "c", "GPU-1", 1000)
+    in_flight = Holding("", "sr", "R", "d", "GPU-2", 500, ticket=1)
+    unknown = Holding("", "ss", "S", "e", "GPU-3", 500, ticket=2)
+    for h in (committed, in_flight, unknown):
+        assert not ledger.try_reserve([h])
+    ledger.mark_unknown([unknown])
+    found = Holding("c-p", "sb", "P", "app", "GPU-0", 1000)
+    assert ledger.adopt([found])
+    assert sorted(ledger.holdings(), key=lambda h: h.device) == [
+        found,
+        committed,
+        in_flight,
+        Holding("", "ss", "S", "e", "GPU-3", 500, ticket=2, unknown=True),
+    ]
+
+
+def test_a_container_already_recorded_or_still_being_created_is_not_adopted() -> None:
+    """Adoption is for containers the ledger does not account for: one whose id it holds, or one
+    whose create is still in flight here (its own commit records it), is left as it is."""
+    ledger = Ledger()
+    ledger.commit([Holding("", "sb", "P", "app", "GPU-1", 600, ticket=1)], "c-p")
+    assert not ledger.adopt([Holding("c-p", "sb", "P", "app", "GPU-1", 600)])
+    in_flight = Holding("", "sb", "P", "side", "GPU-2", 600, ticket=2)
+    assert not ledger.try_reserve([in_flight])
+    assert not ledger.adopt([Holding("c-side", "sb", "P", "side", "GPU-2", 600)])
+    assert sorted((h.container_id, h.device) for h in ledger.holdings()) == [("", "GPU-2"), ("c-p", "GPU-1")]
+    # The same container name and attempt in another sandbox of the pod is another container.
+    assert ledger.adopt([Holding("c-p2", "sb2", "P", "app", "GPU-1", 600)])
+    assert sorted(h.container_id for h in ledger.holdings()) == ["", "c-p", "c-p2"]
+
+
+def test_a_quarantined_create_counts_at_its_largest_for_other_pods() -> None:
+    """A create and its retry, both of unknown outcome, are one container at most: it counts once,
+    at the larger of the two holdings."""
+    ledger = Ledger()
+    first = Holding("", "sb", "P", "app", "GPU-1", 600, ticket=1)
+    retry = Holding("", "sb", "P", "app", "GPU-1", 300, ticket=2)
+    for h in (first, retry):
+        assert not ledger.try_reserve([h])
+        ledger.mark_unknown([h])
+    assert not ledger.try_reserve([Holding("", "sq", "Q", "c", "GPU-1", 400, ticket=3)])
+    assert ledger.try_reserve([Holding("", "sr", "R", "d", "GPU-1", 1, ticket=4)])
+
+
+def test_a_create_is_refused_if_any_one_of_its_devices_is_taken() -> None:
+    ledger = Ledger()
+    assert not ledger.try_reserve([Holding("c-q", "sq", "Q", "c", "GPU-1", 1000)])
+    wanted = [Holding("", "sb", "P", "app", gpu, 1000, ticket=1) for gpu in ("GPU-0", "GPU-1", "GPU-2")]
+    assert [c.device for c in ledger.try_reserve(wanted)] == ["GPU-1"]
+    assert [h.container_id for h in ledger.holdings()] == ["c-q"]
+
+
+def test_memory_is_checked_whenever_the_gpus_memory_is_known() -> None:
+    """Without a memory source (or with 0: unknown) shares are checked by milli alone; any known
+    memory, down to 1 MiB, is checked."""
+    roomy = Ledger()
+    assert not roomy.try_reserve([Holding("", "sb", "P", "a", "GPU-1", 500, memory_mib=10**6)])
+    assert not roomy.try_reserve([Holding("", "sq", "Q", "c", "GPU-1", 500, memory_mib=10**6)])
+    tiny = Ledger(lambda device: 1)
+    assert not tiny.try_reserve([Holding("", "sb", "P", "a", "GPU-1", 100, memory_mib=1)])
+    [conflict] = tiny.try_reserve([Holding("", "sq", "Q", "c", "GPU-1", 100, memory_mib=1)])
+    assert conflict.describe() == (
+        "device GPU-1 is held by a of pod P (creating): their GPU memory would add up to 2 MiB, "
+        "more than its 1 MiB"
+    )

@@ -194,13 +194,22 @@ def test_a_health_change_triggers_rediscovery(caplog: pytest.LogCaptureFixture) 
 
 
 class FakeRuntime:
-    """Answers ListContainers and ContainerStatus from a list of containers."""
+    """Answers ListContainers, ListPodSandbox and ContainerStatus from a list of containers. Like
+    containerd's gRPC stub it takes only requests of the method's own type; it records each call's
+    deadline (``calls``)."""
 
     def __init__(self) -> None:
         self.containers: list[api_pb2.Container] = []
         self.lists = 0
         self.asked: list[tuple[str, float | None]] = []  # (sandbox filter, timeout) of each list
+        self.calls: list[tuple[str, float | None]] = []  # (method, timeout) of every call
         self.sandbox_uids: dict[str, str] = {}  # sandbox id -> pod UID where it is not UID
+
+    def _called(self, method: str, req: object, timeout: float | None) -> None:
+        wanted = getattr(api_pb2, f"{method}Request")
+        if not isinstance(req, wanted):  # the stub could not even serialize it
+            raise TypeError(f"{method}: {type(req).__name__} is not a {wanted.__name__}")
+        self.calls.append((method, timeout))
 
     def add(self, container_id: str, sandbox: str, name: str, attempt: int, devices: dict[str, int]) -> None:
         self.containers.append(
@@ -216,6 +225,7 @@ class FakeRuntime:
     async def ListContainers(
         self, req: api_pb2.ListContainersRequest, timeout: float | None = None
     ) -> object:
+        self._called("ListContainers", req, timeout)
         self.lists += 1
         self.asked.append((req.filter.pod_sandbox_id, timeout))
         wanted = req.filter.pod_sandbox_id
@@ -227,6 +237,7 @@ class FakeRuntime:
         self, req: api_pb2.ListPodSandboxRequest, timeout: float | None = None
     ) -> object:
         """Every sandbox of a listed container, as pod UID's (or as ``sandbox_uids`` says)."""
+        self._called("ListPodSandbox", req, timeout)
         ids = dict.fromkeys(c.pod_sandbox_id for c in self.containers)
         return api_pb2.ListPodSandboxResponse(
             items=[
@@ -237,7 +248,10 @@ class FakeRuntime:
             ]
         )
 
-    async def ContainerStatus(self, req: api_pb2.ContainerStatusRequest, timeout: float = 0) -> object:
+    async def ContainerStatus(
+        self, req: api_pb2.ContainerStatusRequest, timeout: float | None = None
+    ) -> object:
+        self._called("ContainerStatus", req, timeout)
         for c in self.containers:
             if c.id == req.container_id:
                 return api_pb2.ContainerStatusResponse(status=api_pb2.ContainerStatus(id=c.id, state=c.state))
@@ -406,10 +420,11 @@ def test_a_container_given_sys_admin_is_logged_and_refused(
     with pytest.raises(Rejected) as caught:
         asyncio.run(rewriter_for(sim_node(tmp_path)).create_container(create))
     assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
-    assert f"pod default/p container app: capability SYS_ADMIN (added as {granted!r}) is refused" in str(
-        caught.value.message
+    assert caught.value.message == (
+        f"pod default/p container app: capability SYS_ADMIN (added as {granted!r}) is refused on this "
+        "node: it lets a container lift its device cgroup and open every device node, past the shim; "
+        "the shim allows it only in the namespaces named by --allow-sys-admin-namespace"
     )
-    assert "--allow-sys-admin-namespace" in caught.value.message
     fields = {"pod": "default/p", "container": "app", "node": NODE, "capability": granted}
     assert events(caplog, "create_container.sys_admin") == [
         (logging.WARNING, {**fields, "allowed": False, "note": SYS_ADMIN_NOTE})
@@ -518,7 +533,11 @@ def test_the_rebuild_waits_for_the_runtime(tmp_path: Path, caplog: pytest.LogCap
     rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
 
     class Late(FakeRuntime):
-        async def ListContainers(self, req: object, timeout: float = 0) -> object:
+        """Lists containers at the third call, sandboxes at the second (one failure each way)."""
+
+        sandbox_lists = 0
+
+        async def ListContainers(self, req: object, timeout: float | None = None) -> object:
             self.lists += 1
             if self.lists < 3:
                 raise grpc.aio.AioRpcError(
@@ -526,13 +545,26 @@ def test_the_rebuild_waits_for_the_runtime(tmp_path: Path, caplog: pytest.LogCap
                 )
             return await super().ListContainers(req, timeout)  # type: ignore[arg-type]  (counts again)
 
+        async def ListPodSandbox(self, req: object, timeout: float | None = None) -> object:
+            self.sandbox_lists += 1
+            if self.sandbox_lists < 2:
+                raise grpc.aio.AioRpcError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.aio.Metadata(), grpc.aio.Metadata(), "slow"
+                )
+            return await super().ListPodSandbox(req, timeout)  # type: ignore[arg-type]
+
     late = Late()
     late.add("c1", "sb", "app", 0, {"GPU-0": 1000})
     rewriter._runtime = late  # type: ignore[assignment]
     asyncio.run(rewriter.rebuild(retry_seconds=0.01))
-    assert late.lists == 4 and [h.container_id for h in rewriter.ledger.holdings()] == ["c1"]
+    assert late.lists == 4 and late.sandbox_lists == 2
+    assert [h.container_id for h in rewriter.ledger.holdings()] == ["c1"]
     assert [t for _, t in late.asked if t is None] == []  # every list is bounded
-    assert events(caplog, "ledger.rebuild_retry") == [(logging.WARNING, {"code": "UNAVAILABLE"})] * 2
+    assert events(caplog, "ledger.rebuild_retry") == [
+        (logging.WARNING, {"code": "UNAVAILABLE"}),
+        (logging.WARNING, {"code": "UNAVAILABLE"}),
+        (logging.WARNING, {"code": "DEADLINE_EXCEEDED"}),
+    ]
 
 
 def test_an_exited_or_vanished_holder_of_another_pod_is_dropped_on_conflict(
@@ -1040,7 +1072,11 @@ def test_a_create_from_a_checkpoint_archive_is_refused_before_anything_is_held(
         with pytest.raises(Rejected) as caught:
             await rewriter.create_container(req)
         assert caught.value.code is grpc.StatusCode.FAILED_PRECONDITION
-        assert f"image {image!r} is a file" in caught.value.message and "default/p" in caught.value.message
+        assert caught.value.message == (
+            f"pod default/p container app: image {image!r} is a file, which containerd restores as a "
+            "container checkpoint with the checkpoint's own annotations, past the device scrub and the "
+            "ledger; checkpoint restore is refused on this node"
+        )
         assert rewriter.ledger.holdings() == []
 
     asyncio.run(run())
@@ -1095,8 +1131,12 @@ def test_a_container_containerd_makes_after_its_create_was_settled_is_adopted(
         await rewriter.create_container(q)
 
     asyncio.run(run())
-    [(level, adopted)] = events(caplog, "ledger.adopted")
-    assert level == logging.WARNING and adopted["container"] == "c-late" and adopted["devices"] == ["GPU-0"]
+    assert events(caplog, "ledger.adopted") == [
+        (
+            logging.WARNING,
+            {"container": "c-late", "pod_uid": UID, "name": "app", "attempt": 0, "devices": ["GPU-0"]},
+        )
+    ]
 
 
 def test_a_late_container_takes_the_place_of_its_unknown_holding_and_counts_once(tmp_path: Path) -> None:
@@ -1185,7 +1225,20 @@ def test_adoption_skips_foreign_marks_and_goes_on_when_the_runtime_cannot_be_ask
     q = request(container="c", grant={"c": ["GPU-0"]}, uid="Q", sandbox="sq")
     asyncio.run(rewriter.create_container(q))
     assert [h.container_id for h in rewriter.ledger.holdings()] == [""]
-    assert [f["container"] for _, f in events(caplog, "ledger.foreign_mark")] == ["c-forged"]
+    assert events(caplog, "ledger.foreign_mark") == [
+        (
+            logging.WARNING,
+            {
+                "container": "c-forged",
+                "sandbox": "sx",
+                "sandbox_pod_uid": "X",
+                "name": "app",
+                "mark_pod_uid": UID,
+                "mark_container": "app",
+                "devices": ["GPU-0"],
+            },
+        )
+    ]
     rewriter._runtime = Down()  # type: ignore[assignment]
     asyncio.run(
         rewriter.create_container(request(container="d", grant={"d": ["GPU-1"]}, uid="Q", sandbox="sq"))
@@ -1431,3 +1484,388 @@ def test_adoption_never_books_a_device_past_its_capacity(
     )
     assert "GPU-0 is held by c of pod Q (c-q)" in str(refused["reason"])
     assert [f["container"] for _, f in events(caplog, "ledger.adopted")] == ["c-late"]
+
+
+# --- found containers that do not fit, the runtime's deadlines (mutation survivors of make mutate-node)
+
+ADOPT_REFUSED_NOTE = "not booked past capacity; StartContainer is refused for it until it fits"
+
+
+def marked(
+    container_id: str,
+    sandbox: str,
+    pod_uid: str,
+    devices: dict[str, int],
+    state: int = api_pb2.CONTAINER_RUNNING,
+    created_at: int = 0,
+    memory: dict[str, int] | None = None,
+    attempt: int = 0,
+) -> api_pb2.Container:
+    """A live container the shim rewrote for ``pod_uid``'s container "app" (its mark says so)."""
+    return api_pb2.Container(
+        id=container_id,
+        pod_sandbox_id=sandbox,
+        metadata=api_pb2.ContainerMetadata(name="app", attempt=attempt),
+        state=state,  # type: ignore[arg-type]
+        created_at=created_at,
+        annotations={MARK_ANNOTATION: mark_value(pod_uid, "app", devices, memory)},
+    )
+
+
+def refused_event(
+    container_id: str, pod_uid: str, devices: list[str], reason: str, attempt: int = 0
+) -> object:
+    return (
+        logging.ERROR,
+        {
+            "container": container_id,
+            "pod_uid": pod_uid,
+            "name": "app",
+            "attempt": attempt,
+            "devices": devices,
+            "reason": reason,
+            "note": ADOPT_REFUSED_NOTE,
+        },
+    )
+
+
+def test_a_rebuild_books_running_containers_first_then_the_oldest(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """After a restart the shim books what containerd lists as adoptions are booked: a running
+    container uses its devices now and comes first, then the oldest. One that does not fit is
+    not booked, is reported once, and its start is refused with what to do."""
+    caplog.set_level(logging.DEBUG)
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.containers.extend(
+        [
+            marked("c-created", "sp", "P", {"GPU-0": 1000}, api_pb2.CONTAINER_CREATED, 1, attempt=2),
+            marked("c-running", "sq", "Q", {"GPU-0": 1000}, api_pb2.CONTAINER_RUNNING, 2),
+            marked("c-newer", "sr", "R", {"GPU-1": 1000}, api_pb2.CONTAINER_CREATED, 4),
+            marked("c-older", "ss", "S", {"GPU-1": 1000}, api_pb2.CONTAINER_CREATED, 3),
+        ]
+    )
+    runtime.sandbox_uids.update(sp="P", sq="Q", sr="R", ss="S")
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    asyncio.run(rewriter.rebuild())
+    held = sorted((h.device, h.container_id) for h in rewriter.ledger.holdings())
+    assert held == [("GPU-0", "c-running"), ("GPU-1", "c-older")]
+    on_gpu0, on_gpu1 = (
+        "device GPU-0 is held by app of pod Q (c-running)",
+        "device GPU-1 is held by app of pod S (c-older)",
+    )
+    assert rewriter.overbooked == {"c-created": on_gpu0, "c-newer": on_gpu1}
+    assert events(caplog, "ledger.adopt_refused") == [
+        refused_event("c-created", "P", ["GPU-0"], on_gpu0, attempt=2),
+        refused_event("c-newer", "R", ["GPU-1"], on_gpu1),
+    ]
+    with pytest.raises(Rejected) as start:
+        rewriter.start_container("c-created")
+    assert start.value.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert start.value.message == (
+        f"container c-created was created for devices that are not its own now ({on_gpu0}); "
+        "remove it, kubelet creates the container anew"
+    )
+    rewriter.start_container("c-running")
+
+
+def test_a_rebuild_checks_the_shares_memory_and_counts_a_share_by_milli_at_its_fraction(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.DEBUG)
+    node = NodeDevices([Flaky(failures=0, gpus=2, memory_mib=23 * GIB)], sysfs_root=None)
+    node.discover()
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.containers.extend(
+        [
+            marked("c-p", "sp", "P", {"GPU-0": 400}, created_at=1, memory={"GPU-0": 20 * GIB}),
+            marked("c-q", "sq", "Q", {"GPU-0": 400}, created_at=2, memory={"GPU-0": 20 * GIB}),
+            marked("c-m", "sm", "M", {"GPU-1": 500}, created_at=3),  # a share by milli: half of 23 GiB
+        ]
+    )
+    runtime.sandbox_uids.update(sp="P", sq="Q", sm="M")
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    asyncio.run(rewriter.rebuild())
+    assert sorted(h.container_id for h in rewriter.ledger.holdings()) == ["c-m", "c-p"]
+    assert rewriter.overbooked == {
+        "c-q": "device GPU-0 is held by app of pod P (c-p): their GPU memory would add up to 40960 MiB, "
+        "more than its 23552 MiB"
+    }
+    twelve = request(
+        container="c",
+        grant={"c": ["GPU-1"]},
+        shares={"c": {"GPU-1": Share(400, 12 * GIB)}},
+        uid="T",
+        sandbox="st",
+    )
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(twelve))
+    assert caught.value.message.endswith("would add up to 24064 MiB, more than its 23552 MiB")
+
+
+def test_a_rebuild_before_discovery_books_shares_by_milli_alone(tmp_path: Path) -> None:
+    """The shim restarted and the driver is not up yet: the GPUs' memory is not known, so the
+    shares found are booked by milli (as any share on a GPU of unknown memory), none refused."""
+    node = NodeDevices([Flaky(failures=10**6, gpus=1, memory_mib=23 * GIB)], sysfs_root=None)
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.containers.extend(
+        marked(f"c-{pod}", f"s{pod}", pod, {"GPU-0": 400}, memory={"GPU-0": 20 * GIB}) for pod in "PQ"
+    )
+    runtime.sandbox_uids.update(sP="P", sQ="Q")
+    rewriter._runtime = runtime  # type: ignore[assignment]
+    asyncio.run(rewriter.rebuild())
+    assert sorted(h.container_id for h in rewriter.ledger.holdings()) == ["c-P", "c-Q"]
+    assert rewriter.overbooked == {}
+
+
+def test_a_create_answering_after_its_sandbox_went_is_not_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """P's create of GPU-0 is in flight when P's sandbox is removed and Q gets GPU-0; then
+    containerd answers with P's container. It is not booked beside Q's, it is reported, and its
+    start is refused."""
+    caplog.set_level(logging.DEBUG)
+    rewriter, runtime = rewriter_on_fake_runtime(tmp_path)
+
+    async def run() -> None:
+        _, p_done = await rewriter.create_container(request(grant={"app": ["GPU-0"]}, attempt=1))
+        rewriter.removed_sandbox("sb")
+        _, q_done = await rewriter.create_container(
+            request(container="c", grant={"c": ["GPU-0"]}, uid="Q", sandbox="sq")
+        )
+        q_done("c-q", False)  # type: ignore[misc]
+        p_done("c-p", False)  # type: ignore[misc]
+
+    asyncio.run(run())
+    assert [h.container_id for h in rewriter.ledger.holdings()] == ["c-q"]
+    reason = "device GPU-0 is held by c of pod Q (c-q)"
+    assert events(caplog, "ledger.adopt_refused") == [refused_event("c-p", UID, ["GPU-0"], reason, attempt=1)]
+    with pytest.raises(Rejected) as start:
+        rewriter.start_container("c-p")
+    assert reason in start.value.message
+    rewriter.start_container("c-q")
+
+
+def test_a_container_found_for_a_quarantined_create_whose_sandbox_went_meanwhile_is_not_started(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Reconciliation asks containerd for P's container; while it answers, P's sandbox is removed
+    and Q's container takes GPU-0. The container found is not booked beside Q's, nor started."""
+    caplog.set_level(logging.DEBUG)
+    rewriter = rewriter_for(sim_node(tmp_path))
+
+    class Answering(FakeRuntime):
+        async def ListContainers(self, req: object, timeout: float | None = None) -> object:
+            listing = await super().ListContainers(req, timeout)  # type: ignore[arg-type]
+            if req.filter.pod_sandbox_id == "sb":  # type: ignore[attr-defined]
+                rewriter.removed_sandbox("sb")
+                assert not rewriter.ledger.try_reserve([Holding("c-q", "sq", "Q", "c", "GPU-0", 1000)])
+            return listing
+
+    runtime = Answering()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+
+    async def run() -> None:
+        _, done = await rewriter.create_container(request(grant={"app": ["GPU-0"]}))
+        done(None, True)  # type: ignore[misc]
+        runtime.add("c-p", "sb", "app", 0, {"GPU-0": 1000})
+        assert await rewriter.reconcile_unknown("sb")
+
+    asyncio.run(run())
+    assert [h.container_id for h in rewriter.ledger.holdings()] == ["c-q"]
+    reason = "device GPU-0 is held by c of pod Q (c-q)"
+    assert events(caplog, "ledger.adopt_refused") == [refused_event("c-p", UID, ["GPU-0"], reason)]
+    with pytest.raises(Rejected):
+        rewriter.start_container("c-p")
+
+
+def test_a_create_made_before_a_restart_and_retried_after_it_counts_once(tmp_path: Path) -> None:
+    """containerd made P's container (a 600 share) while the shim restarted: the rebuild books it
+    from its mark. kubelet, which never had the answer, retries the create (same attempt) and the
+    retry runs past its deadline too ("name is reserved"). That is one container at most: Q's 400
+    fits, R's 1 does not."""
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    runtime.add("c-p", "sb", "app", 0, {"GPU-0": 600})
+    rewriter._runtime = runtime  # type: ignore[assignment]
+
+    async def run() -> None:
+        await rewriter.rebuild()
+        _, retry = await rewriter.create_container(
+            request(grant={"app": ["GPU-0"]}, shares={"app": {"GPU-0": Share(600)}})
+        )
+        retry(None, True)  # type: ignore[misc]
+        held = sorted((h.container_id, h.milli, h.unknown) for h in rewriter.ledger.holdings())
+        assert held == [("", 600, True), ("c-p", 600, False)]
+        q = request(
+            container="c", grant={"c": ["GPU-0"]}, shares={"c": {"GPU-0": Share(400)}}, uid="Q", sandbox="sq"
+        )
+        await rewriter.create_container(q)
+        r = request(
+            container="d", grant={"d": ["GPU-0"]}, shares={"d": {"GPU-0": Share(1)}}, uid="R", sandbox="sr"
+        )
+        with pytest.raises(Rejected) as caught:
+            await rewriter.create_container(r)
+        assert f"device GPU-0 is held by app of pod {UID} (" in caught.value.message  # once
+
+    asyncio.run(run())
+
+
+def test_a_create_refused_on_several_devices_names_each(tmp_path: Path) -> None:
+    rewriter = rewriter_for(sim_node(tmp_path))
+    for gpu, pod in (("GPU-0", "Q"), ("GPU-1", "R")):
+        assert not rewriter.ledger.try_reserve([Holding("", f"s{pod}", pod, "c", gpu, 1000)])
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter.create_container(request(grant={"app": ["GPU-0", "GPU-1"]})))
+    assert caught.value.message == (
+        "pod default/p container app: device GPU-0 is held by c of pod Q (creating); "
+        "device GPU-1 is held by c of pod R (creating)"
+    )
+
+
+def test_any_known_gpu_memory_bounds_a_share(tmp_path: Path) -> None:
+    """0 is a GPU whose memory is not known; any other figure, however small, is checked."""
+    node = NodeDevices([Flaky(failures=0, gpus=1, memory_mib=1)], sysfs_root=None)
+    node.discover()
+    create = request(grant={"app": ["GPU-0"]}, shares={"app": {"GPU-0": Share(100, 2)}})
+    with pytest.raises(Rejected) as caught:
+        asyncio.run(rewriter_for(node).create_container(create))
+    assert caught.value.message == (
+        "pod default/p container app: the share of device GPU-0 asks for 2 MiB of memory, "
+        "the device has 1 MiB"
+    )
+
+
+def test_every_runtime_call_is_bounded(tmp_path: Path) -> None:
+    """A stuck containerd must not hang the shim: every call it makes (the rebuild's lists, an
+    adoption pass, the liveness of a holder in the way, a reconciliation) has a deadline."""
+    rewriter = AllocationRewriter(NODE, sim_node(tmp_path), KeyRing(None, SIGNING))
+    runtime = FakeRuntime()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+
+    async def run() -> None:
+        await rewriter.rebuild()
+        _, done = await rewriter.create_container(request(container="u", grant={"u": ["GPU-1"]}))
+        done(None, True)  # type: ignore[misc]
+        runtime.containers.append(marked("c-a", "sb", UID, {"GPU-0": 1000}))  # a stray: adopted
+        for name, gpu in (("w", "GPU-0"), ("v", "GPU-1")):  # in the way: a live holder, an unknown one
+            with pytest.raises(Rejected):
+                await rewriter.create_container(request(container=name, grant={name: [gpu]}))
+
+    asyncio.run(run())
+    assert {method for method, _ in runtime.calls} == {"ListContainers", "ListPodSandbox", "ContainerStatus"}
+    assert all(t is not None and 0 < t <= 30 for _, t in runtime.calls), runtime.calls
+
+
+def test_the_managed_set_follows_the_host_while_discovery_keeps_failing(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Until discovery succeeds, every round refreshes the managed set from the plugins' patterns:
+    a device node that appears meanwhile is scrubbed by its number too. A refresh that fails is
+    logged."""
+    caplog.set_level(logging.DEBUG)
+    dev = tmp_path / "dev"
+    dev.mkdir()
+
+    class Down(Flaky):
+        def __init__(self) -> None:
+            super().__init__(failures=10**9, gpus=1)
+            self.broken = False
+
+        @property
+        def device_patterns(self) -> tuple[str, ...]:
+            if self.broken:
+                raise RuntimeError("cannot list patterns")
+            return (f"{dev}/late*",)
+
+    plugin = Down()
+    node = NodeDevices([plugin], sysfs_root=None)
+    rewriter = rewriter_for(node)
+    (dev / "late0").symlink_to("/dev/zero")  # appears after the shim started
+    assert DeviceNumber(CHAR, 1, 5) not in node.managed.numbers
+
+    async def rounds(count: int) -> None:
+        upkeep = asyncio.create_task(rewriter.maintain_devices(0.01))
+        start = plugin.calls
+        for _ in range(500):
+            if plugin.calls >= start + count:  # the rounds between these discoveries are done
+                break
+            await asyncio.sleep(0.01)
+        upkeep.cancel()
+
+    asyncio.run(rounds(2))
+    assert not node.discovered and DeviceNumber(CHAR, 1, 5) in node.managed.numbers
+    assert events(caplog, "devices.managed_refresh_failed") == []
+    plugin.broken = True
+    asyncio.run(rounds(2))
+    assert events(caplog, "devices.managed_refresh_failed")[0] == (
+        logging.WARNING,
+        {"node": NODE, "error": "cannot list patterns"},
+    )
+
+
+def test_a_container_found_after_its_sandbox_went_is_booked_again_and_its_share_enforced(
+    tmp_path: Path,
+) -> None:
+    """Reconciliation asks containerd for P's container (a 500 share); while it answers, P's
+    sandbox is removed (its share is dropped: the MPS watchdog is told). The container found
+    exists and nobody else took the GPU: it is booked again, and the watchdog is told again,
+    so that the share's daemon runs for it."""
+    node = sim_node(tmp_path)
+    rewriter = rewriter_for(node)
+
+    class Sharing:  # stands in for crishim.mps.MpsSharing: counts the wake-ups
+        pokes = 0
+
+        def poke(self) -> None:
+            self.pokes += 1
+
+    class Answering(FakeRuntime):
+        async def ListContainers(self, req: object, timeout: float | None = None) -> object:
+            listing = await super().ListContainers(req, timeout)  # type: ignore[arg-type]
+            if req.filter.pod_sandbox_id == "sb":  # type: ignore[attr-defined]
+                rewriter.removed_sandbox("sb")
+            return listing
+
+    runtime = Answering()
+    rewriter._runtime = runtime  # type: ignore[assignment]
+
+    async def run() -> None:
+        _, done = await rewriter.create_container(
+            request(grant={"app": ["GPU-0"]}, shares={"app": {"GPU-0": Share(500)}})
+        )
+        done(None, True)  # type: ignore[misc]
+        sharing = Sharing()
+        node.sharing = sharing  # type: ignore[assignment]
+        runtime.add("c-p", "sb", "app", 0, {"GPU-0": 500})
+        assert await rewriter.reconcile_unknown("sb")
+        assert [(h.container_id, h.milli) for h in rewriter.ledger.holdings()] == [("c-p", 500)]
+        assert sharing.pokes == 2
+
+    asyncio.run(run())
+
+
+def test_the_nodes_discovery_places_nics_by_the_sysfs_it_is_given(tmp_path: Path) -> None:
+    """The shim's discovery reads PCI placement under its sysfs root: which NIC is near which GPU
+    is part of the inventory it publishes."""
+    from devices.nvidia import NvidiaPlugin
+    from devices.rdma import RdmaPlugin
+    from tests.test_devices_affinity import _machine_nvml
+    from tests.test_devices_rdma import build_machine
+
+    build_machine(tmp_path)
+    nvml = _machine_nvml()
+    node = NodeDevices(
+        [NvidiaPlugin(nvml=nvml, sysfs_root=str(tmp_path)), RdmaPlugin(str(tmp_path))], str(tmp_path)
+    )
+    node.discover()
+    g0, _, g2 = nvml.uuids
+    assert dict(node.current_inventory().topology.nic_gpus) == {
+        "mlx5_0": (g0,),
+        "mlx5_1": (g0,),
+        "mlx5_2": (g0,),
+        "mlx5_10": (g2,),
+    }

@@ -236,12 +236,14 @@ def test_other_vendors_cdi_annotations_are_kept_and_mixed_ones_lose_only_managed
             ("nvidia.cdi.k8s.io/gpu", "k8s.device-plugin.nvidia.com/gpu=GPU-1,NVIDIA.COM/gpu=all"),
             ("cdi.k8s.io/ours", "kubegpu.io/gpu=x,gpu.nvidia.com/gpu=0"),
             ("cdi.k8s.io/garbage", "x"),  # containerd rejects it itself; it names nothing of ours
+            ("cdi.k8s.io/garbage-and-ours", "x,nvidia.com/gpu=0,y"),
         ],
     )
     assert dict(config.annotations) == {
         "cdi.k8s.io/nic": "example.com/net=eth1",
         "cdi.k8s.io/mixed": "example.com/net=eth1,vendor.example/fpga=a:b",
         "cdi.k8s.io/garbage": "x",
+        "cdi.k8s.io/garbage-and-ours": "x,y",
     }
 
 
