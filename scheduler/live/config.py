@@ -49,6 +49,10 @@ class SchedulerConfig:
     gang_timeout_seconds: float = 60.0
     gang_domain_label: str = "topology.kubernetes.io/zone"
     gang_starvation_seconds: float = 300.0
+    # utilisation-aware placement (docs/utilisation.md): the weight of the live utilisation term
+    # added to ``policy`` (0: none), and the age past which a node's published readings are unknown
+    utilization_weight: float = 0.0
+    utilization_stale_seconds: float = 600.0
     leader_election: LeaderElection = field(default_factory=LeaderElection)
 
 
@@ -88,6 +92,7 @@ def _apply(target: Any, doc: dict[str, Any], names: dict[str, str], where: str) 
 
 EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 MAX_BIND_WORKERS = 1024
+MAX_UTILIZATION_WEIGHT = 1000.0  # the weight of the live term; 1000 already puts it above every other score
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -125,6 +130,9 @@ def validate(config: SchedulerConfig) -> None:
             split_host_port(config.metrics_address)
         except ValueError as error:
             problems.append(f"metricsAddress {config.metrics_address!r}: {error}")
+    weight = config.utilization_weight
+    if not (math.isfinite(weight) and 0 <= weight <= MAX_UTILIZATION_WEIGHT):
+        problems.append(f"utilizationWeight must be 0 to {MAX_UTILIZATION_WEIGHT:g}, got {weight!r}")
     if config.backoff_initial_seconds > config.backoff_max_seconds:
         problems.append("backoffInitialSeconds must not exceed backoffMaxSeconds")
     if not LABEL_KEY.match(config.gang_domain_label) or len(config.gang_domain_label) > 316:
