@@ -8,7 +8,9 @@ node's ``NodeGpuMetric`` (``kubegpu.livemetrics``, docs/utilisation.md) and writ
 - a GPU appeared or went, or its health fields changed (``lost``, ``xid``, ``eccUncorrected``):
   always, so an unfit GPU leaves placement within one interval;
 - a GPU's utilisation moved ``utilization_points`` (5) or more from what was written, or its memory
-  in use ``memory_percent`` (5) % of its memory or more;
+  in use ``memory_percent`` (5) % of its memory or more, and either had moved that far at the
+  previous comparison too or moved twice as far now: a job starting or ending is written at once, a
+  reading that only wobbles across the threshold is not;
 - the last write is ``refresh`` seconds old (300) and the sampler has read since: so the scheduler
   can tell a quiet node from a silent one (its staleness bound must exceed ``refresh``).
 
@@ -75,37 +77,49 @@ def _health(g: GpuReport) -> tuple[Any, ...]:
     return (g.lost, g.xid or 0, g.ecc_uncorrected or 0)
 
 
+def _moved(now: float | None, written: float | None, before: float | None, threshold: float) -> bool:
+    """``now`` moved ``threshold`` or more from ``written`` and stays there: also at the previous
+    comparison (``before``), or by twice the threshold now; a reading appearing or going counts."""
+    if (now is None) != (written is None):
+        return True
+    if now is None or written is None:
+        return False
+    gap = abs(now - written)
+    if gap < threshold:
+        return False
+    return gap >= 2 * threshold or before is None or abs(before - written) >= threshold
+
+
 def publish_reason(
     written: Mapping[str, GpuReport] | None,
     current: Mapping[str, GpuReport],
     since_write: float,
     policy: PublishPolicy,
+    previous: Mapping[str, GpuReport] | None = None,
 ) -> str:
     """Why ``current`` must be written now ('' when it need not): ``first``, ``gpus``, ``health``,
     ``utilization``, ``memory`` or ``refresh``. ``written``: what the last write said (None: none);
-    ``since_write``: seconds since it (only asked when the sampler has read since)."""
+    ``previous``: the readings at the previous comparison (None: a move need not be confirmed);
+    ``since_write``: seconds since the last write (only asked when the sampler has read since)."""
     if written is None:
         return "first"
     if set(written) != set(current):
         return "gpus"
     if any(_health(written[gid]) != _health(g) for gid, g in current.items()):
         return "health"
+    before = previous or {}
     for gid, g in current.items():
-        old = written[gid]
-        if (g.utilization is None) != (old.utilization is None) or (
-            g.utilization is not None
-            and old.utilization is not None
-            and abs(g.utilization - old.utilization) >= policy.utilization_points
+        old, prior = written[gid], before.get(gid)
+        if _moved(
+            g.utilization, old.utilization, prior.utilization if prior else None, policy.utilization_points
         ):
             return "utilization"
     for gid, g in current.items():
-        old = written[gid]
+        old, prior = written[gid], before.get(gid)
         total = g.memory_total_mib or old.memory_total_mib or 0
-        if (g.memory_used_mib is None) != (old.memory_used_mib is None) or (
-            g.memory_used_mib is not None
-            and old.memory_used_mib is not None
-            and abs(g.memory_used_mib - old.memory_used_mib) * 100 >= policy.memory_percent * max(total, 1)
-        ):
+        threshold = policy.memory_percent * max(total, 1) / 100
+        used = prior.memory_used_mib if prior else None
+        if _moved(g.memory_used_mib, old.memory_used_mib, used, threshold):
             return "memory"
     return "refresh" if since_write >= policy.refresh else ""
 
@@ -137,6 +151,9 @@ class MetricsPublisher:
         self._clock = clock or time.monotonic
         self.written: dict[str, GpuReport] | None = None
         self._written_sample: dt.datetime | None = None
+        # the round compared last (when sampled, its readings) and the readings of the one before
+        self._checked: tuple[dt.datetime | None, dict[str, GpuReport] | None] = (None, None)
+        self._previous: dict[str, GpuReport] | None = None
         self._written_at = 0.0
         self.writes = 0  # API writes, for tests and the benchmark
         self._stop = threading.Event()
@@ -149,7 +166,10 @@ class MetricsPublisher:
             return ""  # nothing read since the last write: nothing new to say
         rows = self._rows()
         current = {row.device.id: report_of(row) for row in rows}
-        reason = publish_reason(self.written, current, self._clock() - self._written_at, self.policy)
+        since = self._clock() - self._written_at
+        if sampled != self._checked[0]:  # a new round: the one compared last is the previous
+            self._previous, self._checked = self._checked[1], (sampled, current)
+        reason = publish_reason(self.written, current, since, self.policy, self._previous)
         if not reason:
             return ""
         reports = sorted(current.values(), key=lambda g: (g.index, g.id))

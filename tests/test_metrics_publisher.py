@@ -48,6 +48,22 @@ def test_it_writes_only_what_moved_beyond_a_threshold(now: dict[str, GpuReport],
     assert publish_reason({"g0": gpu()}, now, 10.0, POLICY) == reason
 
 
+def test_a_small_move_must_hold_for_two_comparisons_a_large_one_is_written_at_once() -> None:
+    written = {"g0": gpu(util=10.0, used=1000)}
+    wobble = {"g0": gpu(util=10.0, used=1000)}  # the previous comparison: back where it was written
+    assert publish_reason(written, {"g0": gpu(util=16.0)}, 10.0, POLICY, previous=wobble) == ""
+    assert publish_reason(written, {"g0": gpu(util=16.0)}, 10.0, POLICY, previous={"g0": gpu(util=15.0)}) == (
+        "utilization"
+    )
+    assert publish_reason(written, {"g0": gpu(util=20.0)}, 10.0, POLICY, previous=wobble) == "utilization"
+    assert publish_reason(written, {"g0": gpu(used=2000)}, 10.0, POLICY, previous=wobble) == ""  # 6 %
+    assert publish_reason(written, {"g0": gpu(used=2000)}, 10.0, POLICY, previous={"g0": gpu(used=1900)}) == (
+        "memory"
+    )
+    assert publish_reason(written, {"g0": gpu(used=2600)}, 10.0, POLICY, previous=wobble) == "memory"  # 10 %
+    assert publish_reason(written, {"g0": gpu(xid=79)}, 10.0, POLICY, previous=wobble) == "health"
+
+
 def test_it_writes_first_and_after_the_refresh_bound() -> None:
     assert publish_reason(None, {"g0": gpu()}, 0.0, POLICY) == "first"
     assert publish_reason({"g0": gpu()}, {"g0": gpu()}, 299.9, POLICY) == ""
