@@ -305,7 +305,10 @@ class Cache:
         for gid in before:
             if gid not in unfit:
                 log_event(log, "gpu.back_in_placement", node=name, device=gid)
-        self._unfit[name] = unfit
+        if unfit:
+            self._unfit[name] = unfit
+        else:
+            self._unfit.pop(name, None)
         if cluster is None:
             if self.dirty or self.cluster is None:
                 return True  # the next view is built with them
@@ -573,6 +576,8 @@ class Cache:
                 log_event(log, "node.static_score_ignored", logging.WARNING, node=name, reason=static)
             self._static_logged[name] = static
         self.excluded = excluded
+        for gone in [name for name in self._static_logged if name not in self.facts]:
+            del self._static_logged[gone]
         cluster = ClusterState(nodes)
         for name in self.metrics:
             if name in cluster.index:
