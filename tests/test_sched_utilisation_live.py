@@ -248,3 +248,24 @@ def test_the_configuration_keys(tmp_path) -> None:  # noqa: ANN001
     path.write_text("utilizationWeight: heavy\n")
     with pytest.raises(ConfigError, match="utilizationWeight must be float"):
         load_config(path)
+
+
+def test_a_group_waiting_for_gpus_taken_out_is_placed_when_they_come_back() -> None:
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world, scheduler, jobs, core, clock, feed = setup(
+        [node_json("n1", 4), node_json("n2", 4)], policy="topology"
+    )
+    scheduler.replace_gpu_metrics([metrics("n2", 4, xid=79)])
+    group = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+    world.put_group(
+        PLUGINS_API, {**group, "metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    )
+    for name in ("a", "b"):
+        world.put_pod(pod_json(name, 4, labels={PLUGINS_LABEL: "g"}))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert [world.node_of(n) for n in ("a", "b")] == [None, None]
+    scheduler.apply_gpu_metrics("MODIFIED", metrics("n2", 4, xid=0))
+    drive(scheduler, jobs, feed, clock)
+    assert sorted(str(world.node_of(n)) for n in ("a", "b")) == ["n1", "n2"]
