@@ -1,4 +1,4 @@
-"""Build the node agent's parts from command-line options: plugins, rewriter, advertiser."""
+"""Build the node agent's parts from command-line options: plugins, rewriter, advertiser, metrics."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from kubernetes import client
 
 from crishim.advertiser import Advertiser
 from crishim.gpumetrics import GpuTelemetrySampler
+from crishim.metricspublisher import MetricsPublisher, PublishPolicy
 from crishim.mps import build_sharing
 from crishim.podlookup import ApiPodLookup, NodePodCache
 from crishim.rewrite import AllocationRewriter, NodeDevices
@@ -104,4 +105,28 @@ def build_advertiser(
         node_devices.current_inventory,
         interval=args.advertise_interval,
         heartbeat_seconds=args.heartbeat_interval,
+    )
+
+
+def build_metrics_publisher(
+    args: argparse.Namespace, telemetry: GpuTelemetrySampler | None, api: client.ApiClient
+) -> MetricsPublisher | None:
+    """The NodeGpuMetric publisher (``--metrics-publish-*``); None when the sampler is off
+    (``--telemetry-interval 0``) or ``--metrics-publish-interval`` is 0."""
+    interval = getattr(args, "metrics_publish_interval", 0)
+    if telemetry is None or not interval:
+        return None
+    policy = PublishPolicy(
+        interval=interval,
+        refresh=args.metrics_publish_refresh,
+        utilization_points=args.metrics_utilization_threshold,
+        memory_percent=args.metrics_memory_threshold,
+    )
+    return MetricsPublisher(
+        client.CustomObjectsApi(api),
+        client.CoreV1Api(api),
+        args.node_name,
+        rows=lambda: telemetry.rows,
+        sampled_at=lambda: telemetry.sampled_at,
+        policy=policy,
     )

@@ -4,7 +4,8 @@
 seconds off the event loop (a read stuck past ``read_timeout`` is logged and waited on by the
 next rounds, never started again beside itself), keeps a moving average per GPU, and works out
 which pods' containers hold each GPU (the node ledger's holdings; pod namespace and name from
-containerd's sandboxes).
+containerd's sandboxes). ``sampled_at`` is when its last good round was read: the metrics
+publisher (``crishim.metricspublisher``) writes that round for the scheduler.
 ``GpuMetricsCollector`` turns the last round into Prometheus families on the shim's registry, so
 Grafana dashboards built for dcgm-exporter work unchanged:
 
@@ -28,6 +29,7 @@ free GPU one series with those three labels empty. A field the GPU cannot report
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -94,6 +96,7 @@ class GpuTelemetrySampler:
         interval: float = DEFAULT_INTERVAL,
         alpha: float = 0.3,
         read_timeout: float = READ_TIMEOUT,
+        clock: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
     ) -> None:
         self.node_name = node_name
         self.plugins = plugins
@@ -104,6 +107,8 @@ class GpuTelemetrySampler:
         self._reading: asyncio.Future[dict[str, GpuTelemetry]] | None = None
         self.smoother = Smoother(alpha)
         self.rows: tuple[GpuRow, ...] = ()
+        self.sampled_at: dt.datetime | None = None  # when ``rows`` were read (None: not yet)
+        self._clock = clock
         self.last_error = ""
         self._names: dict[str, tuple[str, str]] = {}
         self._sandbox_names: SandboxNames | None = None
@@ -124,6 +129,7 @@ class GpuTelemetrySampler:
                 raise TimeoutError(stuck)
             self._reading = None
             readings = reading.result()
+            sampled_at = self._clock()
         except Exception as error:  # a plugin's failure: the last round stays, and says so
             message = str(error)[:300]
             if message != self.last_error:
@@ -143,6 +149,7 @@ class GpuTelemetrySampler:
                 continue
             rows.append(GpuRow(device, readings[device.id], averages[device.id], holders.get(device.id, ())))
         self.rows = tuple(rows)
+        self.sampled_at = sampled_at
 
     async def _learn_names(self, sandboxes: set[str]) -> None:
         unknown = sandboxes - set(self._names)

@@ -158,6 +158,37 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         "docs/crishim.md); 0 turns them off (default: %(default)s)",
     )
     devices.add_argument(
+        "--metrics-publish-interval",
+        type=cliargs.duration(allow_zero=True),
+        default=30.0,
+        metavar="SECONDS",
+        help="crishim --advertise: how often the GPUs' smoothed readings are compared with what the "
+        "node's NodeGpuMetric says, for the scheduler (docs/utilisation.md); 0 turns publishing off "
+        "(default: %(default)s)",
+    )
+    devices.add_argument(
+        "--metrics-publish-refresh",
+        type=cliargs.duration(),
+        default=300.0,
+        metavar="SECONDS",
+        help="rewrite the NodeGpuMetric at least this often while nothing moves; keep it below the "
+        "scheduler's utilizationStaleSeconds (default: %(default)s)",
+    )
+    devices.add_argument(
+        "--metrics-utilization-threshold",
+        type=cliargs.number(0.0, 100.0, inclusive=True),
+        default=5.0,
+        metavar="POINTS",
+        help="write when a GPU's utilisation moved this many points (default: %(default)s)",
+    )
+    devices.add_argument(
+        "--metrics-memory-threshold",
+        type=cliargs.number(0.0, 100.0, inclusive=True),
+        default=5.0,
+        metavar="PERCENT",
+        help="write when a GPU's memory in use moved this %% of its memory (default: %(default)s)",
+    )
+    devices.add_argument(
         "--mps-control",
         default="nvidia-cuda-mps-control",
         metavar="PATH",
@@ -239,7 +270,13 @@ def _run_crishim(args: argparse.Namespace) -> int:
     from crishim import grpc_settings
 
     grpc_settings.apply()  # before grpc is imported: gRPC core reads it once, at import
-    from crishim.assemble import build_advertiser, build_rewriter, build_telemetry, node_devices_from
+    from crishim.assemble import (
+        build_advertiser,
+        build_metrics_publisher,
+        build_rewriter,
+        build_telemetry,
+        node_devices_from,
+    )
     from crishim.server import ShimConfig, ShimConfigError, serve
     from devices.plugin import PluginError
     from kubegpu.kube import api_client
@@ -254,7 +291,7 @@ def _run_crishim(args: argparse.Namespace) -> int:
         health_interval=args.health_interval,
     )
     _preflight_crishim(args)
-    advertiser = None
+    advertiser = publisher = None
     try:
         interceptor = None
         telemetry = None
@@ -269,18 +306,29 @@ def _run_crishim(args: argparse.Namespace) -> int:
             if args.advertise:
                 advertiser = build_advertiser(args, node_devices, api)
                 advertiser.start()
+                publisher = build_metrics_publisher(args, telemetry, api)
+                if publisher is not None:
+                    publisher.start()
         run_loop(serve(config, interceptor, telemetry))
     except (ShimConfigError, PluginError) as exc:
         raise UsageError(str(exc)) from None
     finally:
         if advertiser is not None:
             advertiser.stop()
+        if publisher is not None:
+            publisher.stop()
     return 0
 
 
 def _run_nri_front(args: argparse.Namespace) -> int:
     """``kubegpu crishim --front nri``: the rewrite core as a containerd NRI plugin."""
-    from crishim.assemble import build_advertiser, build_rewriter, build_telemetry, node_devices_from
+    from crishim.assemble import (
+        build_advertiser,
+        build_metrics_publisher,
+        build_rewriter,
+        build_telemetry,
+        node_devices_from,
+    )
     from crishim.nri.agent import NriAgent, pod_security
     from crishim.nri.serve import NriConfig, serve_nri
     from crishim.podlookup import ApiPodLookup
@@ -292,7 +340,7 @@ def _run_nri_front(args: argparse.Namespace) -> int:
         raise UsageError("--front nri needs at least one --device-plugin (it decides nothing else)")
     _preflight_crishim(args)
     _node_name(args)
-    advertiser = None
+    advertiser = publisher = None
     try:
         api = api_client(args.kubeconfig)
         if args.advertise and api is None:
@@ -305,6 +353,9 @@ def _run_nri_front(args: argparse.Namespace) -> int:
         if args.advertise:
             advertiser = build_advertiser(args, node_devices, api)
             advertiser.start()
+            publisher = build_metrics_publisher(args, telemetry, api)
+            if publisher is not None:
+                publisher.start()
         config = NriConfig(
             socket=unix_path(args.nri_socket),
             plugin_name=args.nri_plugin_name,
@@ -318,6 +369,8 @@ def _run_nri_front(args: argparse.Namespace) -> int:
     finally:
         if advertiser is not None:
             advertiser.stop()
+        if publisher is not None:
+            publisher.stop()
     return 0
 
 

@@ -29,7 +29,11 @@ import yaml
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from kubernetes import client as k8s
 
+from crishim.gpumetrics import GpuRow
+from crishim.metricspublisher import MetricsPublisher
 from crishim.podlookup import NodePodCache
+from devices.model import Device, DeviceKind
+from devices.telemetry import GpuTelemetry
 from kubegpu.allocation import parse_key, private_key_pem, public_key_pem
 from kubegpu.devenv.controlplane import MERGE_PATCH, create_fake_node
 from kubegpu.devenv.manifests import (
@@ -145,6 +149,7 @@ SCHEDULER_CLUSTER_RULES = (
     | expand("scheduling.k8s.io", ["podgroups"], ["get", "list", "watch"])
     | expand("scheduling.x-k8s.io", ["podgroups/status"], ["patch", "update"])
     | expand("scheduling.k8s.io", ["podgroups/status"], ["patch", "update"])
+    | expand("kubegpu.io", ["nodegpumetrics"], ["list", "watch"])
 )
 SCHEDULER_LEASE_RULES = expand("coordination.k8s.io", ["leases"], ["create"]) | expand(
     "coordination.k8s.io", ["leases"], ["get", "update"], LEASE
@@ -153,6 +158,7 @@ NODE_RULES = (
     expand("", ["nodes"], ["get", "patch"])
     | expand("", ["nodes/status"], ["patch"])
     | expand("", ["pods"], ["get", "list", "watch"])
+    | expand("kubegpu.io", ["nodegpumetrics"], ["create", "patch"])
 )
 
 
@@ -427,6 +433,62 @@ def test_scheduler_may_read_pod_groups_and_keep_their_status(
             group, version, kube_namespace, plural, "pg", {"spec": {"minMember": 1}}
         ),
         lambda: custom.delete_namespaced_custom_object(group, version, kube_namespace, plural, "pg"),
+    ):
+        with pytest.raises(k8s.ApiException) as refused:
+            forbidden()
+        assert refused.value.status == 403
+
+
+def test_node_agent_publishes_its_gpu_readings_and_the_scheduler_reads_them(
+    node_api: k8s.ApiClient, scheduler_api: k8s.ApiClient, admin_api: k8s.ApiClient
+) -> None:
+    """NodeGpuMetric (the CRD of deploy/crds/, docs/utilisation.md): the node agent's real publisher
+    creates its node's object (owned by the Node) and patches it; the scheduler lists and watches
+    them and may not write one; the node agent may not read or delete them."""
+    apply_manifests(admin_api, [DEPLOY / "crds"])
+    node = unique("gpu-node")
+    create_fake_node(k8s.CoreV1Api(admin_api), node)
+    device = Device("GPU-x", DeviceKind.GPU, 0, "V100", 16_384)
+    reading = [GpuTelemetry(40.0, 1000.0, 16_384, xid=0)]
+    sampled = [datetime(2026, 3, 1, tzinfo=UTC)]
+    publisher = MetricsPublisher(
+        k8s.CustomObjectsApi(node_api),
+        k8s.CoreV1Api(node_api),
+        node,
+        lambda: [GpuRow(device, reading[0], reading[0], ())],
+        lambda: sampled[0],
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert publisher.sync_once() == "first"
+            break
+        except k8s.ApiException as error:  # the CRD is not served yet
+            assert error.status == 404 and time.monotonic() < deadline, error
+            time.sleep(0.2)
+    group, version, plural = "kubegpu.io", "v1alpha1", "nodegpumetrics"
+    reading[0] = GpuTelemetry(40.0, 1000.0, 16_384, xid=79)
+    sampled[0] = datetime(2026, 3, 1, 0, 1, tzinfo=UTC)
+    assert publisher.sync_once() == "health" and publisher.writes == 2
+    stored = k8s.CustomObjectsApi(admin_api).get_cluster_custom_object(group, version, plural, node)
+    gpu = {"id": "GPU-x", "index": 0, "utilization": 40.0, "memoryUsedMiB": 1000, "memoryTotalMiB": 16_384}
+    assert stored["status"]["gpus"] == [{**gpu, "xid": 79}]
+    assert stored["status"]["updateTime"] == "2026-03-01T00:01:00Z"
+    owner = stored["metadata"]["ownerReferences"][0]
+    assert (owner["kind"], owner["name"]) == ("Node", node)
+    custom = k8s.CustomObjectsApi(scheduler_api)
+    listed = custom.list_cluster_custom_object(group, version, plural)
+    assert node in {item["metadata"]["name"] for item in listed["items"]}
+    response = custom.list_cluster_custom_object(
+        group, version, plural, watch=True, timeout_seconds=1, _preload_content=False
+    )
+    assert response.status == 200
+    response.release_conn()
+    mine = k8s.CustomObjectsApi(node_api)
+    for forbidden in (
+        lambda: custom.patch_cluster_custom_object(group, version, plural, node, {"spec": {}}),
+        lambda: mine.get_cluster_custom_object(group, version, plural, node),
+        lambda: mine.delete_cluster_custom_object(group, version, plural, node),
     ):
         with pytest.raises(k8s.ApiException) as refused:
             forbidden()

@@ -221,6 +221,7 @@ def test_registry_has_every_policy() -> None:
         "fgd-align",
         "fgd-reserve",
         "topology",
+        "utilization",
     ]
     with pytest.raises(KeyError, match="unknown policy"):
         make_policy("nope")

@@ -63,6 +63,6 @@ def test_stopping_the_scheduler_ends_its_watch_threads() -> None:
         scheduler.start_watching()
         assert scheduler.wait_synced(10) and watching.wait(10)
         threads = scheduler.watch_threads()
-        assert len(threads) == 5  # four reflectors and the staleness check
+        assert len(threads) == len(scheduler.reflectors()) + 1  # every reflector and the staleness check
         scheduler.stop()
         assert [t.name for t in threads if t.is_alive()] == []

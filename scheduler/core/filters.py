@@ -24,6 +24,8 @@ from scheduler.core.state import ClusterState
 from scheduler.core.topology import best_gpu_set
 
 NO_ENFORCING_GPU = "no GPU that enforces shares (MPS)"
+# the memory guard: some GPU has room by the books, but its memory in use (live) leaves too little
+LIVE_MEMORY = "GPU memory in use leaves too little for the share (live)"
 PORTS_TAKEN = "node(s) didn't have free ports for the requested pod ports"
 
 
@@ -198,6 +200,10 @@ class ResourcesFit(FilterPlugin):
 class GpuFit(FilterPlugin):
     """GPUs: k fully free GPUs of an allowed model, or one GPU with room for the share.
 
+    A share also needs the memory guard: the GPU's memory in use, as its node last reported it,
+    must leave the share's memory whatever the books say (``GpuState.fits_live_memory``); a node
+    refused only by the guard is counted under ``LIVE_MEMORY``.
+
     Whole GPUs must also fit the kubelet's count: the node's ``nvidia.com/gpu`` allocatable less
     what its pods request, whoever scheduled them (pods of other schedulers hold no kubegpu device
     but the kubelet counts them).
@@ -229,10 +235,16 @@ class GpuFit(FilterPlugin):
         if pod.is_share:
             if pod.enforced_share and not cluster.gpu_enforced[i].any():
                 return [NO_ENFORCING_GPU]
-            what = f"{pod.gpu_milli} milli" if pod.gpu_milli else f"{pod.gpu_memory_mib} MiB"
-            enforcing = " that enforces shares (MPS)" if pod.enforced_share else ""
-            return [f"no GPU{enforcing} with {what} free"]
+            if cluster.any_live_memory and cluster.share_fits_by_books(pod, np.array([i]))[0]:
+                return [LIVE_MEMORY]
+            return [self._share_reason(pod)]
         return ["Insufficient nvidia.com/gpu"]
+
+    @staticmethod
+    def _share_reason(pod: PodRequest) -> str:
+        what = f"{pod.gpu_milli} milli" if pod.gpu_milli else f"{pod.gpu_memory_mib} MiB"
+        enforcing = " that enforces shares (MPS)" if pod.enforced_share else ""
+        return f"no GPU{enforcing} with {what} free"
 
     def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
         counts: Counter[str] = Counter()
@@ -248,6 +260,12 @@ class GpuFit(FilterPlugin):
             if n_unenforced:
                 counts[NO_ENFORCING_GPU] = n_unenforced
             rejected = rejected[~unenforced]
+        if pod.is_share and cluster.any_live_memory and len(rejected):
+            guarded = cluster.share_fits_by_books(pod, rejected)
+            n_guarded = int(np.count_nonzero(guarded))
+            if n_guarded:
+                counts[LIVE_MEMORY] = n_guarded
+            rejected = rejected[~guarded]
         if len(rejected):
             counts[self.reasons(pod, cluster, int(rejected[0]))[0]] = len(rejected)
         return counts

@@ -21,6 +21,7 @@ from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.scoring import Policy, ScorePlugin
 from scheduler.core.state import ClusterState
 from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set
+from scheduler.core.utilization import LiveUtilizationScore, UtilizationScore
 
 MAX_NODE_SCORE = 100
 
@@ -614,6 +615,29 @@ def _single(name: str, factory: Callable[[], ScorePlugin], description: str) -> 
     return lambda: Policy(name, ((factory(), 1.0),), description)
 
 
+def utilization_policy() -> Policy:
+    """Nodes (and a share's GPU) by static score, live utilisation and allocation after the pod
+    (``utilization.UtilizationScore``; docs/utilisation.md); ties at random."""
+    return Policy(
+        "utilization",
+        ((UtilizationScore(), 1.0),),
+        "static node score, live GPU utilisation and allocation after placement (docs/utilisation.md)",
+    )
+
+
+def with_live_utilization(policy: Policy, weight: float) -> Policy:
+    """``policy`` plus ``weight`` x the live utilisation term (``LiveUtilizationScore``, 0..100 per
+    node); the same policy when ``weight`` is 0. Its tie-breaker and share GPU choice stay."""
+    if not weight:
+        return policy
+    return Policy(
+        policy.name,
+        (*policy.plugins, (LiveUtilizationScore(), float(weight))),
+        f"{policy.description}; plus {weight:g} x live GPU utilisation",
+        tie_break=policy.tie_break,
+    )
+
+
 POLICIES: dict[str, Callable[[], Policy]] = {
     "random": _single("random", RandomScore, "a feasible node at random"),
     "dotprod": _single("dotprod", DotProductScore, "Tetris dot product of free and requested (CPU, GPU)"),
@@ -626,6 +650,7 @@ POLICIES: dict[str, Callable[[], Policy]] = {
     "fgd-align": fgd_align,
     "fgd-reserve": fgd_reserve,
     "topology": topology_policy,
+    "utilization": utilization_policy,
 }
 
 DEFAULT_POLICY = "fgd-reserve"
@@ -635,9 +660,11 @@ def policy_names() -> list[str]:
     return list(POLICIES)
 
 
-def make_policy(name: str) -> Policy:
-    """A fresh policy by name (``KeyError`` names the known ones)."""
+def make_policy(name: str, utilization_weight: float = 0.0) -> Policy:
+    """A fresh policy by name (``KeyError`` names the known ones), plus ``utilization_weight`` x the
+    live utilisation term (``with_live_utilization``)."""
     try:
-        return POLICIES[name]()
+        factory = POLICIES[name]
     except KeyError:
         raise KeyError(f"unknown policy {name!r} (known: {', '.join(POLICIES)})") from None
+    return with_live_utilization(factory(), utilization_weight)

@@ -7,6 +7,10 @@ vector operations over the nodes instead of a Python loop. ``assume`` and ``forg
 and refresh its row; ``version[i]`` counts the changes of node ``i`` so scores can be memoised per
 node state.
 
+Live readings (``LiveGpu``: utilisation, memory in use, a GPU the node reports unfit) come from
+the live layer through ``ClusterState.set_live``; the core keeps them as data and never reads a
+clock: what is stale is decided by the caller (docs/utilisation.md).
+
 ``Allocation`` is the decision for one pod: the node, CPU and memory, and the GPUs (whole, or a
 share of one GPU with its milli and memory). It is a plain frozen dataclass with ``to_dict`` /
 ``from_dict`` so the allocation-annotation code (``kubegpu.allocation``) can serialise it.
@@ -29,6 +33,26 @@ from scheduler.core.topology import LinkMatrix
 
 UNLIMITED = 1 << 40  # the pods / GPU-count headroom of a node that sets no limit
 MIB = 1 << 20  # bytes
+STATIC_SCORE_LABEL = "kubegpu.io/static-score"  # a node's static score, 0..100 (docs/utilisation.md)
+DEFAULT_STATIC_SCORE = 100.0
+UNKNOWN_UTILIZATION = 100.0  # how busy a GPU whose utilisation is unknown (or stale) is taken to be
+
+
+@dataclass(frozen=True)
+class LiveGpu:
+    """What a node last reported of one GPU, as far as it is trusted (None: unknown).
+
+    ``utilization``: percent (the node's moving average); ``memory_used_mib``: memory in use,
+    whoever uses it; ``unfit``: why the node says the GPU must take no new pods (lost, an XID, an
+    uncorrectable ECC error), '' when it says nothing against it.
+    """
+
+    utilization: float | None = None
+    memory_used_mib: int | None = None
+    unfit: str = ""
+
+
+UNKNOWN_LIVE = LiveGpu()
 
 
 @dataclass
@@ -44,10 +68,25 @@ class GpuState:
     free_milli: int = MILLI
     free_memory_mib: int = -1  # -1: initialise to memory_mib
     share_enforced: bool = False  # the node enforces shares of this GPU (MPS)
+    # live readings (``NodeState.set_live``); None: unknown
+    live_utilization: float | None = None
+    live_memory_used_mib: int | None = None
+    unfit: str = ""  # why the node's live report takes it out of placement ('' none)
+    listed_healthy: bool | None = None  # the inventory's word (None: ``healthy`` as given)
 
     def __post_init__(self) -> None:
         if self.free_memory_mib < 0:
             self.free_memory_mib = self.memory_mib
+        if self.listed_healthy is None:
+            self.listed_healthy = self.healthy
+        self.healthy = bool(self.listed_healthy) and not self.unfit
+
+    @property
+    def live_free_memory_mib(self) -> int | None:
+        """Memory not in use by anyone, as the node last reported (None: unknown)."""
+        if self.live_memory_used_mib is None or not self.memory_mib:
+            return None
+        return self.memory_mib - self.live_memory_used_mib
 
     @property
     def fully_free(self) -> bool:
@@ -72,7 +111,14 @@ class GpuState:
         if pod.enforced_share and not self.share_enforced:
             return False
         milli, memory = self.share_for(pod)
+        if not self.fits_live_memory(memory):
+            return False
         return milli <= self.free_milli and (not self.memory_mib or memory <= self.free_memory_mib)
+
+    def fits_live_memory(self, memory_mib: int) -> bool:
+        """The memory guard: the memory in use leaves ``memory_mib`` (True when unknown)."""
+        live_free = self.live_free_memory_mib
+        return live_free is None or memory_mib <= live_free
 
 
 @dataclass(frozen=True)
@@ -221,8 +267,10 @@ class NodeState:
         gpu_resource: int | None = None,
         unschedulable: bool = False,
         allocatable: Mapping[str, int] | None = None,
+        static_score: float = DEFAULT_STATIC_SCORE,
     ) -> None:
         self.name = name
+        self.static_score = static_score  # 0..100, the operator's word (STATIC_SCORE_LABEL)
         # spec.unschedulable (cordoned): only pods tolerating request.UNSCHEDULABLE_TAINT go here
         self.unschedulable = unschedulable
         self.cpu_capacity = cpu_milli
@@ -274,6 +322,7 @@ class NodeState:
         gpu_resource: int | None = None,
         unschedulable: bool = False,
         allocatable: Mapping[str, int] | None = None,
+        static_score: float = DEFAULT_STATIC_SCORE,
     ) -> NodeState:
         """A node from what its advertiser published (GPUs sorted by index)."""
         gpus = sorted(inventory.by_kind(DeviceKind.GPU), key=lambda d: d.index)
@@ -293,6 +342,7 @@ class NodeState:
             gpu_resource=gpu_resource,
             unschedulable=unschedulable,
             allocatable=allocatable,
+            static_score=static_score,
         )
 
     # -- derived numbers ------------------------------------------------------------------------
@@ -333,6 +383,35 @@ class NodeState:
     def schedulable_taints(self) -> tuple[Taint, ...]:
         """The taints a pod must tolerate to be placed here."""
         return tuple(t for t in self.taints if t.effect != TaintEffect.PREFER_NO_SCHEDULE)
+
+    def has_live(self) -> bool:
+        """Some GPU carries a live reading."""
+        return any(
+            g.live_utilization is not None or g.live_memory_used_mib is not None or g.unfit for g in self.gpus
+        )
+
+    def set_live(self, readings: Mapping[str, LiveGpu]) -> tuple[bool, bool]:
+        """Take the node's live report (GPU id -> reading; a GPU not named is unknown).
+
+        Returns (fit changed, relaxed): whether which pods fit may have changed (health, or memory
+        in use), and whether something may now fit that did not (a GPU back in placement, memory
+        freed). Bookings are untouched: pods already on a GPU the report takes out keep it.
+        """
+        changed = relaxed = False
+        for gpu in self.gpus:
+            live = readings.get(gpu.id, UNKNOWN_LIVE)
+            used = None if live.memory_used_mib is None else int(live.memory_used_mib)
+            healthy = bool(gpu.listed_healthy) and not live.unfit
+            if healthy != gpu.healthy:
+                changed = True
+                relaxed = relaxed or healthy
+            if used != gpu.live_memory_used_mib:
+                changed = True
+                before = gpu.live_memory_used_mib
+                relaxed = relaxed or (before is not None and (used is None or used < before))
+            gpu.healthy, gpu.unfit, gpu.live_memory_used_mib = healthy, live.unfit, used
+            gpu.live_utilization = None if live.utilization is None else float(live.utilization)
+        return changed, relaxed
 
     def missing_gpus(self, alloc: Allocation) -> list[str]:
         """The GPU ids ``alloc`` names that this node does not list."""
@@ -535,6 +614,10 @@ class ClusterState:
     ``UNLIMITED`` where the node sets no limit), ``has_ports`` (nodes whose pods bind host ports) and,
     once a pod asks for one, ``resource_free(name)`` per other resource (``NodeState.allocatable``
     less its pods' requests).
+    Live readings (``set_live``): ``gpu_util`` (``[N, G]`` percent, NaN unknown), ``gpu_busy`` (the
+    same with unknown read as ``UNKNOWN_UTILIZATION``), ``node_util`` (the mean ``gpu_busy`` of the
+    node's healthy GPUs; 0 for a node without GPUs), ``gpu_live_free`` (``[N, G]`` MiB not in use,
+    ``UNLIMITED`` unknown) and ``static_score`` (per node, 0..100).
     ``gpu_key[i]`` is the node's free milli per GPU sorted descending, a hashable signature of its GPU
     state. A GPU booked beyond its capacity (possible only for bound pods, which are facts) shows 0
     free.
@@ -599,6 +682,12 @@ class ClusterState:
             codes.setdefault(node.models(), len(codes))
         self.model_sets: list[frozenset[str]] = list(codes)
         self.model_code = np.array([codes[node.models()] for node in self.nodes], dtype=np.int64)
+        self.static_score = np.array([float(node.static_score) for node in self.nodes], dtype=np.float64)
+        self.gpu_util = np.full((n, max(g, 1)), np.nan)
+        self.gpu_busy = np.full((n, max(g, 1)), UNKNOWN_UTILIZATION)
+        self.node_util = np.where(self.gpu_count > 0, UNKNOWN_UTILIZATION, 0.0)
+        self.gpu_live_free = np.full((n, max(g, 1)), UNLIMITED, dtype=np.int64)
+        self.any_live_memory = False  # some GPU of known memory has a live memory reading
         self.tag_counts: dict[str, np.ndarray] = {}
         self.tag_kinds = np.zeros(n, dtype=np.int64)  # distinct GPU shapes placed on each node
         self.where: dict[str, int] = {}  # pod uid -> node index
@@ -614,6 +703,9 @@ class ClusterState:
         self.placement: PlacementView | None = None
         for i in range(n):
             self._sync(i)
+            if self.nodes[i].has_live():
+                self._sync_live(i)
+        self.any_live_memory = bool((self.gpu_live_free < UNLIMITED).any())
         self.version[:] = 0
 
     def set_tie_order(self, order: Sequence[int] | None) -> None:
@@ -672,10 +764,17 @@ class ClusterState:
             view.generation = self.generation
         return view
 
+    def share_fits_by_books(self, pod: PodRequest, rows: np.ndarray) -> np.ndarray:
+        """Per row: some GPU takes the share by the books alone, the live memory guard aside (what
+        tells a node refused by the guard from one refused by its bookings)."""
+        fits, _, _ = self._share_rows(pod, rows, live=False)
+        return fits.any(axis=1)
+
     def _share_rows(
-        self, pod: PodRequest, rows: slice | np.ndarray
+        self, pod: PodRequest, rows: slice | np.ndarray, live: bool = True
     ) -> tuple[np.ndarray, np.ndarray | int, np.ndarray]:
-        """(fits, milli, left) of these rows, worked out from the arrays."""
+        """(fits, milli, left) of these rows, worked out from the arrays (``live``: with the memory
+        guard, the memory in use leaving the share's memory)."""
         free = self.gpu_free[rows]
         milli: np.ndarray | int
         if pod.gpu_milli:
@@ -690,6 +789,8 @@ class ClusterState:
             total = self.gpu_mem_total[rows]
             memory = pod.gpu_memory_mib if pod.gpu_memory_mib else total * milli // MILLI
             fits &= (self.gpu_mem_free[rows] >= memory) | (total == 0)
+            if live and self.any_live_memory:
+                fits &= (self.gpu_live_free[rows] >= memory) | (total == 0)
         if pod.gpu_models:
             fits &= self.gpu_model_mask(pod.gpu_models)[rows]
         if pod.enforced_share:
@@ -819,6 +920,37 @@ class ClusterState:
         self.tag_kinds[i] = len(node.tags)
         self.version[i] += 1
         self.generation += 1
+
+    def set_live(self, name: str, readings: Mapping[str, LiveGpu]) -> bool:
+        """Take node ``name``'s live report (``NodeState.set_live``); True when something may now fit
+        that did not. A change of health or memory in use refreshes the node's row (its version
+        moves: memoised scores and share slots are worked out again); utilisation alone does not.
+        An unknown node is ignored (False)."""
+        i = self.index.get(name)
+        if i is None:
+            return False
+        changed, relaxed = self.nodes[i].set_live(readings)
+        if changed:
+            self._sync(i)
+        self._sync_live(i)
+        return relaxed
+
+    def _sync_live(self, i: int) -> None:
+        """Refresh row ``i`` of the live arrays from ``nodes[i]``."""
+        gpus = self.nodes[i].gpus
+        if not gpus:
+            return
+        k = len(gpus)
+        util = np.array([np.nan if g.live_utilization is None else g.live_utilization for g in gpus])
+        self.gpu_util[i, :k] = util
+        busy = np.where(np.isnan(util), UNKNOWN_UTILIZATION, util)
+        self.gpu_busy[i, :k] = busy
+        healthy = np.array([g.healthy for g in gpus], dtype=bool)
+        self.node_util[i] = float(busy[healthy].mean() if healthy.any() else busy.mean())
+        live_free = [g.live_free_memory_mib for g in gpus]
+        self.gpu_live_free[i, :k] = [UNLIMITED if f is None else f for f in live_free]
+        if any(f is not None for f in live_free):
+            self.any_live_memory = True
 
     def tag_count(self, tag: str) -> np.ndarray:
         """Per node, how many pods of GPU shape ``tag`` it runs."""

@@ -23,6 +23,12 @@ The rules that keep a device from ever being handed out twice:
 - **A pod never unbinds.** A stale event showing a pod unbound after it was seen bound is ignored.
 - **A bad object costs only itself.** A node whose inventory cannot be read is excluded with its
   reason; a pod whose allocation does not verify holds its CPU and memory but no devices.
+
+It also keeps each node's live GPU readings (its ``NodeGpuMetric``, docs/utilisation.md) and gives
+the view what of them is trusted now (``scheduler.live.utilisation``): readings older than
+``metrics_stale_after`` seconds are dropped to unknown when they age (``expire_metrics``, checked on
+every ``view``), with a ``node.metrics_ignored`` log line saying why; a GPU the readings take out
+of placement is logged (``gpu.out_of_placement``, ``gpu.back_in_placement``).
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from typing import Any
 
 from devices.model import DeviceKind
 from kubegpu import allocation as contract
+from kubegpu import livemetrics
 from kubegpu.logs import log_event
 from scheduler.core.affinity import PodFacts
 from scheduler.core.constraints import pod_facts
@@ -51,6 +58,7 @@ from scheduler.live.translate import (
     pod_usage,
     verified_allocation,
 )
+from scheduler.live.utilisation import distrust, live_readings, unfit_gpus
 
 log = logging.getLogger("kubegpu.scheduler.cache")
 TERMINAL = ("Succeeded", "Failed")
@@ -158,6 +166,7 @@ class Cache:
         gpu_resource: str = "nvidia.com/gpu",
         stale_after: float = 120.0,
         now: Callable[[], dt.datetime] = lambda: dt.datetime.now(dt.UTC),
+        metrics_stale_after: float = 600.0,
     ) -> None:
         self.scheduler_name = scheduler_name
         self.keys = keys
@@ -178,6 +187,14 @@ class Cache:
         self._other_devices: dict[str, frozenset[str]] = {}  # node -> its non-GPU device ids
         self._reads: list[tuple[float, str]] = []  # (confirm_at, uid); stale entries skipped
         self.namespaces: dict[str, dict[str, str]] = {}  # namespace -> its labels
+        # live GPU readings: node -> its last readable report, and what was last logged of it
+        self.metrics_stale_after = metrics_stale_after
+        self.metrics: dict[str, livemetrics.NodeReport] = {}
+        self._distrust: dict[str, str] = {}  # node -> why its report is not trusted ('' trusted)
+        self._unfit: dict[str, dict[str, str]] = {}  # node -> GPU id -> why it is out of placement
+        self._metrics_problem: dict[str, str] = {}  # node -> why its object is unreadable
+        self._expiry: list[tuple[dt.datetime, str, dt.datetime]] = []  # (stale at, node, updateTime)
+        self._static_logged: dict[str, str] = {}  # node -> the static-score problem last logged
 
     # --- nodes --------------------------------------------------------------------------------
 
@@ -215,6 +232,88 @@ class Cache:
         if flipped:
             self.dirty = True
         return flipped
+
+    # --- live GPU readings (NodeGpuMetric) -----------------------------------------------------
+
+    def replace_metrics(self, items: Iterable[Mapping[str, Any]]) -> bool:
+        """A full list of NodeGpuMetric objects; True when something may now fit that did not."""
+        relaxed, listed = False, set()
+        for item in items:
+            listed.add(str(_meta(item).get("name", "")))
+            relaxed = self.apply_metrics("ADDED", item) or relaxed
+        for gone in [name for name in self.metrics if name not in listed]:
+            relaxed = self.apply_metrics("DELETED", {"metadata": {"name": gone}}) or relaxed
+        return relaxed
+
+    def apply_metrics(self, event_type: str, obj: Mapping[str, Any]) -> bool:
+        """A watch event of a NodeGpuMetric; True when something may now fit that did not (a GPU
+        back in placement, memory freed)."""
+        name = str(_meta(obj).get("name", ""))
+        if not name:
+            return False
+        if event_type == "DELETED":
+            self._metrics_problem.pop(name, None)
+            if self.metrics.pop(name, None) is None:
+                return False
+            return self._apply_live(name)
+        try:
+            report = livemetrics.parse(obj)
+        except ValueError as error:
+            problem = str(error)[:200]
+            if self._metrics_problem.get(name) != problem:
+                log_event(log, "node.metrics_unreadable", logging.WARNING, node=name, reason=problem)
+            self._metrics_problem[name] = problem
+            had = self.metrics.pop(name, None) is not None
+            return self._apply_live(name) if had else False
+        self._metrics_problem.pop(name, None)
+        self.metrics[name] = report
+        stale_at = report.update_time + dt.timedelta(seconds=self.metrics_stale_after)
+        heapq.heappush(self._expiry, (stale_at, name, report.update_time))
+        return self._apply_live(name)
+
+    def expire_metrics(self) -> bool:
+        """Drop to unknown the readings that aged past ``metrics_stale_after`` since they were
+        applied; True when that may let something fit (the memory guard falls back to the books)."""
+        now = self.now()
+        relaxed = False
+        while self._expiry and self._expiry[0][0] <= now:
+            _, name, sampled = heapq.heappop(self._expiry)
+            report = self.metrics.get(name)
+            if report is not None and report.update_time == sampled:
+                relaxed = self._apply_live(name) or relaxed
+        return relaxed
+
+    def _apply_live(self, name: str, cluster: ClusterState | None = None) -> bool:
+        """Give the view (or ``cluster``, being built) node ``name``'s readings as far as they are
+        trusted now, logging what changed; True when something may now fit that did not."""
+        report = self.metrics.get(name)
+        why = "" if report is None else distrust(report, self.now(), self.metrics_stale_after)
+        readings = {} if report is None else live_readings(report, trusted=not why)
+        if report is not None and self._distrust.get(name) != why:
+            if why:
+                log_event(log, "node.metrics_ignored", logging.WARNING, node=name, reason=why)
+            elif name in self._distrust:
+                log_event(log, "node.metrics_trusted", node=name)
+        if report is None:
+            self._distrust.pop(name, None)
+        else:
+            self._distrust[name] = why
+        unfit, before = unfit_gpus(readings), self._unfit.get(name, {})
+        for gid, reason in unfit.items():
+            if before.get(gid) != reason:
+                log_event(log, "gpu.out_of_placement", logging.WARNING, node=name, device=gid, reason=reason)
+        for gid in before:
+            if gid not in unfit:
+                log_event(log, "gpu.back_in_placement", node=name, device=gid)
+        if unfit:
+            self._unfit[name] = unfit
+        else:
+            self._unfit.pop(name, None)
+        if cluster is None:
+            if self.dirty or self.cluster is None:
+                return True  # the next view is built with them
+            cluster = self.cluster
+        return cluster.set_live(name, readings)
 
     # --- namespaces (their labels, for pod affinity's namespace selectors) --------------------
 
@@ -446,6 +545,8 @@ class Cache:
         """The core's cluster, rebuilt from the caches when something made it stale."""
         if self.dirty or self.cluster is None:
             self._rebuild()
+        if self._expiry:
+            self.expire_metrics()
         assert self.cluster is not None
         return self.cluster
 
@@ -470,8 +571,17 @@ class Cache:
                 self._other_devices[name] = frozenset(
                     d.id for d in facts.inventory.devices if d.kind != DeviceKind.GPU
                 )
+            static = facts.static_problem
+            if static and self._static_logged.get(name) != static:
+                log_event(log, "node.static_score_ignored", logging.WARNING, node=name, reason=static)
+            self._static_logged[name] = static
         self.excluded = excluded
+        for gone in [name for name in self._static_logged if name not in self.facts]:
+            del self._static_logged[gone]
         cluster = ClusterState(nodes)
+        for name in self.metrics:
+            if name in cluster.index:
+                self._apply_live(name, cluster)
         others = [
             (n, self.facts[n].labels, self.facts[n].taints) for n in sorted(excluded) if n in self.facts
         ]

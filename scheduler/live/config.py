@@ -54,6 +54,10 @@ class SchedulerConfig:
     extender_address: str | None = None
     extender_tls_cert_file: str | None = None
     extender_tls_private_key_file: str | None = None
+    # utilisation-aware placement (docs/utilisation.md): the weight of the live utilisation term
+    # added to ``policy`` (0: none), and the age past which a node's published readings are unknown
+    utilization_weight: float = 0.0
+    utilization_stale_seconds: float = 600.0
     leader_election: LeaderElection = field(default_factory=LeaderElection)
 
 
@@ -93,6 +97,7 @@ def _apply(target: Any, doc: dict[str, Any], names: dict[str, str], where: str) 
 
 EXTENDED_RESOURCE = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?/[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 MAX_BIND_WORKERS = 1024
+MAX_UTILIZATION_WEIGHT = 1000.0  # the weight of the live term; 1000 already puts it above every other score
 LABEL_KEY = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[A-Za-z0-9]([-A-Za-z0-9_.]*[A-Za-z0-9])?$")
 
 
@@ -137,6 +142,9 @@ def validate(config: SchedulerConfig) -> None:
             problems.append(f"extenderAddress {config.extender_address!r}: {error}")
     if (config.extender_tls_cert_file is None) != (config.extender_tls_private_key_file is None):
         problems.append("extenderTlsCertFile and extenderTlsPrivateKeyFile go together")
+    weight = config.utilization_weight
+    if not (math.isfinite(weight) and 0 <= weight <= MAX_UTILIZATION_WEIGHT):
+        problems.append(f"utilizationWeight must be 0 to {MAX_UTILIZATION_WEIGHT:g}, got {weight!r}")
     if config.backoff_initial_seconds > config.backoff_max_seconds:
         problems.append("backoffInitialSeconds must not exceed backoffMaxSeconds")
     if not LABEL_KEY.match(config.gang_domain_label) or len(config.gang_domain_label) > 316:

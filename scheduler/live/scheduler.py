@@ -40,6 +40,7 @@ from kubernetes import client as k8s
 from kubernetes.client.rest import ApiException
 
 from kubegpu import allocation as contract
+from kubegpu import livemetrics
 from kubegpu.allocation import KeyRing
 from kubegpu.logs import log_event
 from scheduler.core.affinity import PodFacts
@@ -156,14 +157,18 @@ class Scheduler:
         self.custom_api = custom_api if custom_api is not None else k8s.CustomObjectsApi(api)
         self.keys = keys
         self.metrics = metrics or SchedulerMetrics()
-        self.policy = make_policy(config.policy)
+        self.policy = make_policy(config.policy, utilization_weight=config.utilization_weight)
         self.rng = random.Random(seed)
         self.clock = clock
         self.cond = threading.Condition()
         self.stop_event = threading.Event()
         self.leading = threading.Event()
         self.cache = Cache(
-            config.scheduler_name, keys.keys, config.gpu_resource, config.heartbeat_stale_seconds
+            config.scheduler_name,
+            keys.keys,
+            config.gpu_resource,
+            config.heartbeat_stale_seconds,
+            metrics_stale_after=config.utilization_stale_seconds,
         )
         self.queue = SchedulingQueue(config.backoff_initial_seconds, config.backoff_max_seconds, clock)
         self._last_event: dict[tuple[str, str], float] = {}
@@ -200,6 +205,14 @@ class Scheduler:
                 optional=True,
             )
             for group, version in ((PLUGINS_API, PLUGINS_VERSION), (KUBE_API, KUBE_VERSION))
+        )
+        self.metrics_reflector = Reflector(  # the nodes' live GPU readings (docs/utilisation.md)
+            livemetrics.PLURAL,
+            lambda **kw: self.custom_api.list_cluster_custom_object(
+                livemetrics.GROUP, livemetrics.VERSION, livemetrics.PLURAL, **kw
+            ),
+            _Handler(self.replace_gpu_metrics, self.apply_gpu_metrics),
+            optional=True,
         )
         self.groups = GroupBook()
         self._blocking: GroupRef | None = None  # a group pods queued behind it must not starve
@@ -243,6 +256,7 @@ class Scheduler:
             self.namespace_reflector,
             self.budget_reflector,
             *self.group_reflectors,
+            self.metrics_reflector,
         )
 
     def start_watching(self) -> None:
@@ -357,6 +371,16 @@ class Scheduler:
             if self.cache.apply_node(event_type, node):
                 self._nodes_changed = True
                 self._nodes_changed_for_groups()
+                self._changed()
+
+    def replace_gpu_metrics(self, items: list[dict[str, Any]]) -> None:
+        with self.cond:
+            if self.cache.replace_metrics(items):
+                self._changed()
+
+    def apply_gpu_metrics(self, event_type: str, obj: dict[str, Any]) -> None:
+        with self.cond:
+            if self.cache.apply_metrics(event_type, obj):
                 self._changed()
 
     def replace_pods(self, items: list[dict[str, Any]]) -> None:
@@ -498,6 +522,8 @@ class Scheduler:
     def _watch_staleness(self) -> None:
         while not self.stop_event.wait(STALENESS_CHECK_SECONDS):
             with self.cond:
+                if self.cache.expire_metrics():
+                    self._changed()
                 if self.cache.exclusions_flipped():
                     self._nodes_changed = True
                     self._nodes_changed_for_groups()

@@ -1,5 +1,8 @@
 """Translate between the API's JSON and the scheduling core: nodes, bound pods, allocations.
 
+- A node's static score (``kubegpu.io/static-score`` label, 0..100, for the ``utilization``
+  policy) is read with the node; a value that is not a number in range is ignored (the default,
+  100) with ``NodeFacts.static_problem`` saying why, never a reason to leave the node out.
 - A Node becomes a ``NodeState`` when its advertiser published a readable inventory
   (``kubegpu.io/inventory``) and its heartbeat is fresh; a cordoned one is marked ``unschedulable``
   (the core's NodeUnschedulable filter lets only pods tolerating the cordon there). CPU, memory, the
@@ -21,6 +24,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -29,7 +33,13 @@ from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
 from devices.model import DeviceKind, NodeInventory
 from kubegpu import allocation as contract
 from scheduler.core.request import MILLI, HostPort, Taint, TaintEffect, container_gpus
-from scheduler.core.state import Allocation, GpuGrant, NodeState
+from scheduler.core.state import (
+    DEFAULT_STATIC_SCORE,
+    STATIC_SCORE_LABEL,
+    Allocation,
+    GpuGrant,
+    NodeState,
+)
 from scheduler.live import nodecheck
 from scheduler.live.podspec import (
     MEBI,
@@ -61,6 +71,8 @@ class NodeFacts:
     gpu_resource: int | None = None  # status.allocatable of the GPU resource (0 when not published)
     # the other resources' allocatable, exact (memory in bytes; PodRequest.resources' names)
     allocatable: Mapping[str, int] = field(default_factory=dict)
+    static_score: float = DEFAULT_STATIC_SCORE  # the STATIC_SCORE_LABEL (docs/utilisation.md)
+    static_problem: str = ""  # why the label was ignored, if it was
 
     def schedulable(self, now: dt.datetime, stale_after: float) -> str:
         """'' if kubegpu may place pods here now, else the reason (for FailedScheduling)."""
@@ -131,6 +143,21 @@ def _bytes(value: Any) -> int:
 def _count(value: Any) -> int:
     """A countable allocatable (pods, GPUs) as an int (negative: 0); raises PodSpecError if unreadable."""
     return max(0, int(_quantity(value, "count")))
+
+
+def static_score(labels: Mapping[str, str]) -> tuple[float, str]:
+    """(score, problem) of the node's ``kubegpu.io/static-score`` label: a number 0..100; absent or
+    unreadable, the default (100), with the problem naming the value when it is unreadable."""
+    raw = labels.get(STATIC_SCORE_LABEL)
+    if raw is None:
+        return DEFAULT_STATIC_SCORE, ""
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not 0.0 <= value <= 100.0:  # NaN included
+        return DEFAULT_STATIC_SCORE, f"label {STATIC_SCORE_LABEL}={str(raw)[:63]!r} is not a number 0..100"
+    return value, ""
 
 
 def parse_time(value: str | None) -> dt.datetime | None:
@@ -218,11 +245,13 @@ def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu
         except ValueError as error:
             problem = f"node's device inventory is unreadable: {str(error)[:120]}"
     problem = problem or unreadable or nodecheck.allocatable_problem(cpu, memory, max_pods, gpus)
+    labels = {str(k): str(v) for k, v in (meta.get("labels") or {}).items()}
+    score, score_problem = static_score(labels)
     return NodeFacts(
         name=name,
         cpu_milli=cpu,
         memory_mib=memory,
-        labels={str(k): str(v) for k, v in (meta.get("labels") or {}).items()},
+        labels=labels,
         taints=taints,
         inventory=inventory,
         heartbeat=parse_time(annotations.get(HEARTBEAT_ANNOTATION)),
@@ -231,6 +260,8 @@ def _node_facts(node: Mapping[str, Any], meta: Mapping[str, Any], name: str, gpu
         max_pods=max_pods,
         gpu_resource=gpus,
         allocatable=others,
+        static_score=score,
+        static_problem=score_problem,
     )
 
 
@@ -247,6 +278,7 @@ def node_state(facts: NodeFacts) -> NodeState:
         gpu_resource=facts.gpu_resource,
         unschedulable=facts.cordoned,
         allocatable=facts.allocatable,
+        static_score=facts.static_score,
     )
 
 
