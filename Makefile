@@ -53,6 +53,7 @@ bench: deps install testbin
 	$(VPY) bench/proxy_overhead.py
 	$(VPY) bench/create_container_rewrite.py
 	$(VPY) bench/scheduler_throughput.py
+	$(VPY) bench/gang_throughput.py
 	$(VPY) bench/simulate_openb.py
 	$(VPY) bench/node_placement.py
 	$(VPY) bench/placement_rules.py

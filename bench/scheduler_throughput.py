@@ -64,7 +64,7 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -375,13 +375,21 @@ _ROUND: dict[str, Any] = {}  # the helper process's round in progress (see start
 
 
 def start_round(
-    kubeconfig: str, namespace: str, scheduler: str, prefix: str, count: int, threads: int, timeout: float
+    kubeconfig: str,
+    namespace: str,
+    scheduler: str,
+    prefix: str,
+    count: int,
+    threads: int,
+    timeout: float,
+    bodies: Sequence[bytes] | None = None,
 ) -> dict[str, Any]:
     """Watch ``namespace``, then create ``count`` one-GPU pods for ``scheduler`` (in the helper process).
 
-    Returns once every create has been answered; the watch goes on recording when each pod is first
-    seen bound until ``finish_round``. Stamps are wall-clock (``time.time``), comparable across
-    processes.
+    ``bodies`` (pod JSON, ``count`` of them, created in this order) replaces the one-GPU pods when
+    given (bench/gang_throughput.py's group members). Returns once every create has been answered;
+    the watch goes on recording when each pod is first seen bound until ``finish_round``. Stamps
+    are wall-clock (``time.time``), comparable across processes.
     """
     cpu_start = own_cpu_seconds()
     api = api_client(Path(kubeconfig), 4)
@@ -450,9 +458,11 @@ def start_round(
     errors: list[str] = []
     poster = RawPoster(api.configuration)
     path = f"/api/v1/namespaces/{namespace}/pods"
-    bodies = [
-        json.dumps(pod_json(namespace, f"{prefix}-{i:05d}", scheduler, gpus=1)).encode() for i in range(count)
-    ]
+    if bodies is None:
+        bodies = [
+            json.dumps(pod_json(namespace, f"{prefix}-{i:05d}", scheduler, gpus=1)).encode()
+            for i in range(count)
+        ]
 
     def create(body: bytes) -> float:
         try:
@@ -478,7 +488,8 @@ def start_round(
 
 
 def finish_round(timeout: float) -> dict[str, Any]:
-    """Wait (up to ``timeout``) until every pod of the round is seen bound; the bind stamps."""
+    """Wait (up to ``timeout``) until every pod of the round is seen bound; the bind stamps
+    (``binds``: ``[name, stamp]`` in the order the watch saw them)."""
     _ROUND["done"].wait(timeout)
     _ROUND["stop"].set()
     for stream in _ROUND["streams"]:
@@ -491,6 +502,7 @@ def finish_round(timeout: float) -> dict[str, Any]:
         "bound": len(stamps),
         "cpu_seconds": own_cpu_seconds() - _ROUND["cpu_start"],
         "watch_restarts": list(_ROUND["restarts"]),
+        "binds": [[name, stamp] for name, stamp in _ROUND["bound"].items()],
     }
     _ROUND.clear()
     return result
@@ -611,6 +623,7 @@ class ApiBench:
             "clientConnection": {"qps": args.kube_qps, "burst": args.kube_qps},
             "profiles": [{"schedulerName": KUBE_SCHEDULER_NAME}],
         }
+        self.kube_args: tuple[str, ...] = ()  # kube-scheduler's extra command-line arguments
         self.kube_scheduler: Any = None
         self.kubegpu: Scheduler | None = None
         self.runner: threading.Thread | None = None
@@ -625,7 +638,7 @@ class ApiBench:
         return names
 
     def start_schedulers(self, policy_name: str, nodes: int) -> None:
-        self.kube_scheduler = self.cp.start_scheduler(self.kube_config)
+        self.kube_scheduler = self.cp.start_scheduler(self.kube_config, extra_args=self.kube_args)
         config = SchedulerConfig(
             scheduler_name=KUBEGPU_NAME,
             policy=policy_name,
@@ -698,7 +711,7 @@ class ApiBench:
                 self.kubegpu.leading.set()
             else:
                 released = time.time()
-                self.kube_scheduler = self.cp.start_scheduler(self.kube_config)
+                self.kube_scheduler = self.cp.start_scheduler(self.kube_config, extra_args=self.kube_args)
                 pids = self.pids()
                 cpu_before["kube-scheduler"] = 0.0  # a new process
         bound = self.driver.submit(finish_round, args.round_timeout).result()
