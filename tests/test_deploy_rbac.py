@@ -421,13 +421,12 @@ def test_scheduler_may_read_pod_groups_and_keep_their_status(
     )
     assert response.status == 200
     response.release_conn()
-    custom.patch_namespaced_custom_object_status(
+    patched = custom.patch_namespaced_custom_object_status(
         group, version, kube_namespace, plural, "pg", {"status": {"phase": "Scheduling", "scheduled": 1}}
     )
-    assert admin.get_namespaced_custom_object(group, version, kube_namespace, plural, "pg")["status"] == {
-        "phase": "Scheduling",
-        "scheduled": 1,
-    }
+    # the answer to the patch (a kubegpu scheduler still running from another test may write after)
+    wrote = {k: patched["status"].get(k) for k in ("phase", "scheduled")}
+    assert wrote == {"phase": "Scheduling", "scheduled": 1}
     for forbidden in (
         lambda: custom.patch_namespaced_custom_object(
             group, version, kube_namespace, plural, "pg", {"spec": {"minMember": 1}}
