@@ -420,7 +420,8 @@ def test_scheduler_may_read_pod_groups_and_keep_their_status(
         group, version, plural, watch=True, timeout_seconds=1, _preload_content=False
     )
     assert response.status == 200
-    response.release_conn()
+    _ = response.data  # read to the end (the server ends it after 1 s): a pooled connection with a
+    response.release_conn()  # response still unread fails the next call (ResponseNotReady)
     patched = custom.patch_namespaced_custom_object_status(
         group, version, kube_namespace, plural, "pg", {"status": {"phase": "Scheduling", "scheduled": 1}}
     )
@@ -482,7 +483,8 @@ def test_node_agent_publishes_its_gpu_readings_and_the_scheduler_reads_them(
         group, version, plural, watch=True, timeout_seconds=1, _preload_content=False
     )
     assert response.status == 200
-    response.release_conn()
+    _ = response.data  # read to the end (the server ends it after 1 s): a pooled connection with a
+    response.release_conn()  # response still unread fails the next call (ResponseNotReady)
     mine = k8s.CustomObjectsApi(node_api)
     for forbidden in (
         lambda: custom.patch_cluster_custom_object(group, version, plural, node, {"spec": {}}),
