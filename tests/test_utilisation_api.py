@@ -143,7 +143,9 @@ def test_stale_metrics_are_ignored(
     assert bound["p"].spec.node_name == busy.name
     fields = [getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == "node.metrics_ignored"]
     ignored = [f for f in fields if f["node"] in (busy.name, stale.name)]  # other tests' nodes aside
-    assert [f["node"] for f in ignored] == [stale.name] and "stale after 300s" in ignored[0]["reason"]
+    # once per view of the readings: the line may repeat (a cache rebuild reads them again)
+    assert {f["node"] for f in ignored} == {stale.name}
+    assert all("stale after 300s" in f["reason"] for f in ignored)
 
 
 def test_the_memory_guard(trial: Trial, admin_api: k8s.ApiClient) -> None:
