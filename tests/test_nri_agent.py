@@ -85,7 +85,10 @@ class Pods:
         config = host_network_sandbox(name, uid, log_directory=str(log_dir))
         if annotation is not None:
             config.annotations[ANNOTATION] = annotation
-        sandbox = self.client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
+        try:
+            sandbox = self.client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
+        except grpc.RpcError as error:  # containerd still starting after a restart
+            return error
         self.sandboxes.append(sandbox.pod_sandbox_id)
         script = script or "env; echo ---; ls /dev/kubegpu-sim 2>&1; echo END; exec sleep 100000"
         request = cri.CreateContainerRequest(
