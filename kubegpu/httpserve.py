@@ -21,14 +21,20 @@ class _IPv6Server(ThreadingHTTPServer):
     address_family = socket.AF_INET6
 
 
+def bound_server(address: str, handler: type[BaseHTTPRequestHandler]) -> ThreadingHTTPServer:
+    """A threading HTTP server bound to ``address`` (HOST:PORT, [IPv6]:PORT or :PORT for
+    loopback), its request threads daemons."""
+    host, port = split_host_port(address)
+    server = (_IPv6Server if ":" in host else ThreadingHTTPServer)((host or "127.0.0.1", port), handler)
+    server.daemon_threads = True
+    return server
+
+
 class MetricsServer:
     """Serve ``render()`` at /metrics and each probe at its path over HTTP."""
 
     def __init__(self, address: str, render: Callable[[], bytes], probes: Mapping[str, HealthProbe]) -> None:
-        host, port = split_host_port(address)  # HOST:PORT, [IPv6]:PORT or :PORT (loopback)
-        server = _IPv6Server if ":" in host else ThreadingHTTPServer
-        self._server = server((host or "127.0.0.1", port), self._handler(render, dict(probes)))
-        self._server.daemon_threads = True
+        self._server = bound_server(address, self._handler(render, dict(probes)))
         self._thread = threading.Thread(target=self._server.serve_forever, name="metrics-http", daemon=True)
 
     @property

@@ -26,18 +26,17 @@ from __future__ import annotations
 
 import json
 import logging
-import socket
 import ssl
 import threading
 import time
 from collections.abc import Callable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
 from typing import Any
 
 import numpy as np
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 
-from kubegpu.cliargs import split_host_port
+from kubegpu.httpserve import bound_server
 from kubegpu.logs import log_event
 from scheduler.core.filters import DEFAULT_FILTERS, apply_filters, failed_nodes
 from scheduler.core.gang import OnlyNodes
@@ -208,14 +207,6 @@ def _wants_devices(request: PodRequest) -> bool:
     return bool(request.whole_gpus or request.total_gpu_milli)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-
-
-class _Server6(_Server):
-    address_family = socket.AF_INET6
-
-
 class ExtenderServer:
     """The extender's HTTP(S) endpoint: POST /<verb>, GET /healthz, /readyz, /metrics."""
 
@@ -226,9 +217,7 @@ class ExtenderServer:
         ready: Callable[[], tuple[bool, str]],
         tls: tuple[str, str] | None = None,
     ) -> None:
-        host, port = split_host_port(address)
-        server_class = _Server6 if ":" in host else _Server
-        self._server = server_class((host or "127.0.0.1", port), _handler(extender, ready))
+        self._server = bound_server(address, _handler(extender, ready))
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2

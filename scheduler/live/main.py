@@ -31,6 +31,14 @@ def _stop_on_signals(stop: threading.Event, event: str) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
+def _watch_and_lead(scheduler: Scheduler, api: Any, what: str) -> threading.Thread | None:
+    """Start the watches, wait (bounded) for their first lists, then lead or run the election."""
+    scheduler.start_watching()
+    if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
+        log_event(log, f"{what}.sync_timeout", logging.ERROR, seconds=SYNC_TIMEOUT_SECONDS)
+    return scheduler.start_leading(api)
+
+
 def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
     api = api_client(kubeconfig)
     if api is None:
@@ -56,10 +64,7 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
         )
         server.start()
     extender = _extender_server(scheduler, config)
-    scheduler.start_watching()
-    if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
-        log_event(log, "scheduler.sync_timeout", logging.ERROR, seconds=SYNC_TIMEOUT_SECONDS)
-    elector_thread = scheduler.start_leading(api)
+    elector_thread = _watch_and_lead(scheduler, api, "scheduler")
     log_event(
         log,
         "scheduler.started",
@@ -122,10 +127,7 @@ def run_extender(
 
     server = ExtenderServer(Extender(scheduler), address, lambda: _ready(scheduler), tls)
     server.start()
-    scheduler.start_watching()
-    if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
-        log_event(log, "extender.sync_timeout", logging.ERROR, seconds=SYNC_TIMEOUT_SECONDS)
-    elector_thread = scheduler.start_leading(api)
+    elector_thread = _watch_and_lead(scheduler, api, "extender")
     log_event(
         log,
         "extender.started",
