@@ -68,11 +68,18 @@ def test_gang_settings_are_checked(tmp_path: Path, text: str, message: str) -> N
 
 def test_gang_settings_load(tmp_path: Path) -> None:
     path = tmp_path / "scheduler.yaml"
-    path.write_text("gangTimeoutSeconds: 30\ngangDomainLabel: example.com/rack\ngangStarvationSeconds: 600\n")
+    path.write_text(
+        "gangTimeoutSeconds: 30\ngangDomainLabel: example.com/rack\ngangStarvationSeconds: 600\n"
+        "gangMemberGraceSeconds: 2.5\n"
+    )
     config = load_config(path)
     validate(config)
-    assert (config.gang_timeout_seconds, config.gang_domain_label, config.gang_starvation_seconds) == (
-        30.0,
-        "example.com/rack",
-        600.0,
-    )
+    assert (
+        config.gang_timeout_seconds,
+        config.gang_domain_label,
+        config.gang_starvation_seconds,
+        config.gang_member_grace_seconds,
+    ) == (30.0, "example.com/rack", 600.0, 2.5)
+    path.write_text("gangMemberGraceSeconds: 0\n")
+    with pytest.raises(ConfigError, match="gangMemberGraceSeconds must be more than 0"):
+        validate(load_config(path))

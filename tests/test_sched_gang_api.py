@@ -193,7 +193,7 @@ def test_the_crd_takes_upstream_podgroups_and_their_status(gang: Gang) -> None:
 def test_a_group_that_only_fits_across_two_nodes_is_bound_whole(gang: Gang) -> None:
     gang.node("a")
     gang.node("b")
-    gang.scheduler()
+    gang.scheduler(gang_member_grace_seconds=1.0)  # told after 1 s short of members, not 10
     gang.plugins_group("train", 2)
     gang.pod("w0", 8, group="train")
     first = gang.event_with("w0", "has 1 of its 2 minimum members; waiting for the others")

@@ -425,3 +425,53 @@ def test_the_smallest_members_decide_whether_an_elastic_group_could_ever_fit() -
     drive(scheduler, jobs, feed, clock)
     assert any("its 2 smallest members ask for 6 GPUs, the nodes have 4" in m for m in messages(core, "x"))
     assert not any("can never fit" in m for m in messages(core, "p"))  # q and r could
+
+
+def test_members_arriving_within_the_grace_get_no_events_then_a_short_group_is_told() -> None:
+    """kube-scheduler's GangScheduling gates a member at PreEnqueue, silently, until minCount pods
+    exist. kubegpu tells a group short of members nothing for gangMemberGraceSeconds (each
+    arriving member cost a FailedScheduling Event and a status patch through the pool that sends
+    the Bindings: bench/gang_throughput.py's gang/plain 0.67), then every waiting member and the
+    PodGroup, once, as before."""
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 8), gang_member_grace_seconds=10.0)
+    world.put_group(PLUGINS_API, plugins_group("g", 3))
+    world.put_pod(member("a", 2))
+    world.put_pod(member("b", 2))
+    feed.sync()
+    while scheduler.schedule_next(0):
+        pass
+    jobs.run_all()
+    assert not core.events  # members arriving: nobody is told yet
+    assert scheduler.groups.progress[next(iter(scheduler.groups.progress))].message.endswith(
+        "has 2 of its 3 minimum members; waiting for the others"
+    )  # the PodGroup's status says why
+    clock.advance(9.0)
+    assert not scheduler.schedule_next(0) and not core.events
+    clock.advance(1.5)  # the grace is over: the group is tried again and its members told
+    while scheduler.schedule_next(0):
+        pass
+    jobs.run_all()
+    told = {e["involvedObject"]["name"] for e in core.events if e["reason"] == "FailedScheduling"}
+    assert told == {"a", "b"}
+    on_group = [e["reason"] for e in core.events if e["involvedObject"]["kind"] == "PodGroup"]
+    assert on_group == ["Unschedulable"]
+    world.put_pod(member("c", 2))
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert bound(world, "a", "b", "c") == ["n1", "n1", "n1"]
+
+
+def test_a_group_that_completes_within_the_grace_is_bound_without_a_single_event() -> None:
+    world, scheduler, jobs, core, clock, feed = world_of(node_json("n1", 8), node_json("n2", 8))
+    world.put_group(PLUGINS_API, plugins_group("g", 4))
+    for name in ("a", "b", "c", "d"):
+        world.put_pod(member(name, 4))
+        feed.sync()
+        while scheduler.schedule_next(0):
+            pass
+        jobs.run_all()
+        clock.advance(1.0)
+    feed.sync()
+    drive(scheduler, jobs, feed, clock)
+    assert sorted(bound(world, "a", "b", "c", "d")) == ["n1", "n1", "n2", "n2"]
+    assert [e for e in core.events if e["reason"] in ("FailedScheduling", "Unschedulable")] == []

@@ -45,10 +45,12 @@ class SchedulerConfig:
     identity: str = field(default_factory=socket.gethostname)
     # gang scheduling (docs/gang.md): how long a group may try before it is reported and backed
     # off (when its PodGroup names no timeout), the label of the topology domain a group is kept
-    # in, and how long a group waits before pods queued behind it stop taking the GPUs it needs
+    # in, how long a group waits before pods queued behind it stop taking the GPUs it needs, and
+    # how long a group with fewer members than its minimum waits silently for the rest to arrive
     gang_timeout_seconds: float = 60.0
     gang_domain_label: str = "topology.kubernetes.io/zone"
     gang_starvation_seconds: float = 300.0
+    gang_member_grace_seconds: float = 10.0
     # serve kube-scheduler's extender protocol too, from this replica's cache (docs/extender.md):
     # HOST:PORT, and a PEM certificate and key for HTTPS (both or neither)
     extender_address: str | None = None

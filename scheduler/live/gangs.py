@@ -38,6 +38,7 @@ class GroupProgress:
     placed: bool = False  # its minimum was bound (or assumed) at least once
     told_at: float = float("-inf")  # when every waiting member was last told why (monotonic)
     told: str = ""  # the reason last posted on the PodGroup
+    short_since: float | None = None  # monotonic time it was first seen short of members, lately
 
 
 class GroupBook:

@@ -72,7 +72,7 @@ from scheduler.live.cache import (
     pod_key,
 )
 from scheduler.live.config import SchedulerConfig
-from scheduler.live.gangs import GroupBook, rfc3339
+from scheduler.live.gangs import GroupBook, GroupProgress, rfc3339
 from scheduler.live.metrics import SchedulerMetrics
 from scheduler.live.nodeevents import NodeEvents, poster
 from scheduler.live.podgroups import (
@@ -819,13 +819,18 @@ class Scheduler:
         if progress.placed:  # placed before, short of its minimum again (a Binding not stored)
             progress.placed, progress.first_try, progress.timed_out = False, now, False
         known = len(self.groups.members.get(ref, ()))
+        if known >= spec.min_member:
+            progress.short_since = None
+        elif progress.short_since is None:
+            progress.short_since = now
         if (
             known < spec.min_member
-            and now - progress.told_at < EVENT_REPEAT_SECONDS
+            and (now - progress.told_at < EVENT_REPEAT_SECONDS or self._members_arriving(progress, now))
             and isinstance(self._request(popped, self.cache.pods[popped]), PodRequest)
         ):
             # fewer pods than its minimum exist: the popped member waits, in O(1); the whole group
-            # is looked at (and told) at most every EVENT_REPEAT_SECONDS while its members arrive
+            # is looked at (and told) at most every EVENT_REPEAT_SECONDS while its members arrive,
+            # and not at all within gangMemberGraceSeconds of its first being short
             message = f"pod group {ref} has {known} of its {spec.min_member} minimum members; waiting "
             message += "for the others"
             self._group_failed(ref, spec, [popped], 0, message, known, now, popped)
@@ -1040,7 +1045,15 @@ class Scheduler:
             progress.message = message
             self.groups.dirty.add(ref)
         told = pending
-        if now - progress.told_at < EVENT_REPEAT_SECONDS and progress.timed_out == timed_out:
+        arriving = members < spec.min_member and self._members_arriving(progress, now)
+        if arriving and progress.timed_out == timed_out:
+            # its members are still arriving: nobody is told (kube-scheduler's GangScheduling
+            # gates them silently at PreEnqueue); tried again when the grace is over, to tell them
+            told = []
+            assert progress.short_since is not None
+            again = progress.short_since + self.config.gang_member_grace_seconds
+            self._group_deadlines[ref] = min(self._group_deadlines.get(ref, again), again)
+        elif now - progress.told_at < EVENT_REPEAT_SECONDS and progress.timed_out == timed_out:
             told = [popped] if popped in pending else []
             again = progress.told_at + EVENT_REPEAT_SECONDS
             self._group_deadlines[ref] = min(self._group_deadlines.get(ref, again), again)
@@ -1062,6 +1075,13 @@ class Scheduler:
         ):
             self._blocking = ref
             log_event(log, "group.holding_back", group=str(ref), api=ref.api, waited_seconds=round(waited))
+
+    def _members_arriving(self, progress: GroupProgress, now: float) -> bool:
+        """The group has been short of members for less than gangMemberGraceSeconds: the rest
+        are taken to be on their way (a Job's controller creating its pods), and its waiting
+        members get no Event yet."""
+        since = progress.short_since
+        return since is not None and now - since < self.config.gang_member_grace_seconds
 
     def _timeout_message(self, ref: GroupRef, spec: GroupSpec, message: str, now: float) -> str:
         """Before its timeout: wake the group then, to report it. Past it, the first time: report
