@@ -11,7 +11,11 @@ was made on), each with its member's pod facts (``facts_of``) as the planner did
 (anti-)affinity or spreading towards each other see the members planned before them.
 
 Where a group goes, in order of preference:
-1. the fewest nodes: a member goes to a node the group already uses when one fits it;
+1. the fewest nodes: a member goes to a node the group already uses when one fits it; when that
+   greedy pass (largest member first, each to the policy's choice) fails, or uses more nodes than
+   the free whole GPUs say could suffice, a depth-first search with backtracking (nodes the group
+   uses first, then the nodes with most free GPUs, at most ``SEARCH_BUDGET`` placements tried)
+   looks for a plan on fewer nodes, for groups whose every member is required;
 2. one topology domain (the nodes sharing a value of ``domain_key``, e.g. the zone, a rack or an
    NVLink/NVSwitch domain label): the group is planned inside each of the largest domains (by
    free GPUs, at most ``MAX_DOMAINS`` tried) and the plan on the fewest nodes wins, ties to the
@@ -32,13 +36,15 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.core.affinity import PodFacts
-from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin
+from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin, run_filters
 from scheduler.core.request import PodRequest
-from scheduler.core.schedule import Placement, Unschedulable, schedule_one
+from scheduler.core.schedule import Placement, Unschedulable, place_on, schedule_one
 from scheduler.core.scoring import Policy
 from scheduler.core.state import Allocation, AllocationConflict, ClusterState
 
 MAX_DOMAINS = 8  # domains a group is tried in before it is planned over the whole cluster
+SEARCH_BUDGET = 400  # placements the fewest-nodes search may try per plan (then it keeps its best)
+FRESH_TRIES = 4  # nodes the group does not use yet that the search tries per member
 OUTSIDE_GROUP_NODES = "node(s) not used by the pod's group"
 OUTSIDE_DOMAIN = "node(s) outside the group's topology domain"
 
@@ -174,6 +180,108 @@ def _place_members(
             cluster.forget(placement.allocation.pod_uid)
 
 
+def _nodes_at_least(members: Sequence[PodRequest], cluster: ClusterState, within: np.ndarray | None,
+                    used: np.ndarray) -> int:
+    """A lower bound on the nodes a plan of every member uses: the nodes used already, plus the
+    fewest others whose free whole GPUs add up to what the used ones cannot hold."""
+    wanted = sum(m.whole_gpus for m in members) - int(cluster.gpu_full_free[used].sum())
+    count = int(used.sum())
+    if wanted <= 0:
+        return max(count, 1 if members else 0)
+    others = ~used if within is None else within & ~used
+    free = np.sort(cluster.gpu_full_free[others])[::-1]
+    enough = np.flatnonzero(np.cumsum(free) >= wanted)
+    return count + (int(enough[0]) + 1 if len(enough) else len(free) + 1)
+
+
+def _search_fewest(
+    members: Sequence[PodRequest],
+    cluster: ClusterState,
+    policy: Policy,
+    filters: Sequence[FilterPlugin],
+    used_before: np.ndarray,
+    beat: int | None,
+    floor: int,
+) -> list[Placement] | None:
+    """Every member placed on fewer than ``beat`` nodes (None: any plan), by depth-first search
+    with backtracking, stopping at a plan on ``floor`` nodes (no plan uses fewer); None if none
+    was found within SEARCH_BUDGET placements. A member tries the
+    nodes the group uses (the policy's order), then up to FRESH_TRIES others, most free whole GPUs
+    first. Undoes every assumption before returning."""
+    best: list[Placement] | None = None
+    limit = beat if beat is not None else len(cluster) + 1
+    budget = SEARCH_BUDGET
+    used = used_before.copy()
+    placed: list[Placement] = []
+
+    def walk(k: int) -> bool:  # True: stop (the bound is reached, or the budget spent)
+        nonlocal best, limit, budget
+        if k == len(members):
+            best, limit = list(placed), int(used.sum())
+            return limit <= floor
+        member = members[k]
+        idx, _ = run_filters(member, cluster, filters, explain=False)
+        if not len(idx) or _nodes_at_least(members[k:], cluster, None, used) >= limit:
+            return False
+        ours = idx[used[idx]]
+        others = idx[~used[idx]]
+        if len(ours) > 1:
+            ours = ours[np.argsort(-policy.score(member, cluster, ours), kind="stable")]
+        others = others[np.argsort(-cluster.gpu_full_free[others], kind="stable")][:FRESH_TRIES]
+        for i in (*ours.tolist(), *others.tolist()):
+            if int(used.sum()) + (0 if used[i] else 1) >= limit:
+                continue
+            if budget <= 0:
+                return True
+            budget -= 1
+            placement = place_on(member, cluster, policy, i)
+            cluster.assume(placement.allocation, facts_of(member))
+            was, used[i] = bool(used[i]), True
+            placed.append(placement)
+            try:
+                if walk(k + 1):
+                    return True
+            finally:
+                placed.pop()
+                used[i] = was
+                cluster.forget(placement.allocation.pod_uid)
+        return False
+
+    walk(0)
+    return best
+
+
+def _plan_members(
+    members: Sequence[PodRequest],
+    cluster: ClusterState,
+    policy: Policy,
+    rng: random.Random,
+    filters: Sequence[FilterPlugin],
+    within: np.ndarray | None,
+    needed: int,
+    used_before: np.ndarray,
+) -> tuple[list[Placement], list[str], Unschedulable | None, str]:
+    """``_place_members``' greedy pass and, when every member is required and that pass failed or
+    used more nodes than could suffice, the fewest-nodes search; the better of the two."""
+    placed, waiting, failure, blocked = _place_members(
+        members, cluster, policy, rng, filters, within, needed, used_before
+    )
+    if not members or needed < len(members):
+        return placed, waiting, failure, blocked  # elastic extras: the greedy pass only
+    used = used_before.copy()
+    for placement in placed:
+        used[cluster.index[placement.node]] = True
+    greedy = None if failure is not None else int(used.sum())
+    floor = _nodes_at_least(members, cluster, within, used_before)
+    if greedy is not None and greedy <= floor:
+        return placed, waiting, failure, blocked
+    scoped = list(filters) if within is None else [*filters, OnlyNodes(within, OUTSIDE_DOMAIN)]
+    found = _search_fewest(members, cluster, policy, scoped, used_before, greedy, floor)
+    if found is None:
+        return placed, waiting, failure, blocked
+    return found, [], None, ""
+
+
 def _domains(group: GroupRequest, cluster: ClusterState) -> list[tuple[str, np.ndarray]]:
     """The group's candidate domains, largest (free GPU milli) first, at most MAX_DOMAINS."""
     if not group.domain_key:
@@ -221,7 +329,7 @@ def schedule_group(
         used[cluster.where[member.uid]] = True
     best: GroupPlacement | None = None
     for value, mask in _domains(group, cluster):
-        placed, waiting, failure, _ = _place_members(
+        placed, waiting, failure, _ = _plan_members(
             members, cluster, policy, rng, filters, mask, needed, used
         )
         if failure is None:
@@ -232,7 +340,7 @@ def schedule_group(
                 break
     if best is not None:
         return _extras_elsewhere(best, members, cluster, policy, rng, filters)
-    placed, waiting, failure, blocked = _place_members(
+    placed, waiting, failure, blocked = _plan_members(
         members, cluster, policy, rng, filters, None, needed, used
     )
     if failure is not None:

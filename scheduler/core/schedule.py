@@ -100,6 +100,12 @@ def schedule_one(
     return _place(pod, cluster, policy, i, score, len(idx))
 
 
+def place_on(pod: PodRequest, cluster: ClusterState, policy: Policy, i: int) -> Placement:
+    """The pod's devices on node ``i``, which the caller has checked passes the filters (the gang
+    planner's search tries nodes the policy did not pick first)."""
+    return _place(pod, cluster, policy, i, 0.0, 1)
+
+
 def _place(
     pod: PodRequest, cluster: ClusterState, policy: Policy, i: int, score: float, feasible: int
 ) -> Placement:
