@@ -180,27 +180,30 @@ def test_a_member_already_allocated_counts_towards_the_minimum_and_is_not_planne
 
 
 def test_the_search_is_bounded_on_a_large_cluster(monkeypatch: pytest.MonkeyPatch) -> None:
-    """1,000 nodes of 3 free GPUs and a group of 2-GPU members no two of which share a node: the
-    capacity bound says 9 nodes could do, no plan does better than 13; the search stops after
-    SEARCH_BUDGET placements and the greedy plan stands."""
+    """1,000 nodes of 4 GPUs and six 3-GPU and six 2-GPU members: a 3 and a 2 never share a node,
+    so no plan beats 9 nodes, while the free-GPU bound says 8 could do. The search cannot prove
+    that; it stops after SEARCH_BUDGET placements with a 9-node plan."""
     from scheduler.core import gang
 
     tried = []
     real = gang.place_on
     monkeypatch.setattr(gang, "place_on", lambda *a: tried.append(a[-1]) or real(*a))
-    cluster = ClusterState([node(f"n{i}", gpus=3) for i in range(1000)])
-    result = plan(gang_of([2] * 13), cluster, "topology")
-    assert isinstance(result, GroupPlacement) and len(result.nodes) == 13
+    cluster = ClusterState([node(f"n{i}", gpus=4) for i in range(1000)])
+    result = plan(gang_of([3] * 6 + [2] * 6), cluster, "topology")
+    assert isinstance(result, GroupPlacement) and len(result.nodes) == 9
     assert 0 < len(tried) <= gang.SEARCH_BUDGET
 
 
 def test_no_search_when_the_greedy_plan_is_on_the_fewest_nodes(monkeypatch: pytest.MonkeyPatch) -> None:
-    """bench/gang_throughput.py's groups (8 one-GPU members, empty 8-GPU nodes) and whole-node
-    members: the greedy plan meets the free-GPU bound, so the search never runs."""
+    """bench/gang_throughput.py's groups (8 one-GPU members, empty 8-GPU nodes), whole-node
+    members, and 2-GPU members on 3-GPU nodes (one a node): the greedy plan meets the bound (by
+    free GPUs, or by members a node could take), so the search never runs."""
     from scheduler.core import gang
 
     monkeypatch.setattr(gang, "place_on", lambda *a: pytest.fail("searched"))
     cluster = ClusterState([node(f"n{i}") for i in range(50)])
     assert len(plan(gang_of([1] * 8), cluster, "topology").nodes) == 1  # type: ignore[union-attr]
     assert len(plan(gang_of([8] * 4), cluster, "topology").nodes) == 4  # type: ignore[union-attr]
+    odd = ClusterState([node(f"n{i}", gpus=3) for i in range(50)])
+    assert len(plan(gang_of([2] * 13), odd, "topology").nodes) == 13  # type: ignore[union-attr]
 

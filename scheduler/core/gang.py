@@ -14,7 +14,8 @@ Where a group goes, in order of preference:
 1. the fewest nodes: a member goes to a node the group already uses when one fits it; when that
    greedy pass (largest member first, each to the policy's choice) fails, or uses more nodes than
    the free whole GPUs say could suffice, a depth-first search with backtracking (nodes the group
-   uses first, then the nodes with most free GPUs, at most ``SEARCH_BUDGET`` placements tried)
+   uses first, then the nodes with most free GPUs, at most ``SEARCH_BUDGET`` placements tried
+   among the group's nodes and the ``SEARCH_POOL`` with most free GPUs)
    looks for a plan on fewer nodes, for groups whose every member is required;
 2. one topology domain (the nodes sharing a value of ``domain_key``, e.g. the zone, a rack or an
    NVLink/NVSwitch domain label): the group is planned inside each of the largest domains (by
@@ -36,15 +37,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from scheduler.core.affinity import PodFacts
-from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin, run_filters
+from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin, apply_filters
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, Unschedulable, place_on, schedule_one
 from scheduler.core.scoring import Policy
 from scheduler.core.state import Allocation, AllocationConflict, ClusterState
 
 MAX_DOMAINS = 8  # domains a group is tried in before it is planned over the whole cluster
-SEARCH_BUDGET = 400  # placements the fewest-nodes search may try per plan (then it keeps its best)
+SEARCH_BUDGET = 100  # placements the fewest-nodes search may try per plan (then it keeps its best)
 FRESH_TRIES = 4  # nodes the group does not use yet that the search tries per member
+SEARCH_POOL = 64  # the search considers the group's nodes and this many with the most free GPUs
 OUTSIDE_GROUP_NODES = "node(s) not used by the pod's group"
 OUTSIDE_DOMAIN = "node(s) outside the group's topology domain"
 
@@ -183,15 +185,26 @@ def _place_members(
 def _nodes_at_least(members: Sequence[PodRequest], cluster: ClusterState, within: np.ndarray | None,
                     used: np.ndarray) -> int:
     """A lower bound on the nodes a plan of every member uses: the nodes used already, plus the
-    fewest others whose free whole GPUs add up to what the used ones cannot hold."""
-    wanted = sum(m.whole_gpus for m in members) - int(cluster.gpu_full_free[used].sum())
+    fewest others that could hold the rest, by free whole GPUs and by how many members each could
+    take (a node with ``f`` free GPUs holds at most ``f // s`` members when the smallest asks for
+    ``s`` whole GPUs)."""
     count = int(used.sum())
-    if wanted <= 0:
+    gpus = [m.whole_gpus for m in members if m.whole_gpus > 0]
+    if not gpus:
         return max(count, 1 if members else 0)
     others = ~used if within is None else within & ~used
-    free = np.sort(cluster.gpu_full_free[others])[::-1]
-    enough = np.flatnonzero(np.cumsum(free) >= wanted)
-    return count + (int(enough[0]) + 1 if len(enough) else len(free) + 1)
+    bound = count
+    for per_node, wanted in (
+        (cluster.gpu_full_free, sum(gpus)),
+        (cluster.gpu_full_free // min(gpus), len(gpus)),
+    ):
+        left = wanted - int(per_node[used].sum())
+        if left <= 0:
+            continue
+        room = np.sort(per_node[others])[::-1]
+        enough = np.flatnonzero(np.cumsum(room) >= left)
+        bound = max(bound, count + (int(enough[0]) + 1 if len(enough) else len(room) + 1))
+    return max(bound, 1)
 
 
 def _search_fewest(
@@ -202,12 +215,18 @@ def _search_fewest(
     used_before: np.ndarray,
     beat: int | None,
     floor: int,
+    within: np.ndarray | None,
 ) -> list[Placement] | None:
     """Every member placed on fewer than ``beat`` nodes (None: any plan), by depth-first search
     with backtracking, stopping at a plan on ``floor`` nodes (no plan uses fewer); None if none
     was found within SEARCH_BUDGET placements. A member tries the
     nodes the group uses (the policy's order), then up to FRESH_TRIES others, most free whole GPUs
-    first. Undoes every assumption before returning."""
+    first. The nodes it looks at are the group's and the SEARCH_POOL (in ``within``) with the
+    most free whole GPUs when it starts, so its cost does not grow with the cluster. Undoes every
+    assumption before returning."""
+    scope = cluster.all_indices if within is None else np.flatnonzero(within)
+    ranked = scope[np.argsort(-cluster.gpu_full_free[scope], kind="stable")][:SEARCH_POOL]
+    pool = np.union1d(ranked, np.flatnonzero(used_before))
     best: list[Placement] | None = None
     limit = beat if beat is not None else len(cluster) + 1
     budget = SEARCH_BUDGET
@@ -220,7 +239,7 @@ def _search_fewest(
             best, limit = list(placed), int(used.sum())
             return limit <= floor
         member = members[k]
-        idx, _ = run_filters(member, cluster, filters, explain=False)
+        idx, _ = apply_filters(member, cluster, filters, pool, collect=False)
         if not len(idx) or _nodes_at_least(members[k:], cluster, None, used) >= limit:
             return False
         ours = idx[used[idx]]
@@ -275,8 +294,7 @@ def _plan_members(
     floor = _nodes_at_least(members, cluster, within, used_before)
     if greedy is not None and greedy <= floor:
         return placed, waiting, failure, blocked
-    scoped = list(filters) if within is None else [*filters, OnlyNodes(within, OUTSIDE_DOMAIN)]
-    found = _search_fewest(members, cluster, policy, scoped, used_before, greedy, floor)
+    found = _search_fewest(members, cluster, policy, filters, used_before, greedy, floor, within)
     if found is None:
         return placed, waiting, failure, blocked
     return found, [], None, ""
