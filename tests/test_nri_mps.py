@@ -262,3 +262,77 @@ def test_a_device_selector_set_twice_cannot_survive_the_scrub_either(node: MpsNr
             pytest.fail(f"created, with {key}={env.get(key)!r}")
         assert f"{key} is set 2 times" in (created.details() or ""), created
         assert node.agent is not None and not node.agent.rewriter.ledger.holdings()  # the GPU is free
+
+
+def test_a_daemon_that_cannot_start_refuses_the_create_with_the_proxys_reason_in_nris_time(
+    node: MpsNri, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """containerd gives an NRI call 2 s (plugin_request_timeout); a daemon start may take up to
+    the supervisor's start timeout. The create must still be refused with the reason, UNAVAILABLE
+    (kubelet retries), the share freed, and the reason of the failed start named once known."""
+    node.connect(start_timeout=4.0)
+    monkeypatch.setenv("STANDIN_FAIL", "nopid")  # the daemon runs but never writes its pid file
+    _, refused = node.pod("nopid", [gpu(6)], {gpu(6): Share(250, 2048)})
+    assert isinstance(refused, grpc.RpcError), refused
+    details = refused.details() or ""
+    assert "not done in" not in details, details  # not the plugin's own deadline
+    assert f"GPU {gpu(6)}: its MPS daemon has not started within" in details, details
+    assert node.agent is not None and not node.agent.rewriter.ledger.holdings()  # the share is free
+    wait_until(lambda: node.supervisor.failing(gpu(6)), 15, "the failed start to be recorded")
+
+    _, again = node.pod("nopid-again", [gpu(6)], {gpu(6): Share(250, 2048)})  # kubelet's retry
+    assert isinstance(again, grpc.RpcError), again
+    assert "left no live daemon" in (again.details() or ""), again.details()  # the start's own reason
+
+    monkeypatch.setenv("STANDIN_FAIL", "start")  # -d fails at once: the proxy's very refusal
+    _, failed = node.pod("fails", [gpu(7)], {gpu(7): Share(250, 2048)})
+    assert isinstance(failed, grpc.RpcError), failed
+    assert "standin: cannot start: STANDIN_FAIL=start" in (failed.details() or ""), failed.details()
+    assert not node.agent.rewriter.ledger.holdings()
+
+
+def test_the_daemon_follows_the_ledger_through_stop_remove_and_an_agent_restart(node: MpsNri) -> None:
+    node.connect()
+    first_sandbox, first = node.pod("share-a", [gpu(0)], {gpu(0): Share(300, 2048)})
+    second_sandbox, second = node.pod("share-b", [gpu(0)], {gpu(0): Share(300, 2048)})
+    assert isinstance(first, str) and isinstance(second, str), (first, second)
+    (started,) = events(node.control, "started")
+    pid = int(started["pid"])  # type: ignore[call-overload]
+
+    node.disconnect()  # the agent goes away: its daemon and the clients keep running
+    assert os_pid_alive(pid)
+    node.connect()  # the next agent's Synchronize books both shares and adopts the daemon
+    wait_until(lambda: node.supervisor.pid(gpu(0)) == pid, 10, "the daemon to be known again")
+    assert os_pid_alive(pid) and len(events(node.control, "started")) == 1
+
+    node.client.runtime.StopContainer(cri.StopContainerRequest(container_id=first, timeout=1), timeout=60)
+    assert node.agent is not None
+    wait_until(lambda: len(node.agent.rewriter.ledger.holdings()) == 1, 10, "StopContainer to free a share")
+    assert os_pid_alive(pid)  # the second share still holds the GPU
+    node.remove_sandbox(first_sandbox)
+    assert os_pid_alive(pid) and not events(node.control, "command")
+
+    node.remove_sandbox(second_sandbox)  # the last share leaves: the daemon is told to quit
+    wait_until(lambda: not os_pid_alive(pid), 15, "the daemon to stop")
+    assert [c["command"] for c in events(node.control, "command")] == ["quit"]
+    wait_until(lambda: not (node.mps_dir / gpu(0)).exists(), 10, "the GPU's MPS directory to go")
+    assert len(events(node.control, "started")) == 1  # never restarted
+
+
+def test_a_restarted_agent_stops_a_daemon_beside_a_container_holding_its_gpu_whole(node: MpsNri) -> None:
+    """An agent restart must not restart (nor adopt) a daemon for a GPU a container now holds whole."""
+    node.connect()
+    _, whole = node.pod("whole", [gpu(2)])
+    assert isinstance(whole, str), whole
+    node.disconnect()
+    # A daemon for that GPU still runs (left by an earlier agent whose share of it has gone).
+    MpsSupervisor(str(node.control), node.mps_dir).ensure(gpu(2))
+    (started,) = events(node.control, "started")
+    pid = int(started["pid"])  # type: ignore[call-overload]
+
+    node.connect()  # Synchronize: the container holds the GPU whole by its mark
+    assert node.agent is not None
+    assert [(h.device, h.milli) for h in node.agent.rewriter.ledger.holdings()] == [(gpu(2), 1000)]
+    wait_until(lambda: not os_pid_alive(pid), 15, "the daemon beside the whole GPU to stop")
+    assert [c["command"] for c in events(node.control, "command")] == ["quit"]
+    assert len(events(node.control, "started")) == 1
