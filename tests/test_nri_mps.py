@@ -244,8 +244,11 @@ def test_mps_settings_the_container_sets_twice_cannot_override_the_enforced_ones
     same = [("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25"), ("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", "25")]
     _, created = node.pod("same", [gpu(4)], {gpu(4): Share(250, 4096)}, envs=same)
     assert isinstance(created, str), created
-    env, _ = node.read(created, "same")
+    env, seen = node.read(created, "same")
     assert env["CUDA_MPS_ACTIVE_THREAD_PERCENTAGE"] == "25"
+    # without a /dev/shm of the pod's own, containerd's sandbox shm gives way to the daemon's too
+    (started,) = [e for e in events(node.control, "started") if e["visible"] == gpu(4)]
+    assert f"kubegpu-standin-{started['pid']}" in seen["shm"].split()
 
 
 def test_a_device_selector_set_twice_cannot_survive_the_scrub_either(node: MpsNri) -> None:
