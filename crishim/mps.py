@@ -588,13 +588,16 @@ class MpsSharing:
         return shared[0], shares[shared[0].id]
 
     async def container_edits(
-        self, devices: Sequence[Device], shares: Mapping[str, GpuShare]
+        self, devices: Sequence[Device], shares: Mapping[str, GpuShare], wait: float | None = None
     ) -> ContainerEdits:
         """The MPS client edits for a container's devices (starting the GPU's daemon if needed).
         A GPU the container gets whole first loses any daemon still running for it (the watchdog
         stops it only on its next pass; until then the GPU is in EXCLUSIVE_PROCESS mode beside an
         MPS server, busy for anyone else). Raises ``ShareRefused`` (cannot be enforced as
-        allocated) or ``DaemonError`` (try again)."""
+        allocated) or ``DaemonError`` (try again): also when the daemon has not started within
+        ``wait`` seconds (None: as long as the start takes), the time the front's caller gives a
+        create (containerd's NRI request timeout); the start goes on, and names its failure to
+        the next create."""
         found = self.share_to_enforce(devices, shares)
         supervisor = self.supervisor
         if supervisor is None:
@@ -610,7 +613,17 @@ class MpsSharing:
         if found is None:
             return ContainerEdits()
         device, share = found
-        dirs = await loop.run_in_executor(None, supervisor.ensure, device.id)
+        start = loop.run_in_executor(None, supervisor.ensure, device.id)
+        start.add_done_callback(lambda done: done.cancelled() or done.exception())  # read: never unseen
+        try:
+            dirs = await asyncio.wait_for(asyncio.shield(start), wait)
+        except TimeoutError:
+            last = supervisor.failing(device.id)
+            why = f"its last start failed: {last}" if last else "it may still be starting"
+            raise DaemonError(
+                f"GPU {device.id}: its MPS daemon has not started within {wait:g}s, the time this create "
+                f"may wait ({why})"
+            ) from None
         return client_edits(dirs, int(share.milli), share_memory_mib(share, device))
 
     def _stop_unless_shared(self, gpu: str) -> None:

@@ -217,6 +217,9 @@ class ContainerCreate:
     image: str
     security: Security
     spec: ContainerSpec
+    # how long the create may wait for a GPU's MPS daemon to start (None: as long as the start
+    # takes); the NRI front's caller gives a create only its request timeout
+    daemon_wait: float | None = None
 
 
 def pod_of(request: api_pb2.CreateContainerRequest) -> PodRef:
@@ -774,7 +777,8 @@ class AllocationRewriter:
         try:
             applied = edits_for(self.node_devices.plugins, granted, shares)
             if sharing is not None:  # a share on a node that enforces shares: the container is an MPS client
-                applied = merge_edits([applied, await sharing.container_edits(granted, shares)])
+                client = await sharing.container_edits(granted, shares, create.daemon_wait)
+                applied = merge_edits([applied, client])
             edits.apply_spec(create.spec, applied)
         except (PluginError, DaemonError) as error:
             self.ledger.release(holdings)

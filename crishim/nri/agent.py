@@ -52,6 +52,9 @@ GRPC_TO_TTRPC = {
 }
 SecurityLookup = Callable[[PodRef, str], Awaitable[Security]]
 MAX_PENDING_VALIDATIONS = 4096  # creates answered whose validation never came (the create failed)
+# Of containerd's request timeout, what a create may wait for a GPU's MPS daemon to start: the
+# rest answers the refusal (with the reason) before containerd gives up on the plugin.
+DAEMON_WAIT_SHARE = 0.5
 
 
 def host_device_number(path: str) -> DeviceNumber:
@@ -85,8 +88,11 @@ class NriAgent:
         self._number_of = number_of
         # container id -> the device numbers this agent added, until containerd validates
         self._granted: dict[str, frozenset[DeviceNumber]] = {}
+        self._daemon_wait = 2.0 * DAEMON_WAIT_SHARE  # of containerd's default 2 s, until Configure
 
     def configure(self, request: api_pb2.ConfigureRequest) -> None:
+        if request.request_timeout > 0:
+            self._daemon_wait = request.request_timeout / 1000 * DAEMON_WAIT_SHARE
         log_event(log, "nri.configured", runtime=request.runtime_name, version=request.runtime_version)
 
     def synchronize(self, pods: list[api_pb2.PodSandbox], containers: list[api_pb2.Container]) -> None:
@@ -128,6 +134,7 @@ class NriAgent:
                 image="",
                 security=security,
                 spec=spec.copy(),
+                daemon_wait=self._daemon_wait,
             )
             completion = await self.rewriter.decide(create)
         except Rejected as refused:
@@ -145,9 +152,13 @@ class NriAgent:
             raise RpcError(INVALID_ARGUMENT, message) from None
         try:
             adjust = adjustment(spec, create.spec, self._number_of)
-        except OSError as error:
+        except (OSError, Ambiguous) as error:  # a granted node unreadable; a change NRI cannot make
             if completion is not None:
                 completion(None)
+            if isinstance(error, Ambiguous):
+                message = f"pod {pod} container {container.name}: refused: {error}"
+                log_event(log, "nri.create_refused", logging.WARNING, pod=str(pod), reason=message)
+                raise RpcError(INVALID_ARGUMENT, message) from None
             raise RpcError(INTERNAL, f"pod {pod}: a granted device node cannot be read: {error}") from None
         if completion is not None:
             completion(container.id)

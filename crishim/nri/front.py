@@ -21,6 +21,7 @@ and the like) are never denied; only the sim plugin's stand-in nodes share their
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from crishim.container import ContainerSpec, DeviceEntry, MountEntry
@@ -82,19 +83,40 @@ def _last_values(env: list[tuple[str, bytes]]) -> dict[str, bytes]:
     return values
 
 
+def _env_changes(before: ContainerSpec, after: ContainerSpec) -> list[tuple[str, bytes]]:
+    """The variables containerd must set to make ``before``'s environment into ``after``'s: each
+    whose last value changed, and each the core took out (emptied: NRI v0.11 drops env removals
+    on the way to the OCI spec).
+
+    NRI v0.11 sets a plugin's value on the first entry of a variable the spec holds more than once
+    (the image's and the pod's: containerd appends both) and then lets each later entry overwrite
+    it with its own value, so the last original value wins. A variable set more than once that
+    must change is therefore refused (``Ambiguous``): kubegpu could not give it its value (an MPS
+    client's limits, a selector it neutralises)."""
+    old, new = _last_values(before.env), _last_values(after.env)
+    changes = [(key, b"") for key in old if key not in new]
+    changes += [(key, value) for key, value in new.items() if old.get(key) != value]
+    counts = Counter(key for key, _ in before.env)
+    repeated = sorted(key for key, _ in changes if counts[key] > 1)
+    if repeated:
+        key = repeated[0]
+        raise Ambiguous(
+            f"environment variable {key[:200]} is set {counts[key]} times in the container (the image's "
+            "and the pod's, say): containerd's NRI keeps the last of them whatever a plugin sets, so "
+            "kubegpu cannot give it its value; set it once, or not at all"
+        )
+    return changes
+
+
 def adjustment(
     before: ContainerSpec, after: ContainerSpec, number_of: Callable[[str], DeviceNumber]
 ) -> api_pb2.ContainerAdjustment:
     """What containerd must change to make the container ``before`` into ``after`` (the core's
-    result): removals of what the scrub or the plugins' edits took out, then additions."""
+    result): removals of what the scrub or the plugins' edits took out, then additions. Raises
+    ``Ambiguous`` for a change NRI cannot make (``_env_changes``)."""
     adjust = api_pb2.ContainerAdjustment()
-    old, new = _last_values(before.env), _last_values(after.env)
-    for key in old:
-        if key not in new:  # NRI drops env removals on the way to the OCI spec (v0.11): emptied
-            adjust.env.add(key=key, value="")
-    for key, value in new.items():
-        if old.get(key) != value:
-            adjust.env.add(key=key, value=value.decode("utf-8", "surrogateescape"))
+    for key, value in _env_changes(before, after):
+        adjust.env.add(key=key, value=value.decode("utf-8", "surrogateescape"))
 
     kept_mounts = {id(m.origin) for m in after.mounts if m.origin is not None}
     for mount in before.mounts:
