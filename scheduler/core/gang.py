@@ -222,11 +222,13 @@ def _search_fewest(
     was found within SEARCH_BUDGET placements. A member tries the
     nodes the group uses (the policy's order), then up to FRESH_TRIES others, most free whole GPUs
     first. The nodes it looks at are the group's and the SEARCH_POOL (in ``within``) with the
-    most free whole GPUs when it starts, so its cost does not grow with the cluster. Undoes every
-    assumption before returning."""
+    most free whole GPUs when it starts, so its cost does not grow with the cluster; a node the
+    group uses outside ``within`` is never tried, as in the greedy pass. Undoes every assumption
+    before returning."""
     scope = cluster.all_indices if within is None else np.flatnonzero(within)
     ranked = scope[np.argsort(-cluster.gpu_full_free[scope], kind="stable")][:SEARCH_POOL]
-    pool = np.union1d(ranked, np.flatnonzero(used_before))
+    theirs = used_before if within is None else used_before & within  # never a node outside ``within``
+    pool = np.union1d(ranked, np.flatnonzero(theirs))
     best: list[Placement] | None = None
     limit = beat if beat is not None else len(cluster) + 1
     budget = SEARCH_BUDGET

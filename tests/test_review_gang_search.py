@@ -1,0 +1,47 @@
+"""Hostile review of the gang planner's fewest-nodes search (scheduler/core/gang.py
+``_search_fewest``): it must respect everything the greedy pass respects."""
+
+from __future__ import annotations
+
+import random
+
+from scheduler.core import ClusterState, GpuState, NodeState, PodRequest, make_policy
+from scheduler.core.allocate import allocate
+from scheduler.core.gang import GroupPlacement, GroupRequest, schedule_group
+
+HOST = "kubernetes.io/hostname"
+ZONE = "topology.kubernetes.io/zone"
+
+
+def node(name: str, gpus: int, zone: str) -> NodeState:
+    return NodeState(name, 64_000, 512_000, [GpuState(i, f"{name}-g{i}", "H100", 81920) for i in range(gpus)],
+                     labels={HOST: name, ZONE: zone})
+
+
+def member(k: int, gpus: int) -> PodRequest:
+    return PodRequest(f"ml/m-{k}", uid=f"m-{k}", cpu_milli=100, gpu_count=gpus)
+
+
+def book_on(cluster: ClusterState, pod: PodRequest, name: str) -> None:
+    alloc = allocate(pod, cluster.nodes[cluster.index[name]])
+    assert alloc is not None
+    cluster.assume(alloc)
+
+
+def test_the_search_keeps_the_group_inside_the_domain_it_plans_in() -> None:
+    """A member already placed on a node outside the domain being tried (zone z1, the group's
+    first member bound there before its zone filled up): the greedy pass never uses that node
+    while planning in z2, but the search took the group's nodes (``used_before``) into its pool
+    unfiltered and put a member there, returning a plan that says domain z2 with a member in z1."""
+    cluster = ClusterState([node("a", 8, "z1"), node("b", 4, "z2"), node("c", 4, "z2")])
+    book_on(cluster, PodRequest("other/filler", uid="filler", gpu_count=4), "a")
+    members = [member(k, 2) for k in range(4)]
+    book_on(cluster, members[0], "a")  # a has 2 GPUs free now, z2 has 8
+    group = GroupRequest("ml/g", 4, tuple(members))
+    for name in ("binpack", "topology", "spread"):
+        policy = make_policy(name)
+        policy.bind(cluster, list(group.members), random.Random(0))
+        result = schedule_group(group, cluster, policy, random.Random(1))
+        assert isinstance(result, GroupPlacement), (name, result)
+        zones = {cluster.nodes[cluster.index[p.node]].labels[ZONE] for p in result.placements}
+        assert (result.domain, zones) == ("z2", {"z2"}), (name, [p.node for p in result.placements])
