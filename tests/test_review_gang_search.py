@@ -45,3 +45,25 @@ def test_the_search_keeps_the_group_inside_the_domain_it_plans_in() -> None:
         assert isinstance(result, GroupPlacement), (name, result)
         zones = {cluster.nodes[cluster.index[p.node]].labels[ZONE] for p in result.placements}
         assert (result.domain, zones) == ("z2", {"z2"}), (name, [p.node for p in result.placements])
+
+
+def test_the_search_looks_at_the_nodes_the_group_can_use_not_at_the_freest_ones() -> None:
+    """The search's pool was the SEARCH_POOL nodes with the most free GPUs, before any filter: on
+    a cluster with 70 empty A100 nodes and three H100 nodes (4, 8 and 6 GPUs), a group of two
+    4-GPU members that asks for H100s had no usable node in its pool, so the greedy pass's split
+    over the 4- and 6-GPU nodes stood although the 8-GPU node holds both (as it does without the
+    A100 nodes)."""
+    h100 = [node("b0", 4, "z1"), node("b1", 8, "z1"), node("b2", 6, "z1")]
+    a100 = [NodeState(f"a{i}", 64_000, 512_000, [GpuState(g, f"a{i}-g{g}", "A100", 81920) for g in range(8)],
+                      labels={HOST: f"a{i}", ZONE: "z1"}) for i in range(70)]
+    members = tuple(
+        PodRequest(f"ml/m-{k}", uid=f"m-{k}", cpu_milli=100, gpu_count=4, gpu_models=frozenset({"H100"}))
+        for k in range(2)
+    )
+    group = GroupRequest("ml/g", 2, members)
+    for nodes in (h100, a100 + h100):
+        cluster = ClusterState(nodes)
+        policy = make_policy("topology")
+        policy.bind(cluster, list(members), random.Random(0))
+        result = schedule_group(group, cluster, policy, random.Random(1))
+        assert isinstance(result, GroupPlacement) and result.nodes == ("b1",), (len(nodes), result)

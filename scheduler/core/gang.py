@@ -47,6 +47,7 @@ MAX_DOMAINS = 8  # domains a group is tried in before it is planned over the who
 SEARCH_BUDGET = 100  # placements the fewest-nodes search may try per plan (then it keeps its best)
 FRESH_TRIES = 4  # nodes the group does not use yet that the search tries per member
 SEARCH_POOL = 64  # the search considers the group's nodes and this many with the most free GPUs
+SEARCH_KINDS = 8  # kinds of member (models, selector, tolerations) whose usable nodes rank that pool
 OUTSIDE_GROUP_NODES = "node(s) not used by the pod's group"
 OUTSIDE_DOMAIN = "node(s) outside the group's topology domain"
 
@@ -207,6 +208,26 @@ def _nodes_at_least(members: Sequence[PodRequest], cluster: ClusterState, within
     return max(bound, 1)
 
 
+def _usable(
+    members: Sequence[PodRequest], cluster: ClusterState, filters: Sequence[FilterPlugin], scope: np.ndarray
+) -> np.ndarray:
+    """The nodes of ``scope`` where some member passes the filters now, checked for the smallest
+    member of each kind (GPU models, node selector and affinity, tolerations), at most
+    SEARCH_KINDS kinds (more: all of ``scope``): the search's pool is ranked among these, not
+    among nodes none of the group can use (other GPU models, another node pool)."""
+    kinds: dict[tuple, PodRequest] = {}
+    for member in members:  # largest first: the last of a kind is its smallest
+        rules = member.placement.rules.node_affinity if member.placement is not None else None
+        selector = tuple(sorted(member.node_selector.items()))
+        kinds[(member.gpu_models, selector, member.tolerations, rules)] = member
+    if len(kinds) > SEARCH_KINDS:
+        return scope
+    keep = np.zeros(len(cluster), dtype=bool)
+    for member in kinds.values():
+        keep[apply_filters(member, cluster, filters, scope, collect=False)[0]] = True
+    return scope[keep[scope]]
+
+
 def _search_fewest(
     members: Sequence[PodRequest],
     cluster: ClusterState,
@@ -219,13 +240,14 @@ def _search_fewest(
 ) -> list[Placement] | None:
     """Every member placed on fewer than ``beat`` nodes (None: any plan), by depth-first search
     with backtracking, stopping at a plan on ``floor`` nodes (no plan uses fewer); None if none
-    was found within SEARCH_BUDGET placements. A member tries the
-    nodes the group uses (the policy's order), then up to FRESH_TRIES others, most free whole GPUs
-    first. The nodes it looks at are the group's and the SEARCH_POOL (in ``within``) with the
-    most free whole GPUs when it starts, so its cost does not grow with the cluster; a node the
-    group uses outside ``within`` is never tried, as in the greedy pass. Undoes every assumption
-    before returning."""
-    scope = cluster.all_indices if within is None else np.flatnonzero(within)
+    was found within SEARCH_BUDGET placements. A member tries the nodes the group uses (the
+    policy's order), then up to FRESH_TRIES others, most free whole GPUs first. The nodes it looks
+    at are the group's and the SEARCH_POOL (in ``within``, usable by some member: ``_usable``)
+    with the most free whole GPUs when it starts, so past one filter pass per kind of member its
+    cost does not grow with the cluster; a node the group uses outside ``within`` is never tried,
+    as in the greedy pass. Undoes every assumption before returning."""
+    scope = _usable(members, cluster, filters,
+                    cluster.all_indices if within is None else np.flatnonzero(within))
     ranked = scope[np.argsort(-cluster.gpu_full_free[scope], kind="stable")][:SEARCH_POOL]
     theirs = used_before if within is None else used_before & within  # never a node outside ``within``
     pool = np.union1d(ranked, np.flatnonzero(theirs))
