@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import random
 
+import pytest
+
 from scheduler.core import ClusterState, GpuState, NodeState, PodRequest, make_policy
 from scheduler.core.allocate import allocate
 from scheduler.core.gang import GroupPlacement, GroupRequest, schedule_group
@@ -67,3 +69,25 @@ def test_the_search_looks_at_the_nodes_the_group_can_use_not_at_the_freest_ones(
         policy.bind(cluster, list(members), random.Random(0))
         result = schedule_group(group, cluster, policy, random.Random(1))
         assert isinstance(result, GroupPlacement) and result.nodes == ("b1",), (len(nodes), result)
+
+
+def test_no_search_for_share_or_cpu_only_members_whose_greedy_plan_is_on_the_fewest_nodes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The bound counted whole GPUs only: for a group without whole-GPU members it was 1 node, so
+    every such group the greedy pass spread over several nodes (0.6-GPU shares on 1-GPU nodes,
+    40-CPU members on 64-CPU nodes: one a node, no plan does better) ran the search to its whole
+    budget, in every domain tried, to beat a plan nothing beats. GPU milli and CPU bound it too."""
+    from scheduler.core import gang
+
+    monkeypatch.setattr(gang, "place_on", lambda *a: pytest.fail("searched"))
+    one_gpu = ClusterState([node(f"n{i}", 1, "z1") for i in range(20)])
+    shares = GroupRequest("ml/s", 6, tuple(
+        PodRequest(f"ml/s-{k}", uid=f"s-{k}", cpu_milli=100, gpu_count=1, gpu_milli=600) for k in range(6)))
+    cpus = GroupRequest("ml/c", 5, tuple(
+        PodRequest(f"ml/c-{k}", uid=f"c-{k}", cpu_milli=40_000) for k in range(5)))
+    for group, cluster, nodes in ((shares, one_gpu, 6), (cpus, one_gpu, 5)):
+        policy = make_policy("topology")
+        policy.bind(cluster, list(group.members), random.Random(0))
+        result = schedule_group(group, cluster, policy, random.Random(1))
+        assert isinstance(result, GroupPlacement) and len(result.nodes) == nodes, result

@@ -13,10 +13,11 @@ was made on), each with its member's pod facts (``facts_of``) as the planner did
 Where a group goes, in order of preference:
 1. the fewest nodes: a member goes to a node the group already uses when one fits it; when that
    greedy pass (largest member first, each to the policy's choice) fails, or uses more nodes than
-   the free whole GPUs say could suffice, a depth-first search with backtracking (nodes the group
-   uses first, then the nodes with most free GPUs, at most ``SEARCH_BUDGET`` placements tried
-   among the group's nodes and the ``SEARCH_POOL`` with most free GPUs)
-   looks for a plan on fewer nodes, for groups whose every member is required;
+   the free whole GPUs, GPU milli and CPU say could suffice, a depth-first search with
+   backtracking (nodes the group uses first, then the nodes with most free GPUs, at most
+   ``SEARCH_BUDGET`` placements tried among the group's nodes and the ``SEARCH_POOL`` with most
+   free GPUs that its members can use) looks for a plan on fewer nodes, for groups whose every
+   member is required;
 2. one topology domain (the nodes sharing a value of ``domain_key``, e.g. the zone, a rack or an
    NVLink/NVSwitch domain label): the group is planned inside each of the largest domains (by
    free GPUs, at most ``MAX_DOMAINS`` tried) and the plan on the fewest nodes wins, ties to the
@@ -186,26 +187,29 @@ def _place_members(
 def _nodes_at_least(members: Sequence[PodRequest], cluster: ClusterState, within: np.ndarray | None,
                     used: np.ndarray) -> int:
     """A lower bound on the nodes a plan of every member uses: the nodes used already, plus the
-    fewest others that could hold the rest, by free whole GPUs and by how many members each could
-    take (a node with ``f`` free GPUs holds at most ``f // s`` members when the smallest asks for
-    ``s`` whole GPUs)."""
+    fewest others that could hold the rest, by each of free whole GPUs, free GPU milli and free
+    CPU, and by how many members each node could take of it (a node with ``f`` free holds at most
+    ``f // s`` members when the smallest asking for some asks for ``s``). ``ClusterState.assume``
+    refuses any plan beyond these, whatever the filters."""
     count = int(used.sum())
-    gpus = [m.whole_gpus for m in members if m.whole_gpus > 0]
-    if not gpus:
-        return max(count, 1 if members else 0)
     others = ~used if within is None else within & ~used
     bound = count
-    for per_node, wanted in (
-        (cluster.gpu_full_free, sum(gpus)),
-        (cluster.gpu_full_free // min(gpus), len(gpus)),
+    for asked, free in (
+        ([m.whole_gpus for m in members], cluster.gpu_full_free),
+        ([m.total_gpu_milli for m in members], cluster.gpu_free_total),
+        ([m.cpu_milli for m in members], np.maximum(cluster.cpu_free, 0)),  # bound pods over-commit
     ):
-        left = wanted - int(per_node[used].sum())
-        if left <= 0:
+        asks = [a for a in asked if a > 0]
+        if not asks:
             continue
-        room = np.sort(per_node[others])[::-1]
-        enough = np.flatnonzero(np.cumsum(room) >= left)
-        bound = max(bound, count + (int(enough[0]) + 1 if len(enough) else len(room) + 1))
-    return max(bound, 1)
+        for per_node, wanted in ((free, sum(asks)), (free // min(asks), len(asks))):
+            left = wanted - int(per_node[used].sum())
+            if left <= 0:
+                continue
+            room = np.sort(per_node[others])[::-1]
+            enough = np.flatnonzero(np.cumsum(room) >= left)
+            bound = max(bound, count + (int(enough[0]) + 1 if len(enough) else len(room) + 1))
+    return max(bound, 1 if members else 0)
 
 
 def _usable(
