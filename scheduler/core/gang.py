@@ -215,21 +215,21 @@ def _nodes_at_least(members: Sequence[PodRequest], cluster: ClusterState, within
 def _usable(
     members: Sequence[PodRequest], cluster: ClusterState, filters: Sequence[FilterPlugin], scope: np.ndarray
 ) -> np.ndarray:
-    """The nodes of ``scope`` where some member passes the filters now, checked for the smallest
-    member of each kind (GPU models, node selector and affinity, tolerations), at most
-    SEARCH_KINDS kinds (more: all of ``scope``): the search's pool is ranked among these, not
-    among nodes none of the group can use (other GPU models, another node pool)."""
+    """Per node of ``scope``: some member passes the filters there now, checked for the smallest
+    member of each kind (GPU models, node selector and affinity, tolerations); all True for more
+    than SEARCH_KINDS kinds. The search's pool takes these first, before nodes none of the group
+    can use (other GPU models, another node pool) however many GPUs they have free."""
     kinds: dict[tuple, PodRequest] = {}
     for member in members:  # largest first: the last of a kind is its smallest
         rules = member.placement.rules.node_affinity if member.placement is not None else None
         selector = tuple(sorted(member.node_selector.items()))
         kinds[(member.gpu_models, selector, member.tolerations, rules)] = member
     if len(kinds) > SEARCH_KINDS:
-        return scope
+        return np.ones(len(scope), dtype=bool)
     keep = np.zeros(len(cluster), dtype=bool)
     for member in kinds.values():
         keep[apply_filters(member, cluster, filters, scope, collect=False)[0]] = True
-    return scope[keep[scope]]
+    return keep[scope]
 
 
 def _search_fewest(
@@ -246,13 +246,17 @@ def _search_fewest(
     with backtracking, stopping at a plan on ``floor`` nodes (no plan uses fewer); None if none
     was found within SEARCH_BUDGET placements. A member tries the nodes the group uses (the
     policy's order), then up to FRESH_TRIES others, most free whole GPUs first. The nodes it looks
-    at are the group's and the SEARCH_POOL (in ``within``, usable by some member: ``_usable``)
-    with the most free whole GPUs when it starts, so past one filter pass per kind of member its
-    cost does not grow with the cluster; a node the group uses outside ``within`` is never tried,
-    as in the greedy pass. Undoes every assumption before returning."""
-    scope = _usable(members, cluster, filters,
-                    cluster.all_indices if within is None else np.flatnonzero(within))
-    ranked = scope[np.argsort(-cluster.gpu_full_free[scope], kind="stable")][:SEARCH_POOL]
+    at are the group's and SEARCH_POOL others (in ``within``; usable by some member when it
+    starts first, ``_usable``, then the most free whole GPUs), so past one filter pass per kind
+    of member its cost does not grow with the cluster; a node the group uses outside ``within``
+    is never tried, as in the greedy pass. Undoes every assumption before returning."""
+    scope = cluster.all_indices if within is None else np.flatnonzero(within)
+    if len(scope) > SEARCH_POOL:  # usable nodes first, then the most free whole GPUs
+        usable = _usable(members, cluster, filters, scope)
+        scope = scope[np.lexsort((-cluster.gpu_full_free[scope], ~usable))]
+    else:
+        scope = scope[np.argsort(-cluster.gpu_full_free[scope], kind="stable")]
+    ranked = scope[:SEARCH_POOL]
     theirs = used_before if within is None else used_before & within  # never a node outside ``within``
     pool = np.union1d(ranked, np.flatnonzero(theirs))
     best: list[Placement] | None = None
