@@ -13,10 +13,11 @@ was made on), each with its member's pod facts (``facts_of``) as the planner did
 Where a group goes, in order of preference:
 1. the fewest nodes: a member goes to a node the group already uses when one fits it; when that
    greedy pass (largest member first, each to the policy's choice) fails, or uses more nodes than
-   the free whole GPUs say could suffice, a depth-first search with backtracking (nodes the group
-   uses first, then the nodes with most free GPUs, at most ``SEARCH_BUDGET`` placements tried
-   among the group's nodes and the ``SEARCH_POOL`` with most free GPUs)
-   looks for a plan on fewer nodes, for groups whose every member is required;
+   the free whole GPUs, GPU milli and CPU say could suffice, a depth-first search with
+   backtracking (nodes the group uses first, then the nodes with most free GPUs, at most
+   ``SEARCH_BUDGET`` placements tried among the group's nodes and the ``SEARCH_POOL`` with most
+   free GPUs that its members can use) looks for a plan on fewer nodes, for groups whose every
+   member is required;
 2. one topology domain (the nodes sharing a value of ``domain_key``, e.g. the zone, a rack or an
    NVLink/NVSwitch domain label): the group is planned inside each of the largest domains (by
    free GPUs, at most ``MAX_DOMAINS`` tried) and the plan on the fewest nodes wins, ties to the
@@ -47,6 +48,7 @@ MAX_DOMAINS = 8  # domains a group is tried in before it is planned over the who
 SEARCH_BUDGET = 100  # placements the fewest-nodes search may try per plan (then it keeps its best)
 FRESH_TRIES = 4  # nodes the group does not use yet that the search tries per member
 SEARCH_POOL = 64  # the search considers the group's nodes and this many with the most free GPUs
+SEARCH_KINDS = 8  # kinds of member (models, selector, tolerations) whose usable nodes rank that pool
 OUTSIDE_GROUP_NODES = "node(s) not used by the pod's group"
 OUTSIDE_DOMAIN = "node(s) outside the group's topology domain"
 
@@ -185,26 +187,49 @@ def _place_members(
 def _nodes_at_least(members: Sequence[PodRequest], cluster: ClusterState, within: np.ndarray | None,
                     used: np.ndarray) -> int:
     """A lower bound on the nodes a plan of every member uses: the nodes used already, plus the
-    fewest others that could hold the rest, by free whole GPUs and by how many members each could
-    take (a node with ``f`` free GPUs holds at most ``f // s`` members when the smallest asks for
-    ``s`` whole GPUs)."""
+    fewest others that could hold the rest, by each of free whole GPUs, free GPU milli and free
+    CPU, and by how many members each node could take of it (a node with ``f`` free holds at most
+    ``f // s`` members when the smallest asking for some asks for ``s``). ``ClusterState.assume``
+    refuses any plan beyond these, whatever the filters."""
     count = int(used.sum())
-    gpus = [m.whole_gpus for m in members if m.whole_gpus > 0]
-    if not gpus:
-        return max(count, 1 if members else 0)
     others = ~used if within is None else within & ~used
     bound = count
-    for per_node, wanted in (
-        (cluster.gpu_full_free, sum(gpus)),
-        (cluster.gpu_full_free // min(gpus), len(gpus)),
+    for asked, free in (
+        ([m.whole_gpus for m in members], cluster.gpu_full_free),
+        ([m.total_gpu_milli for m in members], cluster.gpu_free_total),
+        ([m.cpu_milli for m in members], np.maximum(cluster.cpu_free, 0)),  # bound pods over-commit
     ):
-        left = wanted - int(per_node[used].sum())
-        if left <= 0:
+        asks = [a for a in asked if a > 0]
+        if not asks:
             continue
-        room = np.sort(per_node[others])[::-1]
-        enough = np.flatnonzero(np.cumsum(room) >= left)
-        bound = max(bound, count + (int(enough[0]) + 1 if len(enough) else len(room) + 1))
-    return max(bound, 1)
+        for per_node, wanted in ((free, sum(asks)), (free // min(asks), len(asks))):
+            left = wanted - int(per_node[used].sum())
+            if left <= 0:
+                continue
+            room = np.sort(per_node[others])[::-1]
+            enough = np.flatnonzero(np.cumsum(room) >= left)
+            bound = max(bound, count + (int(enough[0]) + 1 if len(enough) else len(room) + 1))
+    return max(bound, 1 if members else 0)
+
+
+def _usable(
+    members: Sequence[PodRequest], cluster: ClusterState, filters: Sequence[FilterPlugin], scope: np.ndarray
+) -> np.ndarray:
+    """Per node of ``scope``: some member passes the filters there now, checked for the smallest
+    member of each kind (GPU models, node selector and affinity, tolerations); all True for more
+    than SEARCH_KINDS kinds. The search's pool takes these first, before nodes none of the group
+    can use (other GPU models, another node pool) however many GPUs they have free."""
+    kinds: dict[tuple, PodRequest] = {}
+    for member in members:  # largest first: the last of a kind is its smallest
+        rules = member.placement.rules.node_affinity if member.placement is not None else None
+        selector = tuple(sorted(member.node_selector.items()))
+        kinds[(member.gpu_models, selector, member.tolerations, rules)] = member
+    if len(kinds) > SEARCH_KINDS:
+        return np.ones(len(scope), dtype=bool)
+    keep = np.zeros(len(cluster), dtype=bool)
+    for member in kinds.values():
+        keep[apply_filters(member, cluster, filters, scope, collect=False)[0]] = True
+    return keep[scope]
 
 
 def _search_fewest(
@@ -219,14 +244,21 @@ def _search_fewest(
 ) -> list[Placement] | None:
     """Every member placed on fewer than ``beat`` nodes (None: any plan), by depth-first search
     with backtracking, stopping at a plan on ``floor`` nodes (no plan uses fewer); None if none
-    was found within SEARCH_BUDGET placements. A member tries the
-    nodes the group uses (the policy's order), then up to FRESH_TRIES others, most free whole GPUs
-    first. The nodes it looks at are the group's and the SEARCH_POOL (in ``within``) with the
-    most free whole GPUs when it starts, so its cost does not grow with the cluster. Undoes every
-    assumption before returning."""
+    was found within SEARCH_BUDGET placements. A member tries the nodes the group uses (the
+    policy's order), then up to FRESH_TRIES others, most free whole GPUs first. The nodes it looks
+    at are the group's and SEARCH_POOL others (in ``within``; usable by some member when it
+    starts first, ``_usable``, then the most free whole GPUs), so past one filter pass per kind
+    of member its cost does not grow with the cluster; a node the group uses outside ``within``
+    is never tried, as in the greedy pass. Undoes every assumption before returning."""
     scope = cluster.all_indices if within is None else np.flatnonzero(within)
-    ranked = scope[np.argsort(-cluster.gpu_full_free[scope], kind="stable")][:SEARCH_POOL]
-    pool = np.union1d(ranked, np.flatnonzero(used_before))
+    if len(scope) > SEARCH_POOL:  # usable nodes first, then the most free whole GPUs
+        usable = _usable(members, cluster, filters, scope)
+        scope = scope[np.lexsort((-cluster.gpu_full_free[scope], ~usable))]
+    else:
+        scope = scope[np.argsort(-cluster.gpu_full_free[scope], kind="stable")]
+    ranked = scope[:SEARCH_POOL]
+    theirs = used_before if within is None else used_before & within  # never a node outside ``within``
+    pool = np.union1d(ranked, np.flatnonzero(theirs))
     best: list[Placement] | None = None
     limit = beat if beat is not None else len(cluster) + 1
     budget = SEARCH_BUDGET
