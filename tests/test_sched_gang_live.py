@@ -475,3 +475,15 @@ def test_a_group_that_completes_within_the_grace_is_bound_without_a_single_event
     drive(scheduler, jobs, feed, clock)
     assert sorted(bound(world, "a", "b", "c", "d")) == ["n1", "n1", "n2", "n2"]
     assert [e for e in core.events if e["reason"] in ("FailedScheduling", "Unschedulable")] == []
+
+
+def test_the_grace_is_over_at_the_deadline_it_set() -> None:
+    """The deadline is short_since + grace; the check was now - short_since < grace, which float
+    rounding can keep true at that very deadline (0.7 + 0.1 - 0.7 < 0.1), re-arming it for the
+    same instant: a busy loop until the clock moved."""
+    from scheduler.live.gangs import GroupProgress
+
+    _, scheduler, *_ = world_of(node_json("n1", 8), gang_member_grace_seconds=0.1)
+    progress = GroupProgress(0.0, "", short_since=0.7)
+    assert scheduler._members_arriving(progress, 0.75)
+    assert not scheduler._members_arriving(progress, 0.7 + 0.1)

@@ -1080,8 +1080,8 @@ class Scheduler:
         """The group has been short of members for less than gangMemberGraceSeconds: the rest
         are taken to be on their way (a Job's controller creating its pods), and its waiting
         members get no Event yet."""
-        since = progress.short_since
-        return since is not None and now - since < self.config.gang_member_grace_seconds
+        since = progress.short_since  # compared as the deadline is set, so waking at it ends the grace
+        return since is not None and now < since + self.config.gang_member_grace_seconds
 
     def _timeout_message(self, ref: GroupRef, spec: GroupSpec, message: str, now: float) -> str:
         """Before its timeout: wake the group then, to report it. Past it, the first time: report
