@@ -6,7 +6,9 @@ marks every container it rewrote with ``MARK_ANNOTATION``). A whole device count
 fractional share counts its milli. A new container may take a device only if the holders that
 are not the same container leave room: only a restart of the same container (same pod, same
 container name; kubelet creates the new one while the exited one still exists) is exempt, never
-another container of the same pod.
+another container of the same pod. A pod-wide holding (``Holding.pod_wide``: an RDMA VF, which the
+allocation gives the whole pod) may be held by every container of its pod at once, and by no
+container of another pod: one VF is never granted to two pods.
 
 A holding is in flight (no container id yet) from its reservation until the create's outcome is
 known; a create that failed ambiguously (deadline, cancellation, UNKNOWN) leaves it ``unknown``:
@@ -43,6 +45,7 @@ class Holding:
     unknown: bool = False  # the create failed ambiguously: containerd may have made the container
     ticket: int = 0  # tells apart the reservations of two creates of the same container and attempt
     memory_mib: int = 0  # the share's GPU memory; 0: its milli's fraction of the GPU's memory
+    pod_wide: bool = False  # a device of the whole pod (an RDMA VF): its pod's containers share it
 
     @property
     def state(self) -> str:
@@ -104,17 +107,26 @@ class Mark(NamedTuple):
     container: str
     devices: dict[str, int]  # device id -> milli
     memory: dict[str, int]  # device id -> the share's memory MiB, where the allocation set one
+    pod_wide: frozenset[str] = frozenset()  # the devices held pod-wide (RDMA VFs)
 
 
 def mark_value(
-    pod_uid: str, container: str, shares: Mapping[str, int], memory: Mapping[str, int] | None = None
+    pod_uid: str,
+    container: str,
+    shares: Mapping[str, int],
+    memory: Mapping[str, int] | None = None,
+    pod_wide: Iterable[str] = (),
 ) -> str:
-    """The annotation the shim puts on a container it rewrote (device id -> milli, and the shares'
-    memory in MiB where the allocation set it; a mark without memory is what earlier shims wrote)."""
+    """The annotation the shim puts on a container it rewrote (device id -> milli, the shares'
+    memory in MiB where the allocation set it, and the devices it holds pod-wide; a mark without
+    memory or pod-wide devices is what earlier shims wrote)."""
     doc: dict[str, object] = {"pod": pod_uid, "container": container, "devices": dict(sorted(shares.items()))}
     set_memory = {device: mib for device, mib in sorted((memory or {}).items()) if mib}
     if set_memory:
         doc["memoryMiB"] = set_memory
+    wide = sorted(set(pod_wide))
+    if wide:
+        doc["podWide"] = wide
     return json.dumps(doc, sort_keys=True, separators=(",", ":"))
 
 
@@ -124,6 +136,7 @@ def parse_mark(value: str) -> Mark | None:
         doc = json.loads(value)
         pod, container, devices = doc["pod"], doc["container"], doc["devices"]
         memory = doc.get("memoryMiB", {})
+        wide = doc.get("podWide", [])
     except (ValueError, KeyError, TypeError, AttributeError):
         return None
     if not (isinstance(pod, str) and isinstance(container, str) and isinstance(devices, dict)):
@@ -134,7 +147,9 @@ def parse_mark(value: str) -> Mark | None:
         isinstance(memory, dict) and all(k in devices and type(v) is int and v > 0 for k, v in memory.items())
     ):
         return None
-    return Mark(pod, container, devices, memory)
+    if not (isinstance(wide, list) and all(isinstance(d, str) and devices.get(d) == WHOLE for d in wide)):
+        return None
+    return Mark(pod, container, devices, memory, frozenset(wide))
 
 
 class Ledger:
@@ -152,7 +167,16 @@ class Ledger:
         past 1000, or their memory past the GPU's."""
         found = []
         for device in dict.fromkeys(h.device for h in wanted):
-            others = one_per_create(h for h in self._by_device.get(device, ()) if h.owner != owner)
+            held = self._by_device.get(device, ())
+            if any(h.pod_wide for h in held) or any(h.pod_wide for h in wanted if h.device == device):
+                # a pod-wide device: any container of its pod, no container of another pod
+                strangers = one_per_create(h for h in held if h.pod_uid != owner[0])
+                if strangers:
+                    found.append(
+                        Conflict(device, strangers, "a pod-wide device (an RDMA VF) goes to one pod")
+                    )
+                continue
+            others = one_per_create(h for h in held if h.owner != owner)
             if not others:
                 continue
             together = [*others, *(h for h in wanted if h.device == device)]

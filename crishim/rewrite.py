@@ -473,7 +473,7 @@ class AllocationRewriter:
         mark = parse_mark(mark_text)
         if mark is None:
             return []
-        pod_uid, mark_name, devices, memory = mark
+        pod_uid, mark_name, devices, memory, pod_wide = mark
         if (pod_uid, mark_name) != (sandbox_pod_uid, name):
             # Not a mark this shim wrote for this container: one restored from a checkpoint of
             # another pod, or forged. Counting it would hold devices the container was not given.
@@ -500,6 +500,7 @@ class AllocationRewriter:
                 milli,
                 attempt,
                 memory_mib=memory.get(device, 0),
+                pod_wide=device in pod_wide,
             )
             for device, milli in devices.items()
         ]

@@ -3,8 +3,11 @@
 The inventory and topology come from a topology file (``devices/topologies/*.json``; format in
 docs/devices.md): ``gpus`` (index, model, memoryMiB, numa), ``nvlink`` (count matrix), ``pcie``
 (relation matrix, ``X`` on the diagonal) and optionally ``nics`` (name, numa, pcieNearGpu,
-rateGbps). GPU ids are ``GPU-<uuid5(node name, index)>``: stable across restarts, distinct per
-node, shaped like NVIDIA UUIDs. NIC ids are the NIC names (``mlx5_0``), as the RDMA plugin's.
+rateGbps, vfs). A NIC with ``vfs: N`` is a PF (``function: pf``) with N SR-IOV VFs named
+``<name>-vf<k>`` (``function: vf``, ``parentDevice``, the PF's rate and NUMA node): what the
+scheduler gives pods as RDMA interfaces. GPU ids are ``GPU-<uuid5(node name, index)>``: stable
+across restarts, distinct per node, shaped like NVIDIA UUIDs. NIC ids are the NIC names
+(``mlx5_0``), as the RDMA plugin's.
 
 Each device gets a stand-in character device node ``<state>/dev/kubegpu-sim/<gpuN | nic name>``
 with major 1, minor 3, the numbers of ``/dev/null``: a container really receives a char device
@@ -52,6 +55,7 @@ CONTAINER_DEV_DIR = "/dev/kubegpu-sim"
 DEFAULT_STATE_DIR = "/var/lib/kubegpu/sim"
 UNHEALTHY_FILE = "unhealthy"
 METRICS_FILE = "metrics.json"
+MAX_SIM_VFS = 64  # per NIC
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_:\-]{0,127}$")
 
 
@@ -163,30 +167,49 @@ def parse_topology(
     if negative:
         raise TopologyFileError(f"{where}: gpus[{negative[0]}].memoryMiB must not be negative")
     nic_gpus: dict[str, tuple[str, ...]] = {}
+    index = 0
     for k, nic in enumerate(doc.get("nics") or []):
         name = str(nic.get("name", "")) if isinstance(nic, dict) else ""
-        if not _NAME.match(name):
+        if not _NAME.match(name) or len(name) > 100:
             raise TopologyFileError(f"{where}: nics[{k}] needs a name like mlx5_0, not {name!r}")
+        vfs = nic.get("vfs", 0)
+        if type(vfs) is not int or not 0 <= vfs <= MAX_SIM_VFS:
+            raise TopologyFileError(f"{where}: nics[{k}].vfs must be a count 0..{MAX_SIM_VFS}, not {vfs!r}")
+        rate = f"{float(nic.get('rateGbps', 0)):g}"
+        model = str(nic.get("model", "simulated RDMA NIC"))
+        numa = int(nic.get("numa", -1))
+        common = {"simulated": "true", "rateGbps": rate, "state": "ACTIVE"}
         devices.append(
             Device(
                 id=name,
                 kind=DeviceKind.RDMA,
-                index=k,
-                model=str(nic.get("model", "simulated RDMA NIC")),
-                numa_node=int(nic.get("numa", -1)),
+                index=index,
+                model=model,
+                numa_node=numa,
                 device_nodes=(f"{dev_dir}/{name}",),
-                attributes={
-                    "simulated": "true",
-                    "rateGbps": f"{float(nic.get('rateGbps', 0)):g}",
-                    "state": "ACTIVE",
-                },
+                attributes={**common, "function": "pf", "sriovNumVfs": str(vfs)} if vfs else common,
             )
         )
+        index += 1
+        for v in range(vfs):
+            vf = f"{name}-vf{v}"
+            devices.append(
+                Device(
+                    id=vf,
+                    kind=DeviceKind.RDMA,
+                    index=index,
+                    model=f"{model} VF",
+                    numa_node=numa,
+                    device_nodes=(f"{dev_dir}/{vf}",),
+                    attributes={**common, "function": "vf", "parentDevice": name},
+                )
+            )
+            index += 1
         near = _near_gpus(nic.get("pcieNearGpu"), len(ids), f"{where}: nics[{k}]")
         if near:
             nic_gpus[name] = tuple(ids[g] for g in near)
     if len({d.id for d in devices}) != len(devices):
-        raise TopologyFileError(f"{where}: duplicate NIC names")
+        raise TopologyFileError(f"{where}: duplicate NIC names (a VF is named <nic>-vf<k>)")
     topology = Topology(nvlinks=_nvlinks(doc, ids, where), pcie=_pcie(doc, ids, where), nic_gpus=nic_gpus)
     return NodeInventory(tuple(devices), topology)
 

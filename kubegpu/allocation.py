@@ -2,13 +2,20 @@
 
 The scheduler writes it as the pod annotation ``kubegpu.io/allocation`` (through the Binding, so
 a pod is never bound without it); kubelet copies pod annotations into the CRI sandbox config,
-where the shim reads it. Schema (version 1; docs/allocation.md is the normative description)::
+where the shim reads it. Schema (version 1, or 2 when the pod holds RDMA interfaces;
+docs/allocation.md is the normative description)::
 
     {"version": 1, "node": "gpu-node-7", "podUID": "5f0c...",
      "containers": {"train": {"devices": ["GPU-aaaa", "GPU-bbbb"]},
                     "infer": {"devices": ["GPU-cccc"],
                               "shares": {"GPU-cccc": {"milli": 250, "memoryMiB": 4096}}}},
      "keyId": "k1", "signature": "<base64 Ed25519 signature>"}
+
+Version 2 adds ``"rdma"``: the pod's RDMA interfaces (SR-IOV VFs), pod-wide, each with its PF and
+bandwidth in Mbit/s, ``[{"device": "mlx5_0-vf1", "pf": "mlx5_0", "minMbps": 100000}]`` (and
+``maxMbps`` when capped); its ``containers`` may then be empty. The scheduler writes version 1
+whenever the pod holds no VF, so nodes that know only version 1 keep running every other pod; they
+refuse a version-2 annotation ("unsupported allocation version 2"), never half-apply it.
 
 The signature is Ed25519 with the private key named by ``keyId`` over the canonical form: the
 document without ``signature``, as JSON with sorted keys, no whitespace, ASCII only. Only the
@@ -43,7 +50,11 @@ from kubegpu.logs import log_event
 log = logging.getLogger("kubegpu.allocation")
 
 ANNOTATION = "kubegpu.io/allocation"
-VERSION = 1
+VERSION = 2  # the newest this module writes and reads
+SUPPORTED_VERSIONS = (1, 2)
+RDMA_VERSION = 2  # the first version with ``rdma``
+MAX_RDMA_INTERFACES = 32
+MAX_MBPS = 10_000_000
 MAX_ANNOTATION_BYTES = 64 * 1024  # UTF-8 bytes of the annotation value
 MAX_NESTING = 32  # arrays and objects within each other (the schema itself needs 5)
 MAX_CONTAINERS = 64
@@ -91,15 +102,38 @@ class ContainerAllocation:
 
 
 @dataclass(frozen=True)
+class RdmaInterface:
+    """One RDMA interface of the pod: a VF, its PF, and its bandwidth (Mbit/s; ``max_mbps`` 0: no cap)."""
+
+    device: str
+    pf: str
+    min_mbps: int = 0
+    max_mbps: int = 0
+
+    def to_document(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"device": self.device, "pf": self.pf, "minMbps": self.min_mbps}
+        if self.max_mbps:
+            doc["maxMbps"] = self.max_mbps
+        return doc
+
+
+@dataclass(frozen=True)
 class Allocation:
     """A verified (or to-be-signed) allocation of one pod on one node."""
 
     node: str
     pod_uid: str
     containers: Mapping[str, ContainerAllocation]
+    rdma: tuple[RdmaInterface, ...] = ()  # pod-wide RDMA interfaces (version 2)
+
+    @property
+    def version(self) -> int:
+        """The schema version it is written in: 2 with RDMA interfaces, else 1."""
+        return RDMA_VERSION if self.rdma else 1
 
     def all_devices(self) -> set[str]:
-        return {d for c in self.containers.values() for d in c.devices}
+        """Every device it names: the containers' and the RDMA VFs."""
+        return {d for c in self.containers.values() for d in c.devices} | {r.device for r in self.rdma}
 
     def to_document(self) -> dict[str, Any]:
         containers: dict[str, Any] = {}
@@ -110,7 +144,15 @@ class Allocation:
             if alloc.init:
                 entry["init"] = True
             containers[name] = entry
-        return {"version": VERSION, "node": self.node, "podUID": self.pod_uid, "containers": containers}
+        doc: dict[str, Any] = {
+            "version": self.version,
+            "node": self.node,
+            "podUID": self.pod_uid,
+            "containers": containers,
+        }
+        if self.rdma:
+            doc["rdma"] = [r.to_document() for r in self.rdma]
+        return doc
 
 
 def _share_doc(share: Share) -> dict[str, int]:
@@ -190,20 +232,58 @@ def _nesting(value: Any) -> int:
 def parse_document(document: Mapping[str, Any]) -> Allocation:
     """Validate the shape of an allocation document (signature already checked)."""
     version = document.get("version")
-    if type(version) is not int or version != VERSION:
-        raise AllocationError(f"unsupported allocation version {str(version)[:20]!r}")
+    if type(version) is not int or version not in SUPPORTED_VERSIONS:
+        known = ", ".join(map(str, SUPPORTED_VERSIONS))
+        shown = version if type(version) is int else repr(str(version)[:20])
+        raise AllocationError(f"unsupported allocation version {shown} (this node reads versions {known})")
     node, pod_uid, containers = document.get("node"), document.get("podUID"), document.get("containers")
     if not isinstance(node, str) or not node:
         raise AllocationError("allocation has no node name")
     if not isinstance(pod_uid, str) or not pod_uid:
         raise AllocationError("allocation has no pod UID")
-    if not isinstance(containers, dict) or not containers:
+    if "rdma" in document and version < RDMA_VERSION:
+        raise AllocationError(f"allocation version {version} cannot carry rdma (version {RDMA_VERSION} can)")
+    rdma = _parse_rdma(document.get("rdma", []))
+    if not isinstance(containers, dict) or (not containers and not rdma):
         raise AllocationError("allocation has no containers")
     if len(containers) > MAX_CONTAINERS:
         raise AllocationError(f"allocation names {len(containers)} containers, more than {MAX_CONTAINERS}")
     parsed = {name: _parse_container(name, entry) for name, entry in containers.items()}
     _check_device_sharing(parsed)
-    return Allocation(node=node, pod_uid=pod_uid, containers=parsed)
+    in_containers = {d for c in parsed.values() for d in c.devices}
+    for interface in rdma:
+        if interface.device in in_containers:
+            raise AllocationError(f"RDMA VF {interface.device} is also a container's device")
+    return Allocation(node=node, pod_uid=pod_uid, containers=parsed, rdma=rdma)
+
+
+def _parse_rdma(entries: Any) -> tuple[RdmaInterface, ...]:
+    """The ``rdma`` list of a version-2 document: distinct VFs, each with its PF and bandwidth."""
+    if not isinstance(entries, list):
+        raise AllocationError("rdma is not a list")
+    if len(entries) > MAX_RDMA_INTERFACES:
+        raise AllocationError(f"rdma names {len(entries)} interfaces, more than {MAX_RDMA_INTERFACES}")
+    out: list[RdmaInterface] = []
+    for k, entry in enumerate(entries):
+        if not isinstance(entry, dict):
+            raise AllocationError(f"rdma[{k}] is not an object")
+        device, pf = entry.get("device"), entry.get("pf")
+        low, high = entry.get("minMbps", 0), entry.get("maxMbps", 0)
+        for what, value in (("device", device), ("pf", pf)):
+            if not isinstance(value, str) or not DEVICE_ID.fullmatch(value):
+                raise AllocationError(f"rdma[{k}]: invalid {what} id {str(value)[:80]!r}")
+        for what, value in (("minMbps", low), ("maxMbps", high)):
+            if type(value) is not int or not 0 <= value <= MAX_MBPS:
+                raise AllocationError(f"rdma[{k}]: {what} must be a whole number 0..{MAX_MBPS}")
+        if high and low > high:
+            raise AllocationError(f"rdma[{k}]: minMbps {low} is above maxMbps {high}")
+        if device == pf:
+            raise AllocationError(f"rdma[{k}]: device {device} is its own PF")
+        out.append(RdmaInterface(device, pf, low, high))
+    devices = [r.device for r in out]
+    if len(set(devices)) != len(devices):
+        raise AllocationError("rdma lists a VF twice")
+    return tuple(out)
 
 
 def _check_device_sharing(containers: Mapping[str, ContainerAllocation]) -> None:

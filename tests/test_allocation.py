@@ -98,7 +98,7 @@ def test_unsigned_and_garbage() -> None:
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
-        ({"version": 2}, "unsupported allocation version"),
+        ({"version": 3}, "unsupported allocation version 3 \\(this node reads versions 1, 2\\)"),
         ({"node": ""}, "no node name"),
         ({"containers": {}}, "no containers"),
         ({"containers": {"Bad_Name": {"devices": ["GPU-a"]}}}, "invalid container name"),
@@ -422,7 +422,7 @@ def test_only_ed25519_keys_and_strict_base64_are_keys() -> None:
 @pytest.mark.parametrize(
     ("patch", "message"),
     [
-        ({"version": "one"}, "unsupported allocation version 'one'"),
+        ({"version": "one"}, "unsupported allocation version 'one' (this node reads versions 1, 2)"),
         ({"node": None}, "allocation has no node name"),
         ({"podUID": ""}, "allocation has no pod UID"),
         ({"containers": {"Bad": {"devices": ["GPU-a"]}}}, "invalid container name 'Bad'"),

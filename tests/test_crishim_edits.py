@@ -96,6 +96,33 @@ def test_ledger_sums_shares_and_exempts_only_the_same_container() -> None:
     assert {h.pod_uid for h in ledger.holdings()} == {"podB"}
 
 
+def test_a_pod_wide_vf_is_shared_by_its_pods_containers_and_no_other_pod() -> None:
+    """An RDMA VF belongs to the whole pod: its containers may all hold it, another pod's may not,
+    whether that one asks for it pod-wide or as an ordinary device; the mark keeps which is which."""
+    ledger = Ledger()
+    vf = "mlx5_0-vf1"
+    assert not ledger.try_reserve([Holding("c1", "s1", "podA", "app", vf, 1000, pod_wide=True)])
+    assert not ledger.try_reserve([Holding("", "s1", "podA", "side", vf, 1000, pod_wide=True)])
+    for holding in (
+        Holding("", "s2", "podB", "app", vf, 1000, pod_wide=True),
+        Holding("", "s2", "podB", "app", vf, 1000),
+        Holding("", "s2", "podB", "app", vf, 1),
+    ):
+        conflicts = ledger.try_reserve([holding])
+        assert [c.device for c in conflicts] == [vf]
+        assert "goes to one pod" in conflicts[0].describe() and "podA" in conflicts[0].describe()
+    assert {h.pod_uid for h in ledger.holdings()} == {"podA"}
+    ledger.remove_sandbox("s1")
+    assert not ledger.try_reserve([Holding("", "s2", "podB", "app", vf, 1000, pod_wide=True)])
+    # an ordinary holder first: a pod-wide claim of another pod is refused too
+    assert not ledger.try_reserve([Holding("", "s3", "podC", "app", "mlx5_0-vf2", 1000)])
+    assert ledger.try_reserve([Holding("", "s4", "podD", "app", "mlx5_0-vf2", 1000, pod_wide=True)])
+    mark = mark_value("podA", "app", {vf: 1000, "GPU-1": 1000}, pod_wide=[vf])
+    assert parse_mark(mark) == ("podA", "app", {vf: 1000, "GPU-1": 1000}, {}, frozenset({vf}))
+    assert parse_mark(mark_value("podA", "app", {vf: 500}, pod_wide=[vf])) is None  # pod-wide is whole
+    assert parse_mark(mark_value("podA", "app", {}, pod_wide=[vf])) is None  # and among its devices
+
+
 def test_shares_of_one_pod_and_another_never_add_past_a_whole_device() -> None:
     """P holds a:600 and b:400 of one GPU, Q holds c:400: in the order P/a, Q/c, P/b the last is
     refused (1400 milli otherwise)."""
@@ -107,7 +134,13 @@ def test_shares_of_one_pod_and_another_never_add_past_a_whole_device() -> None:
 
 
 def test_mark_round_trip_and_forgeries() -> None:
-    assert parse_mark(mark_value("uid", "app", {"GPU-1": 1000})) == ("uid", "app", {"GPU-1": 1000}, {})
+    assert parse_mark(mark_value("uid", "app", {"GPU-1": 1000})) == (
+        "uid",
+        "app",
+        {"GPU-1": 1000},
+        {},
+        frozenset(),
+    )
     for forged in ("", "{}", '{"pod":"u","container":"c","devices":{"GPU-1":5000}}', "[1]", "null"):
         assert parse_mark(forged) is None
 
@@ -150,17 +183,24 @@ def test_a_create_committed_after_reconciliation_claimed_its_container_counts_on
 
 def test_mark_fields_must_all_have_their_types() -> None:
     good = {"pod": "u", "container": "c", "devices": {"GPU-1": 1}}
-    assert parse_mark(json.dumps(good)) == ("u", "c", {"GPU-1": 1}, {})
+    assert parse_mark(json.dumps(good)) == ("u", "c", {"GPU-1": 1}, {}, frozenset())
     for field, wrong in (("pod", 1), ("container", None), ("devices", ["GPU-1"])):
         assert parse_mark(json.dumps({**good, field: wrong})) is None, field
     for milli in (0, -1, 1001, True, 1.0):
         assert parse_mark(json.dumps({**good, "devices": {"GPU-1": milli}})) is None, milli
-    assert parse_mark(json.dumps({**good, "devices": {"GPU-1": 1000}})) == ("u", "c", {"GPU-1": 1000}, {})
+    assert parse_mark(json.dumps({**good, "devices": {"GPU-1": 1000}})) == (
+        "u",
+        "c",
+        {"GPU-1": 1000},
+        {},
+        frozenset(),
+    )
     assert parse_mark(json.dumps({**good, "memoryMiB": {"GPU-1": 1}})) == (
         "u",
         "c",
         {"GPU-1": 1},
         {"GPU-1": 1},
+        frozenset(),
     )
 
 

@@ -1309,12 +1309,13 @@ def test_the_shares_memory_is_marked_and_counts_after_a_rebuild(tmp_path: Path) 
     )
     mark = created.config.annotations[MARK_ANNOTATION]
     assert mark == mark_value(UID, "app", {"GPU-0": 200}, {"GPU-0": 20 * GIB})
-    assert parse_mark(mark) == (UID, "app", {"GPU-0": 200}, {"GPU-0": 20480})
+    assert parse_mark(mark) == (UID, "app", {"GPU-0": 200}, {"GPU-0": 20480}, frozenset())
     assert parse_mark(mark_value(UID, "app", {"GPU-0": 200}, {"GPU-0": 0})) == (
         UID,
         "app",
         {"GPU-0": 200},
         {},
+        frozenset(),
     )
     rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
     runtime = FakeRuntime()

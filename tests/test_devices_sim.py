@@ -32,7 +32,7 @@ def doc(name: str) -> dict[str, Any]:
 
 
 def test_all_five_fixtures_are_shipped() -> None:
-    assert FIXTURES == ["dgx-a100", "dgx1-v100", "hgx-h100", "pcie-4gpu", "rtx8000-4gpu"]
+    assert FIXTURES == ["dgx-a100", "dgx1-v100", "hgx-h100", "hgx-h100-sriov", "pcie-4gpu", "rtx8000-4gpu"]
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -48,12 +48,16 @@ def test_inventory_and_topology_equal_the_file(name: str, tmp_path: Path) -> Non
             if i != j:
                 assert inventory.topology.nvlink_count(a.id, b.id) == d["nvlink"][i][j]
                 assert inventory.topology.pcie_relation(a.id, b.id) is PCIeRelation[d["pcie"][i][j]]
-    nics = inventory.by_kind(DeviceKind.RDMA)
+    rdma = inventory.by_kind(DeviceKind.RDMA)
+    nics = [n for n in rdma if n.attributes.get("function") != "vf"]
     assert [n.id for n in nics] == [n["name"] for n in d.get("nics", [])]
     for nic, want in zip(nics, d.get("nics", []), strict=True):
         assert nic.numa_node == want["numa"]
         assert nic.attributes["rateGbps"] == str(want["rateGbps"])
         assert inventory.topology.nic_gpus[nic.id] == (gpus[want["pcieNearGpu"]].id,)
+        vfs = [v for v in rdma if v.attributes.get("parentDevice") == nic.id]
+        assert [v.id for v in vfs] == [f"{nic.id}-vf{k}" for k in range(want.get("vfs", 0))]
+        assert all(v.attributes["function"] == "vf" and v.numa_node == nic.numa_node for v in vfs)
 
 
 @pytest.mark.parametrize("name", FIXTURES)
@@ -66,6 +70,26 @@ def test_public_round_trip(name: str, tmp_path: Path) -> None:
     # host paths are node-local: never published
     assert "dev/kubegpu-sim" not in json.dumps(published)
     assert [d.device_nodes for d in back.devices] == [()] * len(back.devices)
+
+
+def test_sriov_fixture_gives_the_scheduler_pfs_with_vfs_beside_each_gpu(tmp_path: Path) -> None:
+    from scheduler.core.rdma import nic_state
+
+    inventory = SimPlugin("hgx-h100-sriov", "node-a", tmp_path, create_nodes=False).discover()
+    nics = nic_state(NodeInventory.from_public(json.loads(json.dumps(inventory.public()))))
+    gpus = inventory.by_kind(DeviceKind.GPU)
+    assert sorted(nics.pfs) == [f"mlx5_{k}" for k in range(8)]
+    for k, pf in enumerate(sorted(nics.pfs.values(), key=lambda p: p.id)):
+        assert (pf.rate_mbps, len(pf.vfs), pf.gpus) == (400_000, 8, {gpus[k].id})
+
+
+@pytest.mark.parametrize(
+    ("vfs", "why"), [(-1, "vfs must be a count"), (65, "vfs must be a count"), ("8", "vfs must be a count")]
+)
+def test_a_bad_vf_count_is_named(vfs: object, why: str, tmp_path: Path) -> None:
+    topology = {**doc("pcie-4gpu"), "nics": [{"name": "mlx5_0", "numa": 0, "rateGbps": 100, "vfs": vfs}]}
+    with pytest.raises(TopologyFileError, match=why):
+        SimPlugin(topology, "node-a", tmp_path, create_nodes=False)
 
 
 def test_ids_are_stable_and_node_specific(tmp_path: Path) -> None:

@@ -1,15 +1,25 @@
-"""Device allocation inside one chosen node: which GPUs, and for a share how much of which GPU.
+"""Device allocation inside one chosen node: which GPUs, for a share how much of which GPU, and which
+RDMA VFs.
 
 Whole GPUs are chosen topology-aware (``topology.best_gpu_set``). A share goes to the GPU a policy
 picks (FGD: the one that fragments least); the default is best fit, the fitting GPU with the least
-free milli (lowest index on ties), which keeps whole GPUs whole for later multi-GPU pods.
+free milli (lowest index on ties), which keeps whole GPUs whole for later multi-GPU pods. RDMA
+interfaces are chosen jointly with whole GPUs: VFs on the PFs beside the GPUs first
+(``rdma.choose_vfs``); when the topology-aware set and its interfaces do not all share PCIe
+switches, sets among the GPUs beside PFs with room are tried too, and the set that sits nearest its
+interfaces wins (GPU topology wishes that are required still hold; preferred ones may yield).
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
+from scheduler.core.rdma import VfGrant, choose_vfs, vf_distance
 from scheduler.core.request import ContainerKind, PodRequest, container_gpus
 from scheduler.core.state import Allocation, GpuGrant, NodeState
 from scheduler.core.topology import best_gpu_set
+
+Vfs = tuple[VfGrant, ...]
 
 
 def best_fit_share_gpu(pod: PodRequest, node: NodeState) -> int | None:
@@ -45,7 +55,12 @@ def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> 
         chosen = choose_whole_gpus(pod, node)
         if chosen is None:
             return None
+        if pod.rdma:
+            chosen = _nearer_to_nics(pod, node, chosen)
         grants = tuple(GpuGrant(i, node.gpus[i].id, 1000, node.gpus[i].memory_mib) for i in chosen)
+    vfs = _vfs_beside(pod, node, [node.gpu_by_id[g.id].index for g in grants]) if pod.rdma else ()
+    if vfs is None:
+        return None
     return Allocation(
         node=node.name,
         pod_uid=pod.uid,
@@ -58,7 +73,67 @@ def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> 
         init_containers=frozenset(c.name for c in pod.containers if c.kind == ContainerKind.INIT),
         resources=pod.resources,
         host_ports=pod.host_ports,
+        rdma=vfs,
     )
+
+
+def _near(node: NodeState, gpus: Iterable[int]) -> tuple[list[str], set[int]]:
+    """The ids and the NUMA nodes of these GPU indices."""
+    chosen = [node.gpus[i] for i in gpus]
+    return [g.id for g in chosen], {g.numa for g in chosen if g.numa >= 0}
+
+
+def _vfs_beside(pod: PodRequest, node: NodeState, gpus: Iterable[int]) -> Vfs | None:
+    """The pod's VFs beside these GPU indices (``rdma.choose_vfs``), or None when the node has too few."""
+    return choose_vfs(pod.rdma, node.nics, *_near(node, gpus))
+
+
+def _joint_cost(pod: PodRequest, node: NodeState, gpus: tuple[int, ...]) -> tuple[int, int] | None:
+    """How far apart these GPUs and the VFs they would get sit: (the VFs' distance from the GPUs, the
+    GPUs' distance from those VFs' PFs), both 0 on a shared PCIe switch, 1 on a shared NUMA node, 2
+    elsewhere, summed; None when the node cannot give the VFs."""
+    vfs = _vfs_beside(pod, node, gpus)
+    if vfs is None:
+        return None
+    pfs = [node.nics.pfs[v.pf] for v in vfs]
+    switch = frozenset().union(*(pf.gpus for pf in pfs))
+    numas = {pf.numa for pf in pfs if pf.numa >= 0}
+    far = sum(0 if node.gpus[i].id in switch else 1 if node.gpus[i].numa in numas else 2 for i in gpus)
+    return vf_distance(vfs, node.nics, *_near(node, gpus)), far
+
+
+def _nearer_to_nics(pod: PodRequest, node: NodeState, chosen: tuple[int, ...]) -> tuple[int, ...]:
+    """``chosen``, or a set of as many free GPUs that sits nearer its interfaces (``_joint_cost``).
+
+    Candidates, after ``chosen``: the best set among the free GPUs on the PCIe switch of a PF with
+    room, then among those on such a PF's NUMA node, then one set anchored on each free GPU beside
+    such a PF (``best_gpu_set``'s ``must``); the first of least cost wins."""
+    best_cost = _joint_cost(pod, node, chosen)
+    if best_cost is None or best_cost == (0, 0):
+        return chosen
+    best = chosen
+    free = node.free_gpu_indices(pod)
+    roomy = [pf for pf in node.nics.pfs.values() if pf.slots(pod.rdma.min_mbps)]
+    switch = frozenset().union(*(pf.gpus for pf in roomy))
+    numas = {pf.numa for pf in roomy if pf.numa >= 0}
+    links = node.links()
+    pools: list[tuple[list[int], tuple[int, ...]]] = [
+        ([i for i in free if node.gpus[i].id in switch], ()),
+        ([i for i in free if node.gpus[i].numa in numas], ()),
+    ]
+    pools += [(free, (i,)) for i in free if node.gpus[i].id in switch]
+    for pool, must in pools:
+        if len(pool) < pod.whole_gpus:
+            continue
+        candidate = best_gpu_set(links, pool, pod.whole_gpus, pod.topology, must=must)
+        if candidate is None or tuple(candidate) == best:
+            continue
+        cost = _joint_cost(pod, node, tuple(candidate))
+        if cost is not None and cost < best_cost:
+            best, best_cost = tuple(candidate), cost
+            if cost == (0, 0):
+                break
+    return best
 
 
 def split_containers(pod: PodRequest, grants: tuple[GpuGrant, ...]) -> dict[str, tuple[str, ...]]:

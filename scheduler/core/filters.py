@@ -19,6 +19,7 @@ from scheduler.core.affinity import NodeAffinity, PodFacts
 from scheduler.core.placement import PASS as PLACEMENT_PASS
 from scheduler.core.placement import REASONS as PLACEMENT_REASONS
 from scheduler.core.placement import PodPlacement
+from scheduler.core.rdma import NO_BANDWIDTH, NO_FREE_VFS
 from scheduler.core.request import MILLI, PodRequest, Wish, ports_conflict, tolerates_unschedulable
 from scheduler.core.state import ClusterState
 from scheduler.core.topology import best_gpu_set
@@ -304,6 +305,35 @@ class TopologyFit(FilterPlugin):
         return [f"no {' '.join(parts)} set of {k} GPUs"]
 
 
+class RdmaFit(FilterPlugin):
+    """The pod's RDMA interfaces: enough free VFs, on PFs with bandwidth left for each interface's
+    minimum (``NicState.shortage``). Counted as ``NO_FREE_VFS`` or ``NO_BANDWIDTH``."""
+
+    name = "rdma"
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return bool(pod.rdma)
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        ok = cluster.rdma_free_vfs[idx] >= pod.rdma.count
+        if pod.rdma.min_mbps:
+            for pos in np.flatnonzero(ok).tolist():
+                ok[pos] = not cluster.nodes[int(idx[pos])].nics.shortage(pod.rdma)
+        return ok
+
+    def reasons(self, pod: PodRequest, cluster: ClusterState, i: int) -> list[str]:
+        return [cluster.nodes[i].nics.shortage(pod.rdma) or NO_FREE_VFS]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> Counter[str]:
+        few = cluster.rdma_free_vfs[rejected] < pod.rdma.count
+        counts: Counter[str] = Counter()
+        if few.any():
+            counts[NO_FREE_VFS] = int(np.count_nonzero(few))
+        if not few.all():
+            counts[NO_BANDWIDTH] = int(np.count_nonzero(~few))
+        return counts
+
+
 def required_affinity_mask(affinity: NodeAffinity, cluster: ClusterState) -> np.ndarray:
     """Per cluster node: it satisfies the required node affinity (memoised on the placement view,
     or computed for the nodes alone when the cluster keeps none)."""
@@ -364,6 +394,7 @@ DEFAULT_FILTERS: tuple[FilterPlugin, ...] = (
     ResourcesFit(),
     GpuFit(),
     TopologyFit(),
+    RdmaFit(),
     PlacementFilter(),
 )
 

@@ -12,7 +12,8 @@ Beyond CPU, memory and GPUs a pod may ask for any other resource kube-scheduler'
 checks (``resources``: ``ephemeral-storage``, ``hugepages-*``, extended resources such as
 ``example.com/foo`` or ``kubegpu.io/rdma``, and ``memory`` in bytes when the caller knows it exactly)
 and for host ports (``host_ports``, kube-scheduler's NodePorts). The simulator's pods ask for none,
-which costs nothing.
+which costs nothing. ``rdma`` asks for RDMA interfaces (SR-IOV VFs) for the whole pod, a count and a
+bandwidth per interface (``scheduler.core.rdma``).
 
 ``shape()`` is a hashable key of everything that affects scheduling (not the pod's name), so scores
 can be memoised per request shape.
@@ -24,6 +25,8 @@ import enum
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
+
+from scheduler.core.rdma import NO_RDMA, RdmaRequest
 
 if TYPE_CHECKING:
     from scheduler.core.placement import PodPlacement
@@ -210,6 +213,7 @@ class PodRequest:
     # which then only feeds scores. The GPU resource is never here (gpu_count).
     resources: tuple[tuple[str, int], ...] = ()
     host_ports: tuple[HostPort, ...] = ()  # kube-scheduler's NodePorts
+    rdma: RdmaRequest = NO_RDMA  # RDMA interfaces (VFs) for the whole pod, with bandwidth
     # placement rules beyond resources (node and pod affinity, spread, priority): not part of the
     # shape, as they depend on other pods; None: none (the simulator's pods)
     placement: PodPlacement | None = field(default=None, compare=False, hash=False, repr=False)
@@ -248,6 +252,7 @@ class PodRequest:
             self.tolerations,
             self.resources,
             self.host_ports,
+            self.rdma,
         )
         object.__setattr__(self, "_shape", shape)
 

@@ -11,9 +11,11 @@ Live readings (``LiveGpu``: utilisation, memory in use, a GPU the node reports u
 the live layer through ``ClusterState.set_live``; the core keeps them as data and never reads a
 clock: what is stale is decided by the caller (docs/utilisation.md).
 
-``Allocation`` is the decision for one pod: the node, CPU and memory, and the GPUs (whole, or a
-share of one GPU with its milli and memory). It is a plain frozen dataclass with ``to_dict`` /
-``from_dict`` so the allocation-annotation code (``kubegpu.allocation``) can serialise it.
+``Allocation`` is the decision for one pod: the node, CPU and memory, the GPUs (whole, or a
+share of one GPU with its milli and memory) and its RDMA VFs with their bandwidth (``NodeState.nics``
+books them: a VF held once, a PF's reservations within its line rate; ``scheduler.core.rdma``). It
+is a plain frozen dataclass with ``to_dict`` / ``from_dict`` so the allocation-annotation code
+(``kubegpu.allocation``) can serialise it.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import numpy as np
 from devices.model import DeviceKind, NodeInventory, Topology
 from scheduler.core.affinity import PodFacts
 from scheduler.core.placement import PlacementView
+from scheduler.core.rdma import NicState, VfGrant, nic_state
 from scheduler.core.request import MILLI, HostPort, PodRequest, Taint, TaintEffect, ports_conflict
 from scheduler.core.topology import LinkMatrix
 
@@ -156,6 +159,7 @@ class Allocation:
     # the other resources it holds (PodRequest.resources: name, amount) and its host ports
     resources: tuple[tuple[str, int], ...] = ()
     host_ports: tuple[HostPort, ...] = ()
+    rdma: tuple[VfGrant, ...] = ()  # the pod's RDMA interfaces (VFs, with their bandwidth)
 
     @property
     def exact_memory(self) -> bool:
@@ -207,6 +211,8 @@ class Allocation:
             doc["resources"] = dict(self.resources)
         if self.host_ports:
             doc["hostPorts"] = [{"protocol": p.protocol, "ip": p.ip, "port": p.port} for p in self.host_ports]
+        if self.rdma:
+            doc["rdma"] = [g.to_dict() for g in self.rdma]
         return doc
 
     @classmethod
@@ -231,6 +237,7 @@ class Allocation:
             host_ports=tuple(
                 HostPort(str(p["protocol"]), str(p["ip"]), int(p["port"])) for p in doc.get("hostPorts", ())
             ),
+            rdma=tuple(VfGrant.from_dict(g) for g in doc.get("rdma", ())),
         )
 
 
@@ -268,8 +275,10 @@ class NodeState:
         unschedulable: bool = False,
         allocatable: Mapping[str, int] | None = None,
         static_score: float = DEFAULT_STATIC_SCORE,
+        nics: NicState | None = None,
     ) -> None:
         self.name = name
+        self.nics = nics if nics is not None else NicState()  # RDMA PFs and VFs (scheduler.core.rdma)
         self.static_score = static_score  # 0..100, the operator's word (STATIC_SCORE_LABEL)
         # spec.unschedulable (cordoned): only pods tolerating request.UNSCHEDULABLE_TAINT go here
         self.unschedulable = unschedulable
@@ -343,6 +352,7 @@ class NodeState:
             unschedulable=unschedulable,
             allocatable=allocatable,
             static_score=static_score,
+            nics=nic_state(inventory),
         )
 
     # -- derived numbers ------------------------------------------------------------------------
@@ -417,6 +427,10 @@ class NodeState:
         """The GPU ids ``alloc`` names that this node does not list."""
         return [g.id for g in alloc.gpus if g.id not in self.gpu_by_id]
 
+    def missing_vfs(self, alloc: Allocation) -> list[str]:
+        """The RDMA VF ids ``alloc`` names that this node does not list as usable."""
+        return self.nics.missing(alloc.rdma)
+
     # -- assume / forget ------------------------------------------------------------------------
 
     def check(self, alloc: Allocation) -> None:
@@ -456,12 +470,18 @@ class NodeState:
             memory = gpu.memory_mib if grant.milli >= MILLI else grant.memory_mib
             if grant.milli > gpu.free_milli or (gpu.memory_mib and memory > gpu.free_memory_mib):
                 raise AllocationConflict(f"pod {alloc.pod_uid}: GPU {grant.id} has not enough free")
+        if alloc.rdma:
+            problems = self.nics.problems(alloc.rdma)
+            if problems:
+                raise AllocationConflict(f"pod {alloc.pod_uid}: {'; '.join(problems)} on {self.name}")
 
     def overbooked(self, alloc: Allocation) -> list[str]:
-        """The GPU ids of ``alloc`` (booked here) that are booked beyond their capacity."""
-        return [
+        """The GPU and VF ids of ``alloc`` (booked here) that are booked beyond their capacity (a VF
+        held twice, or on a PF reserved past its line rate)."""
+        gpus = [
             g.id for g in alloc.gpus if (gpu := self.gpu_by_id.get(g.id)) is not None and gpu.free_milli < 0
         ]
+        return gpus + self.nics.overbooked(alloc.rdma)
 
     def apply(self, alloc: Allocation, sign: int) -> None:
         """Add (``sign=1``) or remove (``sign=-1``) an allocation's usage, unconditionally.
@@ -489,6 +509,8 @@ class NodeState:
             gpu.free_milli -= sign * grant.milli
             if gpu.memory_mib:  # a whole GPU takes all its memory, a share what it names
                 gpu.free_memory_mib -= sign * (gpu.memory_mib if grant.milli >= MILLI else grant.memory_mib)
+        if alloc.rdma:
+            self.nics.apply(alloc.rdma, sign)
         if alloc.gpu_tag != "no-gpu":
             self.tags[alloc.gpu_tag] += sign
             if self.tags[alloc.gpu_tag] <= 0:
@@ -611,7 +633,8 @@ class ClusterState:
     the GPU is unhealthy), ``gpu_free_total``, ``gpu_full_free`` (fully free GPUs), ``gpu_max_free``,
     ``model_code`` (index into ``model_sets``), ``has_taints``, ``unschedulable`` (cordoned),
     ``version``, ``pods_free`` and ``gpu_resource_free`` (what the kubelet still admits;
-    ``UNLIMITED`` where the node sets no limit), ``has_ports`` (nodes whose pods bind host ports) and,
+    ``UNLIMITED`` where the node sets no limit), ``has_ports`` (nodes whose pods bind host ports),
+    ``rdma_free_vfs`` (usable RDMA VFs no pod holds; bandwidth is checked on ``NodeState.nics``) and,
     once a pod asks for one, ``resource_free(name)`` per other resource (``NodeState.allocatable``
     less its pods' requests).
     Live readings (``set_live``): ``gpu_util`` (``[N, G]`` percent, NaN unknown), ``gpu_busy`` (the
@@ -660,6 +683,7 @@ class ClusterState:
         self.gpu_resource_free = np.full(n, UNLIMITED, dtype=np.int64)
         self.any_pod_limit = any(node.max_pods is not None for node in self.nodes)
         self.has_ports = np.zeros(n, dtype=bool)  # nodes whose pods bind host ports
+        self.rdma_free_vfs = np.zeros(n, dtype=np.int64)  # usable RDMA VFs no pod holds
         self._resource_free: dict[str, np.ndarray] = {}  # other resources' free, per name asked
         self.any_gpu_resource_limit = any(node.gpu_resource is not None for node in self.nodes)
         self.gpu_memory_known = np.array(
@@ -864,7 +888,11 @@ class ClusterState:
         node = self.nodes[i]
         self._add(i, alloc, facts)
         problems = [f"GPU {d} is not listed by node {node.name}" for d in node.missing_gpus(alloc)]
-        problems += [f"GPU {d} is booked beyond its capacity" for d in node.overbooked(alloc)]
+        problems += [f"RDMA VF {d} is not listed by node {node.name}" for d in node.missing_vfs(alloc)]
+        problems += [
+            f"{'RDMA VF' if d in node.nics.pf_of else 'GPU'} {d} is booked beyond its capacity"
+            for d in node.overbooked(alloc)
+        ]
         return problems
 
     def _add(self, i: int, alloc: Allocation, facts: PodFacts | None = None) -> None:
@@ -901,6 +929,7 @@ class ClusterState:
         for name, free in self._resource_free.items():
             free[i] = node.resource_free(name)
         self.has_ports[i] = bool(node.ports)
+        self.rdma_free_vfs[i] = node.nics.free_vfs() if node.nics else 0
         free = [max(gpu.free_milli, 0) if gpu.healthy else -1 for gpu in node.gpus]
         self.gpu_rows[i] = free
         row = self.gpu_free[i]

@@ -12,6 +12,9 @@ What a pod can ask for (docs/scheduler.md is the user-facing description):
   ``kubegpu.io/gpu-share-enforced: "true"`` places the share only on a GPU whose node enforces
   shares (MPS, docs/gpu-sharing.md);
 - GPU models: annotation ``kubegpu.io/gpu-model``, models separated by ``|``;
+- RDMA interfaces for the whole pod (SR-IOV VFs): annotation ``kubegpu.io/rdma-interfaces`` (a
+  count 0..32 in ASCII decimal digits) and ``kubegpu.io/rdma-bandwidth`` per interface
+  (``25Gbps``, ``500Mbps`` or ``25Gbps-50Gbps``: minimum reserved, maximum; ``rdma.parse_bandwidth``);
 - topology of a multi-GPU set: annotation ``kubegpu.io/topology``, comma-separated
   ``nvlink``/``numa``/``pcie-switch`` each ``=require`` or ``=prefer``;
 - every resource by Kubernetes' rule (``pod_resources``, component-helpers' ``PodRequests``): per
@@ -42,6 +45,7 @@ from kubernetes.utils import parse_quantity
 
 from scheduler.core.constraints import SpecError
 from scheduler.core.placement import placement_of
+from scheduler.core.rdma import MAX_INTERFACES, NO_RDMA, RdmaRequest, parse_bandwidth
 from scheduler.core.request import (
     ContainerKind,
     ContainerRequest,
@@ -61,6 +65,8 @@ GPU_CONTAINERS_ANNOTATION = "kubegpu.io/gpu-containers"
 SHARE_ENFORCED_ANNOTATION = "kubegpu.io/gpu-share-enforced"
 GPU_MODEL_ANNOTATION = "kubegpu.io/gpu-model"
 TOPOLOGY_ANNOTATION = "kubegpu.io/topology"
+RDMA_INTERFACES_ANNOTATION = "kubegpu.io/rdma-interfaces"
+RDMA_BANDWIDTH_ANNOTATION = "kubegpu.io/rdma-bandwidth"
 TOPOLOGY_KEYS = {"nvlink": "nvlink", "numa": "same_numa", "pcie-switch": "same_pcie_switch"}
 MEBI = Decimal(1024 * 1024)
 
@@ -408,6 +414,30 @@ def _bool_annotation(annotations: Mapping[str, str], key: str) -> bool:
     return value == "true"
 
 
+def rdma_request(annotations: Mapping[str, str]) -> RdmaRequest:
+    """The pod's RDMA interfaces from ``kubegpu.io/rdma-interfaces`` and ``kubegpu.io/rdma-bandwidth``.
+
+    No interfaces annotation: none (a bandwidth alone is a PodSpecError, as it asks for nothing).
+    ``"0"`` asks for none whatever the bandwidth says. The bandwidth is optional (nothing reserved).
+    """
+    if RDMA_INTERFACES_ANNOTATION not in annotations:
+        if RDMA_BANDWIDTH_ANNOTATION in annotations:
+            raise PodSpecError(
+                f"annotation {RDMA_BANDWIDTH_ANNOTATION} needs {RDMA_INTERFACES_ANNOTATION}"
+                " (how many interfaces)"
+            )
+        return NO_RDMA
+    count = _int_annotation(annotations, RDMA_INTERFACES_ANNOTATION, 0, MAX_INTERFACES)
+    raw = annotations.get(RDMA_BANDWIDTH_ANNOTATION)
+    low = high = 0
+    if raw is not None:
+        try:
+            low, high = parse_bandwidth(raw)
+        except ValueError as error:
+            raise PodSpecError(f"annotation {RDMA_BANDWIDTH_ANNOTATION}: {error}") from None
+    return RdmaRequest(count, low, high) if count else NO_RDMA
+
+
 def parse_topology(raw: str | None) -> TopologyWish:
     """``nvlink=require,numa=prefer`` -> TopologyWish."""
     if not raw:
@@ -478,6 +508,7 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
         container_requests = rows
         gpu_count = container_gpus(rows)
     models = frozenset(m.strip() for m in annotations.get(GPU_MODEL_ANNOTATION, "").split("|") if m.strip())
+    rdma = rdma_request(annotations)
     tolerations = _tolerations(spec)
     try:
         placement = placement_of(pod, tolerations)
@@ -500,6 +531,7 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
             containers=container_requests,
             resources=asked.resources,
             host_ports=asked.host_ports,
+            rdma=rdma,
             placement=placement,
         )
     except ValueError as error:

@@ -1413,7 +1413,7 @@ class Scheduler:
         annotation: str | None = None
         signed = None
         try:
-            if alloc.gpus:
+            if alloc.gpus or alloc.rdma:
                 key = self.keys.signing_key(self.config.signing_key_id)
                 if key is None:
                     raise RuntimeError(

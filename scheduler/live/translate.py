@@ -14,8 +14,8 @@
   machine could have, a heartbeat not from the future); a node beyond them is left out with the
   reason (docs/errors.md).
 - A pod bound to a node is a fact (``BoundPod``): its CPU, memory, other resources, host ports, pod
-  slot and GPU count, and, if it carries a valid signed allocation, the device ids it holds. That
-  annotation is the source of truth for device usage.
+  slot and GPU count, and, if it carries a valid signed allocation, the device ids it holds and its
+  RDMA VFs with their bandwidth. That annotation is the source of truth for device usage.
 - A core ``Allocation`` becomes the allocation contract's form (``allocation_contract``), which the
   scheduler signs into the ``kubegpu.io/allocation`` annotation.
 """
@@ -32,6 +32,7 @@ from typing import Any
 from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
 from devices.model import DeviceKind, NodeInventory
 from kubegpu import allocation as contract
+from scheduler.core.rdma import VfGrant
 from scheduler.core.request import MILLI, HostPort, Taint, TaintEffect, container_gpus
 from scheduler.core.state import (
     DEFAULT_STATIC_SCORE,
@@ -368,14 +369,16 @@ def fact_allocation(
         init_containers=frozenset(init),
         resources=usage.resources,
         host_ports=usage.host_ports,
+        rdma=tuple(VfGrant(r.device, r.pf, r.min_mbps, r.max_mbps) for r in signed.rdma) if signed else (),
     )
 
 
 def allocation_contract(alloc: Allocation) -> contract.Allocation:
-    """The allocation contract's form of a core allocation (a pod's share split evenly)."""
+    """The allocation contract's form of a core allocation (a pod's share split evenly; its RDMA
+    VFs pod-wide, version 2)."""
     shares = {g.id: g for g in alloc.gpus if g.is_share}
     containers = dict(alloc.containers)
-    if not containers:
+    if not containers and not alloc.rdma:
         raise ValueError(f"allocation of pod {alloc.pod_name} names no containers")
     holders: dict[str, list[str]] = {}
     for name, devices in containers.items():
@@ -394,4 +397,5 @@ def allocation_contract(alloc: Allocation) -> contract.Allocation:
         entries[name] = contract.ContainerAllocation(
             tuple(devices), entry_shares, init=name in alloc.init_containers
         )
-    return contract.Allocation(alloc.node, alloc.pod_uid, entries)
+    rdma = tuple(contract.RdmaInterface(v.id, v.pf, v.min_mbps, v.max_mbps) for v in alloc.rdma)
+    return contract.Allocation(alloc.node, alloc.pod_uid, entries, rdma)

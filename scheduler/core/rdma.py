@@ -1,0 +1,335 @@
+"""RDMA virtual functions as schedulable devices: what a pod asks, what a node has, which VFs it gets.
+
+A pod asks for RDMA interfaces per pod (``RdmaRequest``): how many, and the bandwidth of each in
+Mbit/s, a minimum the node reserves and optionally a maximum (0: none; the node applies it, the
+scheduler only carries it). Each interface is one SR-IOV virtual function (VF) of a physical
+function (PF, one NIC port) of the node.
+
+A node's NICs (``NicState``, built from its published inventory by ``nic_state``): its PFs with
+their line rate, their usable VFs, which GPUs sit beside each PF (on its PCIe switch,
+``Topology.nic_gpus``) and its NUMA node. Bookings hold VFs (a VF goes to one pod at a time) and
+reserve bandwidth per PF: the minimums of the interfaces on one PF add up and never exceed its
+line rate.
+
+Choice (``choose_vfs``): the PFs beside the pod's GPUs first (on their PCIe switch, then on their
+NUMA node, then the others); within a tier the PF that can take every interface still wanted and
+has the least bandwidth left (best fit, keeping roomier PFs for bigger pods), else the PF that
+takes the most, so a pod's interfaces spread over PFs only when one PF's VFs or bandwidth are not
+enough. Whether a node can take a pod at all (``rdma_shortage``) depends on the PFs alone, not on
+which GPUs the pod gets: the filter and the choice always agree.
+
+Everything here is pure and in memory; ``parse_bandwidth`` reads the bandwidth notation both
+fronts use (docs/scheduler.md, "RDMA interfaces").
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from devices.model import Device, DeviceKind, NodeInventory
+
+MAX_INTERFACES = 32  # per pod
+MAX_MBPS = 10_000_000  # 10 Tbit/s, beyond any one interface
+MBPS_PER_GBPS = 1000
+
+NO_FREE_VFS = "node(s) had too few free RDMA virtual functions"
+NO_BANDWIDTH = "node(s) had insufficient RDMA bandwidth"
+
+
+@dataclass(frozen=True)
+class RdmaRequest:
+    """A pod's RDMA interfaces: ``count`` VFs of ``min_mbps`` reserved each (``max_mbps``: cap, 0 none)."""
+
+    count: int = 0
+    min_mbps: int = 0
+    max_mbps: int = 0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.count <= MAX_INTERFACES:
+            raise ValueError(f"RDMA interfaces {self.count} outside 0..{MAX_INTERFACES}")
+        if not 0 <= self.min_mbps <= MAX_MBPS or not 0 <= self.max_mbps <= MAX_MBPS:
+            raise ValueError(f"RDMA bandwidth outside 0..{MAX_MBPS} Mbit/s")
+        if self.max_mbps and self.min_mbps > self.max_mbps:
+            raise ValueError(
+                f"RDMA bandwidth minimum {self.min_mbps} above its maximum {self.max_mbps} Mbit/s"
+            )
+
+    def __bool__(self) -> bool:
+        return self.count > 0
+
+
+NO_RDMA = RdmaRequest()
+
+_FIGURE = r"([0-9]+)(?:\.([0-9]{1,3}))?[ \t]*(Gbps|Mbps)"
+_BANDWIDTH = re.compile(rf"[ \t]*{_FIGURE}[ \t]*(?:-[ \t]*{_FIGURE}[ \t]*)?")
+_DIGITS = 8  # whole digits read: beyond them a figure is far above MAX_MBPS anyway
+
+
+def _mbps(whole: str, fraction: str | None, unit: str, text: str) -> int:
+    whole = whole.lstrip("0") or "0"
+    if len(whole) > _DIGITS:
+        return MAX_MBPS + 1
+    if unit == "Mbps":
+        if fraction is not None:
+            raise ValueError(f"{text!r}: Mbit/s are whole numbers")
+        return int(whole)
+    return int(whole) * MBPS_PER_GBPS + int((fraction or "").ljust(3, "0"))
+
+
+def parse_bandwidth(text: Any) -> tuple[int, int]:
+    """``"100Gbps"`` -> (100000, 0); ``"25Gbps-50Gbps"`` -> (25000, 50000): (min, max) in Mbit/s.
+
+    A figure is ASCII digits (``Gbps`` up to three decimals, ``Mbps`` whole) and a unit, ``Gbps`` or
+    ``Mbps``, exactly so spelled; a range is two such figures joined by ``-``, minimum first.
+    Raises ValueError naming what is wrong (another unit, a sign, other digits, min above max,
+    beyond ``MAX_MBPS``).
+    """
+    match = _BANDWIDTH.fullmatch(text) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(
+            f"{str(text)[:64]!r} is not a bandwidth such as 25Gbps, 500Mbps or 25Gbps-50Gbps"
+            " (units Gbps or Mbps, decimal digits 0-9)"
+        )
+    low = _mbps(match.group(1), match.group(2), match.group(3), text)
+    high = _mbps(match.group(4), match.group(5), match.group(6), text) if match.group(4) else 0
+    if low > MAX_MBPS or high > MAX_MBPS:
+        raise ValueError(f"{text.strip()!r} is above {MAX_MBPS // MBPS_PER_GBPS} Gbps")
+    if match.group(4) and (high == 0 or low > high):
+        raise ValueError(f"{text.strip()!r}: the maximum must be above 0 and at least the minimum")
+    return low, high
+
+
+def format_mbps(mbps: int) -> str:
+    """``100000`` -> ``100Gbps``; ``2500`` -> ``2.5Gbps``; ``300`` -> ``300Mbps``."""
+    if mbps % MBPS_PER_GBPS == 0 or mbps > MBPS_PER_GBPS:
+        whole, rest = divmod(mbps, MBPS_PER_GBPS)
+        return f"{whole}.{rest:03d}".rstrip("0").rstrip(".") + "Gbps"
+    return f"{mbps}Mbps"
+
+
+@dataclass(frozen=True, order=True)
+class VfGrant:
+    """One VF given to a pod: its PF and the interface's bandwidth (Mbit/s; ``max_mbps`` 0: no cap)."""
+
+    id: str
+    pf: str
+    min_mbps: int = 0
+    max_mbps: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        doc: dict[str, Any] = {"id": self.id, "pf": self.pf, "minMbps": self.min_mbps}
+        if self.max_mbps:
+            doc["maxMbps"] = self.max_mbps
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Mapping[str, Any]) -> VfGrant:
+        return cls(str(doc["id"]), str(doc["pf"]), int(doc.get("minMbps", 0)), int(doc.get("maxMbps", 0)))
+
+
+@dataclass
+class PfState:
+    """One PF of a node: line rate, usable VFs, neighbours, and what is booked on it."""
+
+    id: str
+    rate_mbps: int
+    numa: int = -1
+    gpus: frozenset[str] = frozenset()  # GPU ids on its PCIe switch
+    vfs: tuple[str, ...] = ()  # its usable (healthy) VFs, in order
+    reserved_mbps: int = 0
+    held: dict[str, int] = field(default_factory=dict)  # VF id -> bookings (more than 1: overbooked)
+
+    def free_vfs(self) -> list[str]:
+        return [v for v in self.vfs if not self.held.get(v)]
+
+    @property
+    def left_mbps(self) -> int:
+        return self.rate_mbps - self.reserved_mbps
+
+    def slots(self, min_mbps: int) -> int:
+        """How many more interfaces of ``min_mbps`` each it can take (free VFs and bandwidth)."""
+        free = len(self.free_vfs())
+        if not min_mbps:
+            return free
+        return max(0, min(free, self.left_mbps // min_mbps))
+
+
+class NicState:
+    """A node's PFs and their VFs (see module doc); ``pf_of`` maps every usable VF to its PF."""
+
+    def __init__(self, pfs: Iterable[PfState] = ()) -> None:
+        self.pfs: dict[str, PfState] = {pf.id: pf for pf in pfs}
+        self.pf_of: dict[str, str] = {vf: pf.id for pf in self.pfs.values() for vf in pf.vfs}
+
+    def __bool__(self) -> bool:
+        return bool(self.pf_of)
+
+    def free_vfs(self) -> int:
+        return sum(len(pf.free_vfs()) for pf in self.pfs.values())
+
+    def slots(self, min_mbps: int) -> int:
+        return sum(pf.slots(min_mbps) for pf in self.pfs.values())
+
+    def shortage(self, request: RdmaRequest) -> str:
+        """'' when the node can give ``request``, else why not (``NO_FREE_VFS`` or ``NO_BANDWIDTH``)."""
+        if not request:
+            return ""
+        if self.free_vfs() < request.count:
+            return NO_FREE_VFS
+        if self.slots(request.min_mbps) < request.count:
+            return NO_BANDWIDTH
+        return ""
+
+    def problems(self, grants: Iterable[VfGrant]) -> list[str]:
+        """Why booking ``grants`` now would be wrong: an unknown or held VF, one named twice, a PF's
+        reservations past its line rate. Empty when they fit."""
+        found: list[str] = []
+        seen: set[str] = set()
+        adding: dict[str, int] = {}
+        for grant in grants:
+            pf_id = self.pf_of.get(grant.id)
+            if pf_id is None:
+                found.append(f"no usable RDMA VF {grant.id}")
+                continue
+            if grant.id in seen:
+                found.append(f"RDMA VF {grant.id} granted twice")
+            seen.add(grant.id)
+            if self.pfs[pf_id].held.get(grant.id):
+                found.append(f"RDMA VF {grant.id} is held by another pod")
+            adding[pf_id] = adding.get(pf_id, 0) + grant.min_mbps
+        for pf_id, mbps in adding.items():
+            pf = self.pfs[pf_id]
+            if mbps > pf.left_mbps:
+                found.append(f"PF {pf_id} has {max(pf.left_mbps, 0)} Mbit/s left, not {mbps}")
+        return found
+
+    def overbooked(self, grants: Iterable[VfGrant]) -> list[str]:
+        """The ids of ``grants`` (booked here) now held twice or on a PF reserved past its rate."""
+        out = []
+        for grant in grants:
+            pf_id = self.pf_of.get(grant.id)
+            if pf_id is None:
+                continue
+            pf = self.pfs[pf_id]
+            if pf.held.get(grant.id, 0) > 1 or pf.reserved_mbps > pf.rate_mbps:
+                out.append(grant.id)
+        return out
+
+    def missing(self, grants: Iterable[VfGrant]) -> list[str]:
+        """The VF ids of ``grants`` this node does not list as usable."""
+        return [g.id for g in grants if g.id not in self.pf_of]
+
+    def apply(self, grants: Iterable[VfGrant], sign: int) -> None:
+        """Book (``sign=1``) or release (``-1``) ``grants``, unconditionally; unknown VFs are skipped."""
+        for grant in grants:
+            pf_id = self.pf_of.get(grant.id)
+            if pf_id is None:
+                continue
+            pf = self.pfs[pf_id]
+            pf.reserved_mbps += sign * grant.min_mbps
+            count = pf.held.get(grant.id, 0) + sign
+            if count > 0:
+                pf.held[grant.id] = count
+            else:
+                pf.held.pop(grant.id, None)
+
+
+def rate_mbps(device: Device) -> int:
+    """A NIC's line rate from its ``rateGbps`` attribute (0 when absent or unreadable)."""
+    try:
+        rate = float(device.attributes.get("rateGbps", "0"))
+    except ValueError:
+        return 0
+    if not 0 <= rate <= MAX_MBPS / MBPS_PER_GBPS:  # NaN too
+        return 0
+    return int(rate * MBPS_PER_GBPS)
+
+
+def nic_state(inventory: NodeInventory) -> NicState:
+    """The node's PFs and usable VFs from its inventory.
+
+    A VF is an RDMA device with attribute ``function: vf``; its PF is named by ``parentDevice``
+    (the PF's RDMA name) or ``parentPf`` (its PCI address). Every other RDMA device is a PF. A VF
+    is usable while it and its PF are healthy; a PF without usable VFs, or whose rate is unknown,
+    offers no interface. A PF's GPUs are those ``Topology.nic_gpus`` lists for it or its VFs.
+    """
+    rdma = inventory.by_kind(DeviceKind.RDMA)
+    pfs = [d for d in rdma if d.attributes.get("function", "pf") != "vf"]
+    by_name = {d.id: d for d in pfs}
+    by_pci = {d.pci_bus_id: d for d in pfs if d.pci_bus_id}
+    vfs: dict[str, list[Device]] = {}
+    for vf in rdma:
+        if vf.attributes.get("function") != "vf":
+            continue
+        parent = by_name.get(vf.attributes.get("parentDevice", "")) or by_pci.get(
+            vf.attributes.get("parentPf", "")
+        )
+        if parent is not None:
+            vfs.setdefault(parent.id, []).append(vf)
+    near = inventory.topology.nic_gpus
+    states = []
+    for pf in pfs:
+        mine = sorted(vfs.get(pf.id, []), key=lambda d: (d.index, d.id))
+        usable = tuple(v.id for v in mine if v.healthy) if pf.healthy else ()
+        rate = rate_mbps(pf)
+        if not usable or not rate:
+            continue
+        gpus = frozenset(near.get(pf.id, ())).union(*(near.get(v.id, ()) for v in mine))
+        states.append(PfState(pf.id, rate, pf.numa_node, gpus, usable))
+    return NicState(states)
+
+
+def _tier(pf: PfState, gpu_ids: Collection[str], gpu_numas: Collection[int]) -> int:
+    """0: on the PCIe switch of one of the pod's GPUs; 1: on one of their NUMA nodes; 2: elsewhere."""
+    if pf.gpus and not pf.gpus.isdisjoint(gpu_ids):
+        return 0
+    if pf.numa >= 0 and pf.numa in gpu_numas:
+        return 1
+    return 2
+
+
+def vf_distance(
+    vfs: Iterable[VfGrant], nics: NicState, gpu_ids: Collection[str], gpu_numas: Collection[int]
+) -> int:
+    """How far ``vfs`` sit from the pod's GPUs: the sum of their PFs' tiers (0 on the PCIe switch of one
+    of the GPUs, 1 on one of their NUMA nodes, 2 elsewhere)."""
+    return sum(_tier(nics.pfs[v.pf], gpu_ids, gpu_numas) for v in vfs)
+
+
+def choose_vfs(
+    request: RdmaRequest,
+    nics: NicState,
+    gpu_ids: Collection[str] = (),
+    gpu_numas: Collection[int] = (),
+) -> tuple[VfGrant, ...] | None:
+    """The VFs for ``request`` beside the pod's GPUs (see module doc), or None when the node cannot
+    give them. Deterministic: ties go to the PF id, VFs are taken in the PF's order."""
+    if not request:
+        return ()
+    slots = {pf.id: pf.slots(request.min_mbps) for pf in nics.pfs.values()}
+    if sum(slots.values()) < request.count:
+        return None
+    tiers: dict[int, list[PfState]] = {}
+    for pf in nics.pfs.values():
+        if slots[pf.id]:
+            tiers.setdefault(_tier(pf, gpu_ids, gpu_numas), []).append(pf)
+    wanted = request.count
+    chosen: list[VfGrant] = []
+    for tier in sorted(tiers):
+        candidates = tiers[tier]
+        while wanted and candidates:
+            whole = [pf for pf in candidates if slots[pf.id] >= wanted]
+            if whole:
+                pf = min(whole, key=lambda p: (p.left_mbps, p.id))
+            else:
+                pf = min(candidates, key=lambda p: (-slots[p.id], p.id))
+            take = min(wanted, slots[pf.id])
+            chosen += [VfGrant(v, pf.id, request.min_mbps, request.max_mbps) for v in pf.free_vfs()[:take]]
+            wanted -= take
+            candidates = [p for p in candidates if p is not pf]
+        if not wanted:
+            break
+    return tuple(chosen)

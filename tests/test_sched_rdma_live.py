@@ -1,0 +1,95 @@
+"""The live scheduler with RDMA interfaces, against the in-memory apiserver (tests/support/schedworld):
+a pod lands where its VFs can sit beside its GPUs, the signed allocation carries them (version 2),
+bound pods' VFs are booked from it, and bad or impossible requests get their Events."""
+
+from __future__ import annotations
+
+import json
+
+from crishim.advertiser import publication
+from kubegpu.allocation import ANNOTATION, verify
+from tests.support.rdmainv import Pf, rdma_inventory
+from tests.support.schedworld import KEYS, Feed, World, drive, make_scheduler, node_json, pod_json
+
+RDMA = {"kubegpu.io/rdma-interfaces": "2", "kubegpu.io/rdma-bandwidth": "100Gbps"}
+
+
+def world_with_nics() -> World:
+    world = World()
+    # bandwidth short: one 100G PF, VFs beside every GPU
+    thin = rdma_inventory("thin", [0, 0, 1, 1], [Pf("mlx5_0", 100, 0, (0, 1, 2, 3), vfs=4)])
+    # VFs short: a 400G PF with a single VF
+    few = rdma_inventory("few", [0, 0, 1, 1], [Pf("mlx5_0", 400, 0, (0, 1), vfs=1)])
+    # one 200G PF per pair of GPUs; the PF beside GPUs 0, 1 is on the other NUMA node's switch order
+    good = rdma_inventory(
+        "good", [0, 0, 1, 1], [Pf("mlx5_0", 200, 1, (2, 3), vfs=2), Pf("mlx5_1", 200, 0, (0, 1), vfs=2)]
+    )
+    for name, inv in (("thin", thin), ("few", few), ("good", good)):
+        world.put_node(node_json(name, 4, inventory=publication(inv).inventory))
+    return world
+
+
+def test_a_pod_asking_two_100g_interfaces_lands_beside_its_gpus() -> None:
+    world = world_with_nics()
+    sched, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, sched)
+    feed.relist()
+    world.put_pod(pod_json("train", 2, annotations=RDMA))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("train") == "good"
+    pod = world.find("ns", "train")
+    assert pod is not None
+    raw = pod["metadata"]["annotations"][ANNOTATION]
+    assert json.loads(raw)["version"] == 2
+    signed = verify(raw, KEYS)
+    gpus = set(signed.containers["app"].devices)
+    near = {"mlx5_0": {"GPU-good-2", "GPU-good-3"}, "mlx5_1": {"GPU-good-0", "GPU-good-1"}}
+    assert len(signed.rdma) == 2 and len({r.device for r in signed.rdma}) == 2
+    for interface in signed.rdma:
+        assert interface.min_mbps == 100_000
+        assert gpus <= near[interface.pf], f"{interface} is not beside {gpus}"
+    # a scheduler starting afresh (a restart, a new leader) books the bound pod's VFs from its annotation
+    fresh, _, _, _ = make_scheduler(world)
+    Feed(world, fresh).relist()
+    good = fresh.cache.view().node("good")
+    held = {vf for pf in good.nics.pfs.values() for vf in pf.held}
+    assert held == {r.device for r in signed.rdma}
+    assert sum(pf.reserved_mbps for pf in good.nics.pfs.values()) == 200_000
+
+
+def test_a_pod_no_node_can_serve_gets_the_reasons_by_count() -> None:
+    world = world_with_nics()
+    sched, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, sched)
+    feed.relist()
+    three = {
+        "kubegpu.io/rdma-interfaces": "3",
+        "kubegpu.io/rdma-bandwidth": "150Gbps",
+    }  # 2 PFs of 200G at most
+    world.put_pod(pod_json("big", 1, annotations=three))
+    world.put_pod(pod_json("first", 2, annotations=RDMA))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("first") == "good"
+    assert world.node_of("big") is None
+    messages = core.failed_events("big")
+    assert messages, "no FailedScheduling Event"
+    assert messages[-1] == (
+        "0/3 nodes are available: 2 node(s) had insufficient RDMA bandwidth, "
+        "1 node(s) had too few free RDMA virtual functions."
+    )
+
+
+def test_a_malformed_bandwidth_is_an_invalid_request_event() -> None:
+    world = world_with_nics()
+    sched, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, sched)
+    feed.relist()
+    world.put_pod(pod_json("typo", 1, annotations={**RDMA, "kubegpu.io/rdma-bandwidth": "100GB/s"}))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("typo") is None
+    assert any(
+        m.startswith(
+            "invalid kubegpu request: annotation kubegpu.io/rdma-bandwidth: '100GB/s' is not a bandwidth"
+        )
+        for m in core.failed_events("typo")
+    ), core.failed_events("typo")
