@@ -5,6 +5,7 @@ what makes it a defect."""
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import uuid
 from pathlib import Path
@@ -13,6 +14,7 @@ import grpc
 import pytest
 
 from crishim.cri import api_pb2 as cri
+from crishim.hostpaths import CHAR, DeviceNumber, ManagedDevices
 from crishim.nri import api_pb2
 from crishim.nri.mux import HEADER, PLUGIN_SERVICE_CONN, RUNTIME_SERVICE_CONN, Mux, chunks
 from crishim.nri.plugin import PluginSession
@@ -170,3 +172,139 @@ def test_a_call_too_big_for_ttrpc_fails_as_an_rpc_error() -> None:
             right.close()
 
     asyncio.run(scenario())
+
+
+# --- the agent's validation against other NRI plugins (crishim/nri/agent.py, front.foreign_grant) ---
+
+
+def _other_plugins_grant(kind: str) -> api_pb2.ContainerAdjustment:
+    """What another NRI plugin (after kubegpu's) answers to reach a managed device, by ``kind``."""
+    adjust = api_pb2.ContainerAdjustment()
+    if kind == "cdi-device":
+        adjust.CDI_devices.add(name="nvidia.com/gpu=all")
+    elif kind == "toolkit-mount":
+        adjust.mounts.add(
+            destination="/var/run/nvidia-container-devices/all",
+            type="bind",
+            source="/tmp",
+            options=["rbind", "ro"],
+        )
+    elif kind == "cgroup-rule":
+        rule = adjust.linux.resources.devices.add(allow=True, type="c", access="rw")
+        rule.major.value, rule.minor.value = 10, 229
+    elif kind == "env-removal":
+        adjust.env.add(key="-NVIDIA_VISIBLE_DEVICES")
+    elif kind == "cdi-annotation":
+        adjust.annotations["cdi.k8s.io/sneak"] = "nvidia.com/gpu=all"
+    return adjust
+
+
+class OtherPlugin:
+    """An NRI plugin after kubegpu's (index 20) that adds ``kind`` to every container."""
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+    def create_container(self, request: api_pb2.CreateContainerRequest) -> api_pb2.CreateContainerResponse:
+        return api_pb2.CreateContainerResponse(adjust=_other_plugins_grant(self.kind))
+
+
+def _runtime_spec(client: CriClient, container: str) -> dict[str, object]:
+    status = client.runtime.ContainerStatus(cri.ContainerStatusRequest(container_id=container, verbose=True))
+    return dict(json.loads(status.info["info"])["runtimeSpec"])
+
+
+@pytest.mark.containerd
+@pytest.mark.parametrize(
+    "kind",
+    ["cdi-device", "toolkit-mount", "cgroup-rule", "env-removal", "cdi-annotation"],
+)
+def test_another_plugins_adjustment_cannot_bring_back_what_kubegpu_scrubbed(
+    nri_containerd: Containerd, tmp_path: Path, kind: str
+) -> None:
+    """The agent's validation judged only the device nodes of the final adjustment. Another NRI
+    plugin could still give the container what the scrub takes away, and containerd 2.2.9 made it:
+    a managed CDI name (containerd resolves CDI names after every plugin answered: its device
+    nodes never pass the validator), a toolkit device-list mount, a device cgroup allow rule after
+    kubegpu's deny (the scrubbed node opened), the removal of kubegpu's NVIDIA_VISIBLE_DEVICES=void
+    (NRI lets any plugin remove another's variable: the pod's own "all" came back), or a CDI
+    annotation naming a GPU (read by the NVIDIA runtime). Each create must fail, naming why."""
+    from tests.test_nri_agent import Pods, agent_for
+
+    assert nri_containerd.nri_socket is not None
+    spec = {
+        "cdiVersion": "0.6.0",
+        "kind": "nvidia.com/gpu",
+        "devices": [{"name": "all", "containerEdits": {"env": ["CDI_GRANTED=all"]}}],
+    }
+    (nri_containerd.cdi_spec_dir / "review-nvidia.json").write_text(json.dumps(spec))
+    agent = agent_for(tmp_path)
+    node = agent.rewriter.node_devices
+    fuse = DeviceNumber(CHAR, 10, 229)  # made managed here: the sim's own nodes are /dev/null's numbers
+    node.managed = ManagedDevices(numbers=node.managed.numbers | {fuse}, patterns=node.managed.patterns)
+    ours = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
+    other = PluginThread(
+        PluginSession(OtherPlugin(kind), socket=nri_containerd.nri_socket, name="other", index="20")
+    )
+    pods = Pods(nri_containerd, tmp_path / "logs")
+    try:
+        ours.run(ours.session.connect())
+        other.run(other.session.connect())
+        wait_until(
+            lambda: ours.session.synchronized.is_set() and other.session.synchronized.is_set(), 10, "sync"
+        )
+        script = (
+            "(exec 3<>/dev/grab) 2>/dev/null && echo opened; env; ls /var/run/nvidia-container-devices 2>&1; "
+            "echo END; exec sleep 100000"
+        )
+        made = pods.create(
+            "grab",
+            None,
+            envs={"NVIDIA_VISIBLE_DEVICES": "all"},
+            devices=[("/dev/fuse", "/dev/grab")],
+            script=script,
+        )
+        if isinstance(made, str):
+            annotations = _runtime_spec(pods.client, made).get("annotations")
+            out = pods.output(made, "grab")
+            pytest.fail(f"created past kubegpu's validation ({kind}): annotations {annotations}\n{out}")
+        details = made.details() or ""
+        assert "an NRI plugin" in details and "kubegpu" in details, details
+        assert not agent.rewriter.ledger.holdings(), "a refused create still holds its devices"
+    finally:
+        pods.close()
+        other.stop()
+        ours.stop()
+
+
+def test_foreign_grant_judges_cgroup_rules_by_what_they_open() -> None:
+    """The pure half of the validation fix: kubegpu's own answer passes; another plugin's rule for
+    the granted GPU or an unmanaged device passes; a wildcard over the managed major does not,
+    even when one of its minors is granted (it opens the others)."""
+    from crishim.nri.front import foreign_grant
+
+    managed = ManagedDevices(numbers=frozenset({DeviceNumber(CHAR, 195, 255)}), char_majors=frozenset({195}))
+    ours = api_pb2.ContainerAdjustment()
+    ours.env.add(key="NVIDIA_VISIBLE_DEVICES", value="GPU-1")
+    ours.linux.devices.add(path="/dev/nvidia1", type="c", major=195, minor=1)
+
+    def with_rule(major: int | None, minor: int | None) -> api_pb2.ContainerAdjustment:
+        final = api_pb2.ContainerAdjustment()
+        final.CopyFrom(ours)
+        rule = final.linux.resources.devices.add(allow=True, type="c", access="rwm")
+        if major is not None:
+            rule.major.value = major
+        if minor is not None:
+            rule.minor.value = minor
+        return final
+
+    assert foreign_grant(ours, ours, managed) is None
+    assert foreign_grant(with_rule(195, 1), ours, managed) is None
+    assert foreign_grant(with_rule(10, 229), ours, managed) is None
+    assert "c 195:*" in (foreign_grant(with_rule(195, None), ours, managed) or "")
+    assert "c 195:0" in (foreign_grant(with_rule(195, 0), ours, managed) or "")
+    assert foreign_grant(with_rule(None, None), ours, managed) is not None
+    changed = api_pb2.ContainerAdjustment()
+    changed.CopyFrom(ours)
+    changed.env[0].value = "GPU-1,GPU-2"
+    assert "NVIDIA_VISIBLE_DEVICES" in (foreign_grant(changed, ours, managed) or "")

@@ -35,7 +35,7 @@ from crishim.hostpaths import BLOCK, CHAR, Ambiguous, DeviceNumber
 from crishim.intercept import Rejected
 from crishim.ledger import MARK_ANNOTATION
 from crishim.nri import api_pb2
-from crishim.nri.front import DEVICE_KINDS, adjustment, spec_from_nri
+from crishim.nri.front import adjustment, foreign_grant, spec_from_nri
 from crishim.nri.ttrpc import FAILED_PRECONDITION, INTERNAL, INVALID_ARGUMENT, UNAVAILABLE, RpcError
 from crishim.podlookup import ApiPodLookup
 from crishim.rewrite import AllocationRewriter, ContainerCreate, PodRef, Security, is_static_pod
@@ -83,8 +83,8 @@ class NriAgent:
         self.rewriter = rewriter
         self._security = security
         self._number_of = number_of
-        # container id -> the device numbers this agent added, until containerd validates
-        self._granted: dict[str, frozenset[DeviceNumber]] = {}
+        # container id -> the adjustment this agent answered, until containerd validates
+        self._granted: dict[str, api_pb2.ContainerAdjustment] = {}
 
     def configure(self, request: api_pb2.ConfigureRequest) -> None:
         log_event(log, "nri.configured", runtime=request.runtime_name, version=request.runtime_version)
@@ -151,9 +151,7 @@ class NriAgent:
             raise RpcError(INTERNAL, f"pod {pod}: a granted device node cannot be read: {error}") from None
         if completion is not None:
             completion(container.id)
-        self._granted[container.id] = frozenset(
-            DeviceNumber(d.type, d.major, d.minor) for d in adjust.linux.devices if not d.path.startswith("-")
-        )
+        self._granted[container.id] = adjust
         if len(self._granted) > MAX_PENDING_VALIDATIONS:
             self._granted.pop(next(iter(self._granted)))
         return api_pb2.CreateContainerResponse(adjust=adjust)
@@ -161,28 +159,23 @@ class NriAgent:
     def validate_container_adjustment(
         self, request: api_pb2.ValidateContainerAdjustmentRequest
     ) -> api_pb2.ValidateContainerAdjustmentResponse:
-        """Approve the adjustments every plugin made, unless one reaches a managed device the
-        agent did not grant this container (another plugin adding it back after the scrub).
+        """Approve the adjustments every plugin made, unless they reach a managed device the agent
+        did not grant this container or undo what it set (``front.foreign_grant``: another plugin,
+        before or after kubegpu, adding a device, a device cgroup rule, a toolkit selector or
+        mount, a managed CDI name or annotation; or removing the agent's variables or mark).
 
         Subscribing at all is what makes the agent's death fail the create: containerd creates a
         container without the adjustment of a plugin whose CreateContainer call failed fatally
         (connection lost, or no answer in time), but it fails the create when a validator cannot
         answer (docs/nri.md)."""
         container = request.container.id
-        granted = self._granted.pop(container, frozenset())
-        managed = self.rewriter.node_devices.managed
-        for device in request.adjust.linux.devices:
-            kind = DEVICE_KINDS.get(device.type)
-            if device.path.startswith("-") or kind is None:
-                continue
-            number = DeviceNumber(kind, device.major, device.minor)
-            if managed.has_number(number) and number not in granted:
-                reason = (
-                    f"pod {request.pod.namespace}/{request.pod.name} container {request.container.name}: "
-                    f"an NRI plugin added {device.path} ({number}), a managed device kubegpu did not grant"
-                )
-                log_event(log, "nri.adjustment_rejected", logging.WARNING, reason=reason)
-                return api_pb2.ValidateContainerAdjustmentResponse(reject=True, reason=reason)
+        ours = self._granted.pop(container, None) or api_pb2.ContainerAdjustment()
+        why = foreign_grant(request.adjust, ours, self.rewriter.node_devices.managed)
+        if why is not None:
+            pod = f"{request.pod.namespace}/{request.pod.name}"
+            reason = f"pod {pod} container {request.container.name}: {why}"
+            log_event(log, "nri.adjustment_rejected", logging.WARNING, reason=reason)
+            return api_pb2.ValidateContainerAdjustmentResponse(reject=True, reason=reason)
         return api_pb2.ValidateContainerAdjustmentResponse()
 
     def stop_container(self, request: api_pb2.StopContainerRequest) -> api_pb2.StopContainerResponse:
