@@ -9,6 +9,7 @@ import json
 import socket
 import uuid
 from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
@@ -308,3 +309,68 @@ def test_foreign_grant_judges_cgroup_rules_by_what_they_open() -> None:
     changed.CopyFrom(ours)
     changed.env[0].value = "GPU-1,GPU-2"
     assert "NVIDIA_VISIBLE_DEVICES" in (foreign_grant(changed, ours, managed) or "")
+
+
+@pytest.mark.apiserver
+def test_a_container_the_pod_cache_has_not_seen_yet_is_read_from_the_api_not_waved_through(
+    admin_api: Any, kube_namespace: str, tmp_path: Path
+) -> None:
+    """NRI shows no security context: the agent reads it from the Pod, from the node's pod cache
+    when the cache has the pod. A container the cached copy does not have (an ephemeral container
+    added by ``kubectl debug`` while the cache's watch is behind) was taken as neither privileged
+    nor given CAP_SYS_ADMIN, so a debug container adding SYS_ADMIN was created where the CRI proxy,
+    which reads the request itself, refuses it. Here the cache is stopped after it saw the pod
+    (its watch as far behind as it can be) and the debug container is then added."""
+    from kubernetes import client as k8s
+
+    from crishim.nri.agent import NriAgent, pod_security
+    from crishim.podlookup import ApiPodLookup, NodePodCache
+    from crishim.rewrite import AllocationRewriter, NodeDevices
+    from devices.plugin import load_plugins
+    from kubegpu.allocation import KeyRing
+    from kubegpu.devenv.controlplane import create_fake_node
+    from tests.fixtures.keys import SIGNING
+
+    core = k8s.CoreV1Api(admin_api)
+    node = f"nri-sec-{uuid.uuid4().hex[:6]}"
+    create_fake_node(core, node)
+    cache = NodePodCache(core, node).start()
+    try:
+        assert cache.synced.wait(30)
+        body = k8s.V1Pod(
+            metadata=k8s.V1ObjectMeta(name="debugged", namespace=kube_namespace),
+            spec=k8s.V1PodSpec(
+                node_name=node,
+                scheduler_name="nobody",
+                containers=[k8s.V1Container(name="app", image="busybox")],
+            ),
+        )
+        made = core.create_namespaced_pod(kube_namespace, body)
+        wait_until(lambda: made.metadata.uid in cache._pods, 30, "the cache to see the pod")
+    finally:
+        cache.stop()
+    sys_admin = {"capabilities": {"add": ["SYS_ADMIN"]}}
+    debugger = {"name": "debugger", "image": "busybox", "securityContext": sys_admin}
+    core.patch_namespaced_pod_ephemeralcontainers(
+        "debugged", kube_namespace, {"spec": {"ephemeralContainers": [debugger]}}
+    )
+
+    plugins = load_plugins(["sim"], {"node_name": node, "topology": "dgx1-v100", "state_dir": str(tmp_path)})
+    devices = NodeDevices(plugins, sysfs_root=None)
+    devices.discover()
+    lookup = ApiPodLookup(core, cache=cache)
+    agent = NriAgent(AllocationRewriter(node, devices, KeyRing(None, SIGNING), lookup), pod_security(lookup))
+    agent.rewriter.rebuilt.set()
+    request = api_pb2.CreateContainerRequest(
+        pod=api_pb2.PodSandbox(
+            id="sandbox-1",
+            name="debugged",
+            uid=made.metadata.uid,
+            namespace=kube_namespace,
+            annotations={"kubernetes.io/config.source": "api"},
+        ),
+        container=api_pb2.Container(id="c-debugger", name="debugger", pod_sandbox_id="sandbox-1"),
+    )
+    with pytest.raises(RpcError) as refused:
+        asyncio.run(agent.create_container(request))
+    assert "SYS_ADMIN" in refused.value.message, refused.value.message

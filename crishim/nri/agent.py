@@ -192,18 +192,21 @@ class NriAgent:
 
 def pod_security(lookup: ApiPodLookup) -> SecurityLookup:
     """Read a container's security facts from its Pod (the node's pod cache, else a read): NRI
-    shows no security context. A pod that cannot be read is refused for now (UNAVAILABLE):
-    kubelet retries the create."""
+    shows no security context. A container the cached Pod does not have yet (an ephemeral one
+    added since) is read afresh. A pod that cannot be read, or that does not have the container,
+    is refused for now (UNAVAILABLE): kubelet retries the create."""
 
     async def security(pod: PodRef, container: str) -> Security:
         facts = await lookup.facts(pod.namespace, pod.name, pod.uid)
-        if facts is None:
+        if facts is not None and container not in facts.security:  # the cache is behind (kubectl debug)
+            facts = await lookup.facts(pod.namespace, pod.name, pod.uid, fresh=True)
+        if facts is None or container not in facts.security:
             raise Rejected(
                 grpc.StatusCode.UNAVAILABLE,
                 f"pod {pod} container {container}: its security context cannot be read from the API "
                 "(NRI does not show it), retry",
             )
-        privileged, added = facts.security.get(container, (False, ()))
+        privileged, added = facts.security[container]
         return Security(privileged, sys_admin_grant(cri_pb2.Capability(add_capabilities=list(added))))
 
     return security
