@@ -374,3 +374,74 @@ def test_a_container_the_pod_cache_has_not_seen_yet_is_read_from_the_api_not_wav
     with pytest.raises(RpcError) as refused:
         asyncio.run(agent.create_container(request))
     assert "SYS_ADMIN" in refused.value.message, refused.value.message
+
+
+def _image_with_env(containerd: Containerd, ref: str, env: list[str]) -> None:
+    """Import a busybox image whose config carries ``env`` (duplicates kept, as an image may)."""
+    from kubegpu.devenv.images import (
+        MEDIA_CONFIG,
+        MEDIA_MANIFEST,
+        Blob,
+        Image,
+        build_busybox_image,
+        write_oci_tar,
+    )
+
+    base = build_busybox_image(ref, ["/bin/sh"])
+    config_doc = json.loads(base.config.data)
+    config_doc["config"]["Env"] = env
+    config = Blob(MEDIA_CONFIG, json.dumps(config_doc, sort_keys=True).encode())
+    manifest_doc = json.loads(base.manifest.data)
+    manifest_doc["config"] = config.descriptor()
+    manifest = Blob(MEDIA_MANIFEST, json.dumps(manifest_doc, sort_keys=True).encode())
+    tar = write_oci_tar(Image(ref, manifest, config, base.layer), containerd.base / "dup-env.tar")
+    containerd.run_ctr("images", "import", "--no-unpack", str(tar))
+
+
+@pytest.mark.containerd
+def test_an_image_naming_a_selector_twice_cannot_outlast_the_scrub(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    """An image's config may list a variable twice (containerd keeps the image's duplicates). NRI's
+    generator sets an adjusted variable at its first occurrence and then re-adds the later one over
+    it, so kubegpu's NVIDIA_VISIBLE_DEVICES=void was replaced by the image's second "all" and the
+    container was created selecting every GPU. A create whose environment names a variable the
+    agent sets more than once is refused, naming it."""
+    from tests.test_nri_agent import agent_for
+
+    assert nri_containerd.nri_socket is not None
+    image = "registry.kubegpu.test/dup-env:1.0"
+    twice = ["NVIDIA_VISIBLE_DEVICES=all", "NVIDIA_VISIBLE_DEVICES=all"]
+    _image_with_env(nri_containerd, image, ["PATH=/bin", *twice])
+    agent = agent_for(tmp_path)
+    ours = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
+    client = CriClient(nri_containerd.endpoint)
+    logs = tmp_path / "logs"
+    logs.mkdir()
+    sandbox = ""
+    try:
+        ours.run(ours.session.connect())
+        wait_until(lambda: ours.session.synchronized.is_set(), 10, "Synchronize")
+        config = host_network_sandbox("dup", str(uuid.uuid4()), log_directory=str(logs))
+        ran = client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
+        sandbox = ran.pod_sandbox_id
+        request = cri.CreateContainerRequest(
+            pod_sandbox_id=sandbox,
+            sandbox_config=config,
+            config=shell_container("app", image, "env; echo END; exec sleep 100000", log_path="app.log"),
+        )
+        try:
+            made = client.runtime.CreateContainer(request, timeout=60).container_id
+        except grpc.RpcError as error:
+            assert "NVIDIA_VISIBLE_DEVICES" in (error.details() or ""), error.details()
+            return
+        client.runtime.StartContainer(cri.StartContainerRequest(container_id=made), timeout=60)
+        log = logs / "app.log"
+        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, "the container's output")
+        pytest.fail(f"created with the image's duplicate selector:\n{log.read_text()}")
+    finally:
+        if sandbox:
+            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+        client.close()
+        ours.stop()

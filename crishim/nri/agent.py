@@ -145,9 +145,12 @@ class NriAgent:
             raise RpcError(INVALID_ARGUMENT, message) from None
         try:
             adjust = adjustment(spec, create.spec, self._number_of)
-        except OSError as error:
+        except (OSError, Ambiguous) as error:
             if completion is not None:
                 completion(None)
+            if isinstance(error, Ambiguous):
+                message = f"pod {pod} container {container.name}: refused: {error}"
+                raise RpcError(INVALID_ARGUMENT, message) from None
             raise RpcError(INTERNAL, f"pod {pod}: a granted device node cannot be read: {error}") from None
         if completion is not None:
             completion(container.id)

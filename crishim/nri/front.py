@@ -21,6 +21,7 @@ and the like) are never denied; only the sim plugin's stand-in nodes share their
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable
 
 from crishim import edits
@@ -96,6 +97,15 @@ def adjustment(
     for key, value in new.items():
         if old.get(key) != value:
             adjust.env.add(key=key, value=value.decode("utf-8", "surrogateescape"))
+    # NRI's generator sets an adjusted variable at its first occurrence, then re-adds any later
+    # occurrence over it: a variable set twice (an image's config may) would keep its own value.
+    seen = Counter(key for key, _ in before.env)
+    for kv in adjust.env:
+        if seen[kv.key] > 1:
+            raise Ambiguous(
+                f"environment variable {kv.key[:200]!r} is set {seen[kv.key]} times (the image's config "
+                "can do that); containerd would keep the last of them over the value kubegpu sets"
+            )
 
     kept_mounts = {id(m.origin) for m in after.mounts if m.origin is not None}
     for mount in before.mounts:
