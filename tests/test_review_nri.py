@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
 import socket
 import uuid
 from pathlib import Path
@@ -445,3 +447,25 @@ def test_an_image_naming_a_selector_twice_cannot_outlast_the_scrub(
             client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
         client.close()
         ours.stop()
+
+
+@pytest.mark.containerd
+def test_an_nri_agent_without_api_access_says_it_cannot_check_capabilities(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    """Known limit (docs/nri.md): without API access the NRI front cannot see a container's
+    capabilities, so CAP_SYS_ADMIN is not refused as the CRI proxy refuses it. It started silently;
+    it now says so at start (``nri.security_unchecked``)."""
+    from tests.fixtures.keys import write_node_keys
+    from tests.test_nri_agent import start_agent
+
+    keys = tmp_path / "keys"
+    write_node_keys(keys)
+    agent = start_agent(nri_containerd, tmp_path, keys)
+    log = tmp_path / "agent.log"
+    try:
+        wait_until(lambda: "nri.registered" in log.read_text(), 60, "the agent to register")
+        assert "nri.security_unchecked" in log.read_text(), log.read_text()[-2000:]
+    finally:
+        os.killpg(agent.pid, signal.SIGTERM)
+        agent.wait(10)
