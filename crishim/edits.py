@@ -82,7 +82,8 @@ _CDI_DEVICE_NAME = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9_.:-]*[A-Za-z0-9])?")
 OWN_ANNOTATION_PREFIX = "kubegpu.io/"
 
 
-def _scrubbed_env(key: str) -> bool:
+def is_scrubbed_env(key: str) -> bool:
+    """Whether the scrub takes this variable out of a container (or sets it to a neutral value)."""
     upper = key.upper()
     return upper in SCRUBBED_ENV or upper.startswith(SCRUBBED_ENV_PREFIXES)
 
@@ -195,7 +196,7 @@ def scrub_spec(spec: ContainerSpec, managed: ManagedDevices, fs: HostFS | None =
     for key, value in spec.env:
         if "=" in key or "\x00" in key or b"\x00" in value:
             raise Ambiguous(f"environment variable {key[:200]!r} has '=' or NUL in its name or value")
-        if not _scrubbed_env(key):
+        if not is_scrubbed_env(key):
             kept_env.append((key, value))
     spec.env = kept_env + [(key, value.encode()) for key, value in NEUTRAL_ENV]
     if spec.devices:

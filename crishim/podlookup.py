@@ -282,10 +282,11 @@ class ApiPodLookup:
             self._cache.pop(next(iter(self._cache)))
         return value
 
-    async def facts(self, namespace: str, name: str, uid: str) -> PodFacts | None:
+    async def facts(self, namespace: str, name: str, uid: str, fresh: bool = False) -> PodFacts | None:
         """The pod's facts from the node's pod cache or a read (None: the API cannot answer, or
-        the pod of that name has another UID)."""
-        facts = self._node_pods.get(namespace, name, uid) if self._node_pods is not None else None
+        the pod of that name has another UID); ``fresh``: always a read (the cache may be behind)."""
+        cache = None if fresh else self._node_pods
+        facts = cache.get(namespace, name, uid) if cache is not None else None
         if facts is None:
             facts = await self._read(namespace, name)
         return facts if facts is not None and facts.uid == uid else None

@@ -8,6 +8,7 @@ status 2, a runtime failure one line and 1, a traceback only with ``--log-level 
 from __future__ import annotations
 
 import argparse
+import logging
 import socket
 import sys
 from collections.abc import Sequence
@@ -349,6 +350,14 @@ def _run_nri_front(args: argparse.Namespace) -> int:
         rewriter = build_rewriter(args, node_devices, api)
         lookup = rewriter.pod_lookup
         agent = NriAgent(rewriter, pod_security(lookup) if isinstance(lookup, ApiPodLookup) else None)
+        if not isinstance(lookup, ApiPodLookup):  # docs/nri.md, "Known limits"
+            logs.log_event(
+                logging.getLogger("kubegpu.nri"),
+                "nri.security_unchecked",
+                logging.WARNING,
+                note="no API access: NRI shows no security context, so CAP_SYS_ADMIN containers are "
+                "not refused; give the agent --kubeconfig or a service account",
+            )
         telemetry = build_telemetry(args, node_devices, rewriter)
         if args.advertise:
             advertiser = build_advertiser(args, node_devices, api)

@@ -35,7 +35,7 @@ from crishim.hostpaths import BLOCK, CHAR, Ambiguous, DeviceNumber
 from crishim.intercept import Rejected
 from crishim.ledger import MARK_ANNOTATION
 from crishim.nri import api_pb2
-from crishim.nri.front import DEVICE_KINDS, adjustment, spec_from_nri
+from crishim.nri.front import adjustment, foreign_grant, spec_from_nri
 from crishim.nri.ttrpc import FAILED_PRECONDITION, INTERNAL, INVALID_ARGUMENT, UNAVAILABLE, RpcError
 from crishim.podlookup import ApiPodLookup
 from crishim.rewrite import AllocationRewriter, ContainerCreate, PodRef, Security, is_static_pod
@@ -86,8 +86,8 @@ class NriAgent:
         self.rewriter = rewriter
         self._security = security
         self._number_of = number_of
-        # container id -> the device numbers this agent added, until containerd validates
-        self._granted: dict[str, frozenset[DeviceNumber]] = {}
+        # container id -> the adjustment this agent answered, until containerd validates
+        self._granted: dict[str, api_pb2.ContainerAdjustment] = {}
         self._daemon_wait = 2.0 * DAEMON_WAIT_SHARE  # of containerd's default 2 s, until Configure
 
     def configure(self, request: api_pb2.ConfigureRequest) -> None:
@@ -162,9 +162,7 @@ class NriAgent:
             raise RpcError(INTERNAL, f"pod {pod}: a granted device node cannot be read: {error}") from None
         if completion is not None:
             completion(container.id)
-        self._granted[container.id] = frozenset(
-            DeviceNumber(d.type, d.major, d.minor) for d in adjust.linux.devices if not d.path.startswith("-")
-        )
+        self._granted[container.id] = adjust
         if len(self._granted) > MAX_PENDING_VALIDATIONS:
             self._granted.pop(next(iter(self._granted)))
         return api_pb2.CreateContainerResponse(adjust=adjust)
@@ -172,28 +170,23 @@ class NriAgent:
     def validate_container_adjustment(
         self, request: api_pb2.ValidateContainerAdjustmentRequest
     ) -> api_pb2.ValidateContainerAdjustmentResponse:
-        """Approve the adjustments every plugin made, unless one reaches a managed device the
-        agent did not grant this container (another plugin adding it back after the scrub).
+        """Approve the adjustments every plugin made, unless they reach a managed device the agent
+        did not grant this container or undo what it set (``front.foreign_grant``: another plugin,
+        before or after kubegpu, adding a device, a device cgroup rule, a toolkit selector or
+        mount, a managed CDI name or annotation; or removing the agent's variables or mark).
 
         Subscribing at all is what makes the agent's death fail the create: containerd creates a
         container without the adjustment of a plugin whose CreateContainer call failed fatally
         (connection lost, or no answer in time), but it fails the create when a validator cannot
         answer (docs/nri.md)."""
         container = request.container.id
-        granted = self._granted.pop(container, frozenset())
-        managed = self.rewriter.node_devices.managed
-        for device in request.adjust.linux.devices:
-            kind = DEVICE_KINDS.get(device.type)
-            if device.path.startswith("-") or kind is None:
-                continue
-            number = DeviceNumber(kind, device.major, device.minor)
-            if managed.has_number(number) and number not in granted:
-                reason = (
-                    f"pod {request.pod.namespace}/{request.pod.name} container {request.container.name}: "
-                    f"an NRI plugin added {device.path} ({number}), a managed device kubegpu did not grant"
-                )
-                log_event(log, "nri.adjustment_rejected", logging.WARNING, reason=reason)
-                return api_pb2.ValidateContainerAdjustmentResponse(reject=True, reason=reason)
+        ours = self._granted.pop(container, None) or api_pb2.ContainerAdjustment()
+        why = foreign_grant(request.adjust, ours, self.rewriter.node_devices.managed)
+        if why is not None:
+            pod = f"{request.pod.namespace}/{request.pod.name}"
+            reason = f"pod {pod} container {request.container.name}: {why}"
+            log_event(log, "nri.adjustment_rejected", logging.WARNING, reason=reason)
+            return api_pb2.ValidateContainerAdjustmentResponse(reject=True, reason=reason)
         return api_pb2.ValidateContainerAdjustmentResponse()
 
     def stop_container(self, request: api_pb2.StopContainerRequest) -> api_pb2.StopContainerResponse:
@@ -210,18 +203,21 @@ class NriAgent:
 
 def pod_security(lookup: ApiPodLookup) -> SecurityLookup:
     """Read a container's security facts from its Pod (the node's pod cache, else a read): NRI
-    shows no security context. A pod that cannot be read is refused for now (UNAVAILABLE):
-    kubelet retries the create."""
+    shows no security context. A container the cached Pod does not have yet (an ephemeral one
+    added since) is read afresh. A pod that cannot be read, or that does not have the container,
+    is refused for now (UNAVAILABLE): kubelet retries the create."""
 
     async def security(pod: PodRef, container: str) -> Security:
         facts = await lookup.facts(pod.namespace, pod.name, pod.uid)
-        if facts is None:
+        if facts is not None and container not in facts.security:  # the cache is behind (kubectl debug)
+            facts = await lookup.facts(pod.namespace, pod.name, pod.uid, fresh=True)
+        if facts is None or container not in facts.security:
             raise Rejected(
                 grpc.StatusCode.UNAVAILABLE,
                 f"pod {pod} container {container}: its security context cannot be read from the API "
                 "(NRI does not show it), retry",
             )
-        privileged, added = facts.security.get(container, (False, ()))
+        privileged, added = facts.security[container]
         return Security(privileged, sys_admin_grant(cri_pb2.Capability(add_capabilities=list(added))))
 
     return security

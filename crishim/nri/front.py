@@ -24,8 +24,9 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable
 
+from crishim import edits
 from crishim.container import ContainerSpec, DeviceEntry, MountEntry
-from crishim.hostpaths import BLOCK, CHAR, Ambiguous, DeviceNumber
+from crishim.hostpaths import BLOCK, CHAR, Ambiguous, DeviceNumber, ManagedDevices
 from crishim.nri import api_pb2
 
 REMOVE = "-"
@@ -158,3 +159,124 @@ def adjustment(
         if key not in after.annotations:
             adjust.annotations[REMOVE + key] = ""
     return adjust
+
+
+def _rule_reaches(rule: api_pb2.LinuxDeviceCgroup, number: DeviceNumber) -> bool:
+    """Whether a device cgroup rule covers ``number`` (type ``a`` or empty, a missing major or
+    minor: every one)."""
+    if rule.type not in ("", "a", number.kind):
+        return False
+    if rule.HasField("major") and rule.major.value not in (-1, number.major):
+        return False
+    return not rule.HasField("minor") or rule.minor.value in (-1, number.minor)
+
+
+def _rule_opens_managed(
+    rule: api_pb2.LinuxDeviceCgroup, managed: ManagedDevices, granted: frozenset[DeviceNumber]
+) -> str | None:
+    """The managed device (not granted, not one of runc's own) an allow rule lets the container
+    open, as text; None if it opens none."""
+    if not rule.allow or (rule.access and not set(rule.access) & set("rw")):
+        return None  # a deny rule, or mknod alone (runc allows that for every device anyway)
+    for number in sorted(managed.numbers, key=lambda n: (n.kind, n.major, n.minor)):
+        if _deniable(number) and number not in granted and _rule_reaches(rule, number):
+            return str(number)
+    for major in sorted(managed.char_majors):
+        minor = rule.minor.value if rule.HasField("minor") else 0
+        if not _rule_reaches(rule, DeviceNumber(CHAR, major, minor)):
+            continue
+        if not rule.HasField("minor") or rule.minor.value < 0:
+            return f"{CHAR} {major}:*"
+        if DeviceNumber(CHAR, major, rule.minor.value) not in granted:
+            return f"{CHAR} {major}:{rule.minor.value}"
+    return None
+
+
+def foreign_grant(
+    final: api_pb2.ContainerAdjustment, ours: api_pb2.ContainerAdjustment, managed: ManagedDevices
+) -> str | None:
+    """Why the adjustments of every NRI plugin together (``final``, what containerd validates)
+    reach a managed device the agent's own answer (``ours``) did not give, or undo that answer;
+    None when they do neither.
+
+    Other plugins' adjustments never pass through the scrub (containerd applies CDI names and
+    device cgroup rules after every plugin has answered, and a plugin may remove a variable or
+    annotation another set), so they are judged here by the scrub's own rules: device nodes and
+    device cgroup rules by number, toolkit selectors, device-list mounts, managed CDI names and
+    CDI or kubegpu.io annotations. The agent's variables and annotations (the neutral selectors,
+    the granted ones, the ledger's mark) must reach the container as it answered them."""
+    final_env = {(kv.key, kv.value) for kv in final.env}
+    for kv in ours.env:
+        if (kv.key, kv.value) not in final_env:
+            return f"an NRI plugin removed or changed {kv.key}={kv.value!r}, which kubegpu set"
+    final_annotations = dict(final.annotations)
+    for key, value in ours.annotations.items():
+        if not key.startswith(REMOVE) and final_annotations.get(key) != value:
+            return f"an NRI plugin removed or changed the annotation {key!r}, which kubegpu set"
+
+    our_env = {(kv.key, kv.value) for kv in ours.env}
+    neutral = dict(edits.NEUTRAL_ENV)
+    for kv in final.env:
+        if (kv.key, kv.value) in our_env or kv.key.startswith(REMOVE) or not edits.is_scrubbed_env(kv.key):
+            continue
+        if kv.value != neutral.get(kv.key.upper(), ""):
+            return f"an NRI plugin set {kv.key}={kv.value[:200]!r}, a device selector kubegpu did not set"
+
+    our_mounts = {m.SerializeToString(deterministic=True) for m in ours.mounts}
+    for mount in final.mounts:
+        if mount.destination.startswith(REMOVE) or mount.SerializeToString(deterministic=True) in our_mounts:
+            continue
+        if edits.is_device_request_mount(mount.destination):
+            where = mount.destination[:200]
+            return f"an NRI plugin mounted {where!r}, a device request of the NVIDIA toolkit"
+
+    our_cdi = {c.name for c in ours.CDI_devices}
+    for cdi in final.CDI_devices:
+        if cdi.name in our_cdi:
+            continue
+        try:
+            managed_name = edits.is_scrubbed_cdi(cdi.name)
+        except Ambiguous:
+            managed_name = True
+        if managed_name:
+            return f"an NRI plugin added the CDI device {cdi.name[:200]!r}, which kubegpu did not grant"
+
+    for key, value in final.annotations.items():
+        if key.startswith(REMOVE) or ours.annotations.get(key) == value:
+            continue
+        if edits.is_scrubbed_annotation(key):
+            return f"an NRI plugin set the annotation {key[:200]!r}, which only kubegpu writes"
+        if edits.is_cdi_annotation(key):
+            try:
+                kept = edits.scrubbed_cdi_annotation(key, value) == value
+            except Ambiguous:
+                kept = False
+            if not kept:
+                asked = f"{key[:200]!r}={value[:200]!r}"
+                return f"an NRI plugin set the CDI annotation {asked}, naming a managed device"
+
+    granted = frozenset(
+        DeviceNumber(d.type, d.major, d.minor) for d in ours.linux.devices if not d.path.startswith(REMOVE)
+    )
+    for device in final.linux.devices:
+        kind = DEVICE_KINDS.get(device.type)
+        if device.path.startswith(REMOVE) or kind is None:
+            continue
+        number = DeviceNumber(kind, device.major, device.minor)
+        if managed.has_number(number) and number not in granted:
+            path = device.path[:200]
+            return f"an NRI plugin added {path} ({number}), a managed device kubegpu did not grant"
+
+    our_rules = {r.SerializeToString(deterministic=True) for r in ours.linux.resources.devices}
+    for rule in final.linux.resources.devices:
+        if rule.SerializeToString(deterministic=True) in our_rules:
+            continue
+        reached = _rule_opens_managed(rule, managed, granted)
+        if reached is not None:
+            major = rule.major.value if rule.HasField("major") else "*"
+            minor = rule.minor.value if rule.HasField("minor") else "*"
+            return (
+                f"an NRI plugin allowed {rule.access or 'rwm'} on {rule.type or 'a'} {major}:{minor} in the "
+                f"device cgroup, which reaches {reached}, a managed device kubegpu did not grant"
+            )
+    return None
