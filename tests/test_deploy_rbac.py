@@ -764,9 +764,10 @@ def test_the_scheduler_runs_with_its_service_account(
                                                            selector={"run": run}))
         assert wait_bound(core, kube_namespace, ["ok"])["ok"].metadata.annotations["kubegpu.io/allocation"]
         deadline = time.monotonic() + 30
-        while not any(e.involved_object.name == "too-big" and e.reason == "FailedScheduling"
-                      for e in core.list_namespaced_event(kube_namespace).items):
-            assert time.monotonic() < deadline, "the scheduler's identity could not post its event"
+        wanted = {("too-big", "FailedScheduling"), ("ok", "Scheduled")}  # both events.k8s.io/v1
+        while not wanted <= {(e.involved_object.name, e.reason)
+                             for e in core.list_namespaced_event(kube_namespace).items}:
+            assert time.monotonic() < deadline, "the scheduler's identity could not post its events"
             time.sleep(0.2)
     finally:
         scheduler.stop()

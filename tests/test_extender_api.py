@@ -150,3 +150,20 @@ def test_pods_wait_while_the_extender_is_down_and_schedule_when_it_is_back(setup
     setup.start_extender(port)
     placed = wait_bound(setup.core, setup.namespace, ["waits"], timeout=120)["waits"]
     assert verify(placed.metadata.annotations[ANNOTATION], KEYS).node == placed.spec.node_name
+
+
+def test_a_pod_bound_through_the_extender_gets_one_scheduled_event_kube_schedulers(setup: Setup) -> None:
+    """kube-scheduler posts ``Scheduled`` after an extender's bind itself (its finishBinding): the
+    extender posts none, or the pod would show two."""
+    setup.pod("once", 1)
+    placed = wait_bound(setup.core, setup.namespace, ["once"])["once"]
+    selector = "involvedObject.name=once,reason=Scheduled"
+    deadline = time.monotonic() + 30
+    while not setup.core.list_namespaced_event(setup.namespace, field_selector=selector).items:
+        assert time.monotonic() < deadline, "no Scheduled Event"
+        time.sleep(0.2)
+    for running in setup.extenders:
+        running.scheduler._binders.shutdown(wait=True)  # whatever the extender queued has run
+    [event] = setup.core.list_namespaced_event(setup.namespace, field_selector=selector).items
+    assert event.message == f"Successfully assigned {setup.namespace}/once to {placed.spec.node_name}"
+    assert event.reporting_component == setup.profile

@@ -273,10 +273,12 @@ def test_the_poster_creates_a_node_event_and_survives_a_failure() -> None:
     post("n1", nodeevents.WARNING_REASON, "node's device inventory is unreadable: x", "Warning")
     namespace, body = created[0]
     assert namespace == "default" and created[1][0] == "released"
-    assert body["involvedObject"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1"}
-    assert (body["reason"], body["type"], body["reportingInstance"]) == (
+    assert body["apiVersion"] == "events.k8s.io/v1"
+    assert body["regarding"] == {"apiVersion": "v1", "kind": "Node", "name": "n1", "uid": "n1"}
+    assert (body["reason"], body["type"], body["reportingController"], body["reportingInstance"]) == (
         nodeevents.WARNING_REASON,
         "Warning",
+        "kubegpu",
         "replica-1",
     )
     core.fail = True

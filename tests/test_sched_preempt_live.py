@@ -63,7 +63,7 @@ def setup(nodes: list[dict[str, Any]]) -> tuple[Any, Jobs, EvictingCore, Clock, 
         world.put_node(node)
     scheduler, jobs, _core, clock = make_scheduler(world)
     core = EvictingCore(world)
-    scheduler.core = core
+    scheduler.core = scheduler.events_api = core
     feed = Feed(world, scheduler)
     feed.relist()
     return scheduler, jobs, core, clock, world, feed
@@ -152,6 +152,8 @@ def test_a_refused_eviction_leaves_the_victim_and_is_counted() -> None:
     assert not by_name(world, "guarded")["metadata"].get("deletionTimestamp")
     assert scheduler.metrics.evictions.labels("429")._value.get() == 1
     assert scheduler.metrics.preemptions._value.get() == 1
+    read = scheduler.metrics.registry.get_sample_value  # kube-scheduler's name: victims per preemption
+    assert (read("scheduler_preemption_victims_count"), read("scheduler_preemption_victims_sum")) == (1, 1)
 
 
 def test_budgets_from_the_watch_steer_the_choice() -> None:

@@ -7,7 +7,8 @@ tells the node's owner where they look (``kubectl describe node``): a Warning
 allocatable counts, a heartbeat from the future), and a Normal ``DevicePublicationValid`` once it
 is fixed. A node that merely has no inventory (not a GPU node), a stale heartbeat or a cordon gets
 none: those are states, not mistakes. Only the leader posts; posting never blocks a decision and a
-failed post is a log line.
+failed post is a log line. The Events are events.k8s.io/v1, reported as the scheduler's others
+(scheduler/live/events.py).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from typing import Any
 
 from kubegpu.logs import log_event
 from scheduler.live import nodecheck
+from scheduler.live.events import event_body
 from scheduler.live.translate import NO_INVENTORY, NodeFacts
 
 log = logging.getLogger("kubegpu.scheduler.nodes")
@@ -28,6 +30,7 @@ NAMESPACE = "default"  # where the kubelet puts a Node's events
 WARNING_REASON = "InvalidDevicePublication"
 RECOVERED_REASON = "DevicePublicationValid"
 MAX_MESSAGE = 1024
+ACTION = "CheckingDevicePublication"  # the Events' action (events.k8s.io/v1)
 
 
 def publication_problem(facts: NodeFacts, now: dt.datetime) -> str:
@@ -83,29 +86,17 @@ class NodeEvents:
 def node_event(
     node: str, reason: str, message: str, kind: str, component: str, instance: str
 ) -> dict[str, Any]:
-    """A core/v1 Event about Node ``node`` (its uid is its name, as the kubelet and kubectl have it)."""
-    now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {"generateName": f"{node}.", "namespace": NAMESPACE},
-        "involvedObject": {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node},
-        "reason": reason,
-        "message": message[:MAX_MESSAGE],
-        "type": kind,
-        "source": {"component": component},
-        "reportingComponent": component,
-        "reportingInstance": instance,
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
+    """An events.k8s.io/v1 Event about Node ``node`` (its uid is its name, as the kubelet and
+    kubectl have it), in the ``default`` namespace."""
+    regarding = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}
+    return event_body(regarding, reason, message[:MAX_MESSAGE], kind, ACTION, component, instance)
 
 
 def poster(
     core: Any, submit: Callable[..., Any], component: str, instance: str
 ) -> Callable[[str, str, str, str], None]:
-    """``post`` for ``NodeEvents``: creates the Event through ``core`` in a ``submit``ted task."""
+    """``post`` for ``NodeEvents``: creates the Event through ``core`` (an ``EventsV1Api``) in a
+    ``submit``ted task."""
 
     def create(node: str, reason: str, message: str, kind: str) -> None:
         event = node_event(node, reason, message, kind, component, instance)

@@ -72,8 +72,18 @@ from scheduler.live.cache import (
     pod_key,
 )
 from scheduler.live.config import SchedulerConfig
+from scheduler.live.events import (
+    BINDING,
+    PREEMPTING,
+    SCHEDULING,
+    event_body,
+    namespace_of,
+    object_ref,
+    reporting_instance,
+    scheduled_message,
+)
 from scheduler.live.gangs import GroupBook, GroupProgress, rfc3339
-from scheduler.live.metrics import SchedulerMetrics
+from scheduler.live.metrics import KUBE_RESULT, SchedulerMetrics
 from scheduler.live.nodeevents import NodeEvents, poster
 from scheduler.live.podgroups import (
     KUBE_API,
@@ -134,7 +144,8 @@ class Scheduler:
 
     ``clock`` (monotonic seconds) times backoff, read-backs and event de-duplication; ``submit``
     runs binder work (default: a thread pool of ``bindWorkers``); ``core`` replaces the
-    ``CoreV1Api`` made from ``api``. Tests replace all three.
+    ``CoreV1Api`` made from ``api``, ``events`` the ``EventsV1Api`` (Events are events.k8s.io/v1,
+    as kube-scheduler's: scheduler/live/events.py). Tests replace them.
     """
 
     def __init__(
@@ -150,9 +161,12 @@ class Scheduler:
         core: Any = None,
         policy_api: Any = None,
         custom_api: Any = None,
+        events: Any = None,
     ) -> None:
         self.config = config
         self.core = core if core is not None else k8s.CoreV1Api(api)
+        self.events_api = events if events is not None else k8s.EventsV1Api(api)
+        self.reporting_instance = reporting_instance(config.scheduler_name, config.identity)
         self.policy_api = policy_api if policy_api is not None else k8s.PolicyV1Api(api)
         self.custom_api = custom_api if custom_api is not None else k8s.CustomObjectsApi(api)
         self.keys = keys
@@ -172,10 +186,14 @@ class Scheduler:
         )
         self.queue = SchedulingQueue(config.backoff_initial_seconds, config.backoff_max_seconds, clock)
         self._last_event: dict[tuple[str, str], float] = {}
+        self._popped_at = 0.0  # perf_counter when the scheduling thread took its current pod
         self._binders = ThreadPoolExecutor(max_workers=config.bind_workers, thread_name_prefix="bind")
         self._submit = submit or self._binders.submit
         self.node_events = NodeEvents(
-            poster(self.core, lambda *a: self._submit(*a), config.scheduler_name, config.identity), clock
+            poster(
+                self.events_api, lambda *a: self._submit(*a), config.scheduler_name, self.reporting_instance
+            ),
+            clock,
         )
         self._nodes_changed = True  # since the node events last looked
         self.node_reflector = Reflector(
@@ -640,6 +658,7 @@ class Scheduler:
                 if wait > 0:
                     self.cond.wait(wait)
                 return False
+            self._popped_at = time.perf_counter()
             pod = self.cache.pods.get(uid)
             if uid in self.cache.assumed:
                 self.queue.hold(uid)
@@ -684,7 +703,7 @@ class Scheduler:
     def _decide_failed(self, uid: str, pod: dict[str, Any], error: Exception) -> None:
         """Deciding the pod raised: log it, tell the pod, park it until the cluster changes
         (with its backoff), and keep scheduling the others."""
-        self.metrics.attempts.labels("error").inc()
+        self._count_attempt("error")
         log_event(
             log,
             "pod.decide_failed",
@@ -695,18 +714,30 @@ class Scheduler:
         if uid not in self.cache.assumed:
             self.queue.park(uid)
         reason = f"{type(error).__name__}: {str(error)[:200]}"
-        self._emit_failed(pod, f"kubegpu could not decide this pod: {reason}")
+        self._emit_failed(pod, f"kubegpu could not decide this pod: {reason}", "SchedulerError")
+
+    def _count_attempt(self, result: str) -> None:
+        """The scheduling thread's attempt ended with ``result`` (kubegpu's: scheduled, unschedulable,
+        invalid, error): kubegpu's count, and kube-scheduler's but for a placed pod, whose attempt
+        ends with its Binding (``_bind``)."""
+        self.metrics.attempts.labels(result).inc()
+        if result != "scheduled":
+            seconds = time.perf_counter() - self._popped_at
+            self.metrics.attempt(self.config.scheduler_name, KUBE_RESULT[result], seconds)
+
+    def _attempt(self, uid: str) -> Attempt:
+        """The scheduling thread's attempt for pod ``uid`` (under the lock)."""
+        return Attempt(self._popped_at, self.queue.attempts(uid) + 1)
 
     def _set_queue_metrics(self) -> None:
-        for name, count in self.queue.counts.items():
-            self.metrics.queue_depth.labels(name).set(count)
+        self.metrics.queues(self.queue.counts)
         self.metrics.assumed.set(len(self.cache.assumed))
 
     def _decide(self, uid: str, pod: dict[str, Any], cluster: ClusterState) -> None:
         started = time.perf_counter()
         request = self._request(uid, pod)
         if isinstance(request, PodSpecError):
-            self.metrics.attempts.labels("invalid").inc()
+            self._count_attempt("invalid")
             self.queue.park(uid, until_pod_changes=True)
             self._emit_failed(pod, f"invalid kubegpu request: {request}")
             return
@@ -721,7 +752,7 @@ class Scheduler:
                 cluster.forget(other)
         self.metrics.latency.observe(time.perf_counter() - started)
         if not isinstance(result, Placement):
-            self.metrics.attempts.labels("unschedulable").inc()
+            self._count_attempt("unschedulable")
             self.queue.park(uid)
             placement = request.placement
             if placement is not None and placement.rules.uses_pods:
@@ -736,15 +767,15 @@ class Scheduler:
         try:
             self.cache.assume(uid, result.allocation, self.clock(), _facts(request))
         except AllocationConflict as error:  # a core bug: never bind what cannot be booked
-            self.metrics.attempts.labels("error").inc()
+            self._count_attempt("error")
             log_event(
                 log, "pod.assume_failed", logging.ERROR, pod=pod_key(pod), node=result.node, reason=str(error)
             )
             self.queue.requeue(uid, *_queue_key(pod))
             return
-        self.metrics.attempts.labels("scheduled").inc()
+        self._count_attempt("scheduled")
         self.queue.hold(uid)  # keeps its attempts: a Binding that fails backs off from there
-        self._submit(self._bind, pod, result.allocation)
+        self._submit(self._bind, pod, result.allocation, self._attempt(uid))
 
     # --- pod groups (docs/gang.md) -----------------------------------------------------------------
 
@@ -754,13 +785,13 @@ class Scheduler:
         """A pod that joins a group: wait for the group to exist and be valid, then decide the
         whole group (or, under Kubernetes' ``basic`` policy, the pod alone)."""
         if isinstance(ref, GroupError):
-            self.metrics.attempts.labels("invalid").inc()
+            self._count_attempt("invalid")
             self.queue.park(uid, until_pod_changes=True)
             self._emit_failed(pod, f"invalid kubegpu request: {ref}")
             return
         spec = self.groups.specs.get(ref)
         if not isinstance(spec, GroupSpec):
-            self.metrics.attempts.labels("unschedulable").inc()
+            self._count_attempt("unschedulable")
             self.queue.park(uid)  # woken when the PodGroup appears or changes
             if spec is None and any(r.forbidden for r in self.group_reflectors if r.name == ref.kind):
                 self._emit_failed(
@@ -983,7 +1014,7 @@ class Scheduler:
         except AllocationConflict as error:  # a core bug: never bind part of what was planned
             for alloc in assumed:
                 self.cache.release(alloc.pod_uid)
-            self.metrics.attempts.labels("error").inc()
+            self._count_attempt("error")
             log_event(
                 log, "group.assume_failed", logging.ERROR, group=str(ref), api=ref.api, reason=str(error)
             )
@@ -993,9 +1024,9 @@ class Scheduler:
         for uid in result.waiting:
             self.queue.park(uid)  # extras beyond the minimum: placed when room appears
         for alloc in assumed:
-            self.metrics.attempts.labels("scheduled").inc()
+            self._count_attempt("scheduled")
             self.queue.hold(alloc.pod_uid)
-            self._submit(self._bind, self.cache.pods[alloc.pod_uid], alloc)
+            self._submit(self._bind, self.cache.pods[alloc.pod_uid], alloc, self._attempt(alloc.pod_uid))
         progress = self.groups.progress[ref]
         progress.placed, progress.message, progress.timed_out = True, "", False
         self._group_deadlines.pop(ref, None)
@@ -1032,7 +1063,7 @@ class Scheduler:
         EVENT_REPEAT_SECONDS, in between only the ``popped`` one, and the group is tried again
         then to tell the rest: a group of N members that arrive one by one, each deciding the
         group with a new count, posted N^2/2 Events."""
-        self.metrics.attempts.labels("unschedulable").inc()
+        self._count_attempt("unschedulable")
         progress = self.groups.progress[ref]
         if 0 < placed < spec.min_member:
             message += f" ({placed} of its {spec.min_member} minimum members are placed already)"
@@ -1102,7 +1133,7 @@ class Scheduler:
         """The group cannot fit the cluster's nodes even empty: its members wait, parked until a
         node changes (or they or the PodGroup do), instead of retrying at every pod's change. Its
         timeout is reported as any other group's."""
-        self.metrics.attempts.labels("unschedulable").inc()
+        self._count_attempt("unschedulable")
         progress = self.groups.progress[ref]
         message = self._timeout_message(ref, spec, message, self.clock())
         for uid in pending:
@@ -1235,7 +1266,7 @@ class Scheduler:
     def _post_group_event(self, ref: GroupRef, uid: str, reason: str, message: str, kind: str) -> None:
         """An Event on the PodGroup object (best effort)."""
         version = PLUGINS_VERSION if ref.api == PLUGINS_API else KUBE_VERSION
-        involved = {
+        regarding = {
             "apiVersion": f"{ref.api}/{version}",
             "kind": "PodGroup",
             "name": ref.name,
@@ -1243,8 +1274,7 @@ class Scheduler:
             "uid": uid,
         }
         try:
-            event = self._event_for(involved, reason, message, kind)
-            drain(self.core.create_namespaced_event(ref.namespace, event, _preload_content=False))
+            self._create_event(self._event_for(regarding, reason, message, kind, SCHEDULING))
         except Exception as error:
             log_event(log, "event.failed", logging.WARNING, group=str(ref), error=str(error)[:200])
 
@@ -1286,6 +1316,7 @@ class Scheduler:
     ) -> Victims | None:
         """If evicting lower-priority pods lets the pod fit, evict them (through the Eviction API,
         which honours PodDisruptionBudgets), nominate the node and return the victims."""
+        self.metrics.preemption_attempts.inc()
         placement = request.placement
         priority = _priority(request)
         policy = placement.rules.preemption_policy if placement is not None else PREEMPT_LOWER
@@ -1317,6 +1348,7 @@ class Scheduler:
             pdb_violations=best.pdb_violations,
         )
         self.metrics.preemptions.inc()
+        self.metrics.preemption_victims.observe(len(best.pods))
         for victim in best.pods:
             victim_pod = self.cache.pods.get(victim.uid)
             if victim_pod is not None and not _meta(victim_pod).get("deletionTimestamp"):
@@ -1375,6 +1407,7 @@ class Scheduler:
             "Preempted",
             f"Preempted by pod {_meta(preemptor).get('uid', '')} on node {node}",
             "Normal",
+            PREEMPTING,
         )
 
     def _nominate(self, pod: dict[str, Any], node: str | None) -> None:
@@ -1394,7 +1427,25 @@ class Scheduler:
 
     # --- binding (binder threads) -----------------------------------------------------------------
 
-    def _bind(self, pod: dict[str, Any], alloc: Allocation) -> str:
+    def _bind(self, pod: dict[str, Any], alloc: Allocation, attempt: Attempt | None = None) -> str:
+        """Bind the pod (``_send_binding``) and return the outcome. ``attempt``: this scheduler's
+        attempt that placed the pod: the Binding ends it, counted as kube-scheduler counts it, and
+        a stored one gets kube-scheduler's ``Scheduled`` Event, posted by another binder job so
+        that it delays no Binding. None for the extender's bind: kube-scheduler, which asked,
+        does both itself."""
+        outcome = self._send_binding(pod, alloc)
+        if attempt is None or outcome == "not-leader":  # not-leader: never sent, the new leader decides
+            return outcome
+        seconds = time.perf_counter() - attempt.popped_at
+        if outcome != "ok":
+            self.metrics.attempt(self.config.scheduler_name, "error", seconds)
+            return outcome
+        self.metrics.attempt(self.config.scheduler_name, "scheduled", seconds)
+        self.metrics.pod_attempts.observe(attempt.number)
+        self._submit(self._post_scheduled, pod, alloc.node)
+        return outcome
+
+    def _send_binding(self, pod: dict[str, Any], alloc: Allocation) -> str:
         """POST the pod's Binding with its signed allocation; the outcome: ``ok``, or what the
         Binding met (``not-leader``, ``error``, an HTTP status), already handled here."""
         meta = _meta(pod)
@@ -1558,7 +1609,11 @@ class Scheduler:
 
     # --- events ---------------------------------------------------------------------------------------
 
-    def _emit_failed(self, pod: dict[str, Any], message: str) -> None:
+    def _emit_failed(self, pod: dict[str, Any], message: str, reason: str = "Unschedulable") -> None:
+        """Tell the pod why it was not placed: a ``FailedScheduling`` Event and the condition
+        ``PodScheduled=False`` with ``reason`` (``Unschedulable``, or ``SchedulerError`` when
+        deciding failed), as kube-scheduler does; the same message at most every
+        EVENT_REPEAT_SECONDS."""
         key = (_meta(pod).get("uid", ""), message)
         now = self.clock()
         if now - self._last_event.get(key, -EVENT_REPEAT_SECONDS) < EVENT_REPEAT_SECONDS:
@@ -1567,69 +1622,64 @@ class Scheduler:
         if len(self._last_event) > 10000:
             self._last_event.clear()
         log_event(log, "pod.unschedulable", pod=pod_key(pod), reason=message)
-        self._submit(self._post_failed, pod, message)
+        self._submit(self._post_failed, pod, message, reason)
 
-    def _event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> dict[str, Any]:
-        meta = _meta(pod)
-        involved = {
-            "apiVersion": "v1",
-            "kind": "Pod",
-            "name": meta.get("name"),
-            "namespace": meta.get("namespace"),
-            "uid": meta.get("uid"),
-        }
-        return self._event_for(involved, reason, message, kind)
+    def _event(
+        self, pod: Mapping[str, Any], reason: str, message: str, kind: str, action: str
+    ) -> dict[str, Any]:
+        """An events.k8s.io/v1 Event about ``pod``."""
+        return self._event_for(object_ref(pod), reason, message, kind, action)
 
-    def _event_for(self, involved: Mapping[str, Any], reason: str, message: str, kind: str) -> dict[str, Any]:
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        return {
-            "apiVersion": "v1",
-            "kind": "Event",
-            "metadata": {
-                "generateName": f"{involved.get('name') or 'object'}.",
-                "namespace": involved.get("namespace"),
-            },
-            "involvedObject": dict(involved),
-            "reason": reason,
-            "message": message,
-            "type": kind,
-            "source": {"component": self.config.scheduler_name},
-            "reportingComponent": self.config.scheduler_name,
-            "reportingInstance": self.config.identity,
-            "firstTimestamp": now,
-            "lastTimestamp": now,
-            "count": 1,
-        }
+    def _event_for(
+        self, regarding: Mapping[str, Any], reason: str, message: str, kind: str, action: str
+    ) -> dict[str, Any]:
+        """An events.k8s.io/v1 Event about ``regarding`` reported as kube-scheduler reports its
+        own: this scheduler's name as the controller, ``<name>-<identity>`` as the instance, no
+        related object (kube-scheduler v1.37.2's ``Preempted`` names none either)."""
+        controller, instance = self.config.scheduler_name, self.reporting_instance
+        return event_body(regarding, reason, message, kind, action, controller, instance)
 
-    def _post_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str) -> None:
+    def _create_event(self, event: Mapping[str, Any]) -> None:
+        """Create one Event (raises what the API raised)."""
+        namespace = namespace_of(event["regarding"])
+        drain(self.events_api.create_namespaced_event(namespace, event, _preload_content=False))
+
+    def _post_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str, action: str) -> None:
         """Post an Event about ``pod`` (best effort)."""
         try:
-            event = self._event(pod, reason, message, kind)
-            drain(
-                self.core.create_namespaced_event(_meta(pod).get("namespace"), event, _preload_content=False)
-            )
+            self._create_event(self._event(pod, reason, message, kind, action))
         except Exception as error:
             log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
 
-    def _post_failed(self, pod: dict[str, Any], message: str) -> None:
+    def _post_scheduled(self, pod: Mapping[str, Any], node: str) -> None:
+        """kube-scheduler's ``Scheduled`` Event of a pod whose Binding was stored."""
+        meta = _meta(pod)
+        message = scheduled_message(str(meta.get("namespace", "")), str(meta.get("name", "")), node)
+        self._post_event(pod, "Scheduled", message, "Normal", BINDING)
+
+    def _post_failed(self, pod: dict[str, Any], message: str, reason: str = "Unschedulable") -> None:
         meta = _meta(pod)
         now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = self._event(pod, "FailedScheduling", message, "Warning")
+        event = self._event(pod, "FailedScheduling", message, "Warning", SCHEDULING)
         condition = {
             "status": {
                 "conditions": [
                     {
                         "type": "PodScheduled",
                         "status": "False",
-                        "reason": "Unschedulable",
+                        "reason": reason,
                         "message": message,
                         "lastTransitionTime": now,
                     }
                 ]
             }
         }
+        generation = meta.get("generation")
+        if isinstance(generation, int) and not isinstance(generation, bool):
+            # the pod generation the condition was decided on, as kube-scheduler v1.37 writes it
+            condition["status"]["conditions"][0]["observedGeneration"] = generation
         try:
-            drain(self.core.create_namespaced_event(meta.get("namespace"), event, _preload_content=False))
+            self._create_event(event)
             drain(
                 self.core.patch_namespaced_pod_status(
                     meta.get("name"), meta.get("namespace"), condition, _preload_content=False
@@ -1681,6 +1731,15 @@ def drain(response: Any) -> None:
         _ = response.data
     finally:
         response.release_conn()
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """A scheduling attempt that placed a pod, as its Binding ends it: when the scheduling thread
+    took the pod (``time.perf_counter``) and which attempt of the pod's it is (1 = the first)."""
+
+    popped_at: float
+    number: int
 
 
 @dataclass(frozen=True)

@@ -311,6 +311,21 @@ OUTCOMES: dict[str, tuple[bool, Callable[[], Exception] | None]] = {
 }
 
 
+def core_view(event: dict[str, Any]) -> dict[str, Any]:
+    """An Event as core/v1 shows it: an events.k8s.io/v1 one converted as the apiserver converts it
+    (regarding -> involvedObject, note -> message, reportingController -> reportingComponent)."""
+    if event.get("apiVersion") != "events.k8s.io/v1":
+        return event
+    view = {k: v for k, v in event.items() if k not in ("regarding", "note", "reportingController")}
+    view.update(
+        apiVersion="v1",
+        involvedObject=event["regarding"],
+        message=event.get("note", ""),
+        reportingComponent=event.get("reportingController", ""),
+    )
+    return view
+
+
 @dataclass
 class FakeCore:
     """The ``CoreV1Api`` calls the scheduler makes, against a ``World``."""
@@ -321,7 +336,8 @@ class FakeCore:
     read_error: Callable[[], Exception] | None = None  # raise this from read_namespaced_pod
     list_error: Callable[[], Exception] | None = None
     binds: list[tuple[str, str, str]] = field(default_factory=list)  # (pod, node, outcome)
-    events: list[dict[str, Any]] = field(default_factory=list)
+    events: list[dict[str, Any]] = field(default_factory=list)  # as core/v1 shows them
+    posted: list[dict[str, Any]] = field(default_factory=list)  # the bodies as posted
     status_patches: list[dict[str, Any]] = field(default_factory=list)
     reads: int = 0
 
@@ -349,7 +365,10 @@ class FakeCore:
         return Response(pod)
 
     def create_namespaced_event(self, namespace: str, body: Any, **_: Any) -> Response:
-        self.events.append(body)
+        """Either events API (this fake serves as the ``EventsV1Api`` too): recorded as posted,
+        and as the apiserver shows it through core/v1 (``kubectl get events``)."""
+        self.posted.append(body)
+        self.events.append(core_view(body))
         return Response(body)
 
     def patch_namespaced_pod_status(self, name: str, namespace: str, body: Any, **_: Any) -> Response:
@@ -467,6 +486,7 @@ def make_scheduler(
         clock=clock,
         submit=jobs.submit,
         core=core,
+        events=core,
         custom_api=FakeCustom(world),
     )
     scheduler._binders.shutdown()
