@@ -7,6 +7,7 @@ extender down (ignorable: false) pods wait, then schedule once it is back."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 import uuid
@@ -17,11 +18,14 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from devices.sim import sim_gpu_id
+from kubegpu import allocation as contract
 from kubegpu.allocation import ANNOTATION, KeyRing, verify
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.extender import Extender, ExtenderServer
 from scheduler.live.scheduler import Scheduler
 from tests.fixtures.keys import SIGNING
+from tests.support.schedtrial import kubelet_stand_in, priority_classes
 from tests.test_scheduler_api import KEYS, advertise, gpu_index, gpu_pod, wait_bound, wait_failed_scheduling
 
 pytestmark = pytest.mark.apiserver
@@ -64,6 +68,7 @@ def extender_config(profile: str, port: int) -> dict[str, Any]:
                 "filterVerb": "filter",
                 "prioritizeVerb": "prioritize",
                 "bindVerb": "bind",
+                "preemptVerb": "preempt",
                 "weight": 5,
                 "nodeCacheCapable": True,
                 "ignorable": False,
@@ -88,27 +93,38 @@ class Setup:
         self.extenders.append(extender)
         return extender
 
-    def pod(self, name: str, gpus: int, **kw: Any) -> str:
+    def pod(self, name: str, gpus: int, priority: str = "", **kw: Any) -> str:
         body = gpu_pod(self.namespace, name, gpus, scheduler=self.profile, selector={"run": self.run}, **kw)
+        if priority:
+            body["spec"]["priorityClassName"] = priority
         self.core.create_namespaced_pod(self.namespace, body)
         return name
+
+
+@contextlib.contextmanager
+def trial_of(
+    api: k8s.ApiClient, namespace: str, kube_scheduler: Callable[..., Any], state: Path, topology: str
+) -> Iterator[Setup]:
+    """An extender, kube-scheduler with it, and two nodes of ``topology`` (``a-<run>``, ``b-<run>``)."""
+    core = k8s.CoreV1Api(api)
+    trial = Setup(api, core, namespace, uuid.uuid4().hex[:6])
+    extender = trial.start_extender()
+    kube_scheduler(extender_config(trial.profile, extender.port))
+    for name in ("a", "b"):
+        advertise(core, f"{name}-{trial.run}", topology, state, labels={"run": trial.run})
+    try:
+        yield trial
+    finally:
+        for running in trial.extenders:
+            running.stop()
 
 
 @pytest.fixture
 def setup(
     admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
 ) -> Iterator[Setup]:
-    core = k8s.CoreV1Api(admin_api)
-    trial = Setup(admin_api, core, kube_namespace, uuid.uuid4().hex[:6])
-    extender = trial.start_extender()
-    kube_scheduler(extender_config(trial.profile, extender.port))
-    for name in ("a", "b"):
-        advertise(core, f"{name}-{trial.run}", "dgx1-v100", tmp_path, labels={"run": trial.run})
-    try:
+    with trial_of(admin_api, kube_namespace, kube_scheduler, tmp_path, "dgx1-v100") as trial:
         yield trial
-    finally:
-        for running in trial.extenders:
-            running.stop()
 
 
 def test_kube_scheduler_with_the_extender_places_topology_aware_and_shares(setup: Setup) -> None:
@@ -150,3 +166,48 @@ def test_pods_wait_while_the_extender_is_down_and_schedule_when_it_is_back(setup
     setup.start_extender(port)
     placed = wait_bound(setup.core, setup.namespace, ["waits"], timeout=120)["waits"]
     assert verify(placed.metadata.annotations[ANNOTATION], KEYS).node == placed.spec.node_name
+
+
+def place(setup: Setup, name: str, node: str, gpu: int, priority_class: str) -> None:
+    """A one-GPU pod bound to ``node`` holding GPU ``gpu``, as an earlier binder left it."""
+    body = gpu_pod(setup.namespace, name, 1, scheduler=setup.profile, selector={"run": setup.run})
+    body["spec"].update(nodeName=node, priorityClassName=priority_class)
+    uid = setup.core.create_namespaced_pod(setup.namespace, body).metadata.uid
+    allocation = contract.Allocation(
+        node, uid, {"app": contract.ContainerAllocation((sim_gpu_id(node, gpu),))}
+    )
+    signed = contract.sign(allocation, "k1", SIGNING["k1"])
+    setup.core.patch_namespaced_pod(
+        name, setup.namespace, {"metadata": {"annotations": {ANNOTATION: signed}}}
+    )
+
+
+def test_preemption_evicts_only_victims_whose_gpus_make_an_nvlink_pair(
+    admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Two full nodes whose NVLink bridges join GPUs (0,3) and (1,2). kube-scheduler, counting
+    GPUs, would evict the two least important pods of a, on GPUs 0 and 1, which no bridge joins (its
+    victims there have the lowest priorities), and the pod asking for a bridged pair would still fit
+    nowhere. The preempt verb drops a: the victims are b's pods on GPUs 0 and 3, and the pod is then
+    bound by the extender on exactly those GPUs."""
+    with (
+        trial_of(admin_api, kube_namespace, kube_scheduler, tmp_path, "rtx8000-4gpu") as setup,
+        priority_classes(
+            admin_api, setup.run, p100=100, p110=110, p200=200, p210=210, p300=300, p310=310, high=1000
+        ) as classes,
+    ):
+        layout = {"a": ("p100", "p110", "p300", "p310"), "b": ("p200", "p300", "p310", "p210")}
+        for node, priorities in layout.items():
+            for gpu, priority in enumerate(priorities):
+                place(setup, f"{node}{gpu}", f"{node}-{setup.run}", gpu, classes[priority])
+        with kubelet_stand_in(setup.core, setup.namespace) as removed:
+            setup.pod(
+                "pair", 2, annotations={"kubegpu.io/topology": "nvlink=require"}, priority=classes["high"]
+            )
+            placed = wait_bound(setup.core, setup.namespace, ["pair"], timeout=120)["pair"]
+        assert sorted(removed) == ["b0", "b3"]
+        allocation = verify(placed.metadata.annotations[ANNOTATION], KEYS)
+        assert placed.spec.node_name == allocation.node == f"b-{setup.run}"
+        assert sorted(gpu_index(allocation.node, d) for d in allocation.containers["app"].devices) == [0, 3]
+        left = {p.metadata.name for p in setup.core.list_namespaced_pod(setup.namespace).items}
+        assert {"a0", "a1", "a2", "a3", "b1", "b2"} <= left
