@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import ssl
 import uuid
 from pathlib import Path
 from typing import Any
@@ -19,6 +21,7 @@ from scheduler.live.extender import MAX_BODY_BYTES, Extender, ExtenderServer
 from scheduler.live.extenderapi import MAX_PRIORITY, ExtenderRequestError, filter_args, scaled_scores
 from tests.fixtures.keys import SIGNING
 from tests.support.schedworld import Feed, World, gpu_id, make_scheduler, node_json, pod_json
+from tests.support.tlscerts import Authority
 
 
 def setup(*nodes: dict[str, Any]) -> tuple[World, Any, Any, Any, Feed, Extender]:
@@ -392,3 +395,39 @@ def test_preempt_reads_both_forms_and_refuses_malformed_ones() -> None:
             "preempt", json.dumps({"Pod": pod, "NodeNameToMetaVictims": victims}).encode()
         )
         assert status == 400 and answer["Error"].startswith("bad preempt request"), victims
+
+
+# --- TLS --------------------------------------------------------------------------------------------
+
+
+def https_get(port: int, ca: Path, path: str = "/healthz", timeout: float = 5) -> int:
+    context = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=context)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_a_client_that_never_finishes_its_tls_handshake_stalls_no_one_else(tmp_path: Path) -> None:
+    """The TLS handshake runs in each connection's own thread, under the read timeout: a client
+    that connects and sends nothing (or garbage) does not keep kube-scheduler's calls waiting."""
+    *_, extender = setup(node_json("n1", 4))
+    served = Authority(tmp_path, "served").issue("extender")
+    server = ExtenderServer(
+        extender, "127.0.0.1:0", lambda: (True, "ready"), (str(served.cert), str(served.key))
+    )
+    server.start()
+    idle = socket.create_connection(("127.0.0.1", server.port))
+    garbage = socket.create_connection(("127.0.0.1", server.port))
+    garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")  # plain HTTP to the HTTPS port
+    try:
+        assert https_get(server.port, served.ca) == 200
+        with pytest.raises(ssl.SSLCertVerificationError):  # another CA: refused, not trusted
+            https_get(server.port, Authority(tmp_path, "other").path)
+        assert https_get(server.port, served.ca) == 200
+    finally:
+        idle.close()
+        garbage.close()
+        server.stop()

@@ -277,7 +277,11 @@ class ExtenderServer:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(tls[0], tls[1])
-            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            # the handshake runs in each connection's thread (``Handler.setup``), under the read
+            # timeout: in accept() a client that never finished it would stall every other call
+            self._server.socket = context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._thread = threading.Thread(target=self._server.serve_forever, name="extender-http", daemon=True)
 
     @property
@@ -298,6 +302,21 @@ def _handler(extender: Extender, ready: Callable[[], tuple[bool, str]]) -> type[
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             return
+
+        def setup(self) -> None:
+            super().setup()  # applies the timeout to the connection
+            self.shaken = True
+            if isinstance(self.connection, ssl.SSLSocket):
+                try:
+                    self.connection.do_handshake()
+                except (OSError, ValueError) as error:  # ssl.SSLError, a timeout, a reset
+                    self.shaken = False
+                    peer = self.client_address[0] if self.client_address else ""
+                    log_event(log, "extender.tls_failed", logging.WARNING, peer=peer, error=str(error)[:200])
+
+        def handle(self) -> None:
+            if self.shaken:
+                super().handle()
 
         def _send(self, status: int, content_type: str, body: bytes) -> None:
             self.send_response(status)
