@@ -7,6 +7,8 @@ extender down (ignorable: false) pods wait, then schedule once it is back."""
 
 from __future__ import annotations
 
+import base64
+import contextlib
 import threading
 import time
 import uuid
@@ -17,11 +19,15 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
+from devices.sim import sim_gpu_id
+from kubegpu import allocation as contract
 from kubegpu.allocation import ANNOTATION, KeyRing, verify
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.extender import Extender, ExtenderServer
 from scheduler.live.scheduler import Scheduler
 from tests.fixtures.keys import SIGNING
+from tests.support.schedtrial import kubelet_stand_in, priority_classes
+from tests.support.tlscerts import Authority, Issued
 from tests.test_scheduler_api import KEYS, advertise, gpu_index, gpu_pod, wait_bound, wait_failed_scheduling
 
 pytestmark = pytest.mark.apiserver
@@ -30,13 +36,17 @@ pytestmark = pytest.mark.apiserver
 class RunningExtender:
     """kubegpu's extender in this process: a Scheduler's cache, its tend loop and the HTTP server."""
 
-    def __init__(self, api: k8s.ApiClient, profile: str, port: int = 0) -> None:
+    def __init__(
+        self, api: k8s.ApiClient, profile: str, port: int = 0, tls: tuple[str, str] | None = None
+    ) -> None:
         config = SchedulerConfig(scheduler_name=profile, policy="topology", signing_key_id="k1")
         self.scheduler = Scheduler(config, api, KeyRing(None, SIGNING), seed=3)
         self.scheduler.start_watching()
         assert self.scheduler.wait_synced(30)
         self.scheduler.leading.set()
-        self.server = ExtenderServer(Extender(self.scheduler), f"127.0.0.1:{port}", lambda: (True, "ready"))
+        self.server = ExtenderServer(
+            Extender(self.scheduler), f"127.0.0.1:{port}", lambda: (True, "ready"), tls
+        )
         self.server.start()
         self.thread = threading.Thread(target=self._tend, daemon=True)
         self.thread.start()
@@ -64,6 +74,7 @@ def extender_config(profile: str, port: int) -> dict[str, Any]:
                 "filterVerb": "filter",
                 "prioritizeVerb": "prioritize",
                 "bindVerb": "bind",
+                "preemptVerb": "preempt",
                 "weight": 5,
                 "nodeCacheCapable": True,
                 "ignorable": False,
@@ -83,32 +94,55 @@ class Setup:
         self.profile = f"kube-ext-{run}"
         self.extenders: list[RunningExtender] = []
 
-    def start_extender(self, port: int = 0) -> RunningExtender:
-        extender = RunningExtender(self.api, self.profile, port)
+    def start_extender(self, port: int = 0, tls: tuple[str, str] | None = None) -> RunningExtender:
+        extender = RunningExtender(self.api, self.profile, port, tls)
         self.extenders.append(extender)
         return extender
 
-    def pod(self, name: str, gpus: int, **kw: Any) -> str:
+    def pod(self, name: str, gpus: int, priority: str = "", **kw: Any) -> str:
         body = gpu_pod(self.namespace, name, gpus, scheduler=self.profile, selector={"run": self.run}, **kw)
+        if priority:
+            body["spec"]["priorityClassName"] = priority
         self.core.create_namespaced_pod(self.namespace, body)
         return name
+
+
+@contextlib.contextmanager
+def trial_of(
+    api: k8s.ApiClient,
+    namespace: str,
+    kube_scheduler: Callable[..., Any],
+    state: Path,
+    topology: str,
+    tls: tuple[Issued, bytes] | None = None,
+) -> Iterator[Setup]:
+    """An extender, kube-scheduler with it, and two nodes of ``topology`` (``a-<run>``, ``b-<run>``).
+    ``tls``: the extender serves HTTPS with that certificate, and kube-scheduler trusts that CA."""
+    core = k8s.CoreV1Api(api)
+    trial = Setup(api, core, namespace, uuid.uuid4().hex[:6])
+    extender = trial.start_extender(tls=(str(tls[0].cert), str(tls[0].key)) if tls else None)
+    config = extender_config(trial.profile, extender.port)
+    if tls is not None:
+        (stanza,) = config["extenders"]
+        stanza["urlPrefix"] = stanza["urlPrefix"].replace("http://", "https://")
+        stanza["enableHTTPS"] = True
+        stanza["tlsConfig"] = {"caData": base64.b64encode(tls[1]).decode()}
+    kube_scheduler(config)
+    for name in ("a", "b"):
+        advertise(core, f"{name}-{trial.run}", topology, state, labels={"run": trial.run})
+    try:
+        yield trial
+    finally:
+        for running in trial.extenders:
+            running.stop()
 
 
 @pytest.fixture
 def setup(
     admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
 ) -> Iterator[Setup]:
-    core = k8s.CoreV1Api(admin_api)
-    trial = Setup(admin_api, core, kube_namespace, uuid.uuid4().hex[:6])
-    extender = trial.start_extender()
-    kube_scheduler(extender_config(trial.profile, extender.port))
-    for name in ("a", "b"):
-        advertise(core, f"{name}-{trial.run}", "dgx1-v100", tmp_path, labels={"run": trial.run})
-    try:
+    with trial_of(admin_api, kube_namespace, kube_scheduler, tmp_path, "dgx1-v100") as trial:
         yield trial
-    finally:
-        for running in trial.extenders:
-            running.stop()
 
 
 def test_kube_scheduler_with_the_extender_places_topology_aware_and_shares(setup: Setup) -> None:
@@ -167,3 +201,94 @@ def test_a_pod_bound_through_the_extender_gets_one_scheduled_event_kube_schedule
     [event] = setup.core.list_namespaced_event(setup.namespace, field_selector=selector).items
     assert event.message == f"Successfully assigned {setup.namespace}/once to {placed.spec.node_name}"
     assert event.reporting_component == setup.profile
+
+
+def place(setup: Setup, name: str, node: str, gpu: int, priority_class: str) -> None:
+    """A one-GPU pod bound to ``node`` holding GPU ``gpu``, as an earlier binder left it."""
+    body = gpu_pod(setup.namespace, name, 1, scheduler=setup.profile, selector={"run": setup.run})
+    body["spec"].update(nodeName=node, priorityClassName=priority_class)
+    uid = setup.core.create_namespaced_pod(setup.namespace, body).metadata.uid
+    allocation = contract.Allocation(
+        node, uid, {"app": contract.ContainerAllocation((sim_gpu_id(node, gpu),))}
+    )
+    signed = contract.sign(allocation, "k1", SIGNING["k1"])
+    setup.core.patch_namespaced_pod(
+        name, setup.namespace, {"metadata": {"annotations": {ANNOTATION: signed}}}
+    )
+
+
+def test_preemption_evicts_only_victims_whose_gpus_make_an_nvlink_pair(
+    admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Two full nodes whose NVLink bridges join GPUs (0,3) and (1,2). kube-scheduler, counting
+    GPUs, would evict the two least important pods of a, on GPUs 0 and 1, which no bridge joins (its
+    victims there have the lowest priorities), and the pod asking for a bridged pair would still fit
+    nowhere. The preempt verb drops a: the victims are b's pods on GPUs 0 and 3, and the pod is then
+    bound by the extender on exactly those GPUs."""
+    with (
+        trial_of(admin_api, kube_namespace, kube_scheduler, tmp_path, "rtx8000-4gpu") as setup,
+        priority_classes(
+            admin_api, setup.run, p100=100, p110=110, p200=200, p210=210, p300=300, p310=310, high=1000
+        ) as classes,
+    ):
+        layout = {"a": ("p100", "p110", "p300", "p310"), "b": ("p200", "p300", "p310", "p210")}
+        for node, priorities in layout.items():
+            for gpu, priority in enumerate(priorities):
+                place(setup, f"{node}{gpu}", f"{node}-{setup.run}", gpu, classes[priority])
+        with kubelet_stand_in(setup.core, setup.namespace) as removed:
+            setup.pod(
+                "pair", 2, annotations={"kubegpu.io/topology": "nvlink=require"}, priority=classes["high"]
+            )
+            placed = wait_bound(setup.core, setup.namespace, ["pair"], timeout=120)["pair"]
+        assert sorted(removed) == ["b0", "b3"]
+        allocation = verify(placed.metadata.annotations[ANNOTATION], KEYS)
+        assert placed.spec.node_name == allocation.node == f"b-{setup.run}"
+        assert sorted(gpu_index(allocation.node, d) for d in allocation.containers["app"].devices) == [0, 3]
+        left = {p.metadata.name for p in setup.core.list_namespaced_pod(setup.namespace).items}
+        assert {"a0", "a1", "a2", "a3", "b1", "b2"} <= left
+
+
+def verb_calls(extender: RunningExtender) -> dict[tuple[str, str], float]:
+    """(verb, HTTP status) -> requests the extender answered."""
+    calls: dict[tuple[str, str], float] = {}
+    for metric in extender.scheduler.metrics.registry.collect():
+        for sample in metric.samples:
+            if sample.name == "kubegpu_extender_requests_total":
+                calls[(sample.labels["verb"], sample.labels["code"])] = sample.value
+    return calls
+
+
+def test_kube_scheduler_calls_the_extender_over_https_with_the_ca_it_is_given(
+    admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
+) -> None:
+    """``enableHTTPS`` and ``tlsConfig.caData``: filter, prioritize and bind reach the extender over
+    TLS and the pod is bound with its devices."""
+    authority = Authority(tmp_path, "extender")
+    served = authority.issue("kubegpu-extender")
+    with trial_of(
+        admin_api, kube_namespace, kube_scheduler, tmp_path, "dgx1-v100", (served, authority.pem())
+    ) as setup:
+        setup.pod("over-tls", 2)
+        placed = wait_bound(setup.core, setup.namespace, ["over-tls"], timeout=90)["over-tls"]
+        assert verify(placed.metadata.annotations[ANNOTATION], KEYS).node == placed.spec.node_name
+        calls = verb_calls(setup.extenders[0])
+        assert calls.get(("filter", "200")) and calls.get(("bind", "200")), calls
+
+
+def test_kube_scheduler_trusting_another_ca_fails_the_call_and_pods_wait(
+    admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
+) -> None:
+    """The extender's certificate is signed by a CA kube-scheduler was not given: every call fails
+    its TLS handshake (kube-scheduler says why in the pod's FailedScheduling Event), no verb reaches
+    the extender, and the pod waits (``ignorable: false``) rather than being placed without it."""
+    served = Authority(tmp_path, "extender").issue("kubegpu-extender")
+    other = Authority(tmp_path, "other")
+    with trial_of(
+        admin_api, kube_namespace, kube_scheduler, tmp_path, "dgx1-v100", (served, other.pem())
+    ) as setup:
+        setup.pod("distrusted", 2)
+        event = wait_failed_scheduling(setup.core, setup.namespace, "distrusted", timeout=60)
+        assert "x509: certificate signed by unknown authority" in event.message, event.message
+        time.sleep(2)
+        assert not setup.core.read_namespaced_pod("distrusted", setup.namespace).spec.node_name
+        assert not verb_calls(setup.extenders[0])

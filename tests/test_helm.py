@@ -71,6 +71,7 @@ def test_lint(helm: Helm) -> None:
         ["signingKey.algorithm=ed25519"],
         ["signingKey.existingSecret=mine"],
         ["metrics.serviceMonitor.enabled=true", "namespace.create=false"],
+        ["scheduler.extender.enabled=true", "scheduler.extender.tlsSecret=extender-tls"],
     ):
         args = [arg for value in values for arg in ("--set", value)]
         result = helm("lint", "--strict", str(CHART), *args)
@@ -204,6 +205,7 @@ def test_ed25519_key_is_a_pkcs8_pem(helm: Helm) -> None:
         ("namespace.name=", "at '/namespace/name': '' does not match pattern"),
         ("namespace.name=Not_A_Name", "at '/namespace/name': 'Not_A_Name' does not match pattern"),
         ("scheduler.metricsPort=0", "at '/scheduler/metricsPort': minimum: got 0, want 1"),
+        ("scheduler.extender.port=0", "at '/scheduler/extender/port': minimum: got 0, want 1"),
         (
             "scheduler.config.signingKeyId=../k1",
             "at '/scheduler/config/signingKeyId': '../k1' does not match",
@@ -278,6 +280,65 @@ def test_sensible_neighbours_of_nonsense_render(helm: Helm) -> None:
         assert render(helm, *values), values
 
 
+def test_extender_value_serves_kube_schedulers_calls(helm: Helm, tmp_path: Path) -> None:
+    """scheduler.extender.enabled: the config's extenderAddress on the port, the container port and
+    the Service kubegpu-extender as deploy/extender ships them; with tlsSecret, the Secret mounted
+    where the config's extenderTls* files point. Off by default (test_defaults_render_deploy)."""
+    from scheduler.live.config import validate
+
+    shipped_config, shipped_service = load_documents(
+        (DEPLOY / "extender" / "kubegpu-scheduler-config.yaml").read_text()
+    )
+
+    def scheduler_config(objects: dict[tuple[str, str, str], dict[str, Any]]) -> Any:
+        path = tmp_path / "scheduler.yaml"
+        path.write_text(
+            objects[("ConfigMap", "kubegpu-system", "kubegpu-scheduler-config")]["data"]["scheduler.yaml"]
+        )
+        config = load_config(path)
+        validate(config)
+        return config
+
+    objects = by_key(render(helm, "scheduler.extender.enabled=true"))
+    config = scheduler_config(objects)
+    assert config.extender_address == "0.0.0.0:8888" and config.extender_tls_cert_file is None
+    service = objects[("Service", "kubegpu-system", "kubegpu-extender")]
+    assert without_helm_bookkeeping(service) == without_helm_bookkeeping(shipped_service)
+    shipped = yaml.safe_load(shipped_config["data"]["scheduler.yaml"])
+    assert {k: v for k, v in vars(config).items() if k.startswith("extender")} == {
+        "extender_address": shipped["extenderAddress"],
+        "extender_tls_cert_file": None,
+        "extender_tls_private_key_file": None,
+    }
+    pod = objects[("Deployment", "kubegpu-system", "kubegpu-scheduler")]["spec"]["template"]
+    assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+    assert ports["extender"] == 8888
+    assert not any(v["name"] == "extender-tls" for v in pod["spec"]["volumes"])
+
+    objects = by_key(
+        render(
+            helm,
+            "scheduler.extender.enabled=true",
+            "scheduler.extender.port=9443",
+            "scheduler.extender.tlsSecret=ext-tls",
+        )
+    )
+    config = scheduler_config(objects)
+    assert config.extender_address == "0.0.0.0:9443"
+    pod = objects[("Deployment", "kubegpu-system", "kubegpu-scheduler")]["spec"]["template"]
+    volume = next(v for v in pod["spec"]["volumes"] if v["name"] == "extender-tls")
+    mount = next(m for m in pod["spec"]["containers"][0]["volumeMounts"] if m["name"] == "extender-tls")
+    assert volume["secret"]["secretName"] == "ext-tls" and mount["readOnly"]
+    assert (config.extender_tls_cert_file, config.extender_tls_private_key_file) == (
+        f"{mount['mountPath']}/tls.crt",
+        f"{mount['mountPath']}/tls.key",
+    )
+    service = objects[("Service", "kubegpu-system", "kubegpu-extender")]
+    assert service["spec"]["ports"][0]["port"] == service["spec"]["ports"][0]["targetPort"] == 9443
+    assert {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}["extender"] == 9443
+
+
 def test_service_monitor(helm: Helm) -> None:
     objects = by_key(
         render(helm, "metrics.serviceMonitor.enabled=true", "metrics.serviceMonitor.labels.team=ml")
@@ -326,8 +387,9 @@ spec:
         ["scheduler.config.signingKeyId=k9"],
         ["signingKey.existingSecret=mine", "nodeAgent.rbac=false"],
         ["metrics.serviceMonitor.enabled=true"],
+        ["scheduler.extender.enabled=true", "scheduler.extender.tlsSecret=extender-tls"],
     ],
-    ids=["defaults", "other-key-id", "existing-secret", "service-monitor"],
+    ids=["defaults", "other-key-id", "existing-secret", "service-monitor", "extender"],
 )
 def test_server_side_dry_run(helm: Helm, admin_api: k8s.ApiClient, tmp_path: Path, values: list[str]) -> None:
     """Every rendered object passes the real apiserver's validation and admission (dry run), in

@@ -6,14 +6,22 @@ from __future__ import annotations
 
 import http.client
 import json
+import socket
+import ssl
 import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
 
+from crishim.advertiser import publication
+from kubegpu import allocation as contract
+from scheduler.core.topology import load_machine
 from scheduler.live.extender import MAX_BODY_BYTES, Extender, ExtenderServer
 from scheduler.live.extenderapi import MAX_PRIORITY, ExtenderRequestError, filter_args, scaled_scores
-from tests.support.schedworld import Feed, World, make_scheduler, node_json, pod_json
+from tests.fixtures.keys import SIGNING
+from tests.support.schedworld import Feed, World, gpu_id, make_scheduler, node_json, pod_json
+from tests.support.tlscerts import Authority
 
 
 def setup(*nodes: dict[str, Any]) -> tuple[World, Any, Any, Any, Feed, Extender]:
@@ -221,3 +229,205 @@ def test_the_shipped_extender_manifests_load() -> None:
     assert ours["urlPrefix"].endswith(":8888") and {k: v for k, v in ours.items() if k != "urlPrefix"} == {
         k: v for k, v in theirs.items() if k != "urlPrefix"
     }
+
+
+# --- preempt ----------------------------------------------------------------------------------------
+
+RTX8000 = Path(__file__).resolve().parents[1] / "devices" / "topologies" / "rtx8000-4gpu.json"
+NVLINK_PAIR = {"kubegpu.io/topology": "nvlink=require"}
+
+
+def bridged_node(name: str) -> dict[str, Any]:
+    """4 GPUs with NVLink bridges on the pairs (0,3) and (1,2) only."""
+    inventory = publication(load_machine(RTX8000, prefix=f"GPU-{name}-")).inventory
+    return node_json(name, [(gpu_id(name, i), True) for i in range(4)], inventory=inventory)
+
+
+def holder(name: str, node: str, gpus: list[int], priority: int, milli: int = 0, **kw: Any) -> dict[str, Any]:
+    """A pod of ``priority`` bound to ``node`` holding these GPUs (a share of ``milli`` if given)."""
+    pod = kube_pod(name, 0 if milli else len(gpus), priority=priority, node=node, **kw)
+    devices = tuple(gpu_id(node, i) for i in gpus)
+    shares = {d: contract.Share(milli) for d in devices} if milli else {}
+    allocation = contract.Allocation(
+        node, pod["metadata"]["uid"], {"app": contract.ContainerAllocation(devices, shares)}
+    )
+    pod["metadata"]["annotations"][contract.ANNOTATION] = contract.sign(allocation, "k1", SIGNING["k1"])
+    return pod
+
+
+def preempt(extender: Extender, pod: dict[str, Any], proposals: dict[str, tuple[list[str], int]]) -> Any:
+    body = {
+        "Pod": pod,
+        "NodeNameToMetaVictims": {
+            node: {"Pods": [{"UID": f"uid-{n}"} for n in names], "NumPDBViolations": violations}
+            for node, (names, violations) in proposals.items()
+        },
+    }
+    status, answer = extender.handle("preempt", json.dumps(body).encode())
+    assert status == 200, answer
+    return {
+        node: ([p["UID"].removeprefix("uid-") for p in v["Pods"]], v["NumPDBViolations"])
+        for node, v in answer["NodeNameToMetaVictims"].items()
+    }
+
+
+def test_preempt_drops_a_node_whose_proposed_victims_free_no_nvlink_pair() -> None:
+    """kube-scheduler, counting GPUs, proposes the two least important pods of each full node. On
+    x they hold GPUs 0 and 1, which no NVLink bridge joins: evicting them would not let the pod in,
+    so x is dropped. On y they hold 0 and 3, a bridged pair: y stays with exactly those victims."""
+    world, scheduler, jobs, core, feed, extender = setup(bridged_node("x"), bridged_node("y"))
+    for node, priorities in (("x", (100, 110, 300, 310)), ("y", (200, 300, 310, 210))):
+        for i, priority in enumerate(priorities):
+            world.put_pod(holder(f"{node}{i}", node, [i], priority))
+    pod = kube_pod("high", 2, priority=1000, annotations=NVLINK_PAIR)
+    world.put_pod(pod)
+    feed.sync()
+    answer = preempt(extender, pod, {"x": (["x0", "x1"], 0), "y": (["y0", "y3"], 0)})
+    assert answer == {"y": (["y0", "y3"], 0)}
+    # a pod that wants any two GPUs: both proposals free two, both stay whole
+    plain = kube_pod("plain", 2, priority=1000)
+    world.put_pod(plain)
+    feed.sync()
+    answer = preempt(extender, plain, {"x": (["x0", "x1"], 0), "y": (["y0", "y3"], 0)})
+    assert answer == {"x": (["x0", "x1"], 0), "y": (["y0", "y3"], 0)}
+
+
+def test_preempt_narrows_to_the_victims_kubegpus_view_needs() -> None:
+    """One GPU is wanted. Of the proposal {w1 (whole GPU 1), s (a share of GPU 2, which a more
+    important share also holds)}, evicting s frees no GPU: only w1 is returned. A proposal of s
+    alone cannot help and the node is dropped; one where the pod fits without evicting anyone in
+    kubegpu's view (kube-scheduler wants the room for its own reasons) is kept whole, its count too."""
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 4), node_json("n2", 4))
+    world.put_pod(holder("w0", "n1", [0], 900))
+    world.put_pod(holder("w1", "n1", [1], 100))
+    world.put_pod(holder("s", "n1", [2], 50, milli=500))
+    world.put_pod(holder("t", "n1", [2], 2000, milli=500))
+    world.put_pod(holder("w3", "n1", [3], 900))
+    world.put_pod(holder("free", "n2", [0], 10))
+    pod = kube_pod("high", 1, priority=1000)
+    world.put_pod(pod)
+    feed.sync()
+    assert preempt(extender, pod, {"n1": (["w1", "s"], 0)}) == {"n1": (["w1"], 0)}
+    assert preempt(extender, pod, {"n1": (["s"], 0)}) == {}
+    assert preempt(extender, pod, {"n2": (["free"], 3)}) == {"n2": (["free"], 3)}
+    # nodes kubegpu does not know, and empty proposals, are dropped; kube-scheduler's order of
+    # victims is kept where the proposal stays whole
+    assert preempt(extender, pod, {"n9": (["w1"], 0), "n1": ([], 0)}) == {}
+    assert preempt(extender, pod, {"n1": (["w3", "w1"], 0)}) == {"n1": (["w1"], 0)}
+
+
+def test_preempt_counts_pdb_violations_for_what_it_returns() -> None:
+    """w1 is covered by a budget that allows no disruption, w3 is not: of the proposal {w1, w3}
+    (one GPU wanted) w3 goes, with no violation, though kube-scheduler counted one for the pair."""
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 4))
+    for i in range(4):
+        world.put_pod(holder(f"w{i}", "n1", [i], 100 + i, labels={"app": "db"} if i == 1 else {}))
+    pod = kube_pod("high", 1, priority=1000)
+    world.put_pod(pod)
+    feed.sync()
+    scheduler.replace_budgets(
+        [
+            {
+                "metadata": {"name": "keep-db", "namespace": "ns"},
+                "spec": {"selector": {"matchLabels": {"app": "db"}}},
+                "status": {"disruptionsAllowed": 0},
+            }
+        ]
+    )
+    assert preempt(extender, pod, {"n1": (["w3", "w1"], 1)}) == {"n1": (["w3"], 0)}
+    two = kube_pod("two", 2, priority=1000)
+    world.put_pod(two)
+    feed.sync()
+    assert preempt(extender, two, {"n1": (["w3", "w1"], 1)}) == {"n1": (["w3", "w1"], 1)}
+    assert preempt(extender, two, {"n1": (["w1", "w2", "w3"], 1)}) == {"n1": (["w3", "w2"], 0)}
+
+
+def test_preempt_for_a_share_and_for_pods_kubegpu_has_no_word_on() -> None:
+    """A share needs room on one GPU: of {a (half of GPU 0), b (half of GPU 1)} evicting one will do
+    (the least important). A pod asking for no device keeps every proposal; an invalid one gets
+    none; a victim kubegpu does not see on the node stays (it cannot judge it)."""
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 2))
+    world.put_pod(holder("a", "n1", [0], 10, milli=600))
+    world.put_pod(holder("b", "n1", [1], 20, milli=600))
+    share = kube_pod("share", 0, priority=1000, annotations={"kubegpu.io/gpu-milli": "500"})
+    plain = kube_pod("plain", 0, priority=1000)
+    bad = kube_pod("bad", 1, priority=1000, annotations={"kubegpu.io/gpu-milli": "1_00"})
+    for pod in (share, plain, bad):
+        world.put_pod(pod)
+    feed.sync()
+    assert preempt(extender, share, {"n1": (["b", "a"], 0)}) == {"n1": (["a"], 0)}
+    assert preempt(extender, plain, {"n1": (["b"], 2), "n5": (["x"], 0)}) == {
+        "n1": (["b"], 2),
+        "n5": (["x"], 0),
+    }
+    assert preempt(extender, bad, {"n1": (["a"], 0)}) == {}
+    assert preempt(extender, share, {"n1": (["b", "a", "ghost"], 0)}) == {"n1": (["a", "ghost"], 0)}
+
+
+def test_preempt_reads_both_forms_and_refuses_malformed_ones() -> None:
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 1))
+    world.put_pod(holder("low", "n1", [0], 1))
+    pod = kube_pod("high", 1, priority=1000)
+    world.put_pod(pod)
+    feed.sync()
+    whole = {
+        "Pod": pod,
+        "NodeNameToVictims": {"n1": {"Pods": [world.find("ns", "low")], "NumPDBViolations": 0}},
+    }
+    status, answer = extender.handle("preempt", json.dumps(whole).encode())
+    assert (status, answer) == (
+        200,
+        {"NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "uid-low"}], "NumPDBViolations": 0}}},
+    )
+    assert extender.handle("preempt", json.dumps({"Pod": pod, "NodeNameToMetaVictims": None}).encode()) == (
+        200,
+        {"NodeNameToMetaVictims": {}},
+    )
+    for victims in (
+        {"n1": {"Pods": [{"UID": ""}]}},
+        {"n1": {"Pods": {"UID": "u"}}},
+        {"n1": {"Pods": [{"UID": "u"}, {"UID": "u"}]}},
+        {"n1": {"Pods": [], "NumPDBViolations": -1}},
+        {"n1": {"Pods": [], "NumPDBViolations": True}},
+        ["n1"],
+    ):
+        status, answer = extender.handle(
+            "preempt", json.dumps({"Pod": pod, "NodeNameToMetaVictims": victims}).encode()
+        )
+        assert status == 400 and answer["Error"].startswith("bad preempt request"), victims
+
+
+# --- TLS --------------------------------------------------------------------------------------------
+
+
+def https_get(port: int, ca: Path, path: str = "/healthz", timeout: float = 5) -> int:
+    context = ssl.create_default_context(cafile=str(ca))
+    conn = http.client.HTTPSConnection("127.0.0.1", port, timeout=timeout, context=context)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().status
+    finally:
+        conn.close()
+
+
+def test_a_client_that_never_finishes_its_tls_handshake_stalls_no_one_else(tmp_path: Path) -> None:
+    """The TLS handshake runs in each connection's own thread, under the read timeout: a client
+    that connects and sends nothing (or garbage) does not keep kube-scheduler's calls waiting."""
+    *_, extender = setup(node_json("n1", 4))
+    served = Authority(tmp_path, "served").issue("extender")
+    server = ExtenderServer(
+        extender, "127.0.0.1:0", lambda: (True, "ready"), (str(served.cert), str(served.key))
+    )
+    server.start()
+    idle = socket.create_connection(("127.0.0.1", server.port))
+    garbage = socket.create_connection(("127.0.0.1", server.port))
+    garbage.sendall(b"GET / HTTP/1.1\r\n\r\n")  # plain HTTP to the HTTPS port
+    try:
+        assert https_get(server.port, served.ca) == 200
+        with pytest.raises(ssl.SSLCertVerificationError):  # another CA: refused, not trusted
+            https_get(server.port, Authority(tmp_path, "other").path)
+        assert https_get(server.port, served.ca) == 200
+    finally:
+        idle.close()
+        garbage.close()
+        server.stop()

@@ -16,6 +16,10 @@ of devices whether pods are bound by the live scheduler or by the extender.
   need not be kubegpu's favourite, and things change between filter and bind), its devices
   booked under the scheduler's lock (concurrent binds never share a device), then the one signed
   Binding is posted. A refusal is the answer's ``Error``; kube-scheduler retries the pod.
+- **preempt**: of the candidate nodes and victims kube-scheduler proposes (it counts GPUs as a
+  number), a node stays only where evicting its proposed victims frees devices the pod can use
+  (``scheduler.live.preemption.extender_victims``), with the victims kubegpu needs of those; a pod
+  that asks for no managed device keeps every proposal.
 
 Requests are bounded (``MAX_BODY_BYTES``, a read timeout); malformed ones get 400 with the reason,
 never a crash. ``/healthz``, ``/readyz`` (caches synced and, with leader election, leading) and
@@ -47,13 +51,18 @@ from scheduler.live.extenderapi import (
     BindArgs,
     ExtenderRequestError,
     FilterArgs,
+    PreemptArgs,
+    Proposal,
     bind_args,
     filter_args,
     filter_result,
+    preempt_args,
+    preempt_result,
     scaled_scores,
 )
 from scheduler.live.podspec import PodSpecError
-from scheduler.live.scheduler import Scheduler, _facts
+from scheduler.live.preemption import extender_victims, other_rules
+from scheduler.live.scheduler import Scheduler, _facts, _priority
 
 log = logging.getLogger("kubegpu.extender")
 MAX_BODY_BYTES = 16 << 20  # a Pod plus 5,000 node names is far less
@@ -160,6 +169,50 @@ class Extender:
             return {"Error": f"binding pod {args.namespace}/{args.name} to {args.node} failed: {outcome}"}
         return {"Error": ""}
 
+    def preempt(self, args: PreemptArgs) -> dict[str, Any]:
+        """Keep the proposed nodes whose victims free what the pod needs, each with the victims
+        kubegpu needs of those (never an empty list, never a pod kube-scheduler did not propose)."""
+        sched = self.scheduler
+        with sched.cond:
+            cluster = sched._view()
+            request = sched._request(args.uid, args.pod)
+            if isinstance(request, PodSpecError):
+                kept: dict[str, Proposal] = {}  # its filter failed every node: nothing to free
+            elif not _wants_devices(request):
+                kept = {node: p for node, p in args.proposals.items() if p.uids}
+            else:
+                priority = _priority(request)
+                budgets = list(sched.budgets.values())
+                rules = other_rules(request.placement, cluster)
+                kept = {}
+                for node, proposal in args.proposals.items():
+                    i = cluster.index.get(node)
+                    if i is None or not proposal.uids:
+                        continue
+                    node_state, pods = cluster.nodes[i], sched.cache.pods
+                    found = extender_victims(
+                        request, priority, node_state, pods, proposal.uids, budgets, rules(node)
+                    )
+                    if found is not None:
+                        uids, violations = found
+                        count = proposal.pdb_violations if violations is None else violations
+                        kept[node] = Proposal(uids, count)
+        narrowed = {
+            node: len(args.proposals[node].uids) - len(p.uids)
+            for node, p in kept.items()
+            if p.uids != args.proposals[node].uids
+        }
+        meta = args.pod.get("metadata") or {}
+        log_event(
+            log,
+            "extender.preempt",
+            pod=f"{meta.get('namespace')}/{meta.get('name')}",
+            proposed=len(args.proposals),
+            kept=sorted(kept),
+            narrowed=narrowed or None,
+        )
+        return preempt_result(kept)
+
     def _read_pod(self, args: BindArgs) -> dict[str, Any] | None:
         """The pod from the API (None: gone, or not the pod of that UID)."""
         try:
@@ -190,6 +243,8 @@ class Extender:
                 answer = self.prioritize(filter_args(doc))
             elif verb == "bind":
                 answer = self.bind(bind_args(doc))
+            elif verb == "preempt":
+                answer = self.preempt(preempt_args(doc))
             else:
                 code, answer = 404, {"Error": f"unknown verb {verb[:50]!r}"}
         except (ValueError, ExtenderRequestError) as error:  # json's errors are ValueErrors too
@@ -222,7 +277,11 @@ class ExtenderServer:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
             context.load_cert_chain(tls[0], tls[1])
-            self._server.socket = context.wrap_socket(self._server.socket, server_side=True)
+            # the handshake runs in each connection's thread (``Handler.setup``), under the read
+            # timeout: in accept() a client that never finished it would stall every other call
+            self._server.socket = context.wrap_socket(
+                self._server.socket, server_side=True, do_handshake_on_connect=False
+            )
         self._thread = threading.Thread(target=self._server.serve_forever, name="extender-http", daemon=True)
 
     @property
@@ -243,6 +302,21 @@ def _handler(extender: Extender, ready: Callable[[], tuple[bool, str]]) -> type[
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             return
+
+        def setup(self) -> None:
+            super().setup()  # applies the timeout to the connection
+            self.shaken = True
+            if isinstance(self.connection, ssl.SSLSocket):
+                try:
+                    self.connection.do_handshake()
+                except (OSError, ValueError) as error:  # ssl.SSLError, a timeout, a reset
+                    self.shaken = False
+                    peer = self.client_address[0] if self.client_address else ""
+                    log_event(log, "extender.tls_failed", logging.WARNING, peer=peer, error=str(error)[:200])
+
+        def handle(self) -> None:
+            if self.shaken:
+                super().handle()
 
         def _send(self, status: int, content_type: str, body: bytes) -> None:
             self.send_response(status)

@@ -8,6 +8,9 @@ taints rule it out, its required pod affinity or a spread constraint's missing l
 (kube-scheduler's UnschedulableAndUnresolvable), or no pod there has a lower priority. Pods this
 replica is binding and pods nominated to a node with a priority at least the preemptor's are never
 victims.
+
+For kube-scheduler's preempt verb (``extender_victims``) the candidates and their victims are
+kube-scheduler's, chosen by counting GPUs as a number; kubegpu only keeps or narrows each node's.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from scheduler.core.filters import (
     apply_filters,
 )
 from scheduler.core.placement import UNRESOLVABLE, PodPlacement
-from scheduler.core.preempt import Budget, GpuSlot, NodeOffer, RunningPod
+from scheduler.core.preempt import Budget, GpuSlot, NodeOffer, RunningPod, select_victims
 from scheduler.core.request import PodRequest
 from scheduler.core.selectors import SelectorError, parse_label_selector
 from scheduler.core.state import Allocation, ClusterState, NodeState
@@ -151,3 +154,36 @@ def budget(pdb: Mapping[str, Any]) -> Budget | None:
         disrupted_pods=frozenset(disrupted) if isinstance(disrupted, Mapping) else frozenset(),
         name=str(meta.get("name", "")),
     )
+
+
+def extender_victims(
+    request: PodRequest,
+    priority: int,
+    node: NodeState,
+    pods: Mapping[str, Mapping[str, Any]],
+    proposed: Collection[str],
+    budgets: list[Budget],
+    fits_other: Callable[[frozenset[str]], bool] | None = None,
+) -> tuple[tuple[str, ...], int | None] | None:
+    """Which of the victims kube-scheduler proposes on ``node`` kubegpu's device view needs.
+
+    Only the ``proposed`` pods may go (the others are protected), and the pod must fit by the
+    core's rules (GPUs by id: healthy, of an allowed model, a valid topology set or room for the
+    share; CPU, memory, the pod count, the GPU count, the other placement rules). Returns None
+    when even all of them do not free what the pod needs (the node is dropped); else the victims'
+    UIDs with their PDB violations: the cheapest sufficient subset by the core's order (fewest
+    violations, lowest highest priority, fewest victims), plus the proposed pods kubegpu does not
+    see on the node (it cannot judge them). When the pod fits in kubegpu's view without evicting
+    anyone (kube-scheduler's own rules want the room), or every proposed pod is needed, the
+    proposal is kept whole and the count is None: kube-scheduler's own stands.
+    """
+    proposed = list(dict.fromkeys(proposed))
+    known = set(node.allocations)
+    offer = node_offer(node, pods, known - set(proposed))
+    victims = select_victims(request, priority, offer, budgets, pdb_hard=False, fits_other=fits_other)
+    if victims is None:
+        return None
+    chosen = [p.uid for p in victims.pods] + [u for u in proposed if u not in known]
+    if not victims.pods or len(chosen) == len(proposed):
+        return tuple(proposed), None
+    return tuple(chosen), victims.pdb_violations

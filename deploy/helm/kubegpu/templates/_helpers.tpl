@@ -36,11 +36,20 @@ app.kubernetes.io/name: kubegpu-node
 {{- end -}}
 
 {{/* scheduler.yaml: the values' scheduler.config, with the keys the chart owns (the mounted
-     keys directory, the metrics address on metricsPort, the Lease's namespace) set over it. */}}
+     keys directory, the metrics address on metricsPort, the Lease's namespace; with
+     scheduler.extender.enabled the extender's address and TLS files) set over it. */}}
 {{- define "kubegpu.schedulerConfig" -}}
 {{- $config := deepCopy .Values.scheduler.config -}}
 {{- $leader := merge (dict "namespace" (include "kubegpu.namespace" .)) ($config.leaderElection | default dict) -}}
 {{- $owned := dict "keysDir" "/etc/kubegpu/keys" "metricsAddress" (printf "0.0.0.0:%v" .Values.scheduler.metricsPort) "leaderElection" $leader -}}
+{{- $extender := .Values.scheduler.extender | default dict -}}
+{{- if $extender.enabled -}}
+{{- $_ := set $owned "extenderAddress" (printf "0.0.0.0:%v" $extender.port) -}}
+{{- if $extender.tlsSecret -}}
+{{- $_ := set $owned "extenderTlsCertFile" "/etc/kubegpu/extender-tls/tls.crt" -}}
+{{- $_ := set $owned "extenderTlsPrivateKeyFile" "/etc/kubegpu/extender-tls/tls.key" -}}
+{{- end -}}
+{{- end -}}
 {{- toYaml (merge $owned $config) -}}
 {{- end -}}
 
