@@ -12,10 +12,12 @@ from crishim.advertiser import Advertiser
 from crishim.gpumetrics import GpuTelemetrySampler
 from crishim.metricspublisher import MetricsPublisher, PublishPolicy
 from crishim.mps import build_sharing
+from crishim.nrtpublisher import TopologyPublisher
 from crishim.podlookup import ApiPodLookup, NodePodCache
 from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.model import DeviceKind
 from devices.plugin import PluginError, load_plugins
+from kubegpu import nrt
 from kubegpu.allocation import KeyRing
 from kubegpu.logs import log_event
 
@@ -129,4 +131,28 @@ def build_metrics_publisher(
         rows=lambda: telemetry.rows,
         sampled_at=lambda: telemetry.sampled_at,
         policy=policy,
+    )
+
+
+def build_nrt_publisher(
+    args: argparse.Namespace, node_devices: NodeDevices, rewriter: AllocationRewriter, api: client.ApiClient
+) -> TopologyPublisher | None:
+    """The NodeResourceTopology publisher (``--nrt-*``, docs/nrt.md); None when
+    ``--nrt-publish-interval`` is 0."""
+    interval = getattr(args, "nrt_publish_interval", 0)
+    if not interval:
+        return None
+    sysfs_root = args.sysfs_root
+    return TopologyPublisher(
+        client.CustomObjectsApi(api),
+        client.CoreV1Api(api),
+        args.node_name,
+        inventory=node_devices.current_inventory,
+        held=lambda: {h.device for h in rewriter.ledger.holdings()},
+        numa_nodes=lambda: nrt.read_numa_nodes(sysfs_root),
+        interval=interval,
+        refresh=max(300.0, interval),
+        host_resources=args.nrt_host_resources,
+        policy=args.nrt_topology_manager_policy,
+        scope=args.nrt_topology_manager_scope,
     )

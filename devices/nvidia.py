@@ -23,7 +23,8 @@ Container edits (see docs/devices.md):
 
 For enforced shares the node agent also asks the plugin to put a GPU in EXCLUSIVE_PROCESS compute
 mode while its MPS daemon runs (``set_exclusive_compute``), so only the MPS server opens a context
-on it. ``sample()`` reads live utilisation and memory use per GPU.
+on it. ``sample()`` reads live utilisation and memory use per GPU; ``telemetry()`` the readings the
+node agent publishes, XID errors included (from NVML's event API, ``devices.nvidia_xid``).
 
 Every NVML call goes through ``self.nvml``, a module object: tests pass a fake NVML.
 """
@@ -37,11 +38,12 @@ import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from devices.affinity import normalize_pci_address
 from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
+from devices.nvidia_xid import XidWatch
 from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginError, shares_env
 from devices.telemetry import GpuTelemetry
 
@@ -283,6 +285,7 @@ class NvidiaPlugin:
         self.cpu_count = cpu_count or os.cpu_count() or 1
         self.last_errors: list[str] = []  # GPUs the last discover() had to skip, and why
         self._ids: tuple[str, ...] = ()
+        self._xids = XidWatch()  # XID events, across telemetry rounds
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> NvidiaPlugin:
@@ -484,9 +487,11 @@ class NvidiaPlugin:
         """UUID -> reading of every GPU NVML can see. Utilisation and memory are needed (a GPU
         NVML cannot give them for is left out, or marked lost when NVML says so, also for a
         discovered GPU whose very handle NVML cannot give because it is lost); temperature,
-        power and uncorrectable ECC errors are None where the GPU does not report them. XID
-        errors need an NVML event set and are not read (None)."""
+        power and uncorrectable ECC errors are None where the GPU does not report them. ``xid`` is
+        the last XID critical error NVML's event API reported for the GPU since the agent started
+        (0 none; None where the API or the GPU cannot say: ``nvidia_xid.XidWatch``)."""
         result: dict[str, GpuTelemetry] = {}
+        handles: dict[str, Any] = {}
         with self.session() as nvml:
             for index in range(int(nvml.nvmlDeviceGetCount())):
                 try:
@@ -510,6 +515,7 @@ class NvidiaPlugin:
                     nvml, "nvmlDeviceGetTotalEccErrors", handle, NVML_MEMORY_ERROR_TYPE_UNCORRECTED,
                     NVML_VOLATILE_ECC,
                 )
+                handles[uuid] = handle
                 result[uuid] = GpuTelemetry(
                     utilization=float(rates.gpu),
                     memory_used_mib=int(memory.used) / (1024 * 1024),
@@ -526,6 +532,8 @@ class NvidiaPlugin:
                 except nvml.NVMLError as exc:
                     if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST:
                         result[uuid] = GpuTelemetry(0.0, 0.0, 0, lost=True)
+            for uuid, xid in self._xids.read(nvml, handles).items():
+                result[uuid] = replace(result[uuid], xid=xid)
         return result
 
     def set_exclusive_compute(self, uuid: str, exclusive: bool) -> None:

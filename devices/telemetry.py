@@ -23,6 +23,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+# XIDs that NVIDIA's Kubernetes device plugin treats as application errors, the GPU staying healthy
+# (13 graphics engine exception, 31 GPU memory page fault, 43 GPU stopped processing, 45 preemptive
+# cleanup, 68 video processor exception, 109 context switch timeout); any other XID is a GPU fault.
+APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
 
 class TelemetryError(ValueError):
     """A telemetry source says something no GPU could; the message names where and what."""

@@ -190,6 +190,33 @@ def _add_device_options(parser: argparse.ArgumentParser) -> None:
         help="write when a GPU's memory in use moved this %% of its memory (default: %(default)s)",
     )
     devices.add_argument(
+        "--nrt-publish-interval",
+        type=cliargs.duration(allow_zero=True),
+        default=30.0,
+        metavar="SECONDS",
+        help="crishim --advertise: how often the node's NodeResourceTopology (its GPUs per NUMA zone, "
+        "docs/nrt.md) is compared with what was written; 0 turns it off (default: %(default)s)",
+    )
+    devices.add_argument(
+        "--nrt-host-resources",
+        action="store_true",
+        help="also list each NUMA zone's cpu and memory as the kernel counts them (right only where the "
+        "kubelet's CPU and memory managers book nothing exclusively, docs/nrt.md)",
+    )
+    devices.add_argument(
+        "--nrt-topology-manager-policy",
+        choices=("none", "best-effort", "restricted", "single-numa-node"),
+        default="",
+        help="the kubelet's Topology Manager policy, published as the NodeResourceTopology's "
+        "topologyManagerPolicy attribute (default: not published)",
+    )
+    devices.add_argument(
+        "--nrt-topology-manager-scope",
+        choices=("container", "pod"),
+        default="container",
+        help="the kubelet's Topology Manager scope, published with the policy (default: %(default)s)",
+    )
+    devices.add_argument(
         "--mps-control",
         default="nvidia-cuda-mps-control",
         metavar="PATH",
@@ -274,6 +301,7 @@ def _run_crishim(args: argparse.Namespace) -> int:
     from crishim.assemble import (
         build_advertiser,
         build_metrics_publisher,
+        build_nrt_publisher,
         build_rewriter,
         build_telemetry,
         node_devices_from,
@@ -292,7 +320,7 @@ def _run_crishim(args: argparse.Namespace) -> int:
         health_interval=args.health_interval,
     )
     _preflight_crishim(args)
-    advertiser = publisher = None
+    advertiser = publisher = topology = None
     try:
         interceptor = None
         telemetry = None
@@ -310,6 +338,9 @@ def _run_crishim(args: argparse.Namespace) -> int:
                 publisher = build_metrics_publisher(args, telemetry, api)
                 if publisher is not None:
                     publisher.start()
+                topology = build_nrt_publisher(args, node_devices, interceptor, api)
+                if topology is not None:
+                    topology.start()
         run_loop(serve(config, interceptor, telemetry))
     except (ShimConfigError, PluginError) as exc:
         raise UsageError(str(exc)) from None
@@ -318,6 +349,8 @@ def _run_crishim(args: argparse.Namespace) -> int:
             advertiser.stop()
         if publisher is not None:
             publisher.stop()
+        if topology is not None:
+            topology.stop()
     return 0
 
 
@@ -326,6 +359,7 @@ def _run_nri_front(args: argparse.Namespace) -> int:
     from crishim.assemble import (
         build_advertiser,
         build_metrics_publisher,
+        build_nrt_publisher,
         build_rewriter,
         build_telemetry,
         node_devices_from,
@@ -341,7 +375,7 @@ def _run_nri_front(args: argparse.Namespace) -> int:
         raise UsageError("--front nri needs at least one --device-plugin (it decides nothing else)")
     _preflight_crishim(args)
     _node_name(args)
-    advertiser = publisher = None
+    advertiser = publisher = topology = None
     try:
         api = api_client(args.kubeconfig)
         if args.advertise and api is None:
@@ -365,6 +399,9 @@ def _run_nri_front(args: argparse.Namespace) -> int:
             publisher = build_metrics_publisher(args, telemetry, api)
             if publisher is not None:
                 publisher.start()
+            topology = build_nrt_publisher(args, node_devices, rewriter, api)
+            if topology is not None:
+                topology.start()
         config = NriConfig(
             socket=unix_path(args.nri_socket),
             plugin_name=args.nri_plugin_name,
@@ -380,6 +417,8 @@ def _run_nri_front(args: argparse.Namespace) -> int:
             advertiser.stop()
         if publisher is not None:
             publisher.stop()
+        if topology is not None:
+            topology.stop()
     return 0
 
 

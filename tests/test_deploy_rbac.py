@@ -31,8 +31,9 @@ from kubernetes import client as k8s
 
 from crishim.gpumetrics import GpuRow
 from crishim.metricspublisher import MetricsPublisher
+from crishim.nrtpublisher import NrtUnavailable, TopologyPublisher
 from crishim.podlookup import NodePodCache
-from devices.model import Device, DeviceKind
+from devices.model import Device, DeviceKind, NodeInventory
 from devices.telemetry import GpuTelemetry
 from kubegpu.allocation import parse_key, private_key_pem, public_key_pem
 from kubegpu.devenv.controlplane import MERGE_PATCH, create_fake_node
@@ -43,6 +44,7 @@ from kubegpu.devenv.manifests import (
     load_documents,
     manifest_files,
 )
+from kubegpu.nrt import NumaNode
 from scheduler.live.leader import LeaderElector
 
 pytestmark = pytest.mark.apiserver
@@ -159,6 +161,7 @@ NODE_RULES = (
     | expand("", ["nodes/status"], ["patch"])
     | expand("", ["pods"], ["get", "list", "watch"])
     | expand("kubegpu.io", ["nodegpumetrics"], ["create", "patch"])
+    | expand("topology.node.k8s.io", ["noderesourcetopologies"], ["get", "create", "patch"])
 )
 
 
@@ -489,6 +492,52 @@ def test_node_agent_publishes_its_gpu_readings_and_the_scheduler_reads_them(
     for forbidden in (
         lambda: custom.patch_cluster_custom_object(group, version, plural, node, {"spec": {}}),
         lambda: mine.get_cluster_custom_object(group, version, plural, node),
+        lambda: mine.delete_cluster_custom_object(group, version, plural, node),
+    ):
+        with pytest.raises(k8s.ApiException) as refused:
+            forbidden()
+        assert refused.value.status == 403
+
+
+def test_node_agent_publishes_its_node_resource_topology(
+    node_api: k8s.ApiClient, admin_api: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """NodeResourceTopology (upstream's CRD of deploy/crds/, docs/nrt.md): the node agent's real
+    publisher reads, creates and patches its node's object; it may not list or delete them."""
+    apply_manifests(admin_api, [DEPLOY / "crds"])
+    node = unique("gpu-node")
+    create_fake_node(k8s.CoreV1Api(admin_api), node)
+    gpus = (
+        Device("GPU-a", DeviceKind.GPU, 0, "V100", numa_node=0),
+        Device("GPU-b", DeviceKind.GPU, 1, "V100"),
+    )
+    held: set[str] = set()
+    publisher = TopologyPublisher(
+        k8s.CustomObjectsApi(node_api),
+        k8s.CoreV1Api(node_api),
+        node,
+        lambda: NodeInventory(gpus),
+        lambda: held,
+        lambda: {0: NumaNode(0, 8, None, {0: 10})},
+    )
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            assert publisher.sync_once() == "created"
+            break
+        except NrtUnavailable:  # the CRD is not served yet
+            assert time.monotonic() < deadline
+            time.sleep(0.2)
+    held.add("GPU-b")
+    assert publisher.sync_once() == "changed" and publisher.writes == 2
+    group, version, plural = "topology.node.k8s.io", "v1alpha2", "noderesourcetopologies"
+    stored = k8s.CustomObjectsApi(admin_api).get_cluster_custom_object(group, version, plural, node)
+    assert stored["zones"][0]["resources"] == [
+        {"name": "nvidia.com/gpu", "capacity": 2, "allocatable": 2, "available": 1}
+    ]
+    mine = k8s.CustomObjectsApi(node_api)
+    for forbidden in (
+        lambda: mine.list_cluster_custom_object(group, version, plural),
         lambda: mine.delete_cluster_custom_object(group, version, plural, node),
     ):
         with pytest.raises(k8s.ApiException) as refused:

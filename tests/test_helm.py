@@ -522,3 +522,56 @@ def test_install_upgrade_keeps_the_key_uninstall_removes_all(helm: Helm, private
         helm("uninstall", "kubegpu", "--namespace", "releases", kubeconfig=kubeconfig, check=False)
     assert ours(api, namespace) == []
     api.close()
+
+
+@pytest.mark.apiserver
+def test_install_keeps_an_existing_nrt_crd(helm: Helm, private_plane: ControlPlane) -> None:
+    """The chart ships upstream's NodeResourceTopology CRD in crds/: where a cluster already has a
+    copy (NFD's, scheduler-plugins'), install leaves it as it is and uninstall does not delete it;
+    the chart's other CRDs are installed beside it."""
+    kubeconfig = private_plane.admin_kubeconfig
+    api = private_plane.admin_client()
+    extensions = k8s.ApiextensionsV1Api(api)
+    name = "noderesourcetopologies.topology.node.k8s.io"
+    theirs = yaml.safe_load((CHART / "crds" / "topology.node.k8s.io_noderesourcetopologies.yaml").read_text())
+    theirs["metadata"]["labels"] = {"app.kubernetes.io/managed-by": "nfd"}
+    theirs["spec"]["versions"] = [v for v in theirs["spec"]["versions"] if v["name"] == "v1alpha2"]
+
+    def absent() -> bool:
+        try:
+            extensions.read_custom_resource_definition(name)
+        except k8s.ApiException as error:
+            return error.status == 404
+        return False
+
+    if not absent():  # an earlier install's copy: Helm never deletes the CRDs it installed
+        extensions.delete_custom_resource_definition(name)
+        wait_for(absent, timeout=60)
+    extensions.create_custom_resource_definition(theirs)
+
+    def untouched() -> None:
+        kept = extensions.read_custom_resource_definition(name)
+        assert kept.metadata.generation == 1
+        assert kept.metadata.labels == {"app.kubernetes.io/managed-by": "nfd"}
+        assert [v.name for v in kept.spec.versions] == ["v1alpha2"]  # not replaced by the chart's copy
+        assert {f.manager for f in kept.metadata.managed_fields} <= {"kube-apiserver", "OpenAPI-Generator"}
+
+    ensure_namespace(k8s.CoreV1Api(api), "releases")
+    try:
+        helm(
+            "install",
+            "nrt-kept",
+            str(CHART),
+            "--namespace",
+            "releases",
+            "--set",
+            "namespace.name=nrt-kept",  # another install's namespace may still be terminating
+            kubeconfig=kubeconfig,
+        )
+        untouched()
+        extensions.read_custom_resource_definition("nodegpumetrics.kubegpu.io")  # installed beside it
+    finally:
+        helm("uninstall", "nrt-kept", "--namespace", "releases", kubeconfig=kubeconfig, check=False)
+    untouched()
+    extensions.delete_custom_resource_definition(name)
+    api.close()

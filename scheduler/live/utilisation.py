@@ -23,11 +23,10 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 
+from devices.telemetry import APPLICATION_XIDS
 from kubegpu.livemetrics import GpuReport, NodeReport
 from scheduler.core.state import LiveGpu
 from scheduler.live.nodecheck import CLOCK_SKEW_SECONDS
-
-APPLICATION_XIDS = frozenset({13, 31, 43, 45, 68, 109})
 
 
 def unfit_reason(gpu: GpuReport) -> str:

@@ -21,6 +21,8 @@ INFLATION = 1.3
 MAX_INFLATION = 10.0  # == scheduler.sim.protocol.MAX_INFLATION (a test checks)
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_SEEDS = 10_000
+MAX_UTILIZATION_WEIGHT = 1000.0  # == scheduler.live.config.MAX_UTILIZATION_WEIGHT (a test checks)
+HOT_THRESHOLD = 80.0  # == scheduler.sim.protocol.HOT_THRESHOLD (a test checks)
 
 
 def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
@@ -109,6 +111,22 @@ def register(subparsers: argparse._SubParsersAction) -> argparse.ArgumentParser:
         help="a group's members arrive one after another (default), or each at a random slot among the "
         "gang members' slots",
     )
+    parser.add_argument(
+        "--utilization-weight",
+        type=cliargs.number(0.0, MAX_UTILIZATION_WEIGHT, inclusive=True),
+        default=0.0,
+        metavar="W",
+        help="add W x the live utilisation term to the policy, as the scheduler's utilizationWeight "
+        "(the nodes' gpu_util column; docs/simulator.md) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hot-threshold",
+        type=cliargs.number(0.0, 100.0, inclusive=True),
+        default=HOT_THRESHOLD,
+        metavar="PERCENT",
+        help="the report counts the GPU placed on nodes busier than this by their gpu_util "
+        "(default: %(default)s)",
+    )
     parser.set_defaults(run=run)
     return parser
 
@@ -194,6 +212,8 @@ def run(args: argparse.Namespace) -> int:
         workload.gangs,
         args.gang_mode,
         args.gang_arrival,
+        args.utilization_weight,
+        args.hot_threshold,
     )
     if args.plot:
         try:

@@ -21,6 +21,13 @@ slot among the slots of all gang members). With ``gang_mode="gang"`` a group is 
 nothing. With ``gang_mode="none"`` its members are tried one by one as any pod. ``GangStats``
 counts the groups, the GPUs their partly placed members hold idle, and how long groups wait.
 A trace without gangs runs exactly as before.
+
+Live utilisation (``trace.NodeSpec.utilization``, the node list's ``gpu_util`` column): with
+``readings`` the nodes' values are given to the cluster as live readings before the first pod
+(``ClusterState.set_live``: the ``utilization`` policy and ``utilization_weight`` x the live term
+score by them; unknown counts as 100 % busy, as in the live scheduler); without, they are ignored.
+Either way ``HotStats`` says how much of what was placed went to nodes busier than
+``hot_threshold`` percent by the column.
 """
 
 from __future__ import annotations
@@ -30,6 +37,7 @@ import random
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import numpy as np
 
@@ -110,6 +118,7 @@ class RunResult:
     seconds: float
     links: LinkStats = field(default_factory=LinkStats)
     gangs: GangStats | None = None  # None: the workload has no gangs
+    hot: HotStats | None = None  # None: no node has a utilisation value
 
     def at(self, x: int) -> float:
         return self.curve.get(x, float("nan"))
@@ -242,6 +251,61 @@ class GangTracker:
         )
 
 
+HOT_THRESHOLD = 80.0  # a node busier than this (percent, by the trace's column) is hot
+
+
+@dataclass(frozen=True)
+class HotStats:
+    """How much of the GPU placed in a run went to hot nodes (busier than ``threshold`` percent by the
+    node list's utilisation column; a node without a value is not hot). The trace has no durations
+    (nothing departs), so the arrival event is the unit of time: ``milli_events`` sums, after every
+    event, the GPU milli placed so far, ``hot_milli_events`` the part of it on hot nodes."""
+
+    threshold: float
+    hot_nodes: int
+    hot_gpus: int
+    gpus: int
+    placed_milli: int = 0
+    hot_placed_milli: int = 0
+    milli_events: int = 0
+    hot_milli_events: int = 0
+
+    @staticmethod
+    def merge(stats: Sequence[HotStats]) -> HotStats:
+        """Several runs' figures summed (the cluster's from the first)."""
+        first = stats[0]
+        return replace(
+            first,
+            placed_milli=sum(h.placed_milli for h in stats),
+            hot_placed_milli=sum(h.hot_placed_milli for h in stats),
+            milli_events=sum(h.milli_events for h in stats),
+            hot_milli_events=sum(h.hot_milli_events for h in stats),
+        )
+
+    @property
+    def hot_placed_pct(self) -> float:
+        """Percent of the GPU placed (at the end) that is on hot nodes (0 when nothing was placed)."""
+        return 100.0 * self.hot_placed_milli / self.placed_milli if self.placed_milli else 0.0
+
+    @property
+    def hot_gpu_time_pct(self) -> float:
+        """Percent of the GPU x events placed that is on hot nodes (the GPU-hours' analogue)."""
+        return 100.0 * self.hot_milli_events / self.milli_events if self.milli_events else 0.0
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "hot_placed_pct": round(self.hot_placed_pct, 2),
+            "hot_gpu_time_pct": round(self.hot_gpu_time_pct, 2),
+            "placed_gpus": round(self.placed_milli / MILLI, 3),
+            "hot_placed_gpus": round(self.hot_placed_milli / MILLI, 3),
+        }
+
+
+def hot_nodes(nodes: Sequence[NodeSpec], threshold: float) -> set[str]:
+    """The names of the nodes busier than ``threshold`` percent by the trace's column."""
+    return {n.name for n in nodes if n.utilization is not None and n.utilization > threshold}
+
+
 Unit = tuple[PodRequest, ...]  # what arrives as one in the shuffle: a pod, or a gang's members
 
 
@@ -372,9 +436,13 @@ def run_once(
     gangs: Sequence[Gang] = (),
     gang_mode: str = "gang",
     gang_arrival: str = "together",
+    utilization_weight: float = 0.0,
+    readings: bool = True,
+    hot_threshold: float = HOT_THRESHOLD,
 ) -> RunResult:
     """One run of the protocol: a fresh cluster, the seed's arrival order, one try per pod (per group
-    with ``gang_mode="gang"``; see the module docstring)."""
+    with ``gang_mode="gang"``; see the module docstring). ``utilization_weight``: the live term added
+    to the policy (``make_policy``); ``readings``: give the nodes' utilisation values to the cluster."""
     start = time.perf_counter()
     if gang_mode not in GANG_MODES:
         raise ValueError(f"gang_mode must be one of {', '.join(GANG_MODES)}, not {gang_mode!r}")
@@ -386,8 +454,16 @@ def run_once(
     elif ties != "random":
         raise ValueError(f"ties must be 'node-order' or 'random', not {ties!r}")
     capacity = cluster.total_gpus() * MILLI
+    if readings:
+        for spec in nodes:
+            if spec.utilization is not None:
+                cluster.set_live(spec.name, spec.live())
+    hot = hot_nodes(nodes, hot_threshold)
+    measured = any(spec.utilization is not None for spec in nodes)
+    hot_gpus = sum(spec.gpus for spec in nodes if spec.name in hot)
+    used_hot = hot_sum = used_sum = 0
     rng = random.Random(seed ^ 0x5EED5EED)  # the policy's randomness: a stream apart from the arrivals
-    policy = make_policy(policy_name)
+    policy = make_policy(policy_name, utilization_weight)
     policy.bind(cluster, pods, rng)  # typical pods etc. come from the original (not inflated) trace
     order, groups = arrivals(pods, seed, capacity, inflation, gangs, gang_arrival == "spread")
     tracker = GangTracker(groups)
@@ -398,10 +474,12 @@ def run_once(
     ideal: dict[tuple[int, int], int] = {}
 
     def book(pod: PodRequest, result: Placement, k: int, group: int | None) -> None:
-        nonlocal used, placed
+        nonlocal used, placed, used_hot
         cluster.assume(result.allocation, facts_of(pod))
         used += result.allocation.gpu_milli
         placed += 1
+        if result.node in hot:
+            used_hot += result.allocation.gpu_milli
         if pod.whole_gpus >= 2:
             node = cluster.nodes[cluster.index[result.node]]
             links.add(node, [g.index for g in result.allocation.gpus], ideal)
@@ -425,6 +503,8 @@ def run_once(
         tracker.tick()
         arrived[k] = arr
         allocated[k] = used
+        used_sum += used
+        hot_sum += used_hot
     return RunResult(
         policy=policy_name,
         seed=seed,
@@ -437,6 +517,9 @@ def run_once(
         seconds=time.perf_counter() - start,
         links=links,
         gangs=tracker.stats(gang_mode, gang_arrival, capacity) if gangs else None,
+        hot=HotStats(hot_threshold, len(hot), hot_gpus, capacity // MILLI, used, used_hot, used_sum, hot_sum)
+        if measured
+        else None,
     )
 
 

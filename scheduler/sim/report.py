@@ -62,6 +62,7 @@ def text_report(experiment: Experiment, cluster: str, workload: str) -> str:
     elif links["multi_gpu_pods_without_links"]:
         lines += ["", "  link quality: the nodes have no link information (see --machine)"]
     lines += gang_report(experiment)
+    lines += utilization_report(experiment)
     lines += ["", "  GPU allocation (% of capacity) as GPU requests arrive (% of capacity):"]
     curve = experiment.mean_curve()
     for x in CURVE_POINTS:
@@ -107,6 +108,32 @@ def gang_report(experiment: Experiment) -> list[str]:
         lines.append(
             f"  {label:>4}  {g.groups:>6}  {g.whole:>5}  {g.partial:>7}  {g.unplaced:>8}"
             f"  {g.idle_milli_events / 1000:>17.3f}  {g.idle_milli_end / 1000:>16.3f}  {_waits(g)}"
+        )
+    return lines
+
+
+def utilization_report(experiment: Experiment) -> list[str]:
+    """The lines on the nodes' utilisation column (none without it): how much went to hot nodes with
+    the readings and with them ignored."""
+    doc = experiment.utilization_summary()
+    if doc is None:
+        return []
+    term = f"+ {doc['weight']:g} x the live term" if doc["weight"] else "no utilizationWeight"
+    lines = [
+        "",
+        f"  live utilisation (gpu_util): {doc['hot_nodes']} hot nodes, busier than"
+        f" {doc['hot_threshold_pct']:g}% ({doc['hot_gpu_pct']:.1f}% of the GPUs);"
+        f" policy {experiment.policy}, {term}.",
+        "  GPU placed on hot nodes, at the end and over time (GPU x arrival events), and the allocation:",
+        "                      on hot nodes  hot GPU x events  alloc% @100  alloc% @130",
+    ]
+    for key, label in (("with_readings", "with the readings"), ("without_readings", "readings ignored")):
+        row = doc[key]
+        at100 = float("nan") if row["mean_alloc_pct_at_100"] is None else row["mean_alloc_pct_at_100"]
+        at130 = float("nan") if row["mean_alloc_pct_at_130"] is None else row["mean_alloc_pct_at_130"]
+        lines.append(
+            f"  {label:<18}  {row['hot_placed_pct']:>11.2f}%  {row['hot_gpu_time_pct']:>15.2f}%"
+            f"  {_fmt(at100)}       {_fmt(at130)}"
         )
     return lines
 

@@ -2,7 +2,10 @@
 
 With ``bound=True`` each seed also gets the LP upper bound on the allocation at 100% and 130% arrived
 (``scheduler.sim.bound``), computed from the same arrival order as the run. With gangs, each run also
-has ``GangStats`` (``scheduler.sim.protocol``), and the experiment their merge over the seeds.
+has ``GangStats`` (``scheduler.sim.protocol``), and the experiment their merge over the seeds. When
+some node has a utilisation value (the node list's ``gpu_util`` column), each seed is also run with
+the values ignored (``blind_runs``), so the report can say what the readings changed: the share of
+the GPU placed on hot nodes, and the allocation, with and without them.
 """
 
 from __future__ import annotations
@@ -15,7 +18,15 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from scheduler.core.request import PodRequest
-from scheduler.sim.protocol import INFLATION, GangStats, LinkStats, RunResult, run_once
+from scheduler.sim.protocol import (
+    HOT_THRESHOLD,
+    INFLATION,
+    GangStats,
+    HotStats,
+    LinkStats,
+    RunResult,
+    run_once,
+)
 from scheduler.sim.trace import Gang, NodeSpec
 
 BOUND_POINTS = (100, 130)
@@ -31,6 +42,8 @@ class Experiment:
     runs: tuple[RunResult, ...]
     seconds: float
     bounds: Mapping[int, Mapping[int, float]] = field(default_factory=dict)  # seed -> point -> bound %
+    blind_runs: tuple[RunResult, ...] = ()  # the same seeds with the utilisation values ignored
+    utilization_weight: float = 0.0
 
     def bound_at(self, x: int) -> float:
         """Mean over the seeds of the allocation bound at ``x`` percent arrived (nan without bounds)."""
@@ -50,12 +63,37 @@ class Experiment:
         stats = [r.gangs for r in self.runs if r.gangs is not None]
         return GangStats.merge(stats) if stats else None
 
-    def _values(self, x: int) -> list[float]:
-        return [r.at(x) for r in self.runs if not math.isnan(r.at(x))]
+    def hot(self, blind: bool = False) -> HotStats | None:
+        """The hot-node figures over every run (or every blind run); None without utilisation values."""
+        stats = [r.hot for r in (self.blind_runs if blind else self.runs) if r.hot is not None]
+        return HotStats.merge(stats) if stats else None
 
-    def mean_at(self, x: int) -> float:
-        values = self._values(x)
+    def _values(self, x: int, blind: bool = False) -> list[float]:
+        return [r.at(x) for r in (self.blind_runs if blind else self.runs) if not math.isnan(r.at(x))]
+
+    def mean_at(self, x: int, blind: bool = False) -> float:
+        values = self._values(x, blind)
         return statistics.fmean(values) if values else float("nan")
+
+    def utilization_summary(self) -> dict[str, Any] | None:
+        """The effect of the utilisation values (None without them): the hot nodes, and per way of
+        running (``with_readings``, ``without_readings``) the hot shares and the mean allocation."""
+        hot, blind = self.hot(), self.hot(blind=True)
+        if hot is None or blind is None:
+            return None
+        doc: dict[str, Any] = {
+            "weight": self.utilization_weight,
+            "hot_threshold_pct": hot.threshold,
+            "hot_nodes": hot.hot_nodes,
+            "hot_gpu_pct": round(100.0 * hot.hot_gpus / hot.gpus, 2) if hot.gpus else 0.0,
+        }
+        for key, stats, is_blind in (("with_readings", hot, False), ("without_readings", blind, True)):
+            doc[key] = {
+                **stats.summary(),
+                "mean_alloc_pct_at_100": _finite(self.mean_at(100, is_blind)),
+                "mean_alloc_pct_at_130": _finite(self.mean_at(130, is_blind)),
+            }
+        return doc
 
     def spread_at(self, x: int) -> float:
         """Sample standard deviation over the seeds (0 for a single seed)."""
@@ -78,6 +116,8 @@ class Experiment:
             }
             if r.gangs is not None:
                 run["gangs"] = r.gangs.summary()
+            if r.hot is not None:
+                run["hot"] = r.hot.summary()
             for x, value in sorted(self.bounds.get(r.seed, {}).items()):
                 run[f"bound_alloc_pct_at_{x}"] = round(value, 2)
             runs.append(run)
@@ -92,6 +132,9 @@ class Experiment:
         gangs = self.gangs()
         if gangs is not None:
             doc["gangs"] = gangs.summary()
+        utilization = self.utilization_summary()
+        if utilization is not None:
+            doc["utilization"] = utilization
         if self.bounds:
             for x in BOUND_POINTS:
                 bound = self.bound_at(x)
@@ -135,13 +178,35 @@ def run_experiment(
     gangs: Sequence[Gang] = (),
     gang_mode: str = "gang",
     gang_arrival: str = "together",
+    utilization_weight: float = 0.0,
+    hot_threshold: float = HOT_THRESHOLD,
 ) -> Experiment:
     """Run the protocol once per seed (sequentially, on one core); with ``bound``, the LP bounds too
-    (from the same arrival order, gangs included)."""
+    (from the same arrival order, gangs included); with utilisation values on some node, once more
+    per seed with them ignored (``Experiment.blind_runs``)."""
     start = time.perf_counter()
-    runs = tuple(
-        run_once(nodes, pods, policy, seed, inflation, ties, gangs, gang_mode, gang_arrival) for seed in seeds
-    )
+
+    def runs_of(readings: bool) -> tuple[RunResult, ...]:
+        return tuple(
+            run_once(
+                nodes,
+                pods,
+                policy,
+                seed,
+                inflation,
+                ties,
+                gangs,
+                gang_mode,
+                gang_arrival,
+                utilization_weight=utilization_weight,
+                readings=readings,
+                hot_threshold=hot_threshold,
+            )
+            for seed in seeds
+        )
+
+    runs = runs_of(True)
+    blind = runs_of(False) if any(n.utilization is not None for n in nodes) else ()
     bounds: dict[int, dict[int, float]] = {}
     if bound:
         from scheduler.sim.bound import protocol_bounds
@@ -151,4 +216,4 @@ def run_experiment(
                 nodes, pods, seed, inflation, BOUND_POINTS, gangs=gangs, spread=gang_arrival == "spread"
             )
             bounds[seed] = {x: b.bound_pct for x, b in found.items()}
-    return Experiment(policy, runs, time.perf_counter() - start, bounds)
+    return Experiment(policy, runs, time.perf_counter() - start, bounds, blind, utilization_weight)

@@ -1,15 +1,19 @@
 """Reading the openb trace format (Alibaba cluster-trace-gpu-v2023) into the core's types.
 
-Nodes: ``sn,cpu_milli,memory_mib,gpu,model``. Pods: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli``
-and optionally ``gpu_spec`` (allowed models separated by ``|``; empty = any) and the gang columns
-``gang`` (the pod's group; empty = none) and ``gang_min`` (the group's minimum; without the column,
-all its members); other columns (qos, phase, timestamps) are ignored. A pod with ``num_gpu == 1`` and
-``gpu_milli < 1000`` shares one GPU; other GPU pods take ``num_gpu`` whole GPUs.
+Nodes: ``sn,cpu_milli,memory_mib,gpu,model`` and optionally ``gpu_util``: how busy the node's GPUs are
+(percent, 0..100; empty: unknown), fed to the scheduling core as the node's live readings
+(``NodeSpec.live``, docs/simulator.md "Live utilisation").
+Pods: ``name,cpu_milli,memory_mib,num_gpu,gpu_milli`` and optionally ``gpu_spec`` (allowed models
+separated by ``|``; empty = any) and the gang columns ``gang`` (the pod's group; empty = none) and
+``gang_min`` (the group's minimum; without the column, all its members); other columns (qos, phase,
+timestamps) are ignored. A pod with ``num_gpu == 1`` and ``gpu_milli < 1000`` shares one GPU; other
+GPU pods take ``num_gpu`` whole GPUs.
 """
 
 from __future__ import annotations
 
 import csv
+import math
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -17,7 +21,7 @@ from pathlib import Path
 
 from kubegpu.inputfiles import MAX_TRACE_BYTES, check_input
 from scheduler.core.request import MILLI, PodRequest
-from scheduler.core.state import ClusterState, GpuState, NodeState
+from scheduler.core.state import ClusterState, GpuState, LiveGpu, NodeState
 from scheduler.sim.machines import MachineError, MachineShape
 
 DATA_DIR = Path(__file__).resolve().parent.parent / "data"
@@ -28,6 +32,7 @@ GANG = "gang"  # the pod list's column naming a pod's group
 GANG_MIN = "gang_min"  # the column with the group's minimum number of members that must run together
 MAX_GANG_MIN = 100_000  # as the live scheduler's bound on a PodGroup's minMember
 CLONE_NAME = re.compile(r"-clone-[0-9]+$")  # the names the protocol gives its clones
+UTILIZATION = "gpu_util"  # the node list's optional column: the node's GPU utilisation, percent
 
 
 class TraceError(ValueError):
@@ -45,9 +50,19 @@ class NodeSpec:
     gpus: int
     model: str
     shape: MachineShape | None = None
+    utilization: float | None = None  # percent busy, every GPU of the node (None: unknown)
+
+    def gpu_ids(self) -> list[str]:
+        return [f"{self.name}-gpu{j}" for j in range(self.gpus)]
+
+    def live(self) -> dict[str, LiveGpu]:
+        """The node's GPUs' readings as the live scheduler would take them (none when unknown)."""
+        if self.utilization is None:
+            return {}
+        return {gpu: LiveGpu(utilization=self.utilization) for gpu in self.gpu_ids()}
 
     def state(self) -> NodeState:
-        ids = [f"{self.name}-gpu{j}" for j in range(self.gpus)]
+        ids = self.gpu_ids()
         topology, numa = self.shape.topology(ids) if self.shape is not None else (None, [-1] * self.gpus)
         gpus = [GpuState(j, ids[j], self.model, numa=numa[j]) for j in range(self.gpus)]
         labels = {"kubernetes.io/hostname": self.name}
@@ -94,7 +109,22 @@ def _int(path: Path, line: int, row: dict[str, str], column: str) -> int:
         raise TraceError(f"{path}:{line}: column {column}: not a number: {text!r}") from None
 
 
+def _utilization(path: Path, line: int, row: dict[str, str]) -> float | None:
+    """The row's ``gpu_util``: a percent 0..100, None when empty or absent."""
+    text = (row.get(UTILIZATION) or "").strip()
+    if not text:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not 0 <= value <= 100:  # NaN and infinities fail too
+        raise TraceError(f"{path}:{line}: column {UTILIZATION}: not a percent from 0 to 100: {text!r}")
+    return value
+
+
 def load_nodes(path: str | Path) -> list[NodeSpec]:
+    """The nodes of a node list; ``TraceError`` naming the row for a malformed value."""
     path = Path(path)
     out = []
     for line, row in _rows(path, ("sn", "cpu_milli", "memory_mib", "gpu", "model")):
@@ -105,6 +135,7 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
                 memory_mib=_int(path, line, row, "memory_mib"),
                 gpus=_int(path, line, row, "gpu"),
                 model=(row.get("model") or "").strip(),
+                utilization=_utilization(path, line, row),
             )
         )
     if not out:
