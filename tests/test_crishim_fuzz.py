@@ -49,8 +49,8 @@ def _is_int(value: Any) -> bool:
 
 def _shape_ok(doc: dict[str, Any]) -> bool:
     """The schema table of docs/allocation.md, rule by rule."""
-    if not _is_int(doc.get("version")) or doc["version"] != 1:
-        return False
+    if not _is_int(doc.get("version")) or doc["version"] not in (1, 2):
+        return False  # version 2 adds "rdma" (never generated here); without it, as version 1
     if not isinstance(doc.get("node"), str) or not doc["node"]:
         return False
     if not isinstance(doc.get("podUID"), str) or not doc["podUID"]:
