@@ -9,6 +9,7 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -258,3 +259,69 @@ def test_protocol_errors(lab: NetLab) -> None:
     broken = lab.cni("STATUS", config=lab.config(stateDir=str(lab.tmp / "afile" / "state")))
     assert broken.rc == 1 and broken.doc is not None and broken.doc["code"] == 50
     _untouched(lab, pod)
+
+
+def test_a_held_lock_makes_add_try_again_later(lab: NetLab) -> None:
+    import fcntl
+
+    pod = lab.pod_netns("p1")
+    lab.state.mkdir(mode=0o700)
+    with open(lab.state / "lock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        run = lab.cni(
+            "ADD",
+            "c1",
+            pod,
+            annotations=_alloc(lab, [("mlx5_2", 1, 0)]),
+            config=lab.config(lockTimeoutSeconds=0.5),
+        )
+    assert run.rc == 1 and run.doc is not None and run.doc["code"] == 11, run.stderr
+    _untouched(lab, pod)
+    assert lab.cni("ADD", "c1", pod, annotations=_alloc(lab, [("mlx5_2", 1, 0)])).rc == 0
+
+
+@pytest.mark.apiserver
+def test_annotations_and_uid_from_the_api(
+    lab: NetLab, control_plane: Any, admin_api: Any, kube_namespace: str, tmp_path: Path
+) -> None:
+    """The runtime passed no annotations (or no K8S_POD_UID): the plugin reads the pod from a
+    real kube-apiserver with the configured kubeconfig."""
+    from urllib.parse import urlsplit
+
+    import yaml
+    from kubernetes import client as k8s
+
+    from tests.support.cnilab import Forwarder
+
+    core = k8s.CoreV1Api(admin_api)
+    body = {"metadata": {"name": "train"}, "spec": {"containers": [{"name": "c", "image": "busybox"}]}}
+    uid = core.create_namespaced_pod(kube_namespace, body).metadata.uid
+    value = lab.annotation(uid, [("mlx5_2", 1000, 0)])
+    core.patch_namespaced_pod("train", kube_namespace, {"metadata": {"annotations": {ANNOTATION: value}}})
+    url = urlsplit(control_plane.url)
+    forward = Forwarder(lab, (url.hostname, url.port))
+    try:
+        kubeconfig = yaml.safe_load(control_plane.admin_kubeconfig.read_text())
+        kubeconfig["clusters"][0]["cluster"]["server"] = f"https://127.0.0.1:{forward.port}"
+        path = tmp_path / "node.kubeconfig"
+        path.write_text(yaml.safe_dump(kubeconfig))
+        path.chmod(0o600)
+        conf = lab.config(kubeconfig=str(path))
+        pod = lab.pod_netns("p1")
+        run = lab.cni("ADD", "c1", pod, pod=(kube_namespace, "train", uid), config=conf)
+        assert run.rc == 0, run.stderr
+        assert set(lab.links(pod)) == {"lo", "rdma0"}
+        # annotations from the runtime but no K8S_POD_UID: the UID comes from the API
+        again = lab.cni(
+            "ADD", "c1", pod, pod=(kube_namespace, "train", ""), config=conf, annotations={ANNOTATION: value}
+        )
+        assert again.rc == 0 and again.doc == run.doc, again.stderr
+        wrong = lab.cni("ADD", "c2", pod, pod=(kube_namespace, "train", "uid-other"), config=conf)
+        assert wrong.rc == 1 and wrong.doc is not None and wrong.doc["code"] == 101, wrong.stderr
+        missing = lab.cni("ADD", "c3", pod, pod=(kube_namespace, "nope", ""), config=conf)
+        assert missing.rc == 1 and missing.doc is not None and missing.doc["code"] == 101
+        assert "404" in missing.doc["msg"]
+        assert lab.cni("DEL", "c1", pod, config=conf).rc == 0
+        _untouched(lab, pod)
+    finally:
+        forward.close()

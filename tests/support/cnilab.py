@@ -222,3 +222,62 @@ class NetLab:
 
     def cni(self, command: str, container: str = "", netns: str = "", **kwargs: Any) -> CniRun:
         return self.finish(self.start(command, container, netns, **kwargs))
+
+
+class Forwarder:
+    """A TCP port on 127.0.0.1 inside the lab's host namespace forwarding to ``target`` (host,
+    port) in the test's own namespace: the plugin runs in the lab and reaches the test apiserver
+    through it. The listening socket is made by a thread that entered the lab namespace (a socket
+    stays in the namespace it was made in); the outgoing ones are made in the test's."""
+
+    def __init__(self, lab: NetLab, target: tuple[str, int]) -> None:
+        import socket
+        import threading
+
+        from pyroute2 import netns
+
+        ip("-n", lab.host, "link", "set", "lo", "up")
+        self.target = target
+        made: list[socket.socket] = []
+
+        def listen() -> None:  # setns changes only this thread's namespace
+            netns.setns(f"/run/netns/{lab.host}")
+            server = socket.create_server(("127.0.0.1", 0))
+            made.append(server)
+
+        thread = threading.Thread(target=listen)
+        thread.start()
+        thread.join()
+        self.server = made[0]
+        self.port = self.server.getsockname()[1]
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        import socket
+        import threading
+
+        while True:
+            try:
+                inbound, _ = self.server.accept()
+            except OSError:
+                return
+            outbound = socket.create_connection(self.target)
+            for a, b in ((inbound, outbound), (outbound, inbound)):
+                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pipe(a: Any, b: Any) -> None:
+        try:
+            while data := a.recv(65536):
+                b.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (a, b):
+                try:
+                    s.shutdown(2)
+                except OSError:
+                    pass
+
+    def close(self) -> None:
+        self.server.close()
