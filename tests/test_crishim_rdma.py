@@ -326,3 +326,29 @@ def test_a_pod_read_from_the_api_asking_for_rdma_interfaces_needs_an_allocation(
             decide(facts_of(pod, ("nvidia.com/gpu",)))
     else:
         assert decide(facts_of(pod, ("nvidia.com/gpu",))) is None
+
+
+def test_a_sim_node_gives_a_pod_its_simulated_vfs_beside_its_gpu(tmp_path: Path) -> None:
+    """The sim plugin's VFs (hgx-h100-sriov) go through the same checks: the pod's container gets
+    its GPU and both VFs' stand-in nodes, and another pod none of them."""
+    from devices.plugin import load_plugins
+    from devices.sim import sim_gpu_id
+
+    options = {"node_name": NODE, "topology": "hgx-h100-sriov", "state_dir": str(tmp_path)}
+    node = NodeDevices(load_plugins(["sim"], options), sysfs_root=None)
+    node.discover()
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
+    rewriter.rebuilt.set()
+    gpu = sim_gpu_id(NODE, 0)
+    alloc = rdma_allocation(NODE, UID_A, ["mlx5_0-vf0", "mlx5_0-vf1"], containers={"app": [gpu]})
+    app = create(rewriter, request(UID_A, alloc))
+    assert sorted(d.container_path for d in app.config.devices) == [
+        "/dev/kubegpu-sim/gpu0",
+        "/dev/kubegpu-sim/mlx5_0-vf0",
+        "/dev/kubegpu-sim/mlx5_0-vf1",
+    ]
+    assert env_of(app.config)["KUBEGPU_RDMA_DEVICES"] == "mlx5_0-vf0,mlx5_0-vf1"
+    error = refused(rewriter, request(UID_B, rdma_allocation(NODE, UID_B, ["mlx5_0-vf1"])))
+    assert "goes to one pod" in error.message
+    wrong_pf = refused(rewriter, request(UID_B, rdma_allocation(NODE, UID_B, ["mlx5_1-vf0"])))
+    assert "VF of mlx5_1 on this node, not of mlx5_0" in wrong_pf.message
