@@ -24,6 +24,12 @@ nodes, an environment name with ``=``, a malformed CDI name, a CDI annotation en
 qualified name but mentions a managed vendor) raises ``Ambiguous``: the container
 is refused rather than guessed about. Only then are the edits for the devices the allocation
 grants applied, so a container sees exactly its allocation.
+
+``rdma_requests`` reads, before the scrub, how a container asks for RDMA devices itself: device
+entries that reach an RDMA device node (in any spelling, or by number), and mounts of, into or at
+an RDMA device directory (``/dev/infiniband``) or of an RDMA node. The rewriter refuses those
+mounts always, and the device entries when the pod holds no RDMA interfaces (with interfaces the
+scrub drops them and the pod's own VFs are added).
 """
 
 from __future__ import annotations
@@ -31,10 +37,18 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections.abc import MutableMapping
+from dataclasses import dataclass
 
 from crishim.container import ContainerSpec, DeviceEntry, MountEntry, from_cri, to_cri
 from crishim.cri import api_pb2
-from crishim.hostpaths import Ambiguous, HostFS, ManagedDevices, clean, device_entry_verdict
+from crishim.hostpaths import (
+    Ambiguous,
+    HostFS,
+    ManagedDevices,
+    clean,
+    device_entry_verdict,
+    number_of,
+)
 from devices.plugin import ContainerEdits
 
 NVIDIA_VISIBLE = "NVIDIA_VISIBLE_DEVICES"
@@ -185,6 +199,69 @@ def _keep_device(device: DeviceEntry, managed: ManagedDevices, fs: HostFS | None
     if device.number is not None:
         return not managed.has_number(device.number)
     return device_entry_verdict(device.host_path, managed, fs)
+
+
+@dataclass(frozen=True)
+class RdmaRequests:
+    """How a container asks for RDMA devices itself (``rdma_requests``): what each entry is."""
+
+    devices: tuple[str, ...] = ()  # device entries reaching an RDMA device node
+    mounts: tuple[str, ...] = ()  # mounts showing RDMA device nodes or covering their directory
+
+
+def _is_under_any(path: str, directories: tuple[str, ...]) -> bool:
+    return any(_under(path, d) for d in directories)
+
+
+def _mount_reaches(mount: MountEntry, rdma: ManagedDevices, dirs: tuple[str, ...], fs: HostFS) -> bool:
+    """Whether a mount shows RDMA device nodes: its host path (cleaned, and resolved through
+    symlinks) is an RDMA directory, inside one, or an RDMA node; or it is mounted at or inside
+    an RDMA directory's place in the container, where the node puts the pod's VFs. A mount of
+    a directory above them (``/dev``) is not: its nodes stay shut by the device cgroup."""
+    if _is_under_any(clean(mount.container_path), dirs):
+        return True
+    if "\x00" in mount.host_path:
+        raise Ambiguous(f"mount host path {mount.host_path[:200]!r} has a NUL")
+    if not mount.host_path.startswith("/"):
+        return False  # containerd refuses a relative mount source itself
+    canonical = clean(mount.host_path)
+    spellings = [canonical]
+    try:
+        spellings += [fs.realpath(mount.host_path), fs.realpath(canonical)]
+    except OSError:
+        pass  # an unreadable symlink on the way: containerd cannot mount through it either
+    for path in dict.fromkeys(spellings):
+        if _is_under_any(path, dirs) or rdma.has_path(path):
+            return True
+        try:
+            number = number_of(fs.stat(path))
+        except OSError:
+            continue
+        if number is not None and rdma.has_number(number):
+            return True
+    return False
+
+
+def rdma_requests(
+    spec: ContainerSpec, rdma: ManagedDevices, dirs: tuple[str, ...], fs: HostFS | None = None
+) -> RdmaRequests:
+    """The container's own requests for RDMA devices (``rdma``: the RDMA plugins' nodes, ``dirs``:
+    their directories), read before the scrub. A device entry the scrub refuses as undecidable
+    (a relative path, a directory holding managed nodes) is left to the scrub's refusal; a mount
+    source with a NUL raises ``Ambiguous``."""
+    if rdma.is_empty() and not dirs:
+        return RdmaRequests()
+    fs = fs or HostFS()
+    devices = []
+    for device in spec.devices:
+        try:
+            reaches = not _keep_device(device, rdma, fs)
+        except Ambiguous:
+            continue
+        if reaches:
+            devices.append(device.host_path or f"{device.container_path} ({device.number})")
+    mounts = [m.host_path or m.container_path for m in spec.mounts if _mount_reaches(m, rdma, dirs, fs)]
+    return RdmaRequests(tuple(devices), tuple(mounts))
 
 
 def scrub_spec(spec: ContainerSpec, managed: ManagedDevices, fs: HostFS | None = None) -> None:

@@ -2,8 +2,9 @@
 
 Only used when kubelet did not copy ``kubegpu.io/allocation`` into the sandbox config: every pod
 without devices, and a pod that bypassed the scheduler. A pod that asks for managed devices (a
-resource in ``kubegpu.allocation.MANAGED_RESOURCES`` or a share annotation in
-``SHARE_ANNOTATIONS``) but carries no allocation is refused: it was not scheduled by kubegpu.
+resource in ``kubegpu.allocation.MANAGED_RESOURCES``, a share annotation in ``SHARE_ANNOTATIONS``
+or RDMA interfaces, ``asks_rdma``) but carries no allocation is refused: it was not scheduled by
+kubegpu.
 
 Where the pod's facts come from, fastest first:
 1. ``NodePodCache``: one list + watch of the pods bound to this node (field selector
@@ -32,7 +33,13 @@ import grpc
 from kubernetes import client, watch
 
 from crishim.intercept import Rejected
-from kubegpu.allocation import ANNOTATION, MANAGED_RESOURCES, SHARE_ANNOTATIONS
+from kubegpu.allocation import (
+    ANNOTATION,
+    MANAGED_RESOURCES,
+    RDMA_INTERFACES_ANNOTATION,
+    SHARE_ANNOTATIONS,
+    asks_rdma,
+)
 from kubegpu.kube import shut_response
 from kubegpu.logs import log_event
 
@@ -84,6 +91,8 @@ def facts_of(pod: Mapping[str, Any], managed: Collection[str]) -> PodFacts:
     meta = pod.get("metadata") or {}
     annotations = meta.get("annotations") or {}
     asked = [a for a in SHARE_ANNOTATIONS if a in annotations]
+    if isinstance(annotations, Mapping) and asks_rdma(annotations):
+        asked.append(RDMA_INTERFACES_ANNOTATION)
     return PodFacts(
         namespace=str(meta.get("namespace") or ""),
         name=str(meta.get("name") or ""),

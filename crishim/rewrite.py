@@ -56,18 +56,28 @@ from crishim.ledger import (
     parse_mark,
 )
 from crishim.mps import DaemonError, MpsSharing, share_devices
-from devices.model import Device, NodeInventory
+from devices.model import Device, DeviceKind, NodeInventory
 from devices.plugin import (
     DevicePlugin,
     PluginError,
     device_char_majors,
+    device_dirs,
     device_patterns,
     discover_all,
     edits_for,
     health_all,
     merge_edits,
 )
-from kubegpu.allocation import ANNOTATION, Allocation, AllocationError, KeyRing, Share, verify
+from kubegpu.allocation import (
+    ANNOTATION,
+    RDMA_INTERFACES_ANNOTATION,
+    Allocation,
+    AllocationError,
+    KeyRing,
+    Share,
+    asks_rdma,
+    verify,
+)
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim.rewrite")
@@ -105,6 +115,27 @@ def _real_dir(pattern: str) -> str:
     return os.path.join(os.path.realpath(os.path.dirname(pattern)), os.path.basename(pattern))
 
 
+def _managed(plugins: Sequence[DevicePlugin], devices: Sequence[Device]) -> ManagedDevices:
+    """The device nodes ``plugins`` own: their patterns and majors, and the nodes of ``devices``
+    and of the plugins' edits for them, as they exist now on the host."""
+    paths: set[str] = {p for d in devices for p in d.device_nodes}
+    if devices:
+        try:
+            every = edits_for(plugins, devices)
+            paths |= {n.host_path for n in every.device_nodes}
+        except PluginError as error:  # a plugin that cannot say today: its patterns still hold
+            log_event(log, "devices.managed_partial", logging.WARNING, error=str(error)[:300])
+    patterns = set(device_patterns(plugins))
+    patterns |= {_real_dir(p) for p in set(patterns)}
+    patterns |= {glob.escape(p) for p in paths} | {glob.escape(os.path.realpath(p)) for p in paths}
+    existing = {hit for pattern in patterns for hit in glob.glob(pattern)}
+    return ManagedDevices(
+        numbers=numbers_of(paths | existing),
+        char_majors=frozenset(device_char_majors(plugins)),
+        patterns=tuple(sorted(patterns)),
+    )
+
+
 class DevicesNotDiscovered(PluginError):
     """Device discovery has not succeeded yet on this node."""
 
@@ -115,6 +146,9 @@ class NodeDevices:
 
     ``managed`` covers the device nodes the plugins own whether or not discovery has succeeded:
     the plugins' well-known paths and majors always, plus every discovered device's nodes.
+    ``rdma`` is the part of it that belongs to the RDMA plugins (those whose only kind is RDMA):
+    their paths, majors and nodes, with ``rdma_dirs``, the directories wholly of their nodes
+    (``/dev/infiniband``): what a container asking for RDMA devices reaches.
     """
 
     plugins: Sequence[DevicePlugin]
@@ -126,6 +160,8 @@ class NodeDevices:
     discovered: bool = False
     last_error: str = ""
     managed: ManagedDevices = field(default_factory=ManagedDevices)
+    rdma: ManagedDevices = field(default_factory=ManagedDevices)
+    rdma_dirs: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         self.refresh_managed()
@@ -145,23 +181,13 @@ class NodeDevices:
         self.refresh_managed()
 
     def refresh_managed(self) -> None:
-        """Recompute the managed device set (the plugins' paths as they exist now on the host)."""
-        paths: set[str] = {p for d in self.devices.values() for p in d.device_nodes}
-        if self.devices:
-            try:
-                every = edits_for(self.plugins, list(self.devices.values()))
-                paths |= {n.host_path for n in every.device_nodes}
-            except PluginError as error:  # a plugin that cannot say today: its patterns still hold
-                log_event(log, "devices.managed_partial", logging.WARNING, error=str(error)[:300])
-        patterns = set(device_patterns(self.plugins))
-        patterns |= {_real_dir(p) for p in set(patterns)}
-        patterns |= {glob.escape(p) for p in paths} | {glob.escape(os.path.realpath(p)) for p in paths}
-        existing = {hit for pattern in patterns for hit in glob.glob(pattern)}
-        self.managed = ManagedDevices(
-            numbers=numbers_of(paths | existing),
-            char_majors=frozenset(device_char_majors(self.plugins)),
-            patterns=tuple(sorted(patterns)),
-        )
+        """Recompute the managed device sets (the plugins' paths as they exist now on the host)."""
+        self.managed = _managed(self.plugins, list(self.devices.values()))
+        rdma_plugins = [p for p in self.plugins if p.kinds == {DeviceKind.RDMA}]
+        nics = [d for d in self.devices.values() if d.kind is DeviceKind.RDMA] if rdma_plugins else []
+        self.rdma = _managed(rdma_plugins, nics)
+        dirs = device_dirs(rdma_plugins)
+        self.rdma_dirs = tuple(dict.fromkeys([*dirs, *(os.path.realpath(d) for d in dirs)]))
 
     def refresh_health(self) -> dict[str, bool]:
         """Re-read health; returns the devices whose health changed."""
@@ -277,6 +303,73 @@ def check_allocation(
             )
         granted.append(device)
     return granted, dict(entry.shares)
+
+
+def check_rdma(
+    allocation: Allocation, pod: PodRef, container: str, node_devices: NodeDevices
+) -> list[Device]:
+    """The pod's RDMA interfaces (VFs) as this node's devices; raise Rejected unless each is an
+    RDMA VF on this node, of the PF the allocation names, and healthy."""
+    if not allocation.rdma:
+        return []
+    if not node_devices.discovered:
+        raise Rejected(
+            grpc.StatusCode.UNAVAILABLE,
+            f"pod {pod} container {container}: device discovery has not succeeded on this node yet "
+            f"({node_devices.last_error or 'not run'}), retry",
+        )
+    vfs = []
+    for interface in allocation.rdma:
+        where = f"pod {pod} container {container}: RDMA interface {interface.device}"
+        device = node_devices.devices.get(interface.device)
+        if device is None:
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{where} is not on this node")
+        function, parent = device.attributes.get("function"), device.attributes.get("parentDevice")
+        if device.kind is not DeviceKind.RDMA or function != "vf":
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{where} is not an RDMA VF on this node")
+        if parent != interface.pf:
+            raise Rejected(
+                grpc.StatusCode.FAILED_PRECONDITION,
+                f"{where} is a VF of {parent or 'an unnamed PF'} on this node, not of {interface.pf}",
+            )
+        if not node_devices.healthy.get(device.id, device.healthy):
+            raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{where} is unhealthy")
+        vfs.append(device)
+    return vfs
+
+
+def refuse_rdma_requests(
+    asked: edits.RdmaRequests,
+    pod: PodRef,
+    container: str,
+    pod_asks: bool,
+    allocation: Allocation | None,
+) -> None:
+    """Refuse a container that asks for RDMA devices itself (INVALID_ARGUMENT): a mount showing
+    RDMA device nodes always (only the pod's VFs' nodes reach a container, one by one), a device
+    entry of one when its pod holds no RDMA interfaces; and a pod whose annotations ask for RDMA
+    interfaces that its allocation does not hold (FAILED_PRECONDITION)."""
+    who = f"pod {pod} container {container}"
+    holds = allocation is not None and bool(allocation.rdma)
+    if asked.mounts:
+        raise Rejected(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{who}: mount {asked.mounts[0][:200]!r} reaches the node's RDMA devices "
+            "(/dev/infiniband): a container gets only its pod's allocated RDMA VFs, added by the node",
+        )
+    if asked.devices and not holds:
+        raise Rejected(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"{who}: asks for RDMA device {asked.devices[0][:200]!r} but its pod holds no RDMA "
+            "interfaces: they come only from kubegpu's signed allocation (kubegpu.io/rdma-interfaces)",
+        )
+    if pod_asks and not holds:
+        raise Rejected(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"{who}: the pod asks for RDMA interfaces ({RDMA_INTERFACES_ANNOTATION}) but "
+            + ("carries no kubegpu allocation" if allocation is None else "its allocation holds none")
+            + " (was it scheduled by kubegpu?)",
+        )
 
 
 def restored_from(image: str, workdir: str = CONTAINERD_WORKDIR) -> str | None:
@@ -735,29 +828,42 @@ class AllocationRewriter:
         value = sandbox_annotations.get(ANNOTATION)
         if value is None and self._lookup is not None and not is_static_pod(sandbox_annotations):
             value = await self._lookup(pod.namespace, pod.name, pod.uid)
+        node = self.node_devices
         try:
-            edits.scrub_spec(create.spec, self.node_devices.managed)
+            # a privileged container sees every device node anyway (logged by _check_security)
+            asked = (
+                edits.RdmaRequests()
+                if create.security.privileged
+                else edits.rdma_requests(create.spec, node.rdma, node.rdma_dirs)
+            )
+            edits.scrub_spec(create.spec, node.managed)
             edits.scrub_annotations(sandbox_annotations)
         except Ambiguous as error:
             raise Rejected(
                 grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod} container {container}: refused: {error}"
             ) from None
         self._check_security(create.security, pod, container)
+        pod_asks = asks_rdma(sandbox_annotations)
         if value is None:
+            refuse_rdma_requests(asked, pod, container, pod_asks, None)
             return None
         try:
             allocation = verify(value, self.keys.keys())
         except AllocationError as error:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod}: {error}") from None
-        granted, shares = check_allocation(allocation, pod, container, self.node_name, self.node_devices)
-        if not granted:
+        granted, shares = check_allocation(allocation, pod, container, self.node_name, node)
+        refuse_rdma_requests(asked, pod, container, pod_asks, allocation)
+        vfs = check_rdma(allocation, pod, container, node)
+        if not granted and not vfs:
             return None
         if not self.rebuilt.is_set():
             raise Rejected(
                 grpc.StatusCode.UNAVAILABLE, f"pod {pod}: the device ledger is still being rebuilt, retry"
             )
         milli = {d.id: (shares[d.id].milli if d.id in shares else WHOLE) for d in granted}
+        milli.update({vf.id: WHOLE for vf in vfs})
         memory = {device: share.memory_mib for device, share in shares.items() if share.memory_mib}
+        pod_wide = {vf.id for vf in vfs}
         ticket = next(self._tickets)
         holdings = [
             Holding(
@@ -770,14 +876,17 @@ class AllocationRewriter:
                 create.attempt,
                 ticket=ticket,
                 memory_mib=memory.get(d, 0),
+                pod_wide=d in pod_wide,
             )
             for d, m in milli.items()
         ]
         await self._reserve(pod, container, holdings)
-        sharing = self.node_devices.sharing
+        sharing = node.sharing
         try:
-            applied = edits_for(self.node_devices.plugins, granted, shares)
-            if sharing is not None:  # a share on a node that enforces shares: the container is an MPS client
+            # the container's devices and the pod's VFs, in one call: one plugin's edits name all
+            # of its devices (NCCL_IB_HCA lists exactly the RDMA devices the container can open)
+            applied = edits_for(node.plugins, [*granted, *vfs], shares)
+            if sharing is not None and granted:  # a share on a node that enforces shares: an MPS client
                 client = await sharing.container_edits(granted, shares, create.daemon_wait)
                 applied = merge_edits([applied, client])
             edits.apply_spec(create.spec, applied)
@@ -791,7 +900,7 @@ class AllocationRewriter:
             self.ledger.release(holdings)
             self._shares_changed()
             raise
-        create.spec.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli, memory)
+        create.spec.annotations[MARK_ANNOTATION] = mark_value(pod.uid, container, milli, memory, pod_wide)
         log_event(
             log,
             "create_container.rewritten",
@@ -800,6 +909,7 @@ class AllocationRewriter:
             node=self.node_name,
             container=container,
             devices=sorted(milli),
+            **({"rdma": sorted(pod_wide)} if pod_wide else {}),
         )
         return self._completion(holdings)
 

@@ -9,7 +9,9 @@ A device plugin runs on the node. It does three things:
 
 A plugin may also name the device nodes it owns even before discovery finds them (optional
 attributes ``device_patterns``, fnmatch patterns of host paths, and ``device_char_majors``): the
-CRI shim scrubs those from every container that was not granted them.
+CRI shim scrubs those from every container that was not granted them. A plugin may also name
+directories wholly of its device nodes (``device_dirs``, host paths such as ``/dev/infiniband``):
+a container mounting one, or anything in one, is asking for those devices (the shim refuses it).
 
 Edits are plain data (``ContainerEdits``); the CRI shim turns them into CreateContainer changes.
 ``merge_edits`` combines the edits of several plugins (GPUs from one, NICs from another) and
@@ -214,6 +216,11 @@ def device_patterns(plugins: Iterable[DevicePlugin]) -> list[str]:
     """The host paths (fnmatch patterns) of every device node the plugins manage, whether or not
     discovery has found them: a plugin's optional ``device_patterns`` attribute."""
     return [p for plugin in plugins for p in getattr(plugin, "device_patterns", ())]
+
+
+def device_dirs(plugins: Iterable[DevicePlugin]) -> list[str]:
+    """Host directories wholly of the plugins' device nodes (optional ``device_dirs`` attribute)."""
+    return [d for plugin in plugins for d in getattr(plugin, "device_dirs", ())]
 
 
 def device_char_majors(plugins: Iterable[DevicePlugin]) -> set[int]:

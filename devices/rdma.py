@@ -10,6 +10,10 @@ Everything is read below an injectable root (default ``/``; tests build a fake t
   which device;
 - ``dev/infiniband/rdma_cm``: the connection manager node, shared by all devices.
 
+The root is the machine's root for ``/dev`` too: the host paths of the device nodes are below it
+(``<root>/dev/infiniband/uverbs<N>``; with the default ``/``, ``/dev/infiniband/uverbs<N>``), and
+they appear in the container at ``/dev/infiniband/uverbs<N>``.
+
 Device ids are the RDMA device names. Attributes: ``rateGbps`` and ``state`` (of the best port),
 ``linkLayer``, ``ports``, ``function`` (``pf`` or ``vf``), ``parentPf`` (a VF's PF PCI address)
 and ``parentDevice`` (its RDMA name, when the PF has one), ``sriovNumVfs`` (PF), ``uverbs``.
@@ -18,7 +22,9 @@ Health: a device is healthy while it is in sysfs, has a uverbs node, and has an 
 
 Edits: device nodes ``/dev/infiniband/uverbs<N>`` per device plus ``/dev/infiniband/rdma_cm``
 (when the host has it); env ``KUBEGPU_RDMA_DEVICES=<names>`` and ``NCCL_IB_HCA==<names>`` (exact
-match, so NCCL uses only the devices the container can open).
+match, so NCCL uses only the devices the container can open). Edits are made from sysfs as it is
+now: a device gone from sysfs since discovery (a VF removed with ``sriov_numvfs``), or whose verbs
+node is missing, is a ``PluginError`` naming it, never an edit for a node that is not there.
 """
 
 from __future__ import annotations
@@ -92,8 +98,14 @@ def is_healthy(info: RdmaInfo) -> bool:
     return info.uverbs is not None and any(p.state == "ACTIVE" for p in info.ports)
 
 
-def rdma_device(info: RdmaInfo, index: int, pf_names: Mapping[str, str]) -> Device:
-    """The model's Device for ``info``; ``pf_names`` maps PF PCI addresses to RDMA names."""
+def host_dev_dir(root: str) -> str:
+    """Where the device nodes are on the host for a machine rooted at ``root``."""
+    return os.path.join(root, DEV_DIR.lstrip("/"))
+
+
+def rdma_device(info: RdmaInfo, index: int, pf_names: Mapping[str, str], dev_dir: str = DEV_DIR) -> Device:
+    """The model's Device for ``info``; ``pf_names`` maps PF PCI addresses to RDMA names;
+    ``dev_dir``: the host directory of the device nodes."""
     port = best_port(info.ports)
     attributes = {
         "function": "vf" if info.physfn else "pf",
@@ -119,25 +131,26 @@ def rdma_device(info: RdmaInfo, index: int, pf_names: Mapping[str, str]) -> Devi
         numa_node=info.numa,
         pci_bus_id=info.pci,
         healthy=is_healthy(info),
-        device_nodes=(f"{DEV_DIR}/{info.uverbs}",) if info.uverbs else (),
+        device_nodes=(f"{dev_dir}/{info.uverbs}",) if info.uverbs else (),
         attributes=attributes,
     )
 
 
-def inventory_from(infos: Sequence[RdmaInfo]) -> NodeInventory:
+def inventory_from(infos: Sequence[RdmaInfo], dev_dir: str = DEV_DIR) -> NodeInventory:
     ordered = sorted(infos, key=lambda i: natural_key(i.name))
     pf_names = {i.pci: i.name for i in ordered if not i.physfn}
-    return NodeInventory(tuple(rdma_device(info, k, pf_names) for k, info in enumerate(ordered)))
+    return NodeInventory(tuple(rdma_device(info, k, pf_names, dev_dir) for k, info in enumerate(ordered)))
 
 
-def rdma_edits(devices: Sequence[tuple[str, str]], rdma_cm: bool) -> ContainerEdits:
-    """Edits for (name, uverbsN) pairs; ``rdma_cm``: whether the host has /dev/infiniband/rdma_cm."""
+def rdma_edits(devices: Sequence[tuple[str, str]], rdma_cm: bool, dev_dir: str = DEV_DIR) -> ContainerEdits:
+    """Edits for (name, uverbsN) pairs; ``rdma_cm``: whether the host has rdma_cm; ``dev_dir``:
+    the host directory of the nodes (they appear at ``/dev/infiniband`` in the container)."""
     if not devices:
         return ContainerEdits()
-    paths = [f"{DEV_DIR}/{uverbs}" for _, uverbs in devices] + ([RDMA_CM] if rdma_cm else [])
+    names_in = [uverbs for _, uverbs in devices] + (["rdma_cm"] if rdma_cm else [])
     names = ",".join(name for name, _ in devices)
     return ContainerEdits(
-        device_nodes=tuple(DeviceNode(p, p) for p in paths),
+        device_nodes=tuple(DeviceNode(f"{dev_dir}/{n}", f"{DEV_DIR}/{n}") for n in names_in),
         env={"KUBEGPU_RDMA_DEVICES": names, "NCCL_IB_HCA": f"={names}"},
     )
 
@@ -224,11 +237,15 @@ class RdmaPlugin:
 
     name = "rdma"
     kinds = frozenset({DeviceKind.RDMA})
-    device_patterns = (f"{DEV_DIR}/*",)  # uverbsN, rdma_cm, umadN, issmN
     device_char_majors = frozenset({231})  # the InfiniBand char major (uverbs, umad, issm)
 
     def __init__(self, sysfs_root: str = "/", exists: Callable[[str], bool] | None = None) -> None:
         self.root = sysfs_root
+        self.dev_dir = host_dev_dir(sysfs_root)
+        # Directories wholly of RDMA device nodes (uverbsN, rdma_cm, umadN, issmN): the host's, and
+        # the root's when it is another. A mount of or into one is a request for RDMA devices.
+        self.device_dirs = tuple(dict.fromkeys((DEV_DIR, self.dev_dir)))
+        self.device_patterns = tuple(f"{d}/*" for d in self.device_dirs)
         # host paths are checked below the root, so a fake tree answers for /dev too
         self.exists = exists or (lambda path: os.path.exists(os.path.join(self.root, path.lstrip("/"))))
 
@@ -237,7 +254,7 @@ class RdmaPlugin:
         return cls(sysfs_root=str(options.get("sysfs_root") or "/"))
 
     def discover(self) -> NodeInventory:
-        return inventory_from(read_rdma_devices(self.root))
+        return inventory_from(read_rdma_devices(self.root), self.dev_dir)
 
     def health(self) -> dict[str, bool]:
         return {info.name: is_healthy(info) for info in read_rdma_devices(self.root)}
@@ -248,14 +265,20 @@ class RdmaPlugin:
         if shares:
             raise PluginError("rdma: RDMA devices cannot be shared fractionally")
         nics = [d for d in devices if d.kind is DeviceKind.RDMA]
-        fresh: dict[str, str] | None = None
+        if not nics:
+            return ContainerEdits()
+        fresh = read_uverbs_map(self.root)  # as sysfs is now, not as it was at discovery
         pairs: list[tuple[str, str]] = []
         for device in nics:
-            uverbs = device.attributes.get("uverbs")
-            if not uverbs:
-                fresh = fresh if fresh is not None else read_uverbs_map(self.root)
-                uverbs = fresh.get(device.id)
+            if not os.path.exists(os.path.join(self.root, IB_CLASS, device.id)):
+                raise PluginError(
+                    f"rdma: device {device.id} is not on this host now (not in sysfs: a VF gone since "
+                    "discovery, or never here)"
+                )
+            uverbs = fresh.get(device.id)
             if not uverbs:
                 raise PluginError(f"rdma: device {device.id} has no uverbs node on this host")
+            if not self.exists(f"{DEV_DIR}/{uverbs}"):
+                raise PluginError(f"rdma: device {device.id}: its verbs node {DEV_DIR}/{uverbs} is missing")
             pairs.append((device.id, uverbs))
-        return rdma_edits(pairs, self.exists(RDMA_CM))
+        return rdma_edits(pairs, self.exists(RDMA_CM), self.dev_dir)

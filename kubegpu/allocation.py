@@ -75,6 +75,20 @@ MANAGED_RESOURCES = (GPU_RESOURCE, RDMA_RESOURCE)
 GPU_MILLI_ANNOTATION = "kubegpu.io/gpu-milli"
 GPU_MEMORY_ANNOTATION = "kubegpu.io/gpu-memory-mib"
 SHARE_ANNOTATIONS = (GPU_MILLI_ANNOTATION, GPU_MEMORY_ANNOTATION)
+# The pod-wide RDMA interfaces a pod asks for (docs/scheduler.md; the scheduler reads it strictly)
+RDMA_INTERFACES_ANNOTATION = "kubegpu.io/rdma-interfaces"
+
+
+def asks_rdma(annotations: Mapping[str, str]) -> bool:
+    """Whether a pod's annotations ask for RDMA interfaces: ``kubegpu.io/rdma-interfaces`` set to
+    anything but a count of zero (a value the scheduler would not read asks too: such a pod was
+    not scheduled by kubegpu)."""
+    raw = annotations.get(RDMA_INTERFACES_ANNOTATION)
+    if raw is None:
+        return False
+    value = str(raw)
+    return not (value.isascii() and value.isdigit() and int(value) == 0)
+
 
 SigningKey = Ed25519PrivateKey
 VerifyingKey = Ed25519PublicKey

@@ -48,9 +48,10 @@ def _is_int(value: Any) -> bool:
 
 
 def _shape_ok(doc: dict[str, Any]) -> bool:
-    """The schema table of docs/allocation.md, rule by rule."""
-    if not _is_int(doc.get("version")) or doc["version"] not in (1, 2):
-        return False  # version 2 adds "rdma" (never generated here); without it, as version 1
+    """The schema table of docs/allocation.md, rule by rule (version 2 is version 1's rules plus
+    ``rdma``, which these documents never carry: without it, ``containers`` may not be empty)."""
+    if not _is_int(doc.get("version")) or doc["version"] not in (1, 2) or "rdma" in doc:
+        return False
     if not isinstance(doc.get("node"), str) or not doc["node"]:
         return False
     if not isinstance(doc.get("podUID"), str) or not doc["podUID"]:

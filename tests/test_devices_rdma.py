@@ -127,7 +127,7 @@ def test_inventory(machine: Path) -> None:
         "function": "pf", "ports": "1", "rateGbps": "100", "state": "ACTIVE",
         "linkLayer": "InfiniBand", "sriovNumVfs": "1", "uverbs": "uverbs0",
     }
-    assert pf.device_nodes == ("/dev/infiniband/uverbs0",)
+    assert pf.device_nodes == (f"{machine}/dev/infiniband/uverbs0",)  # the node below the root
     assert pf.healthy
     assert (down.attributes["state"], down.attributes["rateGbps"], down.healthy) == ("DOWN", "40", False)
     assert vf.attributes["function"] == "vf"
@@ -153,15 +153,45 @@ def test_edits(machine: Path) -> None:
     plugin = RdmaPlugin(str(machine))
     by_id = plugin.discover().by_id()
     edits = plugin.container_edits([by_id["mlx5_10"], by_id["mlx5_0"]])
+    host = f"{machine}/dev/infiniband"  # the host paths are below the root; inside, /dev/infiniband
     assert edits.device_nodes == (
-        DeviceNode("/dev/infiniband/uverbs3", "/dev/infiniband/uverbs3", "rwm"),
-        DeviceNode("/dev/infiniband/uverbs0", "/dev/infiniband/uverbs0", "rwm"),
-        DeviceNode("/dev/infiniband/rdma_cm", "/dev/infiniband/rdma_cm", "rwm"),
+        DeviceNode(f"{host}/uverbs3", "/dev/infiniband/uverbs3", "rwm"),
+        DeviceNode(f"{host}/uverbs0", "/dev/infiniband/uverbs0", "rwm"),
+        DeviceNode(f"{host}/rdma_cm", "/dev/infiniband/rdma_cm", "rwm"),
     )
     assert edits.env == {"KUBEGPU_RDMA_DEVICES": "mlx5_10,mlx5_0", "NCCL_IB_HCA": "=mlx5_10,mlx5_0"}
-    # host paths exist in the (fake) host tree
     for node in edits.device_nodes:
-        assert (machine / node.host_path.lstrip("/")).exists()
+        assert os.path.exists(node.host_path)
+
+
+def test_edits_on_the_real_root_name_the_hosts_nodes() -> None:
+    plugin = RdmaPlugin("/", exists=lambda path: True)
+    assert plugin.device_patterns == ("/dev/infiniband/*",)
+    assert plugin.device_dirs == ("/dev/infiniband",)
+    from devices.rdma import rdma_edits
+
+    edits = rdma_edits([("mlx5_4", "uverbs4")], True)
+    assert edits.device_nodes == (
+        DeviceNode("/dev/infiniband/uverbs4", "/dev/infiniband/uverbs4"),
+        DeviceNode("/dev/infiniband/rdma_cm", "/dev/infiniband/rdma_cm"),
+    )
+
+
+def test_edits_refuse_a_device_gone_from_sysfs_since_discovery(machine: Path) -> None:
+    """A VF removed (sriov_numvfs lowered) after discovery: no edit for a node that is not there."""
+    plugin = RdmaPlugin(str(machine))
+    vf = plugin.discover().by_id()["mlx5_2"]
+    (machine / "sys/class/infiniband/mlx5_2").unlink()
+    with pytest.raises(PluginError, match="mlx5_2 is not on this host now"):
+        plugin.container_edits([vf])
+
+
+def test_edits_refuse_a_device_whose_verbs_node_is_missing(machine: Path) -> None:
+    plugin = RdmaPlugin(str(machine))
+    vf = plugin.discover().by_id()["mlx5_2"]
+    (machine / "dev/infiniband/uverbs2").unlink()
+    with pytest.raises(PluginError, match="verbs node /dev/infiniband/uverbs2 is missing"):
+        plugin.container_edits([vf])
 
 
 def test_edits_from_published_devices_and_without_rdma_cm(machine: Path) -> None:
@@ -171,14 +201,14 @@ def test_edits_from_published_devices_and_without_rdma_cm(machine: Path) -> None
     published = NodeInventory.from_public(plugin.discover().public())
     (machine / "dev/infiniband/rdma_cm").unlink()
     edits = plugin.container_edits([published.by_id()["mlx5_2"]])
-    assert [d.host_path for d in edits.device_nodes] == ["/dev/infiniband/uverbs2"]
+    assert [d.container_path for d in edits.device_nodes] == ["/dev/infiniband/uverbs2"]
 
 
 def test_edits_refuse_unknown_devices_and_shares(machine: Path) -> None:
     from devices.model import Device
 
     plugin = RdmaPlugin(str(machine))
-    with pytest.raises(PluginError, match="mlx5_9 has no uverbs"):
+    with pytest.raises(PluginError, match="mlx5_9 is not on this host now"):
         plugin.container_edits([Device(id="mlx5_9", kind=DeviceKind.RDMA, index=9, model="")])
     nic = plugin.discover().devices[0]
     with pytest.raises(PluginError, match="fractionally"):

@@ -1,0 +1,234 @@
+"""RDMA interfaces through real containerd (issue #25): the RDMA plugin reads a fake sysfs tree whose
+device nodes are real char devices (tests/support/rdmanode.py), and the containers print ``env``
+and ``ls -l /dev/infiniband`` to their CRI log: that is the proof of what they were given.
+
+Through the CRI proxy (containerd 1.6, ``kubegpu crishim --device-plugin rdma``): a pod allocated two
+VFs gets exactly their verbs nodes and rdma_cm, and ``NCCL_IB_HCA`` naming only them, in each of
+its containers; another pod given one of them, another pod's allocation and a forged one are
+refused; a container mounting /dev/infiniband or asking for a uverbs node without an allocation is
+refused. Through the NRI front (containerd 2.2.9): the same grant, and the mount refused. Every
+refusal leaves no container behind.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import pytest
+
+from crishim.cri import api_pb2
+from crishim.nri.agent import NriAgent
+from crishim.nri.plugin import PluginSession
+from crishim.rewrite import AllocationRewriter, NodeDevices
+from devices.rdma import RdmaPlugin
+from kubegpu.allocation import ANNOTATION, KeyRing
+from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
+from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
+from kubegpu.devenv.shimproc import ShimProcess
+from tests.fixtures.keys import OTHER_KEY, SIGNING, write_node_keys
+from tests.support.rdmanode import build_sriov_machine, rdma_allocation
+from tests.test_nri_agent import Pods
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+
+pytestmark = pytest.mark.containerd
+
+__all__ = ["nri_containerd"]  # the module fixture of tests/test_nri_transport.py
+NODE = "rdma-node"
+SCRIPT = "env; echo ---; ls -l /dev/infiniband 2>&1; echo END; exec sleep 100000"
+
+
+def seen(output: str) -> tuple[dict[str, str], list[str]]:
+    """(env, the char device names listed in /dev/infiniband) from a container's output."""
+    env_part, _, dev_part = output.partition("---")
+    env = dict(line.split("=", 1) for line in env_part.strip().splitlines() if "=" in line)
+    return env, sorted(line.split()[-1] for line in dev_part.splitlines() if line.startswith("c"))
+
+
+@dataclass
+class Node:
+    client: CriClient
+    direct: CriClient
+    dev: Path
+    logs: Path
+
+    def pod(self, name: str, annotation: str | None, uid: str) -> tuple[str, api_pb2.PodSandboxConfig]:
+        log_dir = self.logs / name
+        log_dir.mkdir(parents=True, exist_ok=True)
+        annotations = {ANNOTATION: annotation} if annotation is not None else {}
+        config = host_network_sandbox(name, uid, log_directory=str(log_dir), annotations=annotations)
+        sandbox = self.client.runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=config), timeout=60)
+        return sandbox.pod_sandbox_id, config
+
+    def create(
+        self,
+        sandbox: str,
+        config: api_pb2.PodSandboxConfig,
+        container: str,
+        devices: list[tuple[str, str]] | None = None,
+        mounts: list[tuple[str, str]] | None = None,
+        envs: dict[str, str] | None = None,
+    ) -> str:
+        request = api_pb2.CreateContainerRequest(
+            pod_sandbox_id=sandbox,
+            sandbox_config=config,
+            config=shell_container(container, BUSYBOX_IMAGE, SCRIPT, log_path=f"{container}.log", envs=envs),
+        )
+        for host, inside in devices or []:
+            request.config.devices.add(host_path=host, container_path=inside, permissions="rwm")
+        for host, inside in mounts or []:
+            request.config.mounts.add(host_path=host, container_path=inside, readonly=True)
+        return self.client.runtime.CreateContainer(request, timeout=60).container_id
+
+    def output(self, container_id: str, pod: str, container: str) -> str:
+        self.client.runtime.StartContainer(
+            api_pb2.StartContainerRequest(container_id=container_id), timeout=60
+        )
+        log = self.logs / pod / f"{container}.log"
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            if log.exists() and "END" in log.read_text():
+                return "\n".join(line.split(" ", 3)[-1] for line in log.read_text().splitlines())
+            time.sleep(0.05)
+        raise AssertionError(f"no output from {container}")
+
+    def containers_in(self, sandbox: str) -> list[str]:
+        listing = self.direct.runtime.ListContainers(
+            api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox))
+        )
+        return [c.id for c in listing.containers]
+
+    def refused(self, name: str, annotation: str | None, uid: str, **asks: object) -> grpc.RpcError:
+        """Create container ``app`` of a new pod; it must be refused and leave no container."""
+        sandbox, config = self.pod(name, annotation, uid)
+        with pytest.raises(grpc.RpcError) as caught:
+            self.create(sandbox, config, "app", **asks)  # type: ignore[arg-type]
+        assert self.containers_in(sandbox) == []
+        return caught.value
+
+
+@pytest.fixture
+def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[Node]:
+    root = tmp_path / "machine"
+    dev = build_sriov_machine(root)
+    keys = write_node_keys(tmp_path / "keys")
+    shim = ShimProcess(
+        socket=Path(f"/tmp/kgshim-rdma-{uuid.uuid4().hex[:8]}.sock"),
+        runtime_endpoint=containerd.endpoint,
+        log_path=tmp_path / "crishim.log",
+        extra_args=[
+            "--device-plugin",
+            "rdma",
+            "--sysfs-root",
+            str(root),
+            "--node-name",
+            NODE,
+            "--allocation-keys-dir",
+            str(keys),
+            "--health-interval",
+            "0.2",
+            "--telemetry-interval",
+            "0",
+        ],
+    ).start()
+    client = CriClient(shim.endpoint)
+    before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}
+    yield Node(client, direct, dev, tmp_path / "logs")
+    client.close()
+    shim.stop()
+    for sandbox in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items:
+        if sandbox.id not in before:
+            direct.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
+            direct.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id))
+
+
+def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: Node) -> None:
+    uid = str(uuid.uuid4())
+    sandbox, config = node.pod("two-vfs", rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_3"]), uid)
+    train = node.create(sandbox, config, "train", envs={"NCCL_IB_HCA": "mlx5"})
+    env, devices = seen(node.output(train, "two-vfs", "train"))
+    assert devices == ["rdma_cm", "uverbs1", "uverbs3"]  # not uverbs0 (the PF) nor uverbs2
+    assert env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_3"
+    side = node.create(sandbox, config, "side")  # every container of the pod: the VFs are pod-wide
+    env, devices = seen(node.output(side, "two-vfs", "side"))
+    assert devices == ["rdma_cm", "uverbs1", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_3"
+
+    other = str(uuid.uuid4())
+    taken = node.refused("taken", rdma_allocation(NODE, other, ["mlx5_2", "mlx5_3"]), other)
+    assert taken.code() is grpc.StatusCode.FAILED_PRECONDITION
+    assert "mlx5_3" in (taken.details() or "") and "goes to one pod" in (taken.details() or "")
+    stolen = node.refused("stolen", rdma_allocation(NODE, uid, ["mlx5_2"]), str(uuid.uuid4()))
+    assert "allocation is for pod UID" in (stolen.details() or "")
+    forged = node.refused("forged", rdma_allocation(NODE, other, ["mlx5_2"], key=OTHER_KEY), other)
+    assert forged.code() is grpc.StatusCode.INVALID_ARGUMENT and "signature" in (forged.details() or "")
+
+    # the pod's VFs come free with its sandbox: then another pod gets mlx5_3
+    node.client.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+    node.client.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+    sandbox, config = node.pod("next", rdma_allocation(NODE, other, ["mlx5_3"]), other)
+    env, devices = seen(node.output(node.create(sandbox, config, "app"), "next", "app"))
+    assert devices == ["rdma_cm", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_3"
+
+
+def test_a_container_asking_for_rdma_devices_itself_is_refused(node: Node) -> None:
+    dev = str(node.dev)
+    for name, asks in (
+        ("mount", {"mounts": [(dev, "/dev/infiniband")]}),
+        ("verbs", {"devices": [(f"{dev}/uverbs2", "/dev/infiniband/uverbs2")]}),
+    ):
+        uid = str(uuid.uuid4())
+        error = node.refused(name, None, uid, **asks)
+        assert error.code() is grpc.StatusCode.INVALID_ARGUMENT, error.details()
+        assert "RDMA" in (error.details() or ""), error.details()
+    # with an allocation, a mount of the directory is refused all the same
+    uid = str(uuid.uuid4())
+    error = node.refused("mount-alloc", rdma_allocation(NODE, uid, ["mlx5_1"]), uid, mounts=[(dev, "/ib")])
+    assert "reaches the node's RDMA devices" in (error.details() or "")
+
+
+def test_the_nri_front_gives_a_pod_its_vfs_and_refuses_a_mount_of_them(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    assert nri_containerd.nri_socket is not None
+    root = tmp_path / "machine"
+    dev = build_sriov_machine(root)
+    devices = NodeDevices([RdmaPlugin(str(root))], sysfs_root=str(root))
+    devices.discover()
+    agent = NriAgent(AllocationRewriter(NODE, devices, KeyRing(None, SIGNING)))
+    plugin = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
+    pods = Pods(nri_containerd, tmp_path / "logs")
+    try:
+        plugin.run(plugin.session.connect())
+        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        granted = pods.create(
+            "vfs",
+            lambda uid: rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_2"]),
+            envs={"NCCL_IB_HCA": "x"},
+            script=SCRIPT,
+        )
+        assert isinstance(granted, str), granted
+        env, listed = seen(pods.output(granted, "vfs"))
+        assert listed == ["rdma_cm", "uverbs1", "uverbs2"]
+        assert env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_2"
+        assert sorted(h.device for h in agent.rewriter.ledger.holdings() if h.pod_wide) == [
+            "mlx5_1",
+            "mlx5_2",
+        ]
+
+        taken = pods.create("taken", lambda uid: rdma_allocation(NODE, uid, ["mlx5_2"]), script=SCRIPT)
+        assert isinstance(taken, grpc.RpcError) and "goes to one pod" in (taken.details() or "")
+        mount = pods.create("mount", None, mounts=[(str(dev), "/dev/infiniband")], script=SCRIPT)
+        assert isinstance(mount, grpc.RpcError)
+        assert "reaches the node's RDMA devices" in (mount.details() or ""), mount.details()
+        verbs = pods.create(
+            "verbs", None, devices=[(f"{dev}/uverbs3", "/dev/infiniband/uverbs3")], script=SCRIPT
+        )
+        assert isinstance(verbs, grpc.RpcError)
+        assert "holds no RDMA interfaces" in (verbs.details() or ""), verbs.details()
+    finally:
+        pods.close()
+        plugin.stop()
