@@ -266,3 +266,54 @@ def diff_descriptor_sets(
 ) -> list[str]:
     """All wire-level differences in ``package`` between two FileDescriptorSets."""
     return diff_views(api_view(upstream.file, package), api_view(ours.file, package))
+
+
+def diff_subset(upstream: ApiView, ours: ApiView) -> list[str]:
+    """Where ``ours`` is a subset of ``upstream`` (an API we only partly use, such as NRI's), every
+    service method, message field and enum value ours declares must be upstream's on the wire;
+    what upstream has beyond that is allowed (protobuf skips fields it does not know)."""
+    diffs: list[str] = []
+    if not ours.syntax or not upstream.syntax:
+        diffs.append("package not found in one of the descriptor sets")
+    elif upstream.syntax != ours.syntax:
+        diffs.append(f"syntax differs: upstream {list(upstream.syntax)}, ours {list(ours.syntax)}")
+    for service, methods in ours.services.items():
+        for name, sig in methods.items():
+            up = upstream.services.get(service, {}).get(name)
+            if up is None:
+                diffs.append(f"extra method {service}/{name} (ours has it, upstream does not)")
+            elif up != sig:
+                diffs.append(
+                    f"method {service}/{name} differs: upstream {up.describe()}, ours {sig.describe()}"
+                )
+    for message, sig in ours.messages.items():
+        up_message = upstream.messages.get(message)
+        if up_message is None:
+            diffs.append(f"extra message {message} (ours has it, upstream does not)")
+            continue
+        for name, field in sig.fields.items():
+            up_field = up_message.fields.get(name)
+            if up_field is None:
+                diffs.append(f"extra field {message}.{name} (ours has it, upstream does not)")
+                continue
+            for attr in FieldSig.__dataclass_fields__:
+                a, b = getattr(up_field, attr), getattr(field, attr)
+                if a != b:
+                    diffs.append(f"field {message}.{name} {attr} differs: upstream {a!r}, ours {b!r}")
+        if sig.map_entry != up_message.map_entry:
+            diffs.append(
+                f"message {message} map_entry differs: upstream {up_message.map_entry}, ours {sig.map_entry}"
+            )
+    for enum, values in ours.enums.items():
+        up_values = upstream.enums.get(enum)
+        if up_values is None:
+            diffs.append(f"extra enum {enum} (ours has it, upstream does not)")
+            continue
+        for value, number in values.items():
+            if value not in up_values:
+                diffs.append(f"extra enum value {enum}.{value} (ours has it, upstream does not)")
+            elif up_values[value] != number:
+                diffs.append(
+                    f"enum value {enum}.{value} number differs: upstream {up_values[value]}, ours {number}"
+                )
+    return diffs
