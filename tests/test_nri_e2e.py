@@ -5,7 +5,11 @@ required NRI plugin (nothing on kubelet's call path).
 Through it, with the proxy's verdicts: a pod the scheduler placed sees exactly its allocated GPUs
 whatever it asked for itself; a pod bound past the scheduler with a forged allocation, one asking
 for GPUs with no allocation, and one replaying another pod's allocation are refused, each with the
-proxy's reason in the pod's events; a plain pod's device selectors are neutralised."""
+proxy's reason in the pod's events; a plain pod's device selectors are neutralised. So are, as
+with the proxy, a pod's environment grabs (toolkit selectors, ``KUBEGPU_*`` in any case,
+``DOCKER_RESOURCE_*``), toolkit device-list mounts in other spellings (removed), while hostPath
+volumes reaching managed nodes under other spellings are kept (Pod Security's business,
+docs/crishim.md); an allocation signed with a revoked key (its file removed) is refused."""
 
 from __future__ import annotations
 
@@ -218,3 +222,135 @@ def test_the_nri_front_honours_allocations_and_refuses_what_the_proxy_refuses(
     log = output(core, "plain")
     assert "NVIDIA_VISIBLE_DEVICES=void" in log, log
     assert next(line for line in log.splitlines() if line.startswith("SEES")).split() == ["SEES"], log
+
+
+def env_of(log: str) -> dict[str, str]:
+    """The container's environment as ``env`` printed it (before the ``SEES`` line)."""
+    lines = log.split("SEES", 1)[0].splitlines()
+    return dict(line.split("=", 1) for line in lines if "=" in line)
+
+
+def sees(log: str) -> list[str]:
+    return next(line for line in log.splitlines() if line.startswith("SEES")).split()[1:]
+
+
+# Variables a pod sets to grab devices: the toolkit's selectors, kubegpu's own (in any case) and
+# the runtime's; CUDA_VISIBLE_DEVICES selects nothing on the node (it only renumbers what the
+# container already sees), so the proxy leaves it as the pod spelled it.
+GRABS = {
+    "NVIDIA_VISIBLE_DEVICES": "all",
+    "NVIDIA_GDS": "enabled",
+    "NVIDIA_MIG_CONFIG_DEVICES": "all",
+    "Kubegpu_Visible_Devices": "all",
+    "KUBEGPU_GPU_SHARES": "all",
+    "DOCKER_RESOURCE_GPU": "all",
+    "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7",
+}
+# Names the proxy removes; the NRI front empties them instead (NRI v0.11 keeps a removed variable
+# in the OCI spec: crishim/nri/front.py), which selects nothing just the same.
+REMOVED = (
+    "NVIDIA_MIG_CONFIG_DEVICES",
+    "Kubegpu_Visible_Devices",
+    "KUBEGPU_GPU_SHARES",
+    "DOCKER_RESOURCE_GPU",
+)
+
+
+def test_env_grabs_path_spellings_and_a_revoked_key_get_the_proxys_verdicts(
+    cluster: tuple[Path, k8s.ApiClient],
+) -> None:
+    state, api = cluster
+    core = k8s.CoreV1Api(api)
+    keys = verifying_keys(state / "keys" / "node")
+
+    # env grabs with an allocation: exactly the allocated GPU, the grabs neutralised
+    core.create_namespaced_pod(NAMESPACE, pod("env-grab", 1, env=GRABS))
+    log = output(core, "env-grab")
+    placed = core.read_namespaced_pod("env-grab", NAMESPACE)
+    granted = list(verify(placed.metadata.annotations[ANNOTATION], keys).containers["app"].devices)
+    env = env_of(log)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == granted[0], log
+    assert env["KUBEGPU_VISIBLE_DEVICES"] == granted[0], log  # the sim plugin's, for the grant
+    assert env["NVIDIA_GDS"] == "disabled", log
+    assert env["CUDA_VISIBLE_DEVICES"] == GRABS["CUDA_VISIBLE_DEVICES"], log
+    for name in REMOVED:
+        assert env.get(name, "") == "", log
+    assert len(sees(log)) == 1, log
+
+    # a pod without allocation: path spellings of managed nodes as hostPath volumes (kept: a
+    # volume's node is outside the device cgroup, Pod Security's business as with the proxy),
+    # toolkit device-list mounts in other spellings (removed), env grabs (neutralised)
+    sim_dev = state / "nodes" / NODE / "sim" / "dev" / "kubegpu-sim"
+    assert (sim_dev / "gpu4").exists(), sorted(p.name for p in sim_dev.parent.iterdir())
+    link = state / "nodes" / NODE / "innocent-looking"
+    link.symlink_to(sim_dev / "gpu4")
+    empty = state / "nodes" / NODE / "empty"  # not /tmp: its many submounts would come along
+    empty.mkdir()
+    spelled = pod("spelled", env=GRABS)
+    volumes = {
+        "dot": f"{sim_dev}/./gpu3",  # the API server refuses '..' in a hostPath itself
+        "slashes": f"{sim_dev}//gpu2",
+        "link": str(link),
+        "request-a": str(empty),
+        "request-b": str(empty),
+        "request-c": str(empty),
+        "request-d": str(empty),
+    }
+    spelled["spec"]["volumes"] = [{"name": n, "hostPath": {"path": p}} for n, p in volumes.items()]
+    spelled["spec"]["containers"][0]["volumeMounts"] = [
+        {"name": "dot", "mountPath": "/grab/dot"},
+        {"name": "slashes", "mountPath": "/grab/slashes"},
+        {"name": "link", "mountPath": "/grab/link"},
+        {"name": "request-a", "mountPath": "/var/run//nvidia-container-devices/all"},
+        {"name": "request-b", "mountPath": "/run/../var/run/nvidia-container-devices/1"},
+        {"name": "request-c", "mountPath": "/var/run/nvidia-container-devicesall"},
+        {"name": "request-d", "mountPath": "/RUN/Nvidia-Container-Devices/all"},
+    ]
+    spelled["spec"]["containers"][0]["command"] = [
+        "/bin/sh",
+        "-c",
+        f"{SHOW.removesuffix('; echo END')}; echo GRABBED $(ls /grab); "
+        "echo MOUNTS $(grep -i nvidia-container-devices /proc/mounts | wc -l); echo END; sleep 1000000",
+    ]
+    core.create_namespaced_pod(NAMESPACE, spelled)
+    log = output(core, "spelled")
+    env = env_of(log)
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "void" and env["NVIDIA_GDS"] == "disabled", log
+    assert env["CUDA_VISIBLE_DEVICES"] == GRABS["CUDA_VISIBLE_DEVICES"], log
+    for name in (*REMOVED, "KUBEGPU_VISIBLE_DEVICES"):
+        assert env.get(name, "") == "", log
+    assert sees(log) == [], log
+    assert "GRABBED dot link slashes" in log, log
+    assert "MOUNTS 0" in log, log
+
+    # a revoked key (its file removed from the node's key directory): what it signed is refused
+    key_file = next(p for p in (state / "keys" / "node").iterdir() if p.is_file())
+    saved = key_file.read_bytes()
+    key_file.unlink()
+    try:
+        deadline = time.monotonic() + 60  # the agent looks at the directory every few seconds
+        attempt = 0
+        while True:
+            name = f"revoked-{attempt}"
+            core.create_namespaced_pod(NAMESPACE, pod(name, 1))
+            reason = f"unknown key id {key_file.name!r}"
+
+            def settled(name: str = name, reason: str = reason) -> str:
+                for event in core.list_namespaced_event(NAMESPACE).items:
+                    if event.involved_object.name == name and reason in (event.message or ""):
+                        return "refused"
+                try:
+                    text = core.read_namespaced_pod_log(name, NAMESPACE)
+                except k8s.ApiException:
+                    return ""
+                return "admitted" if text and "END" in text else ""
+
+            if wait_for(f"{name} to be refused or to run", settled) == "refused":
+                assert f"pod {NAMESPACE}/{name}" in refusal(core, name, reason)
+                assert core.read_namespaced_pod(name, NAMESPACE).status.phase == "Pending"
+                break
+            assert time.monotonic() < deadline, "a revoked key was still accepted"
+            core.delete_namespaced_pod(name, NAMESPACE, grace_period_seconds=0)
+            attempt += 1
+    finally:
+        key_file.write_bytes(saved)
