@@ -3,12 +3,15 @@
 this test's own. kube-scheduler calls kubegpu's filter, prioritize and bind: a multi-GPU pod gets
 an NVLink set with the signed allocation, shares of one GPU are booked exactly, a pod that fits
 nowhere carries the extender's per-node reasons in its FailedScheduling Event, and with the
-extender down (ignorable: false) pods wait, then schedule once it is back."""
+extender down (ignorable: false) pods wait, then schedule once it is back; two kube-scheduler replicas
+with leader election place each pod once, and the standby takes over when the leader is killed."""
 
 from __future__ import annotations
 
 import base64
 import contextlib
+import os
+import signal
 import threading
 import time
 import uuid
@@ -292,3 +295,96 @@ def test_kube_scheduler_trusting_another_ca_fails_the_call_and_pods_wait(
         time.sleep(2)
         assert not setup.core.read_namespaced_pod("distrusted", setup.namespace).spec.node_name
         assert not verb_calls(setup.extenders[0])
+
+
+LEASE = "kube-scheduler"  # the name system:kube-scheduler's bootstrap role may get and update
+
+
+def lease_holder(api: k8s.ApiClient, namespace: str) -> str:
+    """The identity holding kube-scheduler's lease in ``namespace`` ("" when none or no lease)."""
+    try:
+        lease = k8s.CoordinationV1Api(api).read_namespaced_lease(LEASE, namespace)
+    except k8s.ApiException as exc:
+        if exc.status == 404:
+            return ""
+        raise
+    return lease.spec.holder_identity or ""
+
+
+def wait_holder(api: k8s.ApiClient, namespace: str, other_than: str = "", timeout: float = 60) -> str:
+    deadline = time.monotonic() + timeout
+    while not (holder := lease_holder(api, namespace)) or holder == other_than:
+        assert time.monotonic() < deadline, f"lease holder still {holder!r}"
+        time.sleep(0.2)
+    return holder
+
+
+def scheduled_events(core: k8s.CoreV1Api, namespace: str, name: str) -> list[k8s.CoreV1Event]:
+    selector = f"involvedObject.name={name},reason=Scheduled"
+    return core.list_namespaced_event(namespace, field_selector=selector).items
+
+
+def test_two_kube_scheduler_replicas_place_each_pod_once_and_the_standby_takes_over(
+    admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
+) -> None:
+    """Two kube-scheduler replicas with ``--leader-elect`` (a lease in the test's namespace), both
+    configured with the extender. Only the leader schedules: each pod is bound once, with one
+    ``Scheduled`` Event and its own GPUs. The leader is then killed (SIGKILL, the lease is not
+    released): the standby acquires the lease once it expires and places the next pods through the
+    extender, from the same account (no GPU given twice)."""
+    configs: list[dict[str, Any]] = []
+    with trial_of(admin_api, kube_namespace, configs.append, tmp_path, "dgx1-v100") as setup:
+        (config,) = configs
+        config["leaderElection"] = {
+            "leaderElect": True,
+            "resourceLock": "leases",
+            "resourceNamespace": kube_namespace,
+            "resourceName": LEASE,
+            "leaseDuration": "4s",
+            "renewDeadline": "3s",
+            "retryPeriod": "500ms",
+        }
+        first = kube_scheduler(config)
+        leader = wait_holder(admin_api, kube_namespace)
+        second = kube_scheduler(config)
+        assert second.alive() and lease_holder(admin_api, kube_namespace) == leader
+
+        before = [setup.pod(f"before-{i}", 2) for i in range(3)]
+        placed = wait_bound(setup.core, setup.namespace, before, timeout=90)
+        after: list[str] = []
+        try:
+            assert lease_holder(admin_api, kube_namespace) == leader
+            assert first.process is not None
+            os.killpg(first.process.pid, signal.SIGKILL)
+            first.process.wait(10)
+            successor = wait_holder(admin_api, kube_namespace, other_than=leader, timeout=60)
+            assert second.alive()
+            after = [setup.pod(f"after-{i}", 2) for i in range(3)]
+            placed |= wait_bound(setup.core, setup.namespace, after, timeout=90)
+            assert lease_holder(admin_api, kube_namespace) == successor
+        finally:
+            first.stop()
+
+        held: dict[tuple[str, str], str] = {}
+        for name in before + after:
+            pod = placed[name]
+            allocation = verify(pod.metadata.annotations[ANNOTATION], KEYS)
+            assert allocation.node == pod.spec.node_name and allocation.pod_uid == pod.metadata.uid
+            devices = allocation.containers["app"].devices
+            assert len(devices) == 2
+            for device in devices:
+                assert (allocation.node, device) not in held, f"{device} given to {held} and {name}"
+                held[(allocation.node, device)] = name
+        deadline = time.monotonic() + 30
+        while not all(scheduled_events(setup.core, setup.namespace, n) for n in before + after):
+            assert time.monotonic() < deadline, "a pod has no Scheduled Event"
+            time.sleep(0.2)
+        for running in setup.extenders:
+            running.scheduler._binders.shutdown(wait=True)
+        time.sleep(1)  # a second binding replica's Event would be posted by now
+        for name in before + after:
+            [event] = scheduled_events(setup.core, setup.namespace, name)
+            node = placed[name].spec.node_name
+            assert event.message == f"Successfully assigned {setup.namespace}/{name} to {node}"
+        calls = verb_calls(setup.extenders[0])
+        assert calls.get(("bind", "200")) == len(before + after), calls
