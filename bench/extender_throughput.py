@@ -37,7 +37,6 @@ import argparse
 import json
 import multiprocessing
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -54,6 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/scheduler_thro
 import scheduler_throughput as st  # noqa: E402
 import yaml  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
+from gang_throughput import kube_scheduler_version, median_or_none, ratio  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 
 from kubegpu.devenv.controlplane import ControlPlane  # noqa: E402
@@ -94,14 +94,6 @@ def extender_scheduler_config(stanza: Mapping[str, Any], port: int, qps: int) ->
 def round_order(rounds: int) -> list[tuple[int, str]]:
     """(round, kind) in run order: ABC, CBA, ABC, ..."""
     return [(r, kind) for r in range(rounds) for kind in (KINDS if r % 2 == 0 else tuple(reversed(KINDS)))]
-
-
-def median_or_none(values: Sequence[float]) -> float | None:
-    return round(statistics.median(values), 1) if values else None
-
-
-def ratio(ours: float | None, theirs: float | None) -> float | None:
-    return round(ours / theirs, 3) if ours and theirs else None
 
 
 def kind_summary(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -264,16 +256,6 @@ def _http_ok(url: str) -> bool:
             return int(response.status) == 200
     except OSError:
         return False
-
-
-def kube_scheduler_version(cp: ControlPlane) -> str:
-    try:
-        done = subprocess.run(
-            [str(cp.binaries.scheduler), "--version"], capture_output=True, text=True, timeout=30, check=False
-        )
-        return done.stdout.strip() or done.stderr.strip()
-    except OSError as error:
-        return f"unknown ({error})"
 
 
 def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
