@@ -54,6 +54,7 @@ bench: deps install testbin
 	$(VPY) bench/create_container_rewrite.py
 	$(VPY) bench/scheduler_throughput.py
 	$(VPY) bench/gang_throughput.py
+	$(VPY) bench/extender_throughput.py
 	$(VPY) bench/gang_plan.py
 	$(VPY) bench/simulate_openb.py
 	$(VPY) bench/node_placement.py

@@ -543,6 +543,13 @@ def _add_extender(sub: argparse._SubParsersAction) -> None:
     parser.add_argument("--signing-key-id", help="key id to sign allocations with")
     parser.add_argument("--leader-elect", action="store_true", default=None, help="run Lease leader election")
     parser.add_argument("--identity", help="this replica's identity (default: hostname)")
+    parser.add_argument(
+        "--advertise-address",
+        dest="extender_advertise_address",
+        metavar="HOST:PORT",
+        help="where the other replicas reach this one (with --leader-elect a standby relays the "
+        "verbs to the leader there; default: $POD_IP with --address's port)",
+    )
     parser.set_defaults(run=_run_extender)
 
 
@@ -552,7 +559,10 @@ def _run_extender(args: argparse.Namespace) -> int:
 
     if (args.tls_cert_file is None) != (args.tls_private_key_file is None):
         raise UsageError("--tls-cert-file and --tls-private-key-file go together")
-    config = _scheduler_config(args, ("scheduler_name", "policy", "keys_dir", "signing_key_id", "identity"))
+    config = _scheduler_config(
+        args,
+        ("scheduler_name", "policy", "keys_dir", "signing_key_id", "identity", "extender_advertise_address"),
+    )
     api = api_client(args.kubeconfig)
     if api is None:
         raise UsageError("needs --kubeconfig or an in-cluster service account")

@@ -388,3 +388,121 @@ def test_two_kube_scheduler_replicas_place_each_pod_once_and_the_standby_takes_o
             assert event.message == f"Successfully assigned {setup.namespace}/{name} to {node}"
         calls = verb_calls(setup.extenders[0])
         assert calls.get(("bind", "200")) == len(before + after), calls
+
+
+def replica_metrics(port: int) -> dict[tuple[str, str, str], float]:
+    """(metric, verb, HTTP status) -> count, from a ``kubegpu extender`` process's /metrics."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    counts: dict[tuple[str, str, str], float] = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("kubegpu_extender_requests_total", "kubegpu_extender_relayed_total"):
+                counts[(sample.name, sample.labels["verb"], sample.labels["code"])] = sample.value
+    return counts
+
+
+def wait_ready(port: int, says: str, timeout: float = 60) -> None:
+    """Until the replica's /readyz answers 200 with ``says`` in its text."""
+    import urllib.error
+    import urllib.request
+
+    deadline, last = time.monotonic() + timeout, ""
+    while time.monotonic() < deadline:
+        try:
+            last = urllib.request.urlopen(f"http://127.0.0.1:{port}/readyz", timeout=5).read().decode()
+            if says in last:
+                return
+        except (urllib.error.URLError, OSError) as error:
+            last = str(error)
+        time.sleep(0.3)
+    raise AssertionError(f"replica on {port} not ready ({says!r}): {last}")
+
+
+def test_a_standby_relays_kube_schedulers_calls_to_the_leader_and_takes_over_when_it_dies(
+    control_plane: Any,
+    admin_api: k8s.ApiClient,
+    kube_namespace: str,
+    kube_scheduler: Callable[..., Any],
+    tmp_path: Path,
+) -> None:
+    """Two ``kubegpu extender --leader-elect`` processes; kube-scheduler calls the standby (as a
+    Service may). The standby answers no verb itself: it relays each to the leader, which binds
+    the pod. The leader is killed (SIGKILL: no release); once the lease runs out the standby
+    leads and answers kube-scheduler itself."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from kubegpu.devenv.shimproc import free_port
+    from tests.fixtures.keys import write_scheduler_keys
+
+    core = k8s.CoreV1Api(admin_api)
+    run = uuid.uuid4().hex[:6]
+    profile = f"kube-ext-{run}"
+    keys = write_scheduler_keys(tmp_path / "keys")
+    config = tmp_path / "extender.yaml"
+    config.write_text(
+        f"keysDir: {keys}\nsigningKeyId: k1\npolicy: topology\nleaderElection:\n  enabled: true\n"
+        f"  namespace: {kube_namespace}\n  leaseName: ext-{run}\n  leaseSeconds: 6\n"
+        "  renewDeadlineSeconds: 4.5\n  retryPeriodSeconds: 0.5\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "POD_IP"}
+    ports, processes = {}, {}
+
+    def start(identity: str) -> None:
+        ports[identity] = free_port()
+        log = (tmp_path / f"{identity}.log").open("wb")
+        processes[identity] = subprocess.Popen(
+            [sys.executable, "-m", "kubegpu", "extender", "--config", str(config),
+             "--kubeconfig", str(control_plane.admin_kubeconfig), "--scheduler-name", profile,
+             "--address", f"127.0.0.1:{ports[identity]}", "--identity", identity],
+            stdout=log, stderr=subprocess.STDOUT, env=env,
+        )  # fmt: skip
+
+    try:
+        start("ext-a")
+        wait_ready(ports["ext-a"], "ready")  # the leader, past its fence
+        start("ext-b")
+        wait_ready(ports["ext-b"], "standby: relaying to")
+        kube_scheduler(extender_config(profile, ports["ext-b"]))
+        for name in ("a", "b"):
+            advertise(core, f"{name}-{run}", "dgx1-v100", tmp_path, labels={"run": run})
+
+        def pod(name: str) -> k8s.V1Pod:
+            body = gpu_pod(kube_namespace, name, 2, scheduler=profile, selector={"run": run})
+            core.create_namespaced_pod(kube_namespace, body)
+            placed = wait_bound(core, kube_namespace, [name], timeout=120)[name]
+            assert verify(placed.metadata.annotations[ANNOTATION], KEYS).node == placed.spec.node_name
+            return placed
+
+        pod("via-standby")
+        leader, standby = replica_metrics(ports["ext-a"]), replica_metrics(ports["ext-b"])
+        answered = "kubegpu_extender_requests_total"
+        assert leader.get((answered, "filter", "200")) and leader.get((answered, "bind", "200")), leader
+        assert not any(key[0] == answered for key in standby), standby  # no call answered by a standby
+        assert standby.get(("kubegpu_extender_relayed_total", "bind", "200")), standby
+        lease = k8s.CoordinationV1Api(admin_api).read_namespaced_lease(f"ext-{run}", kube_namespace)
+        assert lease.spec.holder_identity == "ext-a"
+        assert f"127.0.0.1:{ports['ext-a']}" in lease.metadata.annotations["kubegpu.io/extender-leader"]
+
+        processes["ext-a"].send_signal(signal.SIGKILL)
+        processes["ext-a"].wait(10)
+        pod("after-failover")
+        took_over = replica_metrics(ports["ext-b"])
+        assert took_over.get((answered, "bind", "200")), took_over
+        lease = k8s.CoordinationV1Api(admin_api).read_namespaced_lease(f"ext-{run}", kube_namespace)
+        assert lease.spec.holder_identity == "ext-b"
+        assert '"holder":"ext-b"' in lease.metadata.annotations["kubegpu.io/extender-leader"]
+    finally:
+        for process in processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    process.wait(30)
+                except subprocess.TimeoutExpired:
+                    process.kill()

@@ -309,9 +309,12 @@ def test_extender_value_serves_kube_schedulers_calls(helm: Helm, tmp_path: Path)
         "extender_address": shipped["extenderAddress"],
         "extender_tls_cert_file": None,
         "extender_tls_private_key_file": None,
+        "extender_advertise_address": None,  # $POD_IP, which the Deployment sets
     }
     pod = objects[("Deployment", "kubegpu-system", "kubegpu-scheduler")]["spec"]["template"]
     assert service["spec"]["selector"].items() <= pod["metadata"]["labels"].items()
+    env = {e["name"]: e.get("valueFrom") for e in pod["spec"]["containers"][0]["env"]}
+    assert env["POD_IP"] == {"fieldRef": {"fieldPath": "status.podIP"}}  # a standby relays there
     ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
     assert ports["extender"] == 8888
     assert not any(v["name"] == "extender-tls" for v in pod["spec"]["volumes"])

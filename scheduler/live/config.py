@@ -56,6 +56,9 @@ class SchedulerConfig:
     extender_address: str | None = None
     extender_tls_cert_file: str | None = None
     extender_tls_private_key_file: str | None = None
+    # HOST:PORT where the other replicas reach this one's extender (a standby relays the verbs to
+    # the leader there); default: $POD_IP with extenderAddress's port
+    extender_advertise_address: str | None = None
     # utilisation-aware placement (docs/utilisation.md): the weight of the live utilisation term
     # added to ``policy`` (0: none), and the age past which a node's published readings are unknown
     utilization_weight: float = 0.0
@@ -142,6 +145,13 @@ def validate(config: SchedulerConfig) -> None:
             split_host_port(config.extender_address)
         except ValueError as error:
             problems.append(f"extenderAddress {config.extender_address!r}: {error}")
+    if config.extender_advertise_address is not None:
+        try:
+            host, port = split_host_port(config.extender_advertise_address)
+            if not host or host in ("0.0.0.0", "::") or port == 0:
+                raise ValueError("want the HOST:PORT other replicas reach, not a wildcard or port 0")
+        except ValueError as error:
+            problems.append(f"extenderAdvertiseAddress {config.extender_advertise_address!r}: {error}")
     if (config.extender_tls_cert_file is None) != (config.extender_tls_private_key_file is None):
         problems.append("extenderTlsCertFile and extenderTlsPrivateKeyFile go together")
     weight = config.utilization_weight

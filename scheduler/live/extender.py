@@ -22,8 +22,10 @@ of devices whether pods are bound by the live scheduler or by the extender.
   that asks for no managed device keeps every proposal.
 
 Requests are bounded (``MAX_BODY_BYTES``, a read timeout); malformed ones get 400 with the reason,
-never a crash. ``/healthz``, ``/readyz`` (caches synced and, with leader election, leading) and
-``/metrics`` (per-verb latency histograms) are served on the same port. docs/extender.md.
+never a crash. ``/healthz``, ``/readyz`` (caches synced and, with leader election, leading, or a
+standby that knows the leader) and ``/metrics`` (per-verb latency histograms) are served on the
+same port. With leader election a standby relays each verb request to the leader
+(scheduler/live/relay.py). docs/extender.md.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from scheduler.live.extenderapi import (
 )
 from scheduler.live.podspec import PodSpecError
 from scheduler.live.preemption import extender_victims, other_rules
+from scheduler.live.relay import RELAYED_HEADER, Relay
 from scheduler.live.scheduler import Scheduler, _facts, _priority
 
 log = logging.getLogger("kubegpu.extender")
@@ -271,8 +274,11 @@ class ExtenderServer:
         address: str,
         ready: Callable[[], tuple[bool, str]],
         tls: tuple[str, str] | None = None,
+        relay: Relay | None = None,
     ) -> None:
-        self._server = bound_server(address, _handler(extender, ready))
+        """``ready``: whether this replica answers the verbs itself; when it does not, ``relay``
+        (a standby's) sends them to the leader."""
+        self._server = bound_server(address, _handler(extender, ready, relay))
         if tls is not None:
             context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
             context.minimum_version = ssl.TLSVersion.TLSv1_2
@@ -296,7 +302,9 @@ class ExtenderServer:
         self._server.server_close()
 
 
-def _handler(extender: Extender, ready: Callable[[], tuple[bool, str]]) -> type[BaseHTTPRequestHandler]:
+def _handler(
+    extender: Extender, ready: Callable[[], tuple[bool, str]], relay: Relay | None
+) -> type[BaseHTTPRequestHandler]:
     class Handler(BaseHTTPRequestHandler):
         timeout = READ_TIMEOUT_SECONDS
 
@@ -336,6 +344,9 @@ def _handler(extender: Extender, ready: Callable[[], tuple[bool, str]]) -> type[
                 self._send(200, "text/plain", b"ok\n")
             elif path == "/readyz":
                 ok, detail = ready()
+                leader = relay.target() if relay is not None and not ok else None
+                if leader is not None:  # a standby: it takes calls and relays them
+                    ok, detail = True, f"standby: relaying to {leader}"
                 self._send(200 if ok else 503, "text/plain", (detail + "\n").encode())
             else:
                 self._send(404, "text/plain", b"not found\n")
@@ -357,7 +368,13 @@ def _handler(extender: Extender, ready: Callable[[], tuple[bool, str]]) -> type[
                 return
             ok, detail = ready()
             if not ok:
-                self._json(503, {"Error": f"not ready: {detail}"})
+                leader = None
+                if relay is not None and not self.headers.get(RELAYED_HEADER):  # one hop only
+                    leader = relay.target()
+                if relay is None or leader is None:
+                    self._json(503, {"Error": f"not ready: {detail}"})
+                    return
+                self._send(*relay.relay(leader, self.path, body))
                 return
             status, doc = extender.handle(verb, body)
             self._json(status, doc)

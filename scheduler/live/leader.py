@@ -279,6 +279,7 @@ class LeaderElector:
         retry_period: float = 2,
         clock: Callable[[], datetime] = utc_now,
         monotonic: Callable[[], float] = time.monotonic,
+        annotations: Mapping[str, str] | None = None,
     ) -> None:
         if not identity:
             raise ValueError("an elector needs a non-empty identity")
@@ -296,6 +297,11 @@ class LeaderElector:
         self._leading = False
         self._last_renewed = 0.0  # monotonic time at the start of the last successful step
         self.observed: LeaseRecord | None = None  # the Lease as last read or written
+        # the Lease's annotations as last read or written; ``annotations`` are ours, written with
+        # every create, take-over and renewal and dropped on release (the holder's facts, such as
+        # where its extender listens: scheduler/live/relay.py)
+        self.observed_annotations: dict[str, str] = {}
+        self.annotations = dict(annotations or {})
         # Each API call may take at most this long, so a hung call cannot outlive the deadline.
         self._timeout = {"_request_timeout": max(retry_period, renew_deadline / 2)}
 
@@ -349,6 +355,7 @@ class LeaderElector:
             return self._create(first_record(self.identity, now, self.lease_seconds))
         current = LeaseRecord.from_spec(lease.spec)
         self.observed = current
+        self.observed_annotations = dict(lease.metadata.annotations or {})
         decision = decide(current, self.identity, now)
         if decision is Decision.HELD:
             return Outcome.HELD
@@ -367,7 +374,7 @@ class LeaderElector:
         return Outcome.RENEWED
 
     def _create(self, record: LeaseRecord) -> Outcome:
-        body = lease_body(self.namespace, self.name, record)
+        body = lease_body(self.namespace, self.name, record, annotations=self.annotations)
         try:
             self.api.create_namespaced_lease(self.namespace, body, **self._timeout)
         except API_ERRORS as exc:
@@ -375,21 +382,30 @@ class LeaderElector:
                 return Outcome.LOST_RACE
             return self._failed("create", exc)
         self.observed = record
+        self.observed_annotations = dict(self.annotations)
         log.info(
             "leader.acquired lease=%s/%s identity=%s (created)", self.namespace, self.name, self.identity
         )
         return Outcome.ACQUIRED
 
     def _update(self, lease: Any, record: LeaseRecord) -> Outcome | None:
-        """Conditional update (the resourceVersion as read): None when written, else why not."""
+        """Conditional update (the resourceVersion as read): None when written, else why not.
+
+        The Lease keeps its labels and others' annotations; ours are written while we hold it
+        (``record.holder``) and removed when we give it up."""
         metadata = lease.metadata
+        annotations = dict(metadata.annotations or {})
+        for key in self.annotations:
+            annotations.pop(key, None)
+        if record.holder == self.identity:
+            annotations.update(self.annotations)
         body = lease_body(
             self.namespace,
             self.name,
             record,
             metadata.resource_version,
             metadata.labels,
-            metadata.annotations,
+            annotations,
         )
         try:
             self.api.replace_namespaced_lease(self.name, self.namespace, body, **self._timeout)
@@ -398,6 +414,7 @@ class LeaderElector:
                 return Outcome.LOST_RACE
             return self._failed("update", exc)
         self.observed = record
+        self.observed_annotations = annotations
         return None
 
     def _failed(self, verb: str, exc: Exception) -> Outcome:

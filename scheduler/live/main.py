@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -14,6 +15,7 @@ from kubegpu.httpserve import MetricsServer
 from kubegpu.kube import api_client
 from kubegpu.logs import log_event
 from scheduler.live.config import SchedulerConfig
+from scheduler.live.relay import Relay, advertised_url, leader_annotation
 from scheduler.live.scheduler import Scheduler
 
 log = logging.getLogger("kubegpu.scheduler")
@@ -31,12 +33,16 @@ def _stop_on_signals(stop: threading.Event, event: str) -> None:
     signal.signal(signal.SIGINT, on_signal)
 
 
-def _watch_and_lead(scheduler: Scheduler, api: Any, what: str) -> threading.Thread | None:
-    """Start the watches, wait (bounded) for their first lists, then lead or run the election."""
+def _watch_and_lead(
+    scheduler: Scheduler, api: Any, what: str, extender_url: str | None = None
+) -> threading.Thread | None:
+    """Start the watches, wait (bounded) for their first lists, then lead or run the election
+    (a leader with an extender writes its URL on the Lease, for standbys to relay to)."""
     scheduler.start_watching()
     if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
         log_event(log, f"{what}.sync_timeout", logging.ERROR, seconds=SYNC_TIMEOUT_SECONDS)
-    return scheduler.start_leading(api)
+    annotations = leader_annotation(scheduler.config.identity, extender_url) if extender_url else None
+    return scheduler.start_leading(api, annotations)
 
 
 def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
@@ -63,8 +69,8 @@ def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
             },
         )
         server.start()
-    extender = _extender_server(scheduler, config)
-    elector_thread = _watch_and_lead(scheduler, api, "scheduler")
+    extender, extender_url = _extender_server(scheduler, config)
+    elector_thread = _watch_and_lead(scheduler, api, "scheduler", extender_url)
     log_event(
         log,
         "scheduler.started",
@@ -95,28 +101,50 @@ def _ready(scheduler: Scheduler) -> tuple[bool, str]:
     return True, "ready"
 
 
-def _extender_server(scheduler: Scheduler, config: SchedulerConfig) -> Any:
-    """With ``extenderAddress``: the extender's HTTP(S) server on this replica's cache, started."""
+def _extender_server(scheduler: Scheduler, config: SchedulerConfig) -> tuple[Any, str | None]:
+    """With ``extenderAddress``: the extender's HTTP(S) server on this replica's cache, started,
+    and the URL other replicas reach it at (None: not known)."""
     if config.extender_address is None:
-        return None
-    from scheduler.live.extender import Extender, ExtenderServer
-
+        return None, None
     tls = None
     if config.extender_tls_cert_file and config.extender_tls_private_key_file:
         tls = (config.extender_tls_cert_file, config.extender_tls_private_key_file)
-    server = ExtenderServer(Extender(scheduler), config.extender_address, lambda: _ready(scheduler), tls)
+    return _serve_extender(scheduler, config.extender_address, tls, config.extender_advertise_address)
+
+
+def _serve_extender(
+    scheduler: Scheduler, address: str, tls: tuple[str, str] | None, advertise: str | None
+) -> tuple[Any, str | None]:
+    """Start the extender's server on ``address``; with leader election a standby relays the verbs
+    to the leader (scheduler/live/relay.py)."""
+    from scheduler.live.extender import Extender, ExtenderServer
+
+    extender = Extender(scheduler)
+    relay = None
+    url = None
+    if scheduler.config.leader_election.enabled:
+        relay = Relay(
+            lambda: scheduler.elector,
+            scheduler.config.identity,
+            scheduler.metrics.registry,
+            tls[0] if tls else None,
+        )
+        url = advertised_url(advertise, address, tls is not None, os.environ)
+    server = ExtenderServer(extender, address, lambda: _ready(scheduler), tls, relay)
     server.start()
-    log_event(log, "extender.serving", address=config.extender_address, tls=tls is not None)
-    return server
+    if url is None and relay is not None:
+        reason = "no extenderAdvertiseAddress, no POD_IP and a wildcard listening address"
+        log_event(log, "extender.not_advertised", logging.WARNING, reason=reason)
+    log_event(log, "extender.serving", address=address, tls=tls is not None, url=url)
+    return server, url
 
 
 def run_extender(
     config: SchedulerConfig, kubeconfig: str | None, address: str, tls: tuple[str, str] | None
 ) -> int:
     """``kubegpu extender``: serve kube-scheduler's extender protocol from a Scheduler's cache
-    (scheduler/live/extender.py) until SIGTERM; with leader election only the leader is ready."""
-    from scheduler.live.extender import Extender, ExtenderServer
-
+    (scheduler/live/extender.py) until SIGTERM; with leader election only the leader answers,
+    standbys relay to it."""
     api = api_client(kubeconfig)
     if api is None:
         log_event(log, "extender.no_api", logging.ERROR, reason="needs --kubeconfig or an in-cluster account")
@@ -125,9 +153,8 @@ def run_extender(
     stop = scheduler.stop_event
     _stop_on_signals(stop, "extender.stopping")
 
-    server = ExtenderServer(Extender(scheduler), address, lambda: _ready(scheduler), tls)
-    server.start()
-    elector_thread = _watch_and_lead(scheduler, api, "extender")
+    server, url = _serve_extender(scheduler, address, tls, config.extender_advertise_address)
+    elector_thread = _watch_and_lead(scheduler, api, "extender", url)
     log_event(
         log,
         "extender.started",

@@ -292,8 +292,11 @@ class Scheduler:
         """The reflector and staleness threads start_watching started (stop() ends them)."""
         return list(self._watchers)
 
-    def start_leading(self, api: k8s.ApiClient) -> threading.Thread | None:
-        """Lead at once, or run the Lease election; a replica that loses the lease stops."""
+    def start_leading(
+        self, api: k8s.ApiClient, annotations: Mapping[str, str] | None = None
+    ) -> threading.Thread | None:
+        """Lead at once, or run the Lease election; a replica that loses the lease stops.
+        ``annotations`` go on the Lease while this replica holds it (where its extender listens)."""
         election = self.config.leader_election
         if not election.enabled:
             self.leading.set()
@@ -309,6 +312,7 @@ class Scheduler:
             lease_seconds=election.lease_seconds,
             renew_deadline=election.renew_deadline_seconds,
             retry_period=election.retry_period_seconds,
+            annotations=annotations,
         )
 
         def started() -> None:

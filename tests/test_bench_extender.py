@@ -1,0 +1,102 @@
+"""bench/extender_throughput.py: its pure parts (kube-scheduler's config with the shipped extender
+stanza, the round order, medians and the JSON's headline), without an apiserver; and one tiny real
+run against a real kube-apiserver, kube-scheduler with ``kubegpu extender``, kubegpu's scheduler and
+a plain kube-scheduler (marked ``apiserver``)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+import yaml
+
+from kubegpu.devenv.controlplane import BinariesMissing, find_binaries
+from tests.fixtures.common import missing_component
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench" / "extender_throughput.py"
+HEADLINE = {
+    "extender_pods_per_second",
+    "kubegpu_pods_per_second",
+    "plain_pods_per_second",
+    "ratio_extender_plain",
+}
+
+
+@pytest.fixture(scope="module")
+def bench() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("extender_throughput_bench", BENCH)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_kube_scheduler_gets_the_shipped_stanza_pointed_at_the_extender(bench: ModuleType) -> None:
+    shipped = yaml.safe_load((ROOT / "deploy" / "extender" / "kube-scheduler-config.yaml").read_text())
+    config = bench.extender_scheduler_config(shipped, 4321, 100)
+    (stanza,) = config["extenders"]
+    (original,) = shipped["extenders"]
+    assert stanza == {**original, "urlPrefix": "http://127.0.0.1:4321"}
+    assert original["urlPrefix"].startswith("http://kubegpu-extender")  # the shipped file is untouched
+    assert config["profiles"] == [{"schedulerName": "bench-extender"}]
+    assert config["clientConnection"] == {"qps": 100, "burst": 100}
+
+
+def test_round_order_interleaves_every_kind(bench: ModuleType) -> None:
+    e, k, p = bench.KINDS
+    assert bench.round_order(2) == [(0, e), (0, k), (0, p), (1, p), (1, k), (1, e)]
+
+
+def test_the_json_headline_is_the_issues_shape_with_medians(bench: ModuleType) -> None:
+    def rounds(*rates: float) -> list[dict[str, object]]:
+        return [{"pods_per_second": r, "pods": 10, "bound": 10, "cpu_seconds": {"etcd": 1.0}} for r in rates]
+
+    summaries = {
+        bench.EXTENDER: bench.kind_summary(rounds(60.0, 80.0, 70.0)),
+        bench.KUBEGPU: bench.kind_summary(rounds(120.0, 110.0)),
+        bench.PLAIN: bench.kind_summary(rounds(100.0)),
+    }
+    doc = json.loads(json.dumps(bench.headline(summaries)))
+    assert HEADLINE <= set(doc)
+    assert (doc["extender_pods_per_second"], doc["kubegpu_pods_per_second"]) == (70.0, 115.0)
+    assert doc["ratio_extender_plain"] == 0.7 and doc["ratio_kubegpu_plain"] == 1.15
+    assert doc["targets_met"] == {"ratio_extender_plain_at_least_0_7": True, "every_pod_bound": True}
+    assert summaries[bench.EXTENDER]["pods_per_second_range"] == [60.0, 80.0]
+    assert summaries[bench.EXTENDER]["cpu_seconds"] == {"etcd": 3.0}
+
+
+def test_sizes_that_cannot_fit_are_refused(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--nodes", "1", "--pods", "9"])
+    assert "do not fit" in capsys.readouterr().err
+    quick, full = bench.parse_args(["--quick"]), bench.parse_args([])
+    assert (quick.nodes, quick.pods, full.nodes, full.pods) == (50, 200, 500, 1000)
+
+
+@pytest.mark.apiserver
+def test_a_tiny_real_run_prints_the_documented_json() -> None:
+    """4 nodes, 8 one-GPU pods a round, one round of each kind: every pod bound by each, the
+    extender kind through kubegpu's filter, prioritize and bind."""
+    try:
+        find_binaries()
+    except BinariesMissing as exc:
+        missing_component(str(exc))
+    result = subprocess.run(
+        [sys.executable, str(BENCH), "--json", "--nodes", "4", "--pods", "8", "--rounds", "1"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    doc = json.loads(result.stdout)
+    assert HEADLINE <= set(doc)
+    for kind in ("extender", "kubegpu", "plain"):
+        (only,) = doc["detail"][kind]["per_round"]
+        assert only["bound"] == only["pods"] == 8, only
+    assert doc["extender_calls"].get("bind 200") == 8 and doc["extender_calls"].get("filter 200")
+    assert doc["kube_scheduler"].endswith("v1.37.2")
