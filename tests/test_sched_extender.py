@@ -174,6 +174,38 @@ def test_the_http_server_answers_and_refuses_as_documented() -> None:
         server.stop()
 
 
+def test_kube_schedulers_connection_is_kept_alive_between_verbs() -> None:
+    """HTTP/1.0 answers closed the connection after each verb: kube-scheduler's client opened a new
+    TCP connection, and the server a new thread, for every filter and prioritize (most of the
+    extender's CPU per pod). Answers are HTTP/1.1 now and one connection carries the verbs; one
+    whose body cannot be delimited is closed."""
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 4))
+    server = ExtenderServer(extender, "127.0.0.1:0", lambda: (True, "synced"))
+    server.start()
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            stream = sock.makefile("rb")
+            for verb in ("filter", "prioritize", "filter"):
+                body = args(kube_pod("p", 1), ["n1"])
+                head = f"POST /{verb} HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+                sock.sendall(head.encode() + body)
+                status = stream.readline()
+                assert status.startswith(b"HTTP/1.1 200"), status
+                length = 0
+                while (line := stream.readline()) not in (b"\r\n", b""):
+                    name, _, value = line.decode().partition(":")
+                    assert not (name.lower() == "connection" and "close" in value.lower())
+                    if name.lower() == "content-length":
+                        length = int(value)
+                assert json.loads(stream.read(length))  # the same socket answers the next verb too
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\n\r\n{}")
+            answer = sock.makefile("rb").read()  # returns: the server closed the connection
+            assert answer.startswith(b"HTTP/1.1 411")
+    finally:
+        server.stop()
+
+
 def test_the_live_scheduler_and_its_extender_share_one_account() -> None:
     """One replica serving both its own pods and kube-scheduler's (extenderAddress): a device the
     scheduler assumed for its pod, Binding still in flight, is not given to the extender's pod."""
