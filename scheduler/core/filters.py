@@ -448,9 +448,20 @@ def failed_nodes(
     The per-node view a scheduler extender's filter answer needs (``FailedNodes``); ``among``
     restricts the check to some node indices.
     """
+    return filter_nodes(pod, cluster, filters, among)[1]
+
+
+def filter_nodes(
+    pod: PodRequest,
+    cluster: ClusterState,
+    filters: Sequence[FilterPlugin] = DEFAULT_FILTERS,
+    among: np.ndarray | None = None,
+) -> tuple[np.ndarray, dict[str, str]]:
+    """The indices (of ``among``, default every node) that pass, and ``failed_nodes``' reasons for
+    the rest, in one pass of the filters."""
     idx = cluster.all_indices if among is None else np.asarray(among, dtype=np.int64)
-    _kept, rejected = apply_filters(pod, cluster, filters, idx, collect=True)
-    return {
+    kept, rejected = apply_filters(pod, cluster, filters, idx, collect=True)
+    return kept, {
         cluster.nodes[i].name: ", ".join(f.reasons(pod, cluster, i))
         for f, out in rejected
         for i in out.tolist()

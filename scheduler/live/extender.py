@@ -45,7 +45,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 
 from kubegpu.httpserve import bound_server
 from kubegpu.logs import log_event
-from scheduler.core.filters import DEFAULT_FILTERS, apply_filters, failed_nodes
+from scheduler.core.filters import DEFAULT_FILTERS, apply_filters, filter_nodes
 from scheduler.core.gang import OnlyNodes
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
@@ -113,10 +113,9 @@ class Extender:
                 for name in args.node_names
                 if name not in cluster.index
             }
-            idx = np.asarray(known, dtype=np.int64)
-            kept, _ = apply_filters(request, cluster, DEFAULT_FILTERS, idx, collect=False)
+            kept, reasons = filter_nodes(request, cluster, DEFAULT_FILTERS, np.asarray(known, dtype=np.int64))
+            failed.update(reasons)
             passed = {cluster.nodes[i].name for i in kept.tolist()}
-            failed.update(failed_nodes(request, cluster, DEFAULT_FILTERS, idx))
         return filter_result(args, [n for n in args.node_names if n in passed], failed, {})
 
     def prioritize(self, args: FilterArgs) -> list[dict[str, Any]]:
