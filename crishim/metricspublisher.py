@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -33,6 +32,7 @@ from typing import Any
 from kubernetes.client.rest import ApiException
 
 from crishim.gpumetrics import GpuRow
+from crishim.publishloop import PeriodicPublisher
 from kubegpu import livemetrics
 from kubegpu.livemetrics import GpuReport
 from kubegpu.logs import log_event
@@ -124,13 +124,17 @@ def publish_reason(
     return "refresh" if since_write >= policy.refresh else ""
 
 
-class MetricsPublisher:
+class MetricsPublisher(PeriodicPublisher):
     """Keeps one node's NodeGpuMetric current (module docstring).
 
     ``rows`` gives the sampler's last round and ``sampled_at`` when it was read (None: not yet);
     ``custom_api`` is a ``CustomObjectsApi``, ``core_api`` a ``CoreV1Api`` (to own the object by the
     Node). ``clock`` is monotonic seconds (tests replace it).
     """
+
+    event = "metrics"
+    thread_name = "metrics-publisher"
+    logger = log
 
     def __init__(
         self,
@@ -156,8 +160,7 @@ class MetricsPublisher:
         self._previous: dict[str, GpuReport] | None = None
         self._written_at = 0.0
         self.writes = 0  # API writes, for tests and the benchmark
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_loop()
 
     def sync_once(self) -> str:
         """Write if due; returns why it wrote ('' when it did not). API errors raise."""
@@ -204,42 +207,5 @@ class MetricsPublisher:
                 raise
         self.writes += 1
 
-    def _node_uid(self) -> str | None:
-        try:
-            return str(self._core.read_node(self.node_name).metadata.uid)
-        except Exception as error:  # not owned then: the object outlives a deleted Node (logged)
-            log_event(
-                log, "node.metrics_unowned", logging.WARNING, node=self.node_name, error=str(error)[:200]
-            )
-            return None
-
-    def run(self) -> None:
-        """Loop until stop(): sync every interval; an error is logged and tried again next interval."""
-        failing = ""
-        while not self._stop.is_set():
-            try:
-                self.sync_once()
-                if failing:
-                    log_event(log, "node.metrics_publish_recovered", node=self.node_name)
-                failing = ""
-            except Exception as error:  # API, network or plugin errors alike
-                message = str(error)[:300]
-                if message != failing:
-                    log_event(
-                        log,
-                        "node.metrics_publish_failed",
-                        logging.WARNING,
-                        node=self.node_name,
-                        error=message,
-                    )
-                failing = message
-            self._stop.wait(self.policy.interval)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="metrics-publisher", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+    def interval_seconds(self) -> float:
+        return self.policy.interval

@@ -20,13 +20,13 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from crishim.publishloop import PeriodicPublisher
 from devices.model import NodeInventory
 from kubegpu import nrt
 from kubegpu.logs import log_event
@@ -56,13 +56,17 @@ def content(body: Mapping[str, Any]) -> dict[str, Any]:
     return {key: body.get(key) for key in ("zones", "attributes", "topologyPolicies")}
 
 
-class TopologyPublisher:
+class TopologyPublisher(PeriodicPublisher):
     """Keeps one node's NodeResourceTopology current (module docstring).
 
     ``inventory`` gives the node's devices with today's health, ``held`` the ids of the devices
     containers hold, ``numa_nodes`` the kernel's NUMA nodes. ``policy``/``scope``: the kubelet's
     Topology Manager settings, published only when ``policy`` is given. ``clock``: monotonic seconds.
     """
+
+    event = "nrt"
+    thread_name = "nrt-publisher"
+    logger = log
 
     def __init__(
         self,
@@ -98,8 +102,7 @@ class TopologyPublisher:
         self._foreign_since: float | None = None  # when the object was last found to be another's
         self._left_out = 0
         self.writes = 0  # API writes, for tests
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._init_loop()
 
     def desired(self) -> dict[str, Any]:
         """The object as it should be now (without the owner reference)."""
@@ -205,36 +208,5 @@ class TopologyPublisher:
             )
         return error
 
-    def _node_uid(self) -> str | None:
-        try:
-            return str(self._core.read_node(self.node_name).metadata.uid)
-        except Exception as error:  # not owned then: the object outlives a deleted Node (logged)
-            log_event(log, "node.nrt_unowned", logging.WARNING, node=self.node_name, error=str(error)[:200])
-            return None
-
-    def run(self) -> None:
-        """Loop until stop(): sync every interval; an error is logged once and tried again."""
-        failing = ""
-        while not self._stop.is_set():
-            try:
-                self.sync_once()
-                if failing:
-                    log_event(log, "node.nrt_publish_recovered", node=self.node_name)
-                failing = ""
-            except Exception as error:  # API, network or discovery errors alike
-                message = str(error)[:400]
-                if message != failing:
-                    log_event(
-                        log, "node.nrt_publish_failed", logging.WARNING, node=self.node_name, error=message
-                    )
-                failing = message
-            self._stop.wait(self.interval)
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self.run, name="nrt-publisher", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+    def interval_seconds(self) -> float:
+        return self.interval
