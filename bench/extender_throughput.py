@@ -35,12 +35,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import multiprocessing
 import os
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -260,19 +258,14 @@ def _http_ok(url: str) -> bool:
 
 def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     policy_name, note = st.live_default_policy()
-    context = multiprocessing.get_context("spawn")
     load_start = os.getloadavg()
-    with (
-        ControlPlane() as cp,
-        tempfile.TemporaryDirectory(prefix="kubegpu-bench-sim-") as state,
-        ProcessPoolExecutor(max_workers=1, mp_context=context) as driver,
+    with st.bench_plane(lambda cp, driver: ExtenderBench(args, cp, driver, log), log) as (
+        bench,
+        cp,
+        names,
+        nodes_seconds,
     ):
-        driver.submit(time.time).result()  # start the helper process now, not in a measured round
-        bench = ExtenderBench(args, cp, driver, log)
-        started = time.monotonic()
-        names = bench.create_nodes(state)
-        nodes_seconds = time.monotonic() - started
-        log(f"created and advertised {len(names)} nodes in {nodes_seconds:.1f} s")
+        assert isinstance(bench, ExtenderBench)
         try:
             bench.start_schedulers(policy_name, len(names))
             summaries = bench.kind_rounds()

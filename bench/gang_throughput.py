@@ -59,13 +59,11 @@ import argparse
 import cProfile
 import io
 import json
-import multiprocessing
 import os
 import pstats
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
@@ -637,20 +635,14 @@ def profile_text(profiler: cProfile.Profile, sort: str, lines: int = 30) -> str:
 
 def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
     policy_name, note = st.live_default_policy()
-    context = multiprocessing.get_context("spawn")
     load_start = os.getloadavg()[0]
-    with (
-        ControlPlane(apiserver_extra_args=POD_GROUP_API_ARGS) as cp,
-        tempfile.TemporaryDirectory(prefix="kubegpu-bench-sim-") as state,
-        ProcessPoolExecutor(max_workers=1, mp_context=context) as driver,
-    ):
-        driver.submit(time.time).result()  # start the helper process now, not in a measured round
-        install_crds(cp)
-        bench = GangBench(args, cp, driver, log)
-        started = time.monotonic()
-        names = bench.create_nodes(state)
-        nodes_seconds = time.monotonic() - started
-        log(f"created and advertised {len(names)} nodes in {nodes_seconds:.1f} s")
+    with st.bench_plane(
+        lambda cp, driver: GangBench(args, cp, driver, log),
+        log,
+        plane=lambda: ControlPlane(apiserver_extra_args=POD_GROUP_API_ARGS),
+        prepare=install_crds,
+    ) as (bench, cp, names, nodes_seconds):
+        assert isinstance(bench, GangBench)
         try:
             bench.start_schedulers(policy_name, len(names))
             concurrent = bench.kind_rounds(backlog=False)

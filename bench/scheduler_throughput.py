@@ -64,8 +64,9 @@ import threading
 import time
 import urllib.parse
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -802,20 +803,38 @@ def wait_until(probe: Any, timeout: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def run_apiserver(args: argparse.Namespace, policy_name: str, note: str, log: Any) -> dict[str, Any]:
-    """Part (b): both schedulers on one control plane and one node set."""
+@contextmanager
+def bench_plane(
+    make_bench: Callable[[ControlPlane, ProcessPoolExecutor], ApiBench],
+    log: Any,
+    plane: Callable[[], ControlPlane] = ControlPlane,
+    prepare: Callable[[ControlPlane], None] | None = None,
+) -> Iterator[tuple[ApiBench, ControlPlane, list[str], float]]:
+    """A control plane (``plane()``, then ``prepare(cp)``), the node set advertised on it and the
+    bench made by ``make_bench(cp, driver)`` (its pod-creating helper process started before any
+    measured round): (bench, cp, node names, seconds the nodes took). The benchmarks of
+    bench/gang_throughput.py and bench/extender_throughput.py start theirs the same way."""
     context = multiprocessing.get_context("spawn")
     with (
-        ControlPlane() as cp,
+        plane() as cp,
         tempfile.TemporaryDirectory(prefix="kubegpu-bench-sim-") as state,
         ProcessPoolExecutor(max_workers=1, mp_context=context) as driver,
     ):
         driver.submit(time.time).result()  # start the helper process now, not in a measured round
-        bench = ApiBench(args, cp, driver, log)
+        if prepare is not None:
+            prepare(cp)
+        bench = make_bench(cp, driver)
         started = time.monotonic()
         names = bench.create_nodes(state)
         nodes_seconds = time.monotonic() - started
         log(f"created and advertised {len(names)} nodes in {nodes_seconds:.1f} s")
+        yield bench, cp, names, nodes_seconds
+
+
+def run_apiserver(args: argparse.Namespace, policy_name: str, note: str, log: Any) -> dict[str, Any]:
+    """Part (b): both schedulers on one control plane and one node set."""
+    make = lambda cp, driver: ApiBench(args, cp, driver, log)  # noqa: E731
+    with bench_plane(make, log) as (bench, _, names, nodes_seconds):
         try:
             bench.start_schedulers(policy_name, len(names))
             ours, theirs = bench.rounds(backlog=False)
