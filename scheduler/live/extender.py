@@ -310,6 +310,7 @@ def _handler(
         # keep-alive: kube-scheduler's client reuses its connection for the next verb instead of
         # a new TCP connection (and a new server thread) per call; every answer has a length
         protocol_version = "HTTP/1.1"
+        wbufsize = -1  # head and body leave in one write (handle_one_request flushes after each call)
 
         def log_message(self, format: str, *args: object) -> None:  # noqa: A002
             return
