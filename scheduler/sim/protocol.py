@@ -28,6 +28,11 @@ Live utilisation (``trace.NodeSpec.utilization``, the node list's ``gpu_util`` c
 score by them; unknown counts as 100 % busy, as in the live scheduler); without, they are ignored.
 Either way ``HotStats`` says how much of what was placed went to nodes busier than
 ``hot_threshold`` percent by the column.
+
+RDMA (``PodRequest.rdma``, ``NodeState.nics``; the trace's ``rdma_*`` columns): the core's RDMA filter
+and VF choice apply as in the live scheduler. When some pod asks for RDMA interfaces, ``RdmaStats``
+counts the arrived RDMA pods, those placed, and those tried one by one that failed for RDMA alone (some
+node passes every other filter): for lack of VFs or of PF bandwidth.
 """
 
 from __future__ import annotations
@@ -35,14 +40,16 @@ from __future__ import annotations
 import math
 import random
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
+from scheduler.core.filters import DEFAULT_FILTERS, run_filters
 from scheduler.core.gang import GroupPlacement, GroupRequest, facts_of, schedule_group
 from scheduler.core.policies import make_policy
+from scheduler.core.rdma import NO_BANDWIDTH, NicState
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.scoring import Policy
@@ -119,6 +126,7 @@ class RunResult:
     links: LinkStats = field(default_factory=LinkStats)
     gangs: GangStats | None = None  # None: the workload has no gangs
     hot: HotStats | None = None  # None: no node has a utilisation value
+    rdma: RdmaStats | None = None  # None: no pod asks for RDMA interfaces
 
     def at(self, x: int) -> float:
         return self.curve.get(x, float("nan"))
@@ -301,6 +309,64 @@ class HotStats:
         }
 
 
+NON_RDMA_FILTERS = tuple(f for f in DEFAULT_FILTERS if f.name != "rdma")
+
+
+@dataclass(frozen=True)
+class RdmaStats:
+    """What became of a run's RDMA pods (or of several runs', ``merge``): ``pods`` arrived asking for
+    interfaces, ``placed``, and of those tried one by one and not placed, ``failed_vfs`` /
+    ``failed_bandwidth`` the ones some node would have taken but for their RDMA request (no such node had
+    the free VFs; or one had the VFs but its PFs lacked the bandwidth). ``peak_pf_load_pct``: the
+    highest share of a PF's line rate reserved at the end of the run (never above 100)."""
+
+    pods: int = 0
+    placed: int = 0
+    failed_vfs: int = 0
+    failed_bandwidth: int = 0
+    interfaces_placed: int = 0
+    peak_pf_load_pct: float = 0.0
+
+    @staticmethod
+    def merge(stats: Sequence[RdmaStats]) -> RdmaStats:
+        """Several runs' counts summed; the highest peak."""
+        summed = ("pods", "placed", "failed_vfs", "failed_bandwidth", "interfaces_placed")
+        return RdmaStats(
+            **{name: sum(getattr(s, name) for s in stats) for name in summed},
+            peak_pf_load_pct=max(s.peak_pf_load_pct for s in stats),
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "pods": self.pods,
+            "placed": self.placed,
+            "failed_vfs": self.failed_vfs,
+            "failed_bandwidth": self.failed_bandwidth,
+            "failed_other": self.pods - self.placed - self.failed_vfs - self.failed_bandwidth,
+            "interfaces_placed": self.interfaces_placed,
+            "peak_pf_load_pct": round(self.peak_pf_load_pct, 2),
+        }
+
+
+def rdma_failure(pod: PodRequest, cluster: ClusterState) -> str:
+    """Why an unplaced RDMA pod failed: ``"vfs"`` or ``"bandwidth"`` when some node passes every filter
+    but the RDMA one (``"bandwidth"`` when one of them has the free VFs), ``""`` when it fails for
+    something else too."""
+    idx, _ = run_filters(pod, cluster, NON_RDMA_FILTERS, explain=False)
+    if not len(idx):
+        return ""
+    why = {cluster.nodes[int(i)].nics.shortage(pod.rdma) for i in idx.tolist()}
+    return "bandwidth" if NO_BANDWIDTH in why else "vfs"
+
+
+def peak_pf_load(nics: Sequence[NicState]) -> float:
+    """The highest reserved share of a PF's line rate (percent) over these nodes' PFs (0 without)."""
+    return max(
+        (100.0 * pf.reserved_mbps / pf.rate_mbps for n in nics for pf in n.pfs.values() if pf.rate_mbps),
+        default=0.0,
+    )
+
+
 def hot_nodes(nodes: Sequence[NodeSpec], threshold: float) -> set[str]:
     """The names of the nodes busier than ``threshold`` percent by the trace's column."""
     return {n.name for n in nodes if n.utilization is not None and n.utilization > threshold}
@@ -439,10 +505,12 @@ def run_once(
     utilization_weight: float = 0.0,
     readings: bool = True,
     hot_threshold: float = HOT_THRESHOLD,
+    observe: Callable[[ClusterState], None] | None = None,
 ) -> RunResult:
     """One run of the protocol: a fresh cluster, the seed's arrival order, one try per pod (per group
     with ``gang_mode="gang"``; see the module docstring). ``utilization_weight``: the live term added
-    to the policy (``make_policy``); ``readings``: give the nodes' utilisation values to the cluster."""
+    to the policy (``make_policy``); ``readings``: give the nodes' utilisation values to the cluster;
+    ``observe``: called with the cluster as the run leaves it (for checks of the final state)."""
     start = time.perf_counter()
     if gang_mode not in GANG_MODES:
         raise ValueError(f"gang_mode must be one of {', '.join(GANG_MODES)}, not {gang_mode!r}")
@@ -472,6 +540,8 @@ def run_once(
     arr = used = placed = 0
     links = LinkStats()
     ideal: dict[tuple[int, int], int] = {}
+    rdma_asked = any(p.rdma for p in pods)
+    rdma = {"pods": 0, "placed": 0, "vfs": 0, "bandwidth": 0, "interfaces": 0}
 
     def book(pod: PodRequest, result: Placement, k: int, group: int | None) -> None:
         nonlocal used, placed, used_hot
@@ -485,10 +555,14 @@ def run_once(
             links.add(node, [g.index for g in result.allocation.gpus], ideal)
         if group is not None:
             tracker.place(group, k, result.allocation.gpu_milli)
+        if pod.rdma:
+            rdma["placed"] += 1
+            rdma["interfaces"] += len(result.allocation.rdma)
 
     for k, pod in enumerate(order):
         arr += pod.total_gpu_milli
         group = tracker.of.get(pod.uid)
+        rdma["pods"] += bool(pod.rdma)
         if group is not None and gang_mode == "gang":
             tracker.waiting[group].append(pod)
             if tracker.arrive(group, k):
@@ -500,11 +574,17 @@ def run_once(
             result = schedule_one(pod, cluster, policy, rng, explain=False)
             if isinstance(result, Placement):
                 book(pod, result, k, group)
+            elif pod.rdma:
+                why = rdma_failure(pod, cluster)
+                if why:
+                    rdma[why] += 1
         tracker.tick()
         arrived[k] = arr
         allocated[k] = used
         used_sum += used
         hot_sum += used_hot
+    if observe is not None:
+        observe(cluster)
     return RunResult(
         policy=policy_name,
         seed=seed,
@@ -519,6 +599,16 @@ def run_once(
         gangs=tracker.stats(gang_mode, gang_arrival, capacity) if gangs else None,
         hot=HotStats(hot_threshold, len(hot), hot_gpus, capacity // MILLI, used, used_hot, used_sum, hot_sum)
         if measured
+        else None,
+        rdma=RdmaStats(
+            rdma["pods"],
+            rdma["placed"],
+            rdma["vfs"],
+            rdma["bandwidth"],
+            rdma["interfaces"],
+            peak_pf_load([n.nics for n in cluster.nodes]),
+        )
+        if rdma_asked
         else None,
     )
 

@@ -63,6 +63,7 @@ def text_report(experiment: Experiment, cluster: str, workload: str) -> str:
         lines += ["", "  link quality: the nodes have no link information (see --machine)"]
     lines += gang_report(experiment)
     lines += utilization_report(experiment)
+    lines += rdma_report(experiment)
     lines += ["", "  GPU allocation (% of capacity) as GPU requests arrive (% of capacity):"]
     curve = experiment.mean_curve()
     for x in CURVE_POINTS:
@@ -136,6 +137,22 @@ def utilization_report(experiment: Experiment) -> list[str]:
             f"  {_fmt(at100)}       {_fmt(at130)}"
         )
     return lines
+
+
+def rdma_report(experiment: Experiment) -> list[str]:
+    """The lines on RDMA pods (none when no pod asks for RDMA interfaces), summed over the seeds."""
+    total = experiment.rdma()
+    if total is None:
+        return []
+    doc = total.summary()
+    return [
+        "",
+        f"  RDMA pods (all seeds): {doc['pods']} arrived, {doc['placed']} placed"
+        f" ({doc['interfaces_placed']} interfaces); failed for RDMA alone: {doc['failed_vfs']} too few"
+        f" free VFs, {doc['failed_bandwidth']} too little PF bandwidth; {doc['failed_other']} failed"
+        " otherwise;",
+        f"  highest PF load at the end {doc['peak_pf_load_pct']:.1f}% of its line rate",
+    ]
 
 
 def plot_curves(experiments: Sequence[Experiment], path: str | Path, title: str = "") -> None:

@@ -24,6 +24,7 @@ from scheduler.sim.protocol import (
     GangStats,
     HotStats,
     LinkStats,
+    RdmaStats,
     RunResult,
     run_once,
 )
@@ -67,6 +68,11 @@ class Experiment:
         """The hot-node figures over every run (or every blind run); None without utilisation values."""
         stats = [r.hot for r in (self.blind_runs if blind else self.runs) if r.hot is not None]
         return HotStats.merge(stats) if stats else None
+
+    def rdma(self) -> RdmaStats | None:
+        """The runs' RDMA counts merged (summed; the highest PF load); None when no pod asks for RDMA."""
+        stats = [r.rdma for r in self.runs if r.rdma is not None]
+        return RdmaStats.merge(stats) if stats else None
 
     def _values(self, x: int, blind: bool = False) -> list[float]:
         return [r.at(x) for r in (self.blind_runs if blind else self.runs) if not math.isnan(r.at(x))]
@@ -118,6 +124,8 @@ class Experiment:
                 run["gangs"] = r.gangs.summary()
             if r.hot is not None:
                 run["hot"] = r.hot.summary()
+            if r.rdma is not None:
+                run["rdma"] = r.rdma.summary()
             for x, value in sorted(self.bounds.get(r.seed, {}).items()):
                 run[f"bound_alloc_pct_at_{x}"] = round(value, 2)
             runs.append(run)
@@ -132,6 +140,9 @@ class Experiment:
         gangs = self.gangs()
         if gangs is not None:
             doc["gangs"] = gangs.summary()
+        rdma = self.rdma()
+        if rdma is not None:
+            doc["rdma"] = rdma.summary()
         utilization = self.utilization_summary()
         if utilization is not None:
             doc["utilization"] = utilization

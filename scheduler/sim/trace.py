@@ -8,6 +8,12 @@ separated by ``|``; empty = any) and the gang columns ``gang`` (the pod's group;
 ``gang_min`` (the group's minimum; without the column, all its members); other columns (qos, phase,
 timestamps) are ignored. A pod with ``num_gpu == 1`` and ``gpu_milli < 1000`` shares one GPU; other
 GPU pods take ``num_gpu`` whole GPUs.
+
+RDMA (docs/simulator.md "RDMA interfaces"): the node list's optional ``rdma_nics`` column gives the
+node's NICs as ``PFSxRATE/VFS`` (``2x100Gbps/8``: two PFs of 100 Gbit/s with 8 VFs each; empty: none),
+built into ``NodeState.nics`` (``NicSpec.state``); the pod list's optional ``rdma_interfaces`` and
+``rdma_bandwidth`` columns give ``PodRequest.rdma`` in the grammar of the live scheduler's annotations
+``kubegpu.io/rdma-interfaces`` and ``kubegpu.io/rdma-bandwidth``.
 """
 
 from __future__ import annotations
@@ -20,6 +26,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from kubegpu.inputfiles import MAX_TRACE_BYTES, check_input
+from scheduler.core.rdma import (
+    MAX_INTERFACES,
+    NO_RDMA,
+    NicState,
+    PfState,
+    RdmaRequest,
+    format_mbps,
+    parse_bandwidth,
+)
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.state import ClusterState, GpuState, LiveGpu, NodeState
 from scheduler.sim.machines import MachineError, MachineShape
@@ -33,10 +48,90 @@ GANG_MIN = "gang_min"  # the column with the group's minimum number of members t
 MAX_GANG_MIN = 100_000  # as the live scheduler's bound on a PodGroup's minMember
 CLONE_NAME = re.compile(r"-clone-[0-9]+$")  # the names the protocol gives its clones
 UTILIZATION = "gpu_util"  # the node list's optional column: the node's GPU utilisation, percent
+RDMA_NICS = "rdma_nics"  # the node list's optional column: the node's RDMA NICs, PFSxRATE/VFS
+RDMA_INTERFACES = "rdma_interfaces"  # the pod list's optional column: RDMA interfaces (VFs) for the pod
+RDMA_BANDWIDTH = "rdma_bandwidth"  # the pod list's optional column: bandwidth per interface
+MAX_PFS = 64  # per node
+MAX_VFS = 256  # per PF (SR-IOV's usual ceiling on one port)
+_NICS = re.compile(r"([0-9]{1,3})x([^/]*)/([0-9]{1,4})")
 
 
 class TraceError(ValueError):
     """A trace file is missing a column or has a malformed value (the message names the row)."""
+
+
+@dataclass(frozen=True)
+class NicSpec:
+    """A node's RDMA NICs: ``pfs`` identical PFs of ``rate_mbps`` line rate with ``vfs`` VFs each."""
+
+    pfs: int
+    rate_mbps: int
+    vfs: int
+
+    def __str__(self) -> str:
+        return f"{self.pfs}x{format_mbps(self.rate_mbps)}/{self.vfs}"
+
+    def state(self, node: str, gpu_ids: Sequence[str], numa: Sequence[int]) -> NicState:
+        """The PFs ``NODE-nicJ`` with VFs ``NODE-nicJ-vfK``. The node's GPUs are split evenly over the
+        PFs in index order: PF J sits beside (on the PCIe switch of) GPUs ``J*n//pfs`` up to
+        ``(J+1)*n//pfs - 1`` and on the NUMA node of the first of them (-1 when it has none)."""
+        n = len(gpu_ids)
+        pfs = []
+        for j in range(self.pfs):
+            near = gpu_ids[j * n // self.pfs : (j + 1) * n // self.pfs]
+            first = numa[j * n // self.pfs] if near else -1
+            pf = f"{node}-nic{j}"
+            vfs = tuple(f"{pf}-vf{k}" for k in range(self.vfs))
+            pfs.append(PfState(pf, self.rate_mbps, first, frozenset(near), vfs))
+        return NicState(pfs)
+
+
+def parse_nics(text: str) -> NicSpec | None:
+    """``"2x100Gbps/8"`` -> ``NicSpec(2, 100000, 8)``; ``""`` -> None. ValueError saying what is wrong:
+    not of the form, PFs outside 1..``MAX_PFS``, VFs outside 1..``MAX_VFS``, a rate that is not one
+    bandwidth figure above 0 (``rdma.parse_bandwidth``: ``Gbps`` or ``Mbps``; no range)."""
+    text = text.strip()
+    if not text:
+        return None
+    match = _NICS.fullmatch(text) if text.isascii() else None
+    if match is None:
+        raise ValueError(f"{text[:64]!r} is not PFSxRATE/VFS such as 2x100Gbps/8")
+    pfs, rate, vfs = int(match.group(1)), match.group(2), int(match.group(3))
+    if not 1 <= pfs <= MAX_PFS:
+        raise ValueError(f"{text!r}: {pfs} PFs, not 1 to {MAX_PFS}")
+    if not 1 <= vfs <= MAX_VFS:
+        raise ValueError(f"{text!r}: {vfs} VFs per PF, not 1 to {MAX_VFS}")
+    if "-" in rate:
+        raise ValueError(f"{text!r}: a PF's line rate is one figure, not a range")
+    low, _ = parse_bandwidth(rate)
+    if not low:
+        raise ValueError(f"{text!r}: a PF's line rate must be above 0")
+    return NicSpec(pfs, low, vfs)
+
+
+def parse_rdma(interfaces: str, bandwidth: str) -> RdmaRequest:
+    """A pod's RDMA request from its ``rdma_interfaces`` and ``rdma_bandwidth`` cells, as the live
+    scheduler reads its annotations: a count 0..``MAX_INTERFACES`` in ASCII digits (empty: none) and an
+    optional bandwidth per interface (``25Gbps``, ``500Mbps``, ``25Gbps-50Gbps``). A bandwidth without
+    interfaces is an error; ``0`` interfaces asks for none. ValueError saying what is wrong."""
+    interfaces, bandwidth = interfaces.strip(), bandwidth.strip()
+    if not interfaces:
+        if bandwidth:
+            raise ValueError(f"column {RDMA_BANDWIDTH} is {bandwidth!r} but {RDMA_INTERFACES} is empty")
+        return NO_RDMA
+    digits = interfaces.isascii() and interfaces.isdigit() and len(interfaces) <= 3
+    if not digits or int(interfaces) > MAX_INTERFACES:
+        raise ValueError(
+            f"column {RDMA_INTERFACES}: not a whole number from 0 to {MAX_INTERFACES}: {interfaces!r}"
+        )
+    low = high = 0
+    if bandwidth:
+        try:
+            low, high = parse_bandwidth(bandwidth)
+        except ValueError as error:
+            raise ValueError(f"column {RDMA_BANDWIDTH}: {error}") from None
+    count = int(interfaces)
+    return RdmaRequest(count, low, high) if count else NO_RDMA
 
 
 @dataclass(frozen=True)
@@ -51,6 +146,7 @@ class NodeSpec:
     model: str
     shape: MachineShape | None = None
     utilization: float | None = None  # percent busy, every GPU of the node (None: unknown)
+    nics: NicSpec | None = None  # RDMA NICs (None: none)
 
     def gpu_ids(self) -> list[str]:
         return [f"{self.name}-gpu{j}" for j in range(self.gpus)]
@@ -68,7 +164,10 @@ class NodeSpec:
         labels = {"kubernetes.io/hostname": self.name}
         if self.gpus:
             labels["kubegpu.io/gpu-model"] = self.model
-        return NodeState(self.name, self.cpu_milli, self.memory_mib, gpus, labels=labels, topology=topology)
+        nics = self.nics.state(self.name, ids, numa) if self.nics is not None else None
+        return NodeState(
+            self.name, self.cpu_milli, self.memory_mib, gpus, labels=labels, topology=topology, nics=nics
+        )
 
 
 def with_shapes(nodes: Sequence[NodeSpec], shapes: Mapping[str, MachineShape | None]) -> list[NodeSpec]:
@@ -123,6 +222,22 @@ def _utilization(path: Path, line: int, row: dict[str, str]) -> float | None:
     return value
 
 
+def _nics(path: Path, line: int, row: dict[str, str]) -> NicSpec | None:
+    """The row's ``rdma_nics`` (None when empty or absent); ``TraceError`` naming the row."""
+    try:
+        return parse_nics(row.get(RDMA_NICS) or "")
+    except ValueError as error:
+        raise TraceError(f"{path}:{line}: column {RDMA_NICS}: {error}") from None
+
+
+def _rdma(path: Path, line: int, row: dict[str, str]) -> RdmaRequest:
+    """The row's RDMA request (none without the columns); ``TraceError`` naming the row."""
+    try:
+        return parse_rdma(row.get(RDMA_INTERFACES) or "", row.get(RDMA_BANDWIDTH) or "")
+    except ValueError as error:
+        raise TraceError(f"{path}:{line}: pod {(row.get('name') or '').strip()!r}: {error}") from None
+
+
 def load_nodes(path: str | Path) -> list[NodeSpec]:
     """The nodes of a node list; ``TraceError`` naming the row for a malformed value."""
     path = Path(path)
@@ -136,6 +251,7 @@ def load_nodes(path: str | Path) -> list[NodeSpec]:
                 gpus=_int(path, line, row, "gpu"),
                 model=(row.get("model") or "").strip(),
                 utilization=_utilization(path, line, row),
+                nics=_nics(path, line, row),
             )
         )
     if not out:
@@ -272,6 +388,7 @@ def load_workload(path: str | Path) -> Workload:
                 gpu_count=count,
                 gpu_milli=milli,
                 gpu_models=models,
+                rdma=_rdma(path, line, row),
             )
         )
     if not out:
