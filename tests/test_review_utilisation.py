@@ -1,0 +1,77 @@
+"""Hostile review of issue #24's utilisation-aware placement: defects found and their regressions.
+
+Each test names the defect it guards against; each failed before its fix. The scheduler side is
+driven in memory (tests/support/schedworld) and, where the boundary matters, against a real
+kube-apiserver with the real publisher (the fixtures of tests/test_utilisation_api.py).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+import pytest
+from kubernetes import client as k8s
+
+from kubegpu import livemetrics
+from tests.support.schedworld import node_json
+from tests.test_sched_utilisation_live import logged, metrics, setup
+from tests.test_scheduler_api import Trial
+from tests.test_utilisation_api import GpuNode, every_gpu, metrics_crd, trial, wait_for
+
+__all__ = ["metrics_crd", "trial"]  # the real-apiserver fixtures, used by name
+
+
+# -- updateTime at the ends of the calendar ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "update_time",
+    ["9999-12-31T23:59:59Z", "9999-12-31T23:59:59-14:00", "0001-01-01T00:00:00+14:00"],
+)
+def test_an_update_time_at_the_end_of_the_calendar_is_unreadable_not_a_crash(
+    update_time: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Defect: ``livemetrics.parse`` let ``OverflowError`` out (converting a time at year 9999 or 1
+    to UTC) and the cache overflowed adding the staleness bound to a time near year 9999; the
+    exception left ``apply_metrics``/``replace_metrics``, so one such object (any agent may write
+    any node's) broke every list of NodeGpuMetrics. It must be an unreadable report, logged."""
+    _world, scheduler, *_ = setup([node_json("n1", 1), node_json("n2", 1)], policy="utilization")
+    bad = metrics("n1", 1, util=5.0)
+    bad["status"]["updateTime"] = update_time
+    with caplog.at_level(logging.WARNING, logger="kubegpu.scheduler.cache"):
+        scheduler.replace_gpu_metrics([bad, metrics("n2", 1, util=20.0)])
+    assert scheduler.cache.view().node_util.tolist() == [100.0, 20.0]
+    unreadable = logged(caplog, "node.metrics_unreadable")
+    assert [f["node"] for f in unreadable] == ["n1"] and "updateTime" in unreadable[0]["reason"]
+
+
+# -- against a real apiserver ------------------------------------------------------------------------
+
+
+@pytest.mark.apiserver
+def test_one_object_with_a_far_future_update_time_does_not_blind_the_scheduler(
+    trial: Trial, admin_api: k8s.ApiClient
+) -> None:
+    """Defect: a NodeGpuMetric whose updateTime the apiserver accepts (``9999-12-31T23:59:59Z`` is a
+    valid date-time) made the scheduler's list of NodeGpuMetrics raise, so its watch never synced
+    and re-listed forever: no node's readings reached placement. Now that object is unreadable
+    (its node's readings unknown) and the others are used: the pod lands on the cool node."""
+    custom = k8s.CustomObjectsApi(admin_api)
+    hot, cool = GpuNode(trial, admin_api, "hot"), GpuNode(trial, admin_api, "cool")
+    bad_name = f"skewed-{trial.run}"
+    bad: dict[str, Any] = livemetrics.document(bad_name, [], dt.datetime.now(dt.UTC), 30, 300)
+    bad["status"]["updateTime"] = "9999-12-31T23:59:59Z"
+    custom.create_cluster_custom_object(livemetrics.GROUP, livemetrics.VERSION, livemetrics.PLURAL, bad)
+    try:
+        hot.publish(every_gpu(utilization=95))
+        cool.publish(every_gpu(utilization=5))
+        scheduler = trial.scheduler(policy="utilization")
+        wait_for(lambda: {hot.name, cool.name} <= set(scheduler.cache.metrics), "the scheduler sees both")
+        bound = trial.bound([trial.pod(f"p{k}", 1) for k in range(2)])
+        assert {pod.spec.node_name for pod in bound.values()} == {cool.name}
+    finally:
+        custom.delete_cluster_custom_object(
+            livemetrics.GROUP, livemetrics.VERSION, livemetrics.PLURAL, bad_name
+        )
