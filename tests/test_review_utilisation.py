@@ -47,6 +47,26 @@ def test_an_update_time_at_the_end_of_the_calendar_is_unreadable_not_a_crash(
     assert [f["node"] for f in unreadable] == ["n1"] and "updateTime" in unreadable[0]["reason"]
 
 
+# -- staleness at its exact bound ---------------------------------------------------------------------
+
+
+def test_readings_viewed_exactly_at_their_staleness_bound_still_go_stale_later() -> None:
+    """Defect: ``expire_metrics`` dropped a report's expiry entry when the clock reached it exactly
+    (``stale_at <= now``) while ``distrust`` still called the report fresh at that instant (age ==
+    bound); with its entry gone nothing looked at it again: readings trusted forever."""
+    _world, scheduler, *_ = setup([node_json("n1", 1)], policy="utilization", utilization_stale_seconds=600)
+    doc = metrics("n1", 1, util=5.0)
+    sampled = dt.datetime.fromisoformat(doc["status"]["updateTime"])
+    cache = scheduler.cache
+    cache.now = lambda: sampled
+    scheduler.apply_gpu_metrics("ADDED", doc)
+    assert cache.view().node_util.tolist() == [5.0]
+    cache.now = lambda: sampled + dt.timedelta(seconds=600)
+    assert cache.view().node_util.tolist() == [5.0]  # at most 600 s old: fresh (docs/utilisation.md)
+    cache.now = lambda: sampled + dt.timedelta(days=3)
+    assert cache.view().node_util.tolist() == [100.0]
+
+
 # -- against a real apiserver ------------------------------------------------------------------------
 
 

@@ -276,7 +276,9 @@ class Cache:
         applied; True when that may let something fit (the memory guard falls back to the books)."""
         now = self.now()
         relaxed = False
-        while self._expiry and self._expiry[0][0] <= now:
+        # strictly after: at the bound itself a report is still fresh (``distrust``), and an entry
+        # dropped then would never be looked at again
+        while self._expiry and self._expiry[0][0] < now:
             _, name, sampled = heapq.heappop(self._expiry)
             report = self.metrics.get(name)
             if report is not None and report.update_time == sampled:
