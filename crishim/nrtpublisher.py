@@ -18,7 +18,6 @@ nothing else in the agent notices. It runs in its own thread, like the advertise
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +25,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from crishim.publishloop import PeriodicPublisher
+from crishim.publishloop import PeriodicPublisher, api_message
 from devices.model import NodeInventory
 from kubegpu import nrt
 from kubegpu.logs import log_event
@@ -40,15 +39,6 @@ CONFLICT = 409
 
 class NrtUnavailable(RuntimeError):
     """The API does not take the object: the CRD is absent, does not serve v1alpha2, or refuses it."""
-
-
-def api_message(error: ApiException) -> str:
-    """The apiserver's own message of an error (its Status ``message``), else the reason."""
-    try:
-        message = json.loads(error.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or error.reason or error.status)[:300]
 
 
 def content(body: Mapping[str, Any]) -> dict[str, Any]:

@@ -7,13 +7,16 @@ kube-apiserver with the real publisher (the fixtures of tests/test_utilisation_a
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import json
 import logging
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
+from crishim.metricspublisher import MetricsPublisher, PublishPolicy
 from kubegpu import livemetrics
 from tests.support.schedworld import node_json
 from tests.test_sched_utilisation_live import logged, metrics, setup
@@ -95,3 +98,63 @@ def test_one_object_with_a_far_future_update_time_does_not_blind_the_scheduler(
         custom.delete_cluster_custom_object(
             livemetrics.GROUP, livemetrics.VERSION, livemetrics.PLURAL, bad_name
         )
+
+
+# -- the publisher's refused writes (real apiserver) -------------------------------------------------
+
+
+class _Counting:
+    """A CustomObjectsApi that counts the publisher's patches and may act before its creates."""
+
+    def __init__(self, api: k8s.CustomObjectsApi, before_create: Any = None) -> None:
+        self.api = api
+        self.patches = 0
+        self.before_create = before_create
+
+    def patch_cluster_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+        self.patches += 1
+        return self.api.patch_cluster_custom_object(*args, **kwargs)
+
+    def create_cluster_custom_object(self, *args: Any, **kwargs: Any) -> Any:
+        if self.before_create is not None:
+            self.before_create()
+            self.before_create = None
+        return self.api.create_cluster_custom_object(*args, **kwargs)
+
+
+@pytest.mark.apiserver
+def test_a_refused_write_is_logged_once_with_the_apiservers_reason(
+    trial: Trial,
+    admin_api: k8s.ApiClient,
+    service_account_client: Any,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Defect: the publish loop logged ``str(ApiException)``: its first 400 characters are the
+    status, the reason and the response headers (``Audit-Id``, ``Date``: new on every request), so a
+    write the apiserver refuses (403 here: an agent without RBAC) was logged every interval, never
+    "once per distinct error", and the apiserver's message saying why was cut off."""
+    node = GpuNode(trial, admin_api, "refused")
+    (node.state / "metrics.json").write_text(json.dumps(every_gpu(utilization=10)))
+    asyncio.run(node.sampler.sample_once())
+    agent = service_account_client(trial.namespace, "no-rbac")
+    counting = _Counting(k8s.CustomObjectsApi(agent))
+    publisher = MetricsPublisher(
+        counting,
+        trial.core,
+        node.name,
+        lambda: node.sampler.rows,
+        lambda: node.sampler.sampled_at,
+        PublishPolicy(interval=0.05),
+    )
+    with caplog.at_level(logging.WARNING, logger="kubegpu.crishim.metricspublisher"):
+        publisher.start()
+        try:
+            wait_for(lambda: counting.patches >= 4, "the publisher tries four times")
+        finally:
+            publisher.stop()
+    failed = [
+        getattr(r, "fields", {}) for r in caplog.records if r.getMessage() == "node.metrics_publish_failed"
+    ]
+    assert len(failed) == 1, failed
+    assert "403" in failed[0]["error"] and "cannot patch resource" in failed[0]["error"], failed[0]
+    assert "Audit-Id" not in failed[0]["error"]
