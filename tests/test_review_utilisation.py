@@ -158,3 +158,30 @@ def test_a_refused_write_is_logged_once_with_the_apiservers_reason(
     assert len(failed) == 1, failed
     assert "403" in failed[0]["error"] and "cannot patch resource" in failed[0]["error"], failed[0]
     assert "Audit-Id" not in failed[0]["error"]
+
+
+@pytest.mark.apiserver
+def test_a_create_that_loses_a_race_is_followed_by_a_write(trial: Trial, admin_api: k8s.ApiClient) -> None:
+    """Defect: when the object was absent (patch 404) and another writer created it before the
+    publisher's create (409), the publisher counted its readings as written: the object kept the
+    other writer's content (here a GPU fault on every GPU) until a threshold moved or the refresh
+    (300 s) came. Now it writes its readings over it at once."""
+    node = GpuNode(trial, admin_api, "raced")
+    custom = k8s.CustomObjectsApi(admin_api)
+
+    def other_writer() -> None:
+        gpus = [livemetrics.GpuReport(f"x{i}", i, 50.0, xid=79) for i in range(4)]
+        doc = livemetrics.document(node.name, gpus, dt.datetime.now(dt.UTC), 30, 300)
+        custom.create_cluster_custom_object(livemetrics.GROUP, livemetrics.VERSION, livemetrics.PLURAL, doc)
+
+    node.publisher._custom = _Counting(custom, other_writer)
+    try:
+        assert node.publish(every_gpu(utilization=10)) == "first"
+        stored = custom.get_cluster_custom_object(
+            livemetrics.GROUP, livemetrics.VERSION, livemetrics.PLURAL, node.name
+        )
+        assert [(g["utilization"], g.get("xid", 0)) for g in stored["status"]["gpus"]] == [(10.0, 0)] * 4
+    finally:
+        custom.delete_cluster_custom_object(
+            livemetrics.GROUP, livemetrics.VERSION, livemetrics.PLURAL, node.name
+        )
