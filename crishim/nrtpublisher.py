@@ -5,10 +5,11 @@ zones from the inventory, the node ledger's holdings and the kernel's NUMA nodes
 only when it differs from what it last wrote, or when the last write is ``refresh`` seconds old
 (default 300, so an object deleted behind its back comes back). One write is one merge patch; the
 object is created (owned by the Node, labelled ``app.kubernetes.io/managed-by: kubegpu``) the
-first time or when it is gone. Before its first write the publisher reads the object once: one
-that another writer keeps (NFD's topology updater, say: no kubegpu label) is left alone, logged
-once (``node.nrt_not_ours``) and looked at again every ``refresh`` seconds. So the API cost is at
-most one write per interval per node, and one per ``refresh`` while nothing changes.
+first time or when it is gone. Before its first write (and after a create that found the object
+made meanwhile, 409) the publisher reads the object once: one that another writer keeps (NFD's
+topology updater, say: no kubegpu label) is left alone, logged once (``node.nrt_not_ours``) and
+looked at again every ``refresh`` seconds. So the API cost is at most one write per interval per
+node, and one per ``refresh`` while nothing changes.
 
 The CRD is never installed or changed here. Without it (or with a copy that does not serve
 ``v1alpha2``, or whose schema refuses the object) every round fails with one clear
@@ -138,13 +139,13 @@ class TopologyPublisher(PeriodicPublisher):
                 self._foreign_since = now
                 return ""
             reason = "created" if existing is None else "changed"
-            if existing is None:
-                self._create(body)
-            else:
-                self._patch(body)
+            wrote = self._create(body) if existing is None else self._patch(body)
         else:
             reason = "changed" if self.written != wanted else "refresh"
-            self._patch(body)
+            wrote = self._patch(body)
+        if not wrote:  # created meanwhile by someone: whose it is, the next round reads first
+            self.written = None
+            return ""
         if self._foreign_since is not None:
             log_event(log, "node.nrt_ours_again", node=self.node_name)
         self._foreign_since = None
@@ -162,7 +163,8 @@ class TopologyPublisher(PeriodicPublisher):
             raise
         return dict(found)
 
-    def _patch(self, body: dict[str, Any]) -> None:
+    def _patch(self, body: dict[str, Any]) -> bool:
+        """Merge-patch the object (create it when gone); False when a create lost a race."""
         patch = {"metadata": {"labels": body["metadata"]["labels"]}, **content(body)}
         try:
             self._custom.patch_cluster_custom_object(
@@ -170,19 +172,23 @@ class TopologyPublisher(PeriodicPublisher):
             )
         except ApiException as error:
             if error.status == NOT_FOUND:  # deleted behind our back: create it again
-                self._create(body)
-                return
+                return self._create(body)
             raise self._explained(error) from None
         self.writes += 1
+        return True
 
-    def _create(self, body: dict[str, Any]) -> None:
+    def _create(self, body: dict[str, Any]) -> bool:
+        """Create the object, owned by the Node; False when it was created meanwhile (409): by
+        another writer, maybe, so nothing is taken as written."""
         owned = nrt.document(self.node_name, body["zones"], self.policy, self.scope, self._node_uid())
         try:
             self._custom.create_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, owned)
         except ApiException as error:
-            if error.status != CONFLICT:  # created meanwhile: the next round patches it
-                raise self._explained(error) from None
+            if error.status == CONFLICT:
+                return False
+            raise self._explained(error) from None
         self.writes += 1
+        return True
 
     def _explained(self, error: ApiException) -> Exception:
         """A clear error for what the CRD refuses; other API errors as they are."""

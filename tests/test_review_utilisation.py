@@ -11,19 +11,24 @@ import asyncio
 import datetime as dt
 import json
 import logging
+from pathlib import Path
 from typing import Any
 
 import pytest
 from kubernetes import client as k8s
 
 from crishim.metricspublisher import MetricsPublisher, PublishPolicy
-from kubegpu import livemetrics
+from kubegpu import livemetrics, nrt
+from kubegpu.devenv.manifests import apply_manifests
 from tests.support.schedworld import node_json
+from tests.test_nrt_api import CRD as NRT_CRD
+from tests.test_nrt_api import Node as NrtNode
+from tests.test_nrt_api import api, plane, serves
 from tests.test_sched_utilisation_live import logged, metrics, setup
 from tests.test_scheduler_api import Trial
 from tests.test_utilisation_api import GpuNode, every_gpu, metrics_crd, trial, wait_for
 
-__all__ = ["metrics_crd", "trial"]  # the real-apiserver fixtures, used by name
+__all__ = ["api", "metrics_crd", "plane", "trial"]  # the real-apiserver fixtures, used by name
 
 
 # -- updateTime at the ends of the calendar ------------------------------------------------------------
@@ -111,6 +116,9 @@ class _Counting:
         self.patches = 0
         self.before_create = before_create
 
+    def __getattr__(self, name: str) -> Any:  # every other call as the real client makes it
+        return getattr(self.api, name)
+
     def patch_cluster_custom_object(self, *args: Any, **kwargs: Any) -> Any:
         self.patches += 1
         return self.api.patch_cluster_custom_object(*args, **kwargs)
@@ -185,3 +193,40 @@ def test_a_create_that_loses_a_race_is_followed_by_a_write(trial: Trial, admin_a
         custom.delete_cluster_custom_object(
             livemetrics.GROUP, livemetrics.VERSION, livemetrics.PLURAL, node.name
         )
+
+
+# -- NodeResourceTopology: another writer's object (real apiserver) -----------------------------------
+
+
+@pytest.mark.apiserver
+def test_an_nrt_object_another_writer_created_in_the_race_is_left_alone(
+    api: k8s.ApiClient, tmp_path: Path
+) -> None:
+    """Defect: when the NRT object was absent at the publisher's read and another writer (NFD's
+    topology updater) created it before the publisher's create (409), the publisher counted its
+    content as written and took the object for its own: at the next change it merge-patched
+    NFD's object (its zones and the managed-by label), which docs/nrt.md says is left alone."""
+    apply_manifests(api, [NRT_CRD])
+    wait_for(lambda: serves(api, "v1alpha2"), "the CRD is served")
+    custom = k8s.CustomObjectsApi(api)
+    node = NrtNode(api, tmp_path, "gpu-nfd-race")
+    theirs = {
+        "apiVersion": nrt.API_VERSION,
+        "kind": nrt.KIND,
+        "metadata": {"name": node.name, "labels": {"app.kubernetes.io/managed-by": "nfd-topology-updater"}},
+        "zones": [{"name": "node-0", "type": "Node", "resources": []}],
+    }
+    node.publisher._custom = _Counting(
+        custom, lambda: custom.create_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, theirs)
+    )
+    before = None
+    try:
+        node.publisher.sync_once()  # absent when read; NFD's when created: a 409
+        before = custom.get_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
+        node.held |= {node.gpus[0]}
+        node.publisher.refresh = 0.0  # looked at again at once
+        node.publisher.sync_once()
+        after = custom.get_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
+        assert after == before
+    finally:
+        custom.delete_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
