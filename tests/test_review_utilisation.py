@@ -230,3 +230,16 @@ def test_an_nrt_object_another_writer_created_in_the_race_is_left_alone(
         assert after == before
     finally:
         custom.delete_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
+
+
+def test_a_node_clock_far_ahead_does_not_grow_the_expiry_queue_without_bound() -> None:
+    """Defect: every report pushed an expiry entry (its updateTime plus the staleness bound) that was
+    dropped only once that time came; a node whose clock is a year ahead (its reports distrusted as
+    from the future) left one entry per write for a year: the scheduler's memory grew with every
+    write. Superseded entries are now dropped when they outnumber the reports held."""
+    _world, scheduler, *_ = setup([node_json("n1", 1), node_json("n2", 1)], policy="utilization")
+    for k in range(2000):
+        scheduler.apply_gpu_metrics("MODIFIED", metrics("n1", 1, util=5.0, ago=-365 * 86400 - k))
+        scheduler.apply_gpu_metrics("MODIFIED", metrics("n2", 1, util=float(k % 100)))
+    assert len(scheduler.cache._expiry) <= 100
+    assert scheduler.cache.view().node_util.tolist() == [100.0, 99.0]  # n1 from the future: unknown

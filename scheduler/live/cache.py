@@ -269,7 +269,20 @@ class Cache:
         self.metrics[name] = report
         stale_at = report.update_time + dt.timedelta(seconds=self.metrics_stale_after)
         heapq.heappush(self._expiry, (stale_at, name, report.update_time))
+        if len(self._expiry) > 2 * len(self.metrics) + 64:
+            self._compact_expiry()
         return self._apply_live(name)
+
+    def _compact_expiry(self) -> None:
+        """Drop the expiry entries of superseded reports: they are otherwise dropped only when their
+        time comes, a year away for a node whose clock is a year ahead (one entry per write)."""
+        live = {
+            (name, sampled): stale_at
+            for stale_at, name, sampled in self._expiry
+            if (held := self.metrics.get(name)) is not None and held.update_time == sampled
+        }
+        self._expiry = [(stale_at, name, sampled) for (name, sampled), stale_at in live.items()]
+        heapq.heapify(self._expiry)
 
     def expire_metrics(self) -> bool:
         """Drop to unknown the readings that aged past ``metrics_stale_after`` since they were
