@@ -17,10 +17,15 @@ from typing import Any
 import pytest
 from kubernetes import client as k8s
 
-from crishim.metricspublisher import MetricsPublisher, PublishPolicy
+from crishim.gpumetrics import GpuTelemetrySampler
+from crishim.metricspublisher import MetricsPublisher, PublishPolicy, report_of
+from devices.model import DeviceKind
 from kubegpu import livemetrics, nrt
 from kubegpu.devenv.manifests import apply_manifests
+from scheduler.live.utilisation import unfit_reason
 from tests.support.schedworld import node_json
+from tests.test_devices_nvidia import FakeNVMLError, fixture
+from tests.test_devices_nvidia_xid import EventNvml, plugin_on
 from tests.test_nrt_api import CRD as NRT_CRD
 from tests.test_nrt_api import Node as NrtNode
 from tests.test_nrt_api import api, plane, serves
@@ -243,3 +248,44 @@ def test_a_node_clock_far_ahead_does_not_grow_the_expiry_queue_without_bound() -
         scheduler.apply_gpu_metrics("MODIFIED", metrics("n2", 1, util=float(k % 100)))
     assert len(scheduler.cache._expiry) <= 100
     assert scheduler.cache.view().node_util.tolist() == [100.0, 99.0]  # n1 from the future: unknown
+
+
+# -- the nvidia plugin: a faulted GPU NVML cannot sample --------------------------------------------
+
+
+class _FailingNvml(EventNvml):
+    """The fake NVML with events, where the GPUs in ``failing`` answer sampling calls with an error
+    other than GPU_IS_LOST (NVML_ERROR_UNKNOWN), as a GPU does after some faults."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.failing: set[int] = set()
+
+    def _live(self, name: str, handle: Any) -> int:
+        index = super()._live(name, handle)
+        if index in self.failing:
+            raise FakeNVMLError(999)
+        return index
+
+
+def test_a_gpu_with_a_fault_xid_that_nvml_cannot_sample_stays_out_of_placement() -> None:
+    """Defect: a GPU NVML could not sample (an error other than GPU_IS_LOST) was left out of the
+    round, and so out of the XID watch's answer and of the published report; the scheduler reads a
+    GPU a report does not list as unknown, in placement: a GPU with XID 48 (double-bit ECC) whose
+    queries then failed went back into placement. It is now reported lost with its XID."""
+    fake = _FailingNvml(fixture("pcie-4gpu"), unsupported=("ecc",))
+    plugin = plugin_on(fake)
+    gpus = list(plugin.discover().by_kind(DeviceKind.GPU))
+    sampler = GpuTelemetrySampler("node-x", [plugin], lambda: gpus, lambda: [], interval=1)
+
+    def unfit() -> dict[int, str]:
+        asyncio.run(sampler.sample_once())
+        assert not sampler.last_error, sampler.last_error
+        return {row.device.index: unfit_reason(report_of(row)) for row in sampler.rows}
+
+    assert unfit() == dict.fromkeys(range(4), "")
+    fake.xid(2, 48)
+    fake.failing.add(2)
+    assert unfit()[2] != ""
+    fake.failing.add(1)  # an NVML error alone, no fault: left out as before (unknown)
+    assert 1 not in unfit()
