@@ -289,3 +289,20 @@ def test_a_gpu_with_a_fault_xid_that_nvml_cannot_sample_stays_out_of_placement()
     assert unfit()[2] != ""
     fake.failing.add(1)  # an NVML error alone, no fault: left out as before (unknown)
     assert 1 not in unfit()
+
+
+# -- counters beyond the reader's bounds ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("field", ["xid", "ecc_uncorrected"])
+def test_a_huge_health_counter_keeps_its_gpu_out_not_its_node_unreadable(field: str) -> None:
+    """Defect: the reader capped ``xid`` at 2^31 and ``eccUncorrected`` at 2^62, which neither the
+    agent nor the CRD bound (any whole number the apiserver stores, int64): a report with a larger
+    value was unreadable as a whole, its node's readings unknown, and so every GPU of it in
+    placement, the faulted one included (fail open). A counter is now read up to int64's top."""
+    _world, scheduler, *_ = setup([node_json("n1", 2)], policy="utilization")
+    doc = metrics("n1", 2, util=5.0)
+    doc["status"]["gpus"][0][{"xid": "xid", "ecc_uncorrected": "eccUncorrected"}[field]] = (1 << 63) - 1
+    scheduler.apply_gpu_metrics("ADDED", doc)
+    node = scheduler.cache.view().nodes[0]
+    assert [g.healthy for g in node.gpus] == [False, True]
