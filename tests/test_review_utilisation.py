@@ -306,3 +306,29 @@ def test_a_huge_health_counter_keeps_its_gpu_out_not_its_node_unreadable(field: 
     scheduler.apply_gpu_metrics("ADDED", doc)
     node = scheduler.cache.view().nodes[0]
     assert [g.healthy for g in node.gpus] == [False, True]
+
+
+def test_an_unreadable_report_does_not_put_a_faulted_gpu_back_into_placement(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Defect: a report the scheduler could not read dropped the node's last report whole, so a GPU
+    it had said unfit (XID 79) went back into placement, though nothing said it was fixed; a dying
+    GPU is just the one whose sensors give garbage (a temperature of 5000 here). As for a stale
+    report, an old word that a GPU is broken now holds until a readable report says otherwise;
+    the readings themselves are unknown."""
+    _world, scheduler, *_ = setup([node_json("n1", 2)], policy="utilization")
+    scheduler.apply_gpu_metrics("ADDED", metrics("n1", 2, util=5.0))
+    faulted = metrics("n1", 2, util=5.0)
+    faulted["status"]["gpus"][0]["xid"] = 79
+    scheduler.apply_gpu_metrics("MODIFIED", faulted)
+    assert [g.healthy for g in scheduler.cache.view().nodes[0].gpus] == [False, True]
+    garbage = metrics("n1", 2, util=5.0)
+    garbage["status"]["gpus"][0].update(xid=79, temperatureC=5000)
+    with caplog.at_level(logging.WARNING, logger="kubegpu.scheduler.cache"):
+        scheduler.apply_gpu_metrics("MODIFIED", garbage)
+    cluster = scheduler.cache.view()
+    assert [g.healthy for g in cluster.nodes[0].gpus] == [False, True]
+    assert cluster.node_util.tolist() == [100.0]  # the readings: unknown
+    assert [f["node"] for f in logged(caplog, "node.metrics_unreadable")] == ["n1"]
+    scheduler.apply_gpu_metrics("MODIFIED", metrics("n1", 2, util=5.0))  # a readable report: fixed
+    assert [g.healthy for g in scheduler.cache.view().nodes[0].gpus] == [True, True]

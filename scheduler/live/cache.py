@@ -58,7 +58,7 @@ from scheduler.live.translate import (
     pod_usage,
     verified_allocation,
 )
-from scheduler.live.utilisation import distrust, live_readings, unfit_gpus
+from scheduler.live.utilisation import distrust, live_readings, unfit_gpus, unfit_reason
 
 log = logging.getLogger("kubegpu.scheduler.cache")
 TERMINAL = ("Succeeded", "Failed")
@@ -67,6 +67,17 @@ TERMINAL = ("Succeeded", "Failed")
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def _health_only(report: livemetrics.NodeReport) -> livemetrics.NodeReport:
+    """What of ``report`` outlives an unreadable successor: its GPUs' health fields, for those it
+    said unfit (an old word that a GPU is broken holds until a readable report says otherwise)."""
+    gpus = {
+        gid: livemetrics.GpuReport(g.id, g.index, ecc_uncorrected=g.ecc_uncorrected, xid=g.xid, lost=g.lost)
+        for gid, g in report.gpus.items()
+        if unfit_reason(g)
+    }
+    return replace(report, gpus=gpus)
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -263,8 +274,13 @@ class Cache:
             if self._metrics_problem.get(name) != problem:
                 log_event(log, "node.metrics_unreadable", logging.WARNING, node=name, reason=problem)
             self._metrics_problem[name] = problem
-            had = self.metrics.pop(name, None) is not None
-            return self._apply_live(name) if had else False
+            had = self.metrics.pop(name, None)
+            if had is None:
+                return False
+            health = _health_only(had)  # readings unknown; a GPU it said unfit stays out
+            if health.gpus:
+                self.metrics[name] = health
+            return self._apply_live(name)
         self._metrics_problem.pop(name, None)
         self.metrics[name] = report
         stale_at = report.update_time + dt.timedelta(seconds=self.metrics_stale_after)
