@@ -332,3 +332,52 @@ def test_an_unreadable_report_does_not_put_a_faulted_gpu_back_into_placement(
     assert [f["node"] for f in logged(caplog, "node.metrics_unreadable")] == ["n1"]
     scheduler.apply_gpu_metrics("MODIFIED", metrics("n1", 2, util=5.0))  # a readable report: fixed
     assert [g.healthy for g in scheduler.cache.view().nodes[0].gpus] == [True, True]
+
+
+@pytest.mark.apiserver
+def test_an_nrt_object_another_writer_took_over_is_left_alone(api: k8s.ApiClient, tmp_path: Path) -> None:
+    """Defect: the publisher checked whose the object is only before its first write; once it had
+    written, another writer replacing the object (NFD's topology updater, its own label) had it
+    merge-patched back at kubegpu's next change or refresh. Its patches now carry the
+    resourceVersion of its own last write: a write by anyone else in between makes the patch fail
+    (409), and the object is read again and left alone when it is not kubegpu's."""
+    apply_manifests(api, [NRT_CRD])
+    wait_for(lambda: serves(api, "v1alpha2"), "the CRD is served")
+    custom = k8s.CustomObjectsApi(api)
+    node = NrtNode(api, tmp_path, "gpu-nfd-later")
+    try:
+        assert node.publisher.sync_once() == "created"
+        current = custom.get_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
+        theirs = {
+            "apiVersion": nrt.API_VERSION,
+            "kind": nrt.KIND,
+            "metadata": {
+                "name": node.name,
+                "resourceVersion": current["metadata"]["resourceVersion"],
+                "labels": {"app.kubernetes.io/managed-by": "nfd-topology-updater"},
+            },
+            "zones": [{"name": "node-0", "type": "Node", "resources": []}],
+        }
+        custom.replace_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name, theirs)
+        before = custom.get_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
+        node.held |= {node.gpus[0]}
+        for _ in range(2):
+            node.publisher.sync_once()
+        after = custom.get_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
+        assert after == before
+        # an object still kubegpu's that someone else touched (a label added) is written as before
+        custom.patch_cluster_custom_object(
+            nrt.GROUP,
+            nrt.VERSION,
+            nrt.PLURAL,
+            node.name,
+            {"metadata": {"labels": {"app.kubernetes.io/managed-by": "kubegpu", "team": "a"}}},
+        )
+        node.publisher._foreign_since = None
+        node.publisher.refresh = 0.0
+        for _ in range(2):
+            node.publisher.sync_once()
+        ours = custom.get_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
+        assert [z["name"] for z in ours["zones"]] == ["node-0", "node-1"]
+    finally:
+        custom.delete_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
