@@ -203,8 +203,13 @@ class MetricsPublisher(PeriodicPublisher):
         try:
             self._custom.create_cluster_custom_object(group, version, plural, owned)
         except ApiException as error:
-            if error.status != CONFLICT:  # created meanwhile (a restart racing itself): next round
+            if error.status != CONFLICT:
                 raise
+            # created meanwhile (a restart racing itself, another writer): what it holds is not
+            # what this round says, so write over it now (an error raises: retried next interval)
+            self._custom.patch_cluster_custom_object(
+                group, version, plural, self.node_name, body, _content_type=MERGE_PATCH
+            )
         self.writes += 1
 
     def interval_seconds(self) -> float:

@@ -5,10 +5,12 @@ zones from the inventory, the node ledger's holdings and the kernel's NUMA nodes
 only when it differs from what it last wrote, or when the last write is ``refresh`` seconds old
 (default 300, so an object deleted behind its back comes back). One write is one merge patch; the
 object is created (owned by the Node, labelled ``app.kubernetes.io/managed-by: kubegpu``) the
-first time or when it is gone. Before its first write the publisher reads the object once: one
-that another writer keeps (NFD's topology updater, say: no kubegpu label) is left alone, logged
-once (``node.nrt_not_ours``) and looked at again every ``refresh`` seconds. So the API cost is at
-most one write per interval per node, and one per ``refresh`` while nothing changes.
+first time or when it is gone. Each patch carries the resourceVersion of the publisher's own last
+write, so a write by anyone else since fails it (409). Before its first write (and after a 409)
+the publisher reads the object once: one that another writer keeps (NFD's topology updater, say:
+no kubegpu label) is left alone, logged once (``node.nrt_not_ours``) and looked at again every
+``refresh`` seconds. So the API cost is at most one write per interval per
+node, and one per ``refresh`` while nothing changes.
 
 The CRD is never installed or changed here. Without it (or with a copy that does not serve
 ``v1alpha2``, or whose schema refuses the object) every round fails with one clear
@@ -18,7 +20,6 @@ nothing else in the agent notices. It runs in its own thread, like the advertise
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping
@@ -26,7 +27,7 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
-from crishim.publishloop import PeriodicPublisher
+from crishim.publishloop import PeriodicPublisher, api_message
 from devices.model import NodeInventory
 from kubegpu import nrt
 from kubegpu.logs import log_event
@@ -42,18 +43,16 @@ class NrtUnavailable(RuntimeError):
     """The API does not take the object: the CRD is absent, does not serve v1alpha2, or refuses it."""
 
 
-def api_message(error: ApiException) -> str:
-    """The apiserver's own message of an error (its Status ``message``), else the reason."""
-    try:
-        message = json.loads(error.body or "{}").get("message")
-    except (ValueError, AttributeError):
-        message = None
-    return str(message or error.reason or error.status)[:300]
-
-
 def content(body: Mapping[str, Any]) -> dict[str, Any]:
     """What a write says besides metadata (absent attributes as None, so a merge patch removes them)."""
     return {key: body.get(key) for key in ("zones", "attributes", "topologyPolicies")}
+
+
+def _version(obj: Any) -> str | None:
+    """The resourceVersion of an object as the API returned it (None when it says none)."""
+    meta = obj.get("metadata") if isinstance(obj, Mapping) else None
+    version = meta.get("resourceVersion") if isinstance(meta, Mapping) else None
+    return str(version) if version else None
 
 
 class TopologyPublisher(PeriodicPublisher):
@@ -98,6 +97,7 @@ class TopologyPublisher(PeriodicPublisher):
         self.scope = scope
         self._clock = clock or time.monotonic
         self.written: dict[str, Any] | None = None  # content() of the last write
+        self._version: str | None = None  # the object's resourceVersion as last written or read by us
         self._written_at = 0.0
         self._foreign_since: float | None = None  # when the object was last found to be another's
         self._left_out = 0
@@ -148,13 +148,13 @@ class TopologyPublisher(PeriodicPublisher):
                 self._foreign_since = now
                 return ""
             reason = "created" if existing is None else "changed"
-            if existing is None:
-                self._create(body)
-            else:
-                self._patch(body)
+            wrote = self._create(body) if existing is None else self._patch(body)
         else:
             reason = "changed" if self.written != wanted else "refresh"
-            self._patch(body)
+            wrote = self._patch(body)
+        if not wrote:  # created or written meanwhile by someone: whose it is, the next round reads first
+            self.written = None
+            return ""
         if self._foreign_since is not None:
             log_event(log, "node.nrt_ours_again", node=self.node_name)
         self._foreign_since = None
@@ -170,29 +170,45 @@ class TopologyPublisher(PeriodicPublisher):
             if error.status == NOT_FOUND:
                 return None  # no object (or no CRD: the create says which)
             raise
+        self._version = _version(found)
         return dict(found)
 
-    def _patch(self, body: dict[str, Any]) -> None:
-        patch = {"metadata": {"labels": body["metadata"]["labels"]}, **content(body)}
+    def _patch(self, body: dict[str, Any]) -> bool:
+        """Merge-patch the object (create it when gone); False when someone else wrote it since we
+        last did (the patch carries that write's resourceVersion: a 409) or a create lost a race."""
+        metadata: dict[str, Any] = {"labels": body["metadata"]["labels"]}
+        if self._version:
+            metadata["resourceVersion"] = self._version
+        patch = {"metadata": metadata, **content(body)}
         try:
-            self._custom.patch_cluster_custom_object(
+            written = self._custom.patch_cluster_custom_object(
                 nrt.GROUP, nrt.VERSION, nrt.PLURAL, self.node_name, patch, _content_type=MERGE_PATCH
             )
         except ApiException as error:
             if error.status == NOT_FOUND:  # deleted behind our back: create it again
-                self._create(body)
-                return
+                return self._create(body)
+            if error.status == CONFLICT:
+                self._version = None
+                return False
             raise self._explained(error) from None
+        self._version = _version(written)
         self.writes += 1
+        return True
 
-    def _create(self, body: dict[str, Any]) -> None:
+    def _create(self, body: dict[str, Any]) -> bool:
+        """Create the object, owned by the Node; False when it was created meanwhile (409): by
+        another writer, maybe, so nothing is taken as written."""
         owned = nrt.document(self.node_name, body["zones"], self.policy, self.scope, self._node_uid())
         try:
-            self._custom.create_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, owned)
+            written = self._custom.create_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, owned)
         except ApiException as error:
-            if error.status != CONFLICT:  # created meanwhile: the next round patches it
-                raise self._explained(error) from None
+            if error.status == CONFLICT:
+                self._version = None
+                return False
+            raise self._explained(error) from None
+        self._version = _version(written)
         self.writes += 1
+        return True
 
     def _explained(self, error: ApiException) -> Exception:
         """A clear error for what the CRD refuses; other API errors as they are."""

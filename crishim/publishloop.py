@@ -5,11 +5,32 @@ uid for the published object's owner reference."""
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 from typing import Any
 
+from kubernetes.client.rest import ApiException
+
 from kubegpu.logs import log_event
+
+
+def api_message(error: ApiException) -> str:
+    """The apiserver's own message of an error (its Status ``message``), else the reason."""
+    try:
+        message = json.loads(error.body or "{}").get("message")
+    except (ValueError, AttributeError):
+        message = None
+    return str(message or error.reason or error.status)[:300]
+
+
+def describe(error: Exception) -> str:
+    """One line for a failed round: an API error as its status and the apiserver's message (not
+    ``str(ApiException)``, whose response headers differ on every request and push the message
+    out of the line); anything else as it is."""
+    if isinstance(error, ApiException):
+        return f"({error.status}) {api_message(error)}"
+    return str(error)[:400]
 
 
 class PeriodicPublisher:
@@ -56,7 +77,7 @@ class PeriodicPublisher:
                     log_event(self.logger, f"node.{self.event}_publish_recovered", node=self.node_name)
                 failing = ""
             except Exception as error:  # API, network, plugin or discovery errors alike
-                message = str(error)[:400]
+                message = describe(error)
                 if message != failing:
                     log_event(
                         self.logger,

@@ -45,7 +45,7 @@ from devices.affinity import normalize_pci_address
 from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
 from devices.nvidia_xid import XidWatch
 from devices.plugin import ContainerEdits, DeviceNode, GpuShare, PluginError, shares_env
-from devices.telemetry import GpuTelemetry
+from devices.telemetry import APPLICATION_XIDS, GpuTelemetry
 
 log = logging.getLogger(__name__)
 
@@ -489,9 +489,12 @@ class NvidiaPlugin:
         discovered GPU whose very handle NVML cannot give because it is lost); temperature,
         power and uncorrectable ECC errors are None where the GPU does not report them. ``xid`` is
         the last XID critical error NVML's event API reported for the GPU since the agent started
-        (0 none; None where the API or the GPU cannot say: ``nvidia_xid.XidWatch``)."""
+        (0 none; None where the API or the GPU cannot say: ``nvidia_xid.XidWatch``). A GPU NVML
+        cannot sample for another reason is left out, unless its last XID is a GPU fault: it is then
+        reported lost with that XID (left out, the scheduler would read it as unknown, in placement)."""
         result: dict[str, GpuTelemetry] = {}
         handles: dict[str, Any] = {}
+        unsampled: dict[str, Any] = {}  # GPUs NVML names but cannot sample: their XIDs still count
         with self.session() as nvml:
             for index in range(int(nvml.nvmlDeviceGetCount())):
                 try:
@@ -508,6 +511,7 @@ class NvidiaPlugin:
                         result[uuid] = GpuTelemetry(0.0, 0.0, 0, lost=True)
                     else:
                         log.warning("nvidia: cannot sample GPU %s: %s", uuid, exc)
+                        unsampled[uuid] = handle
                     continue
                 temperature = _optional(nvml, "nvmlDeviceGetTemperature", handle, NVML_TEMPERATURE_GPU)
                 milliwatts = _optional(nvml, "nvmlDeviceGetPowerUsage", handle)
@@ -532,8 +536,11 @@ class NvidiaPlugin:
                 except nvml.NVMLError as exc:
                     if getattr(exc, "value", None) == NVML_ERROR_GPU_IS_LOST:
                         result[uuid] = GpuTelemetry(0.0, 0.0, 0, lost=True)
-            for uuid, xid in self._xids.read(nvml, handles).items():
-                result[uuid] = replace(result[uuid], xid=xid)
+            for uuid, xid in self._xids.read(nvml, {**handles, **unsampled}).items():
+                if uuid in handles:
+                    result[uuid] = replace(result[uuid], xid=xid)
+                elif xid and xid not in APPLICATION_XIDS and uuid not in result:
+                    result[uuid] = GpuTelemetry(0.0, 0.0, 0, xid=xid, lost=True)
         return result
 
     def set_exclusive_compute(self, uuid: str, exclusive: bool) -> None:

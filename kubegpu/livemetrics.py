@@ -29,7 +29,14 @@ MAX_GPUS = 128
 MAX_ID_CHARS = 128
 MAX_INDEX = 4095
 MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB per GPU, as nodecheck's limit
+# eccUncorrected and xid: any whole number the API stores (the CRD's int64); a tighter cap would
+# make a report with a larger one unreadable, and its faulted GPU unknown (in placement)
+MAX_COUNTER = (1 << 63) - 1
 TIME_FORMAT = "%Y-%m-%dT%H:%M:%SZ"
+# updateTime outside these is no node's clock: unreadable (a time near year 9999 would overflow
+# the reader's arithmetic, as adding the staleness bound)
+EARLIEST = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+LATEST = dt.datetime(9000, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True)
@@ -128,8 +135,8 @@ def _gpu(raw: Any, where: str) -> GpuReport:
         ("memoryTotalMiB", "memory_total_mib", lambda v, w: _whole(v, w, MAX_MEMORY_MIB)),
         ("temperatureC", "temperature_c", lambda v, w: _number(v, w, -273, 1000)),
         ("powerW", "power_w", lambda v, w: _number(v, w, 0, 100_000)),
-        ("eccUncorrected", "ecc_uncorrected", lambda v, w: _whole(v, w, 1 << 62)),
-        ("xid", "xid", lambda v, w: _whole(v, w, 1 << 31)),
+        ("eccUncorrected", "ecc_uncorrected", lambda v, w: _whole(v, w, MAX_COUNTER)),
+        ("xid", "xid", lambda v, w: _whole(v, w, MAX_COUNTER)),
     ):
         if raw.get(key) is not None:
             optional[name] = read(raw[key], f"{where}.{key}")
@@ -155,7 +162,14 @@ def parse(obj: Mapping[str, Any]) -> NodeReport:
         when = None
     if when is None or when.tzinfo is None:
         raise ValueError(f"status.updateTime is not an RFC 3339 time ({str(raw_time)[:40]!r})")
-    when = when.astimezone(dt.UTC)
+    try:
+        when = when.astimezone(dt.UTC)
+    except OverflowError:  # a time at year 1 or 9999 whose offset moves it off the calendar
+        when = None
+    if when is None or not EARLIEST <= when < LATEST:
+        raise ValueError(
+            f"status.updateTime is outside {EARLIEST.year}..{LATEST.year - 1} ({str(raw_time)[:40]!r})"
+        )
     raw_gpus = status.get("gpus", [])
     if not isinstance(raw_gpus, list) or len(raw_gpus) > MAX_GPUS:
         raise ValueError(f"status.gpus must be a list of at most {MAX_GPUS}")

@@ -58,7 +58,7 @@ from scheduler.live.translate import (
     pod_usage,
     verified_allocation,
 )
-from scheduler.live.utilisation import distrust, live_readings, unfit_gpus
+from scheduler.live.utilisation import distrust, live_readings, unfit_gpus, unfit_reason
 
 log = logging.getLogger("kubegpu.scheduler.cache")
 TERMINAL = ("Succeeded", "Failed")
@@ -67,6 +67,17 @@ TERMINAL = ("Succeeded", "Failed")
 def _meta(obj: Mapping[str, Any]) -> Mapping[str, Any]:
     meta = obj.get("metadata")
     return meta if isinstance(meta, Mapping) else {}
+
+
+def _health_only(report: livemetrics.NodeReport) -> livemetrics.NodeReport:
+    """What of ``report`` outlives an unreadable successor: its GPUs' health fields, for those it
+    said unfit (an old word that a GPU is broken holds until a readable report says otherwise)."""
+    gpus = {
+        gid: livemetrics.GpuReport(g.id, g.index, ecc_uncorrected=g.ecc_uncorrected, xid=g.xid, lost=g.lost)
+        for gid, g in report.gpus.items()
+        if unfit_reason(g)
+    }
+    return replace(report, gpus=gpus)
 
 
 def pod_key(pod: Mapping[str, Any]) -> str:
@@ -263,20 +274,40 @@ class Cache:
             if self._metrics_problem.get(name) != problem:
                 log_event(log, "node.metrics_unreadable", logging.WARNING, node=name, reason=problem)
             self._metrics_problem[name] = problem
-            had = self.metrics.pop(name, None) is not None
-            return self._apply_live(name) if had else False
+            had = self.metrics.pop(name, None)
+            if had is None:
+                return False
+            health = _health_only(had)  # readings unknown; a GPU it said unfit stays out
+            if health.gpus:
+                self.metrics[name] = health
+            return self._apply_live(name)
         self._metrics_problem.pop(name, None)
         self.metrics[name] = report
         stale_at = report.update_time + dt.timedelta(seconds=self.metrics_stale_after)
         heapq.heappush(self._expiry, (stale_at, name, report.update_time))
+        if len(self._expiry) > 2 * len(self.metrics) + 64:
+            self._compact_expiry()
         return self._apply_live(name)
+
+    def _compact_expiry(self) -> None:
+        """Drop the expiry entries of superseded reports: they are otherwise dropped only when their
+        time comes, a year away for a node whose clock is a year ahead (one entry per write)."""
+        live = {
+            (name, sampled): stale_at
+            for stale_at, name, sampled in self._expiry
+            if (held := self.metrics.get(name)) is not None and held.update_time == sampled
+        }
+        self._expiry = [(stale_at, name, sampled) for (name, sampled), stale_at in live.items()]
+        heapq.heapify(self._expiry)
 
     def expire_metrics(self) -> bool:
         """Drop to unknown the readings that aged past ``metrics_stale_after`` since they were
         applied; True when that may let something fit (the memory guard falls back to the books)."""
         now = self.now()
         relaxed = False
-        while self._expiry and self._expiry[0][0] <= now:
+        # strictly after: at the bound itself a report is still fresh (``distrust``), and an entry
+        # dropped then would never be looked at again
+        while self._expiry and self._expiry[0][0] < now:
             _, name, sampled = heapq.heappop(self._expiry)
             report = self.metrics.get(name)
             if report is not None and report.update_time == sampled:
