@@ -34,7 +34,7 @@ from kubernetes.client.rest import ApiException
 from crishim.gpumetrics import GpuRow
 from crishim.publishloop import PeriodicPublisher
 from kubegpu import livemetrics
-from kubegpu.livemetrics import GpuReport
+from kubegpu.livemetrics import GpuReport, publishable
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.crishim.metricspublisher")
@@ -56,19 +56,22 @@ class PublishPolicy:
 
 def report_of(row: GpuRow) -> GpuReport:
     """What is published of one GPU's last round: its moving averages (utilisation to 0.1 point,
-    memory to the MiB), the counters and ``lost`` as last read."""
+    memory to the MiB), the counters and ``lost`` as last read; a reading the scheduler would refuse
+    is left out (``livemetrics.publishable``)."""
     t = row.average
-    return GpuReport(
-        id=row.device.id,
-        index=row.device.index,
-        utilization=None if t.lost else round(t.utilization, 1),
-        memory_used_mib=None if t.lost else int(round(t.memory_used_mib)),
-        memory_total_mib=t.memory_total_mib or None,
-        temperature_c=None if t.temperature_c is None or t.lost else round(t.temperature_c, 1),
-        power_w=None if t.power_w is None or t.lost else round(t.power_w, 1),
-        ecc_uncorrected=t.ecc_uncorrected,
-        xid=t.xid,
-        lost=t.lost,
+    return publishable(
+        GpuReport(
+            id=row.device.id,
+            index=row.device.index,
+            utilization=None if t.lost else round(t.utilization, 1),
+            memory_used_mib=None if t.lost else int(round(t.memory_used_mib)),
+            memory_total_mib=t.memory_total_mib or None,
+            temperature_c=None if t.temperature_c is None or t.lost else round(t.temperature_c, 1),
+            power_w=None if t.power_w is None or t.lost else round(t.power_w, 1),
+            ecc_uncorrected=t.ecc_uncorrected,
+            xid=t.xid,
+            lost=t.lost,
+        )
     )
 
 

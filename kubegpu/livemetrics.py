@@ -17,7 +17,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 GROUP = "kubegpu.io"
@@ -122,6 +122,33 @@ def _whole(value: Any, where: str, high: int) -> int:
     return value
 
 
+# each optional reading: its key in the object, its GpuReport field and how it is read (the range kept)
+_READINGS: tuple[tuple[str, str, Any], ...] = (
+    ("utilization", "utilization", lambda v, w: _number(v, w, 0, 100)),
+    ("memoryUsedMiB", "memory_used_mib", lambda v, w: _whole(v, w, MAX_MEMORY_MIB)),
+    ("memoryTotalMiB", "memory_total_mib", lambda v, w: _whole(v, w, MAX_MEMORY_MIB)),
+    ("temperatureC", "temperature_c", lambda v, w: _number(v, w, -273, 1000)),
+    ("powerW", "power_w", lambda v, w: _number(v, w, 0, 100_000)),
+    ("eccUncorrected", "ecc_uncorrected", lambda v, w: _whole(v, w, MAX_COUNTER)),
+    ("xid", "xid", lambda v, w: _whole(v, w, MAX_COUNTER)),
+)
+
+
+def publishable(report: GpuReport) -> GpuReport:
+    """The report with every reading ``parse`` would refuse (an NVML glitch: 10^6 W, 5,000 C, NaN)
+    left out as not read, so one bad gauge never makes the node's whole report unreadable."""
+    kept: dict[str, Any] = {}
+    for key, name, read in _READINGS:
+        value = getattr(report, name)
+        if value is None:
+            continue
+        try:
+            read(value, key)
+        except ValueError:
+            kept[name] = None
+    return replace(report, **kept) if kept else report
+
+
 def _gpu(raw: Any, where: str) -> GpuReport:
     if not isinstance(raw, Mapping):
         raise ValueError(f"{where} is not an object")
@@ -129,15 +156,7 @@ def _gpu(raw: Any, where: str) -> GpuReport:
     if not isinstance(ident, str) or not ident or len(ident) > MAX_ID_CHARS or not ident.isprintable():
         raise ValueError(f"{where}.id is not a device id")
     optional: dict[str, Any] = {}
-    for key, name, read in (
-        ("utilization", "utilization", lambda v, w: _number(v, w, 0, 100)),
-        ("memoryUsedMiB", "memory_used_mib", lambda v, w: _whole(v, w, MAX_MEMORY_MIB)),
-        ("memoryTotalMiB", "memory_total_mib", lambda v, w: _whole(v, w, MAX_MEMORY_MIB)),
-        ("temperatureC", "temperature_c", lambda v, w: _number(v, w, -273, 1000)),
-        ("powerW", "power_w", lambda v, w: _number(v, w, 0, 100_000)),
-        ("eccUncorrected", "ecc_uncorrected", lambda v, w: _whole(v, w, MAX_COUNTER)),
-        ("xid", "xid", lambda v, w: _whole(v, w, MAX_COUNTER)),
-    ):
+    for key, name, read in _READINGS:
         if raw.get(key) is not None:
             optional[name] = read(raw[key], f"{where}.{key}")
     lost = raw.get("lost", False)

@@ -12,6 +12,7 @@ import datetime as dt
 import json
 import logging
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -381,3 +382,43 @@ def test_an_nrt_object_another_writer_took_over_is_left_alone(api: k8s.ApiClient
         assert [z["name"] for z in ours["zones"]] == ["node-0", "node-1"]
     finally:
         custom.delete_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, node.name)
+
+
+def test_a_gauge_the_scheduler_would_refuse_is_left_out_not_the_whole_report() -> None:
+    """The agent published what NVML said; an NVML glitch (10^6 W, 5,000 C, a NaN utilisation)
+    made the whole NodeGpuMetric unreadable to the scheduler, and the node's readings unknown until
+    the next good report. The publisher now leaves such a reading out; the GPU's XID still goes."""
+    import datetime as dt
+
+    from crishim.metricspublisher import report_of
+    from kubegpu import livemetrics
+
+    glitch = livemetrics.GpuReport(
+        "GPU-0", 0, utilization=float("nan"), memory_used_mib=100, temperature_c=5000.0, power_w=1e6, xid=79
+    )
+    kept = livemetrics.publishable(glitch)
+    assert (kept.utilization, kept.temperature_c, kept.power_w) == (None, None, None)
+    assert (kept.memory_used_mib, kept.xid) == (100, 79)
+    body = livemetrics.document("n1", [kept], dt.datetime.now(dt.UTC), 30.0, 300.0)
+    gpu = livemetrics.parse(body).gpus["GPU-0"]
+    assert gpu.xid == 79 and gpu.power_w is None
+    assert livemetrics.publishable(kept) is kept  # nothing left to leave out
+    # the publisher's own report of a sampled round goes through it
+    average = SimpleNamespace(
+        lost=False,
+        utilization=40.0,
+        memory_used_mib=100.0,
+        memory_total_mib=1000,
+        temperature_c=5000.0,
+        power_w=1e6,
+        ecc_uncorrected=None,
+        xid=79,
+    )
+    row = SimpleNamespace(average=average, device=SimpleNamespace(id="GPU-0", index=0))
+    published = report_of(row)  # type: ignore[arg-type]
+    assert (published.temperature_c, published.power_w, published.utilization, published.xid) == (
+        None,
+        None,
+        40.0,
+        79,
+    )
