@@ -137,7 +137,10 @@ def test_multi_gpu_and_shares_run_on_the_node_with_exactly_their_gpus(
         check_view(read_view(core, ns, name, "app"), node.name, allocation, "app")
         scheduled_by_kube_scheduler(core, ns, found)
         allocations[name] = allocation.containers["app"]
-    assert extended.bind_calls() - binds == len(bodies)
+    # every pod went through the extender's bind (its signed allocation says so, above); a bind the
+    # extender refused for kube-scheduler to retry (a pod its cache had not seen yet) is answered
+    # 200 too, with the reason in the body, as the protocol has it: so at least one call a pod
+    assert extended.bind_calls() - binds >= len(bodies)
 
     four = allocations["four"].devices
     assert len(four) == 4 and not allocations["four"].shares
