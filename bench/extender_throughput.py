@@ -47,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/scheduler_throughput.py
 
+import gang_throughput  # noqa: E402
 import scheduler_throughput as st  # noqa: E402
 import yaml  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
@@ -88,8 +89,8 @@ def extender_scheduler_config(stanza: Mapping[str, Any], port: int, qps: int) ->
 
 
 def round_order(rounds: int) -> list[tuple[int, str]]:
-    """(round, kind) in run order: ABC, CBA, ABC, ..."""
-    return [(r, kind) for r in range(rounds) for kind in (KINDS if r % 2 == 0 else tuple(reversed(KINDS)))]
+    """(round, kind) in run order: ABC, CBA, ABC, ... (``gang_throughput.round_order``)."""
+    return gang_throughput.round_order(rounds, KINDS)
 
 
 def kind_summary(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:

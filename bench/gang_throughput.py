@@ -323,13 +323,9 @@ def headline(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def round_order(rounds: int) -> list[tuple[int, str]]:
-    """(round, kind) in run order: ABC, CBA, ABC, ..."""
-    order = []
-    for r in range(rounds):
-        for kind in KINDS if r % 2 == 0 else tuple(reversed(KINDS)):
-            order.append((r, kind))
-    return order
+def round_order(rounds: int, kinds: Sequence[str] = KINDS) -> list[tuple[int, str]]:
+    """(round, kind) in run order: ABC, CBA, ABC, ... (bench/extender_throughput.py's kinds too)."""
+    return [(r, kind) for r in range(rounds) for kind in (kinds if r % 2 == 0 else tuple(reversed(kinds)))]
 
 
 # --------------------------------------------------------------------------- the helper process
