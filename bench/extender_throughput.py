@@ -34,7 +34,6 @@ object with ``--json``): ``extender_pods_per_second``, ``kubegpu_pods_per_second
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/scheduler_throughput.py
 
+import gang_throughput  # noqa: E402
 import scheduler_throughput as st  # noqa: E402
 import yaml  # noqa: E402
 from cryptography.hazmat.primitives import serialization  # noqa: E402
@@ -56,7 +56,6 @@ from prometheus_client.parser import text_string_to_metric_families  # noqa: E40
 
 from kubegpu.devenv.controlplane import ControlPlane  # noqa: E402
 from kubegpu.devenv.shimproc import free_port  # noqa: E402
-from scheduler.live.config import SchedulerConfig  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 KUBE_SCHEDULER_STANZA = ROOT / "deploy" / "extender" / "kube-scheduler-config.yaml"
@@ -90,8 +89,8 @@ def extender_scheduler_config(stanza: Mapping[str, Any], port: int, qps: int) ->
 
 
 def round_order(rounds: int) -> list[tuple[int, str]]:
-    """(round, kind) in run order: ABC, CBA, ABC, ..."""
-    return [(r, kind) for r in range(rounds) for kind in (KINDS if r % 2 == 0 else tuple(reversed(KINDS)))]
+    """(round, kind) in run order: ABC, CBA, ABC, ... (``gang_throughput.round_order``)."""
+    return gang_throughput.round_order(rounds, KINDS)
 
 
 def kind_summary(rounds: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
@@ -330,21 +329,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=None, help=f"Node objects of 8 GPUs ({FULL['nodes']})")
     parser.add_argument("--pods", type=int, default=None, help=f"one-GPU pods per round ({FULL['pods']})")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per kind, interleaved")
-    parser.add_argument("--topology", default="hgx-h100", help="shipped topology of every node")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--bind-workers", type=int, default=SchedulerConfig().bind_workers)
-    parser.add_argument(
-        "--kube-qps", type=int, default=5000, help="kube-schedulers' clientConnection qps and burst"
-    )
-    parser.add_argument("--create-threads", type=int, default=16, help="pod-creating threads")
-    parser.add_argument("--node-threads", type=int, default=16, help="node-creating threads")
-    parser.add_argument("--round-timeout", type=float, default=600.0)
+    st.add_api_arguments(parser)
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    args.nodes = sizes["nodes"] if args.nodes is None else args.nodes
-    args.pods = sizes["pods"] if args.pods is None else args.pods
-    args.api_nodes = args.nodes  # ApiBench's names
-    args.what_if_release = False
+    st.fill_sizes(args, QUICK, FULL)
     if args.rounds < 1 or args.nodes < 1 or args.pods < 1:
         parser.error("--rounds, --nodes and --pods must be at least 1")
     if args.pods > args.nodes * 8:
@@ -354,20 +341,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
-
+    log = st.logger(args.json)
     log(
         f"{args.nodes} nodes, {args.pods} pods per round, {args.rounds} rounds per kind "
         f"({', '.join(KINDS)}) ..."
     )
     report = run(args, log)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-        print(json.dumps(report, indent=2))
+    st.print_report(report, args.json, print_table)
     return 0
 
 

@@ -79,7 +79,6 @@ from kubernetes import client as k8s  # noqa: E402
 
 from kubegpu.devenv.controlplane import POD_GROUP_API_ARGS, ControlPlane  # noqa: E402
 from kubegpu.devenv.manifests import apply_manifests  # noqa: E402
-from scheduler.live.config import SchedulerConfig  # noqa: E402
 from scheduler.live.podgroups import (  # noqa: E402
     KUBE_API,
     KUBE_VERSION,
@@ -324,13 +323,9 @@ def headline(summaries: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
     return out
 
 
-def round_order(rounds: int) -> list[tuple[int, str]]:
-    """(round, kind) in run order: ABC, CBA, ABC, ..."""
-    order = []
-    for r in range(rounds):
-        for kind in KINDS if r % 2 == 0 else tuple(reversed(KINDS)):
-            order.append((r, kind))
-    return order
+def round_order(rounds: int, kinds: Sequence[str] = KINDS) -> list[tuple[int, str]]:
+    """(round, kind) in run order: ABC, CBA, ABC, ... (bench/extender_throughput.py's kinds too)."""
+    return [(r, kind) for r in range(rounds) for kind in (kinds if r % 2 == 0 else tuple(reversed(kinds)))]
 
 
 # --------------------------------------------------------------------------- the helper process
@@ -732,15 +727,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--group-api", choices=("kube", "plugins"), default="kube", help="the API of kubegpu's PodGroups"
     )
     parser.add_argument("--arrival", choices=("grouped", "interleaved"), default="grouped")
-    parser.add_argument("--topology", default="hgx-h100", help="shipped topology of every node")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--bind-workers", type=int, default=SchedulerConfig().bind_workers)
-    parser.add_argument(
-        "--kube-qps", type=int, default=5000, help="kube-scheduler clientConnection qps and burst"
-    )
-    parser.add_argument("--create-threads", type=int, default=16, help="pod-creating threads")
-    parser.add_argument("--node-threads", type=int, default=16, help="node-creating threads")
-    parser.add_argument("--round-timeout", type=float, default=600.0)
+    st.add_api_arguments(parser)
     parser.add_argument(
         "--stall-seconds", type=float, default=30.0, help="a round ends after this long without a bind"
     )
@@ -756,11 +743,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         help="diagnostic: kubegpu posts no Events (see docs/performance.md); not the shipped behaviour",
     )
     args = parser.parse_args(argv)
-    sizes = QUICK if args.quick else FULL
-    args.nodes = sizes["nodes"] if args.nodes is None else args.nodes
-    args.groups = sizes["groups"] if args.groups is None else args.groups
-    args.api_nodes = args.nodes  # ApiBench's names
-    args.what_if_release = False
+    st.fill_sizes(args, QUICK, FULL)
     problem = size_problem(args.nodes, args.groups, args.group_size)
     if problem is None and args.rounds < 1:
         problem = "--rounds must be at least 1"
@@ -771,10 +754,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
-
+    log = st.logger(args.json)
     log(
         f"{args.nodes} nodes, {args.groups} groups of {args.group_size} per round, "
         f"{args.rounds} rounds per kind "
@@ -784,11 +764,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.profile:
         for kind, texts in report["profile"].items():
             log(f"--- cProfile of kubegpu's scheduling thread, {kind} rounds (tottime)\n{texts['tottime']}")
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-        print(json.dumps(report, indent=2))
+    st.print_report(report, args.json, print_table)
     return 0
 
 

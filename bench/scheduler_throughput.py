@@ -915,6 +915,51 @@ def print_table(report: Mapping[str, Any]) -> None:
     )
 
 
+def add_api_arguments(parser: argparse.ArgumentParser, part: str = "") -> None:
+    """The options every benchmark against a real apiserver takes (this one's part (b),
+    bench/gang_throughput.py, bench/extender_throughput.py): the nodes' topology and seed, kubegpu's
+    bind workers, the kube-schedulers' client qps and burst, the creating threads and a round's
+    timeout. ``part`` (``"(b) "``) opens the help of those that only such a part uses."""
+    parser.add_argument("--topology", default="hgx-h100", help="shipped topology of every node")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--bind-workers", type=int, default=SchedulerConfig().bind_workers)
+    parser.add_argument(
+        "--kube-qps", type=int, default=5000, help="kube-schedulers' clientConnection qps and burst"
+    )
+    parser.add_argument("--create-threads", type=int, default=16, help=f"{part}pod-creating threads")
+    parser.add_argument("--node-threads", type=int, default=16, help=f"{part}node-creating threads")
+    parser.add_argument("--round-timeout", type=float, default=600.0)
+
+
+def fill_sizes(args: argparse.Namespace, quick: Mapping[str, int], full: Mapping[str, int]) -> None:
+    """For a benchmark on ``ApiBench`` with ``--quick`` and size options left None unless given:
+    each such size from ``quick`` (with ``--quick``) or ``full``, and ApiBench's own names, its
+    node set (``api_nodes``: ``--nodes``) and its diagnostic (``what_if_release``: off)."""
+    for name, value in (quick if args.quick else full).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    args.api_nodes = args.nodes
+    args.what_if_release = False
+
+
+def logger(as_json: bool) -> Callable[[str], None]:
+    """A benchmark's progress lines: to stderr when stdout carries only the JSON object."""
+
+    def log(message: str) -> None:
+        print(message, file=sys.stderr if as_json else sys.stdout, flush=True)
+
+    return log
+
+
+def print_report(
+    report: Mapping[str, Any], as_json: bool, table: Callable[[Mapping[str, Any]], None]
+) -> None:
+    """The JSON object alone, or ``table(report)`` followed by it."""
+    if not as_json:
+        table(report)
+    print(json.dumps(report, indent=2))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true", help="print only the JSON object")
@@ -923,15 +968,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--api-nodes", type=int, default=500, help="(b) Node objects")
     parser.add_argument("--api-pods", type=int, default=2000, help="(b) one-GPU pods per scheduler")
     parser.add_argument("--rounds", type=int, default=2, help="(b) interleaved rounds per scheduler")
-    parser.add_argument("--topology", default="hgx-h100", help="shipped topology of every node")
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--bind-workers", type=int, default=SchedulerConfig().bind_workers)
-    parser.add_argument(
-        "--kube-qps", type=int, default=5000, help="kube-scheduler clientConnection qps and burst"
-    )
-    parser.add_argument("--create-threads", type=int, default=16, help="(b) pod-creating threads")
-    parser.add_argument("--node-threads", type=int, default=16, help="(b) node-creating threads")
-    parser.add_argument("--round-timeout", type=float, default=600.0)
+    add_api_arguments(parser, "(b) ")
     parser.add_argument(
         "--backlog",
         action="store_true",
@@ -951,10 +988,7 @@ def main(argv: list[str] | None = None) -> int:
         help="(a) diagnostic: a second pass with schedule_one(explain=False) on fresh nodes",
     )
     args = parser.parse_args(argv)
-
-    def log(message: str) -> None:
-        print(message, file=sys.stderr if args.json else sys.stdout, flush=True)
-
+    log = logger(args.json)
     report: dict[str, Any] = {}
     if not args.skip_memory:
         log(f"(a) in memory: {args.nodes} nodes, {args.pods} pods ...")
@@ -965,11 +999,7 @@ def main(argv: list[str] | None = None) -> int:
         policy_name, note = live_default_policy()
         log(f"(b) apiserver: {args.api_nodes} nodes, {args.api_pods} pods per scheduler ...")
         report["apiserver"] = run_apiserver(args, policy_name, note, log)
-    if args.json:
-        print(json.dumps(report, indent=2))
-    else:
-        print_table(report)
-        print(json.dumps(report, indent=2))
+    print_report(report, args.json, print_table)
     return 0
 
 

@@ -58,7 +58,7 @@ def allocate(pod: PodRequest, node: NodeState, share_gpu: int | None = None) -> 
         if pod.rdma:
             chosen = _nearer_to_nics(pod, node, chosen)
         grants = tuple(GpuGrant(i, node.gpus[i].id, 1000, node.gpus[i].memory_mib) for i in chosen)
-    vfs = _vfs_beside(pod, node, [node.gpu_by_id[g.id].index for g in grants]) if pod.rdma else ()
+    vfs = _vfs_beside(pod, node, [g.index for g in grants]) if pod.rdma else ()
     if vfs is None:
         return None
     return Allocation(
@@ -92,14 +92,15 @@ def _joint_cost(pod: PodRequest, node: NodeState, gpus: tuple[int, ...]) -> tupl
     """How far apart these GPUs and the VFs they would get sit: (the VFs' distance from the GPUs, the
     GPUs' distance from those VFs' PFs), both 0 on a shared PCIe switch, 1 on a shared NUMA node, 2
     elsewhere, summed; None when the node cannot give the VFs."""
-    vfs = _vfs_beside(pod, node, gpus)
+    near = _near(node, gpus)
+    vfs = choose_vfs(pod.rdma, node.nics, *near)
     if vfs is None:
         return None
     pfs = [node.nics.pfs[v.pf] for v in vfs]
     switch = frozenset().union(*(pf.gpus for pf in pfs))
     numas = {pf.numa for pf in pfs if pf.numa >= 0}
     far = sum(0 if node.gpus[i].id in switch else 1 if node.gpus[i].numa in numas else 2 for i in gpus)
-    return vf_distance(vfs, node.nics, *_near(node, gpus)), far
+    return vf_distance(vfs, node.nics, *near), far
 
 
 def _nearer_to_nics(pod: PodRequest, node: NodeState, chosen: tuple[int, ...]) -> tuple[int, ...]:

@@ -144,7 +144,7 @@ def _place_members(
     filters: Sequence[FilterPlugin],
     within: np.ndarray | None,
     needed: int,
-    used_before: np.ndarray | None = None,
+    used_before: np.ndarray,
 ) -> tuple[list[Placement], list[str], Unschedulable | None, str]:
     """Plan ``members`` in order (assuming each); undoes every assumption before returning.
 
@@ -155,7 +155,7 @@ def _place_members(
     placed: list[Placement] = []
     waiting: list[str] = []
     first_failure: tuple[Unschedulable, str] | None = None
-    used = np.zeros(len(cluster), dtype=bool) if used_before is None else used_before.copy()
+    used = used_before.copy()
     base = list(filters) if within is None else [*filters, OnlyNodes(within, OUTSIDE_DOMAIN)]
     try:
         for position, member in enumerate(members):
@@ -422,7 +422,8 @@ def _extras_elsewhere(
         cluster.assume(placement.allocation, facts_of(by_uid[placement.allocation.pod_uid]))
     try:
         extras = [m for m in members if m.uid in set(plan.waiting)]
-        more, waiting, _, _ = _place_members(extras, cluster, policy, rng, filters, None, 0)
+        none = np.zeros(len(cluster), dtype=bool)
+        more, waiting, _, _ = _place_members(extras, cluster, policy, rng, filters, None, 0, none)
     finally:
         for placement in plan.placements:
             cluster.forget(placement.allocation.pod_uid)

@@ -15,7 +15,7 @@ Choice (``choose_vfs``): the PFs beside the pod's GPUs first (on their PCIe swit
 NUMA node, then the others); within a tier the PF that can take every interface still wanted and
 has the least bandwidth left (best fit, keeping roomier PFs for bigger pods), else the PF that
 takes the most, so a pod's interfaces spread over PFs only when one PF's VFs or bandwidth are not
-enough. Whether a node can take a pod at all (``rdma_shortage``) depends on the PFs alone, not on
+enough. Whether a node can take a pod at all (``NicState.shortage``) depends on the PFs alone, not on
 which GPUs the pod gets: the filter and the choice always agree.
 
 Everything here is pure and in memory; ``parse_bandwidth`` reads the bandwidth notation both

@@ -476,12 +476,10 @@ class NodeState:
                 raise AllocationConflict(f"pod {alloc.pod_uid}: {'; '.join(problems)} on {self.name}")
 
     def overbooked(self, alloc: Allocation) -> list[str]:
-        """The GPU and VF ids of ``alloc`` (booked here) that are booked beyond their capacity (a VF
-        held twice, or on a PF reserved past its line rate)."""
-        gpus = [
+        """The GPU ids of ``alloc`` (booked here) that are booked beyond their capacity."""
+        return [
             g.id for g in alloc.gpus if (gpu := self.gpu_by_id.get(g.id)) is not None and gpu.free_milli < 0
         ]
-        return gpus + self.nics.overbooked(alloc.rdma)
 
     def apply(self, alloc: Allocation, sign: int) -> None:
         """Add (``sign=1``) or remove (``sign=-1``) an allocation's usage, unconditionally.
@@ -889,10 +887,8 @@ class ClusterState:
         self._add(i, alloc, facts)
         problems = [f"GPU {d} is not listed by node {node.name}" for d in node.missing_gpus(alloc)]
         problems += [f"RDMA VF {d} is not listed by node {node.name}" for d in node.missing_vfs(alloc)]
-        problems += [
-            f"{'RDMA VF' if d in node.nics.pf_of else 'GPU'} {d} is booked beyond its capacity"
-            for d in node.overbooked(alloc)
-        ]
+        problems += [f"GPU {d} is booked beyond its capacity" for d in node.overbooked(alloc)]
+        problems += [f"RDMA VF {d} is booked beyond its capacity" for d in node.nics.overbooked(alloc.rdma)]
         return problems
 
     def _add(self, i: int, alloc: Allocation, facts: PodFacts | None = None) -> None:
