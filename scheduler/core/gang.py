@@ -247,9 +247,11 @@ def _search_fewest(
     was found within SEARCH_BUDGET placements. A member tries the nodes the group uses (the
     policy's order), then up to FRESH_TRIES others, most free whole GPUs first. The nodes it looks
     at are the group's and SEARCH_POOL others (in ``within``; usable by some member when it
-    starts first, ``_usable``, then the most free whole GPUs), so past one filter pass per kind
-    of member its cost does not grow with the cluster; a node the group uses outside ``within``
-    is never tried, as in the greedy pass. Undoes every assumption before returning."""
+    starts first, ``_usable``, then the most free whole GPUs), so the nodes it tries do not grow
+    with the cluster; its time still does (one filter pass per kind of member, and each step's
+    lower bound sorts every node's free GPUs: about 22 ms worst case at 5,000 nodes,
+    bench/gang_plan.py). A node the group uses outside ``within`` is never tried, as in the greedy
+    pass. Undoes every assumption before returning."""
     scope = cluster.all_indices if within is None else np.flatnonzero(within)
     if len(scope) > SEARCH_POOL:  # usable nodes first, then the most free whole GPUs
         usable = _usable(members, cluster, filters, scope)
