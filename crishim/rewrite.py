@@ -261,16 +261,9 @@ def check_allocation(
     node_devices: NodeDevices,
 ) -> tuple[list[Device], dict[str, Share]]:
     """The devices (and shares) this container gets; raise Rejected if the node cannot honour it."""
-    if allocation.node != node_name:
-        raise Rejected(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"pod {pod}: allocation is for node {allocation.node!r}, this is {node_name!r}",
-        )
-    if allocation.pod_uid != pod.uid:
-        raise Rejected(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"pod {pod}: allocation is for pod UID {allocation.pod_uid}, sandbox has {pod.uid}",
-        )
+    misplaced = allocation.misplaced(node_name, pod.uid)
+    if misplaced is not None:
+        raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"pod {pod}: {misplaced}")
     entry = allocation.containers.get(container)
     if entry is None:
         return [], {}
