@@ -227,7 +227,8 @@ def _mount_reaches(mount: MountEntry, rdma: ManagedDevices, dirs: tuple[str, ...
     canonical = clean(mount.host_path)
     spellings = [canonical]
     try:
-        spellings += [fs.realpath(mount.host_path), fs.realpath(canonical)]
+        # each distinct spelling resolved once: kubelet's sources are clean, so usually one walk
+        spellings += [fs.realpath(p) for p in dict.fromkeys((mount.host_path, canonical))]
     except OSError:
         pass  # an unreadable symlink on the way: containerd cannot mount through it either
     for path in dict.fromkeys(spellings):

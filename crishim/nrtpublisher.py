@@ -181,31 +181,37 @@ class TopologyPublisher(PeriodicPublisher):
             metadata["resourceVersion"] = self._version
         patch = {"metadata": metadata, **content(body)}
         try:
-            written = self._custom.patch_cluster_custom_object(
-                nrt.GROUP, nrt.VERSION, nrt.PLURAL, self.node_name, patch, _content_type=MERGE_PATCH
+            return self._written(
+                lambda: self._custom.patch_cluster_custom_object(
+                    nrt.GROUP, nrt.VERSION, nrt.PLURAL, self.node_name, patch, _content_type=MERGE_PATCH
+                )
             )
         except ApiException as error:
             if error.status == NOT_FOUND:  # deleted behind our back: create it again
                 return self._create(body)
-            if error.status == CONFLICT:
-                self._version = None
-                return False
             raise self._explained(error) from None
-        self._version = _version(written)
-        self.writes += 1
-        return True
 
     def _create(self, body: dict[str, Any]) -> bool:
         """Create the object, owned by the Node; False when it was created meanwhile (409): by
         another writer, maybe, so nothing is taken as written."""
         owned = nrt.document(self.node_name, body["zones"], self.policy, self.scope, self._node_uid())
         try:
-            written = self._custom.create_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, owned)
+            return self._written(
+                lambda: self._custom.create_cluster_custom_object(nrt.GROUP, nrt.VERSION, nrt.PLURAL, owned)
+            )
         except ApiException as error:
-            if error.status == CONFLICT:
-                self._version = None
-                return False
             raise self._explained(error) from None
+
+    def _written(self, write: Callable[[], Any]) -> bool:
+        """Make one write and keep the resourceVersion it returns; False on a 409 (someone else
+        wrote or created the object: its version is forgotten). Other API errors raise."""
+        try:
+            written = write()
+        except ApiException as error:
+            if error.status != CONFLICT:
+                raise
+            self._version = None
+            return False
         self._version = _version(written)
         self.writes += 1
         return True

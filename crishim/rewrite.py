@@ -253,6 +253,17 @@ def pod_of(request: api_pb2.CreateContainerRequest) -> PodRef:
     return PodRef(meta.namespace, meta.name, meta.uid)
 
 
+def require_discovered(node_devices: NodeDevices, pod: PodRef, container: str) -> None:
+    """Raise Rejected (UNAVAILABLE: retry) while device discovery has not succeeded on this node:
+    a container granted devices cannot be checked against them yet."""
+    if not node_devices.discovered:
+        raise Rejected(
+            grpc.StatusCode.UNAVAILABLE,
+            f"pod {pod} container {container}: device discovery has not succeeded on this node yet "
+            f"({node_devices.last_error or 'not run'}), retry",
+        )
+
+
 def check_allocation(
     allocation: Allocation,
     pod: PodRef,
@@ -261,25 +272,13 @@ def check_allocation(
     node_devices: NodeDevices,
 ) -> tuple[list[Device], dict[str, Share]]:
     """The devices (and shares) this container gets; raise Rejected if the node cannot honour it."""
-    if allocation.node != node_name:
-        raise Rejected(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"pod {pod}: allocation is for node {allocation.node!r}, this is {node_name!r}",
-        )
-    if allocation.pod_uid != pod.uid:
-        raise Rejected(
-            grpc.StatusCode.FAILED_PRECONDITION,
-            f"pod {pod}: allocation is for pod UID {allocation.pod_uid}, sandbox has {pod.uid}",
-        )
+    misplaced = allocation.misplaced(node_name, pod.uid)
+    if misplaced is not None:
+        raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"pod {pod}: {misplaced}")
     entry = allocation.containers.get(container)
     if entry is None:
         return [], {}
-    if not node_devices.discovered:
-        raise Rejected(
-            grpc.StatusCode.UNAVAILABLE,
-            f"pod {pod} container {container}: device discovery has not succeeded on this node yet "
-            f"({node_devices.last_error or 'not run'}), retry",
-        )
+    require_discovered(node_devices, pod, container)
     devices, healthy = node_devices.devices, node_devices.healthy
     granted = []
     for device_id in entry.devices:
@@ -312,12 +311,7 @@ def check_rdma(
     RDMA VF on this node, of the PF the allocation names, and healthy."""
     if not allocation.rdma:
         return []
-    if not node_devices.discovered:
-        raise Rejected(
-            grpc.StatusCode.UNAVAILABLE,
-            f"pod {pod} container {container}: device discovery has not succeeded on this node yet "
-            f"({node_devices.last_error or 'not run'}), retry",
-        )
+    require_discovered(node_devices, pod, container)
     vfs = []
     for interface in allocation.rdma:
         where = f"pod {pod} container {container}: RDMA interface {interface.device}"

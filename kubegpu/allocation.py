@@ -145,6 +145,15 @@ class Allocation:
         """The schema version it is written in: 2 with RDMA interfaces, else 1."""
         return RDMA_VERSION if self.rdma else 1
 
+    def misplaced(self, node: str, pod_uid: str | None) -> str | None:
+        """Why it is not this pod's on ``node``: it names another node, or (``pod_uid`` given)
+        another pod UID; None when it is. The shim and kubegpu-cni check a verified allocation so."""
+        if self.node != node:
+            return f"allocation is for node {self.node!r}, this is {node!r}"
+        if pod_uid is not None and self.pod_uid != pod_uid:
+            return f"allocation is for pod UID {self.pod_uid}, sandbox has {pod_uid}"
+        return None
+
     def all_devices(self) -> set[str]:
         """Every device it names: the containers' and the RDMA VFs."""
         return {d for c in self.containers.values() for d in c.devices} | {r.device for r in self.rdma}

@@ -255,6 +255,34 @@ def test_it_creates_the_object_then_writes_only_when_a_zone_changes(tmp_path: Pa
     assert available(custom.objects["gpu-7"]) == [4, 4] and publisher.writes == 4
 
 
+def test_a_write_someone_else_made_first_is_not_taken_as_written_and_the_next_round_reads_first(
+    tmp_path: Path,
+) -> None:
+    """A 409 on the create (made meanwhile) or on the patch (written since, by its resourceVersion)."""
+    custom = FakeCustom()
+    held: set[str] = set()
+    publisher, clock = publisher_on(tmp_path, custom, held)
+    real_create, real_patch = custom.create_cluster_custom_object, custom.patch_cluster_custom_object
+
+    def conflict(*_: Any, **__: Any) -> None:
+        custom.calls.append("conflict")
+        raise ApiException(status=409, reason="Conflict")
+
+    custom.create_cluster_custom_object = conflict  # type: ignore[method-assign]
+    assert publisher.sync_once() == "" and publisher.writes == 0 and custom.calls == ["get", "conflict"]
+    custom.create_cluster_custom_object = real_create  # type: ignore[method-assign]
+    clock.now = 30
+    assert publisher.sync_once() == "created" and publisher.writes == 1
+    held.add(dgx1(tmp_path).by_kind(DeviceKind.GPU)[0].id)
+    custom.patch_cluster_custom_object = conflict  # type: ignore[method-assign]
+    clock.now = 60
+    assert publisher.sync_once() == "" and publisher.writes == 1 and custom.calls[-1] == "conflict"
+    custom.patch_cluster_custom_object = real_patch  # type: ignore[method-assign]
+    clock.now = 90
+    assert publisher.sync_once() == "changed" and custom.calls[-2:] == ["get", "patch"]
+    assert available(custom.objects["gpu-7"]) == [3, 4] and publisher.writes == 2
+
+
 def test_another_writers_object_is_left_alone_and_looked_at_again_after_the_refresh(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -79,21 +79,14 @@ def decide(
         allocation = verify(value, keys)  # type: ignore[arg-type]
     except AllocationError as error:
         raise CniError(ALLOCATION_REJECTED, f"pod {pod}: {error}") from None
-    if allocation.node != node_name:
-        raise CniError(
-            ALLOCATION_REJECTED,
-            f"pod {pod}: allocation is for node {allocation.node!r}, this is {node_name!r}",
-        )
+    misplaced = allocation.misplaced(node_name, found.uid or None)
+    if misplaced is not None:
+        raise CniError(ALLOCATION_REJECTED, f"pod {pod}: {misplaced}")
     if not found.uid:
         raise CniError(
             ALLOCATION_REJECTED,
             f"pod {pod}: no pod UID to check the allocation against (CNI_ARGS has no K8S_POD_UID; "
             "give the config a kubeconfig)",
-        )
-    if allocation.pod_uid != found.uid:
-        raise CniError(
-            ALLOCATION_REJECTED,
-            f"pod {pod}: allocation is for pod UID {allocation.pod_uid}, the sandbox has {found.uid}",
         )
     return allocation.rdma
 
