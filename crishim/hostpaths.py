@@ -71,6 +71,9 @@ class Reached:
     number: DeviceNumber
 
 
+_WILDCARD = re.compile(r"[*?\[]")  # what makes an fnmatch pattern more than one path
+
+
 @dataclass(frozen=True)
 class ManagedDevices:
     """The device nodes the node's plugins own, however a request spells them."""
@@ -79,15 +82,21 @@ class ManagedDevices:
     char_majors: frozenset[int] = frozenset()  # every char device of these majors
     patterns: tuple[str, ...] = ()  # fnmatch patterns of canonical host paths
     _compiled: tuple[re.Pattern[str], ...] = field(default=(), compare=False, repr=False)
+    _exact: frozenset[str] = field(default=frozenset(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_compiled", tuple(re.compile(fnmatch.translate(p)) for p in self.patterns))
+        # most patterns are one node's path (glob.escape'd, no wildcard): a set lookup, not a
+        # regex each; the create path asks has_path of every mount source
+        literal = {p for p in self.patterns if not _WILDCARD.search(p)}
+        object.__setattr__(self, "_exact", frozenset(literal))
+        wild = tuple(re.compile(fnmatch.translate(p)) for p in self.patterns if p not in literal)
+        object.__setattr__(self, "_compiled", wild)
 
     def has_number(self, number: DeviceNumber) -> bool:
         return number in self.numbers or (number.kind == CHAR and number.major in self.char_majors)
 
     def has_path(self, canonical: str) -> bool:
-        return any(p.match(canonical) for p in self._compiled)
+        return canonical in self._exact or any(p.match(canonical) for p in self._compiled)
 
     def is_empty(self) -> bool:
         return not (self.numbers or self.char_majors or self.patterns)
