@@ -754,7 +754,7 @@ class Scheduler:
         finally:
             for other in reserved:
                 cluster.forget(other)
-        self.metrics.latency.observe(time.perf_counter() - started)
+        self.metrics.decided(time.perf_counter() - started)
         if not isinstance(result, Placement):
             self._count_attempt("unschedulable")
             self.queue.park(uid)
@@ -901,7 +901,7 @@ class Scheduler:
         finally:
             for other in reserved:
                 cluster.forget(other)
-        self.metrics.latency.observe(time.perf_counter() - started)
+        self.metrics.decided(time.perf_counter() - started)
         if isinstance(result, GroupUnschedulable):
             message = result.message()
             impossible = never_fits(group, cluster) if len(requests) >= spec.min_member else ""
