@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 
-from kubegpu.cliargs import split_host_port
+from kubegpu.cliargs import WILDCARD_HOSTS, split_host_port
 from kubegpu.logs import log_event
 from scheduler.live.leader import Decision, LeaseRecord, decide, utc_now
 
@@ -48,7 +48,6 @@ ANNOTATION = "kubegpu.io/extender-leader"
 RELAYED_HEADER = "Kubegpu-Relayed-By"
 RELAY_TIMEOUT_SECONDS = 4.0
 MAX_ANSWER_BYTES = 64 << 20
-WILDCARD_HOSTS = ("", "0.0.0.0", "::")
 
 
 def advertised_url(advertise: str | None, listen: str, tls: bool, env: Mapping[str, str]) -> str | None:
