@@ -65,7 +65,7 @@ from scheduler.live.extenderapi import (
 )
 from scheduler.live.podspec import PodSpecError
 from scheduler.live.preemption import extender_victims, other_rules
-from scheduler.live.relay import RELAYED_HEADER, Relay
+from scheduler.live.relay import RELAYED_HEADER, Relay, verb_of
 from scheduler.live.scheduler import Scheduler, _facts, _priority
 
 log = logging.getLogger("kubegpu.extender")
@@ -359,7 +359,7 @@ def _handler(
                 self._send(404, "text/plain", b"not found\n")
 
         def do_POST(self) -> None:  # noqa: N802
-            verb = self.path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1]
+            verb = verb_of(self.path)
             length = self.headers.get("Content-Length")
             if length is None or not length.isdigit():
                 self.close_connection = True  # the body's end is unknown: the connection cannot go on

@@ -50,6 +50,11 @@ RELAY_TIMEOUT_SECONDS = 4.0
 MAX_ANSWER_BYTES = 64 << 20
 
 
+def verb_of(path: str) -> str:
+    """The extender verb a request path names: its last segment, without the query."""
+    return path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1]
+
+
 def advertised_url(advertise: str | None, listen: str, tls: bool, env: Mapping[str, str]) -> str | None:
     """The URL other replicas reach this replica's extender at, or None when it is not known."""
     scheme = "https" if tls else "http"
@@ -138,7 +143,7 @@ class Relay:
     def relay(self, url: str, path: str, body: bytes) -> tuple[int, str, bytes]:
         """POST ``body`` to ``url`` + ``path``: (status, content type, body) as answered, or 503 with
         why when the leader could not be reached within ``RELAY_TIMEOUT_SECONDS``."""
-        verb = path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1][:50]
+        verb = verb_of(path)[:50]
         deadline = time.monotonic() + RELAY_TIMEOUT_SECONDS
         parts = urlsplit(url)
         target = parts.path.rstrip("/") + path
