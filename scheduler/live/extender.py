@@ -50,6 +50,7 @@ from scheduler.core.gang import OnlyNodes
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import AllocationConflict
+from scheduler.live.cache import pod_key
 from scheduler.live.extenderapi import (
     BindArgs,
     ExtenderRequestError,
@@ -205,11 +206,10 @@ class Extender:
             for node, p in kept.items()
             if p.uids != args.proposals[node].uids
         }
-        meta = args.pod.get("metadata") or {}
         log_event(
             log,
             "extender.preempt",
-            pod=f"{meta.get('namespace')}/{meta.get('name')}",
+            pod=pod_key(args.pod),
             proposed=len(args.proposals),
             kept=sorted(kept),
             narrowed=narrowed or None,
