@@ -1669,7 +1669,7 @@ class Scheduler:
                         "status": "False",
                         "reason": reason,
                         "message": message,
-                        "lastTransitionTime": when.strftime("%Y-%m-%dT%H:%M:%SZ"),
+                        "lastTransitionTime": rfc3339(when),
                     }
                 ]
             }
