@@ -208,6 +208,9 @@ def _check_host(host: str) -> None:
         raise ValueError(f"{host!r} is not a host name or IP address")
 
 
+WILDCARD_HOSTS = ("", "0.0.0.0", "::")  # listening hosts that name no one host to reach ("": loopback)
+
+
 def split_host_port(text: str) -> tuple[str, int]:
     """``HOST:PORT``, ``[IPv6]:PORT`` or ``:PORT`` -> (host without brackets, port)."""
     host, sep, port_text = text.strip().rpartition(":")

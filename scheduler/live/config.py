@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from kubegpu.cliargs import DNS_SUBDOMAIN, MAX_SECONDS, split_host_port
+from kubegpu.cliargs import DNS_SUBDOMAIN, MAX_SECONDS, WILDCARD_HOSTS, split_host_port
 from kubegpu.inputfiles import read_text
 
 
@@ -148,7 +148,7 @@ def validate(config: SchedulerConfig) -> None:
     if config.extender_advertise_address is not None:
         try:
             host, port = split_host_port(config.extender_advertise_address)
-            if not host or host in ("0.0.0.0", "::") or port == 0:
+            if host in WILDCARD_HOSTS or port == 0:
                 raise ValueError("want the HOST:PORT other replicas reach, not a wildcard or port 0")
         except ValueError as error:
             problems.append(f"extenderAdvertiseAddress {config.extender_advertise_address!r}: {error}")

@@ -18,6 +18,8 @@ import uuid
 from collections.abc import Mapping
 from typing import Any
 
+from scheduler.live.leader import format_micro_time
+
 API_VERSION = "events.k8s.io/v1"
 NOTE_LIMIT = 1024  # bytes: the apiserver's NoteLengthLimit
 NAME_LIMIT = 253  # a DNS subdomain
@@ -57,11 +59,6 @@ def event_name(object_name: str, nanos: int) -> str:
     return name
 
 
-def micro_time(when: dt.datetime) -> str:
-    """An RFC 3339 MicroTime (what ``eventTime`` must be)."""
-    return when.astimezone(dt.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-
-
 def object_ref(obj: Mapping[str, Any], kind: str = "Pod", api_version: str = "v1") -> dict[str, Any]:
     """An ObjectReference to ``obj`` (a Pod by default), as client-go's ``GetReference`` makes it."""
     meta = obj.get("metadata")
@@ -96,7 +93,7 @@ def event_body(
             "name": event_name(str(regarding.get("name") or "object"), nanos),
             "namespace": namespace_of(regarding),
         },
-        "eventTime": micro_time(when),
+        "eventTime": format_micro_time(when),
         "reportingController": controller,
         "reportingInstance": instance,
         "action": action,

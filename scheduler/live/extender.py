@@ -50,6 +50,7 @@ from scheduler.core.gang import OnlyNodes
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import AllocationConflict
+from scheduler.live.cache import pod_key
 from scheduler.live.extenderapi import (
     BindArgs,
     ExtenderRequestError,
@@ -65,7 +66,7 @@ from scheduler.live.extenderapi import (
 )
 from scheduler.live.podspec import PodSpecError
 from scheduler.live.preemption import extender_victims, other_rules
-from scheduler.live.relay import RELAYED_HEADER, Relay
+from scheduler.live.relay import RELAYED_HEADER, Relay, verb_of
 from scheduler.live.scheduler import Scheduler, _facts, _priority
 
 log = logging.getLogger("kubegpu.extender")
@@ -205,11 +206,10 @@ class Extender:
             for node, p in kept.items()
             if p.uids != args.proposals[node].uids
         }
-        meta = args.pod.get("metadata") or {}
         log_event(
             log,
             "extender.preempt",
-            pod=f"{meta.get('namespace')}/{meta.get('name')}",
+            pod=pod_key(args.pod),
             proposed=len(args.proposals),
             kept=sorted(kept),
             narrowed=narrowed or None,
@@ -359,7 +359,7 @@ def _handler(
                 self._send(404, "text/plain", b"not found\n")
 
         def do_POST(self) -> None:  # noqa: N802
-            verb = self.path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1]
+            verb = verb_of(self.path)
             length = self.headers.get("Content-Length")
             if length is None or not length.isdigit():
                 self.close_connection = True  # the body's end is unknown: the connection cannot go on

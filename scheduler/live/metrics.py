@@ -26,17 +26,6 @@ KUBE_RESULT = {"scheduled": "scheduled", "unschedulable": "unschedulable", "inva
 KUBE_QUEUE = {"active": "active", "backoff": "backoff", "parked": "unschedulable"}
 
 
-class _Observed:
-    """Observes one duration into several histograms (kubegpu's name and kube-scheduler's)."""
-
-    def __init__(self, *histograms: Histogram) -> None:
-        self.histograms = histograms
-
-    def observe(self, seconds: float) -> None:
-        for histogram in self.histograms:
-            histogram.observe(seconds)
-
-
 class SchedulerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -62,7 +51,6 @@ class SchedulerMetrics:
             buckets=KUBE_DURATION_BUCKETS,
             registry=self.registry,
         )
-        self.latency = _Observed(self.decision, self.algorithm)
         self.e2e = Histogram(
             "kubegpu_scheduler_e2e_duration_seconds",
             "From pod creation to a successful binding.",
@@ -145,6 +133,11 @@ class SchedulerMetrics:
             buckets=exponential_buckets(1, 2, 7),
             registry=self.registry,
         )
+
+    def decided(self, seconds: float) -> None:
+        """One pod (or group) was decided in ``seconds``, under both names."""
+        self.decision.observe(seconds)
+        self.algorithm.observe(seconds)
 
     def attempt(self, profile: str, result: str, seconds: float) -> None:
         """One scheduling attempt ended (kube-scheduler's ``result``: scheduled, unschedulable,

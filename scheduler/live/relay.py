@@ -39,7 +39,7 @@ from urllib.parse import urlsplit
 
 from prometheus_client import CollectorRegistry, Counter
 
-from kubegpu.cliargs import split_host_port
+from kubegpu.cliargs import WILDCARD_HOSTS, split_host_port
 from kubegpu.logs import log_event
 from scheduler.live.leader import Decision, LeaseRecord, decide, utc_now
 
@@ -48,7 +48,11 @@ ANNOTATION = "kubegpu.io/extender-leader"
 RELAYED_HEADER = "Kubegpu-Relayed-By"
 RELAY_TIMEOUT_SECONDS = 4.0
 MAX_ANSWER_BYTES = 64 << 20
-WILDCARD_HOSTS = ("", "0.0.0.0", "::")
+
+
+def verb_of(path: str) -> str:
+    """The extender verb a request path names: its last segment, without the query."""
+    return path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1]
 
 
 def advertised_url(advertise: str | None, listen: str, tls: bool, env: Mapping[str, str]) -> str | None:
@@ -139,7 +143,7 @@ class Relay:
     def relay(self, url: str, path: str, body: bytes) -> tuple[int, str, bytes]:
         """POST ``body`` to ``url`` + ``path``: (status, content type, body) as answered, or 503 with
         why when the leader could not be reached within ``RELAY_TIMEOUT_SECONDS``."""
-        verb = path.split("?", 1)[0].strip("/").rsplit("/", 1)[-1][:50]
+        verb = verb_of(path)[:50]
         deadline = time.monotonic() + RELAY_TIMEOUT_SECONDS
         parts = urlsplit(url)
         target = parts.path.rstrip("/") + path

@@ -754,7 +754,7 @@ class Scheduler:
         finally:
             for other in reserved:
                 cluster.forget(other)
-        self.metrics.latency.observe(time.perf_counter() - started)
+        self.metrics.decided(time.perf_counter() - started)
         if not isinstance(result, Placement):
             self._count_attempt("unschedulable")
             self.queue.park(uid)
@@ -901,7 +901,7 @@ class Scheduler:
         finally:
             for other in reserved:
                 cluster.forget(other)
-        self.metrics.latency.observe(time.perf_counter() - started)
+        self.metrics.decided(time.perf_counter() - started)
         if isinstance(result, GroupUnschedulable):
             message = result.message()
             impossible = never_fits(group, cluster) if len(requests) >= spec.min_member else ""
@@ -1278,7 +1278,7 @@ class Scheduler:
             "uid": uid,
         }
         try:
-            self._create_event(self._event_for(regarding, reason, message, kind, SCHEDULING))
+            self._create_event(regarding, reason, message, kind, SCHEDULING)
         except Exception as error:
             log_event(log, "event.failed", logging.WARNING, group=str(ref), error=str(error)[:200])
 
@@ -1628,30 +1628,27 @@ class Scheduler:
         log_event(log, "pod.unschedulable", pod=pod_key(pod), reason=message)
         self._submit(self._post_failed, pod, message, reason)
 
-    def _event(
-        self, pod: Mapping[str, Any], reason: str, message: str, kind: str, action: str
-    ) -> dict[str, Any]:
-        """An events.k8s.io/v1 Event about ``pod``."""
-        return self._event_for(object_ref(pod), reason, message, kind, action)
-
-    def _event_for(
-        self, regarding: Mapping[str, Any], reason: str, message: str, kind: str, action: str
-    ) -> dict[str, Any]:
-        """An events.k8s.io/v1 Event about ``regarding`` reported as kube-scheduler reports its
-        own: this scheduler's name as the controller, ``<name>-<identity>`` as the instance, no
-        related object (kube-scheduler v1.37.2's ``Preempted`` names none either)."""
+    def _create_event(
+        self,
+        regarding: Mapping[str, Any],
+        reason: str,
+        message: str,
+        kind: str,
+        action: str,
+        now: dt.datetime | None = None,
+    ) -> None:
+        """Create an events.k8s.io/v1 Event about ``regarding`` reported as kube-scheduler reports
+        its own: this scheduler's name as the controller, ``<name>-<identity>`` as the instance, no
+        related object (kube-scheduler v1.37.2's ``Preempted`` names none either). Raises what the
+        API raised."""
         controller, instance = self.config.scheduler_name, self.reporting_instance
-        return event_body(regarding, reason, message, kind, action, controller, instance)
-
-    def _create_event(self, event: Mapping[str, Any]) -> None:
-        """Create one Event (raises what the API raised)."""
-        namespace = namespace_of(event["regarding"])
-        drain(self.events_api.create_namespaced_event(namespace, event, _preload_content=False))
+        event = event_body(regarding, reason, message, kind, action, controller, instance, now=now)
+        drain(self.events_api.create_namespaced_event(namespace_of(regarding), event, _preload_content=False))
 
     def _post_event(self, pod: Mapping[str, Any], reason: str, message: str, kind: str, action: str) -> None:
         """Post an Event about ``pod`` (best effort)."""
         try:
-            self._create_event(self._event(pod, reason, message, kind, action))
+            self._create_event(object_ref(pod), reason, message, kind, action)
         except Exception as error:
             log_event(log, "event.failed", logging.WARNING, pod=pod_key(pod), error=str(error)[:200])
 
@@ -1663,8 +1660,7 @@ class Scheduler:
 
     def _post_failed(self, pod: dict[str, Any], message: str, reason: str = "Unschedulable") -> None:
         meta = _meta(pod)
-        now = dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-        event = self._event(pod, "FailedScheduling", message, "Warning", SCHEDULING)
+        when = dt.datetime.now(dt.UTC)  # the condition's and the Event's time
         condition = {
             "status": {
                 "conditions": [
@@ -1673,7 +1669,7 @@ class Scheduler:
                         "status": "False",
                         "reason": reason,
                         "message": message,
-                        "lastTransitionTime": now,
+                        "lastTransitionTime": rfc3339(when),
                     }
                 ]
             }
@@ -1683,7 +1679,7 @@ class Scheduler:
             # the pod generation the condition was decided on, as kube-scheduler v1.37 writes it
             condition["status"]["conditions"][0]["observedGeneration"] = generation
         try:
-            self._create_event(event)
+            self._create_event(object_ref(pod), "FailedScheduling", message, "Warning", SCHEDULING, when)
             drain(
                 self.core.patch_namespaced_pod_status(
                     meta.get("name"), meta.get("namespace"), condition, _preload_content=False
