@@ -34,9 +34,10 @@ scrub drops them and the pod's own VFs are added).
 
 from __future__ import annotations
 
+import os
 import re
 import unicodedata
-from collections.abc import MutableMapping
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 
 from crishim.container import ContainerSpec, DeviceEntry, MountEntry, from_cri, to_cri
@@ -213,11 +214,50 @@ def _is_under_any(path: str, directories: tuple[str, ...]) -> bool:
     return any(_under(path, d) for d in directories)
 
 
-def _mount_reaches(mount: MountEntry, rdma: ManagedDevices, dirs: tuple[str, ...], fs: HostFS) -> bool:
+def _filesystems(places: Iterable[str], fs: HostFS) -> frozenset[int]:
+    """The filesystems (``st_dev``) of the nearest existing ancestor of each of ``places``."""
+    found = set()
+    for place in places:
+        path = clean(place)
+        while True:
+            try:
+                found.add(fs.stat(path).st_dev)
+                break
+            except OSError:
+                if path == "/":
+                    break
+                path = os.path.dirname(path)
+    return frozenset(found)
+
+
+def _elsewhere(spellings: Iterable[str], filesystems: frozenset[int], fs: HostFS) -> bool:
+    """Every spelling exists, is no device node and is on none of ``filesystems``: it cannot be
+    an RDMA directory, a path inside one or a node (they all lie on the filesystems of the RDMA
+    places, /dev's devtmpfs on a real node), so resolving it through symlinks can be skipped."""
+    for path in spellings:
+        try:
+            st = fs.stat(path)
+        except OSError:
+            return False
+        if number_of(st) is not None or st.st_dev in filesystems:
+            return False
+    return True
+
+
+def _mount_reaches(
+    mount: MountEntry,
+    rdma: ManagedDevices,
+    dirs: tuple[str, ...],
+    fs: HostFS,
+    filesystems: frozenset[int] | None = None,
+) -> bool:
     """Whether a mount shows RDMA device nodes: its host path (cleaned, and resolved through
     symlinks) is an RDMA directory, inside one, or an RDMA node; or it is mounted at or inside
     an RDMA directory's place in the container, where the node puts the pod's VFs. A mount of
-    a directory above them (``/dev``) is not: its nodes stay shut by the device cgroup."""
+    a directory above them (``/dev``) is not: its nodes stay shut by the device cgroup.
+    ``filesystems`` (``_filesystems`` of the RDMA places): a source on none of them, and no
+    device node, is answered from one ``stat`` (kubelet's sources are on disk or tmpfs, and
+    resolving each through symlinks was most of a create's time on an RDMA node)."""
     if _is_under_any(clean(mount.container_path), dirs):
         return True
     if "\x00" in mount.host_path:
@@ -225,6 +265,8 @@ def _mount_reaches(mount: MountEntry, rdma: ManagedDevices, dirs: tuple[str, ...
     if not mount.host_path.startswith("/"):
         return False  # containerd refuses a relative mount source itself
     canonical = clean(mount.host_path)
+    if filesystems is not None and _elsewhere(dict.fromkeys((mount.host_path, canonical)), filesystems, fs):
+        return False
     spellings = [canonical]
     try:
         # each distinct spelling resolved once: kubelet's sources are clean, so usually one walk
@@ -261,7 +303,11 @@ def rdma_requests(
             continue
         if reaches:
             devices.append(device.host_path or f"{device.container_path} ({device.number})")
-    mounts = [m.host_path or m.container_path for m in spec.mounts if _mount_reaches(m, rdma, dirs, fs)]
+    places = [*dirs, *(os.path.dirname(p) for p in rdma.patterns)]
+    filesystems = _filesystems(places, fs) if spec.mounts else frozenset()
+    mounts = [
+        m.host_path or m.container_path for m in spec.mounts if _mount_reaches(m, rdma, dirs, fs, filesystems)
+    ]
     return RdmaRequests(tuple(devices), tuple(mounts))
 
 

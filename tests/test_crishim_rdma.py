@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import grpc
@@ -352,3 +353,53 @@ def test_a_sim_node_gives_a_pod_its_simulated_vfs_beside_its_gpu(tmp_path: Path)
     assert "goes to one pod" in error.message
     wrong_pf = refused(rewriter, request(UID_B, rdma_allocation(NODE, UID_B, ["mlx5_1-vf0"])))
     assert "VF of mlx5_1 on this node, not of mlx5_0" in wrong_pf.message
+
+
+def test_answering_off_filesystem_mounts_from_one_stat_changes_no_answer(
+    machine: Path, tmp_path: Path
+) -> None:
+    """``_mount_reaches`` skips resolving a source through symlinks when it exists, is no device
+    node and lies on none of the RDMA places' filesystems. Every answer must be the one the full
+    resolution gives: sources on this host's /tmp and /etc, /dev (devtmpfs: resolved), links into
+    /dev and into the fake machine's /dev/infiniband, missing paths, and the fake machine's own
+    nodes (its tree shares /tmp's filesystem, so nothing is skipped there)."""
+    from crishim.container import MountEntry
+    from crishim.edits import _filesystems, _mount_reaches
+    from crishim.hostpaths import HostFS
+
+    fs = HostFS()
+    links = tmp_path / "links"
+    links.mkdir()
+    infiniband = machine / "dev" / "infiniband"
+    targets = {
+        "dev": "/dev",
+        "null": "/dev/null",
+        "ib": str(infiniband),
+        "uverbs": str(infiniband / "uverbs1"),
+    }
+    for name, target in targets.items():
+        (links / name).symlink_to(target)
+    sources = [
+        "/etc/hostname",
+        "/dev/shm",
+        "/dev",
+        "/dev/null",
+        "/dev/infiniband",
+        str(tmp_path),
+        str(links / "missing"),
+        *(str(links / name) for name in targets),
+        str(infiniband),
+        str(infiniband / "uverbs1"),
+        "/proc/self/fd",
+    ]
+    for plugins_root in ("/", str(machine)):
+        node = NodeDevices([RdmaPlugin(plugins_root)], sysfs_root=plugins_root)
+        places = [*node.rdma_dirs, *(os.path.dirname(p) for p in node.rdma.patterns)]
+        filesystems = _filesystems(places, fs)
+        for source in sources:
+            mount = MountEntry(container_path="/data", host_path=source)
+            full = _mount_reaches(mount, node.rdma, node.rdma_dirs, fs)
+            assert _mount_reaches(mount, node.rdma, node.rdma_dirs, fs, filesystems) == full, (
+                plugins_root,
+                source,
+            )
