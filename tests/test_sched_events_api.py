@@ -17,7 +17,6 @@ import re
 import socket
 import subprocess
 import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -34,6 +33,7 @@ from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
 from tests.fixtures.common import missing_component
 from tests.fixtures.keys import SIGNING
+from tests.support.schedtrial import wait_for
 from tests.support.schedworld import gpu_id, inventory_json, now_stamp
 
 pytestmark = pytest.mark.apiserver
@@ -59,16 +59,6 @@ class Run:
     core: k8s.CoreV1Api
     events: k8s.EventsV1Api
     kubectl: Callable[..., Any]
-
-
-def wait_for(what: str, found: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = found()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def pod(name: str, cpu: str, world: World, priority_class: str) -> dict[str, Any]:
@@ -156,17 +146,18 @@ def run(control_plane: ControlPlane, admin_api: k8s.ApiClient) -> Iterator[Run]:
         for world in worlds.values():
             core.create_namespaced_pod(world.namespace, pod("low", "1500m", world, classes["low"]))
         for world in worlds.values():
-            wait_for(f"low bound in {world.namespace}", partial(bound, core, world, "low"))
+            wait_for(partial(bound, core, world, "low"), f"low bound in {world.namespace}", TIMEOUT)
             core.create_namespaced_pod(world.namespace, pod("nowhere", "64", world, classes["low"]))
         for world in worlds.values():
-            wait_for(f"nowhere refused in {world.namespace}", partial(refused, core, world, "nowhere"))
+            nowhere = partial(refused, core, world, "nowhere")
+            wait_for(nowhere, f"nowhere refused in {world.namespace}", TIMEOUT)
             core.create_namespaced_pod(world.namespace, pod("high", "1500m", world, classes["high"]))
         result = Run(worlds, core, k8s.EventsV1Api(admin_api), kubectl)
         for world in WORLDS:
             for name, reason in (("low", "Scheduled"), ("nowhere", "FailedScheduling"), ("low", "Preempted")):
                 found = partial(core_events, result, world, name, reason)
-                wait_for(f"{reason} Event of {name} in {world}", found)
-            wait_for(f"high nominated in {world}", partial(nominated, core, worlds[world], "high"))
+                wait_for(found, f"{reason} Event of {name} in {world}", TIMEOUT)
+            wait_for(partial(nominated, core, worlds[world], "high"), f"high nominated in {world}", TIMEOUT)
         yield result
     finally:
         kubegpu.stop()
