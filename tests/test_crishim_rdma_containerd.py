@@ -12,7 +12,6 @@ refusal leaves no container behind.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,12 +25,13 @@ from crishim.nri.agent import NriAgent
 from crishim.nri.plugin import PluginSession
 from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.rdma import RdmaPlugin
-from kubegpu.allocation import ANNOTATION, KeyRing
-from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
-from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
+from kubegpu.allocation import KeyRing
+from kubegpu.devenv.containerd import Containerd
+from kubegpu.devenv.cri import CriClient
 from kubegpu.devenv.shimproc import ShimProcess
 from tests.fixtures.keys import OTHER_KEY, SIGNING, write_node_keys
 from tests.support.rdmanode import build_sriov_machine, rdma_allocation
+from tests.test_crishim_rewrite import Node
 from tests.test_nri_agent import Pods
 from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
 
@@ -50,61 +50,28 @@ def seen(output: str) -> tuple[dict[str, str], list[str]]:
 
 
 @dataclass
-class Node:
-    client: CriClient
-    direct: CriClient
-    dev: Path
-    logs: Path
+class RdmaNode(Node):
+    """tests/test_crishim_rewrite.py's Node, its shim running the RDMA plugin over the fake SR-IOV
+    machine (``state_dir``) whose /dev/infiniband is ``dev``; its containers list that (SCRIPT)."""
 
-    def pod(self, name: str, annotation: str | None, uid: str) -> tuple[str, api_pb2.PodSandboxConfig]:
-        log_dir = self.logs / name
-        log_dir.mkdir(parents=True, exist_ok=True)
-        annotations = {ANNOTATION: annotation} if annotation is not None else {}
-        config = host_network_sandbox(name, uid, log_directory=str(log_dir), annotations=annotations)
-        sandbox = self.client.runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=config), timeout=60)
-        return sandbox.pod_sandbox_id, config
+    dev: Path = Path()
 
     def create(
         self,
         sandbox: str,
         config: api_pb2.PodSandboxConfig,
         container: str,
+        envs: dict[str, str] | None = None,
+        script: str = SCRIPT,
+        attempt: int = 0,
         devices: list[tuple[str, str]] | None = None,
         mounts: list[tuple[str, str]] | None = None,
-        envs: dict[str, str] | None = None,
     ) -> str:
-        request = api_pb2.CreateContainerRequest(
-            pod_sandbox_id=sandbox,
-            sandbox_config=config,
-            config=shell_container(container, BUSYBOX_IMAGE, SCRIPT, log_path=f"{container}.log", envs=envs),
-        )
-        for host, inside in devices or []:
-            request.config.devices.add(host_path=host, container_path=inside, permissions="rwm")
-        for host, inside in mounts or []:
-            request.config.mounts.add(host_path=host, container_path=inside, readonly=True)
-        return self.client.runtime.CreateContainer(request, timeout=60).container_id
-
-    def output(self, container_id: str, pod: str, container: str) -> str:
-        self.client.runtime.StartContainer(
-            api_pb2.StartContainerRequest(container_id=container_id), timeout=60
-        )
-        log = self.logs / pod / f"{container}.log"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if log.exists() and "END" in log.read_text():
-                return "\n".join(line.split(" ", 3)[-1] for line in log.read_text().splitlines())
-            time.sleep(0.05)
-        raise AssertionError(f"no output from {container}")
-
-    def containers_in(self, sandbox: str) -> list[str]:
-        listing = self.direct.runtime.ListContainers(
-            api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox))
-        )
-        return [c.id for c in listing.containers]
+        return super().create(sandbox, config, container, envs, script, attempt, devices, mounts)
 
     def refused(self, name: str, annotation: str | None, uid: str, **asks: object) -> grpc.RpcError:
         """Create container ``app`` of a new pod; it must be refused and leave no container."""
-        sandbox, config = self.pod(name, annotation, uid)
+        sandbox, config = self.run_pod(name, annotation, uid)
         with pytest.raises(grpc.RpcError) as caught:
             self.create(sandbox, config, "app", **asks)  # type: ignore[arg-type]
         assert self.containers_in(sandbox) == []
@@ -112,7 +79,7 @@ class Node:
 
 
 @pytest.fixture
-def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[Node]:
+def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[RdmaNode]:
     root = tmp_path / "machine"
     dev = build_sriov_machine(root)
     keys = write_node_keys(tmp_path / "keys")
@@ -137,7 +104,7 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
     ).start()
     client = CriClient(shim.endpoint)
     before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}
-    yield Node(client, direct, dev, tmp_path / "logs")
+    yield RdmaNode(shim, client, direct, root, tmp_path / "logs", dev)
     client.close()
     shim.stop()
     for sandbox in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items:
@@ -146,15 +113,15 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
             direct.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id))
 
 
-def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: Node) -> None:
+def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: RdmaNode) -> None:
     uid = str(uuid.uuid4())
-    sandbox, config = node.pod("two-vfs", rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_3"]), uid)
+    sandbox, config = node.run_pod("two-vfs", rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_3"]), uid)
     train = node.create(sandbox, config, "train", envs={"NCCL_IB_HCA": "mlx5"})
-    env, devices = seen(node.output(train, "two-vfs", "train"))
+    env, devices = seen(node.start_and_read(train, "two-vfs", "train"))
     assert devices == ["rdma_cm", "uverbs1", "uverbs3"]  # not uverbs0 (the PF) nor uverbs2
     assert env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_3"
     side = node.create(sandbox, config, "side")  # every container of the pod: the VFs are pod-wide
-    env, devices = seen(node.output(side, "two-vfs", "side"))
+    env, devices = seen(node.start_and_read(side, "two-vfs", "side"))
     assert devices == ["rdma_cm", "uverbs1", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_3"
 
     other = str(uuid.uuid4())
@@ -169,12 +136,12 @@ def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: Node) -
     # the pod's VFs come free with its sandbox: then another pod gets mlx5_3
     node.client.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
     node.client.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-    sandbox, config = node.pod("next", rdma_allocation(NODE, other, ["mlx5_3"]), other)
-    env, devices = seen(node.output(node.create(sandbox, config, "app"), "next", "app"))
+    sandbox, config = node.run_pod("next", rdma_allocation(NODE, other, ["mlx5_3"]), other)
+    env, devices = seen(node.start_and_read(node.create(sandbox, config, "app"), "next", "app"))
     assert devices == ["rdma_cm", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_3"
 
 
-def test_a_container_asking_for_rdma_devices_itself_is_refused(node: Node) -> None:
+def test_a_container_asking_for_rdma_devices_itself_is_refused(node: RdmaNode) -> None:
     dev = str(node.dev)
     for name, asks in (
         ("mount", {"mounts": [(dev, "/dev/infiniband")]}),
