@@ -38,7 +38,7 @@ from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from tests.fixtures.common import missing_component
 from tests.fixtures.keys import KEY, KEY_ID, SIGNING
-from tests.support.mps_standin import events, os_pid_alive, write_standin
+from tests.support.mps_standin import events, kill_started, os_pid_alive, write_standin
 from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
 
 pytestmark = pytest.mark.containerd
@@ -171,10 +171,7 @@ def node(nri_containerd: Containerd, tmp_path: Path, monkeypatch: pytest.MonkeyP
                 mps.remove_sandbox(sandbox.id)
         mps.disconnect()
         client.close()
-        for started in events(control, "started"):  # nothing may outlive the test
-            pid = int(started["pid"])  # type: ignore[call-overload]
-            if os_pid_alive(pid):
-                os.kill(pid, signal.SIGTERM)
+        kill_started(control, signal.SIGTERM)
 
 
 def test_a_share_through_nri_is_an_mps_client_of_its_gpus_daemon(node: MpsNri, tmp_path: Path) -> None:
