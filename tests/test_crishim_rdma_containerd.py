@@ -33,7 +33,7 @@ from tests.fixtures.keys import OTHER_KEY, SIGNING, write_node_keys
 from tests.support.rdmanode import build_sriov_machine, rdma_allocation
 from tests.test_crishim_rewrite import Node
 from tests.test_nri_agent import Pods
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd
 
 pytestmark = pytest.mark.containerd
 
@@ -169,8 +169,7 @@ def test_the_nri_front_gives_a_pod_its_vfs_and_refuses_a_mount_of_them(
     plugin = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
     pods = Pods(nri_containerd, tmp_path / "logs")
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         granted = pods.create(
             "vfs",
             lambda uid: rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_2"]),

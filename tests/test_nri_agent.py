@@ -129,8 +129,7 @@ def test_the_rewrite_core_decides_every_container_through_nri(
     pods = Pods(nri_containerd, tmp_path / "logs")
     gpus = [sim_gpu_id(NODE, 0), sim_gpu_id(NODE, 1)]
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         assert agent.rewriter.rebuilt.is_set()
 
         first = pods.create("granted", lambda uid: signed(uid, gpus), envs={"NVIDIA_VISIBLE_DEVICES": "all"})
@@ -163,8 +162,7 @@ def test_the_rewrite_core_decides_every_container_through_nri(
         plugin.stop()
         agent2 = agent_for(tmp_path)
         plugin = PluginThread(PluginSession(agent2, socket=nri_containerd.nri_socket, name=PLUGIN))
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize after the restart")
+        plugin.synchronize("Synchronize after the restart")
         assert sorted(h.device for h in agent2.rewriter.ledger.holdings()) == sorted(gpus)
         again = pods.create("again", lambda uid: signed(uid, [gpus[1]]))
         assert isinstance(again, grpc.RpcError), "a GPU held before the restart was handed out again"
@@ -291,8 +289,7 @@ def test_nri_scrubs_managed_nodes_by_number_and_toolkit_mount_requests(
     source = tmp_path / "grab"
     source.mkdir()
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         script = (
             "head -c 1 /dev/grab >/dev/null 2>/tmp/err; echo open=$?; cat /tmp/err; "
             "ls /var/run/nvidia-container-devices 2>&1; echo END; exec sleep 100000"
@@ -335,8 +332,7 @@ def test_an_agent_killed_mid_create_lets_no_unscrubbed_container_through(
     pods = Pods(nri_containerd, tmp_path / "logs")
     outcome: list[str | grpc.RpcError] = []
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         creating = threading.Thread(
             target=lambda: outcome.append(pods.create("grab", None, envs={"NVIDIA_VISIBLE_DEVICES": "all"}))
         )
@@ -379,11 +375,8 @@ def test_the_agent_rejects_another_plugins_managed_device(nri_containerd: Contai
     )
     pods = Pods(nri_containerd, tmp_path / "logs")
     try:
-        ours.run(ours.session.connect())
-        other.run(other.session.connect())
-        wait_until(
-            lambda: ours.session.synchronized.is_set() and other.session.synchronized.is_set(), 10, "sync"
-        )
+        ours.synchronize()
+        other.synchronize()
         made = pods.create("sneaked", None)
         assert isinstance(made, grpc.RpcError), made
         assert "/dev/sneak" in (made.details() or "") and "did not grant" in (made.details() or ""), (

@@ -86,8 +86,7 @@ class MpsNri:
         devices.discover()
         agent = NriAgent(AllocationRewriter(NODE, devices, KeyRing(None, SIGNING)))
         plugin = PluginThread(PluginSession(agent, socket=self.containerd.nri_socket, name=PLUGIN))
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         self.agent, self.plugin = agent, plugin
         return agent
 

@@ -302,6 +302,11 @@ class PluginThread:
     def run(self, coro: object, timeout: float = 20) -> object:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
 
+    def synchronize(self, what: str = "Synchronize") -> None:
+        """Register the session with containerd and wait (10 s) for containerd's Synchronize."""
+        self.run(self.session.connect())
+        wait_until(self.session.synchronized.is_set, 10, what)
+
     def stop(self) -> None:
         self.run(self.session.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -326,8 +331,7 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
     client = CriClient(nri_containerd.endpoint)
     sandbox = ""
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         assert handlers.configured[0].runtime_name == "containerd"
         assert handlers.configured[0].runtime_version.startswith("v2.")
         assert handlers.configured[0].request_timeout == 2000
@@ -396,8 +400,7 @@ def test_containerd_refuses_every_create_while_the_required_plugin_is_away(
         assert f'required plugin "{PLUGIN}" not present' in (before.details() or "")
 
         plugin = PluginThread(PluginSession(Recorder(), socket=nri_containerd.nri_socket, name=PLUGIN))
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin is not None and plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         sandbox, during = create_in_new_sandbox(client, tmp_path, "with-plugin")
         sandboxes.append(sandbox)
         assert isinstance(during, str), during

@@ -77,8 +77,7 @@ def test_a_handler_slower_than_containerds_timeout_fails_the_create_instead_of_s
     plugin = PluginThread(PluginSession(handlers, socket=nri_containerd.nri_socket, name=PLUGIN))
     sandboxes = []
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         sandbox, made, _ = try_create(client, tmp_path, "slow")
         sandboxes.append(sandbox)
         assert isinstance(made, grpc.RpcError), "container created without the plugin's adjustment"
@@ -118,8 +117,7 @@ def test_a_plugin_with_no_event_handlers_does_not_break_container_creation(
     plugin = PluginThread(PluginSession(handlers, socket=nri_containerd.nri_socket, name=PLUGIN))
     sandbox = ""
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         assert handlers.synced
         sandbox, made, _ = try_create(client, tmp_path, "no-events")
         assert isinstance(made, str), made
@@ -251,11 +249,8 @@ def test_another_plugins_adjustment_cannot_bring_back_what_kubegpu_scrubbed(
     )
     pods = Pods(nri_containerd, tmp_path / "logs")
     try:
-        ours.run(ours.session.connect())
-        other.run(other.session.connect())
-        wait_until(
-            lambda: ours.session.synchronized.is_set() and other.session.synchronized.is_set(), 10, "sync"
-        )
+        ours.synchronize()
+        other.synchronize()
         script = (
             "(exec 3<>/dev/grab) 2>/dev/null && echo opened; env; ls /var/run/nvidia-container-devices 2>&1; "
             "echo END; exec sleep 100000"
@@ -422,8 +417,7 @@ def test_an_image_naming_a_selector_twice_cannot_outlast_the_scrub(
     logs.mkdir()
     sandbox = ""
     try:
-        ours.run(ours.session.connect())
-        wait_until(lambda: ours.session.synchronized.is_set(), 10, "Synchronize")
+        ours.synchronize()
         config = host_network_sandbox("dup", str(uuid.uuid4()), log_directory=str(logs))
         ran = client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
         sandbox = ran.pod_sandbox_id
