@@ -33,7 +33,7 @@ from tests.fixtures.keys import OTHER_KEY, SIGNING, write_node_keys
 from tests.support.rdmanode import build_sriov_machine, rdma_allocation
 from tests.test_crishim_rewrite import Node
 from tests.test_nri_agent import Pods
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, remove_sandbox
 
 pytestmark = pytest.mark.containerd
 
@@ -134,8 +134,7 @@ def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: RdmaNod
     assert forged.code() is grpc.StatusCode.INVALID_ARGUMENT and "signature" in (forged.details() or "")
 
     # the pod's VFs come free with its sandbox: then another pod gets mlx5_3
-    node.client.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-    node.client.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+    remove_sandbox(node.client, sandbox)
     sandbox, config = node.run_pod("next", rdma_allocation(NODE, other, ["mlx5_3"]), other)
     env, devices = seen(node.start_and_read(node.create(sandbox, config, "app"), "next", "app"))
     assert devices == ["rdma_cm", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_3"

@@ -38,7 +38,7 @@ from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import sim_node_args
 from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, SIGNING, write_node_keys
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, remove_sandbox, wait_until
 
 pytestmark = pytest.mark.containerd
 
@@ -113,10 +113,7 @@ class Pods:
 
     def close(self) -> None:
         for sandbox in self.sandboxes:
-            self.client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            self.client.runtime.RemovePodSandbox(
-                cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60
-            )
+            remove_sandbox(self.client, sandbox)
         self.client.close()
 
 

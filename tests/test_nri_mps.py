@@ -39,7 +39,7 @@ from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from tests.fixtures.common import missing_component
 from tests.fixtures.keys import KEY, KEY_ID, SIGNING
 from tests.support.mps_standin import events, kill_started, os_pid_alive, write_standin
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, remove_sandbox, wait_until
 
 pytestmark = pytest.mark.containerd
 
@@ -149,8 +149,7 @@ class MpsNri:
         return env, seen
 
     def remove_sandbox(self, sandbox: str) -> None:
-        self.client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-        self.client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+        remove_sandbox(self.client, sandbox)
 
 
 @pytest.fixture

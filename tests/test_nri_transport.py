@@ -362,20 +362,27 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
         wait_until(lambda: container in handlers.removed, 10, "RemoveContainer")
     finally:
         if sandbox:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         plugin.stop()
 
 
-def create_in_new_sandbox(client: CriClient, logs: Path, name: str) -> tuple[str, str | grpc.RpcError]:
+def remove_sandbox(client: CriClient, sandbox: str) -> None:
+    """Stop and remove the pod sandbox ``sandbox`` (its containers with it)."""
+    client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+    client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+
+
+def create_in_new_sandbox(
+    client: CriClient, logs: Path, name: str, image: str = BUSYBOX_IMAGE, script: str = "true"
+) -> tuple[str, str | grpc.RpcError]:
     """(sandbox id, the created container's id or the create's error)."""
     config = host_network_sandbox(name, str(uuid.uuid4()), log_directory=str(logs))
     sandbox = client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60).pod_sandbox_id
     request = cri.CreateContainerRequest(
         pod_sandbox_id=sandbox,
         sandbox_config=config,
-        config=shell_container("app", BUSYBOX_IMAGE, "true", log_path="app.log"),
+        config=shell_container("app", image, script, log_path="app.log"),
     )
     try:
         return sandbox, client.runtime.CreateContainer(request, timeout=60).container_id
@@ -416,8 +423,7 @@ def test_containerd_refuses_every_create_while_the_required_plugin_is_away(
         wait_until(refused, 10, "containerd to notice the plugin is gone")
     finally:
         for sandbox in sandboxes:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         if plugin is not None:
             plugin.stop()

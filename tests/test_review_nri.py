@@ -28,8 +28,10 @@ from tests.test_nri_transport import (
     PLUGIN,
     PluginThread,
     Recorder,
+    create_in_new_sandbox,
     mux_on_socketpair,
     nri_containerd,
+    remove_sandbox,
     wait_until,
 )
 
@@ -89,8 +91,7 @@ def test_a_handler_slower_than_containerds_timeout_fails_the_create_instead_of_s
         assert [name for _, name, _ in handlers.created] == ["app"]
     finally:
         for sandbox in sandboxes:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         plugin.stop()
 
@@ -123,8 +124,7 @@ def test_a_plugin_with_no_event_handlers_does_not_break_container_creation(
         assert isinstance(made, str), made
     finally:
         if sandbox:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         plugin.stop()
 
@@ -418,18 +418,9 @@ def test_an_image_naming_a_selector_twice_cannot_outlast_the_scrub(
     sandbox = ""
     try:
         ours.synchronize()
-        config = host_network_sandbox("dup", str(uuid.uuid4()), log_directory=str(logs))
-        ran = client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
-        sandbox = ran.pod_sandbox_id
-        request = cri.CreateContainerRequest(
-            pod_sandbox_id=sandbox,
-            sandbox_config=config,
-            config=shell_container("app", image, "env; echo END; exec sleep 100000", log_path="app.log"),
-        )
-        try:
-            made = client.runtime.CreateContainer(request, timeout=60).container_id
-        except grpc.RpcError as error:
-            assert "NVIDIA_VISIBLE_DEVICES" in (error.details() or ""), error.details()
+        sandbox, made = create_in_new_sandbox(client, logs, "dup", image, "env; echo END; exec sleep 100000")
+        if isinstance(made, grpc.RpcError):
+            assert "NVIDIA_VISIBLE_DEVICES" in (made.details() or ""), made.details()
             return
         client.runtime.StartContainer(cri.StartContainerRequest(container_id=made), timeout=60)
         log = logs / "app.log"
@@ -437,8 +428,7 @@ def test_an_image_naming_a_selector_twice_cannot_outlast_the_scrub(
         pytest.fail(f"created with the image's duplicate selector:\n{log.read_text()}")
     finally:
         if sandbox:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         ours.stop()
 
