@@ -30,10 +30,11 @@ from kubegpu.devenv.containerd import Containerd
 from kubegpu.devenv.cri import CriClient
 from kubegpu.devenv.shimproc import ShimProcess
 from tests.fixtures.keys import OTHER_KEY, SIGNING, write_node_keys
+from tests.support.crisandboxes import remove_sandbox, remove_sandboxes_since, sandbox_ids
 from tests.support.rdmanode import build_sriov_machine, rdma_allocation
 from tests.test_crishim_rewrite import Node
 from tests.test_nri_agent import Pods
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, remove_sandbox
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd
 
 pytestmark = pytest.mark.containerd
 
@@ -103,14 +104,11 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
         ],
     ).start()
     client = CriClient(shim.endpoint)
-    before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}
+    before = sandbox_ids(direct)
     yield RdmaNode(shim, client, direct, root, tmp_path / "logs", dev)
     client.close()
     shim.stop()
-    for sandbox in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items:
-        if sandbox.id not in before:
-            direct.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
-            direct.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id))
+    remove_sandboxes_since(direct, before)
 
 
 def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: RdmaNode) -> None:

@@ -38,7 +38,8 @@ from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import sim_node_args
 from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, SIGNING, write_node_keys
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, remove_sandbox, wait_until
+from tests.support.crisandboxes import remove_sandbox
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
 
 pytestmark = pytest.mark.containerd
 

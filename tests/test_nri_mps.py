@@ -38,8 +38,9 @@ from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from tests.fixtures.common import missing_component
 from tests.fixtures.keys import KEY, KEY_ID, SIGNING
+from tests.support.crisandboxes import remove_sandbox, remove_sandboxes_since, sandbox_ids
 from tests.support.mps_standin import events, kill_started, os_pid_alive, write_standin
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, remove_sandbox, wait_until
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
 
 pytestmark = pytest.mark.containerd
 
@@ -158,15 +159,13 @@ def node(nri_containerd: Containerd, tmp_path: Path, monkeypatch: pytest.MonkeyP
         missing_component("the MPS daemons' private /dev/shm needs root")
     monkeypatch.setenv("STANDIN_SHM_MARKER", "1")  # the daemons' /dev/shm is private here
     client = CriClient(nri_containerd.endpoint)
-    before = {s.id for s in client.runtime.ListPodSandbox(cri.ListPodSandboxRequest()).items}
+    before = sandbox_ids(client)
     control = write_standin(tmp_path / "bin")
     mps = MpsNri(nri_containerd, control, tmp_path / "mps", tmp_path / "logs", tmp_path, client)
     try:
         yield mps
     finally:
-        for sandbox in client.runtime.ListPodSandbox(cri.ListPodSandboxRequest()).items:
-            if sandbox.id not in before:
-                mps.remove_sandbox(sandbox.id)
+        remove_sandboxes_since(client, before, timeout=60)
         mps.disconnect()
         client.close()
         kill_started(control, signal.SIGTERM)

@@ -36,6 +36,7 @@ from crishim.nri.ttrpc import (
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd, containerd2_bin_dir
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from tests.fixtures.common import missing_component, require_executable
+from tests.support.crisandboxes import remove_sandbox
 
 # -- framing ------------------------------------------------------------------------------------
 
@@ -365,12 +366,6 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
             remove_sandbox(client, sandbox)
         client.close()
         plugin.stop()
-
-
-def remove_sandbox(client: CriClient, sandbox: str) -> None:
-    """Stop and remove the pod sandbox ``sandbox`` (its containers with it)."""
-    client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-    client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
 
 
 def create_in_new_sandbox(

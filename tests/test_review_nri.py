@@ -24,6 +24,7 @@ from crishim.nri.plugin import PluginSession
 from crishim.nri.ttrpc import RESOURCE_EXHAUSTED, Endpoint, RpcError
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
+from tests.support.crisandboxes import remove_sandbox
 from tests.test_nri_transport import (
     PLUGIN,
     PluginThread,
@@ -31,7 +32,6 @@ from tests.test_nri_transport import (
     create_in_new_sandbox,
     mux_on_socketpair,
     nri_containerd,
-    remove_sandbox,
     wait_until,
 )
 
