@@ -20,7 +20,6 @@ from pathlib import Path
 import grpc
 import pytest
 
-from crishim.cri import api_pb2
 from crishim.nri.agent import NriAgent
 from crishim.nri.plugin import PluginSession
 from crishim.rewrite import AllocationRewriter, NodeDevices
@@ -53,28 +52,16 @@ def seen(output: str) -> tuple[dict[str, str], list[str]]:
 @dataclass
 class RdmaNode(Node):
     """tests/test_crishim_rewrite.py's Node, its shim running the RDMA plugin over the fake SR-IOV
-    machine (``state_dir``) whose /dev/infiniband is ``dev``; its containers list that (SCRIPT)."""
+    machine (``state_dir``) whose /dev/infiniband is ``dev``; the tests create containers with
+    ``script=SCRIPT``, which lists it."""
 
     dev: Path = Path()
-
-    def create(
-        self,
-        sandbox: str,
-        config: api_pb2.PodSandboxConfig,
-        container: str,
-        envs: dict[str, str] | None = None,
-        script: str = SCRIPT,
-        attempt: int = 0,
-        devices: list[tuple[str, str]] | None = None,
-        mounts: list[tuple[str, str]] | None = None,
-    ) -> str:
-        return super().create(sandbox, config, container, envs, script, attempt, devices, mounts)
 
     def refused(self, name: str, annotation: str | None, uid: str, **asks: object) -> grpc.RpcError:
         """Create container ``app`` of a new pod; it must be refused and leave no container."""
         sandbox, config = self.run_pod(name, annotation, uid)
         with pytest.raises(grpc.RpcError) as caught:
-            self.create(sandbox, config, "app", **asks)  # type: ignore[arg-type]
+            self.create(sandbox, config, "app", script=SCRIPT, **asks)  # type: ignore[arg-type]
         assert self.containers_in(sandbox) == []
         return caught.value
 
@@ -114,11 +101,12 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
 def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: RdmaNode) -> None:
     uid = str(uuid.uuid4())
     sandbox, config = node.run_pod("two-vfs", rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_3"]), uid)
-    train = node.create(sandbox, config, "train", envs={"NCCL_IB_HCA": "mlx5"})
+    train = node.create(sandbox, config, "train", envs={"NCCL_IB_HCA": "mlx5"}, script=SCRIPT)
     env, devices = seen(node.start_and_read(train, "two-vfs", "train"))
     assert devices == ["rdma_cm", "uverbs1", "uverbs3"]  # not uverbs0 (the PF) nor uverbs2
     assert env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_3"
-    side = node.create(sandbox, config, "side")  # every container of the pod: the VFs are pod-wide
+    # every container of the pod: the VFs are pod-wide
+    side = node.create(sandbox, config, "side", script=SCRIPT)
     env, devices = seen(node.start_and_read(side, "two-vfs", "side"))
     assert devices == ["rdma_cm", "uverbs1", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_3"
 
@@ -134,7 +122,8 @@ def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: RdmaNod
     # the pod's VFs come free with its sandbox: then another pod gets mlx5_3
     remove_sandbox(node.client, sandbox)
     sandbox, config = node.run_pod("next", rdma_allocation(NODE, other, ["mlx5_3"]), other)
-    env, devices = seen(node.start_and_read(node.create(sandbox, config, "app"), "next", "app"))
+    app = node.create(sandbox, config, "app", script=SCRIPT)
+    env, devices = seen(node.start_and_read(app, "next", "app"))
     assert devices == ["rdma_cm", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_3"
 
 
