@@ -39,7 +39,7 @@ from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import sim_node_args
 from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, SIGNING, write_node_keys
 from tests.support.crisandboxes import remove_sandbox
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, started_output, wait_until
 
 pytestmark = pytest.mark.containerd
 
@@ -107,10 +107,8 @@ class Pods:
             return error
 
     def output(self, container_id: str, name: str) -> str:
-        self.client.runtime.StartContainer(cri.StartContainerRequest(container_id=container_id), timeout=60)
-        log = self.logs / name / "app.log"
-        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, f"{name}'s output")
-        return "\n".join(line.split(" ", 3)[-1] for line in log.read_text().splitlines())
+        lines = started_output(self.client, container_id, self.logs / name / "app.log", f"{name}'s output")
+        return "\n".join(lines)
 
     def close(self) -> None:
         for sandbox in self.sandboxes:

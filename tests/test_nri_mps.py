@@ -40,7 +40,7 @@ from tests.fixtures.common import missing_component
 from tests.fixtures.keys import KEY, KEY_ID, SIGNING
 from tests.support.crisandboxes import remove_sandbox, remove_sandboxes_since, sandbox_ids
 from tests.support.mps_standin import events, kill_started, os_pid_alive, write_standin
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, started_output, wait_until
 
 pytestmark = pytest.mark.containerd
 
@@ -140,10 +140,7 @@ class MpsNri:
 
     def read(self, container: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
         """Start the container; (its environment, what the probe saw)."""
-        self.client.runtime.StartContainer(cri.StartContainerRequest(container_id=container), timeout=60)
-        log = self.logs / name / "app.log"
-        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, f"{name}'s output")
-        lines = [line.split(" ", 3)[-1] for line in log.read_text().splitlines()]
+        lines = started_output(self.client, container, self.logs / name / "app.log", f"{name}'s output")
         cut = lines.index("===")
         env = dict(line.split("=", 1) for line in lines[:cut] if "=" in line)
         seen = dict(line.split("=", 1) for line in lines[cut + 1 :] if "=" in line)

@@ -353,10 +353,8 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
         container = client.runtime.CreateContainer(request, timeout=60).container_id
         assert [(u, name) for u, name, _ in handlers.created] == [(uid, "app")]
         assert handlers.created[0][2]["kubegpu.io/allocation"] == "signed-allocation-text"
-        client.runtime.StartContainer(cri.StartContainerRequest(container_id=container), timeout=60)
-        log = logs / "app.log"
-        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, "the container's output")
-        assert f"KUBEGPU_NRI={uid}" in log.read_text()
+        output = started_output(client, container, logs / "app.log", "the container's output")
+        assert f"KUBEGPU_NRI={uid}" in "\n".join(output)
 
         client.runtime.StopContainer(cri.StopContainerRequest(container_id=container, timeout=5), timeout=60)
         client.runtime.RemoveContainer(cri.RemoveContainerRequest(container_id=container), timeout=60)
@@ -366,6 +364,14 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
             remove_sandbox(client, sandbox)
         client.close()
         plugin.stop()
+
+
+def started_output(client: CriClient, container: str, log: Path, what: str) -> list[str]:
+    """Start ``container`` and wait (30 s) for ``END`` in its CRI log ``log``; the log's lines without
+    their CRI prefix (time, stream, tag)."""
+    client.runtime.StartContainer(cri.StartContainerRequest(container_id=container), timeout=60)
+    wait_until(lambda: log.exists() and "END" in log.read_text(), 30, what)
+    return [line.split(" ", 3)[-1] for line in log.read_text().splitlines()]
 
 
 def create_in_new_sandbox(

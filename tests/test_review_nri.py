@@ -32,6 +32,7 @@ from tests.test_nri_transport import (
     create_in_new_sandbox,
     mux_on_socketpair,
     nri_containerd,
+    started_output,
     wait_until,
 )
 
@@ -422,10 +423,8 @@ def test_an_image_naming_a_selector_twice_cannot_outlast_the_scrub(
         if isinstance(made, grpc.RpcError):
             assert "NVIDIA_VISIBLE_DEVICES" in (made.details() or ""), made.details()
             return
-        client.runtime.StartContainer(cri.StartContainerRequest(container_id=made), timeout=60)
-        log = logs / "app.log"
-        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, "the container's output")
-        pytest.fail(f"created with the image's duplicate selector:\n{log.read_text()}")
+        output = "\n".join(started_output(client, made, logs / "app.log", "the container's output"))
+        pytest.fail(f"created with the image's duplicate selector:\n{output}")
     finally:
         if sandbox:
             remove_sandbox(client, sandbox)
