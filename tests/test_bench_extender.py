@@ -5,7 +5,6 @@ a plain kube-scheduler (marked ``apiserver``)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import yaml
 
 from kubegpu.devenv.controlplane import BinariesMissing, find_binaries
 from tests.fixtures.common import missing_component
+from tests.support.benchscript import bench_module
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "extender_throughput.py"
@@ -30,12 +30,7 @@ HEADLINE = {
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("extender_throughput_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module(BENCH.name, "extender_throughput_bench")
 
 
 def test_kube_scheduler_gets_the_shipped_stanza_pointed_at_the_extender(bench: ModuleType) -> None:

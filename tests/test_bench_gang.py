@@ -5,7 +5,6 @@ and one tiny real run against a real kube-apiserver, kubegpu and kube-scheduler 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import pytest
 from kubegpu.devenv.controlplane import BinariesMissing, find_binaries
 from scheduler.live.podgroups import KUBE_API, PLUGINS_API, GroupRef, group_ref, parse_group
 from tests.fixtures.common import missing_component
+from tests.support.benchscript import bench_module
 
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench" / "gang_throughput.py"
@@ -35,12 +35,7 @@ HEADLINE = {
 
 @pytest.fixture(scope="module")
 def bench() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("gang_throughput_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    return bench_module(BENCH.name, "gang_throughput_bench")
 
 
 def test_members_join_their_group_in_the_api_asked_and_plain_pods_join_none(bench: ModuleType) -> None:

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -16,6 +16,7 @@ from kubegpu.devenv.controlplane import BinariesMissing
 from kubegpu.localcluster.cluster import find_cluster_binaries
 from tests.fixtures.common import missing_component
 from tests.fixtures.localcluster import _require_node_tools
+from tests.support.benchscript import bench_module
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.containerd, pytest.mark.node]
 BENCH = Path(__file__).resolve().parents[1] / "bench" / "node_overhead.py"
@@ -23,13 +24,8 @@ NRI_KEYS = {"pods", "p50_s", "p99_s", "pod_start_ratio_p50", "pod_start_ratio_p9
             "steady_pods", "agent_cpu_percent_of_core", "kubelet_cpu_percent_of_core"}
 
 
-def load_bench():
-    spec = importlib.util.spec_from_file_location("node_overhead_bench", BENCH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_bench() -> ModuleType:
+    return bench_module(BENCH.name, "node_overhead_bench")
 
 
 def run_bench(*args: str) -> dict:

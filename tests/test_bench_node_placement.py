@@ -3,24 +3,19 @@ sets on every shipped machine, and bad arguments are refused with exit status 2.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
+
+from tests.support.benchscript import bench_module
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def load_bench():
-    path = ROOT / "bench" / "node_placement.py"
-    spec = importlib.util.spec_from_file_location("node_placement_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_bench() -> ModuleType:
+    return bench_module("node_placement.py", "node_placement_bench")
 
 
 def test_json_shape_and_every_machine(capsys: pytest.CaptureFixture[str]) -> None:

@@ -3,23 +3,15 @@ looks for the openb trace (so this runs without ../shared)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
+from types import ModuleType
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.support.benchscript import bench_module
 
 
-def load_bench():
-    path = ROOT / "bench" / "simulate_openb.py"
-    spec = importlib.util.spec_from_file_location("simulate_openb_bench", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+def load_bench() -> ModuleType:
+    return bench_module("simulate_openb.py", "simulate_openb_bench")
 
 
 @pytest.mark.parametrize(

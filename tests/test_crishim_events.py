@@ -29,6 +29,7 @@ from crishim.cri import api_pb2
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, PULL_IMAGE
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess
+from tests.support.crisandboxes import remove_sandbox
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.containerd
@@ -126,11 +127,6 @@ def container_state(client: CriClient, container_id: str) -> int:
     return client.runtime.ContainerStatus(request, timeout=10).status.state
 
 
-def stop_and_remove_sandbox(client: CriClient, sandbox_id: str) -> None:
-    client.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=60)
-    client.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox_id), timeout=60)
-
-
 def test_version_reports_containerd_2(proxied2: CriClient, direct2: CriClient) -> None:
     request = api_pb2.VersionRequest(version="v1")
     version = proxied2.runtime.Version(request)
@@ -175,7 +171,7 @@ def test_pod_and_container_lifecycle_on_containerd2(
         container_state(proxied2, container_id)
     assert missing.value.code() is grpc.StatusCode.NOT_FOUND
 
-    stop_and_remove_sandbox(proxied2, sandbox_id)
+    remove_sandbox(proxied2, sandbox_id)
     listing = proxied2.runtime.ListPodSandbox(
         api_pb2.ListPodSandboxRequest(filter=api_pb2.PodSandboxFilter(id=sandbox_id)))
     assert not listing.items

@@ -12,7 +12,6 @@ refusal leaves no container behind.
 
 from __future__ import annotations
 
-import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -21,19 +20,20 @@ from pathlib import Path
 import grpc
 import pytest
 
-from crishim.cri import api_pb2
 from crishim.nri.agent import NriAgent
 from crishim.nri.plugin import PluginSession
 from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.rdma import RdmaPlugin
-from kubegpu.allocation import ANNOTATION, KeyRing
-from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
-from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
+from kubegpu.allocation import KeyRing
+from kubegpu.devenv.containerd import Containerd
+from kubegpu.devenv.cri import CriClient
 from kubegpu.devenv.shimproc import ShimProcess
 from tests.fixtures.keys import OTHER_KEY, SIGNING, write_node_keys
+from tests.support.crisandboxes import remove_sandbox, remove_sandboxes_since, sandbox_ids
 from tests.support.rdmanode import build_sriov_machine, rdma_allocation
+from tests.test_crishim_rewrite import Node
 from tests.test_nri_agent import Pods
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd
 
 pytestmark = pytest.mark.containerd
 
@@ -50,69 +50,24 @@ def seen(output: str) -> tuple[dict[str, str], list[str]]:
 
 
 @dataclass
-class Node:
-    client: CriClient
-    direct: CriClient
-    dev: Path
-    logs: Path
+class RdmaNode(Node):
+    """tests/test_crishim_rewrite.py's Node, its shim running the RDMA plugin over the fake SR-IOV
+    machine (``state_dir``) whose /dev/infiniband is ``dev``; the tests create containers with
+    ``script=SCRIPT``, which lists it."""
 
-    def pod(self, name: str, annotation: str | None, uid: str) -> tuple[str, api_pb2.PodSandboxConfig]:
-        log_dir = self.logs / name
-        log_dir.mkdir(parents=True, exist_ok=True)
-        annotations = {ANNOTATION: annotation} if annotation is not None else {}
-        config = host_network_sandbox(name, uid, log_directory=str(log_dir), annotations=annotations)
-        sandbox = self.client.runtime.RunPodSandbox(api_pb2.RunPodSandboxRequest(config=config), timeout=60)
-        return sandbox.pod_sandbox_id, config
-
-    def create(
-        self,
-        sandbox: str,
-        config: api_pb2.PodSandboxConfig,
-        container: str,
-        devices: list[tuple[str, str]] | None = None,
-        mounts: list[tuple[str, str]] | None = None,
-        envs: dict[str, str] | None = None,
-    ) -> str:
-        request = api_pb2.CreateContainerRequest(
-            pod_sandbox_id=sandbox,
-            sandbox_config=config,
-            config=shell_container(container, BUSYBOX_IMAGE, SCRIPT, log_path=f"{container}.log", envs=envs),
-        )
-        for host, inside in devices or []:
-            request.config.devices.add(host_path=host, container_path=inside, permissions="rwm")
-        for host, inside in mounts or []:
-            request.config.mounts.add(host_path=host, container_path=inside, readonly=True)
-        return self.client.runtime.CreateContainer(request, timeout=60).container_id
-
-    def output(self, container_id: str, pod: str, container: str) -> str:
-        self.client.runtime.StartContainer(
-            api_pb2.StartContainerRequest(container_id=container_id), timeout=60
-        )
-        log = self.logs / pod / f"{container}.log"
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline:
-            if log.exists() and "END" in log.read_text():
-                return "\n".join(line.split(" ", 3)[-1] for line in log.read_text().splitlines())
-            time.sleep(0.05)
-        raise AssertionError(f"no output from {container}")
-
-    def containers_in(self, sandbox: str) -> list[str]:
-        listing = self.direct.runtime.ListContainers(
-            api_pb2.ListContainersRequest(filter=api_pb2.ContainerFilter(pod_sandbox_id=sandbox))
-        )
-        return [c.id for c in listing.containers]
+    dev: Path = Path()
 
     def refused(self, name: str, annotation: str | None, uid: str, **asks: object) -> grpc.RpcError:
         """Create container ``app`` of a new pod; it must be refused and leave no container."""
-        sandbox, config = self.pod(name, annotation, uid)
+        sandbox, config = self.run_pod(name, annotation, uid)
         with pytest.raises(grpc.RpcError) as caught:
-            self.create(sandbox, config, "app", **asks)  # type: ignore[arg-type]
+            self.create(sandbox, config, "app", script=SCRIPT, **asks)  # type: ignore[arg-type]
         assert self.containers_in(sandbox) == []
         return caught.value
 
 
 @pytest.fixture
-def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[Node]:
+def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[RdmaNode]:
     root = tmp_path / "machine"
     dev = build_sriov_machine(root)
     keys = write_node_keys(tmp_path / "keys")
@@ -136,25 +91,23 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
         ],
     ).start()
     client = CriClient(shim.endpoint)
-    before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}
-    yield Node(client, direct, dev, tmp_path / "logs")
+    before = sandbox_ids(direct)
+    yield RdmaNode(shim, client, direct, root, tmp_path / "logs", dev)
     client.close()
     shim.stop()
-    for sandbox in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items:
-        if sandbox.id not in before:
-            direct.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
-            direct.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id))
+    remove_sandboxes_since(direct, before)
 
 
-def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: Node) -> None:
+def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: RdmaNode) -> None:
     uid = str(uuid.uuid4())
-    sandbox, config = node.pod("two-vfs", rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_3"]), uid)
-    train = node.create(sandbox, config, "train", envs={"NCCL_IB_HCA": "mlx5"})
-    env, devices = seen(node.output(train, "two-vfs", "train"))
+    sandbox, config = node.run_pod("two-vfs", rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_3"]), uid)
+    train = node.create(sandbox, config, "train", envs={"NCCL_IB_HCA": "mlx5"}, script=SCRIPT)
+    env, devices = seen(node.start_and_read(train, "two-vfs", "train"))
     assert devices == ["rdma_cm", "uverbs1", "uverbs3"]  # not uverbs0 (the PF) nor uverbs2
     assert env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_3"
-    side = node.create(sandbox, config, "side")  # every container of the pod: the VFs are pod-wide
-    env, devices = seen(node.output(side, "two-vfs", "side"))
+    # every container of the pod: the VFs are pod-wide
+    side = node.create(sandbox, config, "side", script=SCRIPT)
+    env, devices = seen(node.start_and_read(side, "two-vfs", "side"))
     assert devices == ["rdma_cm", "uverbs1", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_1,mlx5_3"
 
     other = str(uuid.uuid4())
@@ -167,14 +120,14 @@ def test_a_pod_gets_exactly_its_two_vfs_and_no_other_pod_gets_them(node: Node) -
     assert forged.code() is grpc.StatusCode.INVALID_ARGUMENT and "signature" in (forged.details() or "")
 
     # the pod's VFs come free with its sandbox: then another pod gets mlx5_3
-    node.client.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-    node.client.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-    sandbox, config = node.pod("next", rdma_allocation(NODE, other, ["mlx5_3"]), other)
-    env, devices = seen(node.output(node.create(sandbox, config, "app"), "next", "app"))
+    remove_sandbox(node.client, sandbox)
+    sandbox, config = node.run_pod("next", rdma_allocation(NODE, other, ["mlx5_3"]), other)
+    app = node.create(sandbox, config, "app", script=SCRIPT)
+    env, devices = seen(node.start_and_read(app, "next", "app"))
     assert devices == ["rdma_cm", "uverbs3"] and env["NCCL_IB_HCA"] == "=mlx5_3"
 
 
-def test_a_container_asking_for_rdma_devices_itself_is_refused(node: Node) -> None:
+def test_a_container_asking_for_rdma_devices_itself_is_refused(node: RdmaNode) -> None:
     dev = str(node.dev)
     for name, asks in (
         ("mount", {"mounts": [(dev, "/dev/infiniband")]}),
@@ -202,8 +155,7 @@ def test_the_nri_front_gives_a_pod_its_vfs_and_refuses_a_mount_of_them(
     plugin = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
     pods = Pods(nri_containerd, tmp_path / "logs")
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         granted = pods.create(
             "vfs",
             lambda uid: rdma_allocation(NODE, uid, ["mlx5_1", "mlx5_2"]),

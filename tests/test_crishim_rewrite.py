@@ -27,6 +27,7 @@ from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, write_node_keys
+from tests.support.crisandboxes import remove_sandboxes_since, sandbox_ids
 from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.containerd
@@ -137,14 +138,11 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
         extra_args=[*sim_node_args(NODE, "dgx1-v100", str(state), str(keys)), "--health-interval", "0.2"],
     ).start()
     client = CriClient(shim.endpoint)
-    sandboxes_before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}
+    sandboxes_before = sandbox_ids(direct)
     yield Node(shim, client, direct, state, tmp_path / "logs")
     client.close()
     shim.stop()
-    for sandbox in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items:
-        if sandbox.id not in sandboxes_before:
-            direct.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
-            direct.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id))
+    remove_sandboxes_since(direct, sandboxes_before)
 
 
 def visible(output: str) -> tuple[dict[str, str], list[str]]:

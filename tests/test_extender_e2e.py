@@ -16,7 +16,6 @@ from __future__ import annotations
 import itertools
 import json
 import sys
-import time
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from tests.support.nodepods import (
     read_view,
     wait_running,
 )
+from tests.support.schedtrial import wait_for
 from tests.test_scheduler_api import wait_failed_scheduling
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.containerd, pytest.mark.node]
@@ -106,11 +106,11 @@ def extended(kube_node: KubeNode) -> Iterator[Extended]:
 def scheduled_by_kube_scheduler(core: k8s.CoreV1Api, namespace: str, found: k8s.V1Pod) -> None:
     """kube-scheduler's profile (not kubegpu's scheduler) posted the pod's one Scheduled Event."""
     selector = f"involvedObject.name={found.metadata.name},reason=Scheduled"
-    deadline = time.monotonic() + 30
-    while not (events := core.list_namespaced_event(namespace, field_selector=selector).items):
-        assert time.monotonic() < deadline, f"{found.metadata.name} has no Scheduled Event"
-        time.sleep(0.2)
-    [event] = events
+
+    def listed() -> list[k8s.CoreV1Event]:
+        return core.list_namespaced_event(namespace, field_selector=selector).items
+
+    [event] = wait_for(listed, f"a Scheduled Event of {found.metadata.name}", 30)
     assert event.reporting_component == PROFILE, event
     name, where = found.metadata.name, found.spec.node_name
     assert event.message == f"Successfully assigned {namespace}/{name} to {where}"

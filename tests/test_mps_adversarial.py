@@ -22,7 +22,7 @@ import pytest
 
 from crishim.mps import PID_FILE, MpsSharing, MpsSupervisor, client_edits
 from tests.fixtures.common import missing_component
-from tests.support.mps_standin import events, os_pid_alive, write_standin
+from tests.support.mps_standin import events, kill_started, os_pid_alive, write_standin
 from tests.support.waiting import wait_for
 
 GPU_A = "GPU-aaaaaaaa-1111-2222-3333-444444444444"
@@ -41,10 +41,7 @@ def supervisor(control: Path, tmp_path: Path) -> Iterator[MpsSupervisor]:
     )
     yield made
     made.stop_all()
-    for started in events(control, "started"):  # nothing may outlive the test
-        pid = int(started["pid"])  # type: ignore[call-overload]
-        if os_pid_alive(pid):
-            os.kill(pid, signal.SIGKILL)
+    kill_started(control, signal.SIGKILL)
 
 
 def kill_daemon(supervisor: MpsSupervisor, gpu: str) -> int:

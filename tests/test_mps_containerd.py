@@ -26,7 +26,8 @@ from kubegpu.devenv.cri import CriClient, shell_container
 from kubegpu.devenv.shimproc import ShimProcess, sim_node_args
 from tests.fixtures.common import missing_component
 from tests.fixtures.keys import write_node_keys
-from tests.support.mps_standin import events, os_pid_alive, write_standin
+from tests.support.crisandboxes import remove_sandboxes_since, sandbox_ids
+from tests.support.mps_standin import events, kill_started, os_pid_alive, write_standin
 from tests.support.waiting import wait_for
 from tests.test_crishim_rewrite import NODE, Node, gpu, visible
 
@@ -66,18 +67,12 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
         env={"STANDIN_SHM_MARKER": "1"},  # the daemons' /dev/shm is private here
     ).start()
     client = CriClient(shim.endpoint)
-    before = {s.id for s in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items}
+    before = sandbox_ids(direct)
     yield MpsNode(shim, client, direct, tmp_path / "sim", tmp_path / "logs", control, mps_dir)
     client.close()
     shim.stop()
-    for sandbox in direct.runtime.ListPodSandbox(api_pb2.ListPodSandboxRequest()).items:
-        if sandbox.id not in before:
-            direct.runtime.StopPodSandbox(api_pb2.StopPodSandboxRequest(pod_sandbox_id=sandbox.id))
-            direct.runtime.RemovePodSandbox(api_pb2.RemovePodSandboxRequest(pod_sandbox_id=sandbox.id))
-    for started in events(control, "started"):  # nothing may outlive the test
-        pid = int(started["pid"])  # type: ignore[call-overload]
-        if os_pid_alive(pid):
-            os.kill(pid, 15)
+    remove_sandboxes_since(direct, before)
+    kill_started(control, signal.SIGTERM)
 
 
 def probe(output: str) -> dict[str, str]:

@@ -38,7 +38,8 @@ from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from kubegpu.devenv.shimproc import sim_node_args
 from tests.fixtures.keys import KEY, KEY_ID, OTHER_KEY, SIGNING, write_node_keys
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+from tests.support.crisandboxes import remove_sandbox
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, started_output, wait_until
 
 pytestmark = pytest.mark.containerd
 
@@ -106,17 +107,12 @@ class Pods:
             return error
 
     def output(self, container_id: str, name: str) -> str:
-        self.client.runtime.StartContainer(cri.StartContainerRequest(container_id=container_id), timeout=60)
-        log = self.logs / name / "app.log"
-        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, f"{name}'s output")
-        return "\n".join(line.split(" ", 3)[-1] for line in log.read_text().splitlines())
+        lines = started_output(self.client, container_id, self.logs / name / "app.log", f"{name}'s output")
+        return "\n".join(lines)
 
     def close(self) -> None:
         for sandbox in self.sandboxes:
-            self.client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            self.client.runtime.RemovePodSandbox(
-                cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60
-            )
+            remove_sandbox(self.client, sandbox)
         self.client.close()
 
 
@@ -129,8 +125,7 @@ def test_the_rewrite_core_decides_every_container_through_nri(
     pods = Pods(nri_containerd, tmp_path / "logs")
     gpus = [sim_gpu_id(NODE, 0), sim_gpu_id(NODE, 1)]
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         assert agent.rewriter.rebuilt.is_set()
 
         first = pods.create("granted", lambda uid: signed(uid, gpus), envs={"NVIDIA_VISIBLE_DEVICES": "all"})
@@ -163,8 +158,7 @@ def test_the_rewrite_core_decides_every_container_through_nri(
         plugin.stop()
         agent2 = agent_for(tmp_path)
         plugin = PluginThread(PluginSession(agent2, socket=nri_containerd.nri_socket, name=PLUGIN))
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize after the restart")
+        plugin.synchronize("Synchronize after the restart")
         assert sorted(h.device for h in agent2.rewriter.ledger.holdings()) == sorted(gpus)
         again = pods.create("again", lambda uid: signed(uid, [gpus[1]]))
         assert isinstance(again, grpc.RpcError), "a GPU held before the restart was handed out again"
@@ -291,8 +285,7 @@ def test_nri_scrubs_managed_nodes_by_number_and_toolkit_mount_requests(
     source = tmp_path / "grab"
     source.mkdir()
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         script = (
             "head -c 1 /dev/grab >/dev/null 2>/tmp/err; echo open=$?; cat /tmp/err; "
             "ls /var/run/nvidia-container-devices 2>&1; echo END; exec sleep 100000"
@@ -335,8 +328,7 @@ def test_an_agent_killed_mid_create_lets_no_unscrubbed_container_through(
     pods = Pods(nri_containerd, tmp_path / "logs")
     outcome: list[str | grpc.RpcError] = []
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         creating = threading.Thread(
             target=lambda: outcome.append(pods.create("grab", None, envs={"NVIDIA_VISIBLE_DEVICES": "all"}))
         )
@@ -379,11 +371,8 @@ def test_the_agent_rejects_another_plugins_managed_device(nri_containerd: Contai
     )
     pods = Pods(nri_containerd, tmp_path / "logs")
     try:
-        ours.run(ours.session.connect())
-        other.run(other.session.connect())
-        wait_until(
-            lambda: ours.session.synchronized.is_set() and other.session.synchronized.is_set(), 10, "sync"
-        )
+        ours.synchronize()
+        other.synchronize()
         made = pods.create("sneaked", None)
         assert isinstance(made, grpc.RpcError), made
         assert "/dev/sneak" in (made.details() or "") and "did not grant" in (made.details() or ""), (

@@ -38,8 +38,9 @@ from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from tests.fixtures.common import missing_component
 from tests.fixtures.keys import KEY, KEY_ID, SIGNING
-from tests.support.mps_standin import events, os_pid_alive, write_standin
-from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, wait_until
+from tests.support.crisandboxes import remove_sandbox, remove_sandboxes_since, sandbox_ids
+from tests.support.mps_standin import events, kill_started, os_pid_alive, write_standin
+from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd, started_output, wait_until
 
 pytestmark = pytest.mark.containerd
 
@@ -86,8 +87,7 @@ class MpsNri:
         devices.discover()
         agent = NriAgent(AllocationRewriter(NODE, devices, KeyRing(None, SIGNING)))
         plugin = PluginThread(PluginSession(agent, socket=self.containerd.nri_socket, name=PLUGIN))
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         self.agent, self.plugin = agent, plugin
         return agent
 
@@ -140,18 +140,14 @@ class MpsNri:
 
     def read(self, container: str, name: str) -> tuple[dict[str, str], dict[str, str]]:
         """Start the container; (its environment, what the probe saw)."""
-        self.client.runtime.StartContainer(cri.StartContainerRequest(container_id=container), timeout=60)
-        log = self.logs / name / "app.log"
-        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, f"{name}'s output")
-        lines = [line.split(" ", 3)[-1] for line in log.read_text().splitlines()]
+        lines = started_output(self.client, container, self.logs / name / "app.log", f"{name}'s output")
         cut = lines.index("===")
         env = dict(line.split("=", 1) for line in lines[:cut] if "=" in line)
         seen = dict(line.split("=", 1) for line in lines[cut + 1 :] if "=" in line)
         return env, seen
 
     def remove_sandbox(self, sandbox: str) -> None:
-        self.client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-        self.client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+        remove_sandbox(self.client, sandbox)
 
 
 @pytest.fixture
@@ -160,21 +156,16 @@ def node(nri_containerd: Containerd, tmp_path: Path, monkeypatch: pytest.MonkeyP
         missing_component("the MPS daemons' private /dev/shm needs root")
     monkeypatch.setenv("STANDIN_SHM_MARKER", "1")  # the daemons' /dev/shm is private here
     client = CriClient(nri_containerd.endpoint)
-    before = {s.id for s in client.runtime.ListPodSandbox(cri.ListPodSandboxRequest()).items}
+    before = sandbox_ids(client)
     control = write_standin(tmp_path / "bin")
     mps = MpsNri(nri_containerd, control, tmp_path / "mps", tmp_path / "logs", tmp_path, client)
     try:
         yield mps
     finally:
-        for sandbox in client.runtime.ListPodSandbox(cri.ListPodSandboxRequest()).items:
-            if sandbox.id not in before:
-                mps.remove_sandbox(sandbox.id)
+        remove_sandboxes_since(client, before, timeout=60)
         mps.disconnect()
         client.close()
-        for started in events(control, "started"):  # nothing may outlive the test
-            pid = int(started["pid"])  # type: ignore[call-overload]
-            if os_pid_alive(pid):
-                os.kill(pid, signal.SIGTERM)
+        kill_started(control, signal.SIGTERM)
 
 
 def test_a_share_through_nri_is_an_mps_client_of_its_gpus_daemon(node: MpsNri, tmp_path: Path) -> None:

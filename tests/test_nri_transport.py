@@ -36,6 +36,7 @@ from crishim.nri.ttrpc import (
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd, containerd2_bin_dir
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
 from tests.fixtures.common import missing_component, require_executable
+from tests.support.crisandboxes import remove_sandbox
 
 # -- framing ------------------------------------------------------------------------------------
 
@@ -302,6 +303,11 @@ class PluginThread:
     def run(self, coro: object, timeout: float = 20) -> object:
         return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)  # type: ignore[arg-type]
 
+    def synchronize(self, what: str = "Synchronize") -> None:
+        """Register the session with containerd and wait (10 s) for containerd's Synchronize."""
+        self.run(self.session.connect())
+        wait_until(self.session.synchronized.is_set, 10, what)
+
     def stop(self) -> None:
         self.run(self.session.close())
         self.loop.call_soon_threadsafe(self.loop.stop)
@@ -326,8 +332,7 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
     client = CriClient(nri_containerd.endpoint)
     sandbox = ""
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         assert handlers.configured[0].runtime_name == "containerd"
         assert handlers.configured[0].runtime_version.startswith("v2.")
         assert handlers.configured[0].request_timeout == 2000
@@ -348,30 +353,37 @@ def test_a_plugin_registers_with_containerd_and_adjusts_a_new_container(
         container = client.runtime.CreateContainer(request, timeout=60).container_id
         assert [(u, name) for u, name, _ in handlers.created] == [(uid, "app")]
         assert handlers.created[0][2]["kubegpu.io/allocation"] == "signed-allocation-text"
-        client.runtime.StartContainer(cri.StartContainerRequest(container_id=container), timeout=60)
-        log = logs / "app.log"
-        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, "the container's output")
-        assert f"KUBEGPU_NRI={uid}" in log.read_text()
+        output = started_output(client, container, logs / "app.log", "the container's output")
+        assert f"KUBEGPU_NRI={uid}" in "\n".join(output)
 
         client.runtime.StopContainer(cri.StopContainerRequest(container_id=container, timeout=5), timeout=60)
         client.runtime.RemoveContainer(cri.RemoveContainerRequest(container_id=container), timeout=60)
         wait_until(lambda: container in handlers.removed, 10, "RemoveContainer")
     finally:
         if sandbox:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         plugin.stop()
 
 
-def create_in_new_sandbox(client: CriClient, logs: Path, name: str) -> tuple[str, str | grpc.RpcError]:
+def started_output(client: CriClient, container: str, log: Path, what: str) -> list[str]:
+    """Start ``container`` and wait (30 s) for ``END`` in its CRI log ``log``; the log's lines without
+    their CRI prefix (time, stream, tag)."""
+    client.runtime.StartContainer(cri.StartContainerRequest(container_id=container), timeout=60)
+    wait_until(lambda: log.exists() and "END" in log.read_text(), 30, what)
+    return [line.split(" ", 3)[-1] for line in log.read_text().splitlines()]
+
+
+def create_in_new_sandbox(
+    client: CriClient, logs: Path, name: str, image: str = BUSYBOX_IMAGE, script: str = "true"
+) -> tuple[str, str | grpc.RpcError]:
     """(sandbox id, the created container's id or the create's error)."""
     config = host_network_sandbox(name, str(uuid.uuid4()), log_directory=str(logs))
     sandbox = client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60).pod_sandbox_id
     request = cri.CreateContainerRequest(
         pod_sandbox_id=sandbox,
         sandbox_config=config,
-        config=shell_container("app", BUSYBOX_IMAGE, "true", log_path="app.log"),
+        config=shell_container("app", image, script, log_path="app.log"),
     )
     try:
         return sandbox, client.runtime.CreateContainer(request, timeout=60).container_id
@@ -396,8 +408,7 @@ def test_containerd_refuses_every_create_while_the_required_plugin_is_away(
         assert f'required plugin "{PLUGIN}" not present' in (before.details() or "")
 
         plugin = PluginThread(PluginSession(Recorder(), socket=nri_containerd.nri_socket, name=PLUGIN))
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin is not None and plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         sandbox, during = create_in_new_sandbox(client, tmp_path, "with-plugin")
         sandboxes.append(sandbox)
         assert isinstance(during, str), during
@@ -413,8 +424,7 @@ def test_containerd_refuses_every_create_while_the_required_plugin_is_away(
         wait_until(refused, 10, "containerd to notice the plugin is gone")
     finally:
         for sandbox in sandboxes:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         if plugin is not None:
             plugin.stop()

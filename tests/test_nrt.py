@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import logging
-import time
 from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
@@ -20,6 +19,7 @@ from crishim.nrtpublisher import NrtUnavailable, TopologyPublisher
 from devices.model import Device, DeviceKind, NodeInventory
 from devices.sim import SimPlugin
 from kubegpu import nrt
+from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 CRD_FILE = "topology.node.k8s.io_noderesourcetopologies.yaml"
@@ -314,14 +314,9 @@ def test_without_the_crd_a_round_fails_with_a_clear_error_and_the_loop_logs_it_o
         publisher.sync_once()
     with caplog.at_level(logging.INFO, logger="kubegpu.crishim.nrtpublisher"):
         publisher.start()
-        deadline = time.monotonic() + 10
-        while custom.calls.count("create") < 5:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(lambda: custom.calls.count("create") >= 5, 10, 0.01)
         custom.served = True
-        while "gpu-7" not in custom.objects:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        wait_for(lambda: "gpu-7" in custom.objects, 10, 0.01)
         publisher.stop()
     events = [r.getMessage() for r in caplog.records]
     assert events.count("node.nrt_publish_failed") == 1 and "node.nrt_publish_recovered" in events

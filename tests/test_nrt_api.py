@@ -12,7 +12,7 @@ from __future__ import annotations
 import copy
 import logging
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,7 @@ from devices.sim import SimPlugin
 from kubegpu import nrt
 from kubegpu.devenv.controlplane import ControlPlane, create_fake_node
 from kubegpu.devenv.manifests import apply_manifests
+from tests.support.schedtrial import wait_for
 from tests.test_nrt import TWO_SOCKETS, sysfs
 
 pytestmark = pytest.mark.apiserver
@@ -51,13 +52,6 @@ def api(plane: ControlPlane) -> Iterator[k8s.ApiClient]:
     client = plane.admin_client()
     yield client
     client.close()
-
-
-def wait_for(check: Callable[[], bool], what: str, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, what
-        time.sleep(0.2)
 
 
 def serves(api: k8s.ApiClient, version: str) -> bool:

@@ -24,12 +24,15 @@ from crishim.nri.plugin import PluginSession
 from crishim.nri.ttrpc import RESOURCE_EXHAUSTED, Endpoint, RpcError
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd
 from kubegpu.devenv.cri import CriClient, host_network_sandbox, shell_container
+from tests.support.crisandboxes import remove_sandbox
 from tests.test_nri_transport import (
     PLUGIN,
     PluginThread,
     Recorder,
+    create_in_new_sandbox,
     mux_on_socketpair,
     nri_containerd,
+    started_output,
     wait_until,
 )
 
@@ -77,8 +80,7 @@ def test_a_handler_slower_than_containerds_timeout_fails_the_create_instead_of_s
     plugin = PluginThread(PluginSession(handlers, socket=nri_containerd.nri_socket, name=PLUGIN))
     sandboxes = []
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         sandbox, made, _ = try_create(client, tmp_path, "slow")
         sandboxes.append(sandbox)
         assert isinstance(made, grpc.RpcError), "container created without the plugin's adjustment"
@@ -90,8 +92,7 @@ def test_a_handler_slower_than_containerds_timeout_fails_the_create_instead_of_s
         assert [name for _, name, _ in handlers.created] == ["app"]
     finally:
         for sandbox in sandboxes:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         plugin.stop()
 
@@ -118,15 +119,13 @@ def test_a_plugin_with_no_event_handlers_does_not_break_container_creation(
     plugin = PluginThread(PluginSession(handlers, socket=nri_containerd.nri_socket, name=PLUGIN))
     sandbox = ""
     try:
-        plugin.run(plugin.session.connect())
-        wait_until(lambda: plugin.session.synchronized.is_set(), 10, "Synchronize")
+        plugin.synchronize()
         assert handlers.synced
         sandbox, made, _ = try_create(client, tmp_path, "no-events")
         assert isinstance(made, str), made
     finally:
         if sandbox:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         plugin.stop()
 
@@ -251,11 +250,8 @@ def test_another_plugins_adjustment_cannot_bring_back_what_kubegpu_scrubbed(
     )
     pods = Pods(nri_containerd, tmp_path / "logs")
     try:
-        ours.run(ours.session.connect())
-        other.run(other.session.connect())
-        wait_until(
-            lambda: ours.session.synchronized.is_set() and other.session.synchronized.is_set(), 10, "sync"
-        )
+        ours.synchronize()
+        other.synchronize()
         script = (
             "(exec 3<>/dev/grab) 2>/dev/null && echo opened; env; ls /var/run/nvidia-container-devices 2>&1; "
             "echo END; exec sleep 100000"
@@ -422,29 +418,16 @@ def test_an_image_naming_a_selector_twice_cannot_outlast_the_scrub(
     logs.mkdir()
     sandbox = ""
     try:
-        ours.run(ours.session.connect())
-        wait_until(lambda: ours.session.synchronized.is_set(), 10, "Synchronize")
-        config = host_network_sandbox("dup", str(uuid.uuid4()), log_directory=str(logs))
-        ran = client.runtime.RunPodSandbox(cri.RunPodSandboxRequest(config=config), timeout=60)
-        sandbox = ran.pod_sandbox_id
-        request = cri.CreateContainerRequest(
-            pod_sandbox_id=sandbox,
-            sandbox_config=config,
-            config=shell_container("app", image, "env; echo END; exec sleep 100000", log_path="app.log"),
-        )
-        try:
-            made = client.runtime.CreateContainer(request, timeout=60).container_id
-        except grpc.RpcError as error:
-            assert "NVIDIA_VISIBLE_DEVICES" in (error.details() or ""), error.details()
+        ours.synchronize()
+        sandbox, made = create_in_new_sandbox(client, logs, "dup", image, "env; echo END; exec sleep 100000")
+        if isinstance(made, grpc.RpcError):
+            assert "NVIDIA_VISIBLE_DEVICES" in (made.details() or ""), made.details()
             return
-        client.runtime.StartContainer(cri.StartContainerRequest(container_id=made), timeout=60)
-        log = logs / "app.log"
-        wait_until(lambda: log.exists() and "END" in log.read_text(), 30, "the container's output")
-        pytest.fail(f"created with the image's duplicate selector:\n{log.read_text()}")
+        output = "\n".join(started_output(client, made, logs / "app.log", "the container's output"))
+        pytest.fail(f"created with the image's duplicate selector:\n{output}")
     finally:
         if sandbox:
-            client.runtime.StopPodSandbox(cri.StopPodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
-            client.runtime.RemovePodSandbox(cri.RemovePodSandboxRequest(pod_sandbox_id=sandbox), timeout=60)
+            remove_sandbox(client, sandbox)
         client.close()
         ours.stop()
 

@@ -16,8 +16,6 @@ import json
 import re
 import socket
 import subprocess
-import threading
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -28,12 +26,10 @@ import pytest
 from kubernetes import client as k8s
 
 from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
-from kubegpu.allocation import KeyRing
 from kubegpu.devenv.controlplane import MERGE_PATCH, ControlPlane, create_fake_node, ensure_namespace
-from scheduler.live.config import SchedulerConfig
-from scheduler.live.scheduler import Scheduler
 from tests.fixtures.common import missing_component
-from tests.fixtures.keys import SIGNING
+from tests.support.kuberules import both_schedulers
+from tests.support.schedtrial import wait_for
 from tests.support.schedworld import gpu_id, inventory_json, now_stamp
 
 pytestmark = pytest.mark.apiserver
@@ -59,16 +55,6 @@ class Run:
     core: k8s.CoreV1Api
     events: k8s.EventsV1Api
     kubectl: Callable[..., Any]
-
-
-def wait_for(what: str, found: Callable[[], Any], timeout: float = TIMEOUT) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = found()
-        if value:
-            return value
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.3)
 
 
 def pod(name: str, cpu: str, world: World, priority_class: str) -> dict[str, Any]:
@@ -144,34 +130,28 @@ def run(control_plane: ControlPlane, admin_api: k8s.ApiClient) -> Iterator[Run]:
         )
         return json.loads(done.stdout)
 
-    kube = control_plane.start_scheduler({"profiles": [{"schedulerName": worlds["ks"].scheduler}]})
-    config = SchedulerConfig(scheduler_name=worlds["kg"].scheduler, heartbeat_stale_seconds=3600.0)
-    kubegpu = Scheduler(config, admin_api, KeyRing(None, SIGNING), seed=7)
-    thread = threading.Thread(target=kubegpu.run, daemon=True)
     try:
-        kubegpu.start_watching()
-        assert kubegpu.wait_synced(30)
-        kubegpu.leading.set()
-        thread.start()
-        for world in worlds.values():
-            core.create_namespaced_pod(world.namespace, pod("low", "1500m", world, classes["low"]))
-        for world in worlds.values():
-            wait_for(f"low bound in {world.namespace}", partial(bound, core, world, "low"))
-            core.create_namespaced_pod(world.namespace, pod("nowhere", "64", world, classes["low"]))
-        for world in worlds.values():
-            wait_for(f"nowhere refused in {world.namespace}", partial(refused, core, world, "nowhere"))
-            core.create_namespaced_pod(world.namespace, pod("high", "1500m", world, classes["high"]))
-        result = Run(worlds, core, k8s.EventsV1Api(admin_api), kubectl)
-        for world in WORLDS:
-            for name, reason in (("low", "Scheduled"), ("nowhere", "FailedScheduling"), ("low", "Preempted")):
-                found = partial(core_events, result, world, name, reason)
-                wait_for(f"{reason} Event of {name} in {world}", found)
-            wait_for(f"high nominated in {world}", partial(nominated, core, worlds[world], "high"))
-        yield result
+        with both_schedulers(control_plane, admin_api, worlds["ks"].scheduler, worlds["kg"].scheduler):
+            for world in worlds.values():
+                core.create_namespaced_pod(world.namespace, pod("low", "1500m", world, classes["low"]))
+            for world in worlds.values():
+                wait_for(partial(bound, core, world, "low"), f"low bound in {world.namespace}", TIMEOUT)
+                core.create_namespaced_pod(world.namespace, pod("nowhere", "64", world, classes["low"]))
+            for world in worlds.values():
+                nowhere = partial(refused, core, world, "nowhere")
+                wait_for(nowhere, f"nowhere refused in {world.namespace}", TIMEOUT)
+                core.create_namespaced_pod(world.namespace, pod("high", "1500m", world, classes["high"]))
+            result = Run(worlds, core, k8s.EventsV1Api(admin_api), kubectl)
+            for world in WORLDS:
+                for name, reason in (
+                    ("low", "Scheduled"), ("nowhere", "FailedScheduling"), ("low", "Preempted")
+                ):
+                    found = partial(core_events, result, world, name, reason)
+                    wait_for(found, f"{reason} Event of {name} in {world}", TIMEOUT)
+                high = partial(nominated, core, worlds[world], "high")
+                wait_for(high, f"high nominated in {world}", TIMEOUT)
+            yield result
     finally:
-        kubegpu.stop()
-        thread.join(timeout=10)
-        kube.stop()
         for world in worlds.values():
             for held in core.list_namespaced_pod(world.namespace).items:
                 if held.metadata.finalizers:

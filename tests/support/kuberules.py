@@ -326,12 +326,11 @@ def compare(case: Case, pod: P, ks: Decision | None, kg: Decision | None) -> lis
 
 
 @contextmanager
-def side_by_side(
-    control_plane: ControlPlane, admin_api: k8s.ApiClient, worlds: Worlds, kube_name: str, kubegpu_name: str
-) -> Iterator[dict[tuple[str, str, str], Decision | None]]:
-    """The real kube-scheduler (``kube_name``) and the live kubegpu scheduler (``kubegpu_name``)
-    started on the created ``worlds``; yields every step's decisions; stops both and deletes the
-    worlds' nodes at the end (a cordoned node left behind would count in other modules' messages)."""
+def both_schedulers(
+    control_plane: ControlPlane, admin_api: k8s.ApiClient, kube_name: str, kubegpu_name: str
+) -> Iterator[None]:
+    """The real kube-scheduler (profile ``kube_name``) and the live kubegpu scheduler
+    (``kubegpu_name``, synced and leading) running for the block; both stopped after it."""
     kube = control_plane.start_scheduler({"profiles": [{"schedulerName": kube_name}]})
     config = SchedulerConfig(scheduler_name=kubegpu_name, heartbeat_stale_seconds=3600.0)
     kubegpu = Scheduler(config, admin_api, KeyRing(None, SIGNING), seed=7)
@@ -341,10 +340,23 @@ def side_by_side(
         assert kubegpu.wait_synced(30)
         kubegpu.leading.set()
         thread.start()
-        yield worlds.run_steps()
+        yield
     finally:
         kubegpu.stop()
         if thread.is_alive():
             thread.join(timeout=10)
         kube.stop()
+
+
+@contextmanager
+def side_by_side(
+    control_plane: ControlPlane, admin_api: k8s.ApiClient, worlds: Worlds, kube_name: str, kubegpu_name: str
+) -> Iterator[dict[tuple[str, str, str], Decision | None]]:
+    """The real kube-scheduler (``kube_name``) and the live kubegpu scheduler (``kubegpu_name``)
+    started on the created ``worlds``; yields every step's decisions; stops both and deletes the
+    worlds' nodes at the end (a cordoned node left behind would count in other modules' messages)."""
+    try:
+        with both_schedulers(control_plane, admin_api, kube_name, kubegpu_name):
+            yield worlds.run_steps()
+    finally:
         worlds.delete_nodes()

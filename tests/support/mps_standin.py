@@ -22,6 +22,8 @@ file and serves no commands), ``STANDIN_IGNORE_QUIT=1`` (the daemon ignores ``qu
 from __future__ import annotations
 
 import json
+import os
+import signal
 import stat
 import sys
 from pathlib import Path
@@ -162,3 +164,12 @@ def os_pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return state not in ("Z", "X")
+
+
+def kill_started(path: Path, sig: int = signal.SIGTERM) -> None:
+    """Send ``sig`` to each daemon the stand-in at ``path`` started that still runs: nothing may
+    outlive the test that started it."""
+    for started in events(path, "started"):
+        pid = int(started["pid"])  # type: ignore[call-overload]
+        if os_pid_alive(pid):
+            os.kill(pid, sig)
