@@ -14,7 +14,11 @@ One run, every step bounded in time and independent of the others' failures:
    mounts applied in a private mount namespace as the container runtime would: with a 4 GiB
    pinned limit 8 GiB must fail and 2 GiB succeed, without a limit 8 GiB must succeed; then the
    supervisor stops the daemon and nothing of it may remain. The GPU's compute mode is left as it
-   is (the lending rules forbid changing it), so EXCLUSIVE_PROCESS is not exercised here.
+   is (the lending rules forbid changing it), so EXCLUSIVE_PROCESS is not exercised here;
+4. ``xid`` (only when named in ``--steps``: it makes the GPU fault): the plugin's telemetry reads
+   no XID, a child process launches a kernel that writes to an address no allocation covers (an
+   MMU fault, an application XID), the telemetry must then read that XID through NVML's event
+   API, the same code the kernel log shows, and the GPU must still allocate 1 GiB.
 
 It prints each step as it goes and a summary at the end, and with ``--out DIR`` (default: $OUT
 when set) writes ``gpu_proof.txt`` (everything printed) and ``gpu_proof.json`` (the details).
@@ -227,6 +231,51 @@ def worker_alloc(gib: float, hold: float) -> None:
         message = str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
         doc["outcome"] = "oom" if "out of memory" in message.lower() else "error"
         doc["error"] = f"{type(exc).__name__}: {message}"
+    _result(doc)
+
+
+# A kernel that writes to device address 16, which no allocation covers: the GPU raises an MMU
+# fault, the driver reports an XID (an application XID: only the faulting context dies) and the
+# launch's synchronize returns CUDA_ERROR_ILLEGAL_ADDRESS. PTX, JIT-compiled by the driver, so
+# nothing but libcuda is needed.
+FAULT_PTX = b"""
+.version 7.0
+.target sm_80
+.address_size 64
+.visible .entry kubegpu_fault()
+{
+  .reg .b64 %rd<2>;
+  .reg .b32 %r<2>;
+  mov.u64 %rd1, 16;
+  mov.u32 %r1, 1;
+  st.global.u32 [%rd1], %r1;
+  ret;
+}
+"""
+CUDA_ERROR_ILLEGAL_ADDRESS = 700
+
+
+def worker_fault() -> None:
+    """Launch FAULT_PTX on GPU 0 through the CUDA driver API; prints each call's result code."""
+    import ctypes
+
+    cuda = ctypes.CDLL("libcuda.so.1")
+    doc: dict[str, Any] = {}
+    device, context = ctypes.c_int(), ctypes.c_void_p()
+    module, function = ctypes.c_void_p(), ctypes.c_void_p()
+    doc["cuInit"] = cuda.cuInit(0)
+    doc["cuDeviceGet"] = cuda.cuDeviceGet(ctypes.byref(device), 0)
+    doc["cuDevicePrimaryCtxRetain"] = cuda.cuDevicePrimaryCtxRetain(ctypes.byref(context), device)
+    doc["cuCtxSetCurrent"] = cuda.cuCtxSetCurrent(context)
+    doc["cuModuleLoadData"] = cuda.cuModuleLoadData(ctypes.byref(module), ctypes.c_char_p(FAULT_PTX))
+    doc["cuModuleGetFunction"] = cuda.cuModuleGetFunction(ctypes.byref(function), module, b"kubegpu_fault")
+    if any(doc.values()):
+        _result(doc)
+        return
+    launch = cuda.cuLaunchKernel
+    launch.argtypes = [ctypes.c_void_p] + [ctypes.c_uint] * 7 + [ctypes.c_void_p] * 3
+    doc["cuLaunchKernel"] = launch(function, 1, 1, 1, 1, 1, 1, 0, None, None, None)
+    doc["cuCtxSynchronize"] = cuda.cuCtxSynchronize()
     _result(doc)
 
 
@@ -544,6 +593,65 @@ def step_live_metrics(proof: Proof, step: Step) -> None:
     )
 
 
+XID_LINE = re.compile(r"Xid \(PCI:([0-9a-fA-F:.]+)\): (\d+)")
+
+
+def step_xid(proof: Proof, step: Step) -> None:
+    """XIDs through NVML's event API as the node agent reads them: none before, the one a faulting
+    kernel raises after (the same code the kernel log shows), and the GPU still usable."""
+    from devices.nvidia import NvidiaPlugin
+    from devices.telemetry import APPLICATION_XIDS
+
+    plugin = NvidiaPlugin()
+    before = {uuid: reading.xid for uuid, reading in plugin.telemetry().items()}
+    proof.say(f"XIDs before the fault: {before} (disabled: {plugin._xids.disabled!r})")
+    ran = proof.run([proof.python, "-m", "kubegpu.gpu_proof", "worker", "fault"], 120)
+    proof.show("fault worker", ran.stdout + ran.stderr[-2000:])
+    result = ran.result() or {}
+    after: dict[str, int | None] = {}
+    waited = 0.0
+    while waited < 15.0:
+        after = {uuid: reading.xid for uuid, reading in plugin.telemetry().items()}
+        if any(after.values()):
+            break
+        time.sleep(0.5)
+        waited += 0.5
+    proof.say(f"XIDs after the fault (read {waited:.1f}s after the worker ended): {after}")
+    kernel = proof.run(["dmesg"], 20)
+    logged = [int(m.group(2)) for m in XID_LINE.finditer(kernel.stdout)]
+    proof.show(
+        "kernel log, Xid lines",
+        "\n".join(line for line in kernel.stdout.splitlines() if "Xid" in line)[-4000:] or "(none)",
+    )
+    usable = proof.run([proof.python, "-m", "kubegpu.gpu_proof", "worker", "alloc", "--gib", "1"], 120)
+    alloc = usable.result() or {}
+    seen = sorted({x for x in after.values() if x})
+    step.details = {
+        "before": before,
+        "worker": result,
+        "after": after,
+        "kernel_log_xids": logged[-10:],
+        "alloc_after": alloc,
+        "disabled": plugin._xids.disabled,
+    }
+    faulted = result.get("cuCtxSynchronize") == CUDA_ERROR_ILLEGAL_ADDRESS
+    ok = (
+        bool(before)
+        and all(x == 0 for x in before.values())
+        and faulted
+        and len(seen) == 1
+        and (not logged or seen[0] == logged[-1])
+        and alloc.get("outcome") == "ok"
+    )
+    step.status = PASS if ok else FAIL
+    kind = "application" if seen and seen[0] in APPLICATION_XIDS else "GPU fault"
+    step.summary = (
+        f"before {sorted(set(before.values()), key=str)}; fault worker synchronize="
+        f"{result.get('cuCtxSynchronize')}; after {seen or 'none'} ({kind}); kernel log "
+        f"{logged[-1] if logged else 'none/unreadable'}; 1 GiB afterwards: {alloc.get('outcome')}"
+    )
+
+
 def find_mps_control(given: str | None) -> str | None:
     if given:
         return shutil.which(given)
@@ -774,7 +882,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     sub = parser.add_subparsers(dest="command")
     worker = sub.add_parser("worker", help="(internal) the PyTorch part, in a child process")
-    worker.add_argument("kind", choices=["matmul", "alloc"])
+    worker.add_argument("kind", choices=["matmul", "alloc", "fault"])
     worker.add_argument("--seconds", type=float, default=20.0)
     worker.add_argument("--size", type=int, default=8192)
     worker.add_argument("--gib", type=float, default=8.0)
@@ -794,11 +902,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--python", default=None, help="the Python with torch (default: this one)")
     parser.add_argument("--matmul-seconds", type=float, default=20.0)
     parser.add_argument("--client-timeout", type=float, default=90.0, help="seconds for one MPS client")
-    parser.add_argument("--steps", default="environment,inventory,live-metrics,mps")
+    parser.add_argument(
+        "--steps", default="environment,inventory,live-metrics,mps", help="also: xid (makes a GPU fault)"
+    )
     args = parser.parse_args(argv)
     if args.command == "worker":
         if args.kind == "matmul":
             worker_matmul(args.seconds, args.size)
+        elif args.kind == "fault":
+            worker_fault()
         else:
             worker_alloc(args.gib, args.hold)
         return 0
@@ -811,6 +923,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "inventory": (step_inventory, 20),
         "live-metrics": (step_live_metrics, args.matmul_seconds + 30),
         "mps": (step_mps, 60),
+        "xid": (step_xid, 40),
     }
     for name in [s.strip() for s in args.steps.split(",") if s.strip()]:
         if name not in bodies:

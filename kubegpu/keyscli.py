@@ -16,18 +16,11 @@ import os
 import sys
 from pathlib import Path
 
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
-
-from kubegpu.allocation import (
-    MAX_KEY_FILE_BYTES,
-    KeyFileError,
-    load_keys,
-    parse_key,
-    private_key_pem,
-    public_key_base64,
-    public_key_pem,
-)
 from kubegpu.inputfiles import read_input
+
+# kubegpu.allocation (and the cryptography package under it) is imported by the actions, not here:
+# every ``kubegpu`` command builds this parser, and ``kubegpu devices`` must run on a GPU machine
+# that has only the standard library and pynvml (docs/devices.md, "Proof on a real GPU").
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -52,6 +45,10 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _generate(args: argparse.Namespace) -> int:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from kubegpu.allocation import private_key_pem
+
     pem = private_key_pem(Ed25519PrivateKey.generate())
     if args.out is None:
         sys.stdout.write(pem.decode())
@@ -67,6 +64,14 @@ def _generate(args: argparse.Namespace) -> int:
 
 
 def _public(args: argparse.Namespace) -> int:
+    from kubegpu.allocation import (
+        MAX_KEY_FILE_BYTES,
+        KeyFileError,
+        parse_key,
+        public_key_base64,
+        public_key_pem,
+    )
+
     try:
         if args.key == "-":
             data = sys.stdin.buffer.read(MAX_KEY_FILE_BYTES + 1)
@@ -89,6 +94,8 @@ def _public(args: argparse.Namespace) -> int:
 
 
 def _check(args: argparse.Namespace) -> int:
+    from kubegpu.allocation import load_keys
+
     if not args.directory.is_dir():
         print(f"kubegpu keys check: {args.directory} is not a directory", file=sys.stderr)
         return 2

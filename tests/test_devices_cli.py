@@ -62,3 +62,34 @@ def test_format_table_marks_nic_affinity(tmp_path: Path) -> None:
     text = format_table(SimPlugin("dgx-a100", "n1", tmp_path, create_nodes=False).discover())
     assert "mlx5_3 near GPU3" in text
     assert text.splitlines()[1].endswith("yes")
+
+
+# What a GPU machine lent for the proof has: the standard library and pynvml, not the packages the
+# rest of kubegpu needs. `kubegpu devices` is run there (docs/devices.md, "Proof on a real GPU"); an
+# import of cryptography by `kubegpu keys`' registration once made it fail on such a machine.
+BLOCK_PACKAGES = """
+import importlib.abc, sys
+BLOCKED = {"cryptography", "grpc", "google", "yaml", "numpy", "uvloop", "prometheus_client", "pyroute2"}
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path, target=None):
+        if name.split(".")[0] in BLOCKED:
+            raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)")
+        return None
+sys.meta_path.insert(0, Block())
+from kubegpu.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_devices_runs_with_the_standard_library_only(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parent.parent
+    done = subprocess.run(
+        [sys.executable, "-c", BLOCK_PACKAGES, "devices", "--plugin", "sim", "--topology", "pcie-4gpu",
+         "--state-dir", str(tmp_path / "sim"), "--json"],
+        capture_output=True, text=True, cwd=repo, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert len(json.loads(done.stdout)["devices"]) == 4

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from kubegpu.gpu_proof import compare_inventory, parse_smi_q, parse_topo_m
+from kubegpu.gpu_proof import XID_LINE, compare_inventory, parse_smi_q, parse_topo_m
 from tests.fixtures.common import missing_component
 from tests.support.fake_gpu import GPUS, write_fake_gpu
 from tests.support.mps_standin import events, os_pid_alive, write_standin
@@ -238,6 +238,26 @@ def test_dry_run_out_of_time_skips_the_rest(tmp_path: Path) -> None:
     done, out = dry_run(tmp_path, "--budget", "3", "--reserve", "1")
     assert set(statuses(out).values()) <= {"PASS", "FAIL", "SKIP"}
     assert statuses(out)["mps"] == "SKIP" and "out of time" in done.stdout
+
+
+def test_xid_step_fails_in_its_step_without_the_event_api_or_libcuda(tmp_path: Path) -> None:
+    # The fake NVML has no event API and this machine no libcuda: the step fails, naming both, and
+    # the step before it is not affected.
+    done, out = dry_run(tmp_path, "--steps", "environment,xid")
+    assert statuses(out) == {"environment": "PASS", "xid": "FAIL"}, done.stdout[-3000:]
+    doc = {s["name"]: s for s in json.loads((out / "gpu_proof.json").read_text())["steps"]}
+    details = doc["xid"]["details"]
+    assert "no event API" in details["disabled"]
+    assert set(details["before"].values()) == {None} and details["after"] == details["before"]
+    assert "cuCtxSynchronize" not in details["worker"]
+
+
+def test_kernel_log_xid_lines_parse() -> None:
+    line = (
+        "[ 1234.5678] NVRM: Xid (PCI:0000:00:06): 31, pid=4242, name=python3, Ch 00000008, "
+        "intr 00000000. MMU Fault: ENGINE GRAPHICS GPCCLIENT_T1_0 faulted @ 0x0_00000000."
+    )
+    assert [(m.group(1), int(m.group(2))) for m in XID_LINE.finditer(line)] == [("0000:00:06", 31)]
 
 
 def test_unknown_step_is_a_usage_error(tmp_path: Path) -> None:
