@@ -250,6 +250,15 @@ def test_node_events_are_rate_limited_and_recovery_is_said(valid: str) -> None:
     assert len(posted) == 3
 
 
+def test_a_long_node_event_note_is_cut_once_and_marked() -> None:
+    # The node Event's message was cut to 1024 characters before the Event builder's own cut, so a
+    # long ASCII message arrived at exactly 1024 bytes and the builder never added its " ..." marker.
+    body = nodeevents.node_event("n1", nodeevents.WARNING_REASON, "x" * 3000, "Warning", "kubegpu", "r1")
+    assert len(body["note"].encode()) == 1024 and body["note"].endswith(" ...")
+    wide = nodeevents.node_event("n1", nodeevents.WARNING_REASON, "é" * 1500, "Warning", "kubegpu", "r1")
+    assert len(wide["note"].encode()) <= 1024 and wide["note"].endswith(" ...")
+
+
 def test_the_poster_creates_a_node_event_and_survives_a_failure() -> None:
     created: list[tuple[str, dict[str, Any]]] = []
 

@@ -29,7 +29,6 @@ MIN_INTERVAL_SECONDS = 60.0
 NAMESPACE = "default"  # where the kubelet puts a Node's events
 WARNING_REASON = "InvalidDevicePublication"
 RECOVERED_REASON = "DevicePublicationValid"
-MAX_MESSAGE = 1024
 ACTION = "CheckingDevicePublication"  # the Events' action (events.k8s.io/v1)
 
 
@@ -89,7 +88,7 @@ def node_event(
     """An events.k8s.io/v1 Event about Node ``node`` (its uid is its name, as the kubelet and
     kubectl have it), in the ``default`` namespace."""
     regarding = {"apiVersion": "v1", "kind": "Node", "name": node, "uid": node}
-    return event_body(regarding, reason, message[:MAX_MESSAGE], kind, ACTION, component, instance)
+    return event_body(regarding, reason, message, kind, ACTION, component, instance)  # it cuts the note
 
 
 def poster(
