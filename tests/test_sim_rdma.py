@@ -23,6 +23,7 @@ from scheduler.sim.trace import (
     TraceError,
     load_nodes,
     load_pods,
+    parse_rdma,
 )
 
 NODE_HEADER = ["sn", "cpu_milli", "memory_mib", "gpu", "model"]
@@ -223,3 +224,22 @@ def test_the_experiment_and_cli_report_the_rdma_pods(
         seeds=(42,),
     )
     assert "rdma" not in plain.to_json()
+
+
+@pytest.mark.parametrize(
+    "cell",
+    ["2", "0032", " 2\t", "0", "000", "33", "1_0", "\u0663", "+1", "-1", "2.0", "0x2", "2\n", "9" * 30],
+)
+def test_trace_rdma_count_reads_as_the_live_annotation(cell: str) -> None:
+    # The simulator once refused "0032" (at most three characters) where the live scheduler reads 32.
+    from scheduler.live.podspec import PodSpecError, rdma_request
+
+    try:
+        live: int | None = rdma_request({"kubegpu.io/rdma-interfaces": cell}).count
+    except PodSpecError:
+        live = None
+    try:
+        sim: int | None = parse_rdma(cell, "").count
+    except ValueError:
+        sim = None
+    assert sim == live

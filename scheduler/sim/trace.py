@@ -54,6 +54,7 @@ RDMA_BANDWIDTH = "rdma_bandwidth"  # the pod list's optional column: bandwidth p
 MAX_PFS = 64  # per node
 MAX_VFS = 256  # per PF (SR-IOV's usual ceiling on one port)
 _NICS = re.compile(r"([0-9]{1,3})x([^/]*)/([0-9]{1,4})")
+_COUNT = re.compile(r"[ \t]*([0-9]+)[ \t]*")  # ASCII digits, spaces or tabs around, as podspec reads it
 
 
 class TraceError(ValueError):
@@ -114,13 +115,14 @@ def parse_rdma(interfaces: str, bandwidth: str) -> RdmaRequest:
     scheduler reads its annotations: a count 0..``MAX_INTERFACES`` in ASCII digits (empty: none) and an
     optional bandwidth per interface (``25Gbps``, ``500Mbps``, ``25Gbps-50Gbps``). A bandwidth without
     interfaces is an error; ``0`` interfaces asks for none. ValueError saying what is wrong."""
-    interfaces, bandwidth = interfaces.strip(), bandwidth.strip()
-    if not interfaces:
+    bandwidth = bandwidth.strip()
+    if not interfaces.strip():
         if bandwidth:
             raise ValueError(f"column {RDMA_BANDWIDTH} is {bandwidth!r} but {RDMA_INTERFACES} is empty")
         return NO_RDMA
-    digits = interfaces.isascii() and interfaces.isdigit() and len(interfaces) <= 3
-    if not digits or int(interfaces) > MAX_INTERFACES:
+    match = _COUNT.fullmatch(interfaces)  # the live scheduler's rule for the annotation
+    digits = (match.group(1).lstrip("0") or "0") if match else ""
+    if not digits or len(digits) > 2 or int(digits) > MAX_INTERFACES:
         raise ValueError(
             f"column {RDMA_INTERFACES}: not a whole number from 0 to {MAX_INTERFACES}: {interfaces!r}"
         )
@@ -130,7 +132,7 @@ def parse_rdma(interfaces: str, bandwidth: str) -> RdmaRequest:
             low, high = parse_bandwidth(bandwidth)
         except ValueError as error:
             raise ValueError(f"column {RDMA_BANDWIDTH}: {error}") from None
-    count = int(interfaces)
+    count = int(digits)
     return RdmaRequest(count, low, high) if count else NO_RDMA
 
 
