@@ -31,6 +31,7 @@ from scheduler.live.config import SchedulerConfig
 from scheduler.live.extender import Extender, ExtenderServer
 from scheduler.live.scheduler import Scheduler
 from tests.fixtures.keys import SIGNING
+from tests.support.rdmainv import sim_nic_topology
 from tests.support.schedtrial import kubelet_stand_in, priority_classes
 from tests.support.tlscerts import Authority, Issued
 from tests.test_scheduler_api import KEYS, advertise, gpu_index, gpu_pod, wait_bound, wait_failed_scheduling
@@ -253,15 +254,6 @@ def test_preemption_evicts_only_victims_whose_gpus_make_an_nvlink_pair(
         assert {"a0", "a1", "a2", "a3", "b1", "b2"} <= left
 
 
-# 2 GPUs on two NUMA nodes; one 100G PF with two VFs on GPU 1's PCIe switch
-NIC_TOPOLOGY = {
-    "gpus": [{"index": 0, "model": "sim", "numa": 0}, {"index": 1, "model": "sim", "numa": 1}],
-    "nvlink": [[0, 0], [0, 0]],
-    "pcie": [["X", "SYS"], ["SYS", "X"]],
-    "nics": [{"name": "mlx5_0", "numa": 1, "pcieNearGpu": 1, "rateGbps": 100, "vfs": 2}],
-}
-
-
 def test_rdma_interfaces_through_the_extender_bound_signed_and_refused_with_reasons(
     setup: Setup, tmp_path: Path
 ) -> None:
@@ -270,10 +262,8 @@ def test_rdma_interfaces_through_the_extender_bound_signed_and_refused_with_reas
     version-2 allocation (the GPU beside the NIC); a pod asking three interfaces, more than any node
     has, waits with the extender's reason for every node, and an unknown bandwidth unit is an
     invalid kubegpu request."""
-    topology = tmp_path / "nic-2gpu.json"
-    topology.write_text(json.dumps(NIC_TOPOLOGY))
     node = f"r-{setup.run}"
-    advertise(setup.core, node, str(topology), tmp_path, labels={"run": setup.run})
+    advertise(setup.core, node, sim_nic_topology(tmp_path), tmp_path, labels={"run": setup.run})
     rdma = {"kubegpu.io/rdma-interfaces": "1", "kubegpu.io/rdma-bandwidth": "50Gbps"}
     setup.pod("vf-only", 0, annotations=rdma)
     setup.pod("gpu-vf", 1, annotations={"kubegpu.io/rdma-interfaces": "1"})
