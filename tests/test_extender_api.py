@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import json
 import os
 import signal
 import threading
@@ -25,10 +26,12 @@ from kubernetes import client as k8s
 from devices.sim import sim_gpu_id
 from kubegpu import allocation as contract
 from kubegpu.allocation import ANNOTATION, KeyRing, verify
+from scheduler.core.rdma import NO_FREE_VFS
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.extender import Extender, ExtenderServer
 from scheduler.live.scheduler import Scheduler
 from tests.fixtures.keys import SIGNING
+from tests.support.rdmainv import sim_nic_topology
 from tests.support.schedtrial import kubelet_stand_in, priority_classes
 from tests.support.tlscerts import Authority, Issued
 from tests.test_scheduler_api import KEYS, advertise, gpu_index, gpu_pod, wait_bound, wait_failed_scheduling
@@ -249,6 +252,49 @@ def test_preemption_evicts_only_victims_whose_gpus_make_an_nvlink_pair(
         assert sorted(gpu_index(allocation.node, d) for d in allocation.containers["app"].devices) == [0, 3]
         left = {p.metadata.name for p in setup.core.list_namespaced_pod(setup.namespace).items}
         assert {"a0", "a1", "a2", "a3", "b1", "b2"} <= left
+
+
+def test_rdma_interfaces_through_the_extender_bound_signed_and_refused_with_reasons(
+    setup: Setup, tmp_path: Path
+) -> None:
+    """Beside the two NIC-less DGX-1 nodes, r has two VFs. A pod asking only for an interface and
+    one asking a GPU and an interface are bound there by the extender with their VFs in the signed
+    version-2 allocation (the GPU beside the NIC); a pod asking three interfaces, more than any node
+    has, waits with the extender's reason for every node, and an unknown bandwidth unit is an
+    invalid kubegpu request."""
+    node = f"r-{setup.run}"
+    advertise(setup.core, node, sim_nic_topology(tmp_path), tmp_path, labels={"run": setup.run})
+    rdma = {"kubegpu.io/rdma-interfaces": "1", "kubegpu.io/rdma-bandwidth": "50Gbps"}
+    setup.pod("vf-only", 0, annotations=rdma)
+    setup.pod("gpu-vf", 1, annotations={"kubegpu.io/rdma-interfaces": "1"})
+    placed = wait_bound(setup.core, setup.namespace, ["vf-only", "gpu-vf"], timeout=90)
+    vfs = set()
+    for name, pod in placed.items():
+        assert pod.spec.node_name == node, (name, pod.spec.node_name)
+        raw = pod.metadata.annotations[ANNOTATION]
+        assert json.loads(raw)["version"] == contract.RDMA_VERSION
+        granted = verify(raw, KEYS)
+        assert [r.pf for r in granted.rdma] == ["mlx5_0"]
+        vfs |= {r.device for r in granted.rdma}
+    assert vfs == {"mlx5_0-vf0", "mlx5_0-vf1"}
+    assert [r.min_mbps for r in verify(placed["vf-only"].metadata.annotations[ANNOTATION], KEYS).rdma] == [
+        50_000
+    ]
+    gpu = verify(placed["gpu-vf"].metadata.annotations[ANNOTATION], KEYS).containers["app"].devices
+    assert [gpu_index(node, d) for d in gpu] == [1]
+
+    setup.pod("too-many", 0, annotations={"kubegpu.io/rdma-interfaces": "3"})
+    event = wait_failed_scheduling(setup.core, setup.namespace, "too-many", "RDMA", timeout=60)
+    assert f"3 node(s) had {NO_FREE_VFS.removeprefix('node(s) had ')}" in event.message, event.message
+    setup.pod("typo", 0, annotations={**rdma, "kubegpu.io/rdma-bandwidth": "50GB/s"})
+    event = wait_failed_scheduling(setup.core, setup.namespace, "typo", timeout=60)
+    assert "invalid kubegpu request: annotation kubegpu.io/rdma-bandwidth: '50GB/s'" in event.message
+    unbound = [
+        setup.core.read_namespaced_pod(n, setup.namespace).spec.node_name for n in ("too-many", "typo")
+    ]
+    assert unbound == [None, None]
+    binds = verb_calls(setup.extenders[0]).get(("bind", "200"), 0)
+    assert binds == 2, binds  # kube-scheduler never tried to bind the refused pods
 
 
 def verb_calls(extender: RunningExtender) -> dict[tuple[str, str], float]:

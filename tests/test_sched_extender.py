@@ -16,11 +16,13 @@ import pytest
 
 from crishim.advertiser import publication
 from kubegpu import allocation as contract
+from scheduler.core.rdma import NO_BANDWIDTH, NO_FREE_VFS
 from scheduler.core.topology import load_machine
 from scheduler.live.extender import MAX_BODY_BYTES, Extender, ExtenderServer
 from scheduler.live.extenderapi import MAX_PRIORITY, ExtenderRequestError, filter_args, scaled_scores
 from tests.fixtures.keys import SIGNING
-from tests.support.schedworld import Feed, World, gpu_id, make_scheduler, node_json, pod_json
+from tests.support.rdmainv import Pf, rdma_inventory
+from tests.support.schedworld import KEYS, Feed, World, gpu_id, make_scheduler, node_json, pod_json
 from tests.support.tlscerts import Authority
 
 
@@ -463,3 +465,103 @@ def test_a_client_that_never_finishes_its_tls_handshake_stalls_no_one_else(tmp_p
         idle.close()
         garbage.close()
         server.stop()
+
+
+# --- RDMA interfaces through the extender ---------------------------------------------------------
+
+
+def nic_node(name: str, vfs: int = 2, rate: float = 100) -> dict[str, Any]:
+    """2 GPUs and one PF of ``rate`` Gbit/s with ``vfs`` VFs on their PCIe switch."""
+    inventory = rdma_inventory(name, [0, 0], [Pf("mlx5_0", rate, 0, (0, 1), vfs)])
+    return node_json(name, 2, inventory=publication(inventory).inventory)
+
+
+def rdma(count: int, bandwidth: str = "") -> dict[str, str]:
+    wanted = {"kubegpu.io/rdma-interfaces": str(count)}
+    return {**wanted, "kubegpu.io/rdma-bandwidth": bandwidth} if bandwidth else wanted
+
+
+def vf_holder(name: str, node: str, gpus: list[int], vfs: list[int], priority: int) -> dict[str, Any]:
+    """A pod bound to ``node`` holding these GPUs and VFs of mlx5_0 (a version-2 allocation)."""
+    pod = kube_pod(name, len(gpus), priority=priority, node=node, annotations=rdma(len(vfs)))
+    devices = tuple(gpu_id(node, i) for i in gpus)
+    allocation = contract.Allocation(
+        node,
+        pod["metadata"]["uid"],
+        {"app": contract.ContainerAllocation(devices)} if devices else {},
+        rdma=tuple(contract.RdmaInterface(f"mlx5_0-vf{k}", "mlx5_0") for k in vfs),
+    )
+    pod["metadata"]["annotations"][contract.ANNOTATION] = contract.sign(allocation, "k1", SIGNING["k1"])
+    return pod
+
+
+def test_a_pod_asking_only_rdma_interfaces_is_filtered_scored_and_bound_with_its_vfs() -> None:
+    world, scheduler, jobs, core, feed, extender = setup(nic_node("nic"), node_json("bare", 2))
+    pod = kube_pod("vfs", 0, annotations=rdma(1, "50Gbps"))
+    world.put_pod(pod)
+    feed.sync()
+    _, result = extender.handle("filter", args(pod, ["nic", "bare"]))
+    assert result["NodeNames"] == ["nic"]
+    assert result["FailedNodes"] == {"bare": NO_FREE_VFS}
+    _, scores = extender.handle("prioritize", args(pod, ["nic", "bare"]))
+    assert {s["Host"]: s["Score"] for s in scores} == {"nic": MAX_PRIORITY, "bare": 0}
+    bind = {"PodName": "vfs", "PodNamespace": "ns", "PodUID": "uid-vfs", "Node": "bare"}
+    _, answer = extender.handle("bind", json.dumps(bind).encode())
+    assert f"1 {NO_FREE_VFS}" in answer["Error"] and world.node_of("vfs") is None
+    _, answer = extender.handle("bind", json.dumps({**bind, "Node": "nic"}).encode())
+    assert answer == {"Error": ""}
+    jobs.run_all()
+    raw = world.find("ns", "vfs")["metadata"]["annotations"][contract.ANNOTATION]  # type: ignore[index]
+    assert json.loads(raw)["version"] == contract.RDMA_VERSION
+    granted = contract.verify(raw, KEYS)
+    assert [(r.pf, r.min_mbps) for r in granted.rdma] == [("mlx5_0", 50_000)]
+    # the VF and the bandwidth are booked: a second 60G interface no longer fits the 100G PF
+    more = kube_pod("more", 0, annotations=rdma(1, "60Gbps"))
+    world.put_pod(more)
+    feed.sync()
+    _, result = extender.handle("filter", args(more, ["nic"]))
+    assert result["NodeNames"] == [] and result["FailedNodes"] == {"nic": NO_BANDWIDTH}
+
+
+def test_gpus_with_rdma_bind_vfs_beside_them_and_impossible_or_malformed_asks_fail_every_node() -> None:
+    world, scheduler, jobs, core, feed, extender = setup(nic_node("nic"), node_json("bare", 2))
+    both = kube_pod("both", 1, annotations=rdma(2))
+    many = kube_pod("many", 0, annotations=rdma(3))  # more interfaces than any node has
+    typo = kube_pod("typo", 0, annotations=rdma(1, "25GB/s"))
+    for pod in (both, many, typo):
+        world.put_pod(pod)
+    feed.sync()
+    _, result = extender.handle("filter", args(both, ["bare", "nic"]))
+    assert result["NodeNames"] == ["nic"] and result["FailedNodes"] == {"bare": NO_FREE_VFS}
+    bind = {"PodName": "both", "PodNamespace": "ns", "PodUID": "uid-both", "Node": "nic"}
+    assert extender.handle("bind", json.dumps(bind).encode())[1] == {"Error": ""}
+    jobs.run_all()
+    granted = contract.verify(world.find("ns", "both")["metadata"]["annotations"][contract.ANNOTATION], KEYS)  # type: ignore[index]
+    assert sorted(r.device for r in granted.rdma) == ["mlx5_0-vf0", "mlx5_0-vf1"]
+    _, result = extender.handle("filter", args(many, ["bare", "nic"]))
+    assert result["NodeNames"] == [] and result["FailedNodes"] == {"bare": NO_FREE_VFS, "nic": NO_FREE_VFS}
+    _, result = extender.handle("filter", args(typo, ["bare", "nic"]))
+    why = result["FailedAndUnresolvableNodes"]["nic"]
+    assert result["NodeNames"] == [] and why.startswith(
+        "invalid kubegpu request: annotation kubegpu.io/rdma-bandwidth: '25GB/s' is not a bandwidth"
+    )
+
+
+def test_preempt_keeps_only_proposals_that_free_the_vfs_the_pod_needs() -> None:
+    """nic's two GPUs and two VFs are held: g0 and g1 hold a GPU each, v both VFs. kube-scheduler,
+    counting GPUs, proposes g0: that frees no VF, so the node is dropped. With v proposed too the
+    node stays, and of {g1, g0, v} only the cheaper GPU holder and v are needed."""
+    world, scheduler, jobs, core, feed, extender = setup(nic_node("nic"))
+    world.put_pod(vf_holder("g0", "nic", [0], [], 100))
+    world.put_pod(vf_holder("g1", "nic", [1], [], 200))
+    world.put_pod(vf_holder("v", "nic", [], [0, 1], 150))
+    pod = kube_pod("high", 1, priority=1000, annotations=rdma(1))
+    world.put_pod(pod)
+    feed.sync()
+    assert preempt(extender, pod, {"nic": (["g0"], 0)}) == {}
+    assert preempt(extender, pod, {"nic": (["g0", "v"], 0)}) == {"nic": (["g0", "v"], 0)}
+    assert preempt(extender, pod, {"nic": (["g1", "g0", "v"], 0)}) == {"nic": (["v", "g0"], 0)}
+    vfs_only = kube_pod("vfs-only", 0, priority=1000, annotations=rdma(2))
+    world.put_pod(vfs_only)
+    feed.sync()
+    assert preempt(extender, vfs_only, {"nic": (["g0", "g1", "v"], 0)}) == {"nic": (["v"], 0)}

@@ -12,6 +12,7 @@ import pytest
 from kubernetes import client as k8s
 
 from kubegpu.allocation import ANNOTATION, verify
+from tests.support.rdmainv import sim_nic_topology
 from tests.support.schedtrial import (
     create,
     kubelet_stand_in,
@@ -201,3 +202,30 @@ def test_freed_gpus_go_to_the_preemptor_not_to_a_lower_priority_pod(
         assert trial.bound(["preemptor"], timeout=90)["preemptor"].spec.node_name
         time.sleep(1)
         assert not pod(trial, "newcomer").spec.node_name
+
+
+def test_a_pod_asking_an_rdma_interface_evicts_the_pod_holding_the_bandwidth_it_needs(
+    trial: Trial, classes: dict[str, str]
+) -> None:
+    """The node's one 100G PF has two VFs, held by a low-priority 10G pod and a mid-priority 60G
+    one. A high-priority pod asking a 50G interface needs the 60G pod's bandwidth: the cheaper low
+    pod would free a VF but not enough bandwidth, so the mid pod is the victim, and the preemptor
+    gets its VF (version-2 allocation, 50G reserved)."""
+    node = trial.node("nic", sim_nic_topology(trial.state))
+    trial.scheduler()
+
+    def rdma(bandwidth: str) -> dict[str, str]:
+        return {"kubegpu.io/rdma-interfaces": "1", "kubegpu.io/rdma-bandwidth": bandwidth}
+
+    create(trial, "light", 0, annotations=rdma("10Gbps"), priorityClassName=classes["low"])
+    create(trial, "bulk", 0, annotations=rdma("60Gbps"), priorityClassName=classes["mid"])
+    placed = trial.bound(["light", "bulk"])
+    freed = [r.device for r in verify(placed["bulk"].metadata.annotations[ANNOTATION], KEYS).rdma]
+    with kubelet_stand_in(trial.core, trial.namespace) as removed:
+        create(trial, "urgent", 0, annotations=rdma("50Gbps"), priorityClassName=classes["high"])
+        urgent = trial.bound(["urgent"], timeout=90)["urgent"]
+    assert removed == ["bulk"]
+    granted = verify(urgent.metadata.annotations[ANNOTATION], KEYS)
+    assert urgent.spec.node_name == node
+    assert [(r.device, r.pf, r.min_mbps) for r in granted.rdma] == [(freed[0], "mlx5_0", 50_000)]
+    assert pod(trial, "light") is not None and pod(trial, "light").metadata.deletion_timestamp is None

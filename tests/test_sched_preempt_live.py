@@ -10,8 +10,21 @@ from typing import Any
 
 from kubernetes.client.rest import ApiException
 
+from crishim.advertiser import publication
+from kubegpu.allocation import ANNOTATION, verify
 from scheduler.live.preemption import budget
-from tests.support.schedworld import Clock, FakeCore, Feed, Jobs, World, make_scheduler, node_json, pod_json
+from tests.support.rdmainv import Pf, rdma_inventory
+from tests.support.schedworld import (
+    KEYS,
+    Clock,
+    FakeCore,
+    Feed,
+    Jobs,
+    World,
+    make_scheduler,
+    node_json,
+    pod_json,
+)
 
 
 @dataclass
@@ -273,6 +286,39 @@ def test_a_share_preempts_a_share_on_the_gpu_it_needs() -> None:
     clock.advance(60)
     settle(scheduler, jobs, feed)
     assert by_name(world, "urgent")["spec"]["nodeName"] == "n1"
+
+
+def rdma(count: int, bandwidth: str) -> dict[str, str]:
+    return {"kubegpu.io/rdma-interfaces": str(count), "kubegpu.io/rdma-bandwidth": bandwidth}
+
+
+def test_a_pod_asking_rdma_interfaces_evicts_the_pod_whose_vf_and_bandwidth_it_needs() -> None:
+    """n1's one 100G PF has two VFs, both held (60 + 10 Gbit/s reserved); n2 has GPUs but no NIC.
+    A pod asking a GPU and one 50G interface fits only once the 60G pod is gone: the cheaper 10G
+    pod would free a VF without the bandwidth, and evicting n2's pod would be in vain."""
+    inventory = rdma_inventory("n1", [0, 0], [Pf("mlx5_0", 100, 0, (0, 1), vfs=2)])
+    n1 = node_json("n1", 2, inventory=publication(inventory).inventory)
+    scheduler, jobs, core, clock, world, feed = setup([n1, node_json("n2", gpus=2)])
+    add(world, feed, pod_json("bulk", 1, priority=2, annotations=rdma(1, "60Gbps")))
+    add(world, feed, pod_json("light", 0, priority=1, annotations=rdma(1, "10Gbps")))
+    settle(scheduler, jobs, feed)
+    add(world, feed, pod_json("filler", 2, priority=0))
+    settle(scheduler, jobs, feed)
+    placed = {name: by_name(world, name)["spec"].get("nodeName") for name in ("bulk", "light", "filler")}
+    assert placed == {"bulk": "n1", "light": "n1", "filler": "n2"}
+    add(world, feed, pod_json("urgent", 1, priority=9, annotations=rdma(1, "50Gbps")))
+    settle(scheduler, jobs, feed)
+    assert core.evictions == ["bulk"]
+    assert scheduler.nominated == {"uid-urgent": "n1"}
+    world.delete_pod("uid-bulk")
+    feed.sync()
+    clock.advance(60)
+    settle(scheduler, jobs, feed)
+    urgent = by_name(world, "urgent")
+    assert urgent["spec"]["nodeName"] == "n1"
+    granted = verify(urgent["metadata"]["annotations"][ANNOTATION], KEYS)
+    assert [(r.pf, r.min_mbps) for r in granted.rdma] == [("mlx5_0", 50_000)]
+    assert core.evictions == ["bulk"]
 
 
 def test_a_replica_that_lost_the_lease_evicts_nothing() -> None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from devices.model import Device, DeviceKind, NodeInventory
@@ -29,7 +30,8 @@ from scheduler.core.rdma import (
     nic_state,
     parse_bandwidth,
 )
-from scheduler.core.state import Allocation
+from scheduler.core.scoring import Policy
+from scheduler.core.state import Allocation, GpuGrant
 from tests.support.rdmainv import Pf, gpu_id, rdma_inventory
 
 # --- the bandwidth notation -------------------------------------------------------------------
@@ -359,3 +361,68 @@ def test_gpus_follow_the_nics_when_the_topology_choice_leaves_them_far() -> None
     node.gpus[3].free_milli = 0  # GPU 3 taken: one GPU beside the NIC is still nearer than none
     alloc = allocate(PodRequest("r", gpu_count=2, rdma=RdmaRequest(1)), node)
     assert alloc is not None and 2 in {g.index for g in alloc.gpus}
+
+
+# --- node choice: NIC nearness ----------------------------------------------------------------
+
+
+def bound(name: str, cluster: ClusterState, *pods: PodRequest) -> Policy:
+    """Policy ``name`` prepared for ``cluster`` and a workload of ``pods`` (as the fronts do)."""
+    policy = make_policy(name)
+    policy.bind(cluster, list(pods), random.Random(0))
+    return policy
+
+
+def twins(far_pf: Pf) -> ClusterState:
+    """Two nodes alike but for where their PF sits: on ``near`` beside both GPUs (NUMA 0), on ``far``
+    as ``far_pf`` says."""
+    near = rdma_inventory("near", [0, 0], [Pf("mlx5_0", 200, 0, (0, 1), vfs=4)])
+    far = rdma_inventory("far", [0, 0], [far_pf])
+    return ClusterState([state("far", far), state("near", near)])
+
+
+@pytest.mark.parametrize(
+    "far_pf",
+    [Pf("mlx5_0", 200, 1, (), vfs=4), Pf("mlx5_0", 200, 0, (), vfs=4)],
+    ids=["other-numa", "same-numa-other-switch"],
+)
+@pytest.mark.parametrize("policy", ["topology", "bestfit", "fgd"])
+def test_the_node_whose_vfs_sit_beside_the_gpus_it_would_give_wins(far_pf: Pf, policy: str) -> None:
+    """Every other score ties: the ``topology`` policy (the live scheduler's and the extender's)
+    prefers the node whose VFs are on the pod's GPUs' PCIe switch (then NUMA node); the simulator's
+    baselines do not weigh it and leave it to the tie order."""
+    cluster = twins(far_pf)
+    pod = PodRequest("p", cpu_milli=1000, gpu_count=1, rdma=RdmaRequest(1, 25_000))
+    two = replace(pod, gpu_count=2)
+    scoring = bound(policy, cluster, pod, two)
+    chosen = {schedule_one(pod, cluster, scoring, random.Random(seed)).node for seed in range(16)}  # type: ignore[union-attr]
+    assert chosen == ({"near"} if policy == "topology" else {"near", "far"})
+    if policy == "topology":
+        assert {schedule_one(two, cluster, scoring, random.Random(s)).node for s in range(8)} == {"near"}  # type: ignore[union-attr]
+
+
+def test_nearness_counts_the_gpus_the_node_would_give_not_its_nics_alone() -> None:
+    """Both nodes have a PF beside GPUs 0 and 1; on ``busy`` those GPUs are taken, so its VFs would
+    sit far from the GPUs (2, 3) the pod gets there: ``idle`` wins though ``busy`` packs better."""
+
+    def four(name: str) -> NodeState:
+        inv = rdma_inventory(name, [0, 0, 1, 1], [Pf("mlx5_0", 200, 0, (0, 1), vfs=4)])
+        return state(name, inv)
+
+    cluster = ClusterState([four("busy"), four("idle")])
+    cluster.assume(Allocation("busy", "x", gpus=tuple(
+        GpuGrant(i, gpu_id("busy", i), 1000, 81920) for i in (0, 1)
+    )))  # fmt: skip
+    pod = PodRequest("p", gpu_count=2, rdma=RdmaRequest(1))
+    assert schedule_one(pod, cluster, bound("bestfit", cluster, pod), random.Random(0)).node == "busy"  # type: ignore[union-attr]
+    topology = bound("topology", cluster, pod)
+    assert {schedule_one(pod, cluster, topology, random.Random(s)).node for s in range(8)} == {"idle"}  # type: ignore[union-attr]
+    # a pod asking no GPU: its VFs sit equally far everywhere, nearness does not count
+    no_gpu = PodRequest("q", rdma=RdmaRequest(1))
+    for plugin, _ in topology.plugins:
+        if plugin.name == "nic-nearness":
+            assert plugin.score(no_gpu, cluster, np.arange(2)).tolist() == [0, 0]
+            assert plugin.score(pod, cluster, np.arange(2)).tolist() == [0, 100]
+            break
+    else:
+        raise AssertionError("the topology policy has no nic-nearness score")

@@ -93,3 +93,29 @@ def test_a_malformed_bandwidth_is_an_invalid_request_event() -> None:
         )
         for m in core.failed_events("typo")
     ), core.failed_events("typo")
+
+
+def test_more_interfaces_than_any_node_has_waits_with_the_reason_and_preempts_nothing() -> None:
+    """Eight interfaces, where the roomiest node has four VFs: the pod waits with every node's RDMA
+    reason, and, important as it is, evicts no one (evicting every pod would free too few VFs; the
+    GPU holders on those nodes would go in vain). 33 interfaces is beyond any pod's: invalid."""
+    world = world_with_nics()
+    sched, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, sched)
+    feed.relist()
+    world.put_pod(pod_json("many", 0, annotations={"kubegpu.io/rdma-interfaces": "8"}))
+    world.put_pod(pod_json("absurd", 0, annotations={"kubegpu.io/rdma-interfaces": "33"}))
+    drive(sched, jobs, feed, clock)
+    assert core.failed_events("many")[-1] == (
+        "0/3 nodes are available: 3 node(s) had too few free RDMA virtual functions."
+    )
+    assert core.failed_events("absurd")[-1].startswith(
+        "invalid kubegpu request: annotation kubegpu.io/rdma-interfaces"
+    ), core.failed_events("absurd")
+    for node in ("thin", "few", "good"):
+        world.put_pod(pod_json(f"fill-{node}", 4, priority=1, node=node))
+    world.put_pod(pod_json("greedy", 1, priority=100, annotations={"kubegpu.io/rdma-interfaces": "8"}))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("greedy") is None and not sched.nominated
+    messages = core.failed_events("greedy")
+    assert messages and not any("Preempting" in m for m in messages), messages

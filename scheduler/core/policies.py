@@ -16,7 +16,9 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from scheduler.core.allocate import allocate
 from scheduler.core.frag import FragModel, after_share, after_whole, typical_pods
+from scheduler.core.rdma import vf_distance
 from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.scoring import Policy, ScorePlugin
 from scheduler.core.state import ClusterState
@@ -594,19 +596,68 @@ class TopologyScore(ScorePlugin):
         return scores[idx]
 
 
-def topology_policy() -> Policy:
-    """For the live scheduler: multi-GPU pods to the node where their GPUs connect best, then
-    ``DEFAULT_POLICY`` (fgd-reserve).
+class NicNearnessScore(ScorePlugin):
+    """How near the RDMA interfaces a pod would get on each node sit to the GPUs it would get there.
 
-    The topology score (0..200) is weighted 1000 against FGD's bands so the order is lexicographic;
-    for pods of fewer than two whole GPUs it is 0 everywhere and the policy is ``fgd-reserve`` with the
-    whole-node reserve in proportion (``keep=None``), which holds up when ties are broken at random.
+    For a pod of whole GPUs asking for RDMA interfaces: ``int(100 x (1 - distance / (2 x
+    interfaces)))``, the distance being ``rdma.vf_distance`` of the allocation the node would give
+    it (``allocate``: its GPUs and the VFs chosen beside them): per interface 0 on the PCIe switch of
+    one of its GPUs, 1 on their NUMA node, 2 elsewhere. So 100 where every VF sits on its GPUs'
+    switch, 0 where all sit on another socket. 0 for every other pod (without GPUs every VF is as
+    far; a share's GPU is the policy's pick on the chosen node). Memoised per GPU count, models,
+    topology wish and RDMA request, and node version.
+    """
+
+    name = "nic-nearness"
+
+    def __init__(self) -> None:
+        self._cache: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self._cache = {}
+
+    @staticmethod
+    def node_score(pod: PodRequest, cluster: ClusterState, i: int) -> float:
+        node = cluster.nodes[i]
+        alloc = allocate(pod, node)
+        if alloc is None:  # the filters passed it; nothing to prefer
+            return 0.0
+        gpus = [node.gpus[g.index] for g in alloc.gpus]
+        distance = vf_distance(
+            alloc.rdma, node.nics, [g.id for g in gpus], {g.numa for g in gpus if g.numa >= 0}
+        )
+        return float(int(MAX_NODE_SCORE * (1 - distance / (2 * pod.rdma.count))))
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if not pod.rdma or not pod.whole_gpus:
+            return np.zeros(len(idx))
+        key = (pod.whole_gpus, pod.gpu_models, pod.topology, pod.rdma)
+        entry = self._cache.get(key)
+        if entry is None or len(entry[0]) != len(cluster):
+            entry = self._cache[key] = (np.zeros(len(cluster)), np.full(len(cluster), -1, dtype=np.int64))
+        scores, seen = entry
+        version = cluster.version
+        for i in idx[seen[idx] != version[idx]].tolist():
+            scores[i] = self.node_score(pod, cluster, i)
+            seen[i] = version[i]
+        return scores[idx]
+
+
+def topology_policy() -> Policy:
+    """For the live scheduler: multi-GPU pods to the node where their GPUs connect best and pods with
+    RDMA interfaces where those sit nearest their GPUs, then ``DEFAULT_POLICY`` (fgd-reserve).
+
+    The topology score (0..200) and the NIC nearness (0..100) are weighted 1000 each against FGD's
+    bands so the order is lexicographic (they add up, a point of one weighing as a point of the
+    other); for pods of fewer than two whole GPUs and no RDMA interfaces both are 0 everywhere and
+    the policy is ``fgd-reserve`` with the whole-node reserve in proportion (``keep=None``), which
+    holds up when ties are broken at random.
     """
     base = fgd_reserve(keep=None)  # ties at random in the live scheduler: hosts kept in proportion
     return Policy(
         "topology",
-        ((TopologyScore(), 1000.0), *base.plugins),
-        "multi-GPU pods where their GPUs connect best, then fgd-reserve",
+        ((TopologyScore(), 1000.0), (NicNearnessScore(), 1000.0), *base.plugins),
+        "multi-GPU pods where their GPUs connect best, RDMA interfaces nearest their GPUs, then fgd-reserve",
         tie_break=base.tie_break,
     )
 

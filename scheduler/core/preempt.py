@@ -13,9 +13,10 @@ As kube-scheduler's DefaultPreemption, but the devices freed must make a valid s
   priority, lowest sum of priorities (each offset by 2^31, so in practice fewest victims first),
   fewest victims, newest victims. For whole GPUs every set of ``k`` GPUs that meets the pod's
   required topology and model is tried, its victims being the pods holding those GPUs; a share
-  tries every GPU with the cheapest sets of shares on it to evict. If CPU, memory, the pod count
-  or the GPU count still do not fit, the cheapest other victims are added (every subset of up to
-  ``EXACT_EXTRAS`` candidates, else least important first, then the most important given back).
+  tries every GPU with the cheapest sets of shares on it to evict. If CPU, memory, the pod count,
+  the GPU count or the pod's RDMA interfaces still do not fit, the cheapest other victims are added
+  (every subset of up to ``EXACT_EXTRAS`` candidates, else least important first, then the most
+  important given back).
   The result is checked once more with the core's own set choice and ``fits_other``. Nodes with
   more candidate sets than ``topology.EXHAUSTIVE_LIMIT``, or whose cheapest sets ``fits_other``
   refuses, fall back to kube-scheduler's reprieve: evict all potential victims, then give back
@@ -26,7 +27,9 @@ As kube-scheduler's DefaultPreemption, but the devices freed must make a valid s
 
 Whether the pod fits is decided by the core's own rules: CPU, memory, the other resources the pod
 asks for (``PodRequest.resources``: ephemeral storage, hugepages, extended resources), its host
-ports (evicting the pods that bind them frees them), the node's pod count, GPUs
+ports (evicting the pods that bind them frees them), the node's pod count, its RDMA interfaces
+(free VFs on PFs with the bandwidth left for each interface's minimum, ``NicState.shortage_without``:
+evicting the pods that hold VFs or reserve bandwidth there frees them), GPUs
 by id (healthy, of an allowed model, enforcing shares for an enforced share, whole or with room
 for the share), required topology via
 ``LinkMatrix`` / ``best_gpu_set``, the kubelet's count of the node's GPU resource (pods of other
@@ -41,6 +44,7 @@ import math
 from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from scheduler.core.rdma import NicState, VfGrant
 from scheduler.core.request import MILLI, HostPort, PodRequest, Wish, ports_conflict
 from scheduler.core.selectors import LabelSelector
 from scheduler.core.topology import EXHAUSTIVE_LIMIT, LinkMatrix, best_gpu_set
@@ -83,6 +87,7 @@ class RunningPod:
     # the other resources it holds (name -> amount, as PodRequest.resources) and its host ports
     resources: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
     host_ports: tuple[HostPort, ...] = ()
+    rdma: tuple[VfGrant, ...] = ()  # the RDMA VFs it holds, with the bandwidth each reserves
 
     @property
     def charge(self) -> int:
@@ -113,6 +118,8 @@ class NodeOffer:
     gpu_resource: int | None = None  # status.allocatable of the GPU resource; None: not checked
     # the other resources' allocatable (NodeState.allocatable; a name not here is 0)
     allocatable: Mapping[str, int] = field(default_factory=dict, hash=False, compare=False)
+    # its RDMA PFs and VFs with what every pod of ``pods`` holds booked (``NodeState.nics``; read only)
+    nics: NicState = field(default_factory=NicState, hash=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -252,8 +259,8 @@ class _Node:
         ]
 
     def resources_fit(self, removed: Collection[str]) -> bool:
-        """CPU, memory, the other resources, the host ports, the pod count and the GPU count fit
-        once ``removed`` are gone."""
+        """CPU, memory, the other resources, the host ports, the pod count, the RDMA interfaces and
+        the GPU count fit once ``removed`` are gone."""
         offer, pod = self.offer, self.pod
         gone = [self.by_uid[u] for u in removed]
         # as in NodeState.check: a resource is checked only when the pod asks for it
@@ -269,6 +276,8 @@ class _Node:
         if not self.port_holders <= set(removed):
             return False
         if offer.max_pods is not None and len(offer.pods) - len(gone) + 1 > offer.max_pods:
+            return False
+        if pod.rdma and offer.nics.shortage_without(pod.rdma, (g for p in gone for g in p.rdma)):
             return False
         if offer.gpu_resource is None:
             return True
@@ -309,8 +318,8 @@ class _Node:
 
 
 def _complete(node: _Node, chosen: frozenset[str], pool: Sequence[RunningPod]) -> frozenset[str] | None:
-    """The cheapest ``chosen`` plus pods of ``pool`` with which CPU, memory, the pod count and the
-    GPU count fit: every subset of the pods that free any of these when there are at most
+    """The cheapest ``chosen`` plus pods of ``pool`` with which CPU, memory, the pod count, the RDMA
+    interfaces and the GPU count fit: every subset of the pods that free any of these when there are at most
     ``EXACT_EXTRAS`` of them, else the least important first and then the most important given back."""
     if node.resources_fit(chosen):
         return chosen
@@ -323,6 +332,7 @@ def _complete(node: _Node, chosen: frozenset[str], pool: Sequence[RunningPod]) -
         or p.charge
         or node.offer.max_pods is not None
         or p.uid in node.port_holders
+        or (node.pod.rdma and p.rdma)
         or any(p.resources.get(name) for name in asked)
     ]
     if len(useful) <= EXACT_EXTRAS:

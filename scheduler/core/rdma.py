@@ -151,10 +151,14 @@ class PfState:
 
     def slots(self, min_mbps: int) -> int:
         """How many more interfaces of ``min_mbps`` each it can take (free VFs and bandwidth)."""
-        free = len(self.free_vfs())
-        if not min_mbps:
-            return free
-        return max(0, min(free, self.left_mbps // min_mbps))
+        return _slots(len(self.free_vfs()), self.left_mbps, min_mbps)
+
+
+def _slots(free: int, left_mbps: int, min_mbps: int) -> int:
+    """Interfaces of ``min_mbps`` each that ``free`` VFs with ``left_mbps`` left on their PF can take."""
+    if not min_mbps:
+        return free
+    return max(0, min(free, left_mbps // min_mbps))
 
 
 class NicState:
@@ -175,11 +179,28 @@ class NicState:
 
     def shortage(self, request: RdmaRequest) -> str:
         """'' when the node can give ``request``, else why not (``NO_FREE_VFS`` or ``NO_BANDWIDTH``)."""
+        return self.shortage_without(request, ())
+
+    def shortage_without(self, request: RdmaRequest, released: Iterable[VfGrant]) -> str:
+        """``shortage`` as it would be once ``released`` (grants booked here, e.g. the VFs of pods a
+        preemption would evict) are given back; the books are left as they are."""
         if not request:
             return ""
-        if self.free_vfs() < request.count:
+        gone: dict[str, int] = {}  # VF id -> bookings released
+        freed: dict[str, int] = {}  # PF id -> Mbit/s released
+        for grant in released:
+            pf_id = self.pf_of.get(grant.id)
+            if pf_id is not None:
+                gone[grant.id] = gone.get(grant.id, 0) + 1
+                freed[pf_id] = freed.get(pf_id, 0) + grant.min_mbps
+        free = slots = 0
+        for pf in self.pfs.values():
+            vfs = sum(1 for v in pf.vfs if pf.held.get(v, 0) <= gone.get(v, 0))
+            free += vfs
+            slots += _slots(vfs, pf.left_mbps + freed.get(pf.id, 0), request.min_mbps)
+        if free < request.count:
             return NO_FREE_VFS
-        if self.slots(request.min_mbps) < request.count:
+        if slots < request.count:
             return NO_BANDWIDTH
         return ""
 

@@ -7,10 +7,10 @@ so the node needs nothing new. The decisions use a ``Scheduler``'s own watched c
 policy and Binding code (scheduler/live/scheduler.py), with its scheduling loop off: one account
 of devices whether pods are bound by the live scheduler or by the extender.
 
-- **filter**: a pod that asks for no managed device passes every node (kube-scheduler checks
-  the rest). Otherwise each named node is checked by the core's filters; a node kubegpu does not
-  know or cannot use fails with why (``FailedNodes``). A pod whose kubegpu request is invalid
-  fails every node as unresolvable with the reason.
+- **filter**: a pod that asks for no managed device (no whole GPU, no share, no RDMA interface)
+  passes every node (kube-scheduler checks the rest). Otherwise each named node is checked by the
+  core's filters; a node kubegpu does not know or cannot use fails with why (``FailedNodes``). A
+  pod whose kubegpu request is invalid fails every node as unresolvable with the reason.
 - **prioritize**: the active policy's scores over the nodes that pass, scaled to 0..10.
 - **bind**: the pod is placed on the given node only (re-checked: the node kube-scheduler picks
   need not be kubegpu's favourite, and things change between filter and bind), its devices
@@ -262,7 +262,8 @@ class Extender:
 
 
 def _wants_devices(request: PodRequest) -> bool:
-    return bool(request.whole_gpus or request.total_gpu_milli)
+    """Whether the pod asks for a device kubegpu places: GPUs, a share, RDMA interfaces (VFs)."""
+    return bool(request.whole_gpus or request.total_gpu_milli or request.rdma)
 
 
 class ExtenderServer:

@@ -65,6 +65,7 @@ def running_pod(alloc: Allocation, pod: Mapping[str, Any] | None, protected: boo
         charged_gpus=alloc.charged_gpus,
         resources={**dict(alloc.resources), "memory": alloc.memory_bytes()},
         host_ports=alloc.host_ports,
+        rdma=alloc.rdma,
         terminating=bool(meta.get("deletionTimestamp")),
     )
 
@@ -86,6 +87,7 @@ def node_offer(
         max_pods=node.max_pods,
         gpu_resource=node.gpu_resource,
         allocatable=node.allocatable,
+        nics=node.nics,
     )
 
 
@@ -169,7 +171,8 @@ def extender_victims(
 
     Only the ``proposed`` pods may go (the others are protected), and the pod must fit by the
     core's rules (GPUs by id: healthy, of an allowed model, a valid topology set or room for the
-    share; CPU, memory, the pod count, the GPU count, the other placement rules). Returns None
+    share; CPU, memory, the pod count, the GPU count, RDMA VFs and bandwidth, the other placement
+    rules). Returns None
     when even all of them do not free what the pod needs (the node is dropped); else the victims'
     UIDs with their PDB violations: the cheapest sufficient subset by the core's order (fewest
     violations, lowest highest priority, fewest victims), plus the proposed pods kubegpu does not
