@@ -55,8 +55,9 @@ def read_annotations(
     if not kubeconfig:
         raise CniError(
             INVALID_CONFIG,
-            f"pod {pod}: the runtime passed no pod annotations (declare capability "
-            "io.kubernetes.cri.pod-annotations) and the config names no kubeconfig to read them",
+            f"pod {pod}: the runtime passed no pod annotations and the config names no kubeconfig "
+            "to read them (declare capability io.kubernetes.cri.pod-annotations; containerd passes "
+            "none for a sandbox without annotations, which kubelet never sends)",
         )
     from kubernetes import client  # imported only when needed: it is slow to import
     from kubernetes.client.exceptions import ApiException
