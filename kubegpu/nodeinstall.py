@@ -654,7 +654,6 @@ def check_record(root: Path, record: Record) -> None:
     ``check_settings``, and every path in it (files, directories, pending files) is relative,
     has no empty, '.' or '..' component, and resolves (through symlinks) inside ``root``."""
     check_settings(record.settings)
-    real_root = os.path.realpath(root)
     digests = [*record.files.values(), *(d for ds in record.pending.values() for d in ds)]
     if not all(isinstance(d, str) for d in digests):
         raise InstallError("a digest that is not a string")
@@ -664,8 +663,8 @@ def check_record(root: Path, record: Record) -> None:
             raise InstallError(f"{what} {rel!r} is not a relative path")
         if any(part in ("", ".", "..") for part in rel.split("/")):
             raise InstallError(f"{what} {rel!r} has an empty, '.' or '..' component")
-        real = os.path.realpath(os.path.join(real_root, rel))
-        if os.path.commonpath([real_root, real]) != real_root:
+        real = leaves_root(root, rel)
+        if real is not None:
             raise InstallError(f"{what} {rel!r} leads outside --root, to {real} (a symlink on the way)")
 
 
@@ -843,6 +842,13 @@ def locked(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def leaves_root(root: Path, rel: str) -> str | None:
+    """Where ``rel`` (a relative path) leads when it leaves ``root`` through a symlink, else None."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(real_root, rel))
+    return real if os.path.commonpath([real_root, real]) != real_root else None
+
+
 def install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> InstallResult:
     """Validate everything, then write every file or none; return what changed."""
     with locked(root):
@@ -908,6 +914,11 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
             f"fight this --front {settings.front} install's command line: move it away first"
         )
     for item in wanted:
+        outside = leaves_root(root, str(item.rel.parent))  # the file itself is replaced, not followed
+        if outside is not None:
+            where = f"{outside}/{item.rel.name}"
+            problems.append(f"/{item.rel} leads outside --root, to {where} (a symlink on the way)")
+            continue
         path = root / item.rel
         if not path.exists():
             continue
