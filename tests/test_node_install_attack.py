@@ -409,6 +409,8 @@ def tampered(root: Path, outside: Path, case: str) -> dict[str, object]:
         pending[escape] = [digest]
     elif case == "keys-dir":
         return {"settings": {"keys_dir": "/etc/kubegpu/../../.."}, "files": files, "dirs": dirs}
+    elif case == "cni-bin-dir":  # the launcher's directory, as --cni-bin-dir recorded it
+        return {"settings": {"cni_bin_dir": "/opt/../../.."}, "files": files, "dirs": dirs}
     doc: dict[str, object] = {"version": "0", "settings": {}, "files": files, "dirs": dirs}
     if pending:
         doc["pending"] = pending
@@ -425,6 +427,7 @@ def tampered(root: Path, outside: Path, case: str) -> dict[str, object]:
         "symlinked-dir",
         "pending",
         "keys-dir",
+        "cni-bin-dir",
     ],
 )
 def test_uninstall_refuses_a_record_that_leaves_the_root(
