@@ -201,8 +201,10 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CniNode]:
         try:
             shim.start()
             client = CriClient(shim.endpoint)
-            yield CniNode(lab, runtime, client, direct, tmp_path / "logs")
-            client.close()
+            try:
+                yield CniNode(lab, runtime, client, direct, tmp_path / "logs")
+            finally:
+                client.close()
         finally:
             remove_sandboxes_since(direct, before)
             direct.close()
