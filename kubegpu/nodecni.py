@@ -7,7 +7,7 @@ does not edit the runtime's network config: the conflist belongs to the cluster'
 which rewrites it; install prints the stanza to chain instead (``chain_stanza``), and ``check``
 reads the config the runtime loads (the first file by name in the conf dir, as containerd does)
 and says whether it chains the plugin as docs/cni.md shows (``chain_problems``). Pure functions
-except ``network_config`` and ``plugin_versions``, which read the node.
+except ``network_config``, ``chain_status`` and ``plugin_versions``, which read the node.
 """
 
 from __future__ import annotations
@@ -56,20 +56,20 @@ def network_config(conf_dir: Path) -> tuple[Path | None, dict[str, Any] | str]:
     try:
         names = sorted(p.name for p in conf_dir.iterdir() if p.suffix in CONFIG_SUFFIXES and p.is_file())
     except OSError as exc:
-        return None, f"{conf_dir}: {exc.strerror or exc}"
+        return None, str(exc.strerror or exc)
     if not names:
-        return None, f"no network config in {conf_dir}"
+        return None, f"no network config ({', '.join('*' + x for x in CONFIG_SUFFIXES)})"
     path = conf_dir / names[0]
     try:
         with path.open("rb") as handle:
             data = handle.read(MAX_CONFIG_BYTES + 1)
         if len(data) > MAX_CONFIG_BYTES:
-            return path, f"{path}: more than {MAX_CONFIG_BYTES} bytes"
+            return path, f"more than {MAX_CONFIG_BYTES} bytes"
         doc = json.loads(data)
     except (OSError, ValueError, RecursionError) as exc:
-        return path, f"{path}: unreadable ({exc})"
+        return path, f"unreadable ({exc})"
     if not isinstance(doc, dict):
-        return path, f"{path}: not a JSON object"
+        return path, "not a JSON object"
     return path, doc
 
 
@@ -99,6 +99,16 @@ def chain_problems(doc: dict[str, Any], node_name: str | None, keys_dir: str) ->
     if node_name and ours.get("nodeName", node_name) != node_name:
         problems.append(f"its nodeName is {ours.get('nodeName')}, this node is {node_name}")
     return problems
+
+
+def chain_status(root: Path, conf_dir: str, node_name: str | None, keys_dir: str) -> tuple[str, list[str]]:
+    """(the config the runtime loads from ``conf_dir`` under ``root``, as the node names it, or the
+    directory when there is none; why it does not chain the plugin as it should: empty when it does)."""
+    conf, doc = network_config(root / conf_dir.lstrip("/"))
+    where = "/" + str(conf.relative_to(root)) if conf is not None else conf_dir
+    if isinstance(doc, str):
+        return where, [doc]
+    return where, chain_problems(doc, node_name, keys_dir)
 
 
 def plugin_versions(executable: Path, timeout: float = 30.0) -> list[str] | str:

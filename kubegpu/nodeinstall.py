@@ -49,10 +49,9 @@ from kubegpu.containerdconfig import (
 from kubegpu.nodecni import (
     DEFAULT_CONF_DIR,
     LAUNCHER_NAME,
-    chain_problems,
     chain_stanza,
+    chain_status,
     launcher_text,
-    network_config,
     plugin_versions,
 )
 
@@ -1466,14 +1465,10 @@ def cni_findings(root: Path, settings: NodeSettings, record: Record) -> list[Fin
                 True, "CNI plugin", f"/{launcher} runs {settings.cni_binary} (CNI {', '.join(versions)})"
             )
         )
-    conf, doc = network_config(root / settings.cni_conf_dir.lstrip("/"))
-    if isinstance(doc, str):
-        return [plugin, Finding(False, "CNI chain", f"{doc}: {CHAIN_FIX}")]
-    shown = f"/{conf.relative_to(root)}" if conf is not None else settings.cni_conf_dir
-    problems = chain_problems(doc, settings.node_name, settings.keys_dir)
+    where, problems = chain_status(root, settings.cni_conf_dir, settings.node_name, settings.keys_dir)
     if problems:
-        return [plugin, Finding(False, "CNI chain", f"{shown}: {'; '.join(problems)}: {CHAIN_FIX}")]
-    return [plugin, Finding(True, "CNI chain", f"{shown} chains kubegpu-cni after the primary network")]
+        return [plugin, Finding(False, "CNI chain", f"{where}: {'; '.join(problems)}: {CHAIN_FIX}")]
+    return [plugin, Finding(True, "CNI chain", f"{where} chains kubegpu-cni after the primary network")]
 
 
 CHAIN_FIX = "pods get no RDMA VFs; chain it as docs/cni.md shows (install prints the stanza)"
@@ -1757,18 +1752,14 @@ def _run_install(args: argparse.Namespace) -> int:
 def cni_chain_advice(root: Path, settings: NodeSettings) -> str:
     """What to do about the network config after install: nothing when it chains the plugin, else
     the stanza to add (install never edits it: the network add-on owns and rewrites it)."""
-    conf, doc = network_config(root / settings.cni_conf_dir.lstrip("/"))
-    where = f"/{conf.relative_to(root)}" if conf is not None else settings.cni_conf_dir
-    if not isinstance(doc, str):
-        problems = chain_problems(doc, settings.node_name, settings.keys_dir)
-        if not problems:
-            return f"kubegpu-cni is chained in {where}"
-        doc = "; ".join(problems)
+    where, problems = chain_status(root, settings.cni_conf_dir, settings.node_name, settings.keys_dir)
+    if not problems:
+        return f"kubegpu-cni is chained in {where}"
     stanza = json.dumps(chain_stanza(settings.node_name, settings.keys_dir))
     return (
-        f"kubegpu-cni is not chained yet ({where}: {doc}); install does not edit the network config "
-        "(the network add-on owns it), so add this entry to its \"plugins\", after the primary "
-        f"network's (docs/cni.md):\n  {stanza}"
+        f"kubegpu-cni is not chained yet ({where}: {'; '.join(problems)}); install does not edit the "
+        "network config (the network add-on owns it), so add this entry to its \"plugins\", after the "
+        f"primary network's (docs/cni.md):\n  {stanza}"
     )
 
 

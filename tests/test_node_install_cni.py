@@ -128,6 +128,12 @@ def test_install_writes_a_launcher_that_runs_the_plugin_and_uninstall_removes_it
         network(root, wrong)
         _, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root))
         assert "[FAIL] CNI chain" in out and message in out, out
+    (root / CONFLIST).write_text("{not json")
+    _, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root))
+    assert f"/{CONFLIST}: unreadable (" in cni_lines(out)["CNI chain"], out
+    (root / CONFLIST).unlink()
+    _, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root))
+    assert "[FAIL] CNI chain" in out and "/etc/cni/net.d: no network config (*.conf" in out, out
     (root / CONFLIST).write_bytes(conflist)
 
     # the launcher changed by hand: check says so; uninstall keeps it
