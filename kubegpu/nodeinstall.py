@@ -8,7 +8,9 @@ With ``--front nri`` the same unit runs the agent as containerd's NRI plugin (a 
 own), kubelet keeps talking to containerd, and containerd's NRI settings come from a drop-in in
 a directory its config imports (kubegpu/containerdconfig.py), never from an edit of config.toml.
 ``uninstall`` removes exactly the recorded files that are still as install wrote them.
-``check`` reports, on one screen, which front is live and whether it works.
+``check`` reports, on one screen, which front is live and whether it works. With ``--cni-bin-dir``
+install also writes the RDMA CNI plugin's launcher there (kubegpu/nodecni.py), recorded like
+every file; it never edits the runtime's network config, whose chain ``check`` reads.
 
 Every path is taken under ``--root`` (default ``/``), so tests install into a throwaway tree.
 The file formats and the record are documented in docs/install.md.
@@ -44,6 +46,14 @@ from kubegpu.containerdconfig import (
     plan_dropin,
     read_containerd_config,
 )
+from kubegpu.nodecni import (
+    DEFAULT_CONF_DIR,
+    LAUNCHER_NAME,
+    chain_stanza,
+    chain_status,
+    launcher_text,
+    plugin_versions,
+)
 
 UNIT_NAME = "kubegpu-crishim.service"
 SHIM_UNIT = Path("etc/systemd/system") / UNIT_NAME
@@ -73,6 +83,7 @@ DEFAULT_RUNTIME = "unix:///run/containerd/containerd.sock"
 DEFAULT_METRICS = "127.0.0.1:9464"
 DEFAULT_KUBECONFIG = "/etc/kubegpu/node.kubeconfig"
 DEFAULT_BINARY = "/usr/local/bin/kubegpu"
+DEFAULT_CNI_BINARY = "/usr/local/bin/kubegpu-cni"
 READY_TRIES = 4
 KEY_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,62}$")  # as kubegpu/allocation.py
 # Unit-file values: no whitespace, quotes, '%' (systemd specifiers), '$' (variables) or '\'.
@@ -108,6 +119,11 @@ class NodeSettings:
     nri_plugin_index: str = "10"
     nri_socket: str = DEFAULT_NRI_SOCKET  # containerd's NRI socket, read from its config
     containerd_config: str = DEFAULT_CONFIG
+    # --cni-bin-dir only (recorded only then): where the launcher goes, what it runs, and the
+    # runtime's network config dir that check reads
+    cni_bin_dir: str | None = None
+    cni_binary: str = DEFAULT_CNI_BINARY
+    cni_conf_dir: str = DEFAULT_CONF_DIR
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
@@ -115,7 +131,15 @@ class NodeSettings:
         if self.front != "nri":
             for key in NRI_SETTINGS:
                 data.pop(key)
+        if self.cni_bin_dir is None:
+            for key in CNI_SETTINGS:
+                data.pop(key)
         return data
+
+    @property
+    def cni_launcher(self) -> Path | None:
+        """The launcher's path under the root (None: the CNI plugin is not installed)."""
+        return Path(self.cni_bin_dir.lstrip("/")) / LAUNCHER_NAME if self.cni_bin_dir else None
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> NodeSettings:
@@ -125,6 +149,7 @@ class NodeSettings:
 
 
 NRI_SETTINGS = ("nri_plugin_name", "nri_plugin_index", "nri_socket", "containerd_config")
+CNI_SETTINGS = ("cni_bin_dir", "cni_binary", "cni_conf_dir")
 
 
 def _continued(argv: Sequence[str]) -> str:
@@ -388,6 +413,9 @@ def check_settings(settings: NodeSettings) -> None:
         ("--nri-plugin-index", settings.nri_plugin_index),
         ("containerd's NRI socket_path", settings.nri_socket),
         ("--containerd-config", settings.containerd_config),
+        ("--cni-bin-dir", settings.cni_bin_dir or "/x"),
+        ("--cni-binary", settings.cni_binary),
+        ("--cni-conf-dir", settings.cni_conf_dir),
     ]
     for what, value in [*values, *(("--device-plugin", plugin) for plugin in settings.plugins)]:
         if not isinstance(value, str):
@@ -404,11 +432,17 @@ def check_settings(settings: NodeSettings) -> None:
     absolute = (settings.keys_dir, settings.binary, settings.containerd_config)
     if not all(path.startswith("/") for path in absolute):
         raise InstallError("--keys-dir, --kubegpu-binary and --containerd-config must be absolute paths")
+    cni = (settings.cni_bin_dir or "/x", settings.cni_binary, settings.cni_conf_dir)
+    if not all(path.startswith("/") for path in cni):
+        raise InstallError("--cni-bin-dir, --cni-binary and --cni-conf-dir must be absolute paths")
     for what, value in (
         ("--keys-dir", settings.keys_dir),
         ("--kubeconfig", settings.kubeconfig),
         ("--kubegpu-binary", settings.binary),
         ("--containerd-config", settings.containerd_config),
+        ("--cni-bin-dir", settings.cni_bin_dir or "/x"),
+        ("--cni-binary", settings.cni_binary),
+        ("--cni-conf-dir", settings.cni_conf_dir),
     ):
         if any(part in (".", "..") for part in value.split("/")):
             raise InstallError(f"{what} {value!r}: no '.' or '..' components (it must stay under --root)")
@@ -654,7 +688,6 @@ def check_record(root: Path, record: Record) -> None:
     ``check_settings``, and every path in it (files, directories, pending files) is relative,
     has no empty, '.' or '..' component, and resolves (through symlinks) inside ``root``."""
     check_settings(record.settings)
-    real_root = os.path.realpath(root)
     digests = [*record.files.values(), *(d for ds in record.pending.values() for d in ds)]
     if not all(isinstance(d, str) for d in digests):
         raise InstallError("a digest that is not a string")
@@ -664,8 +697,8 @@ def check_record(root: Path, record: Record) -> None:
             raise InstallError(f"{what} {rel!r} is not a relative path")
         if any(part in ("", ".", "..") for part in rel.split("/")):
             raise InstallError(f"{what} {rel!r} has an empty, '.' or '..' component")
-        real = os.path.realpath(os.path.join(real_root, rel))
-        if os.path.commonpath([real_root, real]) != real_root:
+        real = leaves_root(root, rel)
+        if real is not None:
             raise InstallError(f"{what} {rel!r} leads outside --root, to {real} (a symlink on the way)")
 
 
@@ -778,6 +811,8 @@ def planned_files(
         devices = devices_dropin_text(settings)
         if devices is not None:
             files.append(Wanted(SHIM_DEVICES_DROPIN, devices.encode(), 0o644))
+    if settings.cni_launcher is not None:
+        files.append(Wanted(settings.cni_launcher, launcher_text(settings.cni_binary).encode(), 0o755))
     keys_dir = Path(settings.keys_dir.lstrip("/"))
     files += [Wanted(keys_dir / key_id, data, 0o600, 0o700) for key_id, data in sorted(keys.items())]
     return files
@@ -843,6 +878,33 @@ def locked(root: Path) -> Iterator[None]:
         os.close(fd)
 
 
+def check_cni(root: Path, settings: NodeSettings) -> None:
+    """InstallError unless the CNI bin dir exists (the runtime's, not one install would invent)
+    and the plugin executable the launcher runs is there: a chained plugin that cannot run fails
+    every pod's sandbox on the node, not only those with VFs."""
+    if settings.cni_bin_dir is None:
+        return
+    if not (root / settings.cni_bin_dir.lstrip("/")).is_dir():
+        raise InstallError(
+            f"--cni-bin-dir {settings.cni_bin_dir} is not a directory: name the one the runtime "
+            "runs CNI plugins from (containerd: bin_dir, or bin_dirs in 2.x, of its CRI plugin's cni "
+            "section; often /opt/cni/bin)"
+        )
+    binary = root / settings.cni_binary.lstrip("/")
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        raise InstallError(
+            f"--cni-binary {settings.cni_binary} is not an executable file: it is kubegpu's console "
+            "script kubegpu-cni (pip install kubegpu puts it beside kubegpu)"
+        )
+
+
+def leaves_root(root: Path, rel: str) -> str | None:
+    """Where ``rel`` (a relative path) leads when it leaves ``root`` through a symlink, else None."""
+    real_root = os.path.realpath(root)
+    real = os.path.realpath(os.path.join(real_root, rel))
+    return real if os.path.commonpath([real_root, real]) != real_root else None
+
+
 def install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> InstallResult:
     """Validate everything, then write every file or none; return what changed."""
     with locked(root):
@@ -866,6 +928,7 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
     runtime = f"{name} {version} (CRI v1)"
     if settings.front == "nri":
         check_nri_runtime(name, version)
+    check_cni(root, settings)
 
     record = read_record(root) or Record()
     if (record.files or record.pending) and record.settings.front != settings.front:
@@ -908,6 +971,11 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
             f"fight this --front {settings.front} install's command line: move it away first"
         )
     for item in wanted:
+        outside = leaves_root(root, str(item.rel.parent))  # the file itself is replaced, not followed
+        if outside is not None:
+            where = f"{outside}/{item.rel.name}"
+            problems.append(f"/{item.rel} leads outside --root, to {where} (a symlink on the way)")
+            continue
         path = root / item.rel
         if not path.exists():
             continue
@@ -1378,6 +1446,34 @@ def check_devices(root: Path, settings: NodeSettings) -> Finding:
     )
 
 
+def cni_findings(root: Path, settings: NodeSettings, record: Record) -> list[Finding]:
+    """The CNI plugin (the launcher as install wrote it, the executable it runs answering VERSION)
+    and its chain (the network config the runtime loads chains it as docs/cni.md shows)."""
+    launcher = settings.cni_launcher
+    assert launcher is not None
+    path = root / launcher
+    if not path.is_file():
+        plugin = Finding(False, "CNI plugin", f"/{launcher} is missing: run `kubegpu node install` again")
+    elif not record.ours(str(launcher), sha256(path.read_bytes())):
+        plugin = Finding(False, "CNI plugin", f"/{launcher} was changed since install")
+    else:
+        versions = plugin_versions(root / settings.cni_binary.lstrip("/"))
+        plugin = (
+            Finding(False, "CNI plugin", versions)
+            if isinstance(versions, str)
+            else Finding(
+                True, "CNI plugin", f"/{launcher} runs {settings.cni_binary} (CNI {', '.join(versions)})"
+            )
+        )
+    where, problems = chain_status(root, settings.cni_conf_dir, settings.node_name, settings.keys_dir)
+    if problems:
+        return [plugin, Finding(False, "CNI chain", f"{where}: {'; '.join(problems)}: {CHAIN_FIX}")]
+    return [plugin, Finding(True, "CNI chain", f"{where} chains kubegpu-cni after the primary network")]
+
+
+CHAIN_FIX = "pods get no RDMA VFs; chain it as docs/cni.md shows (install prints the stanza)"
+
+
 def describe(kinds: Iterable[str]) -> str:
     counts: dict[str, int] = {}
     for kind in kinds:
@@ -1448,6 +1544,8 @@ def check(root: Path, kubelet_pid: int | None) -> tuple[list[Finding], Record | 
     )
     findings.append(check_keys(root, settings))
     findings.append(check_devices(root, settings))
+    if record is not None and settings.cni_launcher is not None:
+        findings += cni_findings(root, settings, record)
     return findings, record
 
 
@@ -1551,6 +1649,22 @@ def register(sub: argparse._SubParsersAction) -> None:
     )
     inst.add_argument("--kubegpu-binary", default=DEFAULT_BINARY, help="(default: %(default)s)")
     inst.add_argument(
+        "--cni-bin-dir",
+        metavar="DIR",
+        help="also install the RDMA CNI plugin: its launcher DIR/kubegpu-cni, in the runtime's CNI bin "
+        "dir (e.g. /opt/cni/bin). The network config is not edited: the stanza to chain is printed",
+    )
+    inst.add_argument(
+        "--cni-binary",
+        metavar="PATH",
+        help="--cni-bin-dir: the kubegpu-cni executable the launcher runs (default: beside --kubegpu-binary)",
+    )
+    inst.add_argument(
+        "--cni-conf-dir",
+        metavar="DIR",
+        help=f"--cni-bin-dir: the runtime's network config dir, read by check (default: {DEFAULT_CONF_DIR})",
+    )
+    inst.add_argument(
         "--enable-now",
         action="store_true",
         help="run the systemctl steps (daemon-reload, enable --now, restart kubelet)",
@@ -1591,6 +1705,8 @@ def _run_install(args: argparse.Namespace) -> int:
             )
         if args.key_file is not None:
             keys[args.key_id] = validate_key(args.key_id, read_key(args.key_file, sys.stdin.buffer))
+        if args.cni_bin_dir is None and (args.cni_binary or args.cni_conf_dir):
+            raise InstallError("--cni-binary and --cni-conf-dir go with --cni-bin-dir")
         settings = NodeSettings(
             runtime_endpoint="unix://" + socket_path(args.containerd_socket),
             listen=args.listen,
@@ -1607,6 +1723,9 @@ def _run_install(args: argparse.Namespace) -> int:
             nri_plugin_name=args.nri_plugin_name,
             nri_plugin_index=args.nri_plugin_index,
             containerd_config=args.containerd_config,
+            cni_bin_dir=args.cni_bin_dir,
+            cni_binary=args.cni_binary or os.path.join(os.path.dirname(args.kubegpu_binary), "kubegpu-cni"),
+            cni_conf_dir=args.cni_conf_dir or DEFAULT_CONF_DIR,
         )
         result = install(root, settings, keys)
     except InstallError as exc:
@@ -1619,6 +1738,8 @@ def _run_install(args: argparse.Namespace) -> int:
     ):
         for path in paths:
             print(f"  {verb:9} {path}")
+    if settings.cni_bin_dir is not None:
+        print(cni_chain_advice(root, settings))
     if result.front == "nri":
         why = "to " + ("make containerd require the agent, then " if result.containerd_changed else "") + (
             "start the agent as containerd's NRI plugin"
@@ -1626,6 +1747,20 @@ def _run_install(args: argparse.Namespace) -> int:
     else:
         why = "to start the shim and point kubelet at it"
     return _systemctl(args.enable_now, install_steps(result.front, result.containerd_changed), why)
+
+
+def cni_chain_advice(root: Path, settings: NodeSettings) -> str:
+    """What to do about the network config after install: nothing when it chains the plugin, else
+    the stanza to add (install never edits it: the network add-on owns and rewrites it)."""
+    where, problems = chain_status(root, settings.cni_conf_dir, settings.node_name, settings.keys_dir)
+    if not problems:
+        return f"kubegpu-cni is chained in {where}"
+    stanza = json.dumps(chain_stanza(settings.node_name, settings.keys_dir))
+    return (
+        f"kubegpu-cni is not chained yet ({where}: {'; '.join(problems)}); install does not edit the "
+        "network config (the network add-on owns it), so add this entry to its \"plugins\", after the "
+        f"primary network's (docs/cni.md):\n  {stanza}"
+    )
 
 
 def _systemctl(now: bool, steps: Sequence[Sequence[str]], why: str) -> int:

@@ -19,6 +19,7 @@ from tests.support.cnilab import NetLab, ip
 pytestmark = pytest.mark.timeout(180)
 
 ANNOTATION = "kubegpu.io/allocation"
+RDMA_INTERFACES = "kubegpu.io/rdma-interfaces"
 UID = "uid-1"  # the lab's default pod (default/train) has this UID in CNI_ARGS
 
 
@@ -134,6 +135,30 @@ def test_pod_without_rdma_allocation_passes_through(lab: NetLab) -> None:
     assert not_k8s.rc == 0 and not_k8s.doc == prev
     assert lab.cni("CHECK", "c1", pod, annotations={}).rc == 0
     assert lab.cni("DEL", "c1", pod).rc == 0
+    _untouched(lab, pod)
+
+
+def test_a_pod_asking_for_interfaces_without_them_in_its_allocation_is_refused(lab: NetLab) -> None:
+    from kubegpu.allocation import Allocation, ContainerAllocation, sign
+    from tests.fixtures.keys import KEY, KEY_ID
+
+    pod = lab.pod_netns("p1")
+    gpus_only = sign(Allocation("node-a", UID, {"app": ContainerAllocation(("GPU-1",))}), KEY_ID, KEY)
+    for passed, why in (
+        ({RDMA_INTERFACES: "2"}, "carries no kubegpu allocation"),
+        ({RDMA_INTERFACES: "two"}, "carries no kubegpu allocation"),  # unreadable: asks all the same
+        ({RDMA_INTERFACES: "1", ANNOTATION: gpus_only}, "its allocation holds none"),
+    ):
+        run = lab.cni("ADD", "c1", pod, annotations=passed)
+        assert run.rc == 1 and run.doc is not None, run.stderr
+        assert run.doc["code"] == 106, run.doc
+        assert "default/train" in run.doc["msg"] and RDMA_INTERFACES in run.doc["msg"], run.doc
+        assert why in run.doc["msg"], run.doc
+        _untouched(lab, pod)
+    prev = lab.config()["prevResult"]
+    for passed in ({RDMA_INTERFACES: "0"}, {RDMA_INTERFACES: "0", ANNOTATION: gpus_only}):
+        run = lab.cni("ADD", "c1", pod, annotations=passed)  # asks for none: passes through
+        assert run.rc == 0 and run.doc == prev, run.stderr
     _untouched(lab, pod)
 
 

@@ -368,6 +368,24 @@ def test_an_endless_key_is_refused_not_read_whole(
     assert list(node.iterdir()) == []
 
 
+def test_no_file_is_written_through_a_symlink_out_of_the_root(
+    root: Path,
+    containerd: Containerd,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """/etc/systemd under --root leading out of it: install refuses instead of writing the unit
+    there (its record would name a path uninstall refuses to touch)."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (root / "etc/systemd").symlink_to(outside, target_is_directory=True)
+    before = tree(tmp_path)
+    code, _, err = run(capsys, monkeypatch, *install_args(root, containerd))
+    assert code == 2 and "/etc/systemd/system/kubegpu-crishim.service leads outside --root" in err, err
+    assert tree(tmp_path) == before
+
+
 # ------------------------------------------------------------------------- a tampered record
 
 
@@ -391,6 +409,8 @@ def tampered(root: Path, outside: Path, case: str) -> dict[str, object]:
         pending[escape] = [digest]
     elif case == "keys-dir":
         return {"settings": {"keys_dir": "/etc/kubegpu/../../.."}, "files": files, "dirs": dirs}
+    elif case == "cni-bin-dir":  # the launcher's directory, as --cni-bin-dir recorded it
+        return {"settings": {"cni_bin_dir": "/opt/../../.."}, "files": files, "dirs": dirs}
     doc: dict[str, object] = {"version": "0", "settings": {}, "files": files, "dirs": dirs}
     if pending:
         doc["pending"] = pending
@@ -407,6 +427,7 @@ def tampered(root: Path, outside: Path, case: str) -> dict[str, object]:
         "symlinked-dir",
         "pending",
         "keys-dir",
+        "cni-bin-dir",
     ],
 )
 def test_uninstall_refuses_a_record_that_leaves_the_root(

@@ -81,9 +81,8 @@ def allocated_vfs(request: Request) -> tuple[RdmaInterface, ...]:
     found = read_annotations(
         request.pod, request.pod_annotations(), request.config.kubeconfig, request.config.api_timeout
     )
-    if ANNOTATION not in found.annotations:
-        return ()
-    return decide(request.pod, found, node_keys(request.config.keys_dir), node_name(request))
+    keys = node_keys(request.config.keys_dir) if ANNOTATION in found.annotations else {}
+    return decide(request.pod, found, keys, node_name(request))
 
 
 def _interfaces(record: Record) -> list[dict[str, Any]]:

@@ -18,8 +18,23 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from kubegpu.allocation import ANNOTATION, AllocationError, KeyRing, RdmaInterface, verify
-from kubegpu.cni.protocol import ALLOCATION_REJECTED, INVALID_CONFIG, POD_UNKNOWN, CniError, PodRef
+from kubegpu.allocation import (
+    ANNOTATION,
+    RDMA_INTERFACES_ANNOTATION,
+    AllocationError,
+    KeyRing,
+    RdmaInterface,
+    asks_rdma,
+    verify,
+)
+from kubegpu.cni.protocol import (
+    ALLOCATION_REJECTED,
+    INVALID_CONFIG,
+    POD_UNKNOWN,
+    RDMA_UNALLOCATED,
+    CniError,
+    PodRef,
+)
 
 
 @dataclass(frozen=True)
@@ -40,8 +55,9 @@ def read_annotations(
     if not kubeconfig:
         raise CniError(
             INVALID_CONFIG,
-            f"pod {pod}: the runtime passed no pod annotations (declare capability "
-            "io.kubernetes.cri.pod-annotations) and the config names no kubeconfig to read them",
+            f"pod {pod}: the runtime passed no pod annotations and the config names no kubeconfig "
+            "to read them (declare capability io.kubernetes.cri.pod-annotations; containerd passes "
+            "none for a sandbox without annotations, which kubelet never sends)",
         )
     from kubernetes import client  # imported only when needed: it is slow to import
     from kubernetes.client.exceptions import ApiException
@@ -70,10 +86,14 @@ def read_annotations(
 def decide(
     pod: PodRef, found: PodAnnotations, keys: Mapping[str, object], node_name: str
 ) -> tuple[RdmaInterface, ...]:
-    """The VFs the pod holds on this node (empty: nothing to attach), or CniError(ALLOCATION_REJECTED)
-    when its allocation is unsigned, badly signed, or meant for another pod or node."""
+    """The VFs the pod holds on this node (empty: nothing to attach), or CniError:
+    ALLOCATION_REJECTED when its allocation is unsigned, badly signed, or meant for another pod or
+    node; RDMA_UNALLOCATED when the pod asks for RDMA interfaces (``kubegpu.io/rdma-interfaces``,
+    as the shim reads it) and carries no allocation, or one without ``rdma``. ``keys`` are read
+    only when the pod carries an allocation."""
     value = found.annotations.get(ANNOTATION)
     if value is None:
+        _refuse_unallocated(pod, found, "carries no kubegpu allocation")
         return ()
     try:
         allocation = verify(value, keys)  # type: ignore[arg-type]
@@ -88,7 +108,21 @@ def decide(
             f"pod {pod}: no pod UID to check the allocation against (CNI_ARGS has no K8S_POD_UID; "
             "give the config a kubeconfig)",
         )
+    if not allocation.rdma:
+        _refuse_unallocated(pod, found, "its allocation holds none")
     return allocation.rdma
+
+
+def _refuse_unallocated(pod: PodRef, found: PodAnnotations, why: str) -> None:
+    """CniError(RDMA_UNALLOCATED) when the pod's annotations ask for RDMA interfaces: it was not
+    scheduled by kubegpu (or its allocation was replaced), and would start without them."""
+    if asks_rdma(found.annotations):
+        asked = str(found.annotations.get(RDMA_INTERFACES_ANNOTATION))[:64]
+        raise CniError(
+            RDMA_UNALLOCATED,
+            f"pod {pod}: asks for RDMA interfaces ({RDMA_INTERFACES_ANNOTATION}={asked!r}) but {why} "
+            "(was it scheduled by kubegpu?)",
+        )
 
 
 def node_keys(keys_dir: str) -> Mapping[str, object]:

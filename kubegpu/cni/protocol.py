@@ -36,6 +36,7 @@ VF_UNAVAILABLE = 102  # an allocated VF is not on this node now (vanished from s
 VF_HELD = 103  # an allocated VF is attached to another container
 ATTACH_FAILED = 104  # netlink refused a move, a rename or a bandwidth setting
 CHECK_FAILED = 105  # CHECK: an interface is not where ADD put it
+RDMA_UNALLOCATED = 106  # the pod asks for RDMA interfaces but its allocation holds none
 
 DEFAULTS: dict[str, Any] = {
     "nodeName": None,  # default: the hostname in lowercase (as kubelet's and the shim's)

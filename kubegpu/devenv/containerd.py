@@ -209,6 +209,9 @@ class Containerd:
     # config is written, so containerd reports the network ready (kubelet marks its Node Ready
     # only then); pods still use the host network.
     cni_bin_dir: Path | None = None
+    # with cni_bin_dir: the network config (a conflist's JSON text) written instead of the
+    # loopback-only one, so pods that are not on the host network get that network
+    cni_conflist: str | None = None
     # containerd 2.x only: turn NRI on with its socket here (None: NRI off).
     nri_socket: Path | None = None
     # with nri_socket: plugins (by name, without their index) containerd requires for every create
@@ -260,7 +263,8 @@ class Containerd:
             (self.base / sub).mkdir(parents=True, exist_ok=True)
         self._write_config(self.registry.host)
         if self.cni_bin_dir is not None:
-            (self.base / "cni" / "conf" / "10-loopback.conflist").write_text(LOOPBACK_CONFLIST)
+            name = "10-loopback.conflist" if self.cni_conflist is None else "10-pods.conflist"
+            (self.base / "cni" / "conf" / name).write_text(self.cni_conflist or LOOPBACK_CONFLIST)
         self._launch(timeout)
         self.import_image(PAUSE_IMAGE, ["/bin/sleep", "2000000000"])
         self.import_image(BUSYBOX_IMAGE, ["/bin/sh"])

@@ -7,7 +7,10 @@
   bandwidth goes through ``TcApplier`` (``"bandwidth": "tc"``) unless a test wants VF rates to fail;
 - a fake sysfs tree (``tests.test_devices_rdma.FakeSysfs``, plus ``net/<ifname>`` and ``virtfnN``)
   whose VFs' netdev names are those interfaces;
-- pod namespaces, each its own ``ip netns``.
+- pod namespaces, each its own ``ip netns``;
+- with ``verbs=True``, each RDMA device also has its verbs node (``uverbs<N>``, ``UVERBS``) as a
+  real character device under ``<root>/dev/infiniband``, with ``rdma_cm``, so that the shim's RDMA
+  plugin reads the same machine (tests/support/rdmanode.py's device numbers; nothing opens them).
 
 Every namespace is deleted by ``close`` (the interfaces in them go with them).
 """
@@ -27,6 +30,7 @@ from typing import Any
 from kubegpu.allocation import Allocation, RdmaInterface, sign
 from tests.fixtures.common import missing_component
 from tests.fixtures.keys import KEY, KEY_ID, write_node_keys
+from tests.support.rdmanode import RDMA_CM_NUMBERS, char_node
 from tests.test_devices_rdma import ACTIVE, EDR, NIC0, NIC1, FakeSysfs
 
 NODE = "node-a"
@@ -39,6 +43,7 @@ VFS = {
     "mlx5_5": (PF1, "vfnet3"),
 }
 PF_NETDEVS = {PF0: "pfnet0", PF1: "pfnet1"}
+UVERBS = {PF0: 0, PF1: 1, "mlx5_2": 2, "mlx5_3": 3, "mlx5_4": 4, "mlx5_5": 5}  # with verbs=True
 
 
 def plugin_executable() -> str:
@@ -63,7 +68,7 @@ class CniRun:
 class NetLab:
     """Namespaces, stand-in netdevs and a fake sysfs for one test (see the module docstring)."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, verbs: bool = False) -> None:
         if os.geteuid() != 0 or shutil.which("ip") is None:
             missing_component("kubegpu-cni tests need root and iproute2's ip (network namespaces)")
         self.tmp = tmp
@@ -80,17 +85,28 @@ class NetLab:
         self.pci: dict[str, Path] = {}
         for pf, chain in ((PF0, NIC0), (PF1, NIC1)):
             path = self.sysfs.pci(*chain, numa=0)
-            self.sysfs.ib(pf, path, [(EDR, ACTIVE, "Ethernet")], uverbs=None, num_vfs=3)
+            self.sysfs.ib(pf, path, [(EDR, ACTIVE, "Ethernet")], uverbs=self._verbs(pf, verbs), num_vfs=3)
             self.pci[pf] = path
             self.add_netdev(PF_NETDEVS[pf], path)
         counters = {PF0: 0, PF1: 0}
         for k, (vf, (pf, netdev)) in enumerate(VFS.items()):
             path = self.sysfs.pci(*NIC0[:-1], f"0000:04:01.{k}", numa=0)
-            self.sysfs.ib(vf, path, [(EDR, ACTIVE, "Ethernet")], uverbs=None, physfn=self.pci[pf])
+            self.sysfs.ib(
+                vf, path, [(EDR, ACTIVE, "Ethernet")], uverbs=self._verbs(vf, verbs), physfn=self.pci[pf]
+            )
             (self.pci[pf] / f"virtfn{counters[pf]}").symlink_to(os.path.relpath(path, self.pci[pf]))
             counters[pf] += 1
             self.pci[vf] = path
             self.add_netdev(netdev, path)
+        if verbs:
+            self.sysfs.rdma_cm()
+            for n in UVERBS.values():
+                char_node(self.root / f"dev/infiniband/uverbs{n}", (231, 192 + n))
+            char_node(self.root / "dev/infiniband/rdma_cm", RDMA_CM_NUMBERS)
+
+    @staticmethod
+    def _verbs(device: str, verbs: bool) -> int | None:
+        return UVERBS[device] if verbs else None
 
     # --- namespaces and links ---------------------------------------------------------------
 

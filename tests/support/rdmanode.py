@@ -29,7 +29,8 @@ def uverbs_number(device: str) -> tuple[int, int]:
     return 231, 192 + UVERBS[device]
 
 
-def _char_node(path: Path, numbers: tuple[int, int]) -> None:
+def char_node(path: Path, numbers: tuple[int, int]) -> None:
+    """A character device node at ``path`` (mode 0666) with the device ``numbers``."""
     if path.exists():
         path.unlink()
     os.mknod(path, stat.S_IFCHR | 0o666, os.makedev(*numbers))
@@ -53,8 +54,8 @@ def build_sriov_machine(root: Path) -> Path:
     fs.rdma_cm()
     dev = root / "dev/infiniband"
     for device, n in UVERBS.items():
-        _char_node(dev / f"uverbs{n}", uverbs_number(device))
-    _char_node(dev / "rdma_cm", RDMA_CM_NUMBERS)
+        char_node(dev / f"uverbs{n}", uverbs_number(device))
+    char_node(dev / "rdma_cm", RDMA_CM_NUMBERS)
     return dev
 
 
