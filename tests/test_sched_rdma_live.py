@@ -5,8 +5,10 @@ bound pods' VFs are booked from it, and bad or impossible requests get their Eve
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 from crishim.advertiser import publication
+from devices.model import NodeInventory
 from kubegpu.allocation import ANNOTATION, verify
 from tests.support.rdmainv import Pf, rdma_inventory
 from tests.support.schedworld import KEYS, Feed, World, drive, make_scheduler, node_json, pod_json
@@ -119,3 +121,48 @@ def test_more_interfaces_than_any_node_has_waits_with_the_reason_and_preempts_no
     assert world.node_of("greedy") is None and not sched.nominated
     messages = core.failed_events("greedy")
     assert messages and not any("Preempting" in m for m in messages), messages
+
+
+def test_a_held_vf_that_turns_unhealthy_keeps_its_pfs_bandwidth_reserved() -> None:
+    """A VF goes out of use (its health, or its PF's) while a bound pod holds it: nobody new gets it,
+    and the bandwidth the pod reserved on its PF stays reserved (the node still applies that pod's
+    minimum rate there). Before, the VF's booking was dropped with it, so a second pod got the
+    PF's other VF with that bandwidth and the PF was reserved past its line rate."""
+    world = World()
+    inv = rdma_inventory("one", [0, 0], [Pf("mlx5_0", 100, 0, (0, 1), vfs=2)])
+    world.put_node(node_json("one", 2, inventory=publication(inv).inventory))
+    sched, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, sched)
+    feed.relist()
+    asks = {"kubegpu.io/rdma-interfaces": "1", "kubegpu.io/rdma-bandwidth": "60Gbps"}
+    world.put_pod(pod_json("first", 0, annotations=asks))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("first") == "one"
+    pod = world.find("ns", "first")
+    assert pod is not None
+    held = verify(pod["metadata"]["annotations"][ANNOTATION], KEYS).rdma[0].device
+    for sick_pf in (False, True):
+        devices = tuple(
+            replace(d, healthy=False) if d.id == held or (sick_pf and d.id == "mlx5_0") else d
+            for d in inv.devices
+        )
+        sick = NodeInventory(devices, inv.topology)
+        world.put_node(node_json("one", 2, inventory=publication(sick).inventory))
+        name = f"second-{int(sick_pf)}"
+        world.put_pod(pod_json(name, 0, annotations=asks))
+        drive(sched, jobs, feed, clock)
+        assert world.node_of(name) is None, f"{name} got the PF's bandwidth that {held}'s pod reserved"
+        assert core.failed_events(name)[-1] == (
+            "0/1 nodes are available: 1 node(s) had insufficient RDMA bandwidth."
+            if not sick_pf
+            else "0/1 nodes are available: 1 node(s) had too few free RDMA virtual functions."
+        ), core.failed_events(name)
+        pf = sched.cache.view().node("one").nics.pfs["mlx5_0"]
+        assert pf.reserved_mbps == 60_000 and pf.held == {held: 1}
+        second = world.find("ns", name)
+        assert second is not None
+        world.delete_pod(second["metadata"]["uid"])
+    world.put_node(node_json("one", 2, inventory=publication(inv).inventory))
+    world.put_pod(pod_json("third", 0, annotations={**asks, "kubegpu.io/rdma-bandwidth": "40Gbps"}))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("third") == "one"  # the other VF, with the 40G left

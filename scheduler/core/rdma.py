@@ -140,6 +140,9 @@ class PfState:
     gpus: frozenset[str] = frozenset()  # GPU ids on its PCIe switch
     vfs: tuple[str, ...] = ()  # its usable (healthy) VFs, in order
     reserved_mbps: int = 0
+    # its VFs out of use (unhealthy, or all of them while the PF is): never free, but a pod that
+    # holds one keeps its booking, and the bandwidth it reserved stays reserved
+    unusable: tuple[str, ...] = ()
     held: dict[str, int] = field(default_factory=dict)  # VF id -> bookings (more than 1: overbooked)
 
     def free_vfs(self) -> list[str]:
@@ -162,11 +165,15 @@ def _slots(free: int, left_mbps: int, min_mbps: int) -> int:
 
 
 class NicState:
-    """A node's PFs and their VFs (see module doc); ``pf_of`` maps every usable VF to its PF."""
+    """A node's PFs and their VFs (see module doc); ``pf_of`` maps every usable VF to its PF,
+    ``booked_on`` every VF a booking counts on (the usable ones and those out of use)."""
 
     def __init__(self, pfs: Iterable[PfState] = ()) -> None:
         self.pfs: dict[str, PfState] = {pf.id: pf for pf in pfs}
         self.pf_of: dict[str, str] = {vf: pf.id for pf in self.pfs.values() for vf in pf.vfs}
+        self.booked_on: dict[str, str] = {
+            vf: pf.id for pf in self.pfs.values() for vf in (*pf.vfs, *pf.unusable)
+        }
 
     def __bool__(self) -> bool:
         return bool(self.pf_of)
@@ -189,7 +196,7 @@ class NicState:
         gone: dict[str, int] = {}  # VF id -> bookings released
         freed: dict[str, int] = {}  # PF id -> Mbit/s released
         for grant in released:
-            pf_id = self.pf_of.get(grant.id)
+            pf_id = self.booked_on.get(grant.id)
             if pf_id is not None:
                 gone[grant.id] = gone.get(grant.id, 0) + 1
                 freed[pf_id] = freed.get(pf_id, 0) + grant.min_mbps
@@ -231,7 +238,7 @@ class NicState:
         """The ids of ``grants`` (booked here) now held twice or on a PF reserved past its rate."""
         out = []
         for grant in grants:
-            pf_id = self.pf_of.get(grant.id)
+            pf_id = self.booked_on.get(grant.id)
             if pf_id is None:
                 continue
             pf = self.pfs[pf_id]
@@ -240,13 +247,14 @@ class NicState:
         return out
 
     def missing(self, grants: Iterable[VfGrant]) -> list[str]:
-        """The VF ids of ``grants`` this node does not list as usable."""
-        return [g.id for g in grants if g.id not in self.pf_of]
+        """The VF ids of ``grants`` this node does not list (usable or out of use)."""
+        return [g.id for g in grants if g.id not in self.booked_on]
 
     def apply(self, grants: Iterable[VfGrant], sign: int) -> None:
-        """Book (``sign=1``) or release (``-1``) ``grants``, unconditionally; unknown VFs are skipped."""
+        """Book (``sign=1``) or release (``-1``) ``grants``, unconditionally, VFs out of use included
+        (their pods still hold them and their bandwidth); VFs the node does not list are skipped."""
         for grant in grants:
-            pf_id = self.pf_of.get(grant.id)
+            pf_id = self.booked_on.get(grant.id)
             if pf_id is None:
                 continue
             pf = self.pfs[pf_id]
@@ -275,7 +283,9 @@ def nic_state(inventory: NodeInventory) -> NicState:
     A VF is an RDMA device with attribute ``function: vf``; its PF is named by ``parentDevice``
     (the PF's RDMA name) or ``parentPf`` (its PCI address). Every other RDMA device is a PF. A VF
     is usable while it and its PF are healthy; a PF without usable VFs, or whose rate is unknown,
-    offers no interface. A PF's GPUs are those ``Topology.nic_gpus`` lists for it or its VFs.
+    offers no interface, but a PF with a rate keeps its VFs out of use (``PfState.unusable``) so
+    the pods that hold them stay booked. A PF's GPUs are those ``Topology.nic_gpus`` lists for it
+    or its VFs.
     """
     rdma = inventory.by_kind(DeviceKind.RDMA)
     pfs = [d for d in rdma if d.attributes.get("function", "pf") != "vf"]
@@ -296,10 +306,11 @@ def nic_state(inventory: NodeInventory) -> NicState:
         mine = sorted(vfs.get(pf.id, []), key=lambda d: (d.index, d.id))
         usable = tuple(v.id for v in mine if v.healthy) if pf.healthy else ()
         rate = rate_mbps(pf)
-        if not usable or not rate:
+        if not mine or not rate:
             continue
         gpus = frozenset(near.get(pf.id, ())).union(*(near.get(v.id, ()) for v in mine))
-        states.append(PfState(pf.id, rate, pf.numa_node, gpus, usable))
+        unusable = tuple(v.id for v in mine if v.id not in usable)
+        states.append(PfState(pf.id, rate, pf.numa_node, gpus, usable, unusable=unusable))
     return NicState(states)
 
 
