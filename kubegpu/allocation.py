@@ -79,15 +79,19 @@ SHARE_ANNOTATIONS = (GPU_MILLI_ANNOTATION, GPU_MEMORY_ANNOTATION)
 RDMA_INTERFACES_ANNOTATION = "kubegpu.io/rdma-interfaces"
 
 
+# A count of zero as the scheduler reads the annotation (scheduler/live/podspec.py: ASCII digits,
+# spaces or tabs around): "0", "00", " 0\t"
+_ZERO_COUNT = re.compile(r"[ \t]*0+[ \t]*")
+
+
 def asks_rdma(annotations: Mapping[str, str]) -> bool:
     """Whether a pod's annotations ask for RDMA interfaces: ``kubegpu.io/rdma-interfaces`` set to
-    anything but a count of zero (a value the scheduler would not read asks too: such a pod was
-    not scheduled by kubegpu)."""
+    anything but a count of zero as the scheduler reads it (a value the scheduler would not read
+    asks too: such a pod was not scheduled by kubegpu)."""
     raw = annotations.get(RDMA_INTERFACES_ANNOTATION)
     if raw is None:
         return False
-    value = str(raw)
-    return not (value.isascii() and value.isdigit() and int(value) == 0)
+    return _ZERO_COUNT.fullmatch(str(raw)) is None
 
 
 SigningKey = Ed25519PrivateKey

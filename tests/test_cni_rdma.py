@@ -156,7 +156,12 @@ def test_a_pod_asking_for_interfaces_without_them_in_its_allocation_is_refused(l
         assert why in run.doc["msg"], run.doc
         _untouched(lab, pod)
     prev = lab.config()["prevResult"]
-    for passed in ({RDMA_INTERFACES: "0"}, {RDMA_INTERFACES: "0", ANNOTATION: gpus_only}):
+    for passed in (
+        {RDMA_INTERFACES: "0"},
+        {RDMA_INTERFACES: "0", ANNOTATION: gpus_only},
+        {RDMA_INTERFACES: " 00\t"},  # none, as the scheduler reads it (it placed the pod so)
+        {RDMA_INTERFACES: "0 ", ANNOTATION: gpus_only},
+    ):
         run = lab.cni("ADD", "c1", pod, annotations=passed)  # asks for none: passes through
         assert run.rc == 0 and run.doc == prev, run.stderr
     _untouched(lab, pod)

@@ -283,7 +283,8 @@ def test_a_pod_asking_for_rdma_interfaces_without_them_is_refused(machine: Path)
     gpu_only = rdma_allocation(NODE, UID_A, [], containers={"app": [PF]})
     error = refused(rewriter, request(UID_A, gpu_only, annotations={RDMA_INTERFACES_ANNOTATION: "1"}))
     assert "its allocation holds none" in error.message
-    create(rewriter, request(UID_A, None, annotations={RDMA_INTERFACES_ANNOTATION: "0"}))  # asks for none
+    for zero in ("0", "00", " 0", "0\t"):  # none, as the scheduler reads it: it placed the pod so
+        create(rewriter, request(UID_A, None, annotations={RDMA_INTERFACES_ANNOTATION: zero}))
     assert held(rewriter) == []
 
 
@@ -303,7 +304,10 @@ def test_a_rebuild_from_the_marks_keeps_the_vfs_pod_wide(machine: Path) -> None:
     assert held(restarted) == []
 
 
-@pytest.mark.parametrize(("value", "asks"), [("2", True), ("0", False), ("two", True), ("", True)])
+@pytest.mark.parametrize(
+    ("value", "asks"),
+    [("2", True), ("0", False), (" 0", False), ("00\t", False), ("two", True), ("", True), ("\u0660", True)],
+)
 def test_a_pod_read_from_the_api_asking_for_rdma_interfaces_needs_an_allocation(
     value: str, asks: bool
 ) -> None:
@@ -322,6 +326,10 @@ def test_a_pod_read_from_the_api_asking_for_rdma_interfaces_needs_an_allocation(
         },
         "spec": {"containers": [{"name": "app", "image": "x"}]},
     }
+    try:  # the node asks exactly when the scheduler reads a count above 0, or cannot read it
+        assert asks == bool(podspec.rdma_request({RDMA_INTERFACES_ANNOTATION: value}))
+    except podspec.PodSpecError:
+        assert asks
     if asks:
         with pytest.raises(Rejected, match=f"requests {RDMA_INTERFACES_ANNOTATION} but carries no kubegpu"):
             decide(facts_of(pod, ("nvidia.com/gpu",)))
