@@ -355,3 +355,21 @@ def test_annotations_and_uid_from_the_api(
         _untouched(lab, pod)
     finally:
         forward.close()
+
+
+def test_default_max_rate_below_the_allocated_minimum_never_caps_it_below(lab: NetLab) -> None:
+    """The scheduler reserved 2 Gbit/s for the VF on its PF; a node's defaultMaxRate of 500 Mbit/s
+    (a cap for VFs whose allocation gives none) must not cap it below that minimum: the pod gets
+    what was reserved for it (before, the cap went under the minimum: a tc class whose ceil is below
+    its rate, and under vf-rate a min_tx_rate above max_tx_rate, which the kernel refuses, so such
+    a pod never started)."""
+    pod = lab.pod_netns("p1")
+    ann = _alloc(lab, [("mlx5_2", 2000, 0), ("mlx5_3", 100, 0)])
+    run = lab.cni("ADD", "c1", pod, annotations=ann, config=lab.config(defaultMaxRate="500Mbps"))
+    assert run.rc == 0, run.stderr
+    assert "rate 2Gbit ceil 2Gbit" in lab.tc_classes(pod, "rdma0")
+    assert "rate 100Mbit ceil 500Mbit" in lab.tc_classes(pod, "rdma1")
+    record = json.loads((lab.state / "c1.json").read_text())
+    assert [(a["min_mbps"], a["max_mbps"]) for a in record["attachments"]] == [(2000, 2000), (100, 500)]
+    checked = lab.cni("CHECK", "c1", pod, annotations=ann, config=lab.config(defaultMaxRate="500Mbps"))
+    assert checked.rc == 0, checked.stderr

@@ -173,7 +173,7 @@ def _plan(request: Request, vfs: tuple[RdmaInterface, ...], state: StateDir) -> 
                 pf_ifname=netdev.pf_ifname,
                 vf_index=netdev.vf_index,
                 min_mbps=vf.min_mbps,
-                max_mbps=vf.max_mbps or request.config.default_max_mbps,
+                max_mbps=vf.max_mbps or _default_cap(request.config.default_max_mbps, vf.min_mbps),
             )
         )
     return Record(
@@ -185,6 +185,13 @@ def _plan(request: Request, vfs: tuple[RdmaInterface, ...], state: StateDir) -> 
         phase="attaching",
         attachments=attachments,
     )
+
+
+def _default_cap(default_max_mbps: int, min_mbps: int) -> int:
+    """The cap of a VF whose allocation gives none: the config's ``defaultMaxRate`` (0: none), never
+    below the minimum the scheduler reserved for it (the kernel refuses a min_tx_rate above the
+    max_tx_rate)."""
+    return max(default_max_mbps, min_mbps) if default_max_mbps else 0
 
 
 def _release_one(request: Request, attachment: Attachment, netns: str) -> str | None:
