@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -73,10 +74,12 @@ def network_config(conf_dir: Path) -> tuple[Path | None, dict[str, Any] | str]:
     return path, doc
 
 
-def chain_problems(doc: dict[str, Any], node_name: str | None, keys_dir: str) -> list[str]:
+def chain_problems(doc: dict[str, Any], node_name: str | None, keys_dir: str, hostname: str) -> list[str]:
     """Why a network config does not give pods kubegpu-cni as docs/cni.md shows (empty: it does):
     a conflist whose plugins hold one entry of type kubegpu-cni, after the primary network's,
-    asking for the pod annotations, with this install's keys directory and node name."""
+    asking for the pod annotations, with this install's keys directory and node name (the shim's
+    ``node_name``, or ``hostname`` in lowercase as both take without one; a stanza without
+    ``nodeName`` has the plugin take the hostname too)."""
     plugins = doc.get("plugins")
     if not isinstance(plugins, list):
         return [f"a single-plugin config ({doc.get('type', '?')}), not a conflist: nothing is chained"]
@@ -96,8 +99,14 @@ def chain_problems(doc: dict[str, Any], node_name: str | None, keys_dir: str) ->
     plugin_keys = ours.get("keysDir", DEFAULT_PLUGIN_KEYS_DIR)
     if plugin_keys != keys_dir:
         problems.append(f"its keysDir is {plugin_keys}, the shim's keys are in {keys_dir}")
-    if node_name and ours.get("nodeName", node_name) != node_name:
-        problems.append(f"its nodeName is {ours.get('nodeName')}, this node is {node_name}")
+    node, plugin_node = node_name or hostname.lower(), ours.get("nodeName")
+    if plugin_node is not None and plugin_node != node:
+        problems.append(f"its nodeName is {plugin_node}, this node is {node}")
+    elif plugin_node is None and hostname.lower() != node:
+        problems.append(
+            f"it names no nodeName, so the plugin takes the hostname {hostname.lower()}, this node is {node}"
+            " (give the stanza its nodeName)"
+        )
     return problems
 
 
@@ -108,7 +117,7 @@ def chain_status(root: Path, conf_dir: str, node_name: str | None, keys_dir: str
     where = "/" + str(conf.relative_to(root)) if conf is not None else conf_dir
     if isinstance(doc, str):
         return where, [doc]
-    return where, chain_problems(doc, node_name, keys_dir)
+    return where, chain_problems(doc, node_name, keys_dir, socket.gethostname())
 
 
 def plugin_versions(executable: Path, timeout: float = 30.0) -> list[str] | str:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -123,6 +124,11 @@ def test_install_writes_a_launcher_that_runs_the_plugin_and_uninstall_removes_it
     for wrong, message in (
         ({**stanza, "keysDir": "/etc/other-keys"}, "its keysDir is /etc/other-keys, the shim's keys are in"),
         ({**stanza, "nodeName": "gpu-8"}, "its nodeName is gpu-8, this node is gpu-7"),
+        (  # the plugin would take the hostname, not the shim's --node-name: every allocation refused
+            {k: v for k, v in stanza.items() if k != "nodeName"},
+            f"it names no nodeName, so the plugin takes the hostname {socket.gethostname().lower()}, "
+            "this node is gpu-7",
+        ),
         ({"type": "kubegpu-cni", "keysDir": "/etc/kubegpu/keys"}, 'it lacks "capabilities"'),
     ):
         network(root, wrong)
