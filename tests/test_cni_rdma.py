@@ -373,3 +373,20 @@ def test_default_max_rate_below_the_allocated_minimum_never_caps_it_below(lab: N
     assert [(a["min_mbps"], a["max_mbps"]) for a in record["attachments"]] == [(2000, 2000), (100, 500)]
     checked = lab.cni("CHECK", "c1", pod, annotations=ann, config=lab.config(defaultMaxRate="500Mbps"))
     assert checked.rc == 0, checked.stderr
+
+
+def test_add_into_the_hosts_own_namespace_is_refused(lab: NetLab) -> None:
+    """CNI_NETNS naming the namespace the plugin runs in (the host's: ``/proc/self/ns/net``, or a
+    bind mount of it): the VFs would only be renamed in the host and reported attached (before,
+    ADD answered success with rdma0 left in the host). Refused, nothing moved."""
+    ann = _alloc(lab, [("mlx5_2", 1000, 0)])
+    for netns in ("/proc/self/ns/net", f"/run/netns/{lab.host}"):
+        run = lab.cni("ADD", "c1", netns, annotations=ann)
+        assert run.rc == 1 and run.doc is not None and run.doc["code"] == 4, (netns, run.stderr)
+        assert "the host's own network namespace" in run.doc["msg"], run.doc
+        assert HOST_VFS <= set(lab.links()) and "rdma0" not in lab.links()
+        assert not list(lab.state.glob("*.json"))
+    prev = lab.config()["prevResult"]
+    run = lab.cni("ADD", "c1", "/proc/self/ns/net", annotations={})  # no VFs: nothing to move
+    assert run.rc == 0 and run.doc == prev, run.stderr
+

@@ -71,6 +71,16 @@ def netns_exists(path: str) -> bool:
         os.close(fd)
 
 
+def is_own_netns(path: str) -> bool:
+    """Whether ``path`` names this process's own network namespace (the host's, for the plugin):
+    ``/proc/self/ns/net``, ``/proc/1/ns/net`` on the host, a bind mount of it, ..."""
+    try:
+        theirs, ours = os.stat(path), os.stat("/proc/self/ns/net")
+    except OSError:
+        return False
+    return (theirs.st_dev, theirs.st_ino) == (ours.st_dev, ours.st_ino)
+
+
 def find(handle: IPRoute, ifname: str) -> Any | None:
     """The link called ``ifname`` in ``handle``'s namespace, or None."""
     indexes = handle.link_lookup(ifname=ifname)

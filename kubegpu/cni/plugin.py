@@ -22,6 +22,7 @@ from kubegpu.cni.protocol import (
     ATTACH_FAILED,
     CHECK_FAILED,
     INVALID_CONFIG,
+    INVALID_ENVIRONMENT,
     NOT_AVAILABLE,
     VALID_ATTACHMENTS,
     VF_HELD,
@@ -93,6 +94,12 @@ def add(request: Request) -> dict[str, Any]:
     vfs = allocated_vfs(request)
     if not vfs:
         return _passthrough(request, "the pod holds no RDMA VF")
+    if links.is_own_netns(request.netns):
+        raise CniError(
+            INVALID_ENVIRONMENT,
+            f"pod {request.pod}: CNI_NETNS {request.netns[:200]} is the host's own network namespace: "
+            "its VFs would stay in the host",
+        )
     state = StateDir(request.config.state_dir)
     with state.locked(request.config.lock_timeout):
         existing = state.load(request.container_id)
