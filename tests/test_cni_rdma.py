@@ -390,3 +390,23 @@ def test_add_into_the_hosts_own_namespace_is_refused(lab: NetLab) -> None:
     run = lab.cni("ADD", "c1", "/proc/self/ns/net", annotations={})  # no VFs: nothing to move
     assert run.rc == 0 and run.doc == prev, run.stderr
 
+
+def test_a_malformed_prev_result_is_a_decode_error(lab: NetLab) -> None:
+    """The previous plugin's result is passed on with the VFs appended; one that is not an object,
+    or whose interfaces are not a list, is code 6 (before: a list of characters passed on, or
+    code 199, an internal error)."""
+    pod = lab.pod_netns("p1")
+    for prev, what in (
+        ({"cniVersion": "1.1.0", "interfaces": "eth0"}, "prevResult.interfaces is not a list"),
+        ({"cniVersion": "1.1.0", "interfaces": 5}, "prevResult.interfaces is not a list"),
+        ([{"interfaces": []}], "prevResult is not a JSON object"),
+    ):
+        for passed in ({}, _alloc(lab, [("mlx5_2", 1000, 0)])):
+            run = lab.cni("ADD", "c1", pod, annotations=passed, config=lab.config(prevResult=prev))
+            assert run.rc == 1 and run.doc is not None and run.doc["code"] == 6, (prev, run.doc)
+            assert run.doc["msg"] == what
+    _untouched(lab, pod)
+    bare = lab.config()
+    del bare["prevResult"]
+    run = lab.cni("ADD", "c1", pod, annotations={}, config=bare)  # none given: nothing to pass on
+    assert run.rc == 0 and run.doc == {"cniVersion": "1.1.0", "interfaces": []}, run.stderr

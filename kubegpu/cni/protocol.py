@@ -231,7 +231,20 @@ def parse_request(env: Mapping[str, str], stdin: bytes) -> Request:
     if not ifname:
         raise CniError(INVALID_ENVIRONMENT, "CNI_IFNAME is missing")
     pod = pod_ref(parse_cni_args(env.get("CNI_ARGS", "")))
+    _check_prev_result(netconf)
     return Request(command, version, container_id, netns, ifname, pod, config, netconf)
+
+
+def _check_prev_result(netconf: Mapping[str, Any]) -> None:
+    """CniError(DECODE_FAILURE) unless ``prevResult``, when given, is an object whose
+    ``interfaces`` (when given) is a list: ADD appends to it and passes it on."""
+    if "prevResult" not in netconf:
+        return
+    prev = netconf["prevResult"]
+    if not isinstance(prev, dict):
+        raise CniError(DECODE_FAILURE, "prevResult is not a JSON object")
+    if prev.get("interfaces") is not None and not isinstance(prev["interfaces"], list):
+        raise CniError(DECODE_FAILURE, "prevResult.interfaces is not a list")
 
 
 def version_result(cni_version: str) -> dict[str, Any]:
