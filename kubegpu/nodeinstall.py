@@ -1448,14 +1448,30 @@ def check_devices(root: Path, settings: NodeSettings) -> Finding:
 
 def cni_findings(root: Path, settings: NodeSettings, record: Record) -> list[Finding]:
     """The CNI plugin (the launcher as install wrote it, the executable it runs answering VERSION)
-    and its chain (the network config the runtime loads chains it as docs/cni.md shows)."""
+    and its chain (the network config the runtime loads chains it as docs/cni.md shows).
+
+    The executable is run only when only root could have chosen and written it: the record that
+    names it, the executable and the directories above each are root's alone
+    (``kubegpu.allocation.path_problems``); otherwise check would run, as root, what another user
+    put there."""
+    from kubegpu.allocation import path_problems
+
     launcher = settings.cni_launcher
     assert launcher is not None
     path = root / launcher
+    binary = root / settings.cni_binary.lstrip("/")
+    writers = path_problems(root / RECORD, below=root) or path_problems(binary, below=root)
     if not path.is_file():
         plugin = Finding(False, "CNI plugin", f"/{launcher} is missing: run `kubegpu node install` again")
     elif not record.ours(str(launcher), sha256(path.read_bytes())):
         plugin = Finding(False, "CNI plugin", f"/{launcher} was changed since install")
+    elif writers:
+        plugin = Finding(
+            False,
+            "CNI plugin",
+            f"{settings.cni_binary} not run: {writers[0]} (the runtime runs it as root for every pod; "
+            "only root may write it and the record that names it)",
+        )
     else:
         versions = plugin_versions(root / settings.cni_binary.lstrip("/"))
         plugin = (

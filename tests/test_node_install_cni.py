@@ -204,3 +204,36 @@ def test_cni_options_and_foreign_files_are_refused(
     code, _, err = run(capsys, monkeypatch, *cni_args(root, containerd, binary), stdin=KEY)
     assert code == 2 and f"/{LAUNCHER} already holds something else" in err, err
     assert tree(tmp_path) == before
+
+
+def test_check_runs_no_plugin_executable_another_user_could_have_chosen_or_written(
+    root: Path, containerd: Containerd, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """check runs the recorded --cni-binary (VERSION) as root. A record others can write could name
+    any program, and an executable others can write could be anything: check reports them and runs
+    nothing (before, it ran the planted program as root while reporting the record's owners)."""
+    binary = cni_node(root)
+    assert run(capsys, monkeypatch, *cni_args(root, containerd, binary), stdin=KEY)[0] == 0
+    marker = root / "ran"
+    planted = root / "opt/planted"
+    planted.write_text(f"#!/bin/sh\necho planted > {marker}\n")
+    planted.chmod(0o755)
+    record_path = root / "etc/kubegpu/node-install.json"
+    record = json.loads(record_path.read_text())
+    record["settings"]["cni_binary"] = "/opt/planted"
+    record_path.write_text(json.dumps(record))
+    record_path.chmod(0o666)  # another user could have written that
+    _, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root))
+    line = cni_lines(out)["CNI plugin"]
+    assert "[FAIL] CNI plugin" in line and "/opt/planted not run" in line, out
+    assert f"{record_path} is writable by its group and others" in line
+    assert not marker.exists()
+    record_path.chmod(0o644)  # the record is root's again; the program others may write is not run
+    planted.chmod(0o777)
+    _, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root))
+    line = cni_lines(out)["CNI plugin"]
+    assert "/opt/planted not run" in line and f"{planted} is writable by its group and others" in line, out
+    assert not marker.exists()
+    planted.chmod(0o755)  # root's alone: check runs it (and reports its non-answer)
+    _, out, _ = run(capsys, monkeypatch, "node", "check", "--root", str(root))
+    assert marker.exists() and "[FAIL] CNI plugin" in cni_lines(out)["CNI plugin"], out
