@@ -12,9 +12,11 @@ from typing import Any
 
 import pytest
 
+from crishim.advertiser import publication
 from scheduler.core.request import HostPort
 from scheduler.live.podspec import PodSpecError, pod_request
 from scheduler.live.translate import node_facts, pod_usage
+from tests.support.rdmainv import Pf, rdma_inventory
 from tests.support.schedworld import drive, node_json, pod_json
 from tests.test_sched_cache import setup
 
@@ -229,7 +231,9 @@ def asking(
     ],
 )
 def test_resources_held_by_pods_of_other_schedulers_count(resource: str, node_has: str) -> None:
-    node = node_json("n1", 0)
+    # kubegpu.io/rdma asks for VFs too: the node has more than its allocatable, so only the count binds
+    vfs = rdma_inventory("n1", [], [Pf("mlx5_0", 400, vfs=4)]) if resource == "kubegpu.io/rdma" else None
+    node = node_json("n1", 0, inventory=publication(vfs).inventory if vfs else None)
     node["status"]["allocatable"][resource] = node_has
     half = {"2": "1", "4Mi": "2Mi", "2Gi": "1Gi"}[node_has]
     world, scheduler, jobs, core, clock, feed = setup([node])

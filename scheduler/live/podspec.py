@@ -13,8 +13,10 @@ What a pod can ask for (docs/scheduler.md is the user-facing description):
   shares (MPS, docs/gpu-sharing.md);
 - GPU models: annotation ``kubegpu.io/gpu-model``, models separated by ``|``;
 - RDMA interfaces for the whole pod (SR-IOV VFs): annotation ``kubegpu.io/rdma-interfaces`` (a
-  count 0..32 in ASCII decimal digits) and ``kubegpu.io/rdma-bandwidth`` per interface
-  (``25Gbps``, ``500Mbps`` or ``25Gbps-50Gbps``: minimum reserved, maximum; ``rdma.parse_bandwidth``);
+  count 0..32 in ASCII decimal digits) or the extended resource ``kubegpu.io/rdma`` (the pod's
+  effective request by Kubernetes' rule, below; both given must agree), and
+  ``kubegpu.io/rdma-bandwidth`` per interface (``25Gbps``, ``500Mbps`` or ``25Gbps-50Gbps``: minimum
+  reserved, maximum; ``rdma.parse_bandwidth``);
 - topology of a multi-GPU set: annotation ``kubegpu.io/topology``, comma-separated
   ``nvlink``/``numa``/``pcie-switch`` each ``=require`` or ``=prefer``;
 - every resource by Kubernetes' rule (``pod_resources``, component-helpers' ``PodRequests``): per
@@ -43,6 +45,7 @@ from typing import Any
 
 from kubernetes.utils import parse_quantity
 
+from kubegpu.allocation import RDMA_RESOURCE  # the extended resource the advertiser publishes (VFs)
 from scheduler.core.constraints import SpecError
 from scheduler.core.placement import placement_of
 from scheduler.core.rdma import MAX_INTERFACES, NO_RDMA, RdmaRequest, parse_bandwidth
@@ -414,20 +417,37 @@ def _bool_annotation(annotations: Mapping[str, str], key: str) -> bool:
     return value == "true"
 
 
-def rdma_request(annotations: Mapping[str, str]) -> RdmaRequest:
-    """The pod's RDMA interfaces from ``kubegpu.io/rdma-interfaces`` and ``kubegpu.io/rdma-bandwidth``.
+def rdma_request(annotations: Mapping[str, str], resource: int = 0) -> RdmaRequest:
+    """The pod's RDMA interfaces from ``kubegpu.io/rdma-interfaces`` and ``kubegpu.io/rdma-bandwidth``,
+    or from ``resource``: the pod's effective request of the extended resource ``kubegpu.io/rdma``
+    (``pod_resources``; 0: not asked), which asks for that many interfaces exactly as the annotation.
 
-    No interfaces annotation: none (a bandwidth alone is a PodSpecError, as it asks for nothing).
-    ``"0"`` asks for none whatever the bandwidth says. The bandwidth is optional (nothing reserved).
+    Neither: none (a bandwidth alone is a PodSpecError, as it asks for nothing). ``"0"`` asks for
+    none whatever the bandwidth says. The bandwidth is optional (nothing reserved). The annotation
+    and a non-zero resource request that disagree are a PodSpecError naming both.
     """
-    if RDMA_INTERFACES_ANNOTATION not in annotations:
+    if RDMA_INTERFACES_ANNOTATION in annotations:
+        count = _int_annotation(annotations, RDMA_INTERFACES_ANNOTATION, 0, MAX_INTERFACES)
+        if resource and count != resource:
+            raise PodSpecError(
+                f"annotation {RDMA_INTERFACES_ANNOTATION}={annotations[RDMA_INTERFACES_ANNOTATION]!r}"[:200]
+                + f" and resource {RDMA_RESOURCE}={resource} (the pod's request) disagree:"
+                " give one, or both with the same count"
+            )
+    elif resource:
+        if resource > MAX_INTERFACES:
+            raise PodSpecError(
+                f"resource {RDMA_RESOURCE}={resource} (the pod's request) is more than"
+                f" {MAX_INTERFACES} RDMA interfaces"
+            )
+        count = resource
+    else:
         if RDMA_BANDWIDTH_ANNOTATION in annotations:
             raise PodSpecError(
                 f"annotation {RDMA_BANDWIDTH_ANNOTATION} needs {RDMA_INTERFACES_ANNOTATION}"
-                " (how many interfaces)"
+                f" or resource {RDMA_RESOURCE} (how many interfaces)"
             )
         return NO_RDMA
-    count = _int_annotation(annotations, RDMA_INTERFACES_ANNOTATION, 0, MAX_INTERFACES)
     raw = annotations.get(RDMA_BANDWIDTH_ANNOTATION)
     low = high = 0
     if raw is not None:
@@ -508,7 +528,7 @@ def pod_request(pod: Mapping[str, Any], gpu_resource: str = "nvidia.com/gpu") ->
         container_requests = rows
         gpu_count = container_gpus(rows)
     models = frozenset(m.strip() for m in annotations.get(GPU_MODEL_ANNOTATION, "").split("|") if m.strip())
-    rdma = rdma_request(annotations)
+    rdma = rdma_request(annotations, dict(asked.resources).get(RDMA_RESOURCE, 0))
     tolerations = _tolerations(spec)
     try:
         placement = placement_of(pod, tolerations)
