@@ -166,3 +166,60 @@ def test_a_held_vf_that_turns_unhealthy_keeps_its_pfs_bandwidth_reserved() -> No
     world.put_pod(pod_json("third", 0, annotations={**asks, "kubegpu.io/rdma-bandwidth": "40Gbps"}))
     drive(sched, jobs, feed, clock)
     assert world.node_of("third") == "one"  # the other VF, with the 40G left
+
+
+def resource_pod(name: str, gpus: int, rdma: str, annotations: dict[str, str] | None = None) -> dict:
+    """A pod asking for ``rdma`` of the extended resource kubegpu.io/rdma (a limit: the request too)."""
+    pod = pod_json(name, gpus, annotations=annotations)
+    resources = pod["spec"]["containers"][0]["resources"]
+    resources["limits"]["kubegpu.io/rdma"] = rdma
+    resources["requests"]["kubegpu.io/rdma"] = rdma
+    return pod
+
+
+def test_a_pod_asking_for_the_rdma_resource_gets_those_vfs_in_its_signed_allocation() -> None:
+    """``kubegpu.io/rdma: 2`` asks for two interfaces as the annotation would: the pod lands where
+    two VFs are free (the node without NICs has none to give), and its version-2 allocation carries
+    them. Before, it was placed by the count alone with no VFs allocated (the shim then refused
+    every container), or silently without RDMA beside a GPU."""
+    world = World()
+    world.put_node(node_json("plain", 4))
+    inv = rdma_inventory("nics", [0, 0, 1, 1], [Pf("mlx5_0", 200, 0, (0, 1), vfs=2)])
+    nics = node_json("nics", 4, inventory=publication(inv).inventory)
+    nics["status"]["allocatable"]["kubegpu.io/rdma"] = "2"  # the advertiser's count: its healthy VFs
+    world.put_node(nics)
+    sched, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, sched)
+    feed.relist()
+    world.put_pod(resource_pod("train", 1, "2"))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("train") == "nics", core.failed_events("train")
+    pod = world.find("ns", "train")
+    assert pod is not None
+    raw = pod["metadata"]["annotations"][ANNOTATION]
+    assert json.loads(raw)["version"] == 2
+    signed = verify(raw, KEYS)
+    assert sorted(r.device for r in signed.rdma) == ["mlx5_0-vf0", "mlx5_0-vf1"]
+    assert all(r.pf == "mlx5_0" and r.min_mbps == 0 and r.max_mbps == 0 for r in signed.rdma)
+    # no VF left: the next pod waits, whichever way it asks
+    world.put_pod(resource_pod("more", 0, "1"))
+    world.put_pod(pod_json("annotated", 0, annotations={"kubegpu.io/rdma-interfaces": "1"}))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("more") is None and world.node_of("annotated") is None
+    assert "Insufficient kubegpu.io/rdma" in core.failed_events("more")[-1], core.failed_events("more")
+    assert "too few free RDMA virtual functions" in core.failed_events("annotated")[-1]
+
+
+def test_the_rdma_resource_and_annotation_disagreeing_is_an_invalid_request_event() -> None:
+    world = world_with_nics()
+    sched, jobs, core, clock = make_scheduler(world)
+    feed = Feed(world, sched)
+    feed.relist()
+    world.put_pod(resource_pod("both", 1, "2", annotations={"kubegpu.io/rdma-interfaces": "1"}))
+    drive(sched, jobs, feed, clock)
+    assert world.node_of("both") is None
+    assert any(
+        m.startswith("invalid kubegpu request: annotation kubegpu.io/rdma-interfaces='1' and resource")
+        and "kubegpu.io/rdma=2" in m
+        for m in core.failed_events("both")
+    ), core.failed_events("both")
