@@ -5,8 +5,11 @@ What it writes (docs/advertiser.md is the contract the scheduler reads):
   (``NodeInventory.public()``: ids, models, memory, NUMA, PCI ids, health, links; no host paths);
 - annotation ``kubegpu.io/heartbeat``: RFC 3339 UTC time of the last successful publish; the
   scheduler treats a node whose heartbeat is older than its staleness limit as unschedulable;
-- ``status.capacity`` and ``status.allocatable``: healthy device counts as extended resources
-  (``nvidia.com/gpu`` for GPUs, ``kubegpu.io/rdma`` for RDMA devices by default).
+- ``status.capacity`` and ``status.allocatable``: device counts as extended resources
+  (``nvidia.com/gpu`` by default: the healthy GPUs; ``kubegpu.io/rdma`` by default: the RDMA
+  interfaces a pod can be given, the usable VFs as the scheduler reads them, ``rdma.nic_state``:
+  healthy VFs of a healthy PF with a known rate, never the PFs), so that kube-scheduler's own count
+  of the resource and kubegpu's VF filter agree.
 
 Inventory and capacity are patched only when they differ from what the Node already says; the
 heartbeat alone is refreshed every ``heartbeat_seconds``. API errors back off exponentially. It
@@ -26,6 +29,7 @@ from typing import Any
 from devices.model import DeviceKind, NodeInventory
 from kubegpu.allocation import GPU_RESOURCE, RDMA_RESOURCE
 from kubegpu.logs import log_event
+from scheduler.core.rdma import nic_state
 
 log = logging.getLogger("kubegpu.advertiser")
 
@@ -60,8 +64,11 @@ def publication(
     counts = {name: 0 for name in resources.values()}
     for device in inventory.devices:
         name = resources.get(device.kind)
-        if name is not None and device.healthy:
+        if name is not None and device.healthy and device.kind is not DeviceKind.RDMA:
             counts[name] += 1
+    rdma = resources.get(DeviceKind.RDMA)
+    if rdma is not None:  # what a pod asking for the resource gets: VFs (kubegpu.io/rdma-interfaces)
+        counts[rdma] += sum(len(pf.vfs) for pf in nic_state(inventory).pfs.values())
     return Publication(
         inventory=json.dumps(doc, sort_keys=True, separators=(",", ":")),
         capacity={name: str(count) for name, count in sorted(counts.items())},

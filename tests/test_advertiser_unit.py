@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import json
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -17,6 +18,7 @@ from crishim.advertiser import (
     publication,
 )
 from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
+from tests.support.rdmainv import Pf, rdma_inventory
 
 
 def inventory(healthy_second: bool = True) -> NodeInventory:
@@ -70,11 +72,24 @@ class Clock:
 
 def test_publication_counts_healthy_devices_only() -> None:
     wanted = publication(inventory(healthy_second=False))
-    assert dict(wanted.capacity) == {"kubegpu.io/rdma": "1", "nvidia.com/gpu": "1"}
+    # mlx5_0 is a NIC without VFs: no interface a pod could be given (kubegpu.io/rdma counts VFs)
+    assert dict(wanted.capacity) == {"kubegpu.io/rdma": "0", "nvidia.com/gpu": "1"}
     doc = json.loads(wanted.inventory)
     assert doc["version"] == 1 and [d["id"] for d in doc["devices"]] == ["GPU-a", "GPU-b", "mlx5_0"]
     assert doc["topology"]["nicGpus"] == {"mlx5_0": ["GPU-a"]}
     assert "/dev" not in wanted.inventory
+
+
+def test_the_rdma_resource_counts_the_vfs_a_pod_can_be_given() -> None:
+    """``kubegpu.io/rdma`` is what kube-scheduler counts a pod's request of the resource against, and
+    the pod gets that many VFs: the healthy VFs of healthy PFs, never the PFs themselves. Before, every
+    healthy RDMA device counted, PFs included, so kube-scheduler saw room that the VF filter had not."""
+    inv = rdma_inventory(
+        "n", [0, 0], [Pf("mlx5_0", 100, 0, (0,), vfs=3), Pf("mlx5_1", 100, 0, (1,), vfs=2, healthy=False)]
+    )
+    assert dict(publication(inv).capacity) == {"kubegpu.io/rdma": "3", "nvidia.com/gpu": "2"}
+    sick = tuple(replace(d, healthy=False) if d.id == "mlx5_0-vf1" else d for d in inv.devices)
+    assert publication(NodeInventory(sick, inv.topology)).capacity["kubegpu.io/rdma"] == "2"
 
 
 def test_patches_only_on_change_plus_heartbeat() -> None:

@@ -44,7 +44,8 @@ def test_advertiser_publishes_and_then_stays_quiet(admin_api: k8s.ApiClient, tmp
     assert advertiser.sync_once() == ["inventory", "heartbeat", "capacity"]
     node = core.read_node(name)
     assert node.status.capacity["nvidia.com/gpu"] == "8" and node.status.allocatable["nvidia.com/gpu"] == "8"
-    assert node.status.capacity["kubegpu.io/rdma"] == "8"  # hgx-h100 has one NIC per GPU
+    # hgx-h100 has one NIC per GPU, none with VFs: no RDMA interface a pod could be given
+    assert node.status.capacity["kubegpu.io/rdma"] == "0"
     published = NodeInventory.from_public(json.loads(node.metadata.annotations[INVENTORY_ANNOTATION]))
     assert published == NodeInventory(
         tuple(d.__class__(**{**d.__dict__, "device_nodes": ()}) for d in devices.inventory.devices),

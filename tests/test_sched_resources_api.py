@@ -107,7 +107,9 @@ def node_of(trial: Trial, name: str) -> str | None:
     ("resource", "node_has", "each"),
     [
         ("example.com/foo", "2", "1"),
-        ("kubegpu.io/rdma", "", "4"),  # the advertiser publishes the 8 NICs of an HGX H100
+        # the advertiser publishes the 64 VFs of an HGX H100 with SR-IOV (8 on each of its 8 NICs);
+        # a pod asking for the resource gets that many VFs too (at most 32 a pod)
+        ("kubegpu.io/rdma", "", "32"),
         ("ephemeral-storage", "10Gi", "5Gi"),
         ("hugepages-2Mi", "8Mi", "4Mi"),
     ],
@@ -115,7 +117,8 @@ def node_of(trial: Trial, name: str) -> str | None:
 def test_other_resources_are_checked_and_other_schedulers_pods_hold_them(
     trial: Trial, resource: str, node_has: str, each: str
 ) -> None:
-    target = node(trial, "res", "hgx-h100", **({resource: node_has} if node_has else {}))
+    topology = "hgx-h100-sriov" if resource == "kubegpu.io/rdma" else "hgx-h100"
+    target = node(trial, "res", topology, **({resource: node_has} if node_has else {}))
     limits = {resource: each}
     # hugepages need a memory or cpu request beside them, and requests equal to limits
     extra = {"memory": "64Mi"} if resource.startswith("hugepages-") else {}
