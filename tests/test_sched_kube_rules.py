@@ -190,6 +190,29 @@ CASES = (
             ),
         ),
     ),
+    Case(  # the pod's request by the init-container rule: the larger of the init container and the apps
+        "rdma-init",
+        "NodeResourcesFit",
+        (N("a", nics=2),),
+        (
+            P(
+                "init-two",
+                asks(
+                    {"kubegpu.io/rdma": "1"},
+                    {"kubegpu.io/rdma": "1"},
+                    initContainers=[container("init", {"kubegpu.io/rdma": "2"}, {"kubegpu.io/rdma": "2"})],
+                ),
+                expect="a",
+            ),
+            P(
+                "one-more",
+                asks({"kubegpu.io/rdma": "1"}, {"kubegpu.io/rdma": "1"}),
+                step=2,
+                expect=UNSCHEDULABLE,
+                reason="Insufficient kubegpu.io/rdma",
+            ),
+        ),
+    ),
     Case(
         "ephemeral",
         "NodeResourcesFit",

@@ -32,12 +32,13 @@ from typing import Any
 
 from kubernetes import client as k8s
 
-from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
+from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION, publication
 from kubegpu.allocation import KeyRing
 from kubegpu.devenv.controlplane import MERGE_PATCH, ControlPlane, create_fake_node, ensure_namespace
 from scheduler.live.config import SchedulerConfig
 from scheduler.live.scheduler import Scheduler
 from tests.fixtures.keys import SIGNING
+from tests.support.rdmainv import Pf, rdma_inventory
 from tests.support.schedworld import gpu_id, inventory_json, now_stamp
 
 WORLDS = ("ks", "kg")  # kube-scheduler's world, kubegpu's world
@@ -184,7 +185,10 @@ class Worlds:
         name = self.node_name(case, node.name, world)
         capacity = dict(node.capacity)
         gpus = [(gpu_id(name, i), True) for i in range(node.gpus)]
-        nics = [f"mlx5_{i}" for i in range(node.nics)]
+        inventory = inventory_json(gpus)
+        if node.nics:  # ``nics`` RDMA interfaces: VFs of one PF, what kubegpu.io/rdma counts and a pod gets
+            pf = Pf("mlx5_0", 100, vfs=node.nics)
+            inventory = publication(rdma_inventory(name, [i // 4 for i in range(node.gpus)], [pf])).inventory
         if node.gpus:
             capacity.setdefault("nvidia.com/gpu", str(node.gpus))
         if node.nics:
@@ -194,7 +198,7 @@ class Worlds:
         patch: dict[str, Any] = {
             "metadata": {
                 "annotations": {
-                    INVENTORY_ANNOTATION: inventory_json(gpus, nics),
+                    INVENTORY_ANNOTATION: inventory,
                     HEARTBEAT_ANNOTATION: now_stamp(),
                 }
             },
