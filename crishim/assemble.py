@@ -67,8 +67,9 @@ def node_devices_from(args: argparse.Namespace) -> NodeDevices:
 def build_rewriter(
     args: argparse.Namespace, node_devices: NodeDevices, api: client.ApiClient | None
 ) -> AllocationRewriter:
-    """The shim's interceptor; the API (if any) serves pods whose sandbox lacks the allocation,
-    from a watch of this node's pods (``--pod-cache``, started here) or a read of the pod."""
+    """The shim's interceptor; the API (if any) serves pods whose sandbox lacks the allocation, and
+    every allocated pod's request of ``kubegpu.io/rdma``, from a watch of this node's pods
+    (``--pod-cache``, started here) or a read of the pod."""
     lookup = None
     if api is not None:
         core = client.CoreV1Api(api)
@@ -80,6 +81,7 @@ def build_rewriter(
         KeyRing(Path(args.allocation_keys_dir)),
         lookup,
         sys_admin_namespaces=frozenset(getattr(args, "allow_sys_admin_namespace", None) or ()),
+        rdma_resource=lookup.rdma_resource if lookup is not None else None,
     )
 
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
@@ -31,17 +32,20 @@ from typing import Any
 
 import grpc
 from kubernetes import client, watch
+from kubernetes.utils import parse_quantity
 
 from crishim.intercept import Rejected
 from kubegpu.allocation import (
     ANNOTATION,
     MANAGED_RESOURCES,
     RDMA_INTERFACES_ANNOTATION,
+    RDMA_RESOURCE,
     SHARE_ANNOTATIONS,
     asks_rdma,
 )
 from kubegpu.kube import shut_response
 from kubegpu.logs import log_event
+from scheduler.core.request import effective_request
 
 log = logging.getLogger("kubegpu.crishim.podlookup")
 
@@ -57,6 +61,7 @@ class PodFacts:
     wants: tuple[str, ...]
     # container name -> (privileged, capabilities added): what the NRI front cannot see itself
     security: Mapping[str, tuple[bool, tuple[str, ...]]] = field(default_factory=dict, hash=False)
+    rdma: int = 0  # the pod's request of kubegpu.io/rdma: the RDMA interfaces it asks for that way
 
 
 def requested_resources(pod: Mapping[str, Any], managed: Collection[str]) -> list[str]:
@@ -68,6 +73,37 @@ def requested_resources(pod: Mapping[str, Any], managed: Collection[str]) -> lis
         for table in (resources.get("limits"), resources.get("requests")):
             names.update(k for k, v in (table or {}).items() if k in managed and str(v) not in ("0", ""))
     return sorted(names)
+
+
+def _quantity(value: Any) -> int:
+    """A resource quantity rounded up to a whole unit (the scheduler's rounding); 0 when it cannot
+    be read (the apiserver admits no such pod)."""
+    try:
+        return math.ceil(parse_quantity(value))
+    except (ValueError, TypeError, ArithmeticError):
+        return 0
+
+
+def resource_request(pod: Mapping[str, Any], name: str) -> int:
+    """The pod's (API JSON) effective request of the extended resource ``name`` by Kubernetes' rule,
+    as the scheduler counts it (scheduler/live/podspec.py ``pod_resources``): per container its
+    request, else its limit; the app containers and sidecars summed, the larger of that and each
+    regular init container with the sidecars before it; plus ``spec.overhead``."""
+    spec = pod.get("spec") or {}
+    app, init = [], []
+    for key in ("initContainers", "containers"):
+        for container in spec.get(key) or []:
+            if not isinstance(container, Mapping):
+                continue
+            resources = container.get("resources") or {}
+            requests, limits = resources.get("requests") or {}, resources.get("limits") or {}
+            value = _quantity(requests[name] if name in requests else limits.get(name, 0))
+            if key == "containers":
+                app.append(value)
+            else:
+                init.append((value, container.get("restartPolicy") == "Always"))
+    overhead = _quantity((spec.get("overhead") or {}).get(name, 0))
+    return effective_request(app, init, overhead)
 
 
 def container_security(pod: Mapping[str, Any]) -> dict[str, tuple[bool, tuple[str, ...]]]:
@@ -100,6 +136,7 @@ def facts_of(pod: Mapping[str, Any], managed: Collection[str]) -> PodFacts:
         allocation=annotations.get(ANNOTATION),
         wants=tuple(requested_resources(pod, managed) + asked),
         security=container_security(pod),
+        rdma=resource_request(pod, RDMA_RESOURCE),
     )
 
 
@@ -276,6 +313,7 @@ class ApiPodLookup:
         self._timeout = timeout
         self._node_pods = cache
         self._cache: dict[str, str | None] = {}
+        self._rdma: dict[str, int] = {}
 
     async def __call__(self, namespace: str, name: str, uid: str) -> str | None:
         if uid in self._cache:
@@ -290,6 +328,20 @@ class ApiPodLookup:
         if len(self._cache) > 4096:
             self._cache.pop(next(iter(self._cache)))
         return value
+
+    async def rdma_resource(self, namespace: str, name: str, uid: str) -> int | None:
+        """The pod's request of ``kubegpu.io/rdma`` (``PodFacts.rdma``), from the node's pod cache or
+        a read, kept per UID (a pod's extended resources never change); None when the API cannot
+        answer or the pod of that name has another UID."""
+        if uid in self._rdma:
+            return self._rdma[uid]
+        facts = await self.facts(namespace, name, uid)
+        if facts is None:
+            return None
+        self._rdma[uid] = facts.rdma
+        if len(self._rdma) > 4096:
+            self._rdma.pop(next(iter(self._rdma)))
+        return facts.rdma
 
     async def facts(self, namespace: str, name: str, uid: str, fresh: bool = False) -> PodFacts | None:
         """The pod's facts from the node's pod cache or a read (None: the API cannot answer, or

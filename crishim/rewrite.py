@@ -71,6 +71,7 @@ from devices.plugin import (
 from kubegpu.allocation import (
     ANNOTATION,
     RDMA_INTERFACES_ANNOTATION,
+    RDMA_RESOURCE,
     Allocation,
     AllocationError,
     KeyRing,
@@ -84,6 +85,9 @@ log = logging.getLogger("kubegpu.crishim.rewrite")
 
 # Pod-annotation lookup for a sandbox without the annotation: (namespace, name, uid) -> value or None.
 PodAnnotationLookup = Callable[[str, str, str], Awaitable[str | None]]
+# The pod's request of the extended resource kubegpu.io/rdma, from its API object:
+# (namespace, name, uid) -> count, or None when it cannot be known (no answer from the API).
+RdmaResourceLookup = Callable[[str, str, str], Awaitable[int | None]]
 # Container state lookups go to the runtime; these count as not holding devices any more.
 GONE_STATES = (api_pb2.CONTAINER_EXITED,)
 
@@ -338,11 +342,14 @@ def refuse_rdma_requests(
     container: str,
     pod_asks: bool,
     allocation: Allocation | None,
+    resource: int = 0,
 ) -> None:
     """Refuse a container that asks for RDMA devices itself (INVALID_ARGUMENT): a mount showing
     RDMA device nodes always (only the pod's VFs' nodes reach a container, one by one), a device
     entry of one when its pod holds no RDMA interfaces; and a pod whose annotations ask for RDMA
-    interfaces that its allocation does not hold (FAILED_PRECONDITION)."""
+    interfaces that its allocation does not hold, or whose request of ``kubegpu.io/rdma``
+    (``resource``, as the API says) is more interfaces than its allocation holds (FAILED_PRECONDITION).
+    The VFs granted are always the allocation's, never more: a request is only ever refused."""
     who = f"pod {pod} container {container}"
     holds = allocation is not None and bool(allocation.rdma)
     if asked.mounts:
@@ -363,6 +370,12 @@ def refuse_rdma_requests(
             f"{who}: the pod asks for RDMA interfaces ({RDMA_INTERFACES_ANNOTATION}) but "
             + ("carries no kubegpu allocation" if allocation is None else "its allocation holds none")
             + " (was it scheduled by kubegpu?)",
+        )
+    if allocation is not None and resource > len(allocation.rdma):
+        raise Rejected(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f"{who}: the pod requests {RDMA_RESOURCE}: {resource} (RDMA interfaces) but its allocation "
+            f"holds {len(allocation.rdma)} (was it scheduled by kubegpu?)",
         )
 
 
@@ -402,8 +415,10 @@ class AllocationRewriter:
         keys: KeyRing,
         lookup: PodAnnotationLookup | None = None,
         sys_admin_namespaces: frozenset[str] = frozenset(),
+        rdma_resource: RdmaResourceLookup | None = None,
     ) -> None:
         self.node_name = node_name
+        self._rdma_resource = rdma_resource  # None: no API, a pod's kubegpu.io/rdma is not checked
         self.sys_admin_namespaces = sys_admin_namespaces  # where CAP_SYS_ADMIN is allowed
         self.node_devices = node_devices
         self.keys = keys
@@ -846,7 +861,10 @@ class AllocationRewriter:
         except AllocationError as error:
             raise Rejected(grpc.StatusCode.INVALID_ARGUMENT, f"pod {pod}: {error}") from None
         granted, shares = check_allocation(allocation, pod, container, self.node_name, node)
-        refuse_rdma_requests(asked, pod, container, pod_asks, allocation)
+        resource = None
+        if self._rdma_resource is not None and not is_static_pod(sandbox_annotations):
+            resource = await self._rdma_resource(pod.namespace, pod.name, pod.uid)
+        refuse_rdma_requests(asked, pod, container, pod_asks, allocation, resource or 0)
         vfs = check_rdma(allocation, pod, container, node)
         if not granted and not vfs:
             return None

@@ -411,3 +411,83 @@ def test_answering_off_filesystem_mounts_from_one_stat_changes_no_answer(
                 plugins_root,
                 source,
             )
+
+
+def resource_pod(uid: str, app: str, init: str = "") -> dict:
+    """A pod (API JSON) asking for ``kubegpu.io/rdma`` through its containers' resources only."""
+
+    def container(name: str, count: str) -> dict:
+        return {"name": name, "image": "x", "resources": {"limits": {"kubegpu.io/rdma": count}}}
+
+    return {
+        "metadata": {"name": f"p-{uid[:4]}", "namespace": "default", "uid": uid, "annotations": {}},
+        "spec": {
+            "initContainers": [container("init", init)] if init else [],
+            "containers": [container("app", app)],
+        },
+    }
+
+
+def rewriter_reading(root: Path, pods: list[dict]) -> AllocationRewriter:
+    """A rewriter whose pods' kubegpu.io/rdma requests are read from these pods' JSON, as the API
+    lookup reads them (crishim.podlookup.facts_of); a pod it does not know: None (no answer)."""
+    from crishim.podlookup import facts_of
+
+    facts = {pod["metadata"]["uid"]: facts_of(pod, ("kubegpu.io/rdma",)) for pod in pods}
+
+    async def rdma_resource(namespace: str, name: str, uid: str) -> int | None:
+        found = facts.get(uid)
+        return found.rdma if found is not None else None
+
+    node = NodeDevices([RdmaPlugin(str(root))], sysfs_root=str(root))
+    node.discover()
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING), rdma_resource=rdma_resource)
+    rewriter.rebuilt.set()
+    return rewriter
+
+
+def test_a_pod_requesting_the_rdma_resource_gets_its_allocated_vfs_and_no_more_than_them(
+    machine: Path,
+) -> None:
+    """``kubegpu.io/rdma: 2`` with a signed allocation of two VFs: each container gets exactly those;
+    a request above what the allocation holds is refused, a GPU-only allocation included (before,
+    such a pod started silently without RDMA); what is granted is the allocation's VFs, never more."""
+    rewriter = rewriter_reading(machine, [resource_pod(UID_A, "2"), resource_pod(UID_B, "1", init="2")])
+    dev = f"{machine}/dev/infiniband"
+    made = create(rewriter, request(UID_A, rdma_allocation(NODE, UID_A, ["mlx5_1", "mlx5_2"])))
+    assert nodes_of(made.config) == [
+        (f"{dev}/rdma_cm", "/dev/infiniband/rdma_cm"),
+        (f"{dev}/uverbs1", "/dev/infiniband/uverbs1"),
+        (f"{dev}/uverbs2", "/dev/infiniband/uverbs2"),
+    ]
+    assert env_of(made.config)["NCCL_IB_HCA"] == "=mlx5_1,mlx5_2"
+    # B's request is 2 (its init container's): an allocation of one VF, or none, is refused
+    error = refused(rewriter, request(UID_B, rdma_allocation(NODE, UID_B, ["mlx5_3"])))
+    assert error.code is grpc.StatusCode.FAILED_PRECONDITION
+    assert "requests kubegpu.io/rdma: 2 (RDMA interfaces) but its allocation holds 1" in error.message
+    gpu_only = rdma_allocation(NODE, UID_B, [], containers={"app": [PF]})
+    assert "its allocation holds 0" in refused(rewriter, request(UID_B, gpu_only)).message
+    assert held(rewriter) == [(UID_A, "app", "mlx5_1", True), (UID_A, "app", "mlx5_2", True)]
+    rewriter.removed_sandbox("sb-aaaa")
+    made = create(rewriter, request(UID_B, rdma_allocation(NODE, UID_B, ["mlx5_2", "mlx5_3"])))
+    assert env_of(made.config)["NCCL_IB_HCA"] == "=mlx5_2,mlx5_3"
+    # a pod the API cannot answer for (None): its allocation's VFs, exactly, as for any pod
+    other = "cccccccc-0000-4000-8000-000000000003"
+    made = create(rewriter, request(other, rdma_allocation(NODE, other, ["mlx5_1"])))
+    assert env_of(made.config)["NCCL_IB_HCA"] == "=mlx5_1"
+
+
+def test_the_shim_reads_a_pods_rdma_request_as_the_scheduler_counts_it() -> None:
+    """The node and the scheduler count ``kubegpu.io/rdma`` by one rule (app containers summed,
+    the larger of each init container with the sidecars before it, plus overhead)."""
+    from crishim.podlookup import facts_of
+    from scheduler.live.podspec import pod_resources
+
+    side = {"name": "side", "restartPolicy": "Always", "resources": {"requests": {"kubegpu.io/rdma": "1"}}}
+    pods = [resource_pod(UID_A, "2"), resource_pod(UID_A, "1", init="3"), resource_pod(UID_A, "0")]
+    with_sidecar = resource_pod(UID_A, "1", init="2")
+    with_sidecar["spec"]["initContainers"].insert(0, side)
+    with_sidecar["spec"]["overhead"] = {"kubegpu.io/rdma": "1"}
+    for pod, expected in zip([*pods, with_sidecar], [2, 3, 0, 4], strict=True):
+        assert facts_of(pod, ()).rdma == expected
+        assert dict(pod_resources(pod, "nvidia.com/gpu").resources).get("kubegpu.io/rdma", 0) == expected

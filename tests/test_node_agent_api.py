@@ -186,6 +186,34 @@ def test_pods_asking_for_devices_any_managed_way_are_refused_without_an_allocati
     asyncio.run(run())
 
 
+def test_the_lookup_reads_a_pods_rdma_resource_request_from_the_api(
+    admin_api: k8s.ApiClient, kube_namespace: str
+) -> None:
+    """What the shim checks an allocated pod's VFs against (crishim/rewrite.py): the pod's request of
+    kubegpu.io/rdma by Kubernetes' rule, as the apiserver keeps it (requests defaulted from limits),
+    here an init container's 2 above the app's 1; another pod's UID, or none by that name: None."""
+    core = k8s.CoreV1Api(admin_api)
+    body = pod(kube_namespace, "rdma-init", {"kubegpu.io/rdma": "1"}, "anything")
+    body.spec.init_containers = [
+        k8s.V1Container(
+            name="init",
+            image="busybox",
+            resources=k8s.V1ResourceRequirements(limits={"kubegpu.io/rdma": "2"}),
+        )
+    ]
+    created = core.create_namespaced_pod(kube_namespace, body)
+    plain = core.create_namespaced_pod(kube_namespace, pod(kube_namespace, "plain", None, "anything"))
+    lookup = ApiPodLookup(core)
+
+    async def run() -> None:
+        assert await lookup.rdma_resource(kube_namespace, "rdma-init", created.metadata.uid) == 2
+        assert await lookup.rdma_resource(kube_namespace, "plain", plain.metadata.uid) == 0
+        assert await lookup.rdma_resource(kube_namespace, "rdma-init", "another-uid") is None
+        assert await lookup.rdma_resource(kube_namespace, "missing", "uid") is None
+
+    asyncio.run(run())
+
+
 def test_an_unreachable_api_server_means_no_allocation_never_an_exception() -> None:
     """urllib3's MaxRetryError used to escape the lookup and fail every such create with UNKNOWN."""
     configuration = k8s.Configuration()
