@@ -7,7 +7,7 @@ What it writes (docs/advertiser.md is the contract the scheduler reads):
   scheduler treats a node whose heartbeat is older than its staleness limit as unschedulable;
 - ``status.capacity`` and ``status.allocatable``: device counts as extended resources
   (``nvidia.com/gpu`` by default: the healthy GPUs; ``kubegpu.io/rdma`` by default: the RDMA
-  interfaces a pod can be given, the usable VFs as the scheduler reads them, ``rdma.nic_state``:
+  interfaces a pod can be given, the usable VFs as the scheduler reads them, ``devices.nics``:
   healthy VFs of a healthy PF with a known rate, never the PFs), so that kube-scheduler's own count
   of the resource and kubegpu's VF filter agree.
 
@@ -27,15 +27,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from devices.model import DeviceKind, NodeInventory
+from devices.nics import assignable_vfs
 from kubegpu.allocation import GPU_RESOURCE, RDMA_RESOURCE
 from kubegpu.logs import log_event
-from scheduler.core.rdma import nic_state
+from kubegpu.nodeannotations import HEARTBEAT_ANNOTATION as HEARTBEAT_ANNOTATION
+from kubegpu.nodeannotations import INVENTORY_ANNOTATION as INVENTORY_ANNOTATION
+from kubegpu.nodeannotations import INVENTORY_VERSION
 
 log = logging.getLogger("kubegpu.advertiser")
-
-INVENTORY_ANNOTATION = "kubegpu.io/inventory"
-HEARTBEAT_ANNOTATION = "kubegpu.io/heartbeat"
-INVENTORY_VERSION = 1
 DEFAULT_RESOURCES: Mapping[DeviceKind, str] = {
     DeviceKind.GPU: GPU_RESOURCE,
     DeviceKind.RDMA: RDMA_RESOURCE,
@@ -68,7 +67,7 @@ def publication(
             counts[name] += 1
     rdma = resources.get(DeviceKind.RDMA)
     if rdma is not None:  # what a pod asking for the resource gets: VFs (kubegpu.io/rdma-interfaces)
-        counts[rdma] += sum(len(pf.vfs) for pf in nic_state(inventory).pfs.values())
+        counts[rdma] += assignable_vfs(inventory)
     return Publication(
         inventory=json.dumps(doc, sort_keys=True, separators=(",", ":")),
         capacity={name: str(count) for name, count in sorted(counts.items())},

@@ -45,7 +45,7 @@ from kubegpu.allocation import (
 )
 from kubegpu.kube import shut_response
 from kubegpu.logs import log_event
-from scheduler.core.request import effective_request
+from kubegpu.podrequests import effective_request
 
 log = logging.getLogger("kubegpu.crishim.podlookup")
 

@@ -45,6 +45,7 @@ from cryptography.exceptions import InvalidSignature, UnsupportedAlgorithm
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 
+from kubegpu.bandwidth import MAX_MBPS
 from kubegpu.logs import log_event
 
 log = logging.getLogger("kubegpu.allocation")
@@ -54,7 +55,6 @@ VERSION = 2  # the newest this module writes and reads
 SUPPORTED_VERSIONS = (1, 2)
 RDMA_VERSION = 2  # the first version with ``rdma``
 MAX_RDMA_INTERFACES = 32
-MAX_MBPS = 10_000_000
 MAX_ANNOTATION_BYTES = 64 * 1024  # UTF-8 bytes of the annotation value
 MAX_NESTING = 32  # arrays and objects within each other (the schema itself needs 5)
 MAX_CONTAINERS = 64

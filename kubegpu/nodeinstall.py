@@ -1501,7 +1501,7 @@ def published_devices(kubeconfig: str, node: str) -> Finding:
     from kubernetes import client
     from kubernetes.config import new_client_from_config
 
-    from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
+    from kubegpu.nodeannotations import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
 
     try:
         api = new_client_from_config(config_file=kubeconfig)

@@ -23,9 +23,10 @@ from typing import Any, Protocol
 from pyroute2 import IPRoute
 from pyroute2.netlink.exceptions import NetlinkError
 
+from kubegpu.bandwidth import MAX_MBPS
 from kubegpu.cni.state import Attachment
 
-UNCAPPED_MBPS = 10_000_000  # the allocation's MAX_MBPS: what "no cap" means for tc
+UNCAPPED_MBPS = MAX_MBPS  # the allocation's bound: what "no cap" means for tc
 NS_GET_NSTYPE = 0xB703  # ioctl on an nsfs file: its namespace type (linux/nsfs.h)
 CLONE_NEWNET = 0x40000000
 

@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubegpu.bandwidth import parse_bandwidth
+
 SUPPORTED_VERSIONS = ("1.0.0", "1.1.0")
 STATUS_VERSIONS = ("1.1.0",)  # STATUS and GC exist from 1.1.0 on
 POD_ANNOTATIONS_CAPABILITY = "io.kubernetes.cri.pod-annotations"
@@ -151,8 +153,6 @@ def pod_ref(cni_args: Mapping[str, str]) -> PodRef | None:
 
 def _mbps(text: Any) -> int:
     """A single bandwidth figure (``100Gbps``, ``500Mbps``) in Mbit/s, or CniError."""
-    from scheduler.core.rdma import parse_bandwidth  # numpy behind it: only when configured
-
     try:
         low, high = parse_bandwidth(text)
     except ValueError as error:

@@ -18,22 +18,26 @@ takes the most, so a pod's interfaces spread over PFs only when one PF's VFs or 
 enough. Whether a node can take a pod at all (``NicState.shortage``) depends on the PFs alone, not on
 which GPUs the pod gets: the filter and the choice always agree.
 
-Everything here is pure and in memory; ``parse_bandwidth`` reads the bandwidth notation both
-fronts use (docs/scheduler.md, "RDMA interfaces").
+Everything here is pure and in memory; the bandwidth notation both fronts use is
+``kubegpu.bandwidth`` (docs/scheduler.md, "RDMA interfaces"); how the inventory reads as PFs and
+VFs is ``devices.nics``, shared with the advertiser.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from devices.model import Device, DeviceKind, NodeInventory
+from devices.model import NodeInventory
+from devices.nics import nic_ports
+from devices.nics import rate_mbps as rate_mbps
+from kubegpu.bandwidth import MAX_MBPS as MAX_MBPS
+from kubegpu.bandwidth import MBPS_PER_GBPS as MBPS_PER_GBPS
+from kubegpu.bandwidth import format_mbps as format_mbps
+from kubegpu.bandwidth import parse_bandwidth as parse_bandwidth
 
 MAX_INTERFACES = 32  # per pod
-MAX_MBPS = 10_000_000  # 10 Tbit/s, beyond any one interface
-MBPS_PER_GBPS = 1000
 
 NO_FREE_VFS = "node(s) had too few free RDMA virtual functions"
 NO_BANDWIDTH = "node(s) had insufficient RDMA bandwidth"
@@ -62,52 +66,6 @@ class RdmaRequest:
 
 
 NO_RDMA = RdmaRequest()
-
-_FIGURE = r"([0-9]+)(?:\.([0-9]{1,3}))?[ \t]*(Gbps|Mbps)"
-_BANDWIDTH = re.compile(rf"[ \t]*{_FIGURE}[ \t]*(?:-[ \t]*{_FIGURE}[ \t]*)?")
-_DIGITS = 8  # whole digits read: beyond them a figure is far above MAX_MBPS anyway
-
-
-def _mbps(whole: str, fraction: str | None, unit: str, text: str) -> int:
-    whole = whole.lstrip("0") or "0"
-    if len(whole) > _DIGITS:
-        return MAX_MBPS + 1
-    if unit == "Mbps":
-        if fraction is not None:
-            raise ValueError(f"{text!r}: Mbit/s are whole numbers")
-        return int(whole)
-    return int(whole) * MBPS_PER_GBPS + int((fraction or "").ljust(3, "0"))
-
-
-def parse_bandwidth(text: Any) -> tuple[int, int]:
-    """``"100Gbps"`` -> (100000, 0); ``"25Gbps-50Gbps"`` -> (25000, 50000): (min, max) in Mbit/s.
-
-    A figure is ASCII digits (``Gbps`` up to three decimals, ``Mbps`` whole) and a unit, ``Gbps`` or
-    ``Mbps``, exactly so spelled; a range is two such figures joined by ``-``, minimum first.
-    Raises ValueError naming what is wrong (another unit, a sign, other digits, min above max,
-    beyond ``MAX_MBPS``).
-    """
-    match = _BANDWIDTH.fullmatch(text) if isinstance(text, str) else None
-    if match is None:
-        raise ValueError(
-            f"{str(text)[:64]!r} is not a bandwidth such as 25Gbps, 500Mbps or 25Gbps-50Gbps"
-            " (units Gbps or Mbps, decimal digits 0-9)"
-        )
-    low = _mbps(match.group(1), match.group(2), match.group(3), text)
-    high = _mbps(match.group(4), match.group(5), match.group(6), text) if match.group(4) else 0
-    if low > MAX_MBPS or high > MAX_MBPS:
-        raise ValueError(f"{text.strip()!r} is above {MAX_MBPS // MBPS_PER_GBPS} Gbps")
-    if match.group(4) and (high == 0 or low > high):
-        raise ValueError(f"{text.strip()!r}: the maximum must be above 0 and at least the minimum")
-    return low, high
-
-
-def format_mbps(mbps: int) -> str:
-    """``100000`` -> ``100Gbps``; ``2500`` -> ``2.5Gbps``; ``300`` -> ``300Mbps``."""
-    if mbps % MBPS_PER_GBPS == 0 or mbps > MBPS_PER_GBPS:
-        whole, rest = divmod(mbps, MBPS_PER_GBPS)
-        return f"{whole}.{rest:03d}".rstrip("0").rstrip(".") + "Gbps"
-    return f"{mbps}Mbps"
 
 
 @dataclass(frozen=True, order=True)
@@ -266,51 +224,21 @@ class NicState:
                 pf.held.pop(grant.id, None)
 
 
-def rate_mbps(device: Device) -> int:
-    """A NIC's line rate from its ``rateGbps`` attribute (0 when absent or unreadable)."""
-    try:
-        rate = float(device.attributes.get("rateGbps", "0"))
-    except ValueError:
-        return 0
-    if not 0 <= rate <= MAX_MBPS / MBPS_PER_GBPS:  # NaN too
-        return 0
-    return int(rate * MBPS_PER_GBPS)
-
-
 def nic_state(inventory: NodeInventory) -> NicState:
-    """The node's PFs and usable VFs from its inventory.
-
-    A VF is an RDMA device with attribute ``function: vf``; its PF is named by ``parentDevice``
-    (the PF's RDMA name) or ``parentPf`` (its PCI address). Every other RDMA device is a PF. A VF
-    is usable while it and its PF are healthy; a PF without usable VFs, or whose rate is unknown,
-    offers no interface, but a PF with a rate keeps its VFs out of use (``PfState.unusable``) so
-    the pods that hold them stay booked. A PF's GPUs are those ``Topology.nic_gpus`` lists for it
-    or its VFs.
+    """The node's PFs and usable VFs from its inventory, as ``devices.nics.nic_ports`` reads them (the
+    reading the advertiser's ``kubegpu.io/rdma`` count shares). A PF whose VFs are all unusable keeps
+    them out of use (``PfState.unusable``) so the pods that hold them stay booked. A PF's GPUs are
+    those ``Topology.nic_gpus`` lists for it or its VFs.
     """
-    rdma = inventory.by_kind(DeviceKind.RDMA)
-    pfs = [d for d in rdma if d.attributes.get("function", "pf") != "vf"]
-    by_name = {d.id: d for d in pfs}
-    by_pci = {d.pci_bus_id: d for d in pfs if d.pci_bus_id}
-    vfs: dict[str, list[Device]] = {}
-    for vf in rdma:
-        if vf.attributes.get("function") != "vf":
-            continue
-        parent = by_name.get(vf.attributes.get("parentDevice", "")) or by_pci.get(
-            vf.attributes.get("parentPf", "")
-        )
-        if parent is not None:
-            vfs.setdefault(parent.id, []).append(vf)
     near = inventory.topology.nic_gpus
     states = []
-    for pf in pfs:
-        mine = sorted(vfs.get(pf.id, []), key=lambda d: (d.index, d.id))
-        usable = tuple(v.id for v in mine if v.healthy) if pf.healthy else ()
-        rate = rate_mbps(pf)
-        if not mine or not rate:
-            continue
-        gpus = frozenset(near.get(pf.id, ())).union(*(near.get(v.id, ()) for v in mine))
-        unusable = tuple(v.id for v in mine if v.id not in usable)
-        states.append(PfState(pf.id, rate, pf.numa_node, gpus, usable, unusable=unusable))
+    for port in nic_ports(inventory):
+        mine = port.vfs
+        gpus = frozenset(near.get(port.pf.id, ())).union(*(near.get(v.id, ()) for v in mine))
+        unusable = tuple(v.id for v in mine if v.id not in port.usable)
+        states.append(
+            PfState(port.pf.id, port.rate_mbps, port.pf.numa_node, gpus, port.usable, unusable=unusable)
+        )
     return NicState(states)
 
 

@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from kubegpu.podrequests import effective_request as effective_request
 from scheduler.core.rdma import NO_RDMA, RdmaRequest
 
 if TYPE_CHECKING:
@@ -119,25 +120,6 @@ class ContainerRequest:
     name: str
     gpu_count: int = 0
     kind: ContainerKind = ContainerKind.APP
-
-
-def effective_request(app: Iterable[int], init: Iterable[tuple[int, bool]], overhead: int = 0) -> int:
-    """Kubernetes' pod request for one resource.
-
-    ``app`` are the app containers' requests; ``init`` the init containers' ``(request,
-    restartable)`` in declaration order (restartable: a sidecar, ``restartPolicy: Always``). The pod
-    needs the larger of (the app containers plus every sidecar) and, for each regular init
-    container, its own request plus the sidecars declared before it (they are running while it
-    does); then ``overhead`` (``spec.overhead``) is added.
-    """
-    sidecars = 0
-    peak = 0
-    for value, restartable in init:
-        if restartable:
-            sidecars += value
-        else:
-            peak = max(peak, value + sidecars)
-    return max(sum(app) + sidecars, peak) + overhead
 
 
 def container_gpus(containers: Iterable[ContainerRequest]) -> int:

@@ -16,7 +16,7 @@ What a pod can ask for (docs/scheduler.md is the user-facing description):
   count 0..32 in ASCII decimal digits) or the extended resource ``kubegpu.io/rdma`` (the pod's
   effective request by Kubernetes' rule, below; both given must agree), and
   ``kubegpu.io/rdma-bandwidth`` per interface (``25Gbps``, ``500Mbps`` or ``25Gbps-50Gbps``: minimum
-  reserved, maximum; ``rdma.parse_bandwidth``);
+  reserved, maximum; ``kubegpu.bandwidth.parse_bandwidth``);
 - topology of a multi-GPU set: annotation ``kubegpu.io/topology``, comma-separated
   ``nvlink``/``numa``/``pcie-switch`` each ``=require`` or ``=prefer``;
 - every resource by Kubernetes' rule (``pod_resources``, component-helpers' ``PodRequests``): per
@@ -46,9 +46,10 @@ from typing import Any
 from kubernetes.utils import parse_quantity
 
 from kubegpu.allocation import RDMA_RESOURCE  # the extended resource the advertiser publishes (VFs)
+from kubegpu.bandwidth import parse_bandwidth
 from scheduler.core.constraints import SpecError
 from scheduler.core.placement import placement_of
-from scheduler.core.rdma import MAX_INTERFACES, NO_RDMA, RdmaRequest, parse_bandwidth
+from scheduler.core.rdma import MAX_INTERFACES, NO_RDMA, RdmaRequest
 from scheduler.core.request import (
     ContainerKind,
     ContainerRequest,

@@ -29,9 +29,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
 from devices.model import DeviceKind, NodeInventory
 from kubegpu import allocation as contract
+from kubegpu.nodeannotations import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION
 from scheduler.core.rdma import VfGrant
 from scheduler.core.request import MILLI, HostPort, Taint, TaintEffect, container_gpus
 from scheduler.core.state import (

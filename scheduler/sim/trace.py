@@ -25,16 +25,9 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from kubegpu.bandwidth import format_mbps, parse_bandwidth
 from kubegpu.inputfiles import MAX_TRACE_BYTES, check_input
-from scheduler.core.rdma import (
-    MAX_INTERFACES,
-    NO_RDMA,
-    NicState,
-    PfState,
-    RdmaRequest,
-    format_mbps,
-    parse_bandwidth,
-)
+from scheduler.core.rdma import MAX_INTERFACES, NO_RDMA, NicState, PfState, RdmaRequest
 from scheduler.core.request import MILLI, PodRequest
 from scheduler.core.state import ClusterState, GpuState, LiveGpu, NodeState
 from scheduler.sim.machines import MachineError, MachineShape
@@ -90,7 +83,7 @@ class NicSpec:
 def parse_nics(text: str) -> NicSpec | None:
     """``"2x100Gbps/8"`` -> ``NicSpec(2, 100000, 8)``; ``""`` -> None. ValueError saying what is wrong:
     not of the form, PFs outside 1..``MAX_PFS``, VFs outside 1..``MAX_VFS``, a rate that is not one
-    bandwidth figure above 0 (``rdma.parse_bandwidth``: ``Gbps`` or ``Mbps``; no range)."""
+    bandwidth figure above 0 (``kubegpu.bandwidth.parse_bandwidth``: ``Gbps`` or ``Mbps``; no range)."""
     text = text.strip()
     if not text:
         return None
