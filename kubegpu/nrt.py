@@ -12,7 +12,9 @@ What kubegpu fills (pure functions here; ``crishim.nrtpublisher`` writes it):
   included (``/sys/devices/system/node/node<id>/distance``), where the kernel gives them;
 - per zone, its devices as resources: ``nvidia.com/gpu`` (and ``kubegpu.io/rdma``): ``capacity``
   every device of the zone, ``allocatable`` the healthy ones, ``available`` the healthy ones no
-  container holds (a share holds its GPU), as the node ledger says;
+  container holds (a share holds its GPU), as the node ledger says; ``kubegpu.io/rdma`` counts VFs
+  only, as the node's allocatable does (``devices.nics``: the VFs of PFs with a rate, allocatable
+  the usable ones), never the PFs;
 - optionally ``cpu`` and ``memory`` per zone as the kernel counts them (capacity = allocatable =
   available: kubegpu does not know the kubelet's exclusive CPU and memory bookings);
 - the kubelet's Topology Manager policy and scope as the top-level ``attributes``
@@ -32,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from devices.model import DeviceKind, NodeInventory
+from devices.nics import nic_ports
 from kubegpu.allocation import GPU_RESOURCE, RDMA_RESOURCE
 
 GROUP = "topology.node.k8s.io"
@@ -144,12 +147,15 @@ def zones(
     NUMA nodes the kernel lists and those the devices name, in id order; resources in name order.
     """
     taken = set(held)
+    ports = nic_ports(inventory)  # kubegpu.io/rdma counts VFs, as the node's allocatable does
+    vfs = {vf.id for port in ports for vf in port.vfs}
+    usable = {vf for port in ports for vf in port.usable}
     only = next(iter(numa_nodes)) if len(numa_nodes) == 1 else None
     counts: dict[int, dict[str, list[int]]] = {numa: {} for numa in numa_nodes}
     left_out = 0
     for device in inventory.devices:
         resource = RESOURCES.get(device.kind)
-        if resource is None:
+        if resource is None or (device.kind is DeviceKind.RDMA and device.id not in vfs):
             continue
         numa = device.numa_node if device.numa_node >= 0 else only
         if numa is None:
@@ -157,7 +163,7 @@ def zones(
             continue
         tally = counts.setdefault(numa, {}).setdefault(resource, [0, 0, 0])
         tally[0] += 1
-        if device.healthy:
+        if device.id in usable if device.kind is DeviceKind.RDMA else device.healthy:
             tally[1] += 1
             tally[2] += device.id not in taken
     result: list[dict[str, Any]] = []

@@ -93,20 +93,26 @@ def test_one_zone_per_numa_node_with_its_gpus_allocatable_when_healthy_and_avail
 
 
 def test_host_resources_and_rdma_nics_are_listed_per_zone(tmp_path: Path) -> None:
+    VF = {"function": "vf", "parentDevice": "mlx5_0"}  # noqa: N806
     devices = (
         Device("GPU-a", DeviceKind.GPU, 0, "A100", numa_node=1),
-        Device("mlx5_0", DeviceKind.RDMA, 0, "CX6", numa_node=1),
-    )
+        Device("mlx5_0", DeviceKind.RDMA, 0, "CX6", numa_node=1, attributes={"rateGbps": "100"}),
+        Device("mlx5_1", DeviceKind.RDMA, 1, "CX6", numa_node=1, attributes=VF),
+        Device("mlx5_2", DeviceKind.RDMA, 2, "CX6", numa_node=1, healthy=False, attributes=VF),
+        Device("mlx5_3", DeviceKind.RDMA, 3, "CX6", numa_node=1, attributes=VF),
+        Device("mlx5_9", DeviceKind.RDMA, 9, "CX6", numa_node=1),  # a PF without VFs: no interface
+    )  # fmt: skip
     zones, _ = nrt.zones(
         NodeInventory(devices),
-        {"mlx5_0"},
+        {"mlx5_0", "mlx5_1"},
         nrt.read_numa_nodes(sysfs(tmp_path, TWO_SOCKETS)),
         host_resources=True,
     )
     assert [r["name"] for r in zones[0]["resources"]] == ["cpu", "memory"]  # a zone without devices
     assert zones[1]["resources"] == [
         {"name": "cpu", "capacity": 40, "allocatable": 40, "available": 40},
-        {"name": "kubegpu.io/rdma", "capacity": 1, "allocatable": 1, "available": 0},
+        # VFs only, as the node's allocatable counts them: 3 VFs, 2 usable, 1 of them held
+        {"name": "kubegpu.io/rdma", "capacity": 3, "allocatable": 2, "available": 1},
         {
             "name": "memory",
             "capacity": 264231616 * 1024,
