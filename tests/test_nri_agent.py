@@ -5,7 +5,8 @@ A pod with a signed allocation of two simulated GPUs: its container sees exactly
 NVIDIA_VISIBLE_DEVICES naming them, whatever it asked for itself; a forged allocation is refused
 with the proxy's reason; a second pod asking for a GPU already held is refused (double use); the
 ledger follows RemoveContainer; and a plugin that reconnects rebuilds the ledger from
-Synchronize, by the marks on the containers still there."""
+Synchronize, by the marks on the containers still there. A pod's request of ``kubegpu.io/rdma``
+above what its allocation holds is refused through NRI as through the proxy."""
 
 from __future__ import annotations
 
@@ -382,3 +383,69 @@ def test_the_agent_rejects_another_plugins_managed_device(nri_containerd: Contai
         pods.close()
         other.stop()
         ours.stop()
+
+
+def test_the_nri_front_refuses_a_pod_whose_rdma_request_its_allocation_does_not_hold(
+    nri_containerd: Containerd, tmp_path: Path
+) -> None:
+    """The request of ``kubegpu.io/rdma`` is checked through NRI as through the CRI proxy (the one
+    ``AllocationRewriter.decide``): a pod asking for two interfaces whose signed allocation holds one
+    VF, or only a GPU, is refused with the proxy's reason and books nothing; a pod whose allocation
+    holds its two VFs sees exactly those; a pod the API cannot answer for gets its allocation's VFs,
+    never more (sim topology hgx-h100-sriov, on containerd 2.x with the plugin required)."""
+    from crishim.podlookup import facts_of
+    from tests.support.rdmanode import rdma_allocation
+
+    assert nri_containerd.nri_socket is not None
+    plugins = load_plugins(
+        ["sim"], {"node_name": NODE, "topology": "hgx-h100-sriov", "state_dir": str(tmp_path / "sim")}
+    )
+    devices = NodeDevices(plugins, sysfs_root=None)
+    devices.discover()
+    requests: dict[str, int] = {}  # pod UID -> its kubegpu.io/rdma, read from its API JSON
+
+    async def rdma_resource(namespace: str, name: str, uid: str) -> int | None:
+        return requests.get(uid)  # a pod not listed: the API gave no answer
+
+    def asking(count: str, vfs: list[str], gpus: tuple[str, ...] = ()) -> Callable[[str], str]:
+        def annotation(uid: str) -> str:
+            if count:
+                app = {"name": "app", "resources": {"limits": {"kubegpu.io/rdma": count}}}
+                pod = {"metadata": {"uid": uid}, "spec": {"containers": [app]}}
+                requests[uid] = facts_of(pod, ("kubegpu.io/rdma",)).rdma
+            containers = {"app": list(gpus)} if gpus else None
+            return rdma_allocation(NODE, uid, vfs, containers=containers, pf="mlx5_0")
+
+        return annotation
+
+    rewriter = AllocationRewriter(NODE, devices, KeyRing(None, SIGNING), rdma_resource=rdma_resource)
+    agent = NriAgent(rewriter)
+    plugin = PluginThread(PluginSession(agent, socket=nri_containerd.nri_socket, name=PLUGIN))
+    pods = Pods(nri_containerd, tmp_path / "logs")
+    script = "env; echo ---; ls /dev/kubegpu-sim 2>&1; echo END; exec sleep 100000"
+    try:
+        plugin.synchronize()
+        short = pods.create("short", asking("2", ["mlx5_0-vf0"]), script=script)
+        assert isinstance(short, grpc.RpcError), "a pod asking for 2 VFs started with 1"
+        assert "requests kubegpu.io/rdma: 2 (RDMA interfaces) but its allocation holds 1" in (
+            short.details() or ""
+        ), short.details()
+        gpu_only = pods.create("gpu-only", asking("1", [], (sim_gpu_id(NODE, 0),)), script=script)
+        assert isinstance(gpu_only, grpc.RpcError), "a pod asking for a VF started without one"
+        assert "its allocation holds 0" in (gpu_only.details() or ""), gpu_only.details()
+        assert not rewriter.ledger.holdings()
+
+        whole = pods.create("whole", asking("2", ["mlx5_0-vf0", "mlx5_0-vf1"]), script=script)
+        assert isinstance(whole, str), whole
+        out = pods.output(whole, "whole")
+        assert "KUBEGPU_RDMA_DEVICES=mlx5_0-vf0,mlx5_0-vf1" in out
+        assert out.split("---", 1)[1].split() == ["mlx5_0-vf0", "mlx5_0-vf1", "END"], out
+
+        unknown = pods.create("unknown", asking("", ["mlx5_0-vf2"]), script=script)
+        assert isinstance(unknown, str), unknown
+        out = pods.output(unknown, "unknown")
+        assert "KUBEGPU_RDMA_DEVICES=mlx5_0-vf2" in out
+        assert out.split("---", 1)[1].split() == ["mlx5_0-vf2", "END"], out
+    finally:
+        pods.close()
+        plugin.stop()
