@@ -27,7 +27,7 @@ import math
 import threading
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
-from functools import partial, wraps
+from functools import wraps
 from typing import Any
 
 import grpc
@@ -353,21 +353,28 @@ class ApiPodLookup:
         return facts if facts is not None and facts.uid == uid else None
 
     async def _read(self, namespace: str, name: str) -> PodFacts | None:
-        """GET the pod; None when the API server cannot answer (logged)."""
+        """GET the pod; None when the API server cannot answer within the lookup's timeout (logged).
+
+        The wait is bounded here, not by the HTTP client alone: urllib3 retries a GET whose read
+        timed out (three times by default), so a server that accepts and stalls held a container
+        create up to four timeouts; the body is read in the worker thread too (not on the loop)."""
         loop = asyncio.get_running_loop()
-        read = partial(
-            self._api.read_namespaced_pod,
-            name,
-            namespace,
-            _request_timeout=self._timeout,
-            _preload_content=False,
-        )
+
+        def read() -> Any:
+            response = self._api.read_namespaced_pod(
+                name, namespace, _request_timeout=self._timeout, _preload_content=False
+            )
+            return json.loads(response.data)
+
         try:
-            response = await loop.run_in_executor(None, read)
-            return facts_of(json.loads(response.data), self._managed)
+            doc = await asyncio.wait_for(loop.run_in_executor(None, read), self._timeout)
+            return facts_of(doc, self._managed)
         except Exception as error:  # ApiException, urllib3's MaxRetryError, timeouts, bad answers
             # Without the API we cannot know; the container is created with every device scrubbed.
+            reason = (
+                f"no answer within {self._timeout:g} s" if isinstance(error, TimeoutError) else str(error)
+            )
             log_event(
-                log, "pod_lookup.failed", logging.WARNING, pod=f"{namespace}/{name}", error=str(error)[:200]
+                log, "pod_lookup.failed", logging.WARNING, pod=f"{namespace}/{name}", error=reason[:200]
             )
             return None

@@ -8,6 +8,7 @@ gone from sysfs is refused with nothing booked; a rebuild from the marks keeps t
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -491,3 +492,55 @@ def test_the_shim_reads_a_pods_rdma_request_as_the_scheduler_counts_it() -> None
     for pod, expected in zip([*pods, with_sidecar], [2, 3, 0, 4], strict=True):
         assert facts_of(pod, ()).rdma == expected
         assert dict(pod_resources(pod, "nvidia.com/gpu").resources).get("kubegpu.io/rdma", 0) == expected
+
+
+def test_a_read_of_the_rdma_request_gives_up_at_the_lookups_timeout() -> None:
+    """docs/crishim.md: a read of an uncached pod waits at most the lookup's timeout, then the request
+    is not checked (None; the allocation's VFs, never more). Against a real HTTP server that leaves
+    the first GET unanswered and answers a second one (with a pod asking for two interfaces) half a
+    timeout later: before the fix urllib3 retried the timed-out read (three times by default, so up
+    to four timeouts per container create) and the lookup answered 2 from the retry."""
+    import json
+    import socket
+    import threading
+
+    from kubernetes import client
+
+    from crishim.podlookup import ApiPodLookup
+
+    timeout = 1.0
+    pod = resource_pod(UID_A, "2")
+    body = json.dumps(pod).encode()
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+    held: list[socket.socket] = []
+    done = threading.Event()
+
+    def serve() -> None:
+        while not done.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                return
+            held.append(conn)
+            if len(held) == 1:
+                continue  # the first GET is never answered
+            conn.recv(65536)
+            done.wait(timeout / 2)
+            header = f"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
+            with contextlib.suppress(OSError):
+                conn.sendall(header.encode() + b"\r\n" + body)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    configuration = client.Configuration()
+    configuration.host = f"http://127.0.0.1:{port}"
+    lookup = ApiPodLookup(client.CoreV1Api(client.ApiClient(configuration)), timeout=timeout)
+    try:
+        assert asyncio.run(lookup.rdma_resource("default", pod["metadata"]["name"], UID_A)) is None
+    finally:
+        done.set()
+        server.close()
+        for conn in held:
+            conn.close()
+        thread.join(5)
