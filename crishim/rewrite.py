@@ -57,6 +57,7 @@ from crishim.ledger import (
 )
 from crishim.mps import DaemonError, MpsSharing, share_devices
 from devices.model import Device, DeviceKind, NodeInventory
+from devices.nics import PfIndex, is_vf
 from devices.plugin import (
     DevicePlugin,
     PluginError,
@@ -316,15 +317,17 @@ def check_rdma(
     if not allocation.rdma:
         return []
     require_discovered(node_devices, pod, container)
+    pf_index = PfIndex(node_devices.devices.values())
     vfs = []
     for interface in allocation.rdma:
         where = f"pod {pod} container {container}: RDMA interface {interface.device}"
         device = node_devices.devices.get(interface.device)
         if device is None:
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{where} is not on this node")
-        function, parent = device.attributes.get("function"), device.attributes.get("parentDevice")
-        if device.kind is not DeviceKind.RDMA or function != "vf":
+        if not is_vf(device):
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{where} is not an RDMA VF on this node")
+        pf = pf_index.parent(device)  # as the scheduler and the advertiser read it (devices.nics)
+        parent = pf.id if pf is not None else None
         if parent != interface.pf:
             raise Rejected(
                 grpc.StatusCode.FAILED_PRECONDITION,

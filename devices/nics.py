@@ -11,6 +11,7 @@ without VFs, or whose rate (``rateGbps``) is unknown, offers no interface. Pure.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from devices.model import Device, DeviceKind, NodeInventory
@@ -38,19 +39,35 @@ def rate_mbps(device: Device) -> int:
     return int(rate * MBPS_PER_GBPS)
 
 
+def is_vf(device: Device) -> bool:
+    return device.kind is DeviceKind.RDMA and device.attributes.get("function") == "vf"
+
+
+class PfIndex:
+    """A node's PFs by RDMA name and by PCI address, to find a VF's PF."""
+
+    def __init__(self, devices: Iterable[Device]) -> None:
+        self.pfs = [d for d in devices if d.kind is DeviceKind.RDMA and not is_vf(d)]
+        self._by_name = {d.id: d for d in self.pfs}
+        self._by_pci = {d.pci_bus_id: d for d in self.pfs if d.pci_bus_id}
+
+    def parent(self, vf: Device) -> Device | None:
+        """The PF ``parentDevice`` names, else the one at PCI address ``parentPf``; None for neither."""
+        return self._by_name.get(vf.attributes.get("parentDevice", "")) or self._by_pci.get(
+            vf.attributes.get("parentPf", "")
+        )
+
+
 def nic_ports(inventory: NodeInventory) -> list[NicPort]:
     """The node's PFs that have VFs and a known rate, in inventory order (module docstring)."""
     rdma = inventory.by_kind(DeviceKind.RDMA)
-    pfs = [d for d in rdma if d.attributes.get("function", "pf") != "vf"]
-    by_name = {d.id: d for d in pfs}
-    by_pci = {d.pci_bus_id: d for d in pfs if d.pci_bus_id}
+    index = PfIndex(rdma)
+    pfs = index.pfs
     vfs: dict[str, list[Device]] = {}
     for vf in rdma:
-        if vf.attributes.get("function") != "vf":
+        if not is_vf(vf):
             continue
-        parent = by_name.get(vf.attributes.get("parentDevice", "")) or by_pci.get(
-            vf.attributes.get("parentPf", "")
-        )
+        parent = index.parent(vf)
         if parent is not None:
             vfs.setdefault(parent.id, []).append(vf)
     ports = []

@@ -544,3 +544,21 @@ def test_a_read_of_the_rdma_request_gives_up_at_the_lookups_timeout() -> None:
         for conn in held:
             conn.close()
         thread.join(5)
+
+
+def test_a_vf_named_by_its_pfs_pci_address_alone_is_granted_as_the_scheduler_places_it(machine: Path) -> None:
+    # The scheduler and the advertiser find a VF's PF by `parentDevice`, else by `parentPf` (its PCI
+    # address); the shim compared `parentDevice` alone, so such a VF was placed and refused forever.
+    from dataclasses import replace
+
+    rewriter = rewriter_on(machine)
+    devices = rewriter.node_devices.devices
+    pf_pci = devices[PF].pci_bus_id
+    assert pf_pci
+    attributes = {k: v for k, v in devices["mlx5_1"].attributes.items() if k != "parentDevice"}
+    devices["mlx5_1"] = replace(devices["mlx5_1"], attributes={**attributes, "parentPf": pf_pci})
+    app = create(rewriter, request(UID_A, rdma_allocation(NODE, UID_A, ["mlx5_1"])))
+    assert env_of(app.config)["NCCL_IB_HCA"] == "=mlx5_1"
+    devices["mlx5_1"] = replace(devices["mlx5_1"], attributes={**attributes, "parentPf": "0000:ff:00.7"})
+    error = refused(rewriter, request(UID_B, rdma_allocation(NODE, UID_B, ["mlx5_1"])))
+    assert "not of" in error.message
