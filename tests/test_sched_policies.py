@@ -362,6 +362,46 @@ def test_whole_node_reserve_keeps_in_proportion_to_the_demand() -> None:
     assert WholeNodeReserve(keep=7).keep == 7
 
 
+def test_adaptive_reserve_keeps_what_the_whole_node_pods_seen_need_of_the_free_gpus() -> None:
+    from scheduler.core.policies import WholeNodeReserve
+
+    cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(50)])  # 400 GPUs free
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    huge = PodRequest("huge", cpu_milli=90_000, gpu_count=8)
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    reserve = WholeNodeReserve(keep=1, adaptive=True)
+    reserve.bind(cluster, [big, huge] + [one] * 84)  # prior: 8-GPU pods 16 of 100 GPUs asked
+    assert reserve.shapes == [(8, 64_000, 0), (8, 90_000, 0)]
+    free = 400_000
+    # before any arrival, the workload's share: 16% (64-CPU hosts also host the 90-CPU pods), 8%
+    assert [reserve.keep_for(k, free) for k in range(2)] == [8, 4]
+    for pod in [huge] + [one] * 8:  # seen: 8 of 16 GPUs asked by a pod needing a 90-CPU host
+        reserve.observe(pod)
+    assert [reserve.keep_for(k, free) for k in range(2)] == [25, 25]
+    assert [reserve.keep_for(k, free // 10) for k in range(2)] == [3, 3]  # fewer free GPUs, fewer kept
+    assert [reserve.keep_for(k, 0) for k in range(2)] == [1, 1]  # never below the floor
+    for _ in range(200):
+        reserve.observe(one)
+    assert [reserve.keep_for(k, free) for k in range(2)] == [2, 2]
+    reserve.bind(cluster, [one])  # a new binding starts afresh, without whole-node shapes
+    assert reserve.shapes == [] and reserve.seen_total == 0
+
+
+def test_adaptive_reserve_penalises_the_last_hosts_it_keeps() -> None:
+    from scheduler.core.policies import WholeNodeReserve
+
+    few = reserve_cluster(3)  # 3 idle hosts of the 64-CPU shape, and a used node
+    reserve = WholeNodeReserve(keep=0, adaptive=True)
+    reserve.bind(few, WHOLE_NODE_WORKLOAD)
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    reserve.observe(one)
+    assert reserve.penalty(one, few, few.all_indices).tolist() == [0, 0, 0, 0]  # none kept
+    for _ in range(3):
+        reserve.observe(big)  # 24 of 25 GPUs seen were whole-node pods: keep ceil(0.96 * 31) nodes
+    assert reserve.penalty(one, few, few.all_indices).tolist() == [1, 1, 1, 0]
+
+
 def test_share_waste_table_is_what_no_common_share_size_fills() -> None:
     from scheduler.core.policies import share_waste_table
 

@@ -378,37 +378,76 @@ class WholeNodeReserve:
     refused while 8 GPUs are free elsewhere in pieces. ``penalty`` counts, per candidate node, the
     whole-node shapes it would stop being able to host although at most ``keep`` nodes still can.
 
-    ``keep`` (None: in proportion) is the whole-node pods' share of the workload's GPU demand times
-    the number of nodes with that many GPUs, at least ``MIN_KEEP``: on openb 6% of the 8-GPU nodes for
-    the default trace, 16% for multigpu20. The shapes and shares come from the expected workload (its
-    shape distribution, as FGD's typical pods), never from the order in which pods will come.
+    ``keep``: a fixed number; or None, in proportion: the whole-node pods' share of the workload's GPU
+    demand times the number of nodes with that many GPUs, at least ``MIN_KEEP`` (on openb 6% of the
+    8-GPU nodes for the default trace, 16% for multigpu20). ``adaptive``: instead, per shape, the
+    hosts the whole-node pods still to come are expected to need: the share of the GPU demand seen so
+    far that came from pods needing such a host (``observe``: every arrival, placed or not; before
+    the first, the workload's share) times the cluster's free GPU milli, in nodes' worth of the
+    shape's GPUs, rounded up. The shapes and shares come from the expected workload (its shape
+    distribution, as FGD's typical pods) and the arrivals so far, never from pods still to come.
     """
 
     MIN_KEEP = 2
 
-    def __init__(self, keep: int | None = None) -> None:
+    def __init__(self, keep: int | None = None, adaptive: bool = False) -> None:
         self.fixed = keep
+        self.adaptive = adaptive
         self.keep = keep if keep is not None else self.MIN_KEEP
         self.shapes: list[tuple[int, int, int]] = []  # (GPUs, CPU milli, memory MiB)
+        self.prior: list[float] = []  # adaptive: per shape, the workload's share of demand needing a host
+        self.seen: list[int] = []  # adaptive: per shape, GPU milli arrived of pods needing such a host
+        self.seen_total = 0  # adaptive: GPU milli arrived
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
         largest = int(cluster.gpu_count.max()) if len(cluster) else 0
         whole = [p for p in workload if largest >= 2 and not p.is_share and p.gpu_count >= largest]
         self.shapes = sorted({(p.gpu_count, p.cpu_milli, p.memory_mib) for p in whole})
-        if self.fixed is None:
-            demand = sum(p.total_gpu_milli for p in workload)
+        demand = sum(p.total_gpu_milli for p in workload)
+        if self.fixed is None and not self.adaptive:
             hosts = int(np.count_nonzero(cluster.gpu_count >= largest)) if largest >= 2 else 0
             share = sum(p.total_gpu_milli for p in whole) / demand if demand else 0.0
             self.keep = max(self.MIN_KEEP, math.ceil(hosts * share))
+        self.prior = [
+            sum(p.total_gpu_milli for p in whole if self._needs(p, shape)) / demand if demand else 0.0
+            for shape in self.shapes
+        ]
+        self.seen = [0] * len(self.shapes)
+        self.seen_total = 0
+
+    @staticmethod
+    def _needs(pod: PodRequest, shape: tuple[int, int, int]) -> bool:
+        """Whether ``pod`` can only run on a node that is also a host of ``shape``."""
+        gpus, cpu, memory = shape
+        big = pod.cpu_milli >= cpu and pod.memory_mib >= memory
+        return big and not pod.is_share and pod.gpu_count >= gpus
+
+    def observe(self, pod: PodRequest) -> None:
+        """Count an arrival (adaptive mode)."""
+        if not self.adaptive or not pod.total_gpu_milli:
+            return
+        self.seen_total += pod.total_gpu_milli
+        if not pod.is_share and self.shapes and pod.gpu_count >= self.shapes[0][0]:
+            for k, shape in enumerate(self.shapes):
+                if self._needs(pod, shape):
+                    self.seen[k] += pod.total_gpu_milli
+
+    def keep_for(self, k: int, free_milli: int) -> int:
+        """How many hosts of shape ``k`` to keep, with ``free_milli`` GPU milli free in the cluster."""
+        if not self.adaptive:
+            return self.keep
+        share = self.seen[k] / self.seen_total if self.seen_total else self.prior[k]
+        return max(self.keep, math.ceil(share * free_milli / (self.shapes[k][0] * MILLI)))
 
     def penalty(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         out = np.zeros(len(idx))
         take = 1 if pod.is_share else pod.gpu_count
-        for gpus, cpu, memory in self.shapes:
+        free = int(cluster.gpu_free_total.sum()) if self.adaptive else 0
+        for k, (gpus, cpu, memory) in enumerate(self.shapes):
             if not pod.is_share and pod.gpu_count >= gpus:
                 continue  # a pod of this size itself
             hosts = (cluster.gpu_full_free >= gpus) & (cluster.cpu_free >= cpu) & (cluster.mem_free >= memory)
-            if int(np.count_nonzero(hosts)) > self.keep:
+            if int(np.count_nonzero(hosts)) > self.keep_for(k, free):
                 continue
             now = hosts[idx]
             if not now.any():
@@ -480,9 +519,15 @@ class ReserveThenAlign(AlignmentScore):
 
     name = "reserve-align"
 
-    def __init__(self, step: float = 0.2, keep: int | None = None, waste_band: int = 0) -> None:
+    def __init__(
+        self,
+        step: float = 0.2,
+        keep: int | None = None,
+        waste_band: int = 0,
+        adaptive: bool = False,
+    ) -> None:
         super().__init__(step=step)
-        self.reserve = WholeNodeReserve(keep)
+        self.reserve = WholeNodeReserve(keep, adaptive)
         self.waste_band = waste_band
         self.waste = np.zeros(MILLI + 1, dtype=np.int64)
 
@@ -491,6 +536,9 @@ class ReserveThenAlign(AlignmentScore):
         self.reserve.bind(cluster, workload)
         if self.waste_band:
             self.waste = share_waste_table(workload)
+
+    def observe(self, pod: PodRequest) -> None:
+        self.reserve.observe(pod)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         bands = super().score(pod, cluster, idx)  # 0 .. 1 / step
@@ -510,7 +558,7 @@ COMPLETE_BELOW = 110  # fgd-reserve: a share leaving a GPU less than this free c
 WASTE_BAND = 10  # fgd-reserve: unfillable share remainders in bands of this many milli (tie-break)
 
 
-def fgd_reserve(keep: int | None = RESERVE_KEEP) -> Policy:
+def fgd_reserve(keep: int | None = RESERVE_KEEP, adaptive: bool = False) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
     bands; ties to the nodes that keep whole-node hosts, then (shares) the least unfillable
     remainder, then alignment bands.
@@ -528,7 +576,7 @@ def fgd_reserve(keep: int | None = RESERVE_KEEP) -> Policy:
         ),
         "shares complete GPUs first; FGD in bands; ties keep the last hosts of whole-node pods, then the"
         " least unfillable share remainder, then CPU/GPU alignment (ours)",
-        tie_break=ReserveThenAlign(ALIGN_STEP, keep, WASTE_BAND),
+        tie_break=ReserveThenAlign(ALIGN_STEP, keep, WASTE_BAND, adaptive),
     )
 
 
