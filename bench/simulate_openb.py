@@ -245,6 +245,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--mixes", metavar="SET", help="run the trace mixes of this set of bench/openb_mixes.json"
     )
+    parser.add_argument("--mix-names", metavar="NAME,...", help="with --mixes: only these mixes of the set")
     parser.add_argument(
         "--curve", action="store_true", help="add the default policy's smallest margin over FGD on the curve"
     )
@@ -270,7 +271,8 @@ def main(argv: list[str] | None = None) -> int:
         throughput(policies)
         return 0
     if args.mixes:
-        return run_mixes(args.mixes, policies, args.jobs, args.ties)
+        names = [n for n in (args.mix_names or "").split(",") if n]
+        return run_mixes(args.mixes, policies, args.jobs, args.ties, names)
     jobs = [(t, p, s, args.ties) for t in traces for p in policies for s in seeds]
     start = time.perf_counter()
     results: dict[tuple[str, str], list[RunResult]] = {}
@@ -367,13 +369,18 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_mixes(set_name: str, policies: list[str], jobs: int, ties: str) -> int:
-    """Every mix of ``set_name`` in ``MIXES`` with every policy over the mix's own seeds."""
+def run_mixes(
+    set_name: str, policies: list[str], jobs: int, ties: str, names: list[str] | None = None
+) -> int:
+    """Every mix of ``set_name`` in ``MIXES`` (or those of ``names``) with every policy over the mix's
+    own seeds."""
     from scheduler.sim.mixes import load_mixes
 
     try:
         sets = load_mixes(MIXES)
-        mixes = sets[set_name]
+        mixes = [m for m in sets[set_name] if not names or m.name in names]
+        if not mixes:
+            raise KeyError(set_name)
     except KeyError:
         print(f"simulate_openb: no mix set {set_name!r} in {MIXES}", file=sys.stderr)
         return 2

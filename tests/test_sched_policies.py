@@ -402,6 +402,74 @@ def test_adaptive_reserve_penalises_the_last_hosts_it_keeps() -> None:
     assert reserve.penalty(one, few, few.all_indices).tolist() == [1, 1, 1, 0]
 
 
+def model_cluster() -> ClusterState:
+    nodes = [
+        NodeState(f"a{i}", 64_000, 1_000_000, [GpuState(j, f"a{i}-g{j}", "A") for j in range(4)])
+        for i in range(2)
+    ]
+    nodes += [
+        NodeState(f"b{i}", 64_000, 1_000_000, [GpuState(j, f"b{i}-g{j}", "B") for j in range(4)])
+        for i in range(2)
+    ]
+    return ClusterState(nodes)
+
+
+def test_model_balance_keeps_the_models_restricted_pods_need_once_they_arrive() -> None:
+    from scheduler.core.policies import ModelBalance
+
+    cluster = model_cluster()
+    balance = ModelBalance(0.2)
+    balance.bind(cluster)
+    free_pod = PodRequest("any", cpu_milli=1000, gpu_count=1)
+    only_a = PodRequest("a", cpu_milli=1000, gpu_count=1, gpu_models=frozenset({"A"}))
+    assert balance.bands(free_pod, cluster, cluster.all_indices) is None  # no restricted pod seen yet
+    balance.observe(only_a)
+    assert balance.bands(only_a, cluster, cluster.all_indices) is None  # it may only go to A anyway
+    assert balance.bands(PodRequest("cpu", cpu_milli=1000), cluster, cluster.all_indices) is None
+    assert balance.bands(free_pod, cluster, cluster.all_indices).tolist() == [5, 5, 5, 5]
+    use(cluster, "a0", "u1", cpu=1000, grants=((0, 1000), (1, 1000)), tag="1-gpu")  # A: 6 of 8 free
+    assert balance.bands(free_pod, cluster, cluster.all_indices).tolist() == [3, 3, 5, 5]  # B untouched: 1
+
+
+def test_fgd_reserve_sends_free_pods_away_from_a_model_restricted_pods_need() -> None:
+    cluster = model_cluster()
+    cluster.set_tie_order([0, 1, 2, 3])  # the node order would take a0
+    use(cluster, "a0", "u1", cpu=1000, grants=((0, 1000),), tag="1-gpu")
+    use(cluster, "b0", "u2", cpu=1000, grants=((0, 1000),), tag="1-gpu")
+    free_pod = PodRequest("any", cpu_milli=1000, gpu_count=1)
+    only_a = PodRequest("a", cpu_milli=1000, gpu_count=1, gpu_models=frozenset({"A"}))
+    chosen = []
+    for seen in ([], [only_a]):
+        policy = make_policy("fgd-reserve")
+        policy.bind(cluster, [free_pod], RNG)  # the workload as bound has no restricted pod
+        for pod in seen:
+            policy.observe(pod)
+        chosen.append(schedule_one(free_pod, cluster, policy, RNG).node)
+    assert chosen == ["a0", "b0"]
+
+
+def test_alignment_is_exact_while_cpu_would_run_out_first() -> None:
+    from scheduler.core.policies import ReserveThenAlign
+
+    cluster = ClusterState([gpu_node("n", 8, cpu=64_000)])  # 64 CPUs, 8000 milli of GPU
+    tie = ReserveThenAlign(0.2, cpu_bound_exact=True)
+    gpu_heavy = [PodRequest("g", cpu_milli=4000, gpu_count=4)]  # 6% of the CPU for 50% of the GPU
+    tie.bind(cluster, gpu_heavy, RNG)
+    assert not tie.cpu_bound()
+    tie.bind(cluster, [PodRequest("c", cpu_milli=40_000, gpu_count=1)], RNG)  # 62% of CPU, 12% of GPU
+    assert tie.cpu_bound()
+    tie.observe(PodRequest("g", cpu_milli=100, gpu_count=1, gpu_milli=500))  # 6% of the GPUs: too few
+    assert tie.cpu_bound()
+    tie.observe(gpu_heavy[0])  # 50% of the GPUs asked: the arrivals decide, not the workload bound
+    assert not tie.cpu_bound()
+    pod = PodRequest("p", cpu_milli=8000, gpu_count=4)
+    banded = tie.score(pod, cluster, cluster.all_indices)
+    tie.observe(PodRequest("c", cpu_milli=200_000))
+    assert tie.cpu_bound()
+    exact = tie.score(pod, cluster, cluster.all_indices)
+    assert float(banded[0]).is_integer() and not float(exact[0]).is_integer()
+
+
 def test_share_waste_table_is_what_no_common_share_size_fills() -> None:
     from scheduler.core.policies import share_waste_table
 

@@ -511,13 +511,57 @@ class ShareCompletionScore(ScorePlugin):
         return best[1] if best else None  # None: FGD chooses
 
 
+class ModelBalance:
+    """Keeps GPU models free for the pods that can only use them, once such pods have arrived.
+
+    ``observe`` marks the models (node model sets) some arrived pod restricted itself to
+    (``gpu_spec``); for a pod free to use any model, ``bands`` gives each node the free share of its
+    model's GPUs in the cluster (1 for models no arrived pod was restricted to) in bands of ``band``:
+    higher is better, so such pods fill the models the restricted pods need last, and no model runs out
+    early while others have room. None (no effect) before any restricted pod, for a restricted pod and
+    for a pod without GPUs. Reads the arrivals so far and the cluster's state only.
+    """
+
+    def __init__(self, band: float) -> None:
+        self.band = band
+        self.codes = np.zeros(0, dtype=np.int64)
+        self.capacity = np.zeros(0)
+        self.restricted = np.zeros(0, dtype=bool)
+        self.sets: list[frozenset[str]] = []
+
+    def bind(self, cluster: ClusterState) -> None:
+        self.codes = cluster.model_code
+        self.sets = list(cluster.model_sets)
+        weights = cluster.gpu_count * float(MILLI)
+        self.capacity = np.bincount(self.codes, weights=weights, minlength=len(self.sets))
+        self.restricted = np.zeros(len(self.sets), dtype=bool)
+
+    def observe(self, pod: PodRequest) -> None:
+        if pod.gpu_models and pod.gpu_count:
+            for code, models in enumerate(self.sets):
+                if models & pod.gpu_models:
+                    self.restricted[code] = True
+
+    def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
+        if pod.gpu_models or not pod.gpu_count or not self.restricted.any():
+            return None
+        free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
+        share = np.divide(free, self.capacity, out=np.ones_like(free), where=self.capacity > 0)
+        share = np.where(self.restricted, share, 1.0)
+        return np.floor(share[self.codes[idx]] / self.band)
+
+
 class ReserveThenAlign(AlignmentScore):
-    """Tie-breaker: first the nodes that keep the last whole-node hosts (``WholeNodeReserve``), then
-    (``waste_band`` > 0, shares only) the least unfillable remainder (``share_waste_table``) a GPU
-    would keep, in bands of ``waste_band`` milli, then the request/free alignment in bands of
-    ``step`` (within a band the node order decides)."""
+    """Tie-breaker: first (``balance`` > 0) the model balance (``ModelBalance``, bands of ``balance``),
+    then the nodes that keep the last whole-node hosts (``WholeNodeReserve``), then (``waste_band`` >
+    0, shares only) the least unfillable remainder (``share_waste_table``) a GPU would keep, in bands
+    of ``waste_band`` milli, then the request/free alignment in bands of ``step`` (within a band the
+    node order decides). ``cpu_bound_exact``: while the CPU asked by the pods arrived so far (before
+    the first, the workload) is a larger share of the cluster's CPU than their GPU of its GPUs (CPU
+    would run out first), the alignment is not banded (exact to 6 decimals)."""
 
     name = "reserve-align"
+    WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
 
     def __init__(
         self,
@@ -525,30 +569,66 @@ class ReserveThenAlign(AlignmentScore):
         keep: int | None = None,
         waste_band: int = 0,
         adaptive: bool = False,
+        balance: float = 0.0,
+        cpu_bound_exact: bool = False,
     ) -> None:
         super().__init__(step=step)
         self.reserve = WholeNodeReserve(keep, adaptive)
         self.waste_band = waste_band
         self.waste = np.zeros(MILLI + 1, dtype=np.int64)
+        self.balance = ModelBalance(balance) if balance > 0 else None
+        self.cpu_bound_exact = cpu_bound_exact
+        self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
+        self.asked = [0, 0]  # CPU milli and GPU milli of the pods arrived so far
+        self.prior = (0, 0)  # the same of the workload
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         super().bind(cluster, workload, rng)
         self.reserve.bind(cluster, workload)
         if self.waste_band:
             self.waste = share_waste_table(workload)
+        if self.balance is not None:
+            self.balance.bind(cluster)
+        self.capacity = (max(int(cluster.cpu_capacity.sum()), 1), max(cluster.total_gpus() * MILLI, 1))
+        self.prior = (sum(p.cpu_milli for p in workload), sum(p.total_gpu_milli for p in workload))
+        self.asked = [0, 0]
 
     def observe(self, pod: PodRequest) -> None:
         self.reserve.observe(pod)
+        if self.balance is not None:
+            self.balance.observe(pod)
+        self.asked[0] += pod.cpu_milli
+        self.asked[1] += pod.total_gpu_milli
+
+    def cpu_bound(self) -> bool:
+        """Whether the CPU asked is the larger share of capacity: by the arrivals so far once they asked
+        for ``WARM_UP`` of the cluster's GPUs or CPUs (a few first pods say little), else the workload."""
+        cpu, gpu = self.asked
+        warm = cpu >= self.WARM_UP * self.capacity[0] or gpu >= self.WARM_UP * self.capacity[1]
+        if not warm:
+            cpu, gpu = self.prior
+        return cpu * self.capacity[1] > gpu * self.capacity[0]
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        bands = super().score(pod, cluster, idx)  # 0 .. 1 / step
+        if self.cpu_bound_exact and self.step and self.cpu_bound():
+            step, self.step = self.step, 0.0
+            try:
+                bands = super().score(pod, cluster, idx)  # the cosine, 0 .. 1
+            finally:
+                self.step = step
+        else:
+            bands = super().score(pod, cluster, idx)  # 0 .. 1 / step
         top = 1.0 + np.max(bands, initial=0.0)
         if self.waste_band and pod.is_share and pod.gpu_milli:
             waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1)[idx]
             levels = MILLI // self.waste_band + 2
             bands = bands - top * (waste // self.waste_band)
             top *= levels
-        return bands - top * self.reserve.penalty(pod, cluster, idx)
+        out = bands - top * self.reserve.penalty(pod, cluster, idx)
+        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        if balance is None:
+            return out
+        return out + (2.0 * np.max(np.abs(out), initial=0.0) + 10.0) * balance
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
@@ -556,17 +636,27 @@ ALIGN_STEP = 0.2  # fgd-reserve: alignment (cosine) bands
 RESERVE_KEEP = 3  # fgd-reserve: whole-node hosts kept per shape (None: in proportion, WholeNodeReserve)
 COMPLETE_BELOW = 110  # fgd-reserve: a share leaving a GPU less than this free completes it (first)
 WASTE_BAND = 10  # fgd-reserve: unfillable share remainders in bands of this many milli (tie-break)
+BALANCE_BAND = 0.2  # fgd-reserve: model balance (free share of a model's GPUs) in bands of this
 
 
-def fgd_reserve(keep: int | None = RESERVE_KEEP, adaptive: bool = False) -> Policy:
+def fgd_reserve(
+    keep: int | None = RESERVE_KEEP,
+    adaptive: bool = True,
+    balance: float = BALANCE_BAND,
+    cpu_bound_exact: bool = True,
+) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
-    bands; ties to the nodes that keep whole-node hosts, then (shares) the least unfillable
-    remainder, then alignment bands.
+    bands; ties to the models restricted pods need least (``ModelBalance``), then to the nodes that keep
+    whole-node hosts, then (shares) the least unfillable remainder, then alignment bands (exact while
+    CPU is the scarcer resource).
 
     Whole-node pods are left out of FGD's typical pods: the reserve keeps hosts for them, so FGD need
-    not hold idle nodes back for them. ``keep``: whole-node hosts kept per shape (``RESERVE_KEEP``, 3,
-    suits the simulator's node order; None, in proportion to their demand, suits random ties as the
-    live scheduler's ``topology`` breaks them). docs/simulator.md explains each part.
+    not hold idle nodes back for them. ``keep``: whole-node hosts kept per shape at least
+    (``RESERVE_KEEP``, 3, suits the simulator's node order; None, in proportion to their demand, suits
+    random ties as the live scheduler's ``topology`` breaks them); ``adaptive``: more while the
+    whole-node pods seen so far need more of the free GPUs (``WholeNodeReserve``); ``balance``: the
+    model balance's band (0: off); ``cpu_bound_exact``: see ``ReserveThenAlign``. docs/simulator.md
+    explains each part.
     """
     return Policy(
         "fgd-reserve",
@@ -574,9 +664,9 @@ def fgd_reserve(keep: int | None = RESERVE_KEEP, adaptive: bool = False) -> Poli
             (ShareCompletionScore(COMPLETE_BELOW), 1000.0),
             (FGDScore(step=FGD_STEP, whole_node_typical=False), 1.0),
         ),
-        "shares complete GPUs first; FGD in bands; ties keep the last hosts of whole-node pods, then the"
-        " least unfillable share remainder, then CPU/GPU alignment (ours)",
-        tie_break=ReserveThenAlign(ALIGN_STEP, keep, WASTE_BAND, adaptive),
+        "shares complete GPUs first; FGD in bands; ties balance restricted GPU models, keep the last hosts"
+        " of whole-node pods, then the least unfillable share remainder, then CPU/GPU alignment (ours)",
+        tie_break=ReserveThenAlign(ALIGN_STEP, keep, WASTE_BAND, adaptive, balance, cpu_bound_exact),
     )
 
 
@@ -650,7 +740,9 @@ def topology_policy() -> Policy:
     for pods of fewer than two whole GPUs it is 0 everywhere and the policy is ``fgd-reserve`` with the
     whole-node reserve in proportion (``keep=None``), which holds up when ties are broken at random.
     """
-    base = fgd_reserve(keep=None)  # ties at random in the live scheduler: hosts kept in proportion
+    # ties at random in the live scheduler: hosts kept in proportion; the adaptive parts of fgd-reserve
+    # (issue 26) were measured with the simulator's node order only, so topology stays as it was
+    base = fgd_reserve(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=False)
     return Policy(
         "topology",
         ((TopologyScore(), 1000.0), *base.plugins),
