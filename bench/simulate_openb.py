@@ -6,6 +6,7 @@
     .venv/bin/python bench/simulate_openb.py --throughput [--policies ...]
     .venv/bin/python bench/simulate_openb.py --links [--policies ...]      # + link quality columns
     .venv/bin/python bench/simulate_openb.py --bound [--policies fgd,...]   # + the LP bound per trace
+    .venv/bin/python bench/simulate_openb.py --mixes tuning|heldout [--policies fgd,fgd-reserve]
 
 Prints, per trace and policy, the mean and spread (sample standard deviation) over the seeds of the
 GPU allocation ratio at 100% and 130% arrived, the published value (FGD paper, mean of 10 seeds),
@@ -22,11 +23,16 @@ the mean over the seeds of the LP upper bound on the allocation at 100% and 130%
 (``scheduler.sim.bound``) and every policy's gap to it. ``--curve`` prints, for the default policy
 against FGD, the smallest difference of the mean curves over every arrival point 10%..130% (and how
 many points are below FGD), then both mean curves at ``CURVE_POINTS`` as a markdown table.
+``--mixes SET`` runs instead the trace mixes of that set of ``MIXES`` (``scheduler.sim.mixes``; each
+mix with its own protocol seeds) and prints, per mix and policy, the means at 100% and 130%, and for
+every policy but FGD: the smallest paired difference to FGD at 100% and 130% over the seeds, the
+smallest difference of the mean curves over 10..130% (where, and how many points are below FGD).
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import sys
 import time
@@ -42,8 +48,10 @@ from scheduler.sim.protocol import RunResult, run_once  # noqa: E402
 from scheduler.sim.runner import parse_seeds  # noqa: E402
 from scheduler.sim.trace import load_nodes, load_pods, with_shapes  # noqa: E402
 
-TRACE_DIR = ROOT.parent / "shared" / "traces" / "openb"
+# ../shared beside the checkout; OPENB_TRACES names another place (a worktree's ../shared is elsewhere)
+TRACE_DIR = Path(os.environ.get("OPENB_TRACES") or ROOT.parent / "shared" / "traces" / "openb")
 TRACES = ("default", "cpu050", "multigpu20", "gpushare40")
+MIXES = ROOT / "bench" / "openb_mixes.json"  # the tuning and held-out trace mixes (--mixes)
 CURVE_POINTS = (10, 20, 30, 40, 50, 60, 70, 80, 90, 95, 100, 105, 110, 120, 130)  # --curve's table
 
 # Weng et al., "Beware of Fragmentation", USENIX ATC'23: mean of 10 seeds, alloc % at 100 / 130 arrived
@@ -97,6 +105,60 @@ def _load(trace: str) -> tuple:
 def _job(trace: str, policy: str, seed: int, ties: str) -> tuple[str, str, RunResult]:
     nodes, pods = _load(trace)
     return trace, policy, run_once(nodes, pods, policy, seed, ties=ties)
+
+
+_MIX_DATA: dict[str, tuple] = {}
+
+
+def _load_mix(name: str) -> tuple:
+    from scheduler.sim.mixes import load_mixes
+
+    if name not in _MIX_DATA:
+        mix = next(m for ms in load_mixes(MIXES).values() for m in ms if m.name == name)
+        nodes, pods = _load(mix.trace)
+        _MIX_DATA[name] = (nodes, mix.build(pods, nodes))
+    return _MIX_DATA[name]
+
+
+def _mix_job(mix: str, policy: str, seed: int, ties: str) -> tuple[str, str, RunResult]:
+    nodes, pods = _load_mix(mix)
+    return mix, policy, run_once(nodes, pods, policy, seed, ties=ties)
+
+
+def mixes_table(
+    results: dict[tuple[str, str], list[RunResult]], mixes: list[str], policies: list[str]
+) -> None:
+    """Markdown: per mix and policy, means at 100/130 and (policies other than fgd) the margins to fgd."""
+    print(
+        "| mix | policy | @100 | @130 | min seed diff @100 / @130 | mean diff @100 / @130 "
+        "| curve min diff (at %) | points below fgd |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for mix in mixes:
+        fgd = results.get((mix, "fgd"))
+        for policy in policies:
+            runs = results[(mix, policy)]
+            m100 = statistics.fmean(r.alloc_pct_at_100 for r in runs)
+            m130 = statistics.fmean(r.alloc_pct_at_130 for r in runs)
+            cells = [mix, policy, f"{m100:.2f}", f"{m130:.2f}"]
+            if fgd is None or policy == "fgd":
+                cells += ["-", "-", "-", "-"]
+            else:
+                d100 = [a.alloc_pct_at_100 - b.alloc_pct_at_100 for a, b in zip(runs, fgd, strict=True)]
+                d130 = [a.alloc_pct_at_130 - b.alloc_pct_at_130 for a, b in zip(runs, fgd, strict=True)]
+                curve = {
+                    x: statistics.fmean(r.at(x) for r in runs) - statistics.fmean(r.at(x) for r in fgd)
+                    for x in range(10, 131)
+                }
+                worst = min(curve, key=lambda x: curve[x])
+                below = sum(1 for d in curve.values() if d < -0.005)
+                cells += [
+                    f"{min(d100):+.2f} / {min(d130):+.2f}",
+                    f"{statistics.fmean(d100):+.2f} / {statistics.fmean(d130):+.2f}",
+                    f"{curve[worst]:+.2f} ({worst})",
+                    f"{below}/121",
+                ]
+            print("| " + " | ".join(cells) + " |", flush=True)
 
 
 def _bound_job(trace: str, seed: int) -> tuple[str, int, dict[int, float]]:
@@ -181,6 +243,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--links", action="store_true", help="add the link quality of multi-GPU pods")
     parser.add_argument("--bound", action="store_true", help="add the LP upper bound and the gaps to it")
     parser.add_argument(
+        "--mixes", metavar="SET", help="run the trace mixes of this set of bench/openb_mixes.json"
+    )
+    parser.add_argument("--mix-names", metavar="NAME,...", help="with --mixes: only these mixes of the set")
+    parser.add_argument(
         "--curve", action="store_true", help="add the default policy's smallest margin over FGD on the curve"
     )
     args = parser.parse_args(argv)
@@ -204,6 +270,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.throughput:
         throughput(policies)
         return 0
+    if args.mixes:
+        names = [n for n in (args.mix_names or "").split(",") if n]
+        return run_mixes(args.mixes, policies, args.jobs, args.ties, names)
     jobs = [(t, p, s, args.ties) for t in traces for p in policies for s in seeds]
     start = time.perf_counter()
     results: dict[tuple[str, str], list[RunResult]] = {}
@@ -296,6 +365,48 @@ def main(argv: list[str] | None = None) -> int:
             print(f"| {trace} | difference | " + " | ".join(cells) + " |")
     print(
         f"\n{len(jobs)} runs ({len(seeds)} seeds, ties: {args.ties}) in {total:.0f} s with {args.jobs} job(s)"
+    )
+    return 0
+
+
+def run_mixes(
+    set_name: str, policies: list[str], jobs: int, ties: str, names: list[str] | None = None
+) -> int:
+    """Every mix of ``set_name`` in ``MIXES`` (or those of ``names``) with every policy over the mix's
+    own seeds."""
+    from scheduler.sim.mixes import load_mixes
+
+    try:
+        sets = load_mixes(MIXES)
+        mixes = [m for m in sets[set_name] if not names or m.name in names]
+        if not mixes:
+            raise KeyError(set_name)
+    except KeyError:
+        print(f"simulate_openb: no mix set {set_name!r} in {MIXES}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:
+        print(f"simulate_openb: {exc}", file=sys.stderr)
+        return 2
+    work = [(m.name, p, s, ties) for m in mixes for p in policies for s in m.seeds]
+    start = time.perf_counter()
+    results: dict[tuple[str, str], list[RunResult]] = {}
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            for mix, policy, run in pool.map(_mix_job, *zip(*work, strict=True), chunksize=1):
+                results.setdefault((mix, policy), []).append(run)
+    else:
+        for job in work:
+            mix, policy, run = _mix_job(*job)
+            results.setdefault((mix, policy), []).append(run)
+    mixes_table(results, [m.name for m in mixes], policies)
+    secs = {
+        p: statistics.fmean(r.seconds for (m, q), rs in results.items() if q == p for r in rs)
+        for p in policies
+    }
+    print("\nmean run s: " + ", ".join(f"{p} {v:.2f}" for p, v in secs.items()))
+    print(
+        f"{len(work)} runs (set {set_name}, ties: {ties}) in {time.perf_counter() - start:.0f} s"
+        f" with {jobs} job(s)"
     )
     return 0
 

@@ -362,6 +362,114 @@ def test_whole_node_reserve_keeps_in_proportion_to_the_demand() -> None:
     assert WholeNodeReserve(keep=7).keep == 7
 
 
+def test_adaptive_reserve_keeps_what_the_whole_node_pods_seen_need_of_the_free_gpus() -> None:
+    from scheduler.core.policies import WholeNodeReserve
+
+    cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(50)])  # 400 GPUs free
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    huge = PodRequest("huge", cpu_milli=90_000, gpu_count=8)
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    reserve = WholeNodeReserve(keep=1, adaptive=True)
+    reserve.bind(cluster, [big, huge] + [one] * 84)  # prior: 8-GPU pods 16 of 100 GPUs asked
+    assert reserve.shapes == [(8, 64_000, 0), (8, 90_000, 0)]
+    free = 400_000
+    # before any arrival, the workload's share: 16% (64-CPU hosts also host the 90-CPU pods), 8%
+    assert [reserve.keep_for(k, free) for k in range(2)] == [8, 4]
+    for pod in [huge] + [one] * 8:  # seen: 8 of 16 GPUs asked by a pod needing a 90-CPU host
+        reserve.observe(pod)
+    assert [reserve.keep_for(k, free) for k in range(2)] == [25, 25]
+    assert [reserve.keep_for(k, free // 10) for k in range(2)] == [3, 3]  # fewer free GPUs, fewer kept
+    assert [reserve.keep_for(k, 0) for k in range(2)] == [1, 1]  # never below the floor
+    for _ in range(200):
+        reserve.observe(one)
+    assert [reserve.keep_for(k, free) for k in range(2)] == [2, 2]
+    reserve.bind(cluster, [one])  # a new binding starts afresh, without whole-node shapes
+    assert reserve.shapes == [] and reserve.seen_total == 0
+
+
+def test_adaptive_reserve_penalises_the_last_hosts_it_keeps() -> None:
+    from scheduler.core.policies import WholeNodeReserve
+
+    few = reserve_cluster(3)  # 3 idle hosts of the 64-CPU shape, and a used node
+    reserve = WholeNodeReserve(keep=0, adaptive=True)
+    reserve.bind(few, WHOLE_NODE_WORKLOAD)
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    reserve.observe(one)
+    assert reserve.penalty(one, few, few.all_indices).tolist() == [0, 0, 0, 0]  # none kept
+    for _ in range(3):
+        reserve.observe(big)  # 24 of 25 GPUs seen were whole-node pods: keep ceil(0.96 * 31) nodes
+    assert reserve.penalty(one, few, few.all_indices).tolist() == [1, 1, 1, 0]
+
+
+def model_cluster() -> ClusterState:
+    nodes = [
+        NodeState(f"a{i}", 64_000, 1_000_000, [GpuState(j, f"a{i}-g{j}", "A") for j in range(4)])
+        for i in range(2)
+    ]
+    nodes += [
+        NodeState(f"b{i}", 64_000, 1_000_000, [GpuState(j, f"b{i}-g{j}", "B") for j in range(4)])
+        for i in range(2)
+    ]
+    return ClusterState(nodes)
+
+
+def test_model_balance_keeps_the_models_restricted_pods_need_once_they_arrive() -> None:
+    from scheduler.core.policies import ModelBalance
+
+    cluster = model_cluster()
+    balance = ModelBalance(0.2)
+    balance.bind(cluster)
+    free_pod = PodRequest("any", cpu_milli=1000, gpu_count=1)
+    only_a = PodRequest("a", cpu_milli=1000, gpu_count=1, gpu_models=frozenset({"A"}))
+    assert balance.bands(free_pod, cluster, cluster.all_indices) is None  # no restricted pod seen yet
+    balance.observe(only_a)
+    assert balance.bands(only_a, cluster, cluster.all_indices) is None  # it may only go to A anyway
+    assert balance.bands(PodRequest("cpu", cpu_milli=1000), cluster, cluster.all_indices) is None
+    assert balance.bands(free_pod, cluster, cluster.all_indices).tolist() == [5, 5, 5, 5]
+    use(cluster, "a0", "u1", cpu=1000, grants=((0, 1000), (1, 1000)), tag="1-gpu")  # A: 6 of 8 free
+    assert balance.bands(free_pod, cluster, cluster.all_indices).tolist() == [3, 3, 5, 5]  # B untouched: 1
+
+
+def test_fgd_reserve_sends_free_pods_away_from_a_model_restricted_pods_need() -> None:
+    cluster = model_cluster()
+    cluster.set_tie_order([0, 1, 2, 3])  # the node order would take a0
+    use(cluster, "a0", "u1", cpu=1000, grants=((0, 1000),), tag="1-gpu")
+    use(cluster, "b0", "u2", cpu=1000, grants=((0, 1000),), tag="1-gpu")
+    free_pod = PodRequest("any", cpu_milli=1000, gpu_count=1)
+    only_a = PodRequest("a", cpu_milli=1000, gpu_count=1, gpu_models=frozenset({"A"}))
+    chosen = []
+    for seen in ([], [only_a]):
+        policy = make_policy("fgd-reserve")
+        policy.bind(cluster, [free_pod], RNG)  # the workload as bound has no restricted pod
+        for pod in seen:
+            policy.observe(pod)
+        chosen.append(schedule_one(free_pod, cluster, policy, RNG).node)
+    assert chosen == ["a0", "b0"]
+
+
+def test_alignment_is_exact_while_cpu_would_run_out_first() -> None:
+    from scheduler.core.policies import ReserveThenAlign
+
+    cluster = ClusterState([gpu_node("n", 8, cpu=64_000)])  # 64 CPUs, 8000 milli of GPU
+    tie = ReserveThenAlign(0.2, cpu_bound_exact=True)
+    gpu_heavy = [PodRequest("g", cpu_milli=4000, gpu_count=4)]  # 6% of the CPU for 50% of the GPU
+    tie.bind(cluster, gpu_heavy, RNG)
+    assert not tie.cpu_bound()
+    tie.bind(cluster, [PodRequest("c", cpu_milli=40_000, gpu_count=1)], RNG)  # 62% of CPU, 12% of GPU
+    assert tie.cpu_bound()
+    tie.observe(PodRequest("g", cpu_milli=100, gpu_count=1, gpu_milli=500))  # 6% of the GPUs: too few
+    assert tie.cpu_bound()
+    tie.observe(gpu_heavy[0])  # 50% of the GPUs asked: the arrivals decide, not the workload bound
+    assert not tie.cpu_bound()
+    pod = PodRequest("p", cpu_milli=8000, gpu_count=4)
+    banded = tie.score(pod, cluster, cluster.all_indices)
+    tie.observe(PodRequest("c", cpu_milli=200_000))
+    assert tie.cpu_bound()
+    exact = tie.score(pod, cluster, cluster.all_indices)
+    assert float(banded[0]).is_integer() and not float(exact[0]).is_integer()
+
+
 def test_share_waste_table_is_what_no_common_share_size_fills() -> None:
     from scheduler.core.policies import share_waste_table
 

@@ -31,6 +31,7 @@ def decisions(policy_name: str, workload: Sequence[PodRequest], seed: int = 42) 
     policy.bind(cluster, workload, rng)
     out: list[tuple[str, tuple]] = []
     for pod in arrival_order(pods, seed, cluster.total_gpus() * 1000, 1.3):
+        policy.observe(pod)  # as the simulator does: the pod has arrived
         result = schedule_one(pod, cluster, policy, rng, explain=False)
         if isinstance(result, Placement):
             cluster.assume(result.allocation)
@@ -64,6 +65,37 @@ def test_the_simulator_binds_the_trace_not_the_arrivals(monkeypatch: pytest.Monk
     run_once(load_nodes(DEFAULT_NODES), pods, "fgd-reserve", 42)
     assert len(seen) == 1 and seen[0] is pods
     assert protocol.INFLATION > 1  # the arrivals (with clones) are more than the trace handed over
+
+
+def test_the_simulator_tells_the_policy_each_arrival_before_trying_it(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Policies that adapt to the arrivals (the adaptive whole-node reserve) see each pod once, as it
+    arrives, before it is tried; never one that has not arrived yet."""
+    events: list[tuple[str, str]] = []
+    observe, score = Policy.observe, Policy.score
+
+    def observing(self: Policy, pod: PodRequest) -> None:
+        events.append(("arrive", pod.uid))
+        observe(self, pod)
+
+    def scoring(self: Policy, pod, cluster, idx):  # type: ignore[no-untyped-def]
+        events.append(("try", pod.uid))
+        return score(self, pod, cluster, idx)
+
+    monkeypatch.setattr(Policy, "observe", observing)
+    monkeypatch.setattr(Policy, "score", scoring)
+    nodes, pods = load_nodes(DEFAULT_NODES), load_pods(DEFAULT_PODS)
+    run = run_once(nodes, pods, "fgd-reserve", 42)
+    order = arrival_order(pods, 42, run.capacity_milli, protocol.INFLATION)
+    assert [uid for kind, uid in events if kind == "arrive"] == [p.uid for p in order]
+    arrived: set[str] = set()
+    for kind, uid in events:
+        if kind == "arrive":
+            arrived.add(uid)
+        else:
+            assert uid in arrived
+    assert sum(kind == "try" for kind, _ in events) > len(order) // 2
 
 
 def test_runs_are_identical_across_processes_with_different_string_hashing() -> None:

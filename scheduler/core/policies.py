@@ -380,37 +380,76 @@ class WholeNodeReserve:
     refused while 8 GPUs are free elsewhere in pieces. ``penalty`` counts, per candidate node, the
     whole-node shapes it would stop being able to host although at most ``keep`` nodes still can.
 
-    ``keep`` (None: in proportion) is the whole-node pods' share of the workload's GPU demand times
-    the number of nodes with that many GPUs, at least ``MIN_KEEP``: on openb 6% of the 8-GPU nodes for
-    the default trace, 16% for multigpu20. The shapes and shares come from the expected workload (its
-    shape distribution, as FGD's typical pods), never from the order in which pods will come.
+    ``keep``: a fixed number; or None, in proportion: the whole-node pods' share of the workload's GPU
+    demand times the number of nodes with that many GPUs, at least ``MIN_KEEP`` (on openb 6% of the
+    8-GPU nodes for the default trace, 16% for multigpu20). ``adaptive``: instead, per shape, the
+    hosts the whole-node pods still to come are expected to need: the share of the GPU demand seen so
+    far that came from pods needing such a host (``observe``: every arrival, placed or not; before
+    the first, the workload's share) times the cluster's free GPU milli, in nodes' worth of the
+    shape's GPUs, rounded up. The shapes and shares come from the expected workload (its shape
+    distribution, as FGD's typical pods) and the arrivals so far, never from pods still to come.
     """
 
     MIN_KEEP = 2
 
-    def __init__(self, keep: int | None = None) -> None:
+    def __init__(self, keep: int | None = None, adaptive: bool = False) -> None:
         self.fixed = keep
+        self.adaptive = adaptive
         self.keep = keep if keep is not None else self.MIN_KEEP
         self.shapes: list[tuple[int, int, int]] = []  # (GPUs, CPU milli, memory MiB)
+        self.prior: list[float] = []  # adaptive: per shape, the workload's share of demand needing a host
+        self.seen: list[int] = []  # adaptive: per shape, GPU milli arrived of pods needing such a host
+        self.seen_total = 0  # adaptive: GPU milli arrived
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
         largest = int(cluster.gpu_count.max()) if len(cluster) else 0
         whole = [p for p in workload if largest >= 2 and not p.is_share and p.gpu_count >= largest]
         self.shapes = sorted({(p.gpu_count, p.cpu_milli, p.memory_mib) for p in whole})
-        if self.fixed is None:
-            demand = sum(p.total_gpu_milli for p in workload)
+        demand = sum(p.total_gpu_milli for p in workload)
+        if self.fixed is None and not self.adaptive:
             hosts = int(np.count_nonzero(cluster.gpu_count >= largest)) if largest >= 2 else 0
             share = sum(p.total_gpu_milli for p in whole) / demand if demand else 0.0
             self.keep = max(self.MIN_KEEP, math.ceil(hosts * share))
+        self.prior = [
+            sum(p.total_gpu_milli for p in whole if self._needs(p, shape)) / demand if demand else 0.0
+            for shape in self.shapes
+        ]
+        self.seen = [0] * len(self.shapes)
+        self.seen_total = 0
+
+    @staticmethod
+    def _needs(pod: PodRequest, shape: tuple[int, int, int]) -> bool:
+        """Whether ``pod`` can only run on a node that is also a host of ``shape``."""
+        gpus, cpu, memory = shape
+        big = pod.cpu_milli >= cpu and pod.memory_mib >= memory
+        return big and not pod.is_share and pod.gpu_count >= gpus
+
+    def observe(self, pod: PodRequest) -> None:
+        """Count an arrival (adaptive mode)."""
+        if not self.adaptive or not pod.total_gpu_milli:
+            return
+        self.seen_total += pod.total_gpu_milli
+        if not pod.is_share and self.shapes and pod.gpu_count >= self.shapes[0][0]:
+            for k, shape in enumerate(self.shapes):
+                if self._needs(pod, shape):
+                    self.seen[k] += pod.total_gpu_milli
+
+    def keep_for(self, k: int, free_milli: int) -> int:
+        """How many hosts of shape ``k`` to keep, with ``free_milli`` GPU milli free in the cluster."""
+        if not self.adaptive:
+            return self.keep
+        share = self.seen[k] / self.seen_total if self.seen_total else self.prior[k]
+        return max(self.keep, math.ceil(share * free_milli / (self.shapes[k][0] * MILLI)))
 
     def penalty(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         out = np.zeros(len(idx))
         take = 1 if pod.is_share else pod.gpu_count
-        for gpus, cpu, memory in self.shapes:
+        free = int(cluster.gpu_free_total.sum()) if self.adaptive else 0
+        for k, (gpus, cpu, memory) in enumerate(self.shapes):
             if not pod.is_share and pod.gpu_count >= gpus:
                 continue  # a pod of this size itself
             hosts = (cluster.gpu_full_free >= gpus) & (cluster.cpu_free >= cpu) & (cluster.mem_free >= memory)
-            if int(np.count_nonzero(hosts)) > self.keep:
+            if int(np.count_nonzero(hosts)) > self.keep_for(k, free):
                 continue
             now = hosts[idx]
             if not now.any():
@@ -474,35 +513,124 @@ class ShareCompletionScore(ScorePlugin):
         return best[1] if best else None  # None: FGD chooses
 
 
+class ModelBalance:
+    """Keeps GPU models free for the pods that can only use them, once such pods have arrived.
+
+    ``observe`` marks the models (node model sets) some arrived pod restricted itself to
+    (``gpu_spec``); for a pod free to use any model, ``bands`` gives each node the free share of its
+    model's GPUs in the cluster (1 for models no arrived pod was restricted to) in bands of ``band``:
+    higher is better, so such pods fill the models the restricted pods need last, and no model runs out
+    early while others have room. None (no effect) before any restricted pod, for a restricted pod and
+    for a pod without GPUs. Reads the arrivals so far and the cluster's state only.
+    """
+
+    def __init__(self, band: float) -> None:
+        self.band = band
+        self.codes = np.zeros(0, dtype=np.int64)
+        self.capacity = np.zeros(0)
+        self.restricted = np.zeros(0, dtype=bool)
+        self.sets: list[frozenset[str]] = []
+
+    def bind(self, cluster: ClusterState) -> None:
+        self.codes = cluster.model_code
+        self.sets = list(cluster.model_sets)
+        weights = cluster.gpu_count * float(MILLI)
+        self.capacity = np.bincount(self.codes, weights=weights, minlength=len(self.sets))
+        self.restricted = np.zeros(len(self.sets), dtype=bool)
+
+    def observe(self, pod: PodRequest) -> None:
+        if pod.gpu_models and pod.gpu_count:
+            for code, models in enumerate(self.sets):
+                if models & pod.gpu_models:
+                    self.restricted[code] = True
+
+    def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
+        if pod.gpu_models or not pod.gpu_count or not self.restricted.any():
+            return None
+        free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
+        share = np.divide(free, self.capacity, out=np.ones_like(free), where=self.capacity > 0)
+        share = np.where(self.restricted, share, 1.0)
+        return np.floor(share[self.codes[idx]] / self.band)
+
+
 class ReserveThenAlign(AlignmentScore):
-    """Tie-breaker: first the nodes that keep the last whole-node hosts (``WholeNodeReserve``), then
-    (``waste_band`` > 0, shares only) the least unfillable remainder (``share_waste_table``) a GPU
-    would keep, in bands of ``waste_band`` milli, then the request/free alignment in bands of
-    ``step`` (within a band the node order decides)."""
+    """Tie-breaker: first (``balance`` > 0) the model balance (``ModelBalance``, bands of ``balance``),
+    then the nodes that keep the last whole-node hosts (``WholeNodeReserve``), then (``waste_band`` >
+    0, shares only) the least unfillable remainder (``share_waste_table``) a GPU would keep, in bands
+    of ``waste_band`` milli, then the request/free alignment in bands of ``step`` (within a band the
+    node order decides). ``cpu_bound_exact``: while the CPU asked by the pods arrived so far (before
+    the first, the workload) is a larger share of the cluster's CPU than their GPU of its GPUs (CPU
+    would run out first), the alignment is not banded (exact to 6 decimals)."""
 
     name = "reserve-align"
+    WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
 
-    def __init__(self, step: float = 0.2, keep: int | None = None, waste_band: int = 0) -> None:
+    def __init__(
+        self,
+        step: float = 0.2,
+        keep: int | None = None,
+        waste_band: int = 0,
+        adaptive: bool = False,
+        balance: float = 0.0,
+        cpu_bound_exact: bool = False,
+    ) -> None:
         super().__init__(step=step)
-        self.reserve = WholeNodeReserve(keep)
+        self.reserve = WholeNodeReserve(keep, adaptive)
         self.waste_band = waste_band
         self.waste = np.zeros(MILLI + 1, dtype=np.int64)
+        self.balance = ModelBalance(balance) if balance > 0 else None
+        self.cpu_bound_exact = cpu_bound_exact
+        self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
+        self.asked = [0, 0]  # CPU milli and GPU milli of the pods arrived so far
+        self.prior = (0, 0)  # the same of the workload
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         super().bind(cluster, workload, rng)
         self.reserve.bind(cluster, workload)
         if self.waste_band:
             self.waste = share_waste_table(workload)
+        if self.balance is not None:
+            self.balance.bind(cluster)
+        self.capacity = (max(int(cluster.cpu_capacity.sum()), 1), max(cluster.total_gpus() * MILLI, 1))
+        self.prior = (sum(p.cpu_milli for p in workload), sum(p.total_gpu_milli for p in workload))
+        self.asked = [0, 0]
+
+    def observe(self, pod: PodRequest) -> None:
+        self.reserve.observe(pod)
+        if self.balance is not None:
+            self.balance.observe(pod)
+        self.asked[0] += pod.cpu_milli
+        self.asked[1] += pod.total_gpu_milli
+
+    def cpu_bound(self) -> bool:
+        """Whether the CPU asked is the larger share of capacity: by the arrivals so far once they asked
+        for ``WARM_UP`` of the cluster's GPUs or CPUs (a few first pods say little), else the workload."""
+        cpu, gpu = self.asked
+        warm = cpu >= self.WARM_UP * self.capacity[0] or gpu >= self.WARM_UP * self.capacity[1]
+        if not warm:
+            cpu, gpu = self.prior
+        return cpu * self.capacity[1] > gpu * self.capacity[0]
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        bands = super().score(pod, cluster, idx)  # 0 .. 1 / step
+        if self.cpu_bound_exact and self.step and self.cpu_bound():
+            step, self.step = self.step, 0.0
+            try:
+                bands = super().score(pod, cluster, idx)  # the cosine, 0 .. 1
+            finally:
+                self.step = step
+        else:
+            bands = super().score(pod, cluster, idx)  # 0 .. 1 / step
         top = 1.0 + np.max(bands, initial=0.0)
         if self.waste_band and pod.is_share and pod.gpu_milli:
             waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1)[idx]
             levels = MILLI // self.waste_band + 2
             bands = bands - top * (waste // self.waste_band)
             top *= levels
-        return bands - top * self.reserve.penalty(pod, cluster, idx)
+        out = bands - top * self.reserve.penalty(pod, cluster, idx)
+        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        if balance is None:
+            return out
+        return out + (2.0 * np.max(np.abs(out), initial=0.0) + 10.0) * balance
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
@@ -510,17 +638,27 @@ ALIGN_STEP = 0.2  # fgd-reserve: alignment (cosine) bands
 RESERVE_KEEP = 3  # fgd-reserve: whole-node hosts kept per shape (None: in proportion, WholeNodeReserve)
 COMPLETE_BELOW = 110  # fgd-reserve: a share leaving a GPU less than this free completes it (first)
 WASTE_BAND = 10  # fgd-reserve: unfillable share remainders in bands of this many milli (tie-break)
+BALANCE_BAND = 0.2  # fgd-reserve: model balance (free share of a model's GPUs) in bands of this
 
 
-def fgd_reserve(keep: int | None = RESERVE_KEEP) -> Policy:
+def fgd_reserve(
+    keep: int | None = RESERVE_KEEP,
+    adaptive: bool = True,
+    balance: float = BALANCE_BAND,
+    cpu_bound_exact: bool = True,
+) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
-    bands; ties to the nodes that keep whole-node hosts, then (shares) the least unfillable
-    remainder, then alignment bands.
+    bands; ties to the models restricted pods need least (``ModelBalance``), then to the nodes that keep
+    whole-node hosts, then (shares) the least unfillable remainder, then alignment bands (exact while
+    CPU is the scarcer resource).
 
     Whole-node pods are left out of FGD's typical pods: the reserve keeps hosts for them, so FGD need
-    not hold idle nodes back for them. ``keep``: whole-node hosts kept per shape (``RESERVE_KEEP``, 3,
-    suits the simulator's node order; None, in proportion to their demand, suits random ties as the
-    live scheduler's ``topology`` breaks them). docs/simulator.md explains each part.
+    not hold idle nodes back for them. ``keep``: whole-node hosts kept per shape at least
+    (``RESERVE_KEEP``, 3, suits the simulator's node order; None, in proportion to their demand, suits
+    random ties as the live scheduler's ``topology`` breaks them); ``adaptive``: more while the
+    whole-node pods seen so far need more of the free GPUs (``WholeNodeReserve``); ``balance``: the
+    model balance's band (0: off); ``cpu_bound_exact``: see ``ReserveThenAlign``. docs/simulator.md
+    explains each part.
     """
     return Policy(
         "fgd-reserve",
@@ -528,9 +666,9 @@ def fgd_reserve(keep: int | None = RESERVE_KEEP) -> Policy:
             (ShareCompletionScore(COMPLETE_BELOW), 1000.0),
             (FGDScore(step=FGD_STEP, whole_node_typical=False), 1.0),
         ),
-        "shares complete GPUs first; FGD in bands; ties keep the last hosts of whole-node pods, then the"
-        " least unfillable share remainder, then CPU/GPU alignment (ours)",
-        tie_break=ReserveThenAlign(ALIGN_STEP, keep, WASTE_BAND),
+        "shares complete GPUs first; FGD in bands; ties balance restricted GPU models, keep the last hosts"
+        " of whole-node pods, then the least unfillable share remainder, then CPU/GPU alignment (ours)",
+        tie_break=ReserveThenAlign(ALIGN_STEP, keep, WASTE_BAND, adaptive, balance, cpu_bound_exact),
     )
 
 
@@ -653,7 +791,9 @@ def topology_policy() -> Policy:
     the policy is ``fgd-reserve`` with the whole-node reserve in proportion (``keep=None``), which
     holds up when ties are broken at random.
     """
-    base = fgd_reserve(keep=None)  # ties at random in the live scheduler: hosts kept in proportion
+    # ties at random in the live scheduler: hosts kept in proportion; the adaptive parts of fgd-reserve
+    # (issue 26) were measured with the simulator's node order only, so topology stays as it was
+    base = fgd_reserve(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=False)
     return Policy(
         "topology",
         ((TopologyScore(), 1000.0), (NicNearnessScore(), 1000.0), *base.plugins),

@@ -38,6 +38,10 @@ class ScorePlugin:
         """The GPU index a sharing pod should get on node ``i``; None: no opinion (best fit)."""
         return None
 
+    def observe(self, pod: PodRequest) -> None:
+        """A pod has arrived (before it is tried; placed or not), for plugins that adapt to the
+        arrivals seen so far (default: nothing). Never called with a pod that has not arrived."""
+
 
 @dataclass
 class Policy:
@@ -57,6 +61,13 @@ class Policy:
             plugin.bind(cluster, workload, rng)
         if self.tie_break is not None:
             self.tie_break.bind(cluster, workload, rng)
+
+    def observe(self, pod: PodRequest) -> None:
+        """Tell every plugin (and the tie-breaker) that ``pod`` has arrived."""
+        for plugin, _ in self.plugins:
+            plugin.observe(pod)
+        if self.tie_break is not None:
+            self.tie_break.observe(pod)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if len(self.plugins) == 1:

@@ -561,6 +561,7 @@ def run_once(
 
     for k, pod in enumerate(order):
         arr += pod.total_gpu_milli
+        policy.observe(pod)  # it has arrived: policies that adapt to the arrivals may count it
         group = tracker.of.get(pod.uid)
         rdma["pods"] += bool(pod.rdma)
         if group is not None and gang_mode == "gang":
