@@ -20,6 +20,16 @@ from scheduler.live.scheduler import Scheduler
 
 log = logging.getLogger("kubegpu.scheduler")
 SYNC_TIMEOUT_SECONDS = 120.0
+# connections kept to the apiserver beyond one per bind worker: the watches, Events, reads back
+API_POOL_SPARE = 8
+
+
+def scheduler_api(config: SchedulerConfig, kubeconfig: str | None) -> Any:
+    """The replica's API client (None: no kubeconfig and not in a cluster), keeping a connection
+    for each Binding in flight (``bindWorkers``, or kube-scheduler's binds through the extender)
+    and the rest: with the client's default pool (5 per CPU: 10 on a 2-CPU node) the Bindings
+    beyond it opened a new TLS connection each, and dropped it."""
+    return api_client(kubeconfig, pool=config.bind_workers + API_POOL_SPARE)
 
 
 def _stop_on_signals(stop: threading.Event, event: str) -> None:
@@ -46,7 +56,7 @@ def _watch_and_lead(
 
 
 def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
-    api = api_client(kubeconfig)
+    api = scheduler_api(config, kubeconfig)
     if api is None:
         log_event(
             log, "scheduler.no_api", logging.ERROR, reason="needs --kubeconfig or an in-cluster account"
@@ -145,7 +155,7 @@ def run_extender(
     """``kubegpu extender``: serve kube-scheduler's extender protocol from a Scheduler's cache
     (scheduler/live/extender.py) until SIGTERM; with leader election only the leader answers,
     standbys relay to it."""
-    api = api_client(kubeconfig)
+    api = scheduler_api(config, kubeconfig)
     if api is None:
         log_event(log, "extender.no_api", logging.ERROR, reason="needs --kubeconfig or an in-cluster account")
         return 2
