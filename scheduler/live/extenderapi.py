@@ -195,11 +195,12 @@ def filter_result(
 
 
 def scaled_scores(scores: np.ndarray) -> list[int]:
-    """Scores mapped onto 0..MAX_PRIORITY, keeping their order (all equal: all MAX_PRIORITY)."""
+    """Scores mapped onto 0..MAX_PRIORITY, keeping their order (the lowest 0). All equal: all 0,
+    as kube-scheduler adds the same to every node then, whatever it is, and picks the same node."""
     if not len(scores):
         return []
     low, high = float(scores.min()), float(scores.max())
     if not np.isfinite(low) or not np.isfinite(high) or high - low < 1e-12:
-        return [MAX_PRIORITY] * len(scores)
+        return [0] * len(scores)
     scaled = np.rint((scores - low) / (high - low) * MAX_PRIORITY)
     return [int(v) for v in scaled]
