@@ -165,7 +165,8 @@ class Extender:
                 return {"Error": f"node {args.node}: {why}"}
             only = np.zeros(len(cluster), dtype=bool)
             only[i] = True
-            filters = (*DEFAULT_FILTERS, OnlyNodes(only, NOT_CHOSEN))
+            # the chosen node first: the core's filters then check that node alone, not all of them
+            filters = (OnlyNodes(only, NOT_CHOSEN), *DEFAULT_FILTERS)
             result = schedule_one(request, cluster, sched.policy, sched.rng, filters=filters)
             if not isinstance(result, Placement):
                 return {"Error": f"node {args.node} cannot take the pod now: {result.message()}"}
