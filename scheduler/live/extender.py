@@ -37,7 +37,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -110,9 +110,9 @@ class Extender:
             if not _wants_devices(request):
                 return filter_result(args, list(args.node_names), {}, {})
             index, nodes = cluster.index, cluster.nodes
-            known = [index[n] for n in args.node_names if n in index]
+            known, all_known = _indices(index, args.node_names)
             failed = {}
-            if len(known) < len(args.node_names):
+            if not all_known:
                 excluded = sched.cache.excluded
                 failed = {n: excluded.get(n, NOT_KUBEGPU) for n in args.node_names if n not in index}
             kept, reasons = filter_nodes(request, cluster, DEFAULT_FILTERS, np.asarray(known, dtype=np.int64))
@@ -131,7 +131,7 @@ class Extender:
             if isinstance(request, PodSpecError) or not _wants_devices(request):
                 return []
             index, nodes = cluster.index, cluster.nodes
-            known = np.unique(np.asarray([index[n] for n in args.node_names if n in index], dtype=np.int64))
+            known = np.unique(np.asarray(_indices(index, args.node_names)[0], dtype=np.int64))
             idx, _ = apply_filters(request, cluster, DEFAULT_FILTERS, known, collect=False)
             scores = sched.policy.score(request, cluster, idx) if len(idx) else np.zeros(0)
             scaled = scaled_scores(scores)
@@ -266,6 +266,15 @@ class Extender:
         self.latency.labels(verb).observe(time.perf_counter() - started)
         self.requests.labels(verb, str(code)).inc()
         return code, answer
+
+
+def _indices(index: Mapping[str, int], names: Sequence[str]) -> tuple[list[int], bool]:
+    """The indices of the named nodes kubegpu knows, in order, and whether it knows them all (the
+    usual case: one lookup per name, looped in C)."""
+    try:
+        return list(map(index.__getitem__, names)), True
+    except KeyError:
+        return [index[n] for n in names if n in index], False
 
 
 def _wants_devices(request: PodRequest) -> bool:

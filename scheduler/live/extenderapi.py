@@ -100,7 +100,8 @@ def filter_args(doc: Any) -> FilterArgs:
     pod = _pod(doc)
     names = doc.get("NodeNames") if "NodeNames" in doc else doc.get("nodenames")
     if names is not None:
-        if not isinstance(names, list) or not all(isinstance(n, str) and n for n in names):
+        # set(map(type, ...)) and ``in`` loop in C: a Python loop over 500 names cost more than the filters
+        if not isinstance(names, list) or not set(map(type, names)) <= {str} or "" in names:
             raise ExtenderRequestError("NodeNames must be a list of node names")
         if len(names) > MAX_NODE_NAMES:
             raise ExtenderRequestError(f"NodeNames lists more than {MAX_NODE_NAMES} nodes")
