@@ -469,3 +469,38 @@ def test_a_client_that_never_finishes_its_tls_handshake_stalls_no_one_else(tmp_p
         idle.close()
         garbage.close()
         server.stop()
+
+
+def test_the_extenders_tend_loop_is_not_woken_by_pod_events() -> None:
+    """``kubegpu extender`` runs ``Scheduler.tend`` in its main thread (no scheduling loop). It
+    waited on the scheduler's condition, notified at every pod event and Binding, so each pod woke
+    it twice for nothing (a thread switch taking the GIL and the lock from the verbs). It now waits
+    by the clock: pod events do not end its wait; stopping does."""
+    import threading
+    import time
+
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 8))
+    scheduler.leading.set()
+    returns: list[bool] = []
+    started = threading.Event()
+
+    def loop() -> None:
+        while not scheduler.stop_event.is_set():
+            started.set()
+            scheduler.tend(60.0)
+            returns.append(scheduler.stop_event.is_set())
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    for i in range(20):
+        world.put_pod(kube_pod(f"p{i}", 1))
+        feed.sync()  # an ADDED event each: a pending pod of this profile
+    for _ in range(200):  # up to 2 s for the loop thread to get the GIL and return, if it was woken
+        if returns:
+            break
+        time.sleep(0.01)
+    assert scheduler.queue and returns == []
+    scheduler.stop_event.set()
+    thread.join(10)
+    assert returns == [True]  # the one return: the stop
