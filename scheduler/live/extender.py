@@ -111,7 +111,7 @@ class Extender:
                 return filter_result(args, list(args.node_names), {}, {})
             index, nodes = cluster.index, cluster.nodes
             known, all_known = _indices(index, args.node_names)
-            failed = {}
+            failed: dict[str, str] = {}
             if not all_known:
                 excluded = sched.cache.excluded
                 failed = {n: excluded.get(n, NOT_KUBEGPU) for n in args.node_names if n not in index}
