@@ -28,13 +28,16 @@ Usage::
 ``--quick`` is ``--nodes 50 --pods 200``. Prints a table, then one JSON object (only the JSON
 object with ``--json``): ``extender_pods_per_second``, ``kubegpu_pods_per_second``,
 ``plain_pods_per_second``, ``ratio_extender_plain`` (target at least 0.7),
-``ratio_kubegpu_plain``, the per-round detail and CPU seconds per process.
+``ratio_kubegpu_plain``, the per-round detail and CPU seconds per process, and where a pod's time
+goes (``mean_latency_ms``: the extender's mean answer time per verb and each kube-scheduler's mean
+scheduling algorithm and extension point durations, from their /metrics, over all rounds).
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -70,6 +73,11 @@ NAMESPACES = {
 TARGET_RATIO = 0.7
 QUICK = {"nodes": 50, "pods": 200}
 FULL = {"nodes": 500, "pods": 1000}
+EXTENDER_HISTOGRAMS = ("kubegpu_extender_request_duration_seconds",)
+KUBE_SCHEDULER_HISTOGRAMS = (
+    "scheduler_scheduling_algorithm_duration_seconds",
+    "scheduler_framework_extension_point_duration_seconds",
+)
 
 
 # --------------------------------------------------------------------------- pure parts
@@ -86,6 +94,24 @@ def extender_scheduler_config(stanza: Mapping[str, Any], port: int, qps: int) ->
         "profiles": [{"schedulerName": SCHEDULER_NAMES[EXTENDER]}],
         "extenders": extenders,
     }
+
+
+def histogram_means_ms(text: str, names: Sequence[str]) -> dict[str, float]:
+    """Mean of each named Prometheus histogram series in ``text``, in ms: ``name{label=value,...}``
+    (labels sorted) -> sum / count, for the series with at least one observation."""
+    sums: dict[str, float] = {}
+    counts: dict[str, float] = {}
+    for family in text_string_to_metric_families(text):
+        if family.name not in names:
+            continue
+        for sample in family.samples:
+            labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()) if k != "le")
+            key = f"{family.name}{{{labels}}}"
+            if sample.name.endswith("_sum"):
+                sums[key] = sample.value
+            elif sample.name.endswith("_count"):
+                counts[key] = sample.value
+    return {k: round(1000 * sums[k] / n, 3) for k, n in sorted(counts.items()) if n and k in sums}
 
 
 def round_order(rounds: int) -> list[tuple[int, str]]:
@@ -219,18 +245,56 @@ class ExtenderBench(st.ApiBench):
 
     def extender_calls(self) -> dict[str, int]:
         """``verb code`` -> requests the kubegpu extender answered (its /metrics), or {} when down."""
-        url = f"http://127.0.0.1:{self.extender_port}/metrics"
-        try:
-            with urllib.request.urlopen(url, timeout=5) as response:
-                text = response.read().decode()
-        except OSError:
-            return {}
+        text = self.extender_metrics()
         calls = {}
         for family in text_string_to_metric_families(text):
             for sample in family.samples:
                 if sample.name == "kubegpu_extender_requests_total":
                     calls[f"{sample.labels['verb']} {sample.labels['code']}"] = int(sample.value)
         return calls
+
+    def extender_latency_ms(self) -> dict[str, float]:
+        """The kubegpu extender's mean time to answer each verb (its /metrics histogram), in ms."""
+        return histogram_means_ms(self.extender_metrics(), EXTENDER_HISTOGRAMS)
+
+    def extender_metrics(self) -> str:
+        """The kubegpu extender's /metrics text ("" when it is down)."""
+        url = f"http://127.0.0.1:{self.extender_port}/metrics"
+        try:
+            with urllib.request.urlopen(url, timeout=5) as response:
+                return str(response.read().decode())
+        except OSError:
+            return ""
+
+    def kube_scheduler_latency_ms(self) -> dict[str, dict[str, float]]:
+        """Each kube-scheduler's mean scheduling-cycle parts (its /metrics, read with an admin
+        client certificate), in ms: the algorithm (filter and score, extenders included) and the
+        framework's extension points."""
+        cert, key = self.cp.pki.issue("bench-metrics", "/CN=bench-metrics/O=system:masters")
+        context = ssl.create_default_context()
+        context.check_hostname = False
+        context.verify_mode = ssl.CERT_NONE  # its self-signed serving certificate, on loopback
+        context.load_cert_chain(str(cert), str(key))
+        out = {}
+        for name, component in (("extender", self.ext_scheduler), ("plain", self.scheduler_component())):
+            port = _secure_port(component.args) if component is not None else None
+            if port is None:
+                continue
+            try:
+                with urllib.request.urlopen(
+                    f"https://127.0.0.1:{port}/metrics", timeout=5, context=context
+                ) as response:
+                    out[name] = histogram_means_ms(response.read().decode(), KUBE_SCHEDULER_HISTOGRAMS)
+            except OSError as error:
+                out[name] = {"unavailable": str(error)[:200]}  # type: ignore[dict-item]
+        return out
+
+    def scheduler_component(self) -> Any:
+        """The plain kube-scheduler's Component (the one that is not the extender kind's)."""
+        for c in self.cp.components:
+            if c.name.startswith("kube-scheduler") and c is not self.ext_scheduler:
+                return c
+        return None
 
     def extender_log(self, lines: int = 20) -> str:
         path = self.workdir / "extender.log"
@@ -245,6 +309,13 @@ class ExtenderBench(st.ApiBench):
             if results[kind].rounds[-1]["bound"] < counts and kind == EXTENDER:
                 self.log(f"kubegpu extender log:\n{self.extender_log()}")
         return {k: kind_summary(results[k].rounds) for k in KINDS}
+
+
+def _secure_port(args: Sequence[str]) -> int | None:
+    for arg in args:
+        if arg.startswith("--secure-port="):
+            return int(arg.split("=", 1)[1])
+    return None
 
 
 def _http_ok(url: str) -> bool:
@@ -269,6 +340,10 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
             bench.start_schedulers(policy_name, len(names))
             summaries = bench.kind_rounds()
             calls = bench.extender_calls()
+            latency = {
+                "kubegpu_extender": bench.extender_latency_ms(),
+                "kube_scheduler": bench.kube_scheduler_latency_ms(),
+            }
         finally:
             bench.stop()
         version = kube_scheduler_version(cp)
@@ -289,6 +364,7 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
         "loadavg_at_start": [round(v, 2) for v in load_start],
         "loadavg_at_end": [round(v, 2) for v in os.getloadavg()],
         "extender_calls": calls,
+        "mean_latency_ms": latency,
         "hami": "not measured: it builds and runs, but binds one pod per node without its device plugin "
         "(docs/performance.md)",
         "detail": summaries,

@@ -28,12 +28,20 @@ from kubegpu.inputfiles import check_input, read_text
 PROBE_TIMEOUT_SECONDS = 10.0
 
 
-def api_client(kubeconfig: str | Path | None, flag: str = "--kubeconfig") -> client.ApiClient | None:
-    """A client from ``kubeconfig``, else the in-cluster service account, else None."""
+def api_client(
+    kubeconfig: str | Path | None, flag: str = "--kubeconfig", pool: int | None = None
+) -> client.ApiClient | None:
+    """A client from ``kubeconfig``, else the in-cluster service account, else None.
+
+    ``pool``: keep up to that many connections to the apiserver (at least the client's default,
+    5 per CPU) for callers with that many requests in flight at once; beyond the pool each request
+    opens a new TLS connection and drops it after."""
+    configuration = client.Configuration()
+    if pool is not None:
+        configuration.connection_pool_maxsize = max(pool, configuration.connection_pool_maxsize)
     if kubeconfig:
-        return _from_kubeconfig(str(kubeconfig), flag)
+        return _from_kubeconfig(str(kubeconfig), flag, configuration)
     if os.environ.get("KUBERNETES_SERVICE_HOST"):
-        configuration = client.Configuration()
         try:
             config.load_incluster_config(client_configuration=configuration)
         except ConfigException as error:
@@ -42,7 +50,7 @@ def api_client(kubeconfig: str | Path | None, flag: str = "--kubeconfig") -> cli
     return None
 
 
-def _from_kubeconfig(path: str, flag: str) -> client.ApiClient:
+def _from_kubeconfig(path: str, flag: str, configuration: client.Configuration) -> client.ApiClient:
     where = f"{flag} {path}"
     try:
         check_input(path)
@@ -50,7 +58,7 @@ def _from_kubeconfig(path: str, flag: str) -> client.ApiClient:
         raise UsageError(f"{where}: {error.strerror or error}") from None
     _check_referenced_files(path, where)
     try:
-        api = config.new_client_from_config(config_file=path)
+        api = config.new_client_from_config(config_file=path, client_configuration=configuration)
     except yaml.YAMLError as error:
         mark = getattr(error, "problem_mark", None)
         at = f" (line {mark.line + 1})" if mark is not None else ""

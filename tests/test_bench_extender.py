@@ -67,6 +67,28 @@ def test_the_json_headline_is_the_issues_shape_with_medians(bench: ModuleType) -
     assert summaries[bench.EXTENDER]["cpu_seconds"] == {"etcd": 3.0}
 
 
+def test_histogram_means_are_sum_over_count_in_ms_per_labelled_series(bench: ModuleType) -> None:
+    text = "\n".join(
+        [
+            "# TYPE req_seconds histogram",
+            'req_seconds_bucket{verb="filter",le="0.01"} 3',
+            'req_seconds_bucket{verb="filter",le="+Inf"} 4',
+            'req_seconds_count{verb="filter"} 4',
+            'req_seconds_sum{verb="filter"} 0.01',
+            'req_seconds_bucket{verb="bind",le="+Inf"} 0',
+            'req_seconds_count{verb="bind"} 0',
+            'req_seconds_sum{verb="bind"} 0',
+            "# TYPE other_seconds histogram",
+            'other_seconds_bucket{le="+Inf"} 1',
+            "other_seconds_count 1",
+            "other_seconds_sum 2",
+            "",
+        ]
+    )
+    assert bench.histogram_means_ms(text, ["req_seconds"]) == {"req_seconds{verb=filter}": 2.5}
+    assert bench.histogram_means_ms(text, ["other_seconds"]) == {"other_seconds{}": 2000.0}
+
+
 def test_sizes_that_cannot_fit_are_refused(bench: ModuleType, capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit):
         bench.parse_args(["--nodes", "1", "--pods", "9"])
@@ -95,3 +117,8 @@ def test_a_tiny_real_run_prints_the_documented_json() -> None:
         assert only["bound"] == only["pods"] == 8, only
     assert doc["extender_calls"].get("bind 200") == 8 and doc["extender_calls"].get("filter 200")
     assert doc["kube_scheduler"].endswith("v1.37.2")
+    latency = doc["mean_latency_ms"]
+    for verb in ("filter", "prioritize", "bind"):
+        assert latency["kubegpu_extender"][f"kubegpu_extender_request_duration_seconds{{verb={verb}}}"] > 0
+    for kind in ("extender", "plain"):
+        assert latency["kube_scheduler"][kind]["scheduler_scheduling_algorithm_duration_seconds{}"] > 0

@@ -552,3 +552,37 @@ def test_a_standby_relays_kube_schedulers_calls_to_the_leader_and_takes_over_whe
                     process.wait(30)
                 except subprocess.TimeoutExpired:
                     process.kill()
+
+
+@pytest.mark.parametrize("extender", [False, True])
+def test_a_replicas_api_client_keeps_a_connection_for_each_binding_in_flight(
+    control_plane: Any, caplog: pytest.LogCaptureFixture, extender: bool
+) -> None:
+    """``kubegpu scheduler`` and ``kubegpu extender`` make their API client with
+    ``scheduler_api``: as many Bindings in flight as ``bindWorkers`` (and, serving the extender,
+    kube-scheduler's binds through it) each get back a kept connection, none opens and drops a TLS
+    connection. The client's default pool is 5 per CPU (10 here), so the workers are set above it."""
+    import multiprocessing
+
+    from scheduler.live.main import EXTENDER_BIND_CONNECTIONS, scheduler_api
+    from scheduler.live.scheduler import drain
+
+    workers = multiprocessing.cpu_count() * 5 + 4
+    config = SchedulerConfig(scheduler_name="pool-test", bind_workers=workers)
+    api = scheduler_api(config, str(control_plane.admin_kubeconfig), extender=extender)
+    core = k8s.CoreV1Api(api)
+    binds = workers + (EXTENDER_BIND_CONNECTIONS if extender else 0)
+    try:
+        for _ in range(2):  # the second time round, every request finds a kept connection
+            caplog.clear()
+            with caplog.at_level("WARNING", logger="urllib3.connectionpool"):
+                in_flight = [core.read_namespace("default", _preload_content=False) for _ in range(binds)]
+                for response in in_flight:
+                    assert response.status == 200
+                    drain(response)  # read, then handed back as a Binding's answer is
+            dropped = [r.getMessage() for r in caplog.records if "pool is full" in r.getMessage()]
+            assert dropped == []
+        (pool,) = api.rest_client.pool_manager.pools._container.values()
+        assert pool.num_connections == binds  # opened once, reused the second time
+    finally:
+        api.close()

@@ -79,8 +79,12 @@ def test_prioritize_scores_feasible_nodes_from_zero_to_ten() -> None:
     status, scores = extender.handle("prioritize", args(kube_pod("p", 2), ["n1", "n2", "n3"]))
     assert status == 200
     by_host = {s["Host"]: s["Score"] for s in scores}
-    assert by_host["n3"] == 0 and all(0 <= v <= MAX_PRIORITY for v in by_host.values())
-    assert by_host["n1"] != by_host["n2"] and max(by_host.values()) == MAX_PRIORITY  # bestfit: n1 first
+    # bestfit: n1 first; n2 scores 0 and n3 cannot take the pod: both left out (kube-scheduler counts 0)
+    assert by_host == {"n1": MAX_PRIORITY} and len(scores) == 1
+    _, scores = extender.handle("prioritize", args(kube_pod("p", 2), ["n2", "n2"]))
+    assert scores == []  # one node (named twice): nothing to tell apart
+    _, scores = extender.handle("prioritize", args(kube_pod("plain", 0), ["n1", "n2", "n3"]))
+    assert scores == []  # no device asked for: every node 0
 
 
 def test_bind_places_exact_devices_on_the_chosen_node_and_never_twice() -> None:
@@ -127,7 +131,7 @@ def test_scaled_scores_and_args() -> None:
     import numpy as np
 
     assert scaled_scores(np.array([1.0, 3.0, 2.0])) == [0, 10, 5]
-    assert scaled_scores(np.array([4.0, 4.0])) == [10, 10]
+    assert scaled_scores(np.array([4.0, 4.0])) == [0, 0]  # all equal: a constant decides nothing
     with pytest.raises(ExtenderRequestError):
         filter_args({"Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}, "NodeNames": [""]})
     nodes = {
@@ -199,7 +203,9 @@ def test_kube_schedulers_connection_is_kept_alive_between_verbs() -> None:
                     assert not (name.lower() == "connection" and "close" in value.lower())
                     if name.lower() == "content-length":
                         length = int(value)
-                assert json.loads(stream.read(length))  # the same socket answers the next verb too
+                answer = json.loads(stream.read(length))  # the same socket answers the next verb too
+                # one node: filter passes it; prioritize has nothing to tell apart (every node 0)
+                assert answer == ([] if verb == "prioritize" else {**answer, "NodeNames": ["n1"]})
         with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
             sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\n\r\n{}")
             answer = sock.makefile("rb").read()  # returns: the server closed the connection
@@ -565,3 +571,38 @@ def test_preempt_keeps_only_proposals_that_free_the_vfs_the_pod_needs() -> None:
     world.put_pod(vfs_only)
     feed.sync()
     assert preempt(extender, vfs_only, {"nic": (["g0", "g1", "v"], 0)}) == {"nic": (["v"], 0)}
+
+
+def test_the_extenders_tend_loop_is_not_woken_by_pod_events() -> None:
+    """``kubegpu extender`` runs ``Scheduler.tend`` in its main thread (no scheduling loop). It
+    waited on the scheduler's condition, notified at every pod event and Binding, so each pod woke
+    it twice for nothing (a thread switch taking the GIL and the lock from the verbs). It now waits
+    by the clock: pod events do not end its wait; stopping does."""
+    import threading
+    import time
+
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 8))
+    scheduler.leading.set()
+    returns: list[bool] = []
+    started = threading.Event()
+
+    def loop() -> None:
+        while not scheduler.stop_event.is_set():
+            started.set()
+            scheduler.tend(60.0)
+            returns.append(scheduler.stop_event.is_set())
+
+    thread = threading.Thread(target=loop, daemon=True)
+    thread.start()
+    assert started.wait(10)
+    for i in range(20):
+        world.put_pod(kube_pod(f"p{i}", 1))
+        feed.sync()  # an ADDED event each: a pending pod of this profile
+    for _ in range(200):  # up to 2 s for the loop thread to get the GIL and return, if it was woken
+        if returns:
+            break
+        time.sleep(0.01)
+    assert scheduler.queue and returns == []
+    scheduler.stop_event.set()
+    thread.join(10)
+    assert returns == [True]  # the one return: the stop

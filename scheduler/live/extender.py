@@ -11,7 +11,8 @@ of devices whether pods are bound by the live scheduler or by the extender.
   passes every node (kube-scheduler checks the rest). Otherwise each named node is checked by the
   core's filters; a node kubegpu does not know or cannot use fails with why (``FailedNodes``). A
   pod whose kubegpu request is invalid fails every node as unresolvable with the reason.
-- **prioritize**: the active policy's scores over the nodes that pass, scaled to 0..10.
+- **prioritize**: the active policy's scores over the nodes that pass, scaled to 0..10; nodes
+  scoring 0 are left out of the answer (kube-scheduler counts them as 0).
 - **bind**: the pod is placed on the given node only (re-checked: the node kube-scheduler picks
   need not be kubegpu's favourite, and things change between filter and bind), its devices
   booked under the scheduler's lock (concurrent binds never share a device), then the one signed
@@ -36,7 +37,7 @@ import socket
 import ssl
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from http.server import BaseHTTPRequestHandler
 from typing import Any
 
@@ -108,32 +109,37 @@ class Extender:
                 return filter_result(args, [], {}, dict.fromkeys(args.node_names, why))
             if not _wants_devices(request):
                 return filter_result(args, list(args.node_names), {}, {})
-            known = [cluster.index[n] for n in args.node_names if n in cluster.index]
-            failed = {
-                name: sched.cache.excluded.get(name, NOT_KUBEGPU)
-                for name in args.node_names
-                if name not in cluster.index
-            }
+            index, nodes = cluster.index, cluster.nodes
+            known, all_known = _indices(index, args.node_names)
+            failed: dict[str, str] = {}
+            if not all_known:
+                excluded = sched.cache.excluded
+                failed = {n: excluded.get(n, NOT_KUBEGPU) for n in args.node_names if n not in index}
             kept, reasons = filter_nodes(request, cluster, DEFAULT_FILTERS, np.asarray(known, dtype=np.int64))
             failed.update(reasons)
-            passed = {cluster.nodes[i].name for i in kept.tolist()}
-        return filter_result(args, [n for n in args.node_names if n in passed], failed, {})
+            passed = [nodes[i].name for i in kept.tolist()]  # in the order sent: the filters keep it
+        return filter_result(args, passed, failed, {})
 
     def prioritize(self, args: FilterArgs) -> list[dict[str, Any]]:
+        """The nodes that score above 0 (``scaled_scores``), each once. kube-scheduler counts a
+        node it does not find in the answer as 0, so the others are left out: the answer, and
+        kube-scheduler's decoding of it, is a few entries instead of one per node."""
         sched = self.scheduler
         with sched.cond:
             cluster = sched._view()
             request = sched._request(args.uid, args.pod)
             if isinstance(request, PodSpecError) or not _wants_devices(request):
-                return [{"Host": name, "Score": 0} for name in args.node_names]
-            known = [cluster.index[n] for n in args.node_names if n in cluster.index]
-            idx, _ = apply_filters(
-                request, cluster, DEFAULT_FILTERS, np.asarray(known, dtype=np.int64), collect=False
-            )
+                return []
+            index, nodes = cluster.index, cluster.nodes
+            known = np.unique(np.asarray(_indices(index, args.node_names)[0], dtype=np.int64))
+            idx, _ = apply_filters(request, cluster, DEFAULT_FILTERS, known, collect=False)
             scores = sched.policy.score(request, cluster, idx) if len(idx) else np.zeros(0)
             scaled = scaled_scores(scores)
-            by_name = {cluster.nodes[i].name: score for i, score in zip(idx.tolist(), scaled, strict=True)}
-        return [{"Host": name, "Score": by_name.get(name, 0)} for name in args.node_names]
+            return [
+                {"Host": nodes[i].name, "Score": score}
+                for i, score in zip(idx.tolist(), scaled, strict=True)
+                if score
+            ]
 
     def bind(self, args: BindArgs) -> dict[str, str]:
         sched = self.scheduler
@@ -159,7 +165,8 @@ class Extender:
                 return {"Error": f"node {args.node}: {why}"}
             only = np.zeros(len(cluster), dtype=bool)
             only[i] = True
-            filters = (*DEFAULT_FILTERS, OnlyNodes(only, NOT_CHOSEN))
+            # the chosen node first: the core's filters then check that node alone, not all of them
+            filters = (OnlyNodes(only, NOT_CHOSEN), *DEFAULT_FILTERS)
             result = schedule_one(request, cluster, sched.policy, sched.rng, filters=filters)
             if not isinstance(result, Placement):
                 return {"Error": f"node {args.node} cannot take the pod now: {result.message()}"}
@@ -259,6 +266,15 @@ class Extender:
         self.latency.labels(verb).observe(time.perf_counter() - started)
         self.requests.labels(verb, str(code)).inc()
         return code, answer
+
+
+def _indices(index: Mapping[str, int], names: Sequence[str]) -> tuple[list[int], bool]:
+    """The indices of the named nodes kubegpu knows, in order, and whether it knows them all (the
+    usual case: one lookup per name, looped in C)."""
+    try:
+        return list(map(index.__getitem__, names)), True
+    except KeyError:
+        return [index[n] for n in names if n in index], False
 
 
 def _wants_devices(request: PodRequest) -> bool:

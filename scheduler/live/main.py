@@ -20,6 +20,20 @@ from scheduler.live.scheduler import Scheduler
 
 log = logging.getLogger("kubegpu.scheduler")
 SYNC_TIMEOUT_SECONDS = 120.0
+# connections kept to the apiserver beyond one per bind worker: the watches, Events, reads back
+API_POOL_SPARE = 8
+# and for the extender's binds: kube-scheduler binds each pod in a goroutine of its own, so their
+# number in flight is its rate times the Binding's latency (over 24 in bench/extender_throughput.py)
+EXTENDER_BIND_CONNECTIONS = 48
+
+
+def scheduler_api(config: SchedulerConfig, kubeconfig: str | None, extender: bool) -> Any:
+    """The replica's API client (None: no kubeconfig and not in a cluster), keeping a connection
+    for each Binding in flight (``bindWorkers``, and with ``extender`` kube-scheduler's binds
+    through it) and the rest: with the client's default pool (5 per CPU: 10 on a 2-CPU node) the
+    Bindings beyond it opened a new TLS connection each, and dropped it."""
+    pool = config.bind_workers + API_POOL_SPARE + (EXTENDER_BIND_CONNECTIONS if extender else 0)
+    return api_client(kubeconfig, pool=pool)
 
 
 def _stop_on_signals(stop: threading.Event, event: str) -> None:
@@ -46,7 +60,7 @@ def _watch_and_lead(
 
 
 def run_scheduler(config: SchedulerConfig, kubeconfig: str | None) -> int:
-    api = api_client(kubeconfig)
+    api = scheduler_api(config, kubeconfig, extender=config.extender_address is not None)
     if api is None:
         log_event(
             log, "scheduler.no_api", logging.ERROR, reason="needs --kubeconfig or an in-cluster account"
@@ -145,7 +159,7 @@ def run_extender(
     """``kubegpu extender``: serve kube-scheduler's extender protocol from a Scheduler's cache
     (scheduler/live/extender.py) until SIGTERM; with leader election only the leader answers,
     standbys relay to it."""
-    api = api_client(kubeconfig)
+    api = scheduler_api(config, kubeconfig, extender=True)
     if api is None:
         log_event(log, "extender.no_api", logging.ERROR, reason="needs --kubeconfig or an in-cluster account")
         return 2

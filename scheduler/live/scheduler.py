@@ -684,20 +684,27 @@ class Scheduler:
     def tend(self, timeout: float) -> None:
         """What ``schedule_next`` does besides deciding pods, for a replica that decides none
         itself (the extender): pass a new leader's fence, read back Bindings of unknown outcome,
-        then wait up to ``timeout`` for the next of those to be due."""
+        then wait up to ``timeout`` for the next of those to be due.
+
+        It waits by the clock (and for leadership or stop), not on ``cond``: ``cond`` is notified
+        at every pod event and every Binding for the scheduling loop, which such a replica does
+        not run, and each notification woke this thread for nothing (twice a pod, each a thread
+        switch taking the GIL and the lock from the extender's verbs)."""
+        wait: float | None = None
         with self.cond:
-            if not self.leading.is_set():
-                self.cond.wait(timeout)
-                return
-            if self._fence_passed():
-                self._start_reads()
-            wait = timeout
-            read_at = self.cache.next_read_at()
-            if read_at is not None:
-                wait = min(wait, max(0.0, read_at - self.clock()))
-            if self._fence is not None:
-                wait = min(wait, max(0.01, self._fence[0] - self.clock()))
-            self.cond.wait(wait)
+            if self.leading.is_set():
+                if self._fence_passed():
+                    self._start_reads()
+                wait = timeout
+                read_at = self.cache.next_read_at()
+                if read_at is not None:
+                    wait = min(wait, max(0.0, read_at - self.clock()))
+                if self._fence is not None:
+                    wait = min(wait, max(0.01, self._fence[0] - self.clock()))
+        if wait is None:
+            self.leading.wait(timeout)  # returns as soon as this replica leads
+        else:
+            self.stop_event.wait(wait)
 
     @property
     def fenced(self) -> bool:
