@@ -510,7 +510,9 @@ def test_a_pod_asking_only_rdma_interfaces_is_filtered_scored_and_bound_with_its
     assert result["NodeNames"] == ["nic"]
     assert result["FailedNodes"] == {"bare": NO_FREE_VFS}
     _, scores = extender.handle("prioritize", args(pod, ["nic", "bare"]))
-    assert {s["Host"]: s["Score"] for s in scores} == {"nic": MAX_PRIORITY, "bare": 0}
+    # one node can take it: every passing node scores the same, so all score 0 and none is listed
+    # (kube-scheduler counts a node left out as 0); "bare" is never scored above 0
+    assert {s["Host"]: s["Score"] for s in scores} == {}
     bind = {"PodName": "vfs", "PodNamespace": "ns", "PodUID": "uid-vfs", "Node": "bare"}
     _, answer = extender.handle("bind", json.dumps(bind).encode())
     assert f"1 {NO_FREE_VFS}" in answer["Error"] and world.node_of("vfs") is None
