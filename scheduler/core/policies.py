@@ -723,15 +723,28 @@ class TopologyScore(ScorePlugin):
         if pod.whole_gpus < 2:
             return np.zeros(len(idx))
         key = (pod.whole_gpus, pod.gpu_models, pod.topology)
-        entry = self._cache.get(key)
-        if entry is None:
-            entry = self._cache[key] = (np.zeros(len(cluster)), np.full(len(cluster), -1, dtype=np.int64))
-        scores, seen = entry
-        version = cluster.version
-        for i in idx[seen[idx] != version[idx]].tolist():
-            scores[i] = self.node_score(pod, cluster, i)
-            seen[i] = version[i]
-        return scores[idx]
+        return memoised_scores(self._cache, key, pod, cluster, idx, self.node_score)
+
+
+def memoised_scores(
+    cache: dict[tuple, tuple[np.ndarray, np.ndarray]],
+    key: tuple,
+    pod: PodRequest,
+    cluster: ClusterState,
+    idx: np.ndarray,
+    node_score: Callable[[PodRequest, ClusterState, int], float],
+) -> np.ndarray:
+    """``node_score`` of each node of ``idx``, computed again only for nodes whose version changed
+    since it was last computed for ``key`` (pods alike in what the score reads share an entry)."""
+    entry = cache.get(key)
+    if entry is None or len(entry[0]) != len(cluster):
+        entry = cache[key] = (np.zeros(len(cluster)), np.full(len(cluster), -1, dtype=np.int64))
+    scores, seen = entry
+    version = cluster.version
+    for i in idx[seen[idx] != version[idx]].tolist():
+        scores[i] = node_score(pod, cluster, i)
+        seen[i] = version[i]
+    return scores[idx]
 
 
 class NicNearnessScore(ScorePlugin):
@@ -770,15 +783,7 @@ class NicNearnessScore(ScorePlugin):
         if not pod.rdma or not pod.whole_gpus:
             return np.zeros(len(idx))
         key = (pod.whole_gpus, pod.gpu_models, pod.topology, pod.rdma)
-        entry = self._cache.get(key)
-        if entry is None or len(entry[0]) != len(cluster):
-            entry = self._cache[key] = (np.zeros(len(cluster)), np.full(len(cluster), -1, dtype=np.int64))
-        scores, seen = entry
-        version = cluster.version
-        for i in idx[seen[idx] != version[idx]].tolist():
-            scores[i] = self.node_score(pod, cluster, i)
-            seen[i] = version[i]
-        return scores[idx]
+        return memoised_scores(self._cache, key, pod, cluster, idx, self.node_score)
 
 
 def topology_policy() -> Policy:
