@@ -1,0 +1,208 @@
+"""What the mutation run of ``scheduler/core/rdma.py`` showed untested (docs/testing.md, "RDMA"): the
+bounds of a request and of the bandwidth notation, its messages, ``format_mbps`` at 1 Gbps, a grant
+read without its bandwidth, the books' checks past an unknown VF, a node's line rate at its bounds,
+a VF that names a VF as its parent, GPUs listed beside a VF, and the choice of PFs by tier and size."""
+
+from __future__ import annotations
+
+import pytest
+
+from devices.model import Device, DeviceKind, NodeInventory, Topology
+from scheduler.core.rdma import (
+    MAX_MBPS,
+    NO_RDMA,
+    NicState,
+    PfState,
+    RdmaRequest,
+    VfGrant,
+    choose_vfs,
+    format_mbps,
+    nic_state,
+    parse_bandwidth,
+    rate_mbps,
+    vf_distance,
+)
+
+# --- a request and the bandwidth notation -----------------------------------------------------
+
+
+def test_a_request_may_ask_for_the_largest_bandwidth_and_a_minimum_equal_to_its_maximum() -> None:
+    assert RdmaRequest(1, MAX_MBPS, MAX_MBPS).max_mbps == MAX_MBPS
+    assert RdmaRequest(1, 0, MAX_MBPS).max_mbps == MAX_MBPS
+    assert RdmaRequest(1, 25_000, 25_000).min_mbps == 25_000
+    with pytest.raises(ValueError, match="outside"):
+        RdmaRequest(1, 0, MAX_MBPS + 1)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("000000001Gbps", (1_000, 0)),  # leading zeros do not count as digits
+        ("10000000Mbps", (MAX_MBPS, 0)),  # eight digits, the largest figure allowed
+        ("25Gbps-50.5Gbps", (25_000, 50_500)),  # the maximum's decimals
+        ("100Mbps-800Mbps", (100, 800)),  # the maximum's unit
+        ("1Gbps-10000Gbps", (1_000, MAX_MBPS)),  # a maximum at the bound
+    ],
+)
+def test_bandwidth_notation_at_its_edges(text: str, expected: tuple[int, int]) -> None:
+    assert parse_bandwidth(text) == expected
+
+
+def test_bandwidth_messages_name_the_text_and_the_notation() -> None:
+    with pytest.raises(ValueError) as caught:
+        parse_bandwidth("x" * 100)
+    assert str(caught.value).startswith(repr("x" * 64) + " is not a bandwidth")
+    assert "(units Gbps or Mbps, decimal digits 0-9)" in str(caught.value)
+    with pytest.raises(ValueError, match=r"'1\.5Mbps': Mbit/s are whole numbers"):
+        parse_bandwidth("1.5Mbps")
+    with pytest.raises(ValueError, match=r"'1Gbps-1\.5Mbps': Mbit/s are whole numbers"):
+        parse_bandwidth("1Gbps-1.5Mbps")
+    with pytest.raises(ValueError, match="maximum must be above 0"):
+        parse_bandwidth("0Gbps-0Gbps")
+    with pytest.raises(ValueError, match="above 10000 Gbps"):
+        parse_bandwidth("1Gbps-10000.001Gbps")
+
+
+def test_format_mbps_writes_whole_gigabits_as_gbps() -> None:
+    assert format_mbps(1000) == "1Gbps"
+    assert format_mbps(1001) == "1.001Gbps"
+    assert format_mbps(999) == "999Mbps"
+    assert format_mbps(0) == "0Gbps"
+
+
+def test_a_grant_read_without_its_bandwidth_reserves_none() -> None:
+    assert VfGrant.from_dict({"id": "v", "pf": "p"}) == VfGrant("v", "p", 0, 0)
+
+
+# --- a node's books ---------------------------------------------------------------------------
+
+
+def two_pfs() -> NicState:
+    return NicState(
+        [
+            PfState("p0", 100_000, 0, vfs=("p0-v0", "p0-v1", "p0-v2")),
+            PfState("p1", 100_000, 1, vfs=("p1-v0",)),
+        ]
+    )
+
+
+def test_an_empty_request_has_no_shortage() -> None:
+    assert NicState().shortage(NO_RDMA) == ""
+    assert two_pfs().shortage(NO_RDMA) == ""
+
+
+def test_problems_are_all_found_past_an_unknown_vf_and_sum_per_pf() -> None:
+    nics = two_pfs()
+    nics.apply([VfGrant("p0-v0", "p0", 0)], 1)
+    found = nics.problems([VfGrant("gone", "p0"), VfGrant("p0-v0", "p0")])
+    assert found == ["no usable RDMA VF gone", "RDMA VF p0-v0 is held by another pod"]
+    # each fits alone, the two together are past the line rate
+    found = nics.problems([VfGrant("p0-v1", "p0", 60_000), VfGrant("p0-v2", "p0", 60_000)])
+    assert found == ["PF p0 has 100000 Mbit/s left, not 120000"]
+    nics.apply([VfGrant("p0-v1", "p0", 100_000)], 1)
+    assert nics.problems([VfGrant("p0-v2", "p0", 1)]) == ["PF p0 has 0 Mbit/s left, not 1"]
+
+
+def test_books_go_on_past_an_unknown_vf_and_count_a_vf_held_twice() -> None:
+    nics = two_pfs()
+    nics.apply([VfGrant("gone", "p0"), VfGrant("p1-v0", "p1", 10_000)], 1)
+    assert nics.pfs["p1"].held == {"p1-v0": 1} and nics.pfs["p1"].reserved_mbps == 10_000
+    nics.apply([VfGrant("p1-v0", "p1", 10_000)], 1)
+    assert nics.pfs["p1"].held == {"p1-v0": 2}
+    assert nics.overbooked([VfGrant("gone", "p0"), VfGrant("p1-v0", "p1")]) == ["p1-v0"]
+    nics.apply([VfGrant("p1-v0", "p1", 10_000)], -1)
+    assert nics.pfs["p1"].held == {"p1-v0": 1}
+    nics.apply([VfGrant("p0-v2", "p0")], -1)  # releasing what no pod holds changes nothing
+    assert nics.pfs["p0"].held == {}
+
+
+# --- a node's PFs from its inventory ----------------------------------------------------------
+
+
+def rdma(name: str, index: int, **attributes: str) -> Device:
+    return Device(name, DeviceKind.RDMA, index, "CX", attributes=attributes)
+
+
+@pytest.mark.parametrize(
+    ("rate", "mbps"),
+    [("fast", 0), ("0.5", 500), ("10000", MAX_MBPS), ("10000.5", 0), ("20000", 0), ("-1", 0)],
+)
+def test_line_rate_bounds(rate: str, mbps: int) -> None:
+    assert rate_mbps(rdma("p", 0, rateGbps=rate)) == mbps
+
+
+def test_a_vf_never_parents_vfs() -> None:
+    pf = rdma("p", 0, rateGbps="100")
+    vf = rdma("p-v0", 1, function="vf", parentDevice="p", rateGbps="100")
+    nested = rdma("p-v0-v0", 2, function="vf", parentDevice="p-v0")
+    nics = nic_state(NodeInventory((pf, vf, nested)))
+    assert sorted(nics.pfs) == ["p"] and set(nics.pf_of) == {"p-v0"}
+
+
+def test_a_pf_that_offers_nothing_does_not_hide_the_next() -> None:
+    unrated = rdma("a", 0)
+    a_vf = rdma("a-v0", 1, function="vf", parentDevice="a")
+    rated = rdma("b", 2, rateGbps="100")
+    b_vf = rdma("b-v0", 3, function="vf", parentDevice="b")
+    assert sorted(nic_state(NodeInventory((unrated, a_vf, rated, b_vf))).pfs) == ["b"]
+
+
+def test_gpus_listed_beside_a_vf_are_beside_its_pf() -> None:
+    devices = (
+        Device("GPU-0", DeviceKind.GPU, 0, "A100", 81920, 0),
+        rdma("p", 0, rateGbps="100"),
+        rdma("p-v0", 1, function="vf", parentDevice="p"),
+    )
+    nics = nic_state(NodeInventory(devices, Topology(nic_gpus={"p-v0": ("GPU-0",)})))
+    assert nics.pfs["p"].gpus == {"GPU-0"}
+
+
+# --- choosing VFs -----------------------------------------------------------------------------
+
+
+def test_a_pf_on_the_gpus_switch_beats_a_tighter_one_on_their_numa_node() -> None:
+    nics = NicState(
+        [
+            PfState("near", 200_000, 0, frozenset({"GPU-0"}), ("near-v0",)),
+            PfState("numa", 50_000, 0, frozenset(), ("numa-v0",)),
+        ]
+    )
+    got = choose_vfs(RdmaRequest(1, 10_000), nics, ["GPU-0"], {0})
+    assert got is not None and got[0].pf == "near"
+
+
+def test_numa_node_0_is_a_numa_node() -> None:
+    nics = NicState(
+        [
+            PfState("numa0", 200_000, 0, vfs=("a-v0",)),
+            PfState("far", 50_000, 1, vfs=("b-v0",)),
+        ]
+    )
+    got = choose_vfs(RdmaRequest(1, 10_000), nics, ["GPU-0"], {0})
+    assert got is not None and got[0].pf == "numa0"
+
+
+def test_the_pf_that_takes_the_most_goes_first_when_none_takes_all() -> None:
+    nics = NicState(
+        [
+            PfState("big", 100_000, vfs=("big-v0", "big-v1", "big-v2")),
+            PfState("mid", 40_000, vfs=("mid-v0", "mid-v1")),
+            PfState("one", 90_000, vfs=("one-v0",)),
+        ]
+    )
+    got = choose_vfs(RdmaRequest(4, 0, 5_000), nics)
+    assert got is not None
+    assert [(g.pf, g.max_mbps) for g in got] == [("big", 5_000)] * 3 + [("mid", 5_000)]
+
+
+def test_vf_distance_counts_each_vf_by_its_pfs_tier() -> None:
+    nics = NicState(
+        [
+            PfState("near", 100_000, 0, frozenset({"GPU-0"}), ("near-v0",)),
+            PfState("numa", 100_000, 0, vfs=("numa-v0",)),
+            PfState("far", 100_000, 1, vfs=("far-v0", "far-v1")),
+        ]
+    )
+    vfs = [VfGrant("near-v0", "near"), VfGrant("numa-v0", "numa"), VfGrant("far-v0", "far")]
+    assert [vf_distance([v], nics, ["GPU-0"], {0}) for v in vfs] == [0, 1, 2]
+    assert vf_distance([*vfs, VfGrant("far-v1", "far")], nics, ["GPU-0"], {0}) == 5
