@@ -155,14 +155,18 @@ def test_the_same_problem_is_logged_again_after_a_readable_report_or_a_deletion(
 
 
 def test_readings_expire_after_the_queue_is_compacted_and_expiry_reports_the_room() -> None:
-    """A node writing many reports: the queue is compacted, and its last report still goes stale;
-    readings saying the GPU's memory is full keep a pod off it until then, so expiry frees room."""
-    cache, clock = metrics_cache(node_json("n1", 1))
+    """A node writing many reports: compacting the queue keeps exactly its last report's entry, which
+    still goes stale; readings saying the GPU's memory is full keep a pod off it until then, so expiry
+    frees room."""
+    cache, clock = metrics_cache(node_json("n1", 1), node_json("n2", 1))
     full = [GpuReport(gpu_id("n1", 0), 0, 90.0, GPU_MEMORY_MIB, GPU_MEMORY_MIB)]
     for k in range(100):
         cache.apply_metrics("MODIFIED", report("n1", full, START + dt.timedelta(seconds=k)))
-    assert len(cache._expiry) < 100
+    cache.apply_metrics("ADDED", report("n2", [], START))
+    cache.apply_metrics("DELETED", {"metadata": {"name": "n2"}})  # its entry is stale now
     last = START + dt.timedelta(seconds=99)
+    cache._compact_expiry()
+    assert cache._expiry == [(last + dt.timedelta(seconds=600), "n1", last)]
     clock.at = last + dt.timedelta(seconds=600)
     assert cache.expire_metrics() is False  # at the bound itself a report is still fresh
     assert cache.metrics["n1"].update_time == last
