@@ -5,11 +5,25 @@ a VF that names a VF as its parent, GPUs listed beside a VF, and the choice of P
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
-from devices.model import Device, DeviceKind, NodeInventory, Topology
+from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
+from scheduler.core import (
+    AllocationConflict,
+    ClusterState,
+    NodeState,
+    PodRequest,
+    allocate,
+    failed_nodes,
+    run_filters,
+)
+from scheduler.core.filters import filter_nodes
 from scheduler.core.rdma import (
     MAX_MBPS,
+    NO_BANDWIDTH,
+    NO_FREE_VFS,
     NO_RDMA,
     NicState,
     PfState,
@@ -22,6 +36,9 @@ from scheduler.core.rdma import (
     rate_mbps,
     vf_distance,
 )
+from scheduler.core.request import TopologyWish, Wish
+from scheduler.core.state import Allocation
+from tests.support.rdmainv import Pf, gpu_id, rdma_inventory
 
 # --- a request and the bandwidth notation -----------------------------------------------------
 
@@ -206,3 +223,120 @@ def test_vf_distance_counts_each_vf_by_its_pfs_tier() -> None:
     vfs = [VfGrant("near-v0", "near"), VfGrant("numa-v0", "numa"), VfGrant("far-v0", "far")]
     assert [vf_distance([v], nics, ["GPU-0"], {0}) for v in vfs] == [0, 1, 2]
     assert vf_distance([*vfs, VfGrant("far-v1", "far")], nics, ["GPU-0"], {0}) == 5
+
+
+# --- the filter and the books of a node -------------------------------------------------------
+
+
+def rdma_node(name: str, pfs: list[Pf], gpus: int = 2, **kw: object) -> NodeState:
+    return NodeState.from_inventory(name, 64_000, 512_000, rdma_inventory(name, [0] * gpus, pfs), **kw)  # type: ignore[arg-type]
+
+
+def test_failed_nodes_say_which_rdma_resource_is_short() -> None:
+    cluster = ClusterState(
+        [
+            rdma_node("bandwidth", [Pf("p", 100, 0, (0,), vfs=2)]),  # exactly the VFs, too little bandwidth
+            rdma_node("vfs", [Pf("p", 400, 0, (0,), vfs=1)]),
+            rdma_node("fits", [Pf("p", 400, 0, (0,), vfs=2)]),
+        ]
+    )
+    pod = PodRequest("p", gpu_count=1, rdma=RdmaRequest(2, 100_000))
+    assert failed_nodes(pod, cluster) == {"bandwidth": NO_BANDWIDTH, "vfs": NO_FREE_VFS}
+    short = ClusterState(
+        [rdma_node("bandwidth", [Pf("p", 100, 0, (0,), vfs=2)]), rdma_node("vfs", [Pf("p", 400)])]
+    )
+    short.assume(Allocation("vfs", "x", rdma=tuple(VfGrant(f"p-vf{k}", "p") for k in range(3))))  # 1 VF left
+    _idx, why = run_filters(pod, short)  # the reasons are counted when no node passes
+    assert dict(why) == {NO_BANDWIDTH: 1, NO_FREE_VFS: 1}
+    kept, reasons = filter_nodes(pod, cluster, among=[])
+    assert kept.tolist() == [] and reasons == {}
+    kept, reasons = filter_nodes(pod, cluster, among=[2, 0])
+    assert kept.tolist() == [2] and reasons == {"bandwidth": NO_BANDWIDTH}
+
+
+def test_a_conflict_names_every_short_resource() -> None:
+    node = rdma_node("n", [], allocatable={"example.com/a": 1, "example.com/b": 1})
+    alloc = Allocation("n", "u", resources=(("example.com/a", 2), ("example.com/b", 2)))
+    with pytest.raises(AllocationConflict, match=r"^pod u: not enough example.com/a, example.com/b on n$"):
+        node.check(alloc)
+
+
+# --- GPUs chosen with their interfaces (allocate) ---------------------------------------------
+
+
+def linked_node(
+    gpu_numas: list[int],
+    pfs: list[Pf],
+    pix: list[tuple[int, ...]] = (),  # type: ignore[assignment]
+    nvlinks: list[tuple[int, int]] = (),  # type: ignore[assignment]
+    taken: tuple[int, ...] = (),
+    models: list[str] | None = None,
+) -> NodeState:
+    """A node whose GPUs are PIX-linked within ``pix`` groups, NODE on one NUMA node, SYS across,
+    NVLinked per ``nvlinks``; ``taken`` GPUs are fully booked."""
+    inv = rdma_inventory("n", gpu_numas, pfs)
+    ids = [gpu_id("n", i) for i in range(len(gpu_numas))]
+    pcie = {}
+    for a in range(len(ids)):
+        for b in range(a + 1, len(ids)):
+            if any(a in group and b in group for group in pix):
+                pcie[pair(ids[a], ids[b])] = PCIeRelation.PIX
+            else:
+                same = gpu_numas[a] == gpu_numas[b]
+                pcie[pair(ids[a], ids[b])] = PCIeRelation.NODE if same else PCIeRelation.SYS
+    devices = tuple(
+        replace(d, model=models[d.index]) if models and d.kind == DeviceKind.GPU else d for d in inv.devices
+    )
+    links = {pair(ids[a], ids[b]): 4 for a, b in nvlinks}
+    topology = Topology(nvlinks=links, pcie=pcie, nic_gpus=inv.topology.nic_gpus)
+    node = NodeState.from_inventory("n", 64_000, 512_000, NodeInventory(devices, topology))
+    for i in taken:
+        node.gpus[i].free_milli = 0
+    return node
+
+
+def placed(node: NodeState, pod: PodRequest) -> tuple[list[int], list[str]]:
+    alloc = allocate(pod, node)
+    assert alloc is not None
+    return sorted(g.index for g in alloc.gpus), [v.pf for v in alloc.rdma]
+
+
+def test_a_set_anchored_beside_each_pf_can_bring_every_interface_beside_a_gpu() -> None:
+    """GPU 1 is taken; the PIX pair {2, 3} sits beside B only, so A's interface would cross the
+    switch: {0, 2} (one GPU beside each PF, each interface beside a GPU) is nearer."""
+    node = linked_node([0] * 6, [Pf("A", 100, 0, (0, 1), vfs=1), Pf("B", 100, 0, (2, 3), vfs=1)],
+                       pix=[(0, 1), (2, 3), (4, 5)], taken=(1,))  # fmt: skip
+    assert placed(node, PodRequest("p", gpu_count=2)) == ([2, 3], [])
+    assert placed(node, PodRequest("p", gpu_count=2, rdma=RdmaRequest(2))) == ([0, 2], ["A", "B"])
+
+
+def test_every_gpu_beside_the_interface_beats_one_gpu_beside_it() -> None:
+    """The PF sits beside GPUs 1 and 2: the pair {0, 1} has its interface beside GPU 1 but GPU 0 away
+    from it; {1, 2} has both beside it."""
+    node = linked_node([0] * 4, [Pf("A", 100, 0, (1, 2), vfs=1)], pix=[(0, 1), (2, 3)])
+    assert placed(node, PodRequest("p", gpu_count=2)) == ([0, 1], [])
+    assert placed(node, PodRequest("p", gpu_count=2, rdma=RdmaRequest(1))) == ([1, 2], ["A"])
+
+
+def test_a_gpu_on_the_interfaces_numa_node_beats_one_across_the_sockets() -> None:
+    """The NVLinked pair {1, 3} has GPU 3 on the other socket from the PF (beside GPU 1, NUMA 0);
+    {0, 1} keeps both GPUs on the PF's NUMA node."""
+    node = linked_node([0, 0, 0, 1, 1], [Pf("A", 100, 0, (1,), vfs=1)], nvlinks=[(1, 3)])
+    assert placed(node, PodRequest("p", gpu_count=2)) == ([1, 3], [])
+    assert placed(node, PodRequest("p", gpu_count=2, rdma=RdmaRequest(1))) == ([0, 1], ["A"])
+
+
+def test_required_gpu_topology_and_allowed_models_hold_against_the_interfaces() -> None:
+    nvlinked = linked_node([0] * 4, [Pf("A", 100, 0, (2, 3), vfs=2)], nvlinks=[(0, 1)])
+    required = TopologyWish(nvlink=Wish.REQUIRE)
+    pod = PodRequest("p", gpu_count=2, topology=required, rdma=RdmaRequest(1))
+    assert placed(nvlinked, pod) == ([0, 1], ["A"])
+    assert placed(nvlinked, replace(pod, topology=TopologyWish())) == ([2, 3], ["A"])
+    models = linked_node([0] * 4, [Pf("A", 100, 0, (2, 3), vfs=2)], models=["A100", "A100", "H100", "H100"])
+    pod = PodRequest("p", gpu_count=2, gpu_models=frozenset({"A100"}), rdma=RdmaRequest(1))
+    assert placed(models, pod) == ([0, 1], ["A"])
+
+
+def test_a_pf_on_the_gpus_numa_node_0_is_nearer_than_a_tighter_one_elsewhere() -> None:
+    node = linked_node([0, 1], [Pf("P1", 200, 0, vfs=1), Pf("P2", 50, 1, vfs=1)])
+    assert placed(node, PodRequest("p", gpu_count=1, rdma=RdmaRequest(1, 10_000))) == ([0], ["P1"])
