@@ -342,3 +342,15 @@ def test_required_gpu_topology_and_allowed_models_hold_against_the_interfaces() 
 def test_a_pf_on_the_gpus_numa_node_0_is_nearer_than_a_tighter_one_elsewhere() -> None:
     node = linked_node([0, 1], [Pf("P1", 200, 0, vfs=1), Pf("P2", 50, 1, vfs=1)])
     assert placed(node, PodRequest("p", gpu_count=1, rdma=RdmaRequest(1, 10_000))) == ([0], ["P1"])
+
+
+def test_a_bound_pod_at_exactly_the_line_rate_is_booked_without_problems() -> None:
+    cluster = ClusterState([rdma_node("n", [Pf("p", 100, 0, (0,), vfs=2)])])
+    exact = Allocation("n", "a", rdma=(VfGrant("p-vf0", "p", 60_000), VfGrant("p-vf1", "p", 40_000)))
+    assert cluster.book(exact) == []
+    assert cluster.book(Allocation("n", "b", rdma=(VfGrant("p-vf9", "p"),))) == [
+        "RDMA VF p-vf9 is not listed by node n"
+    ]
+    assert cluster.book(Allocation("n", "c", rdma=(VfGrant("p-vf1", "p", 1),))) == [
+        "RDMA VF p-vf1 is booked beyond its capacity"
+    ]
