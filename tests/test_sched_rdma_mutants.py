@@ -36,7 +36,7 @@ from scheduler.core.rdma import (
     rate_mbps,
     vf_distance,
 )
-from scheduler.core.request import TopologyWish, Wish
+from scheduler.core.request import HostPort, TopologyWish, Wish
 from scheduler.core.state import Allocation
 from tests.support.rdmainv import Pf, gpu_id, rdma_inventory
 
@@ -354,3 +354,76 @@ def test_a_bound_pod_at_exactly_the_line_rate_is_booked_without_problems() -> No
     assert cluster.book(Allocation("n", "c", rdma=(VfGrant("p-vf1", "p", 1),))) == [
         "RDMA VF p-vf1 is booked beyond its capacity"
     ]
+
+
+@pytest.mark.parametrize(
+    ("numas", "pix", "nvlinks", "pfs", "taken", "pod", "expected"),
+    [
+        pytest.param(  # a tie keeps the first set (the topology's), not {0, 1} on the PFs' NUMA node
+            [0, 0, 0, 1, 1, 1], [], [(3, 4), (4, 5)],
+            [Pf("P0", 100, 0, (), vfs=1), Pf("P1", 400, 0, (3,), vfs=1)], (), (2, 2, 100_000),
+            ([3, 4], ["P1", "P0"]), id="ties-keep-the-first",
+        ),
+        pytest.param(  # GPUs 0 and 2 are equally near: the first of least distance wins
+            [0, 0, 0, 0], [(0, 1), (2, 3)], [],
+            [Pf("P0", 200, -1, (0, 2), vfs=1), Pf("P1", 200, -1, (), vfs=1), Pf("P2", 400, 0, (), vfs=3)],
+            (), (1, 2, 0), ([0], ["P0", "P2"]), id="first-of-least",
+        ),
+        pytest.param(  # the search goes on past an improvement that leaves some distance
+            [0, 0, 0, 1, 1, 1], [(0, 1), (2, 3), (4, 5)], [(0, 1)],
+            [Pf("P0", 200, -1, (), vfs=1), Pf("P1", 200, 0, (5,), vfs=3), Pf("P2", 200, 1, (0, 2), vfs=1)],
+            (0, 3), (1, 3, 50_000), ([5], ["P1", "P1", "P1"]), id="past-a-partial-improvement",
+        ),
+        pytest.param(  # an improvement to (1, 0) does not end the search
+            [0, 0, 0, 0, 0], [], [(3, 4)],
+            [Pf("P0", 400, -1, (1, 4), vfs=2), Pf("P1", 400, 0, (), vfs=1), Pf("P2", 200, 0, (4,), vfs=3)],
+            (3,), (1, 3, 100_000), ([4], ["P0", "P0", "P2"]), id="past-1-0",
+        ),
+        pytest.param(  # an improvement to (0, 1) does not end the search
+            [0] * 7, [(0, 1), (2, 3), (4, 5), (6,)], [],
+            [Pf("P0", 200, -1, (1, 5), vfs=1), Pf("P1", 400, 0, (4, 6), vfs=3),
+             Pf("P2", 200, -1, (3, 6), vfs=2)],
+            (2,), (2, 2, 0), ([3, 6], ["P2", "P2"]), id="past-0-1",
+        ),
+    ],
+)  # fmt: skip
+def test_the_joint_search_keeps_the_first_nearest_set(
+    numas: list[int],
+    pix: list[tuple[int, ...]],
+    nvlinks: list[tuple[int, int]],
+    pfs: list[Pf],
+    taken: tuple[int, ...],
+    pod: tuple[int, int, int],
+    expected: tuple[list[int], list[str]],
+) -> None:
+    """Nodes found by comparing ``allocate`` with each surviving mutant of ``_nearer_to_nics`` and
+    ``_joint_cost`` on random nodes (docs/testing.md): where the search's order and stops decide."""
+    node = linked_node(numas, pfs, pix=pix, nvlinks=nvlinks, taken=taken)
+    gpus, count, mbps = pod
+    assert placed(node, PodRequest("p", gpu_count=gpus, rdma=RdmaRequest(count, mbps))) == expected
+
+
+def test_the_books_add_up_memory_in_bytes_and_a_host_port_held_twice() -> None:
+    """Bound pods are booked whatever they overlap: two pods' memory adds up in bytes too, and a host
+    port two of them hold stays taken until both are gone."""
+    node = rdma_node("n", [])
+    port = HostPort("TCP", "0.0.0.0", 8080)
+    first = Allocation("n", "a", memory_mib=100, host_ports=(port,))
+    second = Allocation("n", "b", memory_mib=50, host_ports=(port,))
+    node.apply(first, 1)
+    node.apply(second, 1)
+    assert node.resource_free("memory") == (512_000 - 150) * 1024 * 1024
+    assert node.ports == {port: 2}
+    node.apply(first, -1)
+    assert node.ports == {port: 1}
+    assert node.resource_free("memory") == (512_000 - 50) * 1024 * 1024
+
+
+def test_every_rdma_problem_of_an_allocation_is_named_at_once() -> None:
+    node = rdma_node("n", [Pf("p", 100, 0, (0,), vfs=1)])
+    alloc = Allocation("n", "u", rdma=(VfGrant("p-vf0", "p", 200_000), VfGrant("gone", "p")))
+    with pytest.raises(AllocationConflict) as caught:
+        node.check(alloc)
+    assert str(caught.value) == (
+        "pod u: no usable RDMA VF gone; PF p has 100000 Mbit/s left, not 200000 on n"
+    )
