@@ -417,6 +417,8 @@ def test_the_books_add_up_memory_in_bytes_and_a_host_port_held_twice() -> None:
     node.apply(first, -1)
     assert node.ports == {port: 1}
     assert node.resource_free("memory") == (512_000 - 50) * 1024 * 1024
+    node.apply(Allocation("n", "never-booked"), -1)  # unconditionally: releasing what it never held
+    assert sorted(node.allocations) == ["b"]
 
 
 def test_every_rdma_problem_of_an_allocation_is_named_at_once() -> None:
