@@ -429,3 +429,12 @@ def test_every_rdma_problem_of_an_allocation_is_named_at_once() -> None:
     assert str(caught.value) == (
         "pod u: no usable RDMA VF gone; PF p has 100000 Mbit/s left, not 200000 on n"
     )
+
+
+def test_a_requests_host_ports_are_kept_once_in_order_and_negative_resources_refused() -> None:
+    a, b = HostPort("TCP", "0.0.0.0", 80), HostPort("TCP", "0.0.0.0", 443)
+    pod = PodRequest("p", host_ports=(b, a, b))
+    assert pod.host_ports == (a, b)
+    assert pod.shape() == PodRequest("q", host_ports=(a, b)).shape()
+    with pytest.raises(ValueError, match="^pod r: negative resource request$"):
+        PodRequest("r", resources=(("example.com/foo", -1),))
