@@ -53,3 +53,19 @@ def test_a_victim_frees_its_other_resources_memory_in_bytes_and_host_ports() -> 
     victim = running_pod(alloc, {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}, "spec": {}})
     assert victim.resources == {"example.com/foo": 2, "memory": 512 * 2**20}
     assert victim.host_ports == (port,)
+
+
+def test_statuses_of_init_containers_count_and_an_entry_without_resources_is_skipped() -> None:
+    pod = {
+        "status": {
+            "containerStatuses": [
+                {"name": "starting"},  # no resources reported yet
+                {"name": "app", "resources": {"requests": {"cpu": "2"}}},
+            ],
+            "initContainerStatuses": [{"name": "sidecar", "resources": {"requests": {"cpu": "1"}}}],
+        }
+    }
+    assert container_statuses(pod) == {
+        "app": ({"cpu": Decimal(2)}, {}),
+        "sidecar": ({"cpu": Decimal(1)}, {}),
+    }
