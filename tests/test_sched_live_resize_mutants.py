@@ -1,16 +1,29 @@
 """What the mutation run of the live scheduler's functions changed since their last measurement
-showed untested (docs/testing.md, "the in-place resize fix and preemption's inputs"): the kubelet's
-reported resources read entry by entry, the resize condition among others, and a victim's other
-resources and host ports as preemption sees them."""
+showed untested (docs/testing.md, "Then the functions changed before 4d9596d"): the kubelet's
+reported resources read entry by entry, the resize condition among others, a victim's other
+resources and host ports as preemption sees them, a node's static-score label and zero
+allocatables, and the cache's readings: their log lines, what they wake, and the static-score
+problem logged once."""
 
 from __future__ import annotations
 
+import copy
+import datetime as dt
+import logging
 from decimal import Decimal
+from typing import Any
 
+import pytest
+
+from kubegpu import livemetrics
+from kubegpu.livemetrics import GpuReport
 from scheduler.core.request import HostPort
 from scheduler.core.state import Allocation
+from scheduler.live.cache import Cache
 from scheduler.live.podspec import container_statuses, resize_infeasible
 from scheduler.live.preemption import running_pod
+from scheduler.live.translate import STATIC_SCORE_LABEL, node_facts, static_score
+from tests.support.schedworld import GPU_MEMORY_MIB, KEYS, gpu_id, node_json
 
 
 def test_an_unreadable_reported_quantity_leaves_the_others_and_zero_is_a_quantity() -> None:
@@ -69,3 +82,95 @@ def test_statuses_of_init_containers_count_and_an_entry_without_resources_is_ski
         "app": ({"cpu": Decimal(2)}, {}),
         "sidecar": ({"cpu": Decimal(1)}, {}),
     }
+
+
+# --- translate: a node's figures and labels ---------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "score"), [("0", 0.0), ("0.5", 0.5), ("100", 100.0), ("100.5", 100.0)])
+def test_the_static_score_label_takes_0_to_100_inclusive(raw: str, score: float) -> None:
+    assert static_score({STATIC_SCORE_LABEL: raw})[0] == score
+
+
+def test_an_allocatable_of_zero_is_zero() -> None:
+    node = node_json("n1", 1)
+    node["status"]["allocatable"]["example.com/foo"] = "0"
+    node["status"]["allocatable"]["memory"] = "0"
+    facts = node_facts(node)
+    assert facts.allocatable["example.com/foo"] == 0 and facts.allocatable["memory"] == 0
+
+
+# --- the cache: readings, their log lines and what they wake ----------------------------------
+
+START = dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
+def metrics_cache(*nodes: dict[str, Any]) -> Cache:
+    cache = Cache("kubegpu", lambda: KEYS, now=lambda: START, metrics_stale_after=600)
+    cache.replace_nodes([copy.deepcopy(n) for n in nodes])
+    cache.view()
+    return cache
+
+
+def report(node: str, gpus: list[GpuReport], ago: float = 0.0) -> dict[str, Any]:
+    return livemetrics.document(node, gpus, START - dt.timedelta(seconds=ago), 30, 300)
+
+
+def events(caplog: pytest.LogCaptureFixture, message: str) -> list[tuple[str, dict[str, Any]]]:
+    return [(r.levelname, getattr(r, "fields", {})) for r in caplog.records if r.getMessage() == message]
+
+
+def test_gpus_out_of_and_back_in_placement_are_logged_once_each_with_node_and_device(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    cache = metrics_cache(node_json("n1", 1))
+    gid = gpu_id("n1", 0)
+    broken = report("n1", [GpuReport(gid, 0, 10.0, 5, GPU_MEMORY_MIB, xid=79)])
+    fine = report("n1", [GpuReport(gid, 0, 10.0, 5, GPU_MEMORY_MIB)])
+    with caplog.at_level(logging.INFO, logger="kubegpu.scheduler.cache"):
+        cache.apply_metrics("ADDED", broken)
+        cache.apply_metrics("MODIFIED", fine)
+        cache.apply_metrics("MODIFIED", fine)
+        cache.apply_metrics("MODIFIED", report("n1", [GpuReport(gid, 0, 10.0, 5, GPU_MEMORY_MIB)], ago=900))
+    assert events(caplog, "gpu.out_of_placement") == [
+        ("WARNING", {"node": "n1", "device": gid, "reason": "XID 79"})
+    ]
+    assert events(caplog, "gpu.back_in_placement") == [("INFO", {"node": "n1", "device": gid})]
+    ((level, fields),) = events(caplog, "node.metrics_ignored")
+    assert level == "WARNING" and fields["node"] == "n1"
+
+
+def test_readings_on_a_view_about_to_be_rebuilt_wake_the_queue() -> None:
+    cache = metrics_cache(node_json("n1", 1))
+    cache.dirty = True  # an event changed something: the next view is rebuilt with the readings
+    full = [GpuReport(gpu_id("n1", 0), 0, 10.0, 5, GPU_MEMORY_MIB)]
+    assert cache.apply_metrics("ADDED", report("n1", full)) is True
+
+
+def test_a_relist_of_readings_says_whether_it_may_let_something_fit() -> None:
+    cache = metrics_cache(node_json("n1", 1))
+    assert cache.replace_metrics([]) is False
+    full = [GpuReport(gpu_id("n1", 0), 0, 90.0, GPU_MEMORY_MIB, GPU_MEMORY_MIB)]
+    cache.replace_metrics([report("n1", full)])
+    assert cache.replace_metrics([]) is True  # its report is gone: the memory guard falls back to the books
+    free = [GpuReport(gpu_id("n1", 0), 0, 0.0, 0, GPU_MEMORY_MIB)]
+    cache.replace_metrics([report("n1", full)])
+    assert cache.replace_metrics([report("n1", free)]) is True
+
+
+def test_an_ignored_static_score_label_is_logged_once_per_problem(caplog: pytest.LogCaptureFixture) -> None:
+    """Once while the node keeps the label, and again after the node was gone and came back."""
+    labelled = node_json("n1", 1, labels={STATIC_SCORE_LABEL: "high"})
+    with caplog.at_level(logging.INFO, logger="kubegpu.scheduler.cache"):
+        cache = metrics_cache(labelled, node_json("n2", 1))
+        for _ in range(2):
+            cache.dirty = True
+            cache.view()
+        assert [f["node"] for _, f in events(caplog, "node.static_score_ignored")] == ["n1"]
+        cache.replace_nodes([node_json("n2", 1)])
+        cache.view()
+        cache.replace_nodes([labelled, node_json("n2", 1)])
+        cache.view()
+        cache.dirty = True
+        cache.view()
+    assert [f["node"] for _, f in events(caplog, "node.static_score_ignored")] == ["n1", "n1"]
