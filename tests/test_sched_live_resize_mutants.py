@@ -98,6 +98,8 @@ def test_an_allocatable_of_zero_is_zero() -> None:
     node["status"]["allocatable"]["memory"] = "0"
     facts = node_facts(node)
     assert facts.allocatable["example.com/foo"] == 0 and facts.allocatable["memory"] == 0
+    node["status"]["allocatable"]["example.com/foo"] = "lots"
+    assert node_facts(node).problem == "node's allocatable example.com/foo is unreadable ('lots')"
 
 
 # --- the cache: readings, their log lines and what they wake ----------------------------------
