@@ -176,3 +176,21 @@ def test_an_ignored_static_score_label_is_logged_once_per_problem(caplog: pytest
         cache.dirty = True
         cache.view()
     assert [f["node"] for _, f in events(caplog, "node.static_score_ignored")] == ["n1", "n1"]
+
+
+def test_a_node_whose_readings_were_dropped_is_not_said_to_be_trusted_again(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """A stale report is ignored (logged); an unreadable successor drops it; a fresh report later is
+    the node's first trusted one, not a return to trust."""
+    cache = metrics_cache(node_json("n1", 1))
+    gpus = [GpuReport(gpu_id("n1", 0), 0, 10.0, 5, GPU_MEMORY_MIB)]
+    with caplog.at_level(logging.INFO, logger="kubegpu.scheduler.cache"):
+        cache.apply_metrics("ADDED", report("n1", gpus, ago=900))
+        cache.apply_metrics("MODIFIED", {"metadata": {"name": "n1"}})  # unreadable: readings dropped
+        cache.apply_metrics("MODIFIED", report("n1", gpus))
+        assert len(events(caplog, "node.metrics_ignored")) == 1
+        assert events(caplog, "node.metrics_trusted") == []
+        cache.apply_metrics("MODIFIED", report("n1", gpus, ago=900))
+        cache.apply_metrics("MODIFIED", report("n1", gpus))
+    assert [f for _, f in events(caplog, "node.metrics_trusted")] == [{"node": "n1"}]
