@@ -87,9 +87,13 @@ def test_statuses_of_init_containers_count_and_an_entry_without_resources_is_ski
 # --- translate: a node's figures and labels ---------------------------------------------------
 
 
-@pytest.mark.parametrize(("raw", "score"), [("0", 0.0), ("0.5", 0.5), ("100", 100.0), ("100.5", 100.0)])
-def test_the_static_score_label_takes_0_to_100_inclusive(raw: str, score: float) -> None:
-    assert static_score({STATIC_SCORE_LABEL: raw})[0] == score
+@pytest.mark.parametrize(
+    ("raw", "score", "ignored"),
+    [("0", 0.0, False), ("0.5", 0.5, False), ("100", 100.0, False), ("100.5", 100.0, True)],
+)
+def test_the_static_score_label_takes_0_to_100_inclusive(raw: str, score: float, ignored: bool) -> None:
+    value, problem = static_score({STATIC_SCORE_LABEL: raw})
+    assert value == score and bool(problem) == ignored
 
 
 def test_an_allocatable_of_zero_is_zero() -> None:
