@@ -36,8 +36,8 @@ from scheduler.core.rdma import (
     rate_mbps,
     vf_distance,
 )
-from scheduler.core.request import HostPort, TopologyWish, Wish
-from scheduler.core.state import Allocation
+from scheduler.core.request import HostPort, TopologyWish, Wish, resource_tuple
+from scheduler.core.state import Allocation, LiveGpu
 from tests.support.rdmainv import Pf, gpu_id, rdma_inventory
 
 # --- a request and the bandwidth notation -----------------------------------------------------
@@ -438,3 +438,32 @@ def test_a_requests_host_ports_are_kept_once_in_order_and_negative_resources_ref
     assert pod.shape() == PodRequest("q", host_ports=(a, b)).shape()
     with pytest.raises(ValueError, match="^pod r: negative resource request$"):
         PodRequest("r", resources=(("example.com/foo", -1),))
+
+
+# --- functions changed between dcecd54 and 4d9596d --------------------------------------------
+
+
+def test_resource_amounts_are_merged_by_name_from_a_mapping_or_pairs() -> None:
+    assert resource_tuple({"b": 1, "a": 2}) == (("a", 2), ("b", 1))
+    assert resource_tuple([("a", 1), ("a", 2), ("c", 0)]) == (("a", 3),)
+
+
+def test_an_allocations_memory_in_bytes() -> None:
+    assert Allocation("n", "u", memory_mib=3).memory_bytes() == 3 * 2**20
+    exact = Allocation("n", "u", memory_mib=3, resources=(("example.com/a", 1), ("memory", 3_000_000)))
+    assert exact.memory_bytes() == 3_000_000
+
+
+def test_a_pod_with_other_resources_is_still_checked_for_memory() -> None:
+    node = rdma_node("n", [], allocatable={"example.com/a": 4})  # 512,000 MiB of memory
+    cluster = ClusterState([node])
+    pod = PodRequest("p", memory_mib=600_000, resources=(("example.com/a", 1),))
+    idx, why = run_filters(pod, cluster)
+    assert idx.tolist() == [] and why
+
+
+def test_a_nodes_utilisation_is_that_of_its_healthy_gpus() -> None:
+    cluster = ClusterState([rdma_node("n", [])])
+    ids = [g.id for g in cluster.nodes[0].gpus]
+    cluster.set_live("n", {ids[0]: LiveGpu(80.0, 0), ids[1]: LiveGpu(20.0, 0, unfit="XID 79")})
+    assert cluster.node_util[0] == 80.0
