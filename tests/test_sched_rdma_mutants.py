@@ -467,3 +467,12 @@ def test_a_nodes_utilisation_is_that_of_its_healthy_gpus() -> None:
     ids = [g.id for g in cluster.nodes[0].gpus]
     cluster.set_live("n", {ids[0]: LiveGpu(80.0, 0), ids[1]: LiveGpu(20.0, 0, unfit="XID 79")})
     assert cluster.node_util[0] == 80.0
+
+
+def test_a_share_fits_in_exactly_the_memory_a_gpu_reports_free() -> None:
+    cluster = ClusterState([rdma_node("n", [], gpus=1)])
+    gpu = cluster.nodes[0].gpus[0]
+    cluster.set_live("n", {gpu.id: LiveGpu(10.0, gpu.memory_mib - 1000)})
+    fits = PodRequest("p", gpu_count=1, gpu_milli=100, gpu_memory_mib=1000)
+    assert run_filters(fits, cluster)[0].tolist() == [0]
+    assert run_filters(replace(fits, gpu_memory_mib=1001), cluster)[0].tolist() == []
