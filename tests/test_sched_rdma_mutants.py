@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import numpy as np
 import pytest
 
 from devices.model import Device, DeviceKind, NodeInventory, PCIeRelation, Topology, pair
@@ -476,3 +477,18 @@ def test_a_share_fits_in_exactly_the_memory_a_gpu_reports_free() -> None:
     fits = PodRequest("p", gpu_count=1, gpu_milli=100, gpu_memory_mib=1000)
     assert run_filters(fits, cluster)[0].tolist() == [0]
     assert run_filters(replace(fits, gpu_memory_mib=1001), cluster)[0].tolist() == []
+
+
+def test_a_cluster_built_from_nodes_keeps_their_live_readings() -> None:
+    """Nodes that carry readings (memory in use only, or utilisation only) give a new cluster the
+    same live rows as readings set on the cluster itself."""
+    for reading in (LiveGpu(None, 1000), LiveGpu(50.0, None)):
+        node = rdma_node("n", [], gpus=2)
+        node.set_live({node.gpus[0].id: reading})
+        built = ClusterState([node])
+        fresh = ClusterState([rdma_node("n", [], gpus=2)])
+        fresh.set_live("n", {fresh.nodes[0].gpus[0].id: reading})
+        assert built.any_live_memory == fresh.any_live_memory
+        assert built.node_util[0] == fresh.node_util[0]
+        assert np.array_equal(built.gpu_live_free, fresh.gpu_live_free)
+        assert np.array_equal(built.gpu_util, fresh.gpu_util, equal_nan=True)
