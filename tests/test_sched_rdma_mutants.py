@@ -477,6 +477,9 @@ def test_a_share_fits_in_exactly_the_memory_a_gpu_reports_free() -> None:
     fits = PodRequest("p", gpu_count=1, gpu_milli=100, gpu_memory_mib=1000)
     assert run_filters(fits, cluster)[0].tolist() == [0]
     assert run_filters(replace(fits, gpu_memory_mib=1001), cluster)[0].tolist() == []
+    alloc = allocate(fits, cluster.nodes[0])  # the GPU chosen within the node, by the same rule
+    assert alloc is not None and [g.id for g in alloc.gpus] == [gpu.id]
+    assert allocate(replace(fits, gpu_memory_mib=1001), cluster.nodes[0]) is None
 
 
 def test_a_cluster_built_from_nodes_keeps_their_live_readings() -> None:
