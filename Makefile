@@ -107,7 +107,10 @@ MUTATE_LIVE_TESTS := tests/test_sched_podspec.py tests/test_sched_podspec_reques
 	tests/test_sched_cache.py tests/test_sched_preempt_live.py \
 	tests/test_sched_interleavings.py tests/test_hostile_node_unit.py tests/test_mps_scheduling.py \
 	tests/test_sched_model.py tests/test_sched_podspec_resources.py tests/test_sched_resources.py \
-	tests/test_sched_podspec_mutants.py tests/test_sched_cache_mutants.py
+	tests/test_sched_podspec_mutants.py tests/test_sched_cache_mutants.py \
+	tests/test_sched_rdma.py tests/test_sched_rdma_live.py tests/test_sched_podspec_rdma.py \
+	tests/test_sched_utilisation_live.py tests/test_review_utilisation.py tests/test_sched_extender.py \
+	tests/test_sched_live_rdma_mutants.py tests/test_review_sched_resize.py tests/test_sched_live_resize_mutants.py
 mutate-live: install
 	$(VPY) -m pip install -q 'mutmut==3.8.1'
 	KUBEGPU_SOAK_SEEDS=3 KUBEGPU_SOAK_STEPS=300 nice -n 10 $(VPY) -m kubegpu.devenv.mutate live \

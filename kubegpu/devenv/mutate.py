@@ -24,7 +24,8 @@ from collections import Counter
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PACKAGES = ("crishim", "devices", "kubegpu", "scheduler", "tests", "tools")
+# deploy: tests/test_sched_extender.py (in make mutate-live's selection) loads the shipped manifests
+PACKAGES = ("crishim", "deploy", "devices", "kubegpu", "scheduler", "tests", "tools")
 
 
 def _toml_value(value: object) -> str:
