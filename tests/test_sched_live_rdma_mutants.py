@@ -50,7 +50,8 @@ def test_a_bandwidth_without_interfaces_says_what_is_missing() -> None:
     with pytest.raises(PodSpecError) as caught:
         pod_request(pod)
     assert str(caught.value).endswith(
-        "annotation kubegpu.io/rdma-bandwidth needs kubegpu.io/rdma-interfaces (how many interfaces)"
+        "annotation kubegpu.io/rdma-bandwidth needs kubegpu.io/rdma-interfaces"
+        " or resource kubegpu.io/rdma (how many interfaces)"
     )
 
 
