@@ -42,6 +42,7 @@ from kubernetes.client.rest import ApiException
 from kubegpu import allocation as contract
 from kubegpu import livemetrics
 from kubegpu.allocation import KeyRing
+from kubegpu.kube import BindingCoreV1Api
 from kubegpu.logs import log_event
 from scheduler.core.affinity import PodFacts
 from scheduler.core.allocate import allocate
@@ -164,7 +165,7 @@ class Scheduler:
         events: Any = None,
     ) -> None:
         self.config = config
-        self.core = core if core is not None else k8s.CoreV1Api(api)
+        self.core = core if core is not None else BindingCoreV1Api(api)
         self.events_api = events if events is not None else k8s.EventsV1Api(api)
         self.reporting_instance = reporting_instance(config.scheduler_name, config.identity)
         self.policy_api = policy_api if policy_api is not None else k8s.PolicyV1Api(api)
