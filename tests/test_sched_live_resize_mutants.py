@@ -111,6 +111,15 @@ def test_an_allocatable_of_zero_is_zero() -> None:
 START = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
+@pytest.fixture(autouse=True)
+def _start_now() -> None:
+    """START is now for each test: the nodes' heartbeats are stamped with the real clock when a test
+    makes them, and a START taken at import lags them by however long the suite ran before this file
+    (past the 300 s of skew allowed, the nodes read as from the future and nothing fits)."""
+    global START
+    START = dt.datetime.now(dt.UTC).replace(microsecond=0)
+
+
 def metrics_cache(*nodes: dict[str, Any]) -> Cache:
     cache = Cache("kubegpu", lambda: KEYS, now=lambda: START, metrics_stale_after=600)
     cache.replace_nodes([copy.deepcopy(n) for n in nodes])
