@@ -6,7 +6,6 @@ report, the log once per problem, the expiry queue's compaction and expiry)."""
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import logging
 from typing import Any
@@ -20,7 +19,7 @@ from scheduler.core.state import Allocation
 from scheduler.live.cache import Cache
 from scheduler.live.podspec import PodSpecError, pod_request
 from scheduler.live.translate import PodUsage, allocation_contract, fact_allocation
-from tests.support.schedworld import GPU_MEMORY_MIB, KEYS, gpu_id, node_json
+from tests.support.schedworld import GPU_MEMORY_MIB, KEYS, beating_at, gpu_id, node_json
 from tests.test_sched_extender import holder, kube_pod, preempt, setup
 
 # --- translate and podspec --------------------------------------------------------------------
@@ -88,15 +87,6 @@ def test_preempt_keeps_the_victims_the_pods_other_rules_need() -> None:
 START = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
-@pytest.fixture(autouse=True)
-def _start_now() -> None:
-    """START is now for each test: the nodes' heartbeats are stamped with the real clock when a test
-    makes them, and a START taken at import lags them by however long the suite ran before this file
-    (past the 300 s of skew allowed, the nodes read as from the future and nothing fits)."""
-    global START
-    START = dt.datetime.now(dt.UTC).replace(microsecond=0)
-
-
 class Clock:
     def __init__(self) -> None:
         self.at = START
@@ -108,7 +98,7 @@ class Clock:
 def metrics_cache(*nodes: dict[str, Any]) -> tuple[Cache, Clock]:
     clock = Clock()
     cache = Cache("kubegpu", lambda: KEYS, now=clock, metrics_stale_after=600)
-    cache.replace_nodes([copy.deepcopy(n) for n in nodes])
+    cache.replace_nodes([beating_at(n, START) for n in nodes])
     cache.view()
     return cache, clock
 

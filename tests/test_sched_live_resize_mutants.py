@@ -7,7 +7,6 @@ problem logged once."""
 
 from __future__ import annotations
 
-import copy
 import datetime as dt
 import logging
 from decimal import Decimal
@@ -23,7 +22,7 @@ from scheduler.live.cache import Cache
 from scheduler.live.podspec import container_statuses, resize_infeasible
 from scheduler.live.preemption import running_pod
 from scheduler.live.translate import STATIC_SCORE_LABEL, node_facts, static_score
-from tests.support.schedworld import GPU_MEMORY_MIB, KEYS, gpu_id, node_json
+from tests.support.schedworld import GPU_MEMORY_MIB, KEYS, beating_at, gpu_id, node_json
 
 
 def test_an_unreadable_reported_quantity_leaves_the_others_and_zero_is_a_quantity() -> None:
@@ -111,18 +110,9 @@ def test_an_allocatable_of_zero_is_zero() -> None:
 START = dt.datetime.now(dt.UTC).replace(microsecond=0)
 
 
-@pytest.fixture(autouse=True)
-def _start_now() -> None:
-    """START is now for each test: the nodes' heartbeats are stamped with the real clock when a test
-    makes them, and a START taken at import lags them by however long the suite ran before this file
-    (past the 300 s of skew allowed, the nodes read as from the future and nothing fits)."""
-    global START
-    START = dt.datetime.now(dt.UTC).replace(microsecond=0)
-
-
 def metrics_cache(*nodes: dict[str, Any]) -> Cache:
     cache = Cache("kubegpu", lambda: KEYS, now=lambda: START, metrics_stale_after=600)
-    cache.replace_nodes([copy.deepcopy(n) for n in nodes])
+    cache.replace_nodes([beating_at(n, START) for n in nodes])
     cache.view()
     return cache
 

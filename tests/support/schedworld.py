@@ -62,6 +62,15 @@ def now_stamp() -> str:
     return dt.datetime.now(dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+def beating_at(node: dict[str, Any], at: dt.datetime) -> dict[str, Any]:
+    """A copy of ``node`` whose device heartbeat is ``at``: for a cache on a test's own clock, which
+    would read the real clock's heartbeat of ``node_json`` as from the future once the suite has run
+    past the skew allowed."""
+    node = copy.deepcopy(node)
+    node["metadata"]["annotations"][HEARTBEAT_ANNOTATION] = at.strftime("%Y-%m-%dT%H:%M:%SZ")
+    return node
+
+
 def node_json(
     name: str,
     gpus: int | list[tuple[str, bool]] = 4,
