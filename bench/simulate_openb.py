@@ -36,8 +36,10 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
+from typing import TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -91,6 +93,7 @@ PUBLISHED: dict[str, dict[str, tuple[float, float]]] = {
 }
 
 _DATA: dict[str, tuple] = {}
+T = TypeVar("T")
 
 
 def _load(trace: str) -> tuple:
@@ -105,6 +108,15 @@ def _load(trace: str) -> tuple:
 def _job(trace: str, policy: str, seed: int, ties: str) -> tuple[str, str, RunResult]:
     nodes, pods = _load(trace)
     return trace, policy, run_once(nodes, pods, policy, seed, ties=ties)
+
+
+def _run_all(job: Callable[..., T], work: Sequence[tuple], jobs: int) -> list[T]:
+    """``job(*args)`` for every ``args`` of ``work``, in order: in ``jobs`` worker processes when more
+    than 1, else here."""
+    if jobs > 1:
+        with ProcessPoolExecutor(jobs) as pool:
+            return list(pool.map(job, *zip(*work, strict=True), chunksize=1))
+    return [job(*args) for args in work]
 
 
 _MIX_DATA: dict[str, tuple] = {}
@@ -276,23 +288,12 @@ def main(argv: list[str] | None = None) -> int:
     jobs = [(t, p, s, args.ties) for t in traces for p in policies for s in seeds]
     start = time.perf_counter()
     results: dict[tuple[str, str], list[RunResult]] = {}
-    if args.jobs > 1:
-        with ProcessPoolExecutor(args.jobs) as pool:
-            for trace, policy, run in pool.map(_job, *zip(*jobs, strict=True), chunksize=1):
-                results.setdefault((trace, policy), []).append(run)
-    else:
-        for job in jobs:
-            trace, policy, run = _job(*job)
-            results.setdefault((trace, policy), []).append(run)
+    for trace, policy, run in _run_all(_job, jobs, args.jobs):
+        results.setdefault((trace, policy), []).append(run)
     bounds: dict[str, list[dict[int, float]]] = {}
     if args.bound:
         bound_jobs = [(t, s) for t in traces for s in seeds]
-        if args.jobs > 1:
-            with ProcessPoolExecutor(args.jobs) as pool:
-                found = list(pool.map(_bound_job, *zip(*bound_jobs, strict=True), chunksize=1))
-        else:
-            found = [_bound_job(*job) for job in bound_jobs]
-        for trace, _seed, by_point in found:
+        for trace, _seed, by_point in _run_all(_bound_job, bound_jobs, args.jobs):
             bounds.setdefault(trace, []).append(by_point)
     total = time.perf_counter() - start
 
@@ -390,14 +391,8 @@ def run_mixes(
     work = [(m.name, p, s, ties) for m in mixes for p in policies for s in m.seeds]
     start = time.perf_counter()
     results: dict[tuple[str, str], list[RunResult]] = {}
-    if jobs > 1:
-        with ProcessPoolExecutor(jobs) as pool:
-            for mix, policy, run in pool.map(_mix_job, *zip(*work, strict=True), chunksize=1):
-                results.setdefault((mix, policy), []).append(run)
-    else:
-        for job in work:
-            mix, policy, run = _mix_job(*job)
-            results.setdefault((mix, policy), []).append(run)
+    for mix, policy, run in _run_all(_mix_job, work, jobs):
+        results.setdefault((mix, policy), []).append(run)
     mixes_table(results, [m.name for m in mixes], policies)
     secs = {
         p: statistics.fmean(r.seconds for (m, q), rs in results.items() if q == p for r in rs)
