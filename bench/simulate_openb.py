@@ -132,6 +132,24 @@ def _load_mix(name: str) -> tuple:
     return _MIX_DATA[name]
 
 
+def load_workload(name: str) -> tuple:
+    """(nodes, pods) of a shared trace (``TRACES``) or of a mix of ``MIXES``, loaded once per process."""
+    return _load(name) if name in TRACES else _load_mix(name)
+
+
+def curve_margin(
+    ours: Sequence[Callable[[int], float]], fgd: Sequence[Callable[[int], float]]
+) -> tuple[int, float, int]:
+    """Over the arrival points 10..130%: the point where the mean of the curves ``ours`` (each the
+    allocated % at an arrived %) is furthest below the mean of ``fgd``'s, that difference, and at how
+    many of the 121 points it is below by more than 0.005."""
+    diffs = {
+        x: statistics.fmean(c(x) for c in ours) - statistics.fmean(c(x) for c in fgd) for x in range(10, 131)
+    }
+    worst = min(diffs, key=lambda x: diffs[x])
+    return worst, diffs[worst], sum(1 for d in diffs.values() if d < -0.005)
+
+
 def _mix_job(mix: str, policy: str, seed: int, ties: str) -> tuple[str, str, RunResult]:
     nodes, pods = _load_mix(mix)
     return mix, policy, run_once(nodes, pods, policy, seed, ties=ties)
@@ -158,16 +176,11 @@ def mixes_table(
             else:
                 d100 = [a.alloc_pct_at_100 - b.alloc_pct_at_100 for a, b in zip(runs, fgd, strict=True)]
                 d130 = [a.alloc_pct_at_130 - b.alloc_pct_at_130 for a, b in zip(runs, fgd, strict=True)]
-                curve = {
-                    x: statistics.fmean(r.at(x) for r in runs) - statistics.fmean(r.at(x) for r in fgd)
-                    for x in range(10, 131)
-                }
-                worst = min(curve, key=lambda x: curve[x])
-                below = sum(1 for d in curve.values() if d < -0.005)
+                worst, margin, below = curve_margin([r.at for r in runs], [r.at for r in fgd])
                 cells += [
                     f"{min(d100):+.2f} / {min(d130):+.2f}",
                     f"{statistics.fmean(d100):+.2f} / {statistics.fmean(d130):+.2f}",
-                    f"{curve[worst]:+.2f} ({worst})",
+                    f"{margin:+.2f} ({worst})",
                     f"{below}/121",
                 ]
             print("| " + " | ".join(cells) + " |", flush=True)

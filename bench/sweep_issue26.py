@@ -17,38 +17,23 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
-from scheduler.sim.machines import DEFAULT_SHAPES, resolve  # noqa: E402
+import simulate_openb as openb  # noqa: E402
+
 from scheduler.sim.mixes import load_mixes  # noqa: E402
 from scheduler.sim.protocol import run_once  # noqa: E402
-from scheduler.sim.trace import load_nodes, load_pods, with_shapes  # noqa: E402
 
-TRACES = ("default", "cpu050", "multigpu20", "gpushare40")
+TRACES = openb.TRACES  # the shared traces and the mixes, where simulate_openb reads them (OPENB_TRACES)
+MIXES = openb.MIXES
 POLICIES = ("fgd", "fgd-align", "fgd-reserve")
-MIXES = ROOT / "bench" / "openb_mixes.json"
-_CACHE: dict[str, tuple] = {}
-
-
-def trace_dir() -> Path:
-    return Path(os.environ.get("OPENB_TRACES") or ROOT.parent / "shared" / "traces" / "openb")
-
-
-def workload(name: str) -> tuple:
-    """(nodes, pods) of a shared trace or a mix, loaded once per process."""
-    if name not in _CACHE:
-        nodes = with_shapes(load_nodes(trace_dir() / "openb_node_list_gpu_node.csv"), resolve(DEFAULT_SHAPES))
-        if name in TRACES:
-            pods = load_pods(trace_dir() / f"openb_pod_list_{name}.csv")
-        else:
-            mix = next(m for ms in load_mixes(MIXES).values() for m in ms if m.name == name)
-            pods = mix.build(load_pods(trace_dir() / f"openb_pod_list_{mix.trace}.csv"), nodes)
-        _CACHE[name] = (nodes, pods)
-    return _CACHE[name]
+workload = openb.load_workload  # (nodes, pods) of a shared trace or a mix, loaded once per process
 
 
 def job(name: str, policy: str, seed: int) -> dict:
@@ -63,6 +48,12 @@ def job(name: str, policy: str, seed: int) -> dict:
         "seconds": run.seconds,
         "curve": {str(k): v for k, v in run.curve.items()},
     }
+
+
+def _curve(run: dict) -> Callable[[int], float]:
+    """A run's allocated % at an arrived %, from its JSON curve (keys are strings)."""
+    curve = run["curve"]
+    return lambda x: curve[str(x)]
 
 
 def summary(runs: list[dict]) -> dict[str, dict]:
@@ -81,15 +72,9 @@ def summary(runs: list[dict]) -> dict[str, dict]:
         if policy != "fgd" and len(fgd) == len(rs):
             entry["min_margin_100"] = min(a["at_100"] - b["at_100"] for a, b in zip(rs, fgd, strict=True))
             entry["min_margin_130"] = min(a["at_130"] - b["at_130"] for a, b in zip(rs, fgd, strict=True))
-            diffs = {}
-            for x in range(10, 131):
-                key = str(x)
-                diffs[x] = statistics.fmean(r["curve"][key] for r in rs) - statistics.fmean(
-                    r["curve"][key] for r in fgd
-                )
-            worst = min(diffs, key=lambda x: diffs[x])
-            entry["curve_min_margin"] = [worst, diffs[worst]]
-            entry["curve_points_below"] = sum(1 for d in diffs.values() if d < -0.005)
+            worst, margin, below = openb.curve_margin([_curve(r) for r in rs], [_curve(r) for r in fgd])
+            entry["curve_min_margin"] = [worst, margin]
+            entry["curve_points_below"] = below
         out[f"{name}/{policy}"] = entry
     return out
 
