@@ -337,6 +337,10 @@ class AlignmentScore(ScorePlugin):
         self._gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return self.aligned(pod, cluster, idx, self.step)
+
+    def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
+        """The cosine on the nodes of ``idx``, in bands of ``step`` when it is above 0."""
         if len(self._cpu_inv) != len(cluster):
             self.bind(cluster, (), random.Random())
         cpu_inv = self._cpu_inv[idx]
@@ -351,8 +355,8 @@ class AlignmentScore(ScorePlugin):
         dot = free_cpu * want_cpu + free_gpu * want_gpu
         cosine = np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0)
         # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
-        if self.step > 0:
-            return np.floor(np.round(cosine, self.decimals) / self.step)
+        if step > 0:
+            return np.floor(np.round(cosine, self.decimals) / step)
         return np.round(cosine, self.decimals)
 
 
@@ -612,14 +616,8 @@ class ReserveThenAlign(AlignmentScore):
         return cpu * self.capacity[1] > gpu * self.capacity[0]
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        if self.cpu_bound_exact and self.step and self.cpu_bound():
-            step, self.step = self.step, 0.0
-            try:
-                bands = super().score(pod, cluster, idx)  # the cosine, 0 .. 1
-            finally:
-                self.step = step
-        else:
-            bands = super().score(pod, cluster, idx)  # 0 .. 1 / step
+        exact = self.cpu_bound_exact and self.step and self.cpu_bound()
+        bands = self.aligned(pod, cluster, idx, 0.0 if exact else self.step)  # the cosine, or 0 .. 1 / step
         top = 1.0 + np.max(bands, initial=0.0)
         if self.waste_band and pod.is_share and pod.gpu_milli:
             waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1)[idx]
