@@ -139,9 +139,6 @@ class NicState:
     def free_vfs(self) -> int:
         return sum(len(pf.free_vfs()) for pf in self.pfs.values())
 
-    def slots(self, min_mbps: int) -> int:
-        return sum(pf.slots(min_mbps) for pf in self.pfs.values())
-
     def shortage(self, request: RdmaRequest) -> str:
         """'' when the node can give ``request``, else why not (``NO_FREE_VFS`` or ``NO_BANDWIDTH``)."""
         return self.shortage_without(request, ())
