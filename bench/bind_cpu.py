@@ -35,17 +35,10 @@ from scheduler.live.extender import Extender  # noqa: E402
 from scheduler.live.extenderapi import BindArgs  # noqa: E402
 from scheduler.live.scheduler import Scheduler  # noqa: E402
 from tests.fixtures.keys import SIGNING  # noqa: E402
+from tests.support.waiting import wait_for  # noqa: E402
 from tests.test_scheduler_api import advertise, gpu_pod  # noqa: E402
 
 PROFILE = "bench-bind"
-
-
-def wait(predicate, timeout: float = 60.0) -> None:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError("timed out")
-        time.sleep(0.02)
 
 
 def run(nodes: int, pods: int, profile: str | None) -> dict[str, float]:
@@ -72,7 +65,7 @@ def run(nodes: int, pods: int, profile: str | None) -> dict[str, float]:
             with sched.cond:
                 return sum(uid in sched.cache.pods for _, uid in uids)
 
-        wait(lambda: cached() == pods)
+        wait_for(lambda: cached() == pods, timeout=60.0, interval=0.02)
         time.sleep(0.5)
         free = {name: 8 for name in names}
         profiler = cProfile.Profile(time.thread_time) if profile else None
@@ -98,7 +91,7 @@ def run(nodes: int, pods: int, profile: str | None) -> dict[str, float]:
                     for _, uid in uids
                 )
 
-        wait(lambda: seen_bound() == pods)
+        wait_for(lambda: seen_bound() == pods, timeout=60.0, interval=0.02)
         cpu2 = time.process_time()
         if profiler and profile:
             profiler.dump_stats(profile)
