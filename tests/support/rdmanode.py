@@ -62,6 +62,25 @@ def build_sriov_machine(root: Path) -> Path:
     return verbs_nodes(fs, UVERBS.values())
 
 
+def rdma_shim_args(sysfs_root: Path, node: str, keys: Path) -> list[str]:
+    """``kubegpu crishim`` arguments for a shim whose RDMA plugin reads the machine at ``sysfs_root``
+    as node ``node``, with the allocation keys in ``keys`` (no telemetry; health every 0.2 s)."""
+    return [
+        "--device-plugin",
+        "rdma",
+        "--sysfs-root",
+        str(sysfs_root),
+        "--node-name",
+        node,
+        "--allocation-keys-dir",
+        str(keys),
+        "--health-interval",
+        "0.2",
+        "--telemetry-interval",
+        "0",
+    ]
+
+
 def rdma_allocation(
     node: str,
     pod_uid: str,
