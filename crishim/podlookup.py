@@ -298,6 +298,13 @@ class NodePodCache:
         return version  # the server ended the watch (timeout_seconds); nothing was missed
 
 
+def _keep(cache: dict[str, Any], uid: str, value: Any, limit: int = 4096) -> None:
+    """Remember ``value`` for pod ``uid``, dropping the oldest entry past ``limit``."""
+    cache[uid] = value
+    if len(cache) > limit:
+        cache.pop(next(iter(cache)))
+
+
 class ApiPodLookup:
     """A pod's allocation annotation, from the node's pod cache or the API server."""
 
@@ -318,15 +325,12 @@ class ApiPodLookup:
     async def __call__(self, namespace: str, name: str, uid: str) -> str | None:
         if uid in self._cache:
             return self._cache[uid]
-        facts = self._node_pods.get(namespace, name, uid) if self._node_pods is not None else None
+        facts = await self.facts(namespace, name, uid)
         if facts is None:
-            facts = await self._read(namespace, name)
-            if facts is None or facts.uid != uid:
-                return None
+            return None
         value = decide(facts)
-        self._cache[uid] = value
-        if len(self._cache) > 4096:
-            self._cache.pop(next(iter(self._cache)))
+        _keep(self._cache, uid, value)
+        _keep(self._rdma, uid, facts.rdma)  # the same create asks rdma_resource next: no second read
         return value
 
     async def rdma_resource(self, namespace: str, name: str, uid: str) -> int | None:
@@ -338,9 +342,7 @@ class ApiPodLookup:
         facts = await self.facts(namespace, name, uid)
         if facts is None:
             return None
-        self._rdma[uid] = facts.rdma
-        if len(self._rdma) > 4096:
-            self._rdma.pop(next(iter(self._rdma)))
+        _keep(self._rdma, uid, facts.rdma)
         return facts.rdma
 
     async def facts(self, namespace: str, name: str, uid: str, fresh: bool = False) -> PodFacts | None:

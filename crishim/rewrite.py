@@ -167,6 +167,7 @@ class NodeDevices:
     managed: ManagedDevices = field(default_factory=ManagedDevices)
     rdma: ManagedDevices = field(default_factory=ManagedDevices)
     rdma_dirs: tuple[str, ...] = ()
+    pfs: PfIndex = field(default_factory=lambda: PfIndex(()))  # the discovered RDMA PFs (devices.nics)
 
     def __post_init__(self) -> None:
         self.refresh_managed()
@@ -181,6 +182,7 @@ class NodeDevices:
         self.inventory = inventory
         self.devices = inventory.by_id()
         self.healthy = {d.id: d.healthy for d in inventory.devices}
+        self.pfs = PfIndex(inventory.devices)
         self.discovered = True
         self.last_error = ""
         self.refresh_managed()
@@ -317,7 +319,6 @@ def check_rdma(
     if not allocation.rdma:
         return []
     require_discovered(node_devices, pod, container)
-    pf_index = PfIndex(node_devices.devices.values())
     vfs = []
     for interface in allocation.rdma:
         where = f"pod {pod} container {container}: RDMA interface {interface.device}"
@@ -326,7 +327,7 @@ def check_rdma(
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{where} is not on this node")
         if not is_vf(device):
             raise Rejected(grpc.StatusCode.FAILED_PRECONDITION, f"{where} is not an RDMA VF on this node")
-        pf = pf_index.parent(device)  # as the scheduler and the advertiser read it (devices.nics)
+        pf = node_devices.pfs.parent(device)  # as the scheduler and the advertiser read it (devices.nics)
         parent = pf.id if pf is not None else None
         if parent != interface.pf:
             raise Rejected(

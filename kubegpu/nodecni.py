@@ -19,11 +19,13 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+from kubegpu.cni.protocol import DEFAULTS, POD_ANNOTATIONS_CAPABILITY
+
 PLUGIN_TYPE = "kubegpu-cni"
 LAUNCHER_NAME = PLUGIN_TYPE  # the runtime finds a plugin by its type, as a file in its bin dir
 DEFAULT_CONF_DIR = "/etc/cni/net.d"
-DEFAULT_PLUGIN_KEYS_DIR = "/etc/kubegpu/keys"  # kubegpu-cni's keysDir when the stanza has none
-POD_ANNOTATIONS = "io.kubernetes.cri.pod-annotations"
+DEFAULT_PLUGIN_KEYS_DIR = DEFAULTS["keysDir"]  # kubegpu-cni's keysDir when the stanza has none
+POD_ANNOTATIONS = POD_ANNOTATIONS_CAPABILITY
 CONFIG_SUFFIXES = (".conf", ".conflist", ".json")  # what libcni (containerd, CRI-O) loads
 MAX_CONFIG_BYTES = 1 << 20
 

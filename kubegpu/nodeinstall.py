@@ -1473,7 +1473,7 @@ def cni_findings(root: Path, settings: NodeSettings, record: Record) -> list[Fin
             "only root may write it and the record that names it)",
         )
     else:
-        versions = plugin_versions(root / settings.cni_binary.lstrip("/"))
+        versions = plugin_versions(binary)
         plugin = (
             Finding(False, "CNI plugin", versions)
             if isinstance(versions, str)

@@ -35,6 +35,7 @@ from kubegpu.devenv.shimproc import ShimProcess
 from tests.fixtures.common import missing_component, require_executable
 from tests.support.cnilab import NODE, PF_NETDEVS, UVERBS, VFS, NetLab
 from tests.support.crisandboxes import remove_sandbox, remove_sandboxes_since, sandbox_ids
+from tests.support.rdmanode import rdma_shim_args
 from tests.test_nri_transport import started_output
 
 pytestmark = [pytest.mark.containerd, pytest.mark.timeout(300)]
@@ -181,20 +182,7 @@ def node(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[CniNode]:
             socket=Path(f"/tmp/kgshim-cni-{uuid.uuid4().hex[:8]}.sock"),
             runtime_endpoint=runtime.endpoint,
             log_path=tmp_path / "crishim.log",
-            extra_args=[
-                "--device-plugin",
-                "rdma",
-                "--sysfs-root",
-                str(lab.root),
-                "--node-name",
-                NODE,
-                "--allocation-keys-dir",
-                str(lab.keys),
-                "--health-interval",
-                "0.2",
-                "--telemetry-interval",
-                "0",
-            ],
+            extra_args=rdma_shim_args(lab.root, NODE, lab.keys),
         )
         direct = CriClient(runtime.endpoint)
         before = sandbox_ids(direct)

@@ -19,7 +19,7 @@ import pytest
 from crishim.cri import api_pb2
 from crishim.intercept import Rejected
 from crishim.ledger import MARK_ANNOTATION, parse_mark
-from crishim.rewrite import AllocationRewriter, NodeDevices
+from crishim.rewrite import AllocationRewriter, NodeDevices, RdmaResourceLookup
 from devices.rdma import RdmaPlugin
 from kubegpu.allocation import ANNOTATION, RDMA_INTERFACES_ANNOTATION, KeyRing
 from tests.fixtures.keys import OTHER_KEY, SIGNING
@@ -35,10 +35,10 @@ def machine(tmp_path: Path) -> Path:
     return tmp_path
 
 
-def rewriter_on(root: Path) -> AllocationRewriter:
+def rewriter_on(root: Path, rdma_resource: RdmaResourceLookup | None = None) -> AllocationRewriter:
     node = NodeDevices([RdmaPlugin(str(root))], sysfs_root=str(root))
     node.discover()
-    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING))
+    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING), rdma_resource=rdma_resource)
     rewriter.rebuilt.set()
     return rewriter
 
@@ -440,11 +440,7 @@ def rewriter_reading(root: Path, pods: list[dict]) -> AllocationRewriter:
         found = facts.get(uid)
         return found.rdma if found is not None else None
 
-    node = NodeDevices([RdmaPlugin(str(root))], sysfs_root=str(root))
-    node.discover()
-    rewriter = AllocationRewriter(NODE, node, KeyRing(None, SIGNING), rdma_resource=rdma_resource)
-    rewriter.rebuilt.set()
-    return rewriter
+    return rewriter_on(root, rdma_resource)
 
 
 def test_a_pod_requesting_the_rdma_resource_gets_its_allocated_vfs_and_no_more_than_them(

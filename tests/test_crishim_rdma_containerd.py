@@ -30,7 +30,7 @@ from kubegpu.devenv.cri import CriClient
 from kubegpu.devenv.shimproc import ShimProcess
 from tests.fixtures.keys import OTHER_KEY, SIGNING, write_node_keys
 from tests.support.crisandboxes import remove_sandbox, remove_sandboxes_since, sandbox_ids
-from tests.support.rdmanode import build_sriov_machine, rdma_allocation
+from tests.support.rdmanode import build_sriov_machine, rdma_allocation, rdma_shim_args
 from tests.test_crishim_rewrite import Node
 from tests.test_nri_agent import Pods
 from tests.test_nri_transport import PLUGIN, PluginThread, nri_containerd
@@ -75,20 +75,7 @@ def node(containerd: Containerd, tmp_path: Path, direct: CriClient) -> Iterator[
         socket=Path(f"/tmp/kgshim-rdma-{uuid.uuid4().hex[:8]}.sock"),
         runtime_endpoint=containerd.endpoint,
         log_path=tmp_path / "crishim.log",
-        extra_args=[
-            "--device-plugin",
-            "rdma",
-            "--sysfs-root",
-            str(root),
-            "--node-name",
-            NODE,
-            "--allocation-keys-dir",
-            str(keys),
-            "--health-interval",
-            "0.2",
-            "--telemetry-interval",
-            "0",
-        ],
+        extra_args=rdma_shim_args(root, NODE, keys),
     ).start()
     client = CriClient(shim.endpoint)
     before = sandbox_ids(direct)

@@ -214,6 +214,26 @@ def test_the_lookup_reads_a_pods_rdma_resource_request_from_the_api(
     asyncio.run(run())
 
 
+def test_a_pod_read_for_its_allocation_is_not_read_again_for_its_rdma_resource(
+    admin_api: k8s.ApiClient, kube_namespace: str
+) -> None:
+    """A create whose sandbox lacks the allocation asks the lookup for it, then for the pod's
+    kubegpu.io/rdma: both come from the one read (the pod is gone before the second question)."""
+    core = k8s.CoreV1Api(admin_api)
+    created = core.create_namespaced_pod(
+        kube_namespace, pod(kube_namespace, "read-once", {"kubegpu.io/rdma": "1"}, "anything")
+    )
+    lookup = ApiPodLookup(core)
+
+    async def run() -> None:
+        assert await lookup(kube_namespace, "read-once", created.metadata.uid) == "anything"
+        core.delete_namespaced_pod("read-once", kube_namespace, grace_period_seconds=0)
+        wait_for(lambda: not core.list_namespaced_pod(kube_namespace).items, "the deletion")
+        assert await lookup.rdma_resource(kube_namespace, "read-once", created.metadata.uid) == 1
+
+    asyncio.run(run())
+
+
 def test_an_unreachable_api_server_means_no_allocation_never_an_exception() -> None:
     """urllib3's MaxRetryError used to escape the lookup and fail every such create with UNKNOWN."""
     configuration = k8s.Configuration()

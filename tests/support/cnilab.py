@@ -30,7 +30,7 @@ from typing import Any
 from kubegpu.allocation import Allocation, RdmaInterface, sign
 from tests.fixtures.common import missing_component
 from tests.fixtures.keys import KEY, KEY_ID, write_node_keys
-from tests.support.rdmanode import RDMA_CM_NUMBERS, char_node
+from tests.support.rdmanode import verbs_nodes
 from tests.test_devices_rdma import ACTIVE, EDR, NIC0, NIC1, FakeSysfs
 
 NODE = "node-a"
@@ -99,10 +99,7 @@ class NetLab:
             self.pci[vf] = path
             self.add_netdev(netdev, path)
         if verbs:
-            self.sysfs.rdma_cm()
-            for n in UVERBS.values():
-                char_node(self.root / f"dev/infiniband/uverbs{n}", (231, 192 + n))
-            char_node(self.root / "dev/infiniband/rdma_cm", RDMA_CM_NUMBERS)
+            verbs_nodes(self.sysfs, UVERBS.values())
 
     @staticmethod
     def _verbs(device: str, verbs: bool) -> int | None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
 
 from kubegpu.allocation import Allocation, ContainerAllocation, RdmaInterface, SigningKey, sign
@@ -25,8 +26,15 @@ RDMA_CM_NUMBERS = (10, 58)
 _PF_PCI = ("pci0000:00", "0000:00:01.0", "0000:04:00.0")
 
 
-def uverbs_number(device: str) -> tuple[int, int]:
-    return 231, 192 + UVERBS[device]
+def verbs_nodes(fs: FakeSysfs, uverbs: Iterable[int]) -> Path:
+    """``rdma_cm`` in ``fs`` and, as real character devices under its ``dev/infiniband`` (which it
+    returns), ``uverbs<N>`` (char 231:192+N) for each N of ``uverbs`` and ``rdma_cm``."""
+    fs.rdma_cm()
+    dev = fs.root / "dev/infiniband"
+    for n in uverbs:
+        char_node(dev / f"uverbs{n}", (231, 192 + n))
+    char_node(dev / "rdma_cm", RDMA_CM_NUMBERS)
+    return dev
 
 
 def char_node(path: Path, numbers: tuple[int, int]) -> None:
@@ -51,12 +59,26 @@ def build_sriov_machine(root: Path) -> Path:
             physfn=pf,
             hca_type="MT4124",
         )
-    fs.rdma_cm()
-    dev = root / "dev/infiniband"
-    for device, n in UVERBS.items():
-        char_node(dev / f"uverbs{n}", uverbs_number(device))
-    char_node(dev / "rdma_cm", RDMA_CM_NUMBERS)
-    return dev
+    return verbs_nodes(fs, UVERBS.values())
+
+
+def rdma_shim_args(sysfs_root: Path, node: str, keys: Path) -> list[str]:
+    """``kubegpu crishim`` arguments for a shim whose RDMA plugin reads the machine at ``sysfs_root``
+    as node ``node``, with the allocation keys in ``keys`` (no telemetry; health every 0.2 s)."""
+    return [
+        "--device-plugin",
+        "rdma",
+        "--sysfs-root",
+        str(sysfs_root),
+        "--node-name",
+        node,
+        "--allocation-keys-dir",
+        str(keys),
+        "--health-interval",
+        "0.2",
+        "--telemetry-interval",
+        "0",
+    ]
 
 
 def rdma_allocation(
