@@ -27,7 +27,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 from crishim.cri import api_pb2
 from crishim.intercept import PassthroughInterceptor, intercept_create_container
 from crishim.rewrite import AllocationRewriter, NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, public_key_pem, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd

@@ -16,7 +16,8 @@ from crishim.nrtpublisher import TopologyPublisher
 from crishim.podlookup import ApiPodLookup, NodePodCache
 from crishim.rewrite import AllocationRewriter, NodeDevices
 from devices.model import DeviceKind
-from devices.plugin import PluginError, load_plugins
+from devices.plugin import PluginError
+from devices.registry import load_plugins
 from kubegpu import nrt
 from kubegpu.allocation import KeyRing
 from kubegpu.logs import log_event

@@ -17,7 +17,8 @@ import sys
 from collections.abc import Sequence
 
 from devices.model import DeviceKind, NodeInventory
-from devices.plugin import PluginError, discover_all, health_all, load_plugins, plugin_names
+from devices.plugin import PluginError, discover_all, health_all
+from devices.registry import load_plugins, plugin_names
 from devices.sim import DEFAULT_STATE_DIR
 from kubegpu import cliargs
 
@@ -86,8 +87,16 @@ def format_table(inventory: NodeInventory) -> str:
     """A human table of devices, the GPU link matrix and NIC-GPU affinity."""
     header = ("ID", "KIND", "IDX", "MODEL", "MEM_MIB", "NUMA", "PCI", "HEALTHY")
     rows = [header] + [
-        (d.id, d.kind.value, str(d.index), d.model, str(d.memory_mib or "-"), str(d.numa_node),
-         d.pci_bus_id or "-", "yes" if d.healthy else "NO")
+        (
+            d.id,
+            d.kind.value,
+            str(d.index),
+            d.model,
+            str(d.memory_mib or "-"),
+            str(d.numa_node),
+            d.pci_bus_id or "-",
+            "yes" if d.healthy else "NO",
+        )
         for d in inventory.devices
     ]
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from devices.cli import register as _add_devices
-from devices.plugin import plugin_names
+from devices.registry import plugin_names
 from kubegpu import __version__, cliargs, logs
 from kubegpu.cliargs import Failure, UsageError
 from kubegpu.keyscli import register as _add_keys

@@ -912,7 +912,7 @@ def install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Insta
 
 
 def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> InstallResult:
-    from devices.plugin import plugin_names
+    from devices.registry import plugin_names
 
     for plugin in settings.plugins:
         if plugin not in plugin_names():
@@ -992,9 +992,7 @@ def _install(root: Path, settings: NodeSettings, keys: dict[str, bytes]) -> Inst
             )
         elif item.rel == KUBELET_DROPIN:
             continue  # not recorded: kubelet_dropin_conflicts said what there is to say
-        elif (
-            item.rel.parent == Path(settings.keys_dir.lstrip("/")) or str(item.rel) not in recorded
-        ):
+        elif item.rel.parent == Path(settings.keys_dir.lstrip("/")) or str(item.rel) not in recorded:
             what = "a different key" if item.rel.parent == keys_dir.relative_to(root) else "something else"
             problems.append(
                 f"/{item.rel} already holds {what} that `kubegpu node install` did not write: "
@@ -1428,7 +1426,8 @@ def check_devices(root: Path, settings: NodeSettings) -> Finding:
     kubeconfig = root / settings.kubeconfig.lstrip("/")
     if settings.advertise and kubeconfig.is_file():
         return published_devices(str(kubeconfig), node)
-    from devices.plugin import PluginError, discover_all, load_plugins
+    from devices.plugin import PluginError, discover_all
+    from devices.registry import load_plugins
 
     try:
         plugins = load_plugins(
@@ -1699,7 +1698,7 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def _plugin_names() -> list[str]:
-    from devices.plugin import plugin_names
+    from devices.registry import plugin_names
 
     return plugin_names()
 
@@ -1757,8 +1756,10 @@ def _run_install(args: argparse.Namespace) -> int:
     if settings.cni_bin_dir is not None:
         print(cni_chain_advice(root, settings))
     if result.front == "nri":
-        why = "to " + ("make containerd require the agent, then " if result.containerd_changed else "") + (
-            "start the agent as containerd's NRI plugin"
+        why = (
+            "to "
+            + ("make containerd require the agent, then " if result.containerd_changed else "")
+            + ("start the agent as containerd's NRI plugin")
         )
     else:
         why = "to start the shim and point kubelet at it"
@@ -1774,7 +1775,7 @@ def cni_chain_advice(root: Path, settings: NodeSettings) -> str:
     stanza = json.dumps(chain_stanza(settings.node_name, settings.keys_dir))
     return (
         f"kubegpu-cni is not chained yet ({where}: {'; '.join(problems)}); install does not edit the "
-        "network config (the network add-on owns it), so add this entry to its \"plugins\", after the "
+        'network config (the network add-on owns it), so add this entry to its "plugins", after the '
         f"primary network's (docs/cni.md):\n  {stanza}"
     )
 

@@ -15,7 +15,8 @@ from crishim.hostpaths import ManagedDevices
 from crishim.intercept import Rejected
 from crishim.ledger import Holding, Ledger, OverBooked, mark_value, parse_mark
 from crishim.rewrite import AllocationRewriter, NodeDevices
-from devices.plugin import ContainerEdits, DeviceNode, Mount, load_plugins
+from devices.plugin import ContainerEdits, DeviceNode, Mount
+from devices.registry import load_plugins
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, sign
 from tests.fixtures.keys import SIGNING
 

@@ -24,7 +24,7 @@ import grpc
 from crishim.cri import api_pb2
 from crishim.intercept import Rejected
 from crishim.rewrite import AllocationRewriter, NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, KeyRing
 from tests.fixtures.keys import OTHER_KEY, SIGNING

@@ -856,7 +856,7 @@ def test_a_device_that_turned_unhealthy_after_discovery_is_refused(tmp_path: Pat
 
 
 def test_the_published_inventory_keeps_the_topology(tmp_path: Path) -> None:
-    from devices.plugin import load_plugins
+    from devices.registry import load_plugins
 
     plugins = load_plugins(["sim"], {"node_name": NODE, "topology": "dgx1-v100", "state_dir": str(tmp_path)})
     node = NodeDevices(plugins, sysfs_root=None)
@@ -994,7 +994,7 @@ def test_an_unexpected_plugin_failure_releases_the_reservation_too(tmp_path: Pat
 
 
 def test_plugin_paths_are_managed_through_symlinked_directories(tmp_path: Path) -> None:
-    from devices.plugin import load_plugins
+    from devices.registry import load_plugins
 
     real = tmp_path / "real"
     real.mkdir()

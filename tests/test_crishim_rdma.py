@@ -341,7 +341,7 @@ def test_a_pod_read_from_the_api_asking_for_rdma_interfaces_needs_an_allocation(
 def test_a_sim_node_gives_a_pod_its_simulated_vfs_beside_its_gpu(tmp_path: Path) -> None:
     """The sim plugin's VFs (hgx-h100-sriov) go through the same checks: the pod's container gets
     its GPU and both VFs' stand-in nodes, and another pod none of them."""
-    from devices.plugin import load_plugins
+    from devices.registry import load_plugins
     from devices.sim import sim_gpu_id
 
     options = {"node_name": NODE, "topology": "hgx-h100-sriov", "state_dir": str(tmp_path)}

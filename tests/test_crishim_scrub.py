@@ -23,7 +23,7 @@ from crishim.hostpaths import (
     device_entry_verdict,
 )
 from crishim.rewrite import NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from tests.fixtures.common import missing_component
 
 NULL = DeviceNumber(CHAR, 1, 3)

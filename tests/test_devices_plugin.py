@@ -21,14 +21,12 @@ from devices.plugin import (
     PluginError,
     edits_for,
     health_all,
-    load_plugins,
     merge_edits,
-    plugin_names,
-    register_plugin,
     route_devices,
     shares_env,
 )
 from devices.rdma import RdmaPlugin
+from devices.registry import load_plugins, plugin_names, register_plugin
 from devices.sim import SimPlugin
 
 
@@ -49,7 +47,9 @@ def test_merge_edits_combines_and_dedups() -> None:
     again = ContainerEdits(device_nodes=(DeviceNode("/dev/nvidiactl", "/dev/nvidiactl"),))
     merged = merge_edits([gpu, nic, again])
     assert [d.container_path for d in merged.device_nodes] == [
-        "/dev/nvidia0", "/dev/nvidiactl", "/dev/infiniband/uverbs0"
+        "/dev/nvidia0",
+        "/dev/nvidiactl",
+        "/dev/infiniband/uverbs0",
     ]
     assert merged.env == {"NVIDIA_VISIBLE_DEVICES": "GPU-a", "KUBEGPU_RDMA_DEVICES": "mlx5_0"}
     assert merged.mounts == (Mount("/etc/ib", "/etc/ib", True),)
@@ -167,6 +167,6 @@ def test_register_plugin() -> None:
     try:
         assert load_plugins(["fake-for-test"], {"label": "x"})[0].name == "x"
     finally:
-        from devices import plugin as module
+        from devices import registry as module
 
         module._REGISTRY.pop("fake-for-test")

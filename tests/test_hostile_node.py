@@ -30,7 +30,7 @@ from kubernetes.config import new_client_from_config
 
 from crishim.advertiser import HEARTBEAT_ANNOTATION, INVENTORY_ANNOTATION, Advertiser, publication
 from crishim.rewrite import NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from devices.sim import SimPlugin
 from kubegpu.allocation import ANNOTATION, verify
 from kubegpu.devenv.controlplane import MERGE_PATCH, ControlPlane, create_fake_node

@@ -20,7 +20,7 @@ from crishim.cri import api_pb2
 from crishim.intercept import Rejected
 from crishim.mps import MpsSharing, MpsSupervisor
 from crishim.rewrite import AllocationRewriter, NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, Share, sign
 from tests.fixtures.keys import SIGNING

@@ -20,7 +20,7 @@ from crishim.intercept import Rejected
 from crishim.podlookup import ApiPodLookup, NodePodCache
 from crishim.rewrite import NodeDevices
 from devices.model import NodeInventory
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from kubegpu.allocation import ANNOTATION
 from kubegpu.devenv.controlplane import ControlPlane, create_fake_node
 

@@ -32,7 +32,7 @@ from crishim.nri import api_pb2 as nri_api
 from crishim.nri.agent import NriAgent
 from crishim.nri.plugin import PluginSession
 from crishim.rewrite import AllocationRewriter, NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd

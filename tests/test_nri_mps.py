@@ -31,7 +31,7 @@ from crishim.mps import MpsSharing, MpsSupervisor
 from crishim.nri.agent import NriAgent
 from crishim.nri.plugin import PluginSession
 from crishim.rewrite import AllocationRewriter, NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, Allocation, ContainerAllocation, KeyRing, Share, sign
 from kubegpu.devenv.containerd import BUSYBOX_IMAGE, Containerd

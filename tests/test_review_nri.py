@@ -324,7 +324,7 @@ def test_a_container_the_pod_cache_has_not_seen_yet_is_read_from_the_api_not_wav
     from crishim.nri.agent import NriAgent, pod_security
     from crishim.podlookup import ApiPodLookup, NodePodCache
     from crishim.rewrite import AllocationRewriter, NodeDevices
-    from devices.plugin import load_plugins
+    from devices.registry import load_plugins
     from kubegpu.allocation import KeyRing
     from kubegpu.devenv.controlplane import create_fake_node
     from tests.fixtures.keys import SIGNING

@@ -19,7 +19,7 @@ from kubernetes import client as k8s
 
 from crishim.advertiser import Advertiser
 from crishim.rewrite import NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from kubegpu.devenv.controlplane import create_fake_node
 from tests.support.schedtrial import make_trial
 from tests.test_scheduler_api import Trial, scheduler_starter, wait_failed_scheduling

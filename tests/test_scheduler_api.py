@@ -16,7 +16,7 @@ from kubernetes import client as k8s
 
 from crishim.advertiser import Advertiser
 from crishim.rewrite import NodeDevices
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from devices.sim import sim_gpu_id
 from kubegpu.allocation import ANNOTATION, KeyRing, verify
 from kubegpu.devenv.controlplane import create_fake_node

@@ -26,7 +26,7 @@ from crishim.gpumetrics import GpuTelemetrySampler
 from crishim.metricspublisher import MetricsPublisher
 from crishim.rewrite import NodeDevices
 from devices.model import DeviceKind
-from devices.plugin import load_plugins
+from devices.registry import load_plugins
 from kubegpu import livemetrics
 from kubegpu.allocation import ANNOTATION
 from kubegpu.devenv.controlplane import create_fake_node
