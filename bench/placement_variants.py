@@ -13,6 +13,7 @@ from __future__ import annotations
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -30,6 +31,18 @@ def exact_align() -> Policy:
     return policy
 
 
+def topology_over(**parts: Any) -> Callable[[], Policy]:
+    """The live default ``topology`` (its topology and NIC nearness scores) over ``fgd_reserve(**parts)``
+    instead of its fixed base: the adaptive parts of issue 26 tried under random ties (``--ties random``)."""
+
+    def make() -> Policy:
+        base = P.fgd_reserve(**parts)
+        plugins = ((P.TopologyScore(), 1000.0), (P.NicNearnessScore(), 1000.0), *base.plugins)
+        return Policy("topology", plugins, "topology over a variant of fgd-reserve", tie_break=base.tie_break)
+
+    return make
+
+
 VARIANTS: dict[str, Callable[[], Policy]] = {
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
     "fgd-reserve-13": lambda: P.fgd_reserve(keep=3, adaptive=False, balance=0.0, cpu_bound_exact=False),
@@ -38,6 +51,11 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "balance01": lambda: P.fgd_reserve(balance=0.1, cpu_bound_exact=False),
     "balance02": lambda: P.fgd_reserve(balance=0.2, cpu_bound_exact=False),
     "exact-align": exact_align,
+    # the live default with the parts of fgd-reserve it leaves out (keep=None: hosts in proportion)
+    "topo-adaptive": topology_over(keep=None, adaptive=True, balance=0.2, cpu_bound_exact=True),
+    "topo-balance": topology_over(keep=None, adaptive=False, balance=0.2, cpu_bound_exact=False),
+    "topo-adaptive-only": topology_over(keep=None, adaptive=True, balance=0.0, cpu_bound_exact=False),
+    "topo-cpu": topology_over(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=True),
 }
 
 
