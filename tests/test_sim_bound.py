@@ -172,3 +172,12 @@ def test_cli_bound_without_the_130_point(capsys: pytest.CaptureFixture[str]) -> 
     doc = json.loads(capsys.readouterr().out)
     assert doc["bound_alloc_pct_at_130"] is None and 0 < doc["bound_alloc_pct_at_100"] <= 100
     assert "bound_alloc_pct_at_130" not in doc["runs"][0]
+
+
+def test_no_pod_fitting_any_node_bounds_at_zero() -> None:
+    """A GPU pod no node can take (another model) is all that arrived: the bound is 0, not a solver
+    error (found by tests/test_sim_bound_forced.py's random clusters)."""
+    nodes = [NodeSpec("n", 8000, 16_000, 2, "A")]
+    pods = [PodRequest("b", cpu_milli=1000, gpu_count=2, gpu_models=frozenset({"B"})), whole("big", 4)]
+    result = allocation_bound(nodes, pods)
+    assert result.bound_milli == 0.0 and result.converged

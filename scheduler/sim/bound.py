@@ -16,7 +16,14 @@ decides GPU allocation on openb and drops what would make it slow:
 - **dropped**: that a node's CPU and memory bound the pods on *that* node (they are pooled over the
   type's nodes; the two cuts above keep the large pods apart), that a k-GPU pod's GPUs are on one
   node, integrality (fractions of pods and patterns), CPU-only pods (they place no GPU milli, so
-  leaving them out can only raise the bound), and the rule that every pod that fits must be placed.
+  leaving them out can only raise the bound), and most of the rule that every pod that fits must be
+  placed;
+- **kept of that rule** (``forced_pods``, ``protocol_bounds``): a pod is placed by every policy when
+  fewer pods arrived before it that could run on one of its possible hosts (the nodes that could
+  take it empty) than it has such hosts: each earlier pod occupies at most one node, so one of them
+  is still empty when it arrives. The LP places at least that many pods of each shape. Without it
+  the LP at 130% arrived may leave out even the first pods of a badly packing shape, which no policy
+  can (docs/simulator.md).
 
 Every placement any policy makes is a feasible solution of this LP, so its optimum is an upper bound
 on the allocation at that point; what is dropped is why it can lie above the true offline optimum
@@ -37,7 +44,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from scheduler.core.request import MILLI, PodRequest
+from scheduler.core.request import MILLI, PodRequest, TopologyWish
 from scheduler.sim.trace import Gang, NodeSpec
 
 TOLERANCE = 1e-7  # reduced values (per milli of objective) below this count as zero
@@ -141,9 +148,16 @@ def _best_pattern(sizes: list[int], prices: np.ndarray) -> tuple[float, list[int
 
 
 def allocation_bound(
-    nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], *, max_iterations: int = 200
+    nodes: Sequence[NodeSpec],
+    pods: Sequence[PodRequest],
+    *,
+    forced: Sequence[PodRequest] = (),
+    max_iterations: int = 200,
 ) -> BoundResult:
-    """Upper bound on the GPU milli placeable from ``pods`` on ``nodes`` (see the module docstring)."""
+    """Upper bound on the GPU milli placeable from ``pods`` on ``nodes`` (see the module docstring).
+
+    ``forced``: pods of ``pods`` that every policy places (``forced_pods``); the LP places at least as
+    many pods of each of their shapes."""
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
@@ -157,6 +171,8 @@ def allocation_bound(
         return BoundResult(0.0, 0.0, arrived, capacity, 0, 0, True, time.perf_counter() - start)
     # fixed variables: x[j, t] pods of shape j on type t
     xs = [(j, ti) for ti, t in enumerate(types) for j, s in enumerate(shapes) if _fits(s, t)]
+    if not xs:  # no pod fits any node: nothing can be placed (and the LP would have no columns)
+        return BoundResult(0.0, 0.0, arrived, capacity, 0, 0, True, time.perf_counter() - start)
     # rows: demand per shape | per type: cpu, memory, gpus, big-cpu, big-memory, shares per size
     n_shapes, n_sizes = len(shapes), len(sizes)
     per_type = 5 + n_sizes
@@ -164,9 +180,13 @@ def allocation_bound(
     def row(ti: int, k: int) -> int:
         return n_shapes + ti * per_type + k
 
-    n_rows = n_shapes + len(types) * per_type
+    floor = _forced_counts(shapes, forced)  # shape index -> pods of it every policy places
+    forced_row = {j: n_shapes + len(types) * per_type + k for k, j in enumerate(sorted(floor))}
+    n_rows = n_shapes + len(types) * per_type + len(forced_row)
     b = np.zeros(n_rows)
     b[:n_shapes] = [s.count for s in shapes]
+    for j, r in forced_row.items():
+        b[r] = -float(floor[j])  # -(pods of shape j placed) <= -floor
     for ti, t in enumerate(types):
         b[row(ti, 0)] = t.count * t.cpu
         b[row(ti, 1)] = t.count * t.memory
@@ -181,6 +201,8 @@ def allocation_bound(
     for col, (j, ti) in enumerate(xs):
         s, t = shapes[j], types[ti]
         entries = [(j, 1.0), (row(ti, 0), s.cpu), (row(ti, 1), s.memory)]
+        if j in forced_row:
+            entries.append((forced_row[j], -1.0))
         if s.gpus:
             entries.append((row(ti, 2), float(s.gpus)))
         else:
@@ -265,6 +287,120 @@ def allocation_bound(
     )
 
 
+def _forced_counts(shapes: Sequence[Shape], forced: Sequence[PodRequest]) -> dict[int, int]:
+    """Per shape index, how many of ``forced`` have that shape (GPU pods only)."""
+    if not forced:
+        return {}
+    index = {(s.cpu, s.memory, s.gpus, s.milli, s.models): j for j, s in enumerate(shapes)}
+    counts: Counter[int] = Counter()
+    for shape in shapes_of(forced):
+        j = index.get((shape.cpu, shape.memory, shape.gpus, shape.milli, shape.models))
+        if j is None:
+            raise ValueError(f"a forced pod's shape is not among the pods': {shape}")
+        counts[j] = min(shape.count, shapes[j].count)
+    return dict(counts)
+
+
+def _can_host(node: NodeSpec, pod: PodRequest) -> bool:
+    """Whether ``node``, empty, could take ``pod`` (CPU, memory, GPUs, models)."""
+    if pod.cpu_milli > node.cpu_milli or pod.memory_mib > node.memory_mib:
+        return False
+    if pod.gpu_count == 0 or pod.total_gpu_milli == 0:
+        return True
+    if (1 if pod.is_share else pod.gpu_count) > node.gpus:
+        return False
+    return not pod.gpu_models or node.model in pod.gpu_models
+
+
+def _only_resources(pod: PodRequest) -> bool:
+    """Whether nothing but CPU, memory and GPUs decides where ``pod`` may go (no selector, toleration,
+    topology wish, GPU memory, enforced share, other resource, host port, RDMA or placement rule)."""
+    return not (
+        pod.node_selector
+        or pod.tolerations
+        or pod.topology != TopologyWish()
+        or pod.gpu_memory_mib
+        or pod.enforced_share
+        or pod.resources
+        or pod.host_ports
+        or pod.rdma
+        or pod.placement is not None
+    )
+
+
+def forced_pods(nodes: Sequence[NodeSpec], order: Sequence[PodRequest]) -> list[int]:
+    """The positions in ``order`` (arrival order) of the GPU pods that every policy places, if it
+    places each pod that fits some node when it arrives (one try per pod, pods never leave).
+
+    A node stops fitting pod ``p`` only when the pods on it leave too little of one resource: more
+    than its CPU less ``p``'s, or memory, or GPUs (for ``k`` whole GPUs: more than ``G - k`` of its
+    ``G`` GPUs touched; for a share of ``m`` milli: every GPU more than ``1000 - m`` used, so at least
+    ``G x (1001 - m)`` milli in all). So each earlier pod ``q`` that could run on a node of that kind
+    closes at most ``min(1, max(cpu_q / (cpu slack + 1), memory_q / (memory slack + 1), its GPUs
+    over the GPU threshold))`` of such nodes, as ``q`` sits on one node; while the sum over the
+    earlier pods stays below the number of nodes of some kind that could take ``p`` empty, one of
+    them still fits ``p``. Only pods that nothing but their resources restricts (``_only_resources``)
+    are counted as forced; every pod counts as one that may close hosts."""
+    kinds: dict[tuple[int, int, int, str], int] = {}  # (CPU, memory, GPUs, model) -> nodes
+    for n in nodes:
+        key = (n.cpu_milli, n.memory_mib, n.gpus, n.model)
+        kinds[key] = kinds.get(key, 0) + 1
+    kind_keys = list(kinds)
+    count = np.array([kinds[k] for k in kind_keys], dtype=float)
+    kind_nodes = [NodeSpec("", cpu, memory, gpus, model) for cpu, memory, gpus, model in kind_keys]
+
+    def key_of(pod: PodRequest) -> tuple:
+        return (
+            pod.cpu_milli,
+            pod.memory_mib,
+            pod.gpu_count,
+            pod.total_gpu_milli,
+            pod.is_share,
+            pod.gpu_models,
+        )
+
+    firsts: dict[tuple, PodRequest] = {}
+    for pod in order:
+        firsts.setdefault(key_of(pod), pod)
+    shape_keys = list(firsts)
+    shape_index = {k: i for i, k in enumerate(shape_keys)}
+    gpu_shape = np.array([bool(p.gpu_count and p.total_gpu_milli) for p in firsts.values()])
+    share_shape = np.array([p.is_share for p in firsts.values()])
+    # per (pod shape, node kind): can an empty node of the kind take it, and the thresholds
+    hosts = np.array([[_can_host(n, p) for n in kind_nodes] for p in firsts.values()], dtype=bool)
+    node_cpu = np.array([n.cpu_milli for n in kind_nodes], dtype=float)
+    node_memory = np.array([n.memory_mib for n in kind_nodes], dtype=float)
+    node_gpus = np.array([n.gpus for n in kind_nodes], dtype=float)
+    pod_cpu = np.array([p.cpu_milli for p in firsts.values()], dtype=float)[:, None]
+    pod_memory = np.array([p.memory_mib for p in firsts.values()], dtype=float)[:, None]
+    pod_gpus = np.array([p.gpu_count for p in firsts.values()], dtype=float)[:, None]
+    pod_milli = np.array([p.gpu_milli for p in firsts.values()], dtype=float)[:, None]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        cpu_room = np.maximum(node_cpu[None, :] - pod_cpu + 1, 1)
+        memory_room = np.maximum(node_memory[None, :] - pod_memory + 1, 1)
+        # whole GPUs: GPUs touched to close; a share: milli used to close
+        gpu_room = np.where(
+            share_shape[:, None],
+            np.maximum(node_gpus[None, :] * (MILLI + 1 - pod_milli), 1),
+            np.maximum(node_gpus[None, :] - pod_gpus + 1, 1),
+        )
+    closed = np.zeros(hosts.shape)  # per (pod shape, node kind): hosts the arrivals so far may close
+    out: list[int] = []
+    for position, pod in enumerate(order):
+        i = shape_index[key_of(pod)]
+        if gpu_shape[i] and _only_resources(pod) and bool(np.any(hosts[i] & (closed[i] < count))):
+            out.append(position)
+        runs_on = hosts[i]  # the node kinds this pod could sit on
+        if not runs_on.any():
+            continue  # refused by every policy: it closes nothing
+        touched = 0.0 if not pod.total_gpu_milli else (1.0 if pod.is_share else float(pod.gpu_count))
+        milli = float(pod.total_gpu_milli)
+        gpu_part = np.where(share_shape[:, None], milli / gpu_room, touched / gpu_room)
+        part = np.maximum(np.maximum(pod.cpu_milli / cpu_room, pod.memory_mib / memory_room), gpu_part)
+        closed += np.where(runs_on[None, :], np.minimum(part, 1.0), 0.0)
+    return out
+
+
 def arrived_by(order: Sequence[PodRequest], capacity_milli: int, point: int) -> list[PodRequest]:
     """The pods of ``order`` up to the last event the curve averages at ``point``
     (``protocol.curve_events``: the events whose arrived percent rounds to ``point``, or within one
@@ -296,6 +432,7 @@ def protocol_bounds(
 
     A point where the run's curve has no value (no event close enough: the inflation stops below
     it, or one large pod jumps over it) is left out, as the run's value there is missing too.
+    Without gangs the LP places at least the pods every policy places (``forced_pods``).
     """
     from scheduler.sim.protocol import arrivals, arrived_percent, curve_events
 
@@ -305,7 +442,11 @@ def protocol_bounds(
     order, _ = arrivals(pods, seed, capacity, inflation, gangs, spread)
     x = arrived_percent(np.cumsum([p.total_gpu_milli for p in order], dtype=np.int64), capacity)
     out: dict[int, BoundResult] = {}
+    # a gang's member may be refused although it fits alone (the gang runs whole or not at all)
+    must = forced_pods(nodes, order) if not gangs else []
     for point in points:
         if len(order) and curve_events(x, point).any():
-            out[point] = allocation_bound(nodes, arrived_by(order, capacity, point))
+            arrived = arrived_by(order, capacity, point)
+            forced = [order[i] for i in must if i < len(arrived)]
+            out[point] = allocation_bound(nodes, arrived, forced=forced)
     return out
