@@ -404,6 +404,8 @@ class WholeNodeReserve:
         self.prior: list[float] = []  # adaptive: per shape, the workload's share of demand needing a host
         self.seen: list[int] = []  # adaptive: per shape, GPU milli arrived of pods needing such a host
         self.seen_total = 0  # adaptive: GPU milli arrived
+        self._limits = np.zeros((0, 3, 1), dtype=np.int64)  # per shape: GPUs, CPU milli, memory MiB
+        self._table: _HostTable | None = None
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
         largest = int(cluster.gpu_count.max()) if len(cluster) else 0
@@ -420,6 +422,8 @@ class WholeNodeReserve:
         ]
         self.seen = [0] * len(self.shapes)
         self.seen_total = 0
+        self._limits = np.array(self.shapes, dtype=np.int64).reshape(len(self.shapes), 3, 1)
+        self._table = None
 
     @staticmethod
     def _needs(pod: PodRequest, shape: tuple[int, int, int]) -> bool:
@@ -445,26 +449,94 @@ class WholeNodeReserve:
         share = self.seen[k] / self.seen_total if self.seen_total else self.prior[k]
         return max(self.keep, math.ceil(share * free_milli / (self.shapes[k][0] * MILLI)))
 
+    def hosts(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
+        """``[shapes, rows]``: which of these nodes can host each whole-node shape now."""
+        gpus, cpu, memory = self._limits[:, 0], self._limits[:, 1], self._limits[:, 2]
+        return (
+            (cluster.gpu_full_free[rows] >= gpus)
+            & (cluster.cpu_free[rows] >= cpu)
+            & (cluster.mem_free[rows] >= memory)
+        )
+
     def penalty(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        out = np.zeros(len(idx))
+        """Per node of ``idx``, how many scarce whole-node shapes placing ``pod`` there would break."""
+        out = self.scarce_breaks(pod, cluster, idx)
+        return np.zeros(len(idx)) if out is None else out
+
+    def scarce_breaks(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
+        """``penalty``, or None where it is 0 on every node of ``idx``.
+
+        The hosts of each shape are kept per node version (``_HostTable``), so a pod costs a look at
+        the counts, and at the few hosts of a shape that is down to its last ``keep_for`` ones.
+        """
+        if not self.shapes:
+            return None
+        table = self._table
+        if table is None or table.cluster is not cluster or table.stale(cluster):
+            table = self._table = _HostTable(self, cluster)
+        else:
+            table.refresh(self, cluster)
+        out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
-        free = int(cluster.gpu_free_total.sum()) if self.adaptive else 0
+        free = -1  # the cluster's free GPU milli, summed when an adaptive count needs it
         for k, (gpus, cpu, memory) in enumerate(self.shapes):
             if not pod.is_share and pod.gpu_count >= gpus:
                 continue  # a pod of this size itself
-            hosts = (cluster.gpu_full_free >= gpus) & (cluster.cpu_free >= cpu) & (cluster.mem_free >= memory)
-            if int(np.count_nonzero(hosts)) > self.keep_for(k, free):
+            count = int(table.counts[k])
+            if count == 0:
+                continue  # no host left to break
+            if count > self.keep:  # keep_for is at least keep: only an adaptive keep can be above
+                if not self.adaptive:
+                    continue
+                if free < 0:
+                    free = int(cluster.gpu_free_total.sum())
+                if count > self.keep_for(k, free):
+                    continue
+            where = np.flatnonzero(table.hosts[k][idx])
+            if not where.size:
                 continue
-            now = hosts[idx]
-            if not now.any():
-                continue
+            nodes = idx[where]
             after = (
-                (cluster.gpu_full_free[idx] - take >= gpus)
-                & (cluster.cpu_free[idx] - pod.cpu_milli >= cpu)
-                & (cluster.mem_free[idx] - pod.memory_mib >= memory)
+                (cluster.gpu_full_free[nodes] - take >= gpus)
+                & (cluster.cpu_free[nodes] - pod.cpu_milli >= cpu)
+                & (cluster.mem_free[nodes] - pod.memory_mib >= memory)
             )
-            out += now & ~after
+            broken = where[~after]
+            if broken.size:
+                if out is None:
+                    out = np.zeros(len(idx))
+                out[broken] += 1
         return out
+
+
+class _HostTable:
+    """``WholeNodeReserve``'s hosts per shape and node (``hosts``, ``[shapes, N]``) and their counts,
+    for one cluster: worked out for every node at first, then only for the nodes whose ``version``
+    moved (a node's free GPUs, CPU and memory change only with it)."""
+
+    __slots__ = ("cluster", "counts", "generation", "hosts", "seen")
+
+    def __init__(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
+        self.cluster = cluster
+        self.hosts = reserve.hosts(cluster, slice(None))
+        self.counts = self.hosts.sum(axis=1)
+        self.seen = cluster.version.copy()
+        self.generation = cluster.generation
+
+    def stale(self, cluster: ClusterState) -> bool:
+        """Whether the table cannot be refreshed row by row (the cluster's nodes are not those it saw)."""
+        return len(self.seen) != len(cluster)
+
+    def refresh(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
+        if self.generation == cluster.generation:
+            return
+        rows = np.flatnonzero(self.seen != cluster.version)
+        if rows.size:
+            now = reserve.hosts(cluster, rows)
+            self.counts += now.sum(axis=1) - self.hosts[:, rows].sum(axis=1)
+            self.hosts[:, rows] = now
+            self.seen[rows] = cluster.version[rows]
+        self.generation = cluster.generation
 
 
 def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -> np.ndarray:
