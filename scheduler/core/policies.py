@@ -21,7 +21,7 @@ from scheduler.core.frag import FragModel, after_share, after_whole, typical_pod
 from scheduler.core.rdma import vf_distance
 from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.scoring import Policy, ScorePlugin
-from scheduler.core.state import ClusterState
+from scheduler.core.state import ClusterState, NodeChanges
 from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set
 from scheduler.core.utilization import LiveUtilizationScore, UtilizationScore
 
@@ -321,20 +321,24 @@ class AlignmentScore(ScorePlugin):
     Both vectors are in fractions of the node's own capacity, so a CPU-heavy pod prefers nodes
     whose free CPU is large relative to their free GPU (CPU-rich nodes, or nodes whose GPUs are
     used up) and leaves the CPU of GPU-dense nodes to the GPU pods that need it. 0..1, higher is
-    better; 0 for a pod that asks for neither.
+    better; 0 for a pod that asks for neither. The cosines are kept per request (CPU, GPU milli) and
+    node version (``_Cosines``): a pod costs the nodes that changed since the last pod asking as much.
     """
 
     name = "alignment"
+    MAX_SHAPES = 256  # requests whose cosines are kept (the oldest dropped first)
 
     def __init__(self, decimals: int = 6, step: float = 0.0) -> None:
         self.decimals = decimals
         self.step = step  # > 0: the cosine in bands of ``step`` (nodes in one band tie)
         self._cpu_inv = np.zeros(0)
         self._gpu_inv = np.zeros(0)
+        self._cosines: dict[tuple[int, int], _Cosines] = {}
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         self._cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)
         self._gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)
+        self._cosines = {}
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         return self.aligned(pod, cluster, idx, self.step)
@@ -343,21 +347,52 @@ class AlignmentScore(ScorePlugin):
         """The cosine on the nodes of ``idx``, in bands of ``step`` when it is above 0."""
         if len(self._cpu_inv) != len(cluster):
             self.bind(cluster, (), random.Random())
-        cpu_inv = self._cpu_inv[idx]
-        gpu_inv = self._gpu_inv[idx]
-        free_cpu = cluster.cpu_free[idx] * cpu_inv
-        free_gpu = cluster.gpu_free_total[idx] * gpu_inv
-        want_cpu = pod.cpu_milli * cpu_inv
-        want_gpu = pod.total_gpu_milli * gpu_inv
+        key = (pod.cpu_milli, pod.total_gpu_milli)
+        entry = self._cosines.get(key)
+        if entry is None or not entry.changes.follows(cluster):
+            if entry is None and len(self._cosines) >= self.MAX_SHAPES:
+                del self._cosines[next(iter(self._cosines))]
+            entry = self._cosines[key] = _Cosines(self, key, cluster)
+        else:
+            entry.refresh(self)
+        rounded = entry.values[idx]
+        if step > 0:
+            return np.floor(rounded / step)
+        return rounded
+
+    def cosines(self, want: tuple[int, int], cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
+        """The cosine (rounded to ``decimals``) of a request of ``want`` (CPU, GPU milli) on these nodes."""
+        cpu_inv = self._cpu_inv[rows]
+        gpu_inv = self._gpu_inv[rows]
+        free_cpu = cluster.cpu_free[rows] * cpu_inv
+        free_gpu = cluster.gpu_free_total[rows] * gpu_inv
+        want_cpu = want[0] * cpu_inv
+        want_gpu = want[1] * gpu_inv
         norm = np.sqrt(
             (free_cpu * free_cpu + free_gpu * free_gpu) * (want_cpu * want_cpu + want_gpu * want_gpu)
         )
         dot = free_cpu * want_cpu + free_gpu * want_gpu
-        cosine = np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0)
+        cosine = np.divide(dot, norm, out=np.zeros(len(dot)), where=norm > 0)
         # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
-        if step > 0:
-            return np.floor(np.round(cosine, self.decimals) / step)
         return np.round(cosine, self.decimals)
+
+
+class _Cosines:
+    """``AlignmentScore``'s rounded cosines of one request over every node of one cluster (``values``),
+    worked out for every node at first, then only for the nodes whose ``version`` moved (a node's free
+    CPU and GPU change only with it)."""
+
+    __slots__ = ("changes", "values", "want")
+
+    def __init__(self, plugin: AlignmentScore, want: tuple[int, int], cluster: ClusterState) -> None:
+        self.want = want
+        self.changes = NodeChanges(cluster)
+        self.values = plugin.cosines(want, cluster, slice(None))
+
+    def refresh(self, plugin: AlignmentScore) -> None:
+        rows = self.changes.moved()
+        if rows is not None:
+            self.values[rows] = plugin.cosines(self.want, self.changes.cluster, rows)
 
 
 def fgd_align() -> Policy:
@@ -472,10 +507,10 @@ class WholeNodeReserve:
         if not self.shapes:
             return None
         table = self._table
-        if table is None or table.cluster is not cluster or table.stale(cluster):
+        if table is None or not table.changes.follows(cluster):
             table = self._table = _HostTable(self, cluster)
         else:
-            table.refresh(self, cluster)
+            table.refresh(self)
         out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
         free = -1  # the cluster's free GPU milli, summed when an adaptive count needs it
@@ -514,29 +549,19 @@ class _HostTable:
     for one cluster: worked out for every node at first, then only for the nodes whose ``version``
     moved (a node's free GPUs, CPU and memory change only with it)."""
 
-    __slots__ = ("cluster", "counts", "generation", "hosts", "seen")
+    __slots__ = ("changes", "counts", "hosts")
 
     def __init__(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
-        self.cluster = cluster
+        self.changes = NodeChanges(cluster)
         self.hosts = reserve.hosts(cluster, slice(None))
         self.counts = self.hosts.sum(axis=1)
-        self.seen = cluster.version.copy()
-        self.generation = cluster.generation
 
-    def stale(self, cluster: ClusterState) -> bool:
-        """Whether the table cannot be refreshed row by row (the cluster's nodes are not those it saw)."""
-        return len(self.seen) != len(cluster)
-
-    def refresh(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
-        if self.generation == cluster.generation:
-            return
-        rows = np.flatnonzero(self.seen != cluster.version)
-        if rows.size:
-            now = reserve.hosts(cluster, rows)
+    def refresh(self, reserve: WholeNodeReserve) -> None:
+        rows = self.changes.moved()
+        if rows is not None:
+            now = reserve.hosts(self.changes.cluster, rows)
             self.counts += now.sum(axis=1) - self.hosts[:, rows].sum(axis=1)
             self.hosts[:, rows] = now
-            self.seen[rows] = cluster.version[rows]
-        self.generation = cluster.generation
 
 
 def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -> np.ndarray:

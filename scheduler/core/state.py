@@ -623,6 +623,38 @@ def _least_of(table: np.ndarray, fits: np.ndarray, left: np.ndarray, none: int) 
     return np.where(fits.any(axis=1), least, none)
 
 
+class NodeChanges:
+    """Which nodes of one ``ClusterState`` changed since the caller last asked, by their ``version``.
+
+    For values a caller keeps per node and works out again only where the node changed (the row's
+    numbers move only with its version): ``moved`` gives those rows once, then not again until they
+    change again. ``follows`` says whether it is this cluster's tracker (another cluster, even one of
+    the same size, starts afresh: the caller must work out every row).
+    """
+
+    __slots__ = ("cluster", "generation", "seen")
+
+    def __init__(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
+        self.seen = cluster.version.copy()
+        self.generation = cluster.generation
+
+    def follows(self, cluster: ClusterState) -> bool:
+        return self.cluster is cluster and len(self.seen) == len(cluster)
+
+    def moved(self) -> np.ndarray | None:
+        """The rows whose node changed since the tracker was made or last asked (None: none)."""
+        cluster = self.cluster
+        if self.generation == cluster.generation:
+            return None
+        self.generation = cluster.generation
+        rows = np.flatnonzero(self.seen != cluster.version)
+        if not rows.size:
+            return None
+        self.seen[rows] = cluster.version[rows]
+        return rows
+
+
 class ClusterState:
     """All nodes, with per-node numbers mirrored into arrays for vectorised filtering and scoring.
 
