@@ -715,14 +715,19 @@ class ReserveThenAlign(AlignmentScore):
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         exact = self.cpu_bound_exact and self.step and self.cpu_bound()
         bands = self.aligned(pod, cluster, idx, 0.0 if exact else self.step)  # the cosine, or 0 .. 1 / step
-        top = 1.0 + np.max(bands, initial=0.0)
+        waste = None
         if self.waste_band and pod.is_share and pod.gpu_milli:
             waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1)[idx]
+        penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
+        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        if waste is None and penalty is None and balance is None:
+            return bands  # what the terms below would add is 0 everywhere
+        top = 1.0 + np.max(bands, initial=0.0)
+        if waste is not None:
             levels = MILLI // self.waste_band + 2
             bands = bands - top * (waste // self.waste_band)
             top *= levels
-        out = bands - top * self.reserve.penalty(pod, cluster, idx)
-        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        out = bands if penalty is None else bands - top * penalty
         if balance is None:
             return out
         return out + (2.0 * np.max(np.abs(out), initial=0.0) + 10.0) * balance
