@@ -26,6 +26,7 @@ from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set
 from scheduler.core.utilization import LiveUtilizationScore, UtilizationScore
 
 MAX_NODE_SCORE = 100
+ONE_BY_ONE = 32  # caches kept per node version: up to this many changed nodes are worked out one by one
 
 
 class _Normalised(ScorePlugin):
@@ -321,78 +322,102 @@ class AlignmentScore(ScorePlugin):
     Both vectors are in fractions of the node's own capacity, so a CPU-heavy pod prefers nodes
     whose free CPU is large relative to their free GPU (CPU-rich nodes, or nodes whose GPUs are
     used up) and leaves the CPU of GPU-dense nodes to the GPU pods that need it. 0..1, higher is
-    better; 0 for a pod that asks for neither. The cosines are kept per request (CPU, GPU milli) and
-    node version (``_Cosines``): a pod costs the nodes that changed since the last pod asking as much.
+    better; 0 for a pod that asks for neither. What depends on the node alone (its free vector) is
+    kept per node version (``_FreeVectors``), what depends on the request and the node's capacity
+    per request (``_wanted``), so a pod costs a few vector operations over the nodes asked about.
     """
 
     name = "alignment"
-    MAX_SHAPES = 256  # requests whose cosines are kept (the oldest dropped first)
+    MAX_SHAPES = 256  # requests whose vectors are kept (all dropped when full)
 
     def __init__(self, decimals: int = 6, step: float = 0.0) -> None:
         self.decimals = decimals
         self.step = step  # > 0: the cosine in bands of ``step`` (nodes in one band tie)
         self._cpu_inv = np.zeros(0)
         self._gpu_inv = np.zeros(0)
-        self._cosines: dict[tuple[int, int], _Cosines] = {}
+        self._wants: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._free: _FreeVectors | None = None
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         self._cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)
         self._gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)
-        self._cosines = {}
+        self._wants = {}
+        self._free = None
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         return self.aligned(pod, cluster, idx, self.step)
 
     def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
-        """The cosine on the nodes of ``idx``, in bands of ``step`` when it is above 0."""
+        """The cosine on the nodes of ``idx`` (rounded to ``decimals``), in bands of ``step`` when it
+        is above 0."""
         if len(self._cpu_inv) != len(cluster):
             self.bind(cluster, (), random.Random())
-        key = (pod.cpu_milli, pod.total_gpu_milli)
-        entry = self._cosines.get(key)
-        if entry is None or not entry.changes.follows(cluster):
-            if entry is None and len(self._cosines) >= self.MAX_SHAPES:
-                del self._cosines[next(iter(self._cosines))]
-            entry = self._cosines[key] = _Cosines(self, key, cluster)
+        free = self._free
+        if free is None or not free.changes.follows(cluster):
+            free = self._free = _FreeVectors(self, cluster)
         else:
-            entry.refresh(self)
-        rounded = entry.values[idx]
+            free.refresh(self)
+        # free CPU and GPU (fractions of the node's capacity) and the squared length, times the same
+        # of the request: the terms of the dot product and the squared norm (1-D gathers are fastest)
+        have_cpu, have_gpu, have_length = free.vectors
+        want_cpu, want_gpu, want_length = self._wanted(pod)
+        dot = have_cpu.take(idx) * want_cpu.take(idx) + have_gpu.take(idx) * want_gpu.take(idx)
+        norm = np.sqrt(have_length.take(idx) * want_length.take(idx))
+        cosine = np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0)
+        # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
+        rounded = np.round(cosine, self.decimals)
         if step > 0:
             return np.floor(rounded / step)
         return rounded
 
-    def cosines(self, want: tuple[int, int], cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
-        """The cosine (rounded to ``decimals``) of a request of ``want`` (CPU, GPU milli) on these nodes."""
-        cpu_inv = self._cpu_inv[rows]
-        gpu_inv = self._gpu_inv[rows]
-        free_cpu = cluster.cpu_free[rows] * cpu_inv
-        free_gpu = cluster.gpu_free_total[rows] * gpu_inv
-        want_cpu = want[0] * cpu_inv
-        want_gpu = want[1] * gpu_inv
-        norm = np.sqrt(
-            (free_cpu * free_cpu + free_gpu * free_gpu) * (want_cpu * want_cpu + want_gpu * want_gpu)
-        )
-        dot = free_cpu * want_cpu + free_gpu * want_gpu
-        cosine = np.divide(dot, norm, out=np.zeros(len(dot)), where=norm > 0)
-        # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
-        return np.round(cosine, self.decimals)
+    def _wanted(self, pod: PodRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per node: the request's CPU and GPU as fractions of each node's capacity, and the squared
+        length of that vector (the node's capacity never changes: kept per request)."""
+        key = (pod.cpu_milli, pod.total_gpu_milli)
+        wanted = self._wants.get(key)
+        if wanted is None:
+            if len(self._wants) >= self.MAX_SHAPES:
+                self._wants.clear()
+            cpu = key[0] * self._cpu_inv
+            gpu = key[1] * self._gpu_inv
+            wanted = self._wants[key] = (cpu, gpu, cpu * cpu + gpu * gpu)
+        return wanted
+
+    def free_vectors(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
+        """``[3, rows]``: these nodes' free CPU and free GPU as fractions of their capacity, and the
+        squared length of that vector."""
+        cpu = cluster.cpu_free[rows] * self._cpu_inv[rows]
+        gpu = cluster.gpu_free_total[rows] * self._gpu_inv[rows]
+        return np.stack((cpu, gpu, cpu * cpu + gpu * gpu))
+
+    def free_vector_at(self, cluster: ClusterState, i: int) -> tuple[float, float, float]:
+        """``free_vectors`` of node ``i`` alone, in Python: the same float operations in the same
+        order, so the same values to the last bit."""
+        cpu = cluster.cpu_free.item(i) * self._cpu_inv.item(i)
+        gpu = cluster.gpu_free_total.item(i) * self._gpu_inv.item(i)
+        return cpu, gpu, cpu * cpu + gpu * gpu
 
 
-class _Cosines:
-    """``AlignmentScore``'s rounded cosines of one request over every node of one cluster (``values``),
-    worked out for every node at first, then only for the nodes whose ``version`` moved (a node's free
-    CPU and GPU change only with it)."""
+class _FreeVectors:
+    """``AlignmentScore.free_vectors`` of every node of one cluster (``vectors``), worked out for every
+    node at first, then only for the nodes that changed since (a node's free CPU and GPU change only
+    with it), one by one when they are few."""
 
-    __slots__ = ("changes", "values", "want")
+    __slots__ = ("changes", "vectors")
 
-    def __init__(self, plugin: AlignmentScore, want: tuple[int, int], cluster: ClusterState) -> None:
-        self.want = want
+    def __init__(self, plugin: AlignmentScore, cluster: ClusterState) -> None:
         self.changes = NodeChanges(cluster)
-        self.values = plugin.cosines(want, cluster, slice(None))
+        self.vectors = plugin.free_vectors(cluster, slice(None))
 
     def refresh(self, plugin: AlignmentScore) -> None:
         rows = self.changes.moved()
-        if rows is not None:
-            self.values[rows] = plugin.cosines(self.want, self.changes.cluster, rows)
+        cluster = self.changes.cluster
+        if rows is None or len(rows) > ONE_BY_ONE:
+            at = slice(None) if rows is None else np.array(rows)
+            self.vectors[:, at] = plugin.free_vectors(cluster, at)
+            return
+        for i in rows:
+            self.vectors[:, i] = plugin.free_vector_at(cluster, i)
 
 
 def fgd_align() -> Policy:
@@ -493,6 +518,11 @@ class WholeNodeReserve:
             & (cluster.mem_free[rows] >= memory)
         )
 
+    def hosts_at(self, cluster: ClusterState, i: int) -> tuple[bool, ...]:
+        """``hosts`` of node ``i`` alone, per shape (Python, for a few nodes)."""
+        gpus, cpu, memory = cluster.gpu_full_free.item(i), cluster.cpu_free.item(i), cluster.mem_free.item(i)
+        return tuple(gpus >= g and cpu >= c and memory >= m for g, c, m in self.shapes)
+
     def penalty(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         """Per node of ``idx``, how many scarce whole-node shapes placing ``pod`` there would break."""
         out = self.scarce_breaks(pod, cluster, idx)
@@ -517,7 +547,7 @@ class WholeNodeReserve:
         for k, (gpus, cpu, memory) in enumerate(self.shapes):
             if not pod.is_share and pod.gpu_count >= gpus:
                 continue  # a pod of this size itself
-            count = int(table.counts[k])
+            count = table.counts[k]
             if count == 0:
                 continue  # no host left to break
             if count > self.keep:  # keep_for is at least keep: only an adaptive keep can be above
@@ -546,22 +576,34 @@ class WholeNodeReserve:
 
 class _HostTable:
     """``WholeNodeReserve``'s hosts per shape and node (``hosts``, ``[shapes, N]``) and their counts,
-    for one cluster: worked out for every node at first, then only for the nodes whose ``version``
-    moved (a node's free GPUs, CPU and memory change only with it)."""
+    for one cluster: worked out for every node at first, then only for the nodes that changed since
+    (a node's free GPUs, CPU and memory change only with it), one by one when they are few."""
 
-    __slots__ = ("changes", "counts", "hosts")
+    __slots__ = ("changes", "counts", "flags", "hosts")
 
     def __init__(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
         self.changes = NodeChanges(cluster)
         self.hosts = reserve.hosts(cluster, slice(None))
-        self.counts = self.hosts.sum(axis=1)
+        self.counts: list[int] = self.hosts.sum(axis=1).tolist()
+        self.flags: list[tuple[bool, ...]] = [tuple(f) for f in self.hosts.T.tolist()]  # per node
 
     def refresh(self, reserve: WholeNodeReserve) -> None:
         rows = self.changes.moved()
-        if rows is not None:
-            now = reserve.hosts(self.changes.cluster, rows)
-            self.counts += now.sum(axis=1) - self.hosts[:, rows].sum(axis=1)
-            self.hosts[:, rows] = now
+        cluster = self.changes.cluster
+        if rows is None or len(rows) > ONE_BY_ONE:
+            at = slice(None) if rows is None else np.array(rows)
+            self.hosts[:, at] = reserve.hosts(cluster, at)
+            self.counts = self.hosts.sum(axis=1).tolist()
+            self.flags = [tuple(f) for f in self.hosts.T.tolist()]
+            return
+        for i in rows:
+            now = reserve.hosts_at(cluster, i)
+            was = self.flags[i]
+            if now != was:
+                self.flags[i] = now
+                self.hosts[:, i] = now
+                for k, (a, b) in enumerate(zip(now, was, strict=True)):
+                    self.counts[k] += a - b
 
 
 def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -> np.ndarray:

@@ -524,6 +524,7 @@ class NodeState:
 
 
 MAX_SHARE_SHAPES = 64  # share shapes whose slots a ClusterState keeps (the oldest goes first)
+CHANGE_LOG = 4096  # node changes a ClusterState remembers at least (changed_since)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -624,35 +625,35 @@ def _least_of(table: np.ndarray, fits: np.ndarray, left: np.ndarray, none: int) 
 
 
 class NodeChanges:
-    """Which nodes of one ``ClusterState`` changed since the caller last asked, by their ``version``.
+    """Which nodes of one ``ClusterState`` changed since the caller last asked.
 
-    For values a caller keeps per node and works out again only where the node changed (the row's
-    numbers move only with its version): ``moved`` gives those rows once, then not again until they
-    change again. ``follows`` says whether it is this cluster's tracker (another cluster, even one of
-    the same size, starts afresh: the caller must work out every row).
+    For values a caller keeps per node and works out again only where the node changed (a row's
+    numbers move only with a ``_sync`` of it): ``moved`` gives those rows once, then not again until
+    they change again, from the cluster's log of changes (``ClusterState.changed_since``), so asking
+    costs the changes, not the nodes. ``follows`` says whether it is this cluster's tracker (another
+    cluster, even one of the same size, starts afresh: the caller works out every row).
     """
 
-    __slots__ = ("cluster", "generation", "seen")
+    __slots__ = ("cluster", "generation")
 
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
-        self.seen = cluster.version.copy()
         self.generation = cluster.generation
 
     def follows(self, cluster: ClusterState) -> bool:
-        return self.cluster is cluster and len(self.seen) == len(cluster)
+        return self.cluster is cluster
 
-    def moved(self) -> np.ndarray | None:
-        """The rows whose node changed since the tracker was made or last asked (None: none)."""
+    def moved(self) -> list[int] | None:
+        """The nodes changed since the tracker was made or last asked, each once, ascending (empty:
+        none); None when that is more than the cluster remembers (every node must be worked out)."""
         cluster = self.cluster
         if self.generation == cluster.generation:
-            return None
+            return []
+        rows = cluster.changed_since(self.generation)
         self.generation = cluster.generation
-        rows = np.flatnonzero(self.seen != cluster.version)
-        if not rows.size:
-            return None
-        self.seen[rows] = cluster.version[rows]
-        return rows
+        if rows is None or len(rows) == 1:
+            return rows
+        return sorted(set(rows))
 
 
 class ClusterState:
@@ -747,6 +748,7 @@ class ClusterState:
         self.where: dict[str, int] = {}  # pod uid -> node index
         self.allocated_milli = 0  # GPU milli allocated over the cluster
         self.generation = 0
+        self._changed: list[int] = []  # the node of each of the last changes (changed_since)
         self._label_masks: dict[tuple, np.ndarray] = {}
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._gpu_model_masks: dict[frozenset[str], np.ndarray] = {}
@@ -761,6 +763,7 @@ class ClusterState:
                 self._sync_live(i)
         self.any_live_memory = bool((self.gpu_live_free < UNLIMITED).any())
         self.version[:] = 0
+        self._changed.clear()  # a tracker starts from the cluster as built
 
     def set_tie_order(self, order: Sequence[int] | None) -> None:
         """Break equal scores by this node order (``order[k]`` is the k-th preferred node index)."""
@@ -977,6 +980,9 @@ class ClusterState:
         self.tag_kinds[i] = len(node.tags)
         self.version[i] += 1
         self.generation += 1
+        self._changed.append(i)
+        if len(self._changed) > 2 * CHANGE_LOG:
+            del self._changed[:CHANGE_LOG]
 
     def set_live(self, name: str, readings: Mapping[str, LiveGpu]) -> bool:
         """Take node ``name``'s live report (``NodeState.set_live``); True when something may now fit
@@ -1008,6 +1014,15 @@ class ClusterState:
         self.gpu_live_free[i, :k] = [UNLIMITED if f is None else f for f in live_free]
         if any(f is not None for f in live_free):
             self.any_live_memory = True
+
+    def changed_since(self, generation: int) -> list[int] | None:
+        """The node of each change (``_sync``) since ``generation`` was this cluster's, oldest first
+        (a node changed twice is there twice); None when that is further back than it remembers
+        (``CHANGE_LOG`` changes at least)."""
+        back = self.generation - generation
+        if back > len(self._changed) or back < 0:
+            return None
+        return self._changed[len(self._changed) - back :] if back else []
 
     def tag_count(self, tag: str) -> np.ndarray:
         """Per node, how many pods of GPU shape ``tag`` it runs."""
