@@ -638,6 +638,9 @@ class ShareCompletionScore(ScorePlugin):
     def __init__(self, below: int = 110) -> None:
         self.below = below
 
+    def applies(self, pod: PodRequest) -> bool:
+        return pod.is_share and pod.gpu_milli != 0
+
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not pod.is_share or pod.gpu_milli == 0:
             return np.zeros(len(idx))
@@ -861,6 +864,9 @@ class TopologyScore(ScorePlugin):
             by_k[k] = links.set_score(best) if best else 0
         return by_k[k]
 
+    def applies(self, pod: PodRequest) -> bool:
+        return pod.whole_gpus >= 2
+
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if pod.whole_gpus < 2:
             return np.zeros(len(idx))
@@ -920,6 +926,9 @@ class NicNearnessScore(ScorePlugin):
             alloc.rdma, node.nics, [g.id for g in gpus], {g.numa for g in gpus if g.numa >= 0}
         )
         return float(int(MAX_NODE_SCORE * (1 - distance / (2 * pod.rdma.count))))
+
+    def applies(self, pod: PodRequest) -> bool:
+        return bool(pod.rdma) and bool(pod.whole_gpus)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not pod.rdma or not pod.whole_gpus:
