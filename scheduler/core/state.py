@@ -20,6 +20,7 @@ is a plain frozen dataclass with ``to_dict`` / ``from_dict`` so the allocation-a
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -546,8 +547,8 @@ class ShareSlots:
     """
 
     __slots__ = (
-        "_fits", "_least", "_left", "_mapped", "_milli", "fits", "generation", "least_left", "left", "milli",
-        "seen",
+        "_fits", "_least", "_left", "_mapped", "_mapped_at", "_milli", "_updates", "fits", "generation",
+        "least_left", "left", "milli", "seen",
     )  # fmt: skip
 
     def __init__(
@@ -569,6 +570,8 @@ class ShareSlots:
         self.left = _read_only(left)
         self.least_left = _read_only(self._least)
         self._mapped: dict[tuple[int, int], tuple[np.ndarray, int, np.ndarray, np.ndarray]] = {}
+        self._updates = 0  # how many times rows were taken (update)
+        self._mapped_at: dict[tuple[int, int], int] = {}  # per summary, _updates when last refreshed
 
     def update(
         self,
@@ -585,6 +588,7 @@ class ShareSlots:
         self._left[rows] = left
         self._least[rows] = _least_left(fits, left)
         self.seen[rows] = version[rows]
+        self._updates += 1
 
     def least_mapped(self, table: np.ndarray, none: int) -> np.ndarray:
         """Per node, the least ``table[left]`` over the slots that fit, ``none`` where none does.
@@ -597,18 +601,21 @@ class ShareSlots:
         if len(table) <= MILLI:
             raise ValueError(f"least_mapped: table has {len(table)} values, not one per remainder 0..{MILLI}")
         entry = self._mapped.get((id(table), none))
+        key = (id(table), none)
         if entry is None or entry[0] is not table:
             values = _least_of(table, self._fits, self._left, none)
             entry = (table, none, self.seen.copy(), values)
             if len(self._mapped) >= 8:  # tables of policies bound before: let them go
                 self._mapped.clear()
-            self._mapped[(id(table), none)] = entry
-        else:
+                self._mapped_at.clear()
+            self._mapped[key] = entry
+        elif self._mapped_at[key] != self._updates:  # rows were taken since: refresh those that moved
             _, _, seen, values = entry
             rows = np.flatnonzero(seen != self.seen)
             if rows.size:
                 values[rows] = _least_of(table, self._fits[rows], self._left[rows], none)
                 seen[rows] = self.seen[rows]
+        self._mapped_at[key] = self._updates
         return _read_only(entry[3])
 
 
@@ -618,10 +625,16 @@ def _least_left(fits: np.ndarray, left: np.ndarray) -> np.ndarray:
 
 
 def _least_of(table: np.ndarray, fits: np.ndarray, left: np.ndarray, none: int) -> np.ndarray:
-    mapped = table[np.clip(left, 0, MILLI)]
-    top = np.iinfo(mapped.dtype).max if np.issubdtype(mapped.dtype, np.integer) else np.inf
+    mapped = table[np.minimum(np.maximum(left, 0), MILLI)]
+    top = _largest(mapped.dtype)
     least = mapped.min(axis=1, where=fits, initial=top)  # not capped at ``none``: it may be below
     return np.where(fits.any(axis=1), least, none)
+
+
+@functools.cache
+def _largest(dtype: np.dtype) -> int | float:
+    """The largest value of an integer dtype, infinity for a float one."""
+    return np.iinfo(dtype).max if np.issubdtype(dtype, np.integer) else np.inf
 
 
 class NodeChanges:
