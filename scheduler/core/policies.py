@@ -359,13 +359,13 @@ class AlignmentScore(ScorePlugin):
             free.refresh(self)
         # free CPU and GPU (fractions of the node's capacity) and the squared length, times the same
         # of the request: the terms of the dot product and the squared norm (1-D gathers are fastest)
-        have_cpu, have_gpu, have_length = free.vectors
+        have_cpu, have_gpu, have_length = free.rows
         want_cpu, want_gpu, want_length = self._wanted(pod)
         dot = have_cpu.take(idx) * want_cpu.take(idx) + have_gpu.take(idx) * want_gpu.take(idx)
         norm = np.sqrt(have_length.take(idx) * want_length.take(idx))
         cosine = np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0)
         # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
-        rounded = np.round(cosine, self.decimals)
+        rounded = cosine.round(self.decimals)  # as np.round
         if step > 0:
             return np.floor(rounded / step)
         return rounded
@@ -403,11 +403,12 @@ class _FreeVectors:
     node at first, then only for the nodes that changed since (a node's free CPU and GPU change only
     with it), one by one when they are few."""
 
-    __slots__ = ("changes", "vectors")
+    __slots__ = ("changes", "rows", "vectors")
 
     def __init__(self, plugin: AlignmentScore, cluster: ClusterState) -> None:
         self.changes = NodeChanges(cluster)
         self.vectors = plugin.free_vectors(cluster, slice(None))
+        self.rows = tuple(self.vectors)  # its three rows (views), unpacked once
 
     def refresh(self, plugin: AlignmentScore) -> None:
         rows = self.changes.moved()
@@ -554,7 +555,7 @@ class WholeNodeReserve:
                 if not self.adaptive:
                     continue
                 if free < 0:
-                    free = int(cluster.gpu_free_total.sum())
+                    free = table.free_milli
                 if count > self.keep_for(k, free):
                     continue
             where = np.flatnonzero(table.hosts[k][idx])
@@ -579,13 +580,15 @@ class _HostTable:
     for one cluster: worked out for every node at first, then only for the nodes that changed since
     (a node's free GPUs, CPU and memory change only with it), one by one when they are few."""
 
-    __slots__ = ("changes", "counts", "flags", "hosts")
+    __slots__ = ("changes", "counts", "flags", "free", "free_milli", "hosts")
 
     def __init__(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
         self.changes = NodeChanges(cluster)
         self.hosts = reserve.hosts(cluster, slice(None))
         self.counts: list[int] = self.hosts.sum(axis=1).tolist()
         self.flags: list[tuple[bool, ...]] = [tuple(f) for f in self.hosts.T.tolist()]  # per node
+        self.free: list[int] = cluster.gpu_free_total.tolist()  # per node, as last seen
+        self.free_milli = sum(self.free)  # the cluster's free GPU milli (gpu_free_total summed)
 
     def refresh(self, reserve: WholeNodeReserve) -> None:
         rows = self.changes.moved()
@@ -595,8 +598,13 @@ class _HostTable:
             self.hosts[:, at] = reserve.hosts(cluster, at)
             self.counts = self.hosts.sum(axis=1).tolist()
             self.flags = [tuple(f) for f in self.hosts.T.tolist()]
+            self.free = cluster.gpu_free_total.tolist()
+            self.free_milli = sum(self.free)
             return
         for i in rows:
+            free = cluster.gpu_free_total.item(i)
+            self.free_milli += free - self.free[i]
+            self.free[i] = free
             now = reserve.hosts_at(cluster, i)
             was = self.flags[i]
             if now != was:
