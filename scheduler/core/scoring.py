@@ -85,9 +85,14 @@ class Policy:
             return (
                 plugin.score(pod, cluster, idx) * weight if weight != 1 else plugin.score(pod, cluster, idx)
             )
-        total = np.zeros(len(idx))
-        for plugin, weight in plugins:
-            total += weight * plugin.score(pod, cluster, idx)
+        if not plugins:
+            return np.zeros(len(idx))
+        (first, weight), *rest = plugins
+        # a new float array, as 0 + it would be (the same sums)
+        total = np.multiply(weight, first.score(pod, cluster, idx), dtype=np.float64)
+        for plugin, weight in rest:
+            part = plugin.score(pod, cluster, idx)
+            total += part if weight == 1 else weight * part
         return total
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
