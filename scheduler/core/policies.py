@@ -649,6 +649,10 @@ class ShareCompletionScore(ScorePlugin):
 
     def __init__(self, below: int = 110) -> None:
         self.below = below
+        # the score of each least remainder 0..MILLI + 1 (the share view's range; MILLI + 1: no fit);
+        # ``below`` is fixed once built
+        left = np.arange(MILLI + 2, dtype=np.int64)
+        self.by_left = np.where(left < below, 1.0 + (below - left) / below, 0.0)
 
     def applies(self, pod: PodRequest) -> bool:
         return pod.is_share and pod.gpu_milli != 0
@@ -656,8 +660,7 @@ class ShareCompletionScore(ScorePlugin):
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not pod.is_share or pod.gpu_milli == 0:
             return np.zeros(len(idx))
-        left = cluster.share_view(pod).least_left[idx]
-        return np.where(left < self.below, 1.0 + (self.below - left) / self.below, 0.0)
+        return self.by_left.take(cluster.share_view(pod).least_left.take(idx))
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
         if not pod.is_share or pod.gpu_milli == 0:
