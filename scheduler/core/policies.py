@@ -21,11 +21,12 @@ from scheduler.core.frag import FragModel, after_share, after_whole, typical_pod
 from scheduler.core.rdma import vf_distance
 from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.scoring import Policy, ScorePlugin
-from scheduler.core.state import ClusterState
+from scheduler.core.state import ClusterState, NodeChanges
 from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set
 from scheduler.core.utilization import LiveUtilizationScore, UtilizationScore
 
 MAX_NODE_SCORE = 100
+ONE_BY_ONE = 32  # caches kept per node version: up to this many changed nodes are worked out one by one
 
 
 class _Normalised(ScorePlugin):
@@ -321,43 +322,107 @@ class AlignmentScore(ScorePlugin):
     Both vectors are in fractions of the node's own capacity, so a CPU-heavy pod prefers nodes
     whose free CPU is large relative to their free GPU (CPU-rich nodes, or nodes whose GPUs are
     used up) and leaves the CPU of GPU-dense nodes to the GPU pods that need it. 0..1, higher is
-    better; 0 for a pod that asks for neither.
+    better; 0 for a pod that asks for neither. What depends on the node alone (its free vector) is
+    kept per node version (``_FreeVectors``), what depends on the request and the node's capacity
+    per request (``_wanted``), so a pod costs a few vector operations over the nodes asked about.
     """
 
     name = "alignment"
+    MAX_SHAPES = 256  # requests whose vectors are kept (all dropped when full)
 
     def __init__(self, decimals: int = 6, step: float = 0.0) -> None:
         self.decimals = decimals
         self.step = step  # > 0: the cosine in bands of ``step`` (nodes in one band tie)
         self._cpu_inv = np.zeros(0)
         self._gpu_inv = np.zeros(0)
+        self._wants: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+        self._free: _FreeVectors | None = None
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         self._cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)
         self._gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)
+        self._wants = {}
+        self._free = None
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         return self.aligned(pod, cluster, idx, self.step)
 
     def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
-        """The cosine on the nodes of ``idx``, in bands of ``step`` when it is above 0."""
+        """The cosine on the nodes of ``idx`` (rounded to ``decimals``), in bands of ``step`` when it
+        is above 0."""
         if len(self._cpu_inv) != len(cluster):
             self.bind(cluster, (), random.Random())
-        cpu_inv = self._cpu_inv[idx]
-        gpu_inv = self._gpu_inv[idx]
-        free_cpu = cluster.cpu_free[idx] * cpu_inv
-        free_gpu = cluster.gpu_free_total[idx] * gpu_inv
-        want_cpu = pod.cpu_milli * cpu_inv
-        want_gpu = pod.total_gpu_milli * gpu_inv
-        norm = np.sqrt(
-            (free_cpu * free_cpu + free_gpu * free_gpu) * (want_cpu * want_cpu + want_gpu * want_gpu)
-        )
-        dot = free_cpu * want_cpu + free_gpu * want_gpu
-        cosine = np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0)
+        free = self._free
+        if free is None or not free.changes.follows(cluster):
+            free = self._free = _FreeVectors(self, cluster)
+        else:
+            free.refresh(self)
+        # free CPU and GPU (fractions of the node's capacity) and the squared length, times the same
+        # of the request: the terms of the dot product and the squared norm (1-D gathers are fastest)
+        have_cpu, have_gpu, have_length = free.rows
+        want_cpu, want_gpu, want_length = self._wanted(pod)
+        whole = 2 * len(idx) > len(cluster)  # most nodes: over all of them, then take (fewer operations)
+        if not whole:
+            have_cpu, have_gpu, have_length = have_cpu.take(idx), have_gpu.take(idx), have_length.take(idx)
+            want_cpu, want_gpu, want_length = want_cpu.take(idx), want_gpu.take(idx), want_length.take(idx)
+        dot = have_cpu * want_cpu + have_gpu * want_gpu
+        norm = np.sqrt(have_length * want_length)
+        cosine = np.divide(dot, norm, out=np.zeros(len(dot)), where=norm > 0)
         # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
+        out = cosine.round(self.decimals)  # as np.round
         if step > 0:
-            return np.floor(np.round(cosine, self.decimals) / step)
-        return np.round(cosine, self.decimals)
+            out = np.floor(out / step)
+        return out.take(idx) if whole else out
+
+    def _wanted(self, pod: PodRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per node: the request's CPU and GPU as fractions of each node's capacity, and the squared
+        length of that vector (the node's capacity never changes: kept per request)."""
+        key = (pod.cpu_milli, pod.total_gpu_milli)
+        wanted = self._wants.get(key)
+        if wanted is None:
+            if len(self._wants) >= self.MAX_SHAPES:
+                self._wants.clear()
+            cpu = key[0] * self._cpu_inv
+            gpu = key[1] * self._gpu_inv
+            wanted = self._wants[key] = (cpu, gpu, cpu * cpu + gpu * gpu)
+        return wanted
+
+    def free_vectors(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
+        """``[3, rows]``: these nodes' free CPU and free GPU as fractions of their capacity, and the
+        squared length of that vector."""
+        cpu = cluster.cpu_free[rows] * self._cpu_inv[rows]
+        gpu = cluster.gpu_free_total[rows] * self._gpu_inv[rows]
+        return np.stack((cpu, gpu, cpu * cpu + gpu * gpu))
+
+    def free_vector_at(self, cluster: ClusterState, i: int) -> tuple[float, float, float]:
+        """``free_vectors`` of node ``i`` alone, in Python: the same float operations in the same
+        order, so the same values to the last bit."""
+        cpu = cluster.cpu_free.item(i) * self._cpu_inv.item(i)
+        gpu = cluster.gpu_free_total.item(i) * self._gpu_inv.item(i)
+        return cpu, gpu, cpu * cpu + gpu * gpu
+
+
+class _FreeVectors:
+    """``AlignmentScore.free_vectors`` of every node of one cluster (``vectors``), worked out for every
+    node at first, then only for the nodes that changed since (a node's free CPU and GPU change only
+    with it), one by one when they are few."""
+
+    __slots__ = ("changes", "rows", "vectors")
+
+    def __init__(self, plugin: AlignmentScore, cluster: ClusterState) -> None:
+        self.changes = NodeChanges(cluster)
+        self.vectors = plugin.free_vectors(cluster, slice(None))
+        self.rows = tuple(self.vectors)  # its three rows (views), unpacked once
+
+    def refresh(self, plugin: AlignmentScore) -> None:
+        rows = self.changes.moved()
+        cluster = self.changes.cluster
+        if rows is None or len(rows) > ONE_BY_ONE:
+            at = slice(None) if rows is None else np.array(rows)
+            self.vectors[:, at] = plugin.free_vectors(cluster, at)
+            return
+        for i in rows:
+            self.vectors[:, i] = plugin.free_vector_at(cluster, i)
 
 
 def fgd_align() -> Policy:
@@ -404,6 +469,8 @@ class WholeNodeReserve:
         self.prior: list[float] = []  # adaptive: per shape, the workload's share of demand needing a host
         self.seen: list[int] = []  # adaptive: per shape, GPU milli arrived of pods needing such a host
         self.seen_total = 0  # adaptive: GPU milli arrived
+        self._limits = np.zeros((0, 3, 1), dtype=np.int64)  # per shape: GPUs, CPU milli, memory MiB
+        self._table: _HostTable | None = None
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
         largest = int(cluster.gpu_count.max()) if len(cluster) else 0
@@ -420,6 +487,8 @@ class WholeNodeReserve:
         ]
         self.seen = [0] * len(self.shapes)
         self.seen_total = 0
+        self._limits = np.array(self.shapes, dtype=np.int64).reshape(len(self.shapes), 3, 1)
+        self._table = None
 
     @staticmethod
     def _needs(pod: PodRequest, shape: tuple[int, int, int]) -> bool:
@@ -445,26 +514,108 @@ class WholeNodeReserve:
         share = self.seen[k] / self.seen_total if self.seen_total else self.prior[k]
         return max(self.keep, math.ceil(share * free_milli / (self.shapes[k][0] * MILLI)))
 
+    def hosts(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
+        """``[shapes, rows]``: which of these nodes can host each whole-node shape now."""
+        gpus, cpu, memory = self._limits[:, 0], self._limits[:, 1], self._limits[:, 2]
+        return (
+            (cluster.gpu_full_free[rows] >= gpus)
+            & (cluster.cpu_free[rows] >= cpu)
+            & (cluster.mem_free[rows] >= memory)
+        )
+
+    def hosts_at(self, cluster: ClusterState, i: int) -> tuple[bool, ...]:
+        """``hosts`` of node ``i`` alone, per shape (Python, for a few nodes)."""
+        gpus, cpu, memory = cluster.gpu_full_free.item(i), cluster.cpu_free.item(i), cluster.mem_free.item(i)
+        return tuple(gpus >= g and cpu >= c and memory >= m for g, c, m in self.shapes)
+
     def penalty(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        out = np.zeros(len(idx))
+        """Per node of ``idx``, how many scarce whole-node shapes placing ``pod`` there would break."""
+        out = self.scarce_breaks(pod, cluster, idx)
+        return np.zeros(len(idx)) if out is None else out
+
+    def scarce_breaks(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
+        """``penalty``, or None where it is 0 on every node of ``idx``.
+
+        The hosts of each shape are kept per node version (``_HostTable``), so a pod costs a look at
+        the counts, and at the few hosts of a shape that is down to its last ``keep_for`` ones.
+        """
+        if not self.shapes:
+            return None
+        table = self._table
+        if table is None or not table.changes.follows(cluster):
+            table = self._table = _HostTable(self, cluster)
+        else:
+            table.refresh(self)
+        out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
-        free = int(cluster.gpu_free_total.sum()) if self.adaptive else 0
+        free = -1  # the cluster's free GPU milli, summed when an adaptive count needs it
         for k, (gpus, cpu, memory) in enumerate(self.shapes):
             if not pod.is_share and pod.gpu_count >= gpus:
                 continue  # a pod of this size itself
-            hosts = (cluster.gpu_full_free >= gpus) & (cluster.cpu_free >= cpu) & (cluster.mem_free >= memory)
-            if int(np.count_nonzero(hosts)) > self.keep_for(k, free):
+            count = table.counts[k]
+            if count == 0:
+                continue  # no host left to break
+            if count > self.keep:  # keep_for is at least keep: only an adaptive keep can be above
+                if not self.adaptive:
+                    continue
+                if free < 0:
+                    free = table.free_milli
+                if count > self.keep_for(k, free):
+                    continue
+            where = np.flatnonzero(table.hosts[k][idx])
+            if not where.size:
                 continue
-            now = hosts[idx]
-            if not now.any():
-                continue
+            nodes = idx[where]
             after = (
-                (cluster.gpu_full_free[idx] - take >= gpus)
-                & (cluster.cpu_free[idx] - pod.cpu_milli >= cpu)
-                & (cluster.mem_free[idx] - pod.memory_mib >= memory)
+                (cluster.gpu_full_free[nodes] - take >= gpus)
+                & (cluster.cpu_free[nodes] - pod.cpu_milli >= cpu)
+                & (cluster.mem_free[nodes] - pod.memory_mib >= memory)
             )
-            out += now & ~after
+            broken = where[~after]
+            if broken.size:
+                if out is None:
+                    out = np.zeros(len(idx))
+                out[broken] += 1
         return out
+
+
+class _HostTable:
+    """``WholeNodeReserve``'s hosts per shape and node (``hosts``, ``[shapes, N]``) and their counts,
+    for one cluster: worked out for every node at first, then only for the nodes that changed since
+    (a node's free GPUs, CPU and memory change only with it), one by one when they are few."""
+
+    __slots__ = ("changes", "counts", "flags", "free", "free_milli", "hosts")
+
+    def __init__(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
+        self.changes = NodeChanges(cluster)
+        self.hosts = reserve.hosts(cluster, slice(None))
+        self.counts: list[int] = self.hosts.sum(axis=1).tolist()
+        self.flags: list[tuple[bool, ...]] = [tuple(f) for f in self.hosts.T.tolist()]  # per node
+        self.free: list[int] = cluster.gpu_free_total.tolist()  # per node, as last seen
+        self.free_milli = sum(self.free)  # the cluster's free GPU milli (gpu_free_total summed)
+
+    def refresh(self, reserve: WholeNodeReserve) -> None:
+        rows = self.changes.moved()
+        cluster = self.changes.cluster
+        if rows is None or len(rows) > ONE_BY_ONE:
+            at = slice(None) if rows is None else np.array(rows)
+            self.hosts[:, at] = reserve.hosts(cluster, at)
+            self.counts = self.hosts.sum(axis=1).tolist()
+            self.flags = [tuple(f) for f in self.hosts.T.tolist()]
+            self.free = cluster.gpu_free_total.tolist()
+            self.free_milli = sum(self.free)
+            return
+        for i in rows:
+            free = cluster.gpu_free_total.item(i)
+            self.free_milli += free - self.free[i]
+            self.free[i] = free
+            now = reserve.hosts_at(cluster, i)
+            was = self.flags[i]
+            if now != was:
+                self.flags[i] = now
+                self.hosts[:, i] = now
+                for k, (a, b) in enumerate(zip(now, was, strict=True)):
+                    self.counts[k] += a - b
 
 
 def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -> np.ndarray:
@@ -498,12 +649,18 @@ class ShareCompletionScore(ScorePlugin):
 
     def __init__(self, below: int = 110) -> None:
         self.below = below
+        # the score of each least remainder 0..MILLI + 1 (the share view's range; MILLI + 1: no fit);
+        # ``below`` is fixed once built
+        left = np.arange(MILLI + 2, dtype=np.int64)
+        self.by_left = np.where(left < below, 1.0 + (below - left) / below, 0.0)
+
+    def applies(self, pod: PodRequest) -> bool:
+        return pod.is_share and pod.gpu_milli != 0
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not pod.is_share or pod.gpu_milli == 0:
             return np.zeros(len(idx))
-        left = cluster.share_view(pod).least_left[idx]
-        return np.where(left < self.below, 1.0 + (self.below - left) / self.below, 0.0)
+        return self.by_left.take(cluster.share_view(pod).least_left.take(idx))
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
         if not pod.is_share or pod.gpu_milli == 0:
@@ -618,14 +775,19 @@ class ReserveThenAlign(AlignmentScore):
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         exact = self.cpu_bound_exact and self.step and self.cpu_bound()
         bands = self.aligned(pod, cluster, idx, 0.0 if exact else self.step)  # the cosine, or 0 .. 1 / step
-        top = 1.0 + np.max(bands, initial=0.0)
+        waste = None
         if self.waste_band and pod.is_share and pod.gpu_milli:
             waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1)[idx]
+        penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
+        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        if waste is None and penalty is None and balance is None:
+            return bands  # what the terms below would add is 0 everywhere
+        top = 1.0 + np.max(bands, initial=0.0)
+        if waste is not None:
             levels = MILLI // self.waste_band + 2
             bands = bands - top * (waste // self.waste_band)
             top *= levels
-        out = bands - top * self.reserve.penalty(pod, cluster, idx)
-        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        out = bands if penalty is None else bands - top * penalty
         if balance is None:
             return out
         return out + (2.0 * np.max(np.abs(out), initial=0.0) + 10.0) * balance
@@ -717,6 +879,9 @@ class TopologyScore(ScorePlugin):
             by_k[k] = links.set_score(best) if best else 0
         return by_k[k]
 
+    def applies(self, pod: PodRequest) -> bool:
+        return pod.whole_gpus >= 2
+
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if pod.whole_gpus < 2:
             return np.zeros(len(idx))
@@ -776,6 +941,9 @@ class NicNearnessScore(ScorePlugin):
             alloc.rdma, node.nics, [g.id for g in gpus], {g.numa for g in gpus if g.numa >= 0}
         )
         return float(int(MAX_NODE_SCORE * (1 - distance / (2 * pod.rdma.count))))
+
+    def applies(self, pod: PodRequest) -> bool:
+        return bool(pod.rdma) and bool(pod.whole_gpus)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not pod.rdma or not pod.whole_gpus:

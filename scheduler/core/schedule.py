@@ -91,7 +91,7 @@ def schedule_one(
     if policy.tie_break is not None and len(idx) > 1:
         best = scores.max()
         tied = scores == best
-        if tied.sum() > 1:  # only the tied nodes are scored by the tie-breaker
+        if np.count_nonzero(tied) > 1:  # only the tied nodes are scored by the tie-breaker
             idx = idx[tied]
             scores = policy.tie_break.score(pod, cluster, idx)
             i, _ = pick(idx, scores, rng, cluster.tie_rank)

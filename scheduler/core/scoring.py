@@ -38,6 +38,11 @@ class ScorePlugin:
         """The GPU index a sharing pod should get on node ``i``; None: no opinion (best fit)."""
         return None
 
+    def applies(self, pod: PodRequest) -> bool:
+        """False when ``score`` is 0 on every node for ``pod`` whatever the cluster (``Policy.score``
+        then skips the plugin); default True."""
+        return True
+
     def observe(self, pod: PodRequest) -> None:
         """A pod has arrived (before it is tried; placed or not), for plugins that adapt to the
         arrivals seen so far (default: nothing). Never called with a pod that has not arrived."""
@@ -70,14 +75,24 @@ class Policy:
             self.tie_break.observe(pod)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        if len(self.plugins) == 1:
-            plugin, weight = self.plugins[0]
+        """The weighted sum of the plugins' scores, in plugin order; plugins that do not apply to the
+        pod (0 everywhere) are left out, which changes no sum."""
+        plugins = self.plugins
+        if len(plugins) > 1:
+            plugins = tuple(pw for pw in plugins if pw[0].applies(pod))
+        if len(plugins) == 1:
+            plugin, weight = plugins[0]
             return (
                 plugin.score(pod, cluster, idx) * weight if weight != 1 else plugin.score(pod, cluster, idx)
             )
-        total = np.zeros(len(idx))
-        for plugin, weight in self.plugins:
-            total += weight * plugin.score(pod, cluster, idx)
+        if not plugins:
+            return np.zeros(len(idx))
+        (first, weight), *rest = plugins
+        # a new float array, as 0 + it would be (the same sums)
+        total = np.multiply(weight, first.score(pod, cluster, idx), dtype=np.float64)
+        for plugin, weight in rest:
+            part = plugin.score(pod, cluster, idx)
+            total += part if weight == 1 else weight * part
         return total
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:

@@ -20,6 +20,7 @@ is a plain frozen dataclass with ``to_dict`` / ``from_dict`` so the allocation-a
 
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -524,6 +525,7 @@ class NodeState:
 
 
 MAX_SHARE_SHAPES = 64  # share shapes whose slots a ClusterState keeps (the oldest goes first)
+CHANGE_LOG = 4096  # node changes a ClusterState remembers at least (changed_since)
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -545,8 +547,8 @@ class ShareSlots:
     """
 
     __slots__ = (
-        "_fits", "_least", "_left", "_mapped", "_milli", "fits", "generation", "least_left", "left", "milli",
-        "seen",
+        "_fits", "_least", "_left", "_mapped", "_mapped_at", "_milli", "_updates", "fits", "generation",
+        "least_left", "left", "milli", "seen",
     )  # fmt: skip
 
     def __init__(
@@ -568,6 +570,8 @@ class ShareSlots:
         self.left = _read_only(left)
         self.least_left = _read_only(self._least)
         self._mapped: dict[tuple[int, int], tuple[np.ndarray, int, np.ndarray, np.ndarray]] = {}
+        self._updates = 0  # how many times rows were taken (update)
+        self._mapped_at: dict[tuple[int, int], int] = {}  # per summary, _updates when last refreshed
 
     def update(
         self,
@@ -584,6 +588,7 @@ class ShareSlots:
         self._left[rows] = left
         self._least[rows] = _least_left(fits, left)
         self.seen[rows] = version[rows]
+        self._updates += 1
 
     def least_mapped(self, table: np.ndarray, none: int) -> np.ndarray:
         """Per node, the least ``table[left]`` over the slots that fit, ``none`` where none does.
@@ -596,18 +601,21 @@ class ShareSlots:
         if len(table) <= MILLI:
             raise ValueError(f"least_mapped: table has {len(table)} values, not one per remainder 0..{MILLI}")
         entry = self._mapped.get((id(table), none))
+        key = (id(table), none)
         if entry is None or entry[0] is not table:
             values = _least_of(table, self._fits, self._left, none)
             entry = (table, none, self.seen.copy(), values)
             if len(self._mapped) >= 8:  # tables of policies bound before: let them go
                 self._mapped.clear()
-            self._mapped[(id(table), none)] = entry
-        else:
+                self._mapped_at.clear()
+            self._mapped[key] = entry
+        elif self._mapped_at[key] != self._updates:  # rows were taken since: refresh those that moved
             _, _, seen, values = entry
             rows = np.flatnonzero(seen != self.seen)
             if rows.size:
                 values[rows] = _least_of(table, self._fits[rows], self._left[rows], none)
                 seen[rows] = self.seen[rows]
+        self._mapped_at[key] = self._updates
         return _read_only(entry[3])
 
 
@@ -617,10 +625,48 @@ def _least_left(fits: np.ndarray, left: np.ndarray) -> np.ndarray:
 
 
 def _least_of(table: np.ndarray, fits: np.ndarray, left: np.ndarray, none: int) -> np.ndarray:
-    mapped = table[np.clip(left, 0, MILLI)]
-    top = np.iinfo(mapped.dtype).max if np.issubdtype(mapped.dtype, np.integer) else np.inf
+    mapped = table[np.minimum(np.maximum(left, 0), MILLI)]
+    top = _largest(mapped.dtype)
     least = mapped.min(axis=1, where=fits, initial=top)  # not capped at ``none``: it may be below
     return np.where(fits.any(axis=1), least, none)
+
+
+@functools.cache
+def _largest(dtype: np.dtype) -> int | float:
+    """The largest value of an integer dtype, infinity for a float one."""
+    return np.iinfo(dtype).max if np.issubdtype(dtype, np.integer) else np.inf
+
+
+class NodeChanges:
+    """Which nodes of one ``ClusterState`` changed since the caller last asked.
+
+    For values a caller keeps per node and works out again only where the node changed (a row's
+    numbers move only with a ``_sync`` of it): ``moved`` gives those rows once, then not again until
+    they change again, from the cluster's log of changes (``ClusterState.changed_since``), so asking
+    costs the changes, not the nodes. ``follows`` says whether it is this cluster's tracker (another
+    cluster, even one of the same size, starts afresh: the caller works out every row).
+    """
+
+    __slots__ = ("cluster", "generation")
+
+    def __init__(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
+        self.generation = cluster.generation
+
+    def follows(self, cluster: ClusterState) -> bool:
+        return self.cluster is cluster
+
+    def moved(self) -> list[int] | None:
+        """The nodes changed since the tracker was made or last asked, each once, ascending (empty:
+        none); None when that is more than the cluster remembers (every node must be worked out)."""
+        cluster = self.cluster
+        if self.generation == cluster.generation:
+            return []
+        rows = cluster.changed_since(self.generation)
+        self.generation = cluster.generation
+        if rows is None or len(rows) == 1:
+            return rows
+        return sorted(set(rows))
 
 
 class ClusterState:
@@ -715,6 +761,7 @@ class ClusterState:
         self.where: dict[str, int] = {}  # pod uid -> node index
         self.allocated_milli = 0  # GPU milli allocated over the cluster
         self.generation = 0
+        self._changed: list[int] = []  # the node of each of the last changes (changed_since)
         self._label_masks: dict[tuple, np.ndarray] = {}
         self._model_masks: dict[frozenset[str], np.ndarray] = {}
         self._gpu_model_masks: dict[frozenset[str], np.ndarray] = {}
@@ -729,6 +776,7 @@ class ClusterState:
                 self._sync_live(i)
         self.any_live_memory = bool((self.gpu_live_free < UNLIMITED).any())
         self.version[:] = 0
+        self._changed.clear()  # a tracker starts from the cluster as built
 
     def set_tie_order(self, order: Sequence[int] | None) -> None:
         """Break equal scores by this node order (``order[k]`` is the k-th preferred node index)."""
@@ -945,6 +993,9 @@ class ClusterState:
         self.tag_kinds[i] = len(node.tags)
         self.version[i] += 1
         self.generation += 1
+        self._changed.append(i)
+        if len(self._changed) > 2 * CHANGE_LOG:
+            del self._changed[:CHANGE_LOG]
 
     def set_live(self, name: str, readings: Mapping[str, LiveGpu]) -> bool:
         """Take node ``name``'s live report (``NodeState.set_live``); True when something may now fit
@@ -976,6 +1027,15 @@ class ClusterState:
         self.gpu_live_free[i, :k] = [UNLIMITED if f is None else f for f in live_free]
         if any(f is not None for f in live_free):
             self.any_live_memory = True
+
+    def changed_since(self, generation: int) -> list[int] | None:
+        """The node of each change (``_sync``) since ``generation`` was this cluster's, oldest first
+        (a node changed twice is there twice); None when that is further back than it remembers
+        (``CHANGE_LOG`` changes at least)."""
+        back = self.generation - generation
+        if back > len(self._changed) or back < 0:
+            return None
+        return self._changed[len(self._changed) - back :] if back else []
 
     def tag_count(self, tag: str) -> np.ndarray:
         """Per node, how many pods of GPU shape ``tag`` it runs."""
