@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import ssl
 import subprocess
 import sys
@@ -242,6 +243,8 @@ class ExtenderBench(st.ApiBench):
                 self.extender.wait(30)
             except subprocess.TimeoutExpired:
                 self.extender.kill()
+                self.extender.wait(30)
+        shutil.rmtree(self.workdir, ignore_errors=True)  # its keys, configuration and log
 
     def extender_calls(self) -> dict[str, int]:
         """``verb code`` -> requests the kubegpu extender answered (its /metrics), or {} when down."""

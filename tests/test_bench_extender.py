@@ -6,6 +6,7 @@ a plain kube-scheduler (marked ``apiserver``)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -98,18 +99,20 @@ def test_sizes_that_cannot_fit_are_refused(bench: ModuleType, capsys: pytest.Cap
 
 
 @pytest.mark.apiserver
-def test_a_tiny_real_run_prints_the_documented_json() -> None:
+def test_a_tiny_real_run_prints_the_documented_json(tmp_path: Path) -> None:
     """4 nodes, 8 one-GPU pods a round, one round of each kind: every pod bound by each, the
-    extender kind through kubegpu's filter, prioritize and bind."""
+    extender kind through kubegpu's filter, prioritize and bind; nothing of the run is left in the
+    temporary directory (the extender's keys, configuration and log were, once)."""
     try:
         find_binaries()
     except BinariesMissing as exc:
         missing_component(str(exc))
     result = subprocess.run(
         [sys.executable, str(BENCH), "--json", "--nodes", "4", "--pods", "8", "--rounds", "1"],
-        capture_output=True, text=True, timeout=300, cwd=ROOT,
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
     doc = json.loads(result.stdout)
     assert HEADLINE <= set(doc)
     for kind in ("extender", "kubegpu", "plain"):
