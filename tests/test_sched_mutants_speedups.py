@@ -1,0 +1,214 @@
+"""Cases the mutation run over issue 26's speed-ups found untested (docs/testing.md, "the speed-ups
+of issue 26").
+
+Issue 26 made ``fgd-reserve``'s scoring cheaper without moving a decision: ``Policy.score`` skips
+the plugins that do not apply to a pod (``ScorePlugin.applies``), ``WholeNodeReserve`` and
+``AlignmentScore`` keep per-node tables refreshed from the cluster's log of changes
+(``ClusterState.changed_since``, ``NodeChanges``), ``ShareSlots.least_mapped`` refreshes its
+summaries only after rows were taken. Each test here compares a fast path with what working it
+out plainly gives, on the inputs a surviving mutant got wrong.
+"""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from scheduler.core.policies import WholeNodeReserve, make_policy
+from scheduler.core.request import MILLI, PodRequest, TopologyWish, Wish
+from scheduler.core.scoring import Policy
+from scheduler.core.state import Allocation, ClusterState, GpuGrant, GpuState, NodeState
+from scheduler.core.topology import load_machine
+
+DGX = Path(__file__).resolve().parent.parent / "scheduler" / "data" / "topologies" / "dgx1-v100.json"
+
+
+def mixed_cluster() -> ClusterState:
+    """A DGX-1 (NVLinked GPUs), a PCIe-only 8-GPU node, two 4-GPU nodes with some GPUs partly used
+    and a CPU-only node."""
+    nodes = [
+        NodeState.from_inventory("linked", 80_000, 512_000, load_machine(DGX, prefix="l-gpu")),
+        NodeState("plain", 80_000, 512_000, [GpuState(i, f"p-gpu{i}", "V100", numa=0) for i in range(8)]),
+        NodeState("four-a", 64_000, 256_000, [GpuState(i, f"a-gpu{i}", "T4") for i in range(4)]),
+        NodeState("four-b", 32_000, 256_000, [GpuState(i, f"b-gpu{i}", "T4") for i in range(4)]),
+        NodeState("cpu", 96_000, 256_000, []),
+    ]
+    cluster = ClusterState(nodes)
+    cluster.book(Allocation("four-a", "a1", cpu_milli=4000, gpus=(GpuGrant(0, "a-gpu0", 600),)))
+    cluster.book(Allocation("four-b", "b1", cpu_milli=4000, gpus=(GpuGrant(1, "b-gpu1", 950),)))
+    pair_of_gpus = (GpuGrant(0, "p-gpu0"), GpuGrant(1, "p-gpu1"))
+    cluster.book(Allocation("plain", "p1", cpu_milli=8000, gpus=pair_of_gpus))
+    return cluster
+
+
+PODS = [
+    PodRequest("share-1", cpu_milli=1000, gpu_count=1, gpu_milli=1),  # the smallest share
+    PodRequest("share-50", cpu_milli=1000, gpu_count=1, gpu_milli=50),
+    PodRequest("share-400", cpu_milli=2000, gpu_count=1, gpu_milli=400),
+    PodRequest("one", cpu_milli=4000, gpu_count=1),
+    PodRequest("two", cpu_milli=4000, gpu_count=2, topology=TopologyWish(nvlink=Wish.PREFER)),
+    PodRequest("two-plain", cpu_milli=4000, gpu_count=2),
+    PodRequest("three", cpu_milli=4000, gpu_count=3),
+    PodRequest("eight", cpu_milli=8000, gpu_count=8),
+    PodRequest("cpu", cpu_milli=16_000),
+]
+
+
+def weighted_sum(policy: Policy, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+    """The policy's score worked out plainly: every plugin, applying or not, weighted and summed."""
+    total = np.zeros(len(idx))
+    for plugin, weight in policy.plugins:
+        total += weight * plugin.score(pod, cluster, idx)
+    return total
+
+
+@pytest.mark.parametrize("name", ["fgd-reserve", "topology", "fgd-align", "fgd", "bestfit"])
+@pytest.mark.parametrize("live", [0.0, 3.0])
+def test_a_policy_scores_the_weighted_sum_of_all_its_plugins(name: str, live: float) -> None:
+    """Leaving out the plugins that do not apply changes no score: a 2-GPU pod still gets the
+    topology score, the smallest share (1 milli) still the share completion score."""
+    cluster = mixed_cluster()
+    policy = make_policy(name, utilization_weight=live)
+    policy.bind(cluster, PODS, random.Random(0))
+    for pod in PODS:
+        idx = np.array([i for i in range(len(cluster)) if cluster.gpu_count[i] >= pod.gpu_count])
+        got = policy.score(pod, cluster, idx)
+        assert got.dtype == np.float64
+        assert np.array_equal(got, weighted_sum(policy, pod, cluster, idx)), pod.name
+
+
+def test_the_plugins_that_apply_to_the_small_pods_score_them() -> None:
+    """The reason the sums above must hold: the topology score is not 0 for a 2-GPU pod, the share
+    completion not 0 for a 1-milli share."""
+    cluster = mixed_cluster()
+    idx = cluster.all_indices
+    topology = make_policy("topology")
+    topology.bind(cluster, PODS, random.Random(0))
+    by_name = {plugin.name: plugin for plugin, _ in topology.plugins}
+    two = next(p for p in PODS if p.name == "two")
+    assert by_name["topology"].applies(two) and by_name["topology"].score(two, cluster, idx).any()
+    reserve = make_policy("fgd-reserve")
+    reserve.bind(cluster, PODS, random.Random(0))
+    completion = reserve.plugins[0][0]
+    share = PODS[0]
+    assert completion.applies(share) and completion.score(share, cluster, idx).any()
+
+
+# --- fgd-reserve's tie-breaker: its terms in order, however large each gets -------------------------
+
+
+def node(name: str, gpus: int, cpu: int = 64_000, model: str = "G") -> NodeState:
+    return NodeState(name, cpu, 512_000, [GpuState(g, f"{name}-g{g}", model) for g in range(gpus)])
+
+
+def lexicographic_keys(
+    policy: Policy, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
+) -> list[tuple[float, ...]]:
+    """``ReserveThenAlign``'s documented order, term by term (higher is better): the model balance's
+    band, then fewer broken whole-node hosts, then the unfillable remainder's band, then the
+    alignment band."""
+    rta = policy.tie_break
+    exact = rta.cpu_bound_exact and rta.step and rta.cpu_bound()
+    align = rta.aligned(pod, cluster, idx, 0.0 if exact else rta.step)
+    waste = np.zeros(len(idx))
+    if rta.waste_band and pod.is_share and pod.gpu_milli:
+        waste = cluster.share_view(pod).least_mapped(rta.waste, MILLI + 1)[idx] // rta.waste_band
+    penalty = rta.reserve.penalty(pod, cluster, idx)
+    balance = rta.balance.bands(pod, cluster, idx) if rta.balance is not None else None
+    balance = np.zeros(len(idx)) if balance is None else balance
+    return [(b, -p, -w, a) for b, p, w, a in zip(balance, penalty, waste, align, strict=True)]
+
+
+def assert_scores_follow_the_keys(policy: Policy, pod: PodRequest, cluster: ClusterState) -> np.ndarray:
+    idx = cluster.all_indices
+    scores = policy.tie_break.score(pod, cluster, idx)
+    keys = lexicographic_keys(policy, pod, cluster, idx)
+    for i in range(len(idx)):
+        for j in range(len(idx)):
+            names = (cluster.nodes[i].name, cluster.nodes[j].name)
+            assert (scores[i] > scores[j]) == (keys[i] > keys[j]), names
+    return scores
+
+
+WHOLE_NODE = PodRequest("whole", gpu_count=8)  # a whole-node shape without CPU or memory
+# the workload's only share size: remainders below 990 stay unfilled
+SHARE_990 = PodRequest("s990", cpu_milli=1000, gpu_count=1, gpu_milli=990)
+TINY = PodRequest("tiny", gpu_count=1, gpu_milli=10)  # a share asking no CPU
+
+
+def test_a_broken_whole_node_host_outweighs_the_largest_unfillable_remainder() -> None:
+    """The last 8-GPU host (CPU all booked: perfectly aligned for a share without CPU) against a
+    1-GPU node where the share leaves 985 milli no workload share fills (band 98 of at most 100): the
+    tie-breaker keeps the host, whatever the alignment says."""
+    cluster = ClusterState([node("host", 8), node("single", 1)])
+    cluster.book(Allocation("host", "cpu-hog", cpu_milli=64_000))
+    cluster.book(Allocation("single", "used", gpus=(GpuGrant(0, "single-g0", 5),)))
+    policy = make_policy("fgd-reserve")
+    policy.bind(cluster, [WHOLE_NODE, SHARE_990, SHARE_990], random.Random(0))
+    keys = lexicographic_keys(policy, TINY, cluster, cluster.all_indices)
+    assert [k[1:3] for k in keys] == [(-1, 0), (0, -98)] and keys[0][3] > keys[1][3]
+    scores = assert_scores_follow_the_keys(policy, TINY, cluster)
+    assert scores[1] > scores[0]
+
+
+def test_unfillable_remainders_in_one_band_tie_and_the_alignment_decides() -> None:
+    """989 and 980 milli left unfillable are one band (98): the better aligned node wins, though its
+    remainder is larger."""
+    cluster = ClusterState([node("aligned", 1), node("roomy", 1)])
+    cluster.book(Allocation("aligned", "cpu-hog", cpu_milli=64_000, gpus=(GpuGrant(0, "aligned-g0", 1),)))
+    cluster.book(Allocation("roomy", "used", gpus=(GpuGrant(0, "roomy-g0", 10),)))
+    policy = make_policy("fgd-reserve")
+    policy.bind(cluster, [SHARE_990, SHARE_990], random.Random(0))
+    keys = lexicographic_keys(policy, TINY, cluster, cluster.all_indices)
+    assert keys[0][2] == keys[1][2] == -98 and keys[0][3] > keys[1][3]
+    scores = assert_scores_follow_the_keys(policy, TINY, cluster)
+    assert scores[0] > scores[1]
+
+
+def test_the_model_balance_outweighs_a_broken_host_and_a_large_remainder() -> None:
+    """Once a pod restricted to model Y arrived, a share free to use any model goes to the unrestricted
+    model X's last 8-GPU host (band 5) rather than to Y's node (band 4), though it breaks the host."""
+    cluster = ClusterState([node("x-host", 8, model="X"), node("y-node", 1, model="Y")])
+    cluster.book(Allocation("y-node", "used", gpus=(GpuGrant(0, "y-node-g0", 1),)))
+    policy = make_policy("fgd-reserve")
+    policy.bind(cluster, [WHOLE_NODE, SHARE_990, SHARE_990], random.Random(0))
+    policy.observe(PodRequest("only-y", gpu_count=1, gpu_models=frozenset({"Y"})))
+    keys = lexicographic_keys(policy, TINY, cluster, cluster.all_indices)
+    assert [k[:3] for k in keys] == [(5, -1, 0), (4, 0, -98)]
+    scores = assert_scores_follow_the_keys(policy, TINY, cluster)
+    assert scores[0] > scores[1]
+
+
+# --- the whole-node reserve's host table ------------------------------------------------------------
+
+
+def test_a_node_with_exactly_a_shapes_gpus_cpu_and_memory_free_hosts_it_node_by_node_too() -> None:
+    """``hosts_at`` (a changed node, in Python) and ``hosts`` (numpy) agree at each bound: a node with
+    exactly the shape's free GPUs, CPU and memory hosts it, one short of any of them does not; the
+    cached penalty after such a change is the fresh one."""
+    shape = PodRequest("whole", cpu_milli=8000, memory_mib=1000, gpu_count=4)
+    nodes = [node(f"n{k}", 4, cpu=16_000) for k in range(5)]
+    cluster = ClusterState(nodes)
+    reserve = WholeNodeReserve(keep=3)
+    reserve.bind(cluster, [shape])
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    reserve.penalty(one, cluster, cluster.all_indices)  # the table, before the changes below
+    cluster.book(Allocation("n0", "exact", cpu_milli=8000, memory_mib=511_000))  # all three exactly
+    cluster.book(Allocation("n1", "cpu-short", cpu_milli=8001, memory_mib=511_000))
+    cluster.book(Allocation("n2", "memory-short", cpu_milli=8000, memory_mib=511_001))
+    cluster.book(Allocation("n3", "gpu-short", cpu_milli=8000, gpus=(GpuGrant(0, "n3-g0", 1),)))
+    assert cluster.mem_free[0] == 1000 and cluster.cpu_free[0] == 8000 and cluster.gpu_full_free[0] == 4
+    vector = reserve.hosts(cluster, slice(None))
+    assert vector[0].tolist() == [True, False, False, False, True]
+    assert [reserve.hosts_at(cluster, i) for i in range(len(cluster))] == [(bool(v),) for v in vector[0]]
+    fresh = WholeNodeReserve(keep=3)
+    fresh.bind(cluster, [shape])
+    idx = cluster.all_indices
+    assert (
+        reserve.penalty(one, cluster, idx).tolist()
+        == fresh.penalty(one, cluster, idx).tolist()
+        == [1.0, 0.0, 0.0, 0.0, 1.0]
+    )
