@@ -17,11 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from scheduler.core.policies import WholeNodeReserve, make_policy
+from scheduler.core import state as state_module
+from scheduler.core.policies import ONE_BY_ONE, AlignmentScore, WholeNodeReserve, make_policy
 from scheduler.core.request import MILLI, PodRequest, TopologyWish, Wish
 from scheduler.core.scoring import Policy
 from scheduler.core.state import Allocation, ClusterState, GpuGrant, GpuState, NodeState
 from scheduler.core.topology import load_machine
+from tests import test_sched_policy_caches as caches
 
 DGX = Path(__file__).resolve().parent.parent / "scheduler" / "data" / "topologies" / "dgx1-v100.json"
 
@@ -212,3 +214,41 @@ def test_a_node_with_exactly_a_shapes_gpus_cpu_and_memory_free_hosts_it_node_by_
         == fresh.penalty(one, cluster, idx).tolist()
         == [1.0, 0.0, 0.0, 0.0, 1.0]
     )
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_the_caches_follow_bursts_of_every_size_and_a_log_that_no_longer_reaches_back(
+    seed: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Between two looks: one or a few changes (node by node), more than ``ONE_BY_ONE`` within the
+    log (the changed rows at once), or more than the log keeps (every row), in a random order, so
+    each path follows each other; the cached reserve and alignment give the fresh ones' values."""
+    monkeypatch.setattr(state_module, "CHANGE_LOG", 48)  # keeps 48 to 96 changes
+    rng = random.Random(seed)
+    cluster = caches.cluster_of(40, seed)
+    reserve = WholeNodeReserve(keep=3, adaptive=True)
+    reserve.bind(cluster, caches.WORKLOAD)
+    align = AlignmentScore()
+    align.bind(cluster, caches.WORKLOAD, rng)
+    paths = set()
+    for step in range(40):
+        burst = rng.choice((1, 2, 5, ONE_BY_ONE + 8, 60, 200))
+        before = cluster.generation
+        for k in range(burst):
+            caches.random_change(cluster, rng, step * 1000 + k)
+        rows = cluster.changed_since(before)
+        paths.add("all" if rows is None else "some" if len(set(rows)) > ONE_BY_ONE else "one by one")
+        idx = np.array(sorted(rng.sample(range(len(cluster)), 25)))
+        fresh_reserve = WholeNodeReserve(keep=3, adaptive=True)
+        fresh_reserve.bind(cluster, caches.WORKLOAD)
+        fresh_align = AlignmentScore()
+        fresh_align.bind(cluster, caches.WORKLOAD, rng)
+        for pod in caches.PODS:
+            assert (
+                reserve.penalty(pod, cluster, idx).tolist()
+                == fresh_reserve.penalty(pod, cluster, idx).tolist()
+            )
+            assert np.array_equal(
+                align.aligned(pod, cluster, idx, 0.0), fresh_align.aligned(pod, cluster, idx, 0.0)
+            )
+    assert paths == {"all", "some", "one by one"}
