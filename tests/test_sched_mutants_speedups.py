@@ -252,3 +252,33 @@ def test_the_caches_follow_bursts_of_every_size_and_a_log_that_no_longer_reaches
                 align.aligned(pod, cluster, idx, 0.0), fresh_align.aligned(pod, cluster, idx, 0.0)
             )
     assert paths == {"all", "some", "one by one"}
+
+
+def test_a_reserve_asked_about_another_cluster_starts_its_table_afresh() -> None:
+    """The same plugin asked about a second cluster of the same size (the simulator's runs, a copy of
+    the live state) reads that cluster's hosts, not the table it kept for the first, and back."""
+    shape = PodRequest("whole", cpu_milli=8000, gpu_count=4)
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    first = ClusterState([node(f"n{k}", 4) for k in range(4)])
+    second = ClusterState([node(f"n{k}", 4) for k in range(4)])
+    for k in (0, 1, 2):
+        second.book(Allocation(f"n{k}", f"p{k}", gpus=(GpuGrant(0, f"n{k}-g0"),)))  # one host left
+    reserve = WholeNodeReserve(keep=1)
+    reserve.bind(first, [shape])
+    idx = first.all_indices
+    assert reserve.penalty(one, first, idx).tolist() == [0.0] * 4  # four hosts: none scarce
+    assert reserve.penalty(one, second, idx).tolist() == [0.0, 0.0, 0.0, 1.0]
+    assert reserve.penalty(one, first, idx).tolist() == [0.0] * 4
+
+
+def test_a_shape_without_hosts_does_not_hide_the_next_one() -> None:
+    """Shapes in order (GPUs, CPU, memory): the first needs more memory than any node has (no host
+    left to break), the next, more CPU and less memory, is down to its last host."""
+    needs_memory = PodRequest("memory", cpu_milli=1000, memory_mib=600_000, gpu_count=4)
+    needs_cpu = PodRequest("cpu", cpu_milli=40_000, memory_mib=1000, gpu_count=4)
+    cluster = ClusterState([node("small", 4, cpu=16_000), node("big", 4, cpu=64_000)])
+    reserve = WholeNodeReserve(keep=1)
+    reserve.bind(cluster, [needs_memory, needs_cpu])
+    assert reserve.shapes == [(4, 1000, 600_000), (4, 40_000, 1000)]
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [0.0, 1.0]
