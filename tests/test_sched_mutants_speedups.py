@@ -282,3 +282,45 @@ def test_a_shape_without_hosts_does_not_hide_the_next_one() -> None:
     assert reserve.shapes == [(4, 1000, 600_000), (4, 40_000, 1000)]
     one = PodRequest("one", cpu_milli=1000, gpu_count=1)
     assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [0.0, 1.0]
+
+
+def test_the_nodes_asked_about_may_host_only_a_later_shape() -> None:
+    """Two scarce shapes, the first hosted only by a node not asked about: the second's last host,
+    asked about, is still kept."""
+    needs_memory = PodRequest("memory", cpu_milli=1000, memory_mib=400_000, gpu_count=4)
+    needs_cpu = PodRequest("cpu", cpu_milli=40_000, memory_mib=1000, gpu_count=4)
+    cluster = ClusterState([node("memory-rich", 4, cpu=16_000), node("cpu-rich", 4, cpu=64_000)])
+    cluster.book(Allocation("cpu-rich", "m", memory_mib=200_000))
+    reserve = WholeNodeReserve(keep=1)
+    reserve.bind(cluster, [needs_memory, needs_cpu])
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    assert reserve.hosts(cluster, slice(None)).tolist() == [[True, False], [False, True]]
+    assert reserve.penalty(one, cluster, np.array([1])).tolist() == [1.0]
+
+
+def test_an_adaptive_reserve_keeps_exactly_as_many_hosts_as_the_demand_asks() -> None:
+    """Adaptive: with only whole-node pods expected, all four idle 4-GPU nodes are to be kept
+    (``keep_for`` 4, above ``keep``): four hosts are not more than that, so every one is scarce."""
+    shape = PodRequest("whole", cpu_milli=1000, gpu_count=4)
+    cluster = ClusterState([node(f"n{k}", 4) for k in range(4)])
+    reserve = WholeNodeReserve(keep=1, adaptive=True)
+    reserve.bind(cluster, [shape])
+    assert reserve.keep_for(0, int(cluster.gpu_free_total.sum())) == 4
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [1.0] * 4
+
+
+def test_an_adaptive_reserve_with_hosts_to_spare_for_one_shape_still_keeps_the_next() -> None:
+    """Adaptive, two shapes: the small-CPU one has five hosts, more than its demand asks to keep (2),
+    the large-CPU one its last host, which a 1-GPU pod would break."""
+    small = PodRequest("small", cpu_milli=1000, memory_mib=1000, gpu_count=4)
+    large = PodRequest("large", cpu_milli=40_000, memory_mib=1000, gpu_count=4)
+    shares = [PodRequest(f"s{k}", cpu_milli=1000, gpu_count=1, gpu_milli=500) for k in range(40)]
+    cluster = ClusterState([*(node(f"n{k}", 4, cpu=16_000) for k in range(4)), node("cpu-rich", 4)])
+    reserve = WholeNodeReserve(keep=1, adaptive=True)
+    reserve.bind(cluster, [small, large, *shares])
+    free = int(cluster.gpu_free_total.sum())
+    assert reserve.shapes == [(4, 1000, 1000), (4, 40_000, 1000)]
+    assert (reserve.keep_for(0, free), reserve.keep_for(1, free)) == (2, 1)
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [0.0] * 4 + [1.0]
