@@ -21,7 +21,7 @@ from scheduler.core import state as state_module
 from scheduler.core.policies import ONE_BY_ONE, AlignmentScore, WholeNodeReserve, make_policy
 from scheduler.core.request import MILLI, PodRequest, TopologyWish, Wish
 from scheduler.core.scoring import Policy
-from scheduler.core.state import Allocation, ClusterState, GpuGrant, GpuState, NodeState
+from scheduler.core.state import Allocation, ClusterState, GpuGrant, GpuState, NodeChanges, NodeState
 from scheduler.core.topology import load_machine
 from tests import test_sched_policy_caches as caches
 
@@ -324,3 +324,22 @@ def test_an_adaptive_reserve_with_hosts_to_spare_for_one_shape_still_keeps_the_n
     assert (reserve.keep_for(0, free), reserve.keep_for(1, free)) == (2, 1)
     one = PodRequest("one", cpu_milli=1000, gpu_count=1)
     assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [0.0] * 4 + [1.0]
+
+
+# --- the cluster's log of changes --------------------------------------------------------------------
+
+
+def test_two_changes_come_back_once_each_and_ascending() -> None:
+    """``NodeChanges.moved``: each changed node once, ascending, for two changes as for more (a node
+    changed twice, two nodes changed in descending order)."""
+    cluster = caches.cluster_of(8, 1)
+    changes = NodeChanges(cluster)
+    cluster.book(Allocation("n5", "a", cpu_milli=1000))
+    cluster.book(Allocation("n2", "b", cpu_milli=1000))
+    assert cluster.changed_since(cluster.generation - 2) == [5, 2]
+    assert changes.moved() == [2, 5]
+    cluster.book(Allocation("n3", "c", cpu_milli=1000))
+    cluster.book(Allocation("n3", "c", cpu_milli=2000))
+    assert changes.moved() == [3]
+    cluster.forget("a")
+    assert changes.moved() == [5]
