@@ -343,3 +343,22 @@ def test_two_changes_come_back_once_each_and_ascending() -> None:
     assert changes.moved() == [3]
     cluster.forget("a")
     assert changes.moved() == [5]
+
+
+def test_the_alignment_asked_about_another_cluster_reads_its_free_vectors() -> None:
+    """As the reserve: the alignment's free vectors belong to one cluster; another of the same size
+    and capacities, with other pods on it, gets its own cosines, and the first keeps its."""
+    first = ClusterState([node(f"n{k}", 4) for k in range(4)])
+    second = ClusterState([node(f"n{k}", 4) for k in range(4)])
+    second.book(Allocation("n0", "cpu", cpu_milli=60_000))
+    second.book(Allocation("n1", "gpus", gpus=(GpuGrant(0, "n1-g0"), GpuGrant(1, "n1-g1"))))
+    pod = PodRequest("pod", cpu_milli=8000, gpu_count=1)
+    align = AlignmentScore()
+    align.bind(first, [pod], random.Random(0))
+    idx = first.all_indices
+    on_first = align.aligned(pod, first, idx, 0.0)
+    fresh = AlignmentScore()
+    fresh.bind(second, [pod], random.Random(0))
+    assert np.array_equal(align.aligned(pod, second, idx, 0.0), fresh.aligned(pod, second, idx, 0.0))
+    assert not np.array_equal(on_first, fresh.aligned(pod, second, idx, 0.0))
+    assert np.array_equal(align.aligned(pod, first, idx, 0.0), on_first)
