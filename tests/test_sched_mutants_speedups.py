@@ -362,3 +362,29 @@ def test_the_alignment_asked_about_another_cluster_reads_its_free_vectors() -> N
     assert np.array_equal(align.aligned(pod, second, idx, 0.0), fresh.aligned(pod, second, idx, 0.0))
     assert not np.array_equal(on_first, fresh.aligned(pod, second, idx, 0.0))
     assert np.array_equal(align.aligned(pod, first, idx, 0.0), on_first)
+
+
+def test_a_pod_asking_neither_cpu_nor_gpu_is_aligned_nowhere() -> None:
+    """Documented: 0 for a pod that asks for neither (a zero norm), every time, whichever path (most
+    nodes or a few), also right after cosines that are not 0 (no value of an earlier call shows)."""
+    cluster = caches.cluster_of(300, 2)  # arrays above numpy's small-buffer cache
+    align = AlignmentScore()
+    align.bind(cluster, caches.WORKLOAD, random.Random(0))
+    nothing = PodRequest("nothing")
+    for size in range(300, 0, -13):
+        idx = np.arange(size)
+        for pod in caches.PODS:
+            assert align.aligned(pod, cluster, idx, 0.0).any()
+            assert align.aligned(nothing, cluster, idx, 0.0).tolist() == [0.0] * size
+            assert align.aligned(nothing, cluster, idx, 0.2).tolist() == [0.0] * size
+
+
+def test_a_share_by_memory_hands_out_its_milli_read_only() -> None:
+    """``ShareSlots``: every array it hands out is a read-only view, the per-slot milli of a share by
+    memory too."""
+    cluster = ClusterState([NodeState("n", 8000, 64_000, [GpuState(0, "n-g0", "G", memory_mib=16_384)])])
+    view = cluster.share_view(PodRequest("mem", gpu_count=1, gpu_memory_mib=4096))
+    assert isinstance(view.milli, np.ndarray) and view.milli.tolist() == [[250]]
+    for array in (view.milli, view.fits, view.left, view.least_left):
+        with pytest.raises(ValueError, match="read-only"):
+            array[0] = 0
