@@ -388,3 +388,19 @@ def test_a_share_by_memory_hands_out_its_milli_read_only() -> None:
     for array in (view.milli, view.fits, view.left, view.least_left):
         with pytest.raises(ValueError, match="read-only"):
             array[0] = 0
+
+
+def test_an_adaptive_reserve_without_a_fixed_count_keeps_min_keep_at_least() -> None:
+    """``keep=None`` with ``adaptive``: at least ``MIN_KEEP`` (2) hosts are kept however little the
+    demand asks for; two 4-GPU hosts left of four are both scarce, three would not be."""
+    shape = PodRequest("whole", cpu_milli=1000, gpu_count=4)
+    shares = [PodRequest(f"s{k}", cpu_milli=1000, gpu_count=1, gpu_milli=500) for k in range(200)]
+    cluster = ClusterState([node(f"n{k}", 4) for k in range(4)])
+    reserve = WholeNodeReserve(keep=None, adaptive=True)
+    reserve.bind(cluster, [shape, *shares])
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    cluster.book(Allocation("n0", "p0", gpus=(GpuGrant(0, "n0-g0"),)))
+    assert reserve.keep_for(0, int(cluster.gpu_free_total.sum())) == WholeNodeReserve.MIN_KEEP == 2
+    assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [0.0] * 4  # three hosts
+    cluster.book(Allocation("n1", "p1", gpus=(GpuGrant(0, "n1-g0"),)))
+    assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [0.0, 0.0, 1.0, 1.0]
