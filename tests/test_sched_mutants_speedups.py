@@ -404,3 +404,13 @@ def test_an_adaptive_reserve_without_a_fixed_count_keeps_min_keep_at_least() -> 
     assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [0.0] * 4  # three hosts
     cluster.book(Allocation("n1", "p1", gpus=(GpuGrant(0, "n1-g0"),)))
     assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [0.0, 0.0, 1.0, 1.0]
+
+
+def test_the_alignment_reads_a_node_of_one_milli_cpu_in_its_own_capacity() -> None:
+    """Fractions of the node's own capacity, down to a node of 1 milli CPU: its free vector is (1, 1),
+    so a GPU pod asking no CPU meets it at 45 degrees."""
+    cluster = ClusterState([NodeState("tiny", 1, 1024, [GpuState(0, "tiny-g0", "G")]), node("big", 1)])
+    align = AlignmentScore()
+    align.bind(cluster, [], random.Random(0))
+    gpu_only = PodRequest("gpu-only", gpu_count=1)
+    assert align.aligned(gpu_only, cluster, np.array([0]), 0.0).tolist() == [round(2**-0.5, 6)]
