@@ -18,7 +18,14 @@ import numpy as np
 import pytest
 
 from scheduler.core import state as state_module
-from scheduler.core.policies import ONE_BY_ONE, AlignmentScore, WholeNodeReserve, make_policy
+from scheduler.core.policies import (
+    ONE_BY_ONE,
+    AlignmentScore,
+    NicNearnessScore,
+    TopologyScore,
+    WholeNodeReserve,
+    make_policy,
+)
 from scheduler.core.request import MILLI, PodRequest, TopologyWish, Wish
 from scheduler.core.scoring import Policy
 from scheduler.core.state import Allocation, ClusterState, GpuGrant, GpuState, NodeChanges, NodeState
@@ -414,3 +421,13 @@ def test_the_alignment_reads_a_node_of_one_milli_cpu_in_its_own_capacity() -> No
     align.bind(cluster, [], random.Random(0))
     gpu_only = PodRequest("gpu-only", gpu_count=1)
     assert align.aligned(gpu_only, cluster, np.array([0]), 0.0).tolist() == [round(2**-0.5, 6)]
+
+
+def test_a_policy_none_of_whose_plugins_applies_scores_zero_everywhere() -> None:
+    """A policy of the topology and NIC scores alone, for a 1-GPU pod without interfaces: neither
+    applies, the score is 0 on every node asked about."""
+    cluster = mixed_cluster()
+    policy = Policy("links", ((TopologyScore(), 1000.0), (NicNearnessScore(), 1000.0)))
+    policy.bind(cluster, PODS, random.Random(0))
+    one = PodRequest("one", cpu_milli=1000, gpu_count=1)
+    assert policy.score(one, cluster, np.array([0, 1, 3])).tolist() == [0.0, 0.0, 0.0]
