@@ -431,3 +431,17 @@ def test_a_policy_none_of_whose_plugins_applies_scores_zero_everywhere() -> None
     policy.bind(cluster, PODS, random.Random(0))
     one = PodRequest("one", cpu_milli=1000, gpu_count=1)
     assert policy.score(one, cluster, np.array([0, 1, 3])).tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("weight", [2.0, 0.5, -1.0])
+def test_every_weight_multiplies_its_plugin(weight: float) -> None:
+    """``topology``'s plugins, each weighed ``weight`` instead: still the plain weighted sum."""
+    cluster = mixed_cluster()
+    base = make_policy("topology")
+    policy = Policy("reweighed", tuple((plugin, weight) for plugin, _ in base.plugins))
+    policy.bind(cluster, PODS, random.Random(0))
+    for pod in PODS:
+        idx = np.array([i for i in range(len(cluster)) if cluster.gpu_count[i] >= pod.gpu_count])
+        assert np.array_equal(policy.score(pod, cluster, idx), weighted_sum(policy, pod, cluster, idx)), (
+            pod.name
+        )
