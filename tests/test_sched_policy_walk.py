@@ -317,9 +317,14 @@ class Walk:
             "tie-break": tie_break.score(pod, cluster, idx),
             "tie-break subset": tie_break.score(pod, cluster, sub),
         }
-        for plugin, _ in self.policy.plugins:  # Policy.score leaves out what does not apply: 0 everywhere
-            if not plugin.applies(pod):
-                assert not plugin.score(pod, cluster, idx).any(), f"{plugin.name} applies to {pod.name}"
+        total = np.zeros(len(idx))  # Policy.score as it was: every plugin's weighted score summed
+        for plugin, weight in self.policy.plugins:
+            part = plugin.score(pod, cluster, idx)
+            total += weight * part
+            if not plugin.applies(pod):  # Policy.score leaves it out: it must be 0 everywhere
+                assert not part.any(), f"{plugin.name} applies to {pod.name}"
+        if self.plugins_follow:
+            assert np.array_equal(self.policy.score(pod, cluster, idx), total)
         assert isinstance(tie_break, ReserveThenAlign)
         for step in (0.0, tie_break.step):  # against the formulas worked out from scratch
             assert np.array_equal(
