@@ -1,0 +1,250 @@
+"""Cases the 2026-11-28 mutation re-measure of the scheduling core found untested (docs/testing.md,
+"The functions changed since dcecd54, a7ceda5 and 381e807"): the NIC nearness score's values, the
+score memo across pods and clusters, the utilisation policies' weights, the adaptive fgd-reserve's
+rules, preemption of pods holding other resources, host ports and RDMA interfaces, and the RDMA
+books' shortage once some grants are given back. Every test passed on the code as it was."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from scheduler.core import ClusterState, GpuState, NodeState, PodRequest, make_policy, schedule_one
+from scheduler.core.policies import NicNearnessScore, ReserveThenAlign, TopologyScore
+from scheduler.core.preempt import GpuSlot, NodeOffer, RunningPod, Victims, select_victims
+from scheduler.core.rdma import RdmaRequest
+from scheduler.core.request import HostPort
+from scheduler.core.utilization import UtilizationScore
+from tests.support.rdmainv import Pf, rdma_inventory
+
+
+def eight_gpus(name: str) -> NodeState:
+    return NodeState(name, 96_000, 512_000, [GpuState(j, f"{name}-g{j}", "A") for j in range(8)])
+
+
+def rdma_node(name: str, gpu_numas: list[int], pfs: list[Pf]) -> NodeState:
+    return NodeState.from_inventory(name, 64_000, 512_000, rdma_inventory(name, gpu_numas, pfs))
+
+
+# --- NicNearnessScore and the score memo --------------------------------------------------------
+
+
+def test_nearness_values_per_tier_and_per_interface() -> None:
+    """100 x (1 - distance / (2 x interfaces)): a VF on the GPUs' NUMA node 0 (not their switch)
+    is 1 away, so one interface scores 50; of two interfaces one beside the GPU (0) and one on the
+    other socket (2) score 50 too, and one on the other socket alone scores 0."""
+    numa0 = rdma_node("numa0", [0, 0], [Pf("mlx5_0", 200, 0, (), vfs=4)])  # NUMA node 0, no GPU on its switch
+    split = rdma_node("split", [0, 0], [Pf("mlx5_0", 200, 0, (0, 1), vfs=1), Pf("mlx5_1", 200, 1, (), vfs=4)])
+    cluster = ClusterState([numa0, split])
+    score = NicNearnessScore()
+    score.bind(cluster, [], random.Random(0))
+    one = PodRequest("one", gpu_count=1, rdma=RdmaRequest(1))
+    two = PodRequest("two", gpu_count=1, rdma=RdmaRequest(2))
+    assert NicNearnessScore.node_score(one, cluster, 0) == 50.0
+    assert NicNearnessScore.node_score(one, cluster, 1) == 100.0
+    assert NicNearnessScore.node_score(two, cluster, 1) == 50.0
+    far = ClusterState([rdma_node("far", [0], [Pf("mlx5_1", 200, 1, (), vfs=4)])])
+    assert NicNearnessScore.node_score(two, far, 0) == 0.0
+    # the memo is per request: the same nodes score each pod by its own interfaces
+    assert score.score(one, cluster, cluster.all_indices).tolist() == [50.0, 100.0]
+    assert score.score(two, cluster, cluster.all_indices).tolist() == [50.0, 50.0]
+    assert score.score(one, cluster, cluster.all_indices).tolist() == [50.0, 100.0]
+
+
+def test_nearness_of_a_node_that_cannot_take_the_pod_is_0() -> None:
+    """The filters keep such nodes away; asked anyway, the score prefers nothing."""
+    cluster = ClusterState([rdma_node("n", [0], [Pf("mlx5_0", 200, 0, (0,), vfs=1)])])
+    assert NicNearnessScore.node_score(PodRequest("p", gpu_count=1, rdma=RdmaRequest(2)), cluster, 0) == 0.0
+    assert NicNearnessScore.node_score(PodRequest("p", gpu_count=2, rdma=RdmaRequest(1)), cluster, 0) == 0.0
+
+
+def test_the_memo_follows_a_cluster_of_another_size() -> None:
+    """A plugin bound once and then asked about a cluster with more nodes scores every node (its memo
+    is per cluster size, not indexed past its end)."""
+    pod = PodRequest("p", gpu_count=1, rdma=RdmaRequest(1))
+    small = ClusterState([rdma_node("a", [0], [Pf("mlx5_0", 200, 0, (0,))])])
+    large = ClusterState(
+        [rdma_node("a", [0], [Pf("mlx5_0", 200, 0, (0,))]), rdma_node("b", [0], [Pf("mlx5_0", 200, 1, ())])]
+    )
+    score = NicNearnessScore()
+    score.bind(small, [pod], random.Random(0))
+    assert score.score(pod, small, small.all_indices).tolist() == [100.0]
+    assert score.score(pod, large, large.all_indices).tolist() == [100.0, 0.0]
+    assert score.score(pod, small, small.all_indices).tolist() == [100.0]
+    topology = TopologyScore()
+    topology.bind(small, [pod], random.Random(0))
+    two = PodRequest("q", gpu_count=2)
+    assert topology.score(two, small, small.all_indices).tolist() == [0.0]
+    assert len(topology.score(two, large, large.all_indices)) == 2
+
+
+# --- the utilisation policies ---------------------------------------------------------------------
+
+
+def test_the_utilization_policy_scores_a_node_by_the_utilisation_score_itself() -> None:
+    """Its one plugin weighs 1: the placement's score is the plugin's, which node-affinity and spread
+    preferences are added to on the same scale."""
+    nodes = [NodeState(f"n{i}", 64_000, 512_000, []) for i in range(2)]
+    cluster = ClusterState(nodes)
+    pod = PodRequest("p", cpu_milli=8000)
+    policy = make_policy("utilization")
+    policy.bind(cluster, [pod], random.Random(0))
+    plugin = UtilizationScore()
+    plugin.bind(cluster, [pod], random.Random(0))
+    expected = plugin.score(pod, cluster, cluster.all_indices)
+    assert np.array_equal(policy.score(pod, cluster, cluster.all_indices), expected)
+    placement = schedule_one(pod, cluster, policy, random.Random(0))
+    assert placement.score == float(expected.max())  # type: ignore[union-attr]
+    assert policy.description == (
+        "static node score, live GPU utilisation and allocation after placement (docs/utilisation.md)"
+    )
+
+
+def test_a_nearness_score_not_yet_bound_scores_too() -> None:
+    pod = PodRequest("p", gpu_count=1, rdma=RdmaRequest(1))
+    cluster = ClusterState([rdma_node("a", [0], [Pf("mlx5_0", 200, 0, (0,))])])
+    assert NicNearnessScore().score(pod, cluster, cluster.all_indices).tolist() == [100.0]
+
+
+def test_the_topology_policy_keeps_fgd_reserve_as_it_was_before_the_adaptive_rules() -> None:
+    """Its tie-breaker keeps whole-node hosts in proportion (not ``RESERVE_KEEP``), without the
+    adaptive reserve, the model balance or the exact alignment; the topology score and the NIC
+    nearness weigh alike (a point of one as a point of the other)."""
+    from scheduler.core.policies import ReserveThenAlign, WholeNodeReserve
+
+    policy = make_policy("topology")
+    tie = policy.tie_break
+    assert isinstance(tie, ReserveThenAlign)
+    assert tie.reserve.fixed is None and not tie.reserve.adaptive
+    assert tie.balance is None and not tie.cpu_bound_exact
+    assert tie.waste_band == 10 and tie.step == 0.2
+    assert [(plugin.name, weight) for plugin, weight in policy.plugins[:2]] == [
+        ("topology", 1000.0),
+        ("nic-nearness", 1000.0),
+    ]
+    assert policy.description == (
+        "multi-GPU pods where their GPUs connect best, RDMA interfaces nearest their GPUs, then fgd-reserve"
+    )
+    # in proportion: 10 of 20 eight-GPU nodes' worth of demand is whole-node pods -> keep 10, not 3
+    cluster = ClusterState([eight_gpus(f"g{i}") for i in range(20)])
+    workload = [PodRequest(f"big{i}", cpu_milli=64_000, gpu_count=8) for i in range(10)]
+    workload += [PodRequest(f"one{i}", cpu_milli=4000, gpu_count=1) for i in range(80)]
+    policy.bind(cluster, workload, random.Random(0))
+    assert tie.reserve.keep == 10 > WholeNodeReserve.MIN_KEEP
+
+
+# --- preemption of pods holding other resources, host ports and the pod count --------------------
+
+
+def four_gpus(*extra: RunningPod, max_pods: int | None = None) -> NodeOffer:
+    """Four GPUs: ``x`` (the oldest, so the most important) holds GPUs 0 and 1, ``y1`` and ``y2``
+    one each; all of priority 1. ``extra`` pods hold no GPU."""
+    slots = tuple(GpuSlot(f"g{i}", "A100", 81920) for i in range(4))
+    x = RunningPod("x", "default/x", priority=1, start_time=1.0, gpus={"g0": (1000, 0), "g1": (1000, 0)})
+    y1 = RunningPod("y1", "default/y1", priority=1, start_time=2.0, gpus={"g2": (1000, 0)})
+    y2 = RunningPod("y2", "default/y2", priority=1, start_time=3.0, gpus={"g3": (1000, 0)})
+    return NodeOffer(
+        "n",
+        64_000,
+        512_000,
+        slots,
+        (x, y1, y2, *extra),
+        max_pods=max_pods,
+        allocatable={"example.com/foo": 1},
+    )
+
+
+def victim_uids(victims: Victims | None) -> set[str]:
+    assert victims is not None
+    return {p.uid for p in victims.pods}
+
+
+def test_the_holder_of_a_host_port_joins_the_cheapest_gpu_victims() -> None:
+    """Two GPUs: evicting ``x`` (one victim) beats ``y1`` and ``y2``; the port's holder, which holds
+    nothing else, goes too. (Kube-scheduler's reprieve would keep the older ``x`` and evict both.)"""
+    holder = RunningPod("port", "default/port", priority=1, start_time=4.0, host_ports=(HostPort.of(8080),))
+    pod = PodRequest("p", uid="p", gpu_count=2, host_ports=(HostPort.of(8080),))
+    assert victim_uids(select_victims(pod, 5, four_gpus(holder))) == {"x", "port"}
+
+
+def test_the_holder_of_an_extended_resource_joins_the_cheapest_gpu_victims() -> None:
+    holder = RunningPod("foo", "default/foo", priority=1, start_time=4.0, resources={"example.com/foo": 1})
+    pod = PodRequest("p", uid="p", gpu_count=2, resources=(("example.com/foo", 1),))
+    assert victim_uids(select_victims(pod, 5, four_gpus(holder))) == {"x", "foo"}
+
+
+def test_a_pod_holding_nothing_is_evicted_for_the_pod_count() -> None:
+    """At the node's pod limit the cheapest victim is the lowest-priority pod, though it holds no
+    CPU, memory or device; the more important pod that holds CPU stays."""
+    empty = RunningPod("empty", "default/empty", priority=1, start_time=4.0)
+    busy = RunningPod("busy", "default/busy", priority=2, start_time=4.0, cpu_milli=1000)
+    slots = (GpuSlot("g0", "A100", 81920),)
+    offer = NodeOffer("n", 64_000, 512_000, slots, (empty, busy), max_pods=2)
+    assert victim_uids(select_victims(PodRequest("p", uid="p", cpu_milli=100), 5, offer)) == {"empty"}
+
+
+# --- fgd-reserve's adaptive rules ------------------------------------------------------------------
+
+
+def test_cpu_bound_adds_up_the_cpu_of_every_arrival() -> None:
+    """Two CPU pods of 6.25 % of the CPU each: the first is too little to decide (the workload's
+    GPU-heavy shape does), both together are 12.5 %, past ``WARM_UP``, and all CPU."""
+    cluster = ClusterState([NodeState("n", 64_000, 512_000, [GpuState(j, f"g{j}", "A") for j in range(8)])])
+    tie = ReserveThenAlign(0.2, cpu_bound_exact=True)
+    tie.bind(cluster, [PodRequest("g", cpu_milli=1000, gpu_count=4)], random.Random(0))
+    cpu_pod = PodRequest("c", cpu_milli=4000)
+    tie.observe(cpu_pod)
+    assert not tie.cpu_bound()
+    tie.observe(cpu_pod)
+    assert tie.cpu_bound()
+
+
+def test_a_pod_restricting_models_without_asking_gpus_leaves_the_model_balance_off() -> None:
+    from scheduler.core.policies import ModelBalance
+
+    nodes = [
+        NodeState(f"{m}{i}", 64_000, 512_000, [GpuState(j, f"{m}{i}-g{j}", m.upper()) for j in range(2)])
+        for m in "ab"
+        for i in range(2)
+    ]
+    cluster = ClusterState(nodes)
+    balance = ModelBalance(0.2)
+    balance.bind(cluster)
+    balance.observe(PodRequest("cpu", cpu_milli=1000, gpu_models=frozenset({"A"})))
+    assert balance.bands(PodRequest("any", gpu_count=1), cluster, cluster.all_indices) is None
+
+
+def eight_gpu_tie(prior: PodRequest) -> ReserveThenAlign:
+    """A ``ReserveThenAlign`` bound to one node of 64 CPUs and 8 GPUs and a workload of ``prior``
+    (what decides until the arrivals reach ``WARM_UP``)."""
+    cluster = ClusterState([NodeState("n", 64_000, 512_000, [GpuState(j, f"g{j}", "A") for j in range(8)])])
+    tie = ReserveThenAlign(0.2, cpu_bound_exact=True)
+    tie.bind(cluster, [prior], random.Random(0))
+    return tie
+
+
+CPU_HEAVY = PodRequest("c", cpu_milli=1000)
+GPU_HEAVY = PodRequest("g", cpu_milli=1000, gpu_count=8)
+
+
+def arrived(prior: PodRequest, *pods: PodRequest) -> bool:
+    tie = eight_gpu_tie(prior)
+    for pod in pods:
+        tie.observe(pod)
+    return tie.cpu_bound()
+
+
+def test_cpu_bound_warms_up_at_exactly_a_tenth_of_the_cpu_or_the_gpus() -> None:
+    assert arrived(GPU_HEAVY, PodRequest("c", cpu_milli=6400))  # exactly 10 % of the CPU: warm, all CPU
+    assert not arrived(GPU_HEAVY, PodRequest("c", cpu_milli=6399))  # just short: the workload decides
+    assert not arrived(CPU_HEAVY, PodRequest("g", gpu_count=1, gpu_milli=800))  # 10 % of the GPU milli
+    assert arrived(CPU_HEAVY, PodRequest("g", gpu_count=1, gpu_milli=799))
+
+
+def test_cpu_bound_compares_shares_of_capacity_not_amounts() -> None:
+    """Equal shares are not CPU-bound; 8 CPUs (12.5 %) against 4 GPUs (50 %) is GPU-bound although
+    8,000 CPU milli are more than 4,000 GPU milli."""
+    assert not arrived(CPU_HEAVY, PodRequest("e", cpu_milli=6400, gpu_count=1, gpu_milli=800))
+    assert not arrived(CPU_HEAVY, PodRequest("g", cpu_milli=8000, gpu_count=4))
+    assert arrived(GPU_HEAVY, PodRequest("c", cpu_milli=8000, gpu_count=1, gpu_milli=999))
