@@ -10,7 +10,16 @@ import random
 
 import numpy as np
 
-from scheduler.core import ClusterState, GpuState, NodeState, PodRequest, make_policy, schedule_one
+from scheduler.core import (
+    Allocation,
+    ClusterState,
+    GpuGrant,
+    GpuState,
+    NodeState,
+    PodRequest,
+    make_policy,
+    schedule_one,
+)
 from scheduler.core.policies import NicNearnessScore, ReserveThenAlign, TopologyScore
 from scheduler.core.preempt import GpuSlot, NodeOffer, RunningPod, Victims, select_victims
 from scheduler.core.rdma import RdmaRequest
@@ -248,3 +257,35 @@ def test_cpu_bound_compares_shares_of_capacity_not_amounts() -> None:
     assert not arrived(CPU_HEAVY, PodRequest("e", cpu_milli=6400, gpu_count=1, gpu_milli=800))
     assert not arrived(CPU_HEAVY, PodRequest("g", cpu_milli=8000, gpu_count=4))
     assert arrived(GPU_HEAVY, PodRequest("c", cpu_milli=8000, gpu_count=1, gpu_milli=999))
+
+
+def test_a_model_balance_not_yet_bound_has_no_effect() -> None:
+    from scheduler.core.policies import ModelBalance
+
+    cluster = ClusterState([eight_gpus("n")])
+    balance = ModelBalance(0.2)
+    balance.observe(PodRequest("a", gpu_count=1, gpu_models=frozenset({"A"})))
+    assert balance.bands(PodRequest("any", gpu_count=1), cluster, cluster.all_indices) is None
+
+
+def test_the_waste_band_breaks_ties_of_shares_only() -> None:
+    """Pods of whole GPUs and of none are tied by the reserve and the alignment alone: the
+    remainders a share would leave (which differ from node to node here) do not count for them."""
+    nodes = [
+        NodeState(f"n{i}", 64_000, 512_000, [GpuState(j, f"n{i}-g{j}", "A") for j in range(2)])
+        for i in range(3)
+    ]
+    cluster = ClusterState(nodes)
+    for i, milli in enumerate((300, 550, 900)):
+        grants = (GpuGrant(0, f"n{i}-g0", milli),)
+        cluster.assume(Allocation(f"n{i}", f"s{i}", cpu_milli=1000, gpus=grants, gpu_tag="share"))
+    workload = [PodRequest(f"s{m}", cpu_milli=1000, gpu_count=1, gpu_milli=m) for m in (450, 700)]
+    with_waste, without = ReserveThenAlign(0.2, 3, 10), ReserveThenAlign(0.2, 3, 0)
+    for tie in (with_waste, without):
+        tie.bind(cluster, workload, random.Random(0))
+    idx = cluster.all_indices
+    for pod in (PodRequest("w", cpu_milli=4000, gpu_count=1), PodRequest("c", cpu_milli=4000)):
+        assert with_waste.score(pod, cluster, idx).tolist() == without.score(pod, cluster, idx).tolist()
+    share = workload[0]  # least waste: n0 100 (on its free GPU), n1 0, n2 100
+    assert with_waste.score(share, cluster, idx).argmax() == 1
+    assert with_waste.score(share, cluster, idx).tolist() != without.score(share, cluster, idx).tolist()
