@@ -22,7 +22,7 @@ from scheduler.core import (
 )
 from scheduler.core.policies import NicNearnessScore, ReserveThenAlign, TopologyScore
 from scheduler.core.preempt import GpuSlot, NodeOffer, RunningPod, Victims, select_victims
-from scheduler.core.rdma import RdmaRequest
+from scheduler.core.rdma import NO_BANDWIDTH, NO_FREE_VFS, NicState, PfState, RdmaRequest, VfGrant
 from scheduler.core.request import HostPort
 from scheduler.core.utilization import UtilizationScore
 from tests.support.rdmainv import Pf, rdma_inventory
@@ -289,3 +289,32 @@ def test_the_waste_band_breaks_ties_of_shares_only() -> None:
     share = workload[0]  # least waste: n0 100 (on its free GPU), n1 0, n2 100
     assert with_waste.score(share, cluster, idx).argmax() == 1
     assert with_waste.score(share, cluster, idx).tolist() != without.score(share, cluster, idx).tolist()
+
+
+# --- the RDMA books once some grants are given back (NicState.shortage_without) -------------------
+
+
+def two_vf_pf() -> NicState:
+    """One 100 Gbit/s PF with two VFs: ``vf0`` booked twice (overbooked) at 30 Gbit/s each, ``vf1``
+    once at 39.999 Gbit/s; 1 Mbit/s is left."""
+    nics = NicState([PfState("pf", 100_000, vfs=("vf0", "vf1"))])
+    nics.apply([VfGrant("vf0", "pf", 30_000), VfGrant("vf0", "pf", 30_000), VfGrant("vf1", "pf", 39_999)], 1)
+    return nics
+
+
+def test_a_vf_booked_twice_is_free_only_once_both_holders_are_released() -> None:
+    nics, first, second = two_vf_pf(), VfGrant("vf0", "pf", 30_000), VfGrant("vf0", "pf", 30_000)
+    assert nics.shortage(RdmaRequest(1)) == NO_FREE_VFS
+    assert nics.shortage_without(RdmaRequest(1), [first]) == NO_FREE_VFS  # still held by the other
+    assert nics.shortage_without(RdmaRequest(1), [first, second]) == ""
+    assert nics.shortage_without(RdmaRequest(2), [first, second]) == NO_FREE_VFS
+    assert nics.shortage_without(RdmaRequest(2), [first, second, VfGrant("vf1", "pf", 39_999)]) == ""
+
+
+def test_the_bandwidth_released_is_exactly_what_the_grants_reserved() -> None:
+    nics, vf1 = two_vf_pf(), VfGrant("vf1", "pf", 39_999)
+    assert nics.shortage_without(RdmaRequest(1, 40_000), [vf1]) == ""  # 1 + 39,999 left
+    assert nics.shortage_without(RdmaRequest(1, 40_001), [vf1]) == NO_BANDWIDTH
+    nics.apply([vf1], -1)  # vf1 free and exactly 40,000 Mbit/s left, nothing released
+    assert nics.shortage(RdmaRequest(1, 40_000)) == ""
+    assert nics.shortage(RdmaRequest(1, 40_001)) == NO_BANDWIDTH
