@@ -318,3 +318,36 @@ def test_the_bandwidth_released_is_exactly_what_the_grants_reserved() -> None:
     nics.apply([vf1], -1)  # vf1 free and exactly 40,000 Mbit/s left, nothing released
     assert nics.shortage(RdmaRequest(1, 40_000)) == ""
     assert nics.shortage(RdmaRequest(1, 40_001)) == NO_BANDWIDTH
+
+
+def balance_cluster() -> ClusterState:
+    """``a0`` (model A, 2 of 8 GPUs used: no whole-node host) and ``b0``, ``b1`` (model B, idle:
+    the last two hosts of an 8-GPU pod)."""
+    nodes = [
+        NodeState(name, 96_000, 512_000, [GpuState(j, f"{name}-g{j}", model) for j in range(8)])
+        for name, model in (("a0", "A"), ("b0", "B"), ("b1", "B"))
+    ]
+    cluster = ClusterState(nodes)
+    grants = tuple(GpuGrant(j, f"a0-g{j}", 1000) for j in range(2))
+    cluster.assume(Allocation("a0", "u", cpu_milli=1000, gpus=grants, gpu_tag="1-gpu"))
+    return cluster
+
+
+def test_the_model_balance_outweighs_the_reserve_and_the_waste_on_any_nodes() -> None:
+    """Once a pod restricted to model A arrived, a share free to use any model goes to model B's
+    nodes, though they are the last whole-node hosts (which the reserve would keep) and whatever
+    the waste and reserve terms add up to; on any subset of the nodes too."""
+    cluster = balance_cluster()
+    share = PodRequest("s", cpu_milli=1000, gpu_count=1, gpu_milli=500)
+    workload = [PodRequest("big", cpu_milli=64_000, gpu_count=8), share]
+    tie = ReserveThenAlign(0.2, keep=2, waste_band=10, balance=0.2)
+    tie.bind(cluster, workload, random.Random(0))
+    plain = ReserveThenAlign(0.2, keep=2, waste_band=10)
+    plain.bind(cluster, workload, random.Random(0))
+    tie.observe(PodRequest("a", cpu_milli=1000, gpu_count=1, gpu_models=frozenset({"A"})))
+    idx = cluster.all_indices
+    assert plain.score(share, cluster, idx).argmax() == 0  # the reserve alone keeps b0 and b1
+    scores = tie.score(share, cluster, idx)
+    assert scores[1] == scores[2] > scores[0]
+    some = np.array([0, 2])
+    assert tie.score(share, cluster, some).argmax() == 1
