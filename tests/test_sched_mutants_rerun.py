@@ -351,3 +351,43 @@ def test_the_model_balance_outweighs_the_reserve_and_the_waste_on_any_nodes() ->
     assert scores[1] == scores[2] > scores[0]
     some = np.array([0, 2])
     assert tie.score(share, cluster, some).argmax() == 1
+
+
+def used_evenly(specs: list[tuple[str, int, int, int]]) -> ClusterState:
+    """Nodes ``(name, GPUs, milli used on each GPU, CPU milli used)`` of 64 CPUs and model A."""
+    cluster = ClusterState(
+        [
+            NodeState(name, 64_000, 512_000, [GpuState(j, f"{name}-g{j}", "A") for j in range(gpus)])
+            for name, gpus, _, _ in specs
+        ]
+    )
+    for name, gpus, milli, cpu in specs:
+        if milli:
+            grants = tuple(GpuGrant(j, f"{name}-g{j}", milli) for j in range(gpus))
+            cluster.assume(Allocation(name, f"u-{name}", cpu_milli=cpu, gpus=grants, gpu_tag="share"))
+    return cluster
+
+
+SHARE = PodRequest("s", cpu_milli=1000, gpu_count=1, gpu_milli=500)
+WITH_WHOLE_NODE = [PodRequest("big", cpu_milli=64_000, gpu_count=8), SHARE]
+
+
+def test_remainders_within_one_waste_band_leave_the_alignment_to_decide() -> None:
+    """The share leaves 9 milli on ``x`` and none on ``y``: one band of 10, so the better aligned
+    ``x`` wins."""
+    cluster = used_evenly([("x", 1, 491, 60_000), ("y", 1, 500, 2000)])
+    tie = ReserveThenAlign(0.2, 2, 10)
+    tie.bind(cluster, WITH_WHOLE_NODE, random.Random(0))
+    idx = cluster.all_indices
+    assert tie.aligned(SHARE, cluster, idx, 0.2).tolist() == [4.0, 2.0]
+    assert tie.score(SHARE, cluster, idx).tolist() == [4.0, 2.0]
+
+
+def test_the_reserve_outweighs_any_waste() -> None:
+    """``a0`` is no whole-node host and its GPUs would keep 350 unfillable milli; ``b0`` and ``b1``,
+    the last two hosts, would keep none: the reserve sends the share to ``a0`` all the same."""
+    cluster = used_evenly([("a0", 8, 150, 1000), ("b0", 8, 0, 0), ("b1", 8, 0, 0)])
+    tie = ReserveThenAlign(0.2, 2, 10)
+    tie.bind(cluster, WITH_WHOLE_NODE, random.Random(0))
+    scores = tie.score(SHARE, cluster, cluster.all_indices)
+    assert scores.argmax() == 0 and scores[1] == scores[2]
