@@ -391,3 +391,62 @@ def test_the_reserve_outweighs_any_waste() -> None:
     tie.bind(cluster, WITH_WHOLE_NODE, random.Random(0))
     scores = tie.score(SHARE, cluster, cluster.all_indices)
     assert scores.argmax() == 0 and scores[1] == scores[2]
+
+
+def test_fgd_reserve_by_default_has_every_adaptive_rule() -> None:
+    """``make_policy("fgd-reserve")`` (the simulator's default): 3 hosts kept per shape at least, more
+    while the whole-node pods seen need them, the model balance in bands of 0.2, and the alignment
+    exact while CPU is the scarcer resource."""
+    from scheduler.core.policies import ModelBalance
+
+    policy = make_policy("fgd-reserve")
+    tie = policy.tie_break
+    assert isinstance(tie, ReserveThenAlign)
+    assert tie.reserve.fixed == 3 and tie.reserve.adaptive
+    assert isinstance(tie.balance, ModelBalance) and tie.balance.band == 0.2
+    assert tie.cpu_bound_exact and tie.waste_band == 10 and tie.step == 0.2
+    assert policy.description == (
+        "shares complete GPUs first; FGD in bands; ties balance restricted GPU models, keep the last hosts"
+        " of whole-node pods, then the least unfillable share remainder, then CPU/GPU alignment (ours)"
+    )
+
+
+def test_a_reserve_binds_to_a_cluster_without_nodes() -> None:
+    """The live scheduler may bind its policy before any node is known."""
+    policy = make_policy("fgd-reserve")
+    policy.bind(ClusterState([]), [PodRequest("big", gpu_count=8)], random.Random(0))
+    assert policy.tie_break.reserve.shapes == []  # type: ignore[union-attr]
+
+
+def test_a_shape_without_hosts_among_the_nodes_asked_does_not_end_the_reserve() -> None:
+    """Shapes (8 GPUs, 64 CPUs, 400 GB) and (8 GPUs, 90 CPUs): ``c`` has too little memory for the
+    first but is one of the last two hosts of the second, so a small pod there is penalised when
+    only ``c`` is asked about too."""
+    from scheduler.core.policies import WholeNodeReserve
+
+    cluster = ClusterState(
+        [
+            NodeState(name, 96_000, memory, [GpuState(j, f"{name}-g{j}", "A") for j in range(8)])
+            for name, memory in (("a", 512_000), ("c", 300_000))
+        ]
+    )
+    reserve = WholeNodeReserve(keep=2)
+    big = PodRequest("big", cpu_milli=64_000, memory_mib=400_000, gpu_count=8)
+    reserve.bind(cluster, [big, PodRequest("huge", cpu_milli=90_000, gpu_count=8)])
+    assert reserve.shapes == [(8, 64_000, 400_000), (8, 90_000, 0)]
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    assert reserve.penalty(one, cluster, cluster.all_indices).tolist() == [2, 1]  # a: a host of both
+    assert reserve.penalty(one, cluster, np.array([1])).tolist() == [1]
+
+
+def test_a_share_of_1_milli_completes_a_gpu() -> None:
+    from scheduler.core.policies import ShareCompletionScore
+
+    cluster = used_evenly([("n", 1, 999, 0), ("m", 1, 500, 0)])
+    pod = PodRequest("tiny", gpu_count=1, gpu_milli=1)
+    assert scores_of(ShareCompletionScore(110), pod, cluster) == [2.0, 0.0]
+
+
+def scores_of(plugin, pod: PodRequest, cluster: ClusterState) -> list[float]:
+    plugin.bind(cluster, [pod], random.Random(0))
+    return plugin.score(pod, cluster, cluster.all_indices).tolist()
