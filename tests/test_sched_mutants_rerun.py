@@ -450,3 +450,13 @@ def test_a_share_of_1_milli_completes_a_gpu() -> None:
 def scores_of(plugin, pod: PodRequest, cluster: ClusterState) -> list[float]:
     plugin.bind(cluster, [pod], random.Random(0))
     return plugin.score(pod, cluster, cluster.all_indices).tolist()
+
+
+def test_a_tie_breaker_not_yet_bound_scores_by_alignment() -> None:
+    """Unbound (no workload, no arrivals), the exact-alignment rule reads no capacity and the score
+    is the alignment bands (``AlignmentScore`` binds itself to the cluster)."""
+    cluster = used_evenly([("x", 1, 0, 0), ("y", 1, 500, 30_000)])
+    pod = PodRequest("p", cpu_milli=8000, gpu_count=1)
+    tie = ReserveThenAlign(0.2, cpu_bound_exact=True)
+    bands = ReserveThenAlign(0.2).aligned(pod, cluster, cluster.all_indices, 0.2)
+    assert tie.score(pod, cluster, cluster.all_indices).tolist() == bands.tolist()
