@@ -460,3 +460,19 @@ def test_a_tie_breaker_not_yet_bound_scores_by_alignment() -> None:
     tie = ReserveThenAlign(0.2, cpu_bound_exact=True)
     bands = ReserveThenAlign(0.2).aligned(pod, cluster, cluster.all_indices, 0.2)
     assert tie.score(pod, cluster, cluster.all_indices).tolist() == bands.tolist()
+
+
+def test_an_adaptive_reserve_in_proportion_keeps_at_least_the_floor() -> None:
+    """``keep=None`` with ``adaptive``: the floor under the adaptive count is ``MIN_KEEP``; unbound,
+    the reserve penalises nothing."""
+    from scheduler.core.policies import WholeNodeReserve
+
+    cluster = ClusterState([eight_gpus(f"n{i}") for i in range(4)])
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    assert (
+        WholeNodeReserve(None, adaptive=True).penalty(one, cluster, cluster.all_indices).tolist() == [0] * 4
+    )
+    reserve = WholeNodeReserve(None, adaptive=True)
+    reserve.bind(cluster, [PodRequest("big", cpu_milli=64_000, gpu_count=8), one])
+    assert reserve.keep_for(0, 0) == WholeNodeReserve.MIN_KEEP
+    assert reserve.keep_for(0, 32_000) == 4  # 8 of the 9 GPUs asked need a host: ceil(8/9 x 4 nodes)
