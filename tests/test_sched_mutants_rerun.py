@@ -476,3 +476,12 @@ def test_an_adaptive_reserve_in_proportion_keeps_at_least_the_floor() -> None:
     reserve.bind(cluster, [PodRequest("big", cpu_milli=64_000, gpu_count=8), one])
     assert reserve.keep_for(0, 0) == WholeNodeReserve.MIN_KEEP
     assert reserve.keep_for(0, 32_000) == 4  # 8 of the 9 GPUs asked need a host: ceil(8/9 x 4 nodes)
+
+
+def test_a_pod_asking_neither_cpu_nor_gpus_is_aligned_0_everywhere() -> None:
+    from scheduler.core.policies import AlignmentScore
+
+    cluster = used_evenly([("x", 1, 0, 0), ("y", 1, 500, 30_000), ("z", 2, 1000, 64_000)])
+    pod = PodRequest("m", memory_mib=1024)
+    assert scores_of(AlignmentScore(), pod, cluster) == [0.0, 0.0, 0.0]
+    assert scores_of(AlignmentScore(step=0.2), pod, cluster) == [0.0, 0.0, 0.0]
