@@ -485,3 +485,10 @@ def test_a_pod_asking_neither_cpu_nor_gpus_is_aligned_0_everywhere() -> None:
     pod = PodRequest("m", memory_mib=1024)
     assert scores_of(AlignmentScore(), pod, cluster) == [0.0, 0.0, 0.0]
     assert scores_of(AlignmentScore(step=0.2), pod, cluster) == [0.0, 0.0, 0.0]
+
+
+def test_a_policy_with_live_utilisation_says_so_in_its_description() -> None:
+    base = make_policy("fgd-reserve")
+    weighted = make_policy("fgd-reserve", utilization_weight=2.5)
+    assert weighted.description == f"{base.description}; plus 2.5 x live GPU utilisation"
+    assert make_policy("fgd-reserve", utilization_weight=0).description == base.description
