@@ -492,3 +492,13 @@ def test_a_policy_with_live_utilisation_says_so_in_its_description() -> None:
     weighted = make_policy("fgd-reserve", utilization_weight=2.5)
     assert weighted.description == f"{base.description}; plus 2.5 x live GPU utilisation"
     assert make_policy("fgd-reserve", utilization_weight=0).description == base.description
+
+
+def test_an_unknown_policy_names_the_known_ones() -> None:
+    import pytest
+
+    from scheduler.core import policy_names
+
+    with pytest.raises(KeyError) as raised:
+        make_policy("nope")
+    assert raised.value.args[0] == f"unknown policy 'nope' (known: {', '.join(policy_names())})"
