@@ -502,3 +502,22 @@ def test_an_unknown_policy_names_the_known_ones() -> None:
     with pytest.raises(KeyError) as raised:
         make_policy("nope")
     assert raised.value.args[0] == f"unknown policy 'nope' (known: {', '.join(policy_names())})"
+
+
+def test_a_policy_tells_every_plugin_and_its_tie_breaker_of_an_arrival() -> None:
+    """No score plugin of the core adapts to arrivals yet (only the tie-breaker does); one that does
+    is told of each pod as the tie-breaker is."""
+    from scheduler.core.scoring import Policy, ScorePlugin
+
+    class Seen(ScorePlugin):
+        def __init__(self) -> None:
+            self.pods: list[PodRequest] = []
+
+        def observe(self, pod: PodRequest) -> None:
+            self.pods.append(pod)
+
+    first, second, tie = Seen(), Seen(), Seen()
+    policy = Policy("p", ((first, 1.0), (second, 2.0)), tie_break=tie)
+    pod = PodRequest("a", cpu_milli=1000)
+    policy.observe(pod)
+    assert first.pods == second.pods == tie.pods == [pod]
