@@ -7,6 +7,8 @@
 # working tree and never meets another target's mutmut configuration. The randomized cache test
 # runs with a few seeds per mutant (KUBEGPU_SOAK_* below). Prints the score per module, then the
 # summary line last:  mutate-scheduler: killed K of N mutants (P%); ...
+# MUTMUT_CONFIG picks another configuration (tests/mutmut-ground.cfg: the ground-floor modules the
+# scheduler and the node share, moved out of scheduler/core).
 set -euo pipefail
 root=${KUBEGPU_ROOT:-$(cd "$(dirname "$0")/.." && pwd)}
 if [ ! -d "$root/scheduler/core" ] || [ ! -x "$root/.venv/bin/python" ]; then
@@ -37,7 +39,7 @@ stats = json.loads(Path("mutants/mutmut-cicd-stats.json").read_text())
 print(json.dumps(stats, sort_keys=True))
 per: dict[str, Counter[str]] = defaultdict(Counter)
 for line in Path("results.txt").read_text().splitlines():
-    match = re.match(r"\s*(scheduler\.core\.\w+)\.\S+: (.+)$", line)
+    match = re.match(r"\s*((?:[a-z_0-9]+\.)*[a-z_0-9]+)\.x(?:_|ǁ)\S*: (.+)$", line)
     if match:
         per[match[1]][match[2]] += 1
 caught_all = total_all = 0
@@ -50,5 +52,5 @@ for module, counts in sorted(per.items()):
 if total_all == 0:
     raise SystemExit("mutate-scheduler: no mutant was tested (see the runner's error above)")
 print(f"mutate-scheduler: killed {caught_all} of {total_all} mutants "
-      f"({100 * caught_all / max(total_all, 1):.1f}%); every mutant: build/mutate-scheduler/results.txt")
+      f"({100 * caught_all / max(total_all, 1):.1f}%); every mutant: results.txt in {Path.cwd()}")
 PY
