@@ -445,3 +445,28 @@ def test_every_weight_multiplies_its_plugin(weight: float) -> None:
         assert np.array_equal(policy.score(pod, cluster, idx), weighted_sum(policy, pod, cluster, idx)), (
             pod.name
         )
+
+
+@pytest.mark.parametrize("dtype", [np.int64, np.float64])
+def test_least_mapped_takes_the_least_over_the_fitting_slots_of_an_integer_or_float_table(
+    dtype: type,
+) -> None:
+    """``ShareSlots.least_mapped`` (``_least_of`` and its largest value per dtype) against the
+    least worked out slot by slot, for a table of integers and one of floats (negative values
+    included: the start of the minimum must lie above every value, not at 0)."""
+    rng = random.Random(5)
+    cluster = caches.cluster_of(30, 5)
+    for k in range(120):
+        caches.random_change(cluster, rng, k)
+    pod = PodRequest("share", cpu_milli=1000, gpu_count=1, gpu_milli=300)
+    table = np.array([rng.randint(-50, 50) for _ in range(MILLI + 1)], dtype=dtype)
+    view = cluster.share_view(pod)
+    got = view.least_mapped(table, MILLI + 1)
+    for i in range(len(cluster)):
+        fitting = [
+            table[min(max(int(left), 0), MILLI)]
+            for left, fits in zip(view.left[i], view.fits[i], strict=True)
+            if fits
+        ]
+        assert got[i] == (min(fitting) if fitting else MILLI + 1), i
+    assert (got < 0).any() and (got == MILLI + 1).any()
