@@ -256,6 +256,7 @@ def test_socket_mode_and_stale_socket(shim_factory: Callable[..., ShimProcess]) 
             second.start(timeout=10)
     finally:
         second.stop()  # never leave a process behind, whatever happened
+        path.with_suffix(".log").unlink(missing_ok=True)  # nor its log in /tmp
     first.kill()
     assert path.exists()  # SIGKILL leaves the socket file behind
     third = shim_factory(socket=path)
