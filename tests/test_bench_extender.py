@@ -118,7 +118,8 @@ def test_a_tiny_real_run_prints_the_documented_json(tmp_path: Path) -> None:
     for kind in ("extender", "kubegpu", "plain"):
         (only,) = doc["detail"][kind]["per_round"]
         assert only["bound"] == only["pods"] == 8, only
-    assert doc["extender_calls"].get("bind 200") == 8 and doc["extender_calls"].get("filter 200")
+    # a bind answered 200 with an Error ("not known yet; retry") is retried by kube-scheduler: at least 8
+    assert doc["extender_calls"].get("bind 200", 0) >= 8 and doc["extender_calls"].get("filter 200")
     assert doc["kube_scheduler"].endswith("v1.37.2")
     latency = doc["mean_latency_ms"]
     for verb in ("filter", "prioritize", "bind"):
