@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import errno
+import json
 import os
 import re
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from urllib.parse import urlsplit
 import urllib3
 import yaml
 from kubernetes import client, config
+from kubernetes.client.rest import RESTClientObject, RESTResponse
 from kubernetes.config.config_exception import ConfigException
 
 from kubegpu.cliargs import Failure, UsageError, api_status_message, one_line
@@ -208,7 +210,8 @@ def post_pod_binding(
     The same URL, headers (Accept, the client's defaults, the configured auth, refreshed per call
     as the client refreshes it), JSON body, timeout and connection pool; the same errors: a non-2xx
     answer raises ``ApiException`` with its status, reason and body, a connection failure or
-    timeout whatever the client's REST layer raises."""
+    timeout whatever the client's REST layer raises. The request goes to the URL's urllib3 pool
+    itself (``post_json``)."""
     accept = api.select_header_accept(BINDING_ACCEPT)
     method, url, headers, _, _ = api.param_serialize(
         method="POST",
@@ -217,8 +220,44 @@ def post_pod_binding(
         header_params={"Accept": accept} if accept else {},
         auth_settings=["BearerToken"],
     )
-    response = api.rest_client.request(method, url, headers=headers, body=binding, _request_timeout=timeout)
+    response = post_json(api.rest_client, url, headers, binding, timeout)
     if not 200 <= response.status <= 299:
-        response.read()
-        raise client.ApiException.from_response(http_resp=response, body=None, data=None)
-    return response.response
+        answer = RESTResponse(response)
+        answer.read()
+        raise client.ApiException.from_response(http_resp=answer, body=None, data=None)
+    return response
+
+
+def post_json(rest: RESTClientObject, url: str, headers: dict[str, str], body: Any, timeout: Any) -> Any:
+    """``rest.request("POST", url, headers=headers, body=body, _request_timeout=timeout)`` for a
+    JSON body, returning the urllib3 response: sent by the URL's own connection pool in the
+    client's ``PoolManager`` (the same connections, TLS settings and retries), without the pool
+    manager's URL parsing and redirect handling and the REST layer's content-type dispatch (about
+    a twentieth of a Binding's CPU in the extender; docs/performance.md). A redirect is answered
+    as it comes (an error to the caller; the API server does not redirect a Binding). A client
+    that goes through a proxy, or a body with a Content-Type, takes the REST layer's path."""
+    manager = rest.pool_manager
+    if type(manager) is not urllib3.PoolManager or "Content-Type" in headers:
+        return rest.request("POST", url, headers=headers, body=body, _request_timeout=timeout).response
+    parts = urlsplit(url)
+    target = f"{parts.path}?{parts.query}" if parts.query else parts.path
+    if isinstance(timeout, (int, float)) and timeout:
+        limit: Any = urllib3.Timeout(total=timeout)
+    elif isinstance(timeout, tuple) and len(timeout) == 2:
+        limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+    else:
+        limit = urllib3.Timeout.DEFAULT_TIMEOUT
+    try:
+        pool = manager.connection_from_host(parts.hostname, parts.port, parts.scheme)
+        return pool.urlopen(
+            "POST",
+            target or "/",
+            body=json.dumps(body),
+            headers=headers,
+            timeout=limit,
+            preload_content=False,
+            redirect=False,
+            assert_same_host=False,
+        )
+    except urllib3.exceptions.SSLError as error:  # as the REST layer reports it
+        raise client.ApiException(status=0, reason=f"{type(error).__name__}\n{error}") from error

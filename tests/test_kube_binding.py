@@ -145,3 +145,114 @@ def test_timeout_raises_as_the_generated_call(silent_server: str) -> None:
         errors.append(caught.value)
     assert not isinstance(errors[0], ApiException)
     assert type(errors[0]) is type(errors[1])
+
+
+def test_binds_reuse_one_pooled_connection(admin_api: k8s.ApiClient, kube_namespace: str) -> None:
+    """The Binding goes through the URL's own pool of the client's PoolManager: one connection,
+    kept alive, carries binds, refusals and the client's other calls."""
+    core = k8s.CoreV1Api(admin_api)
+    names = [f"lean-{uuid.uuid4().hex[:8]}" for _ in range(4)]
+    for name in names:
+        core.create_namespaced_pod(kube_namespace, pod_manifest(name))
+    pool = admin_api.rest_client.pool_manager.connection_from_url(admin_api.configuration.host)
+    opened = pool.num_connections
+    for name in names:
+        post(admin_api, name, kube_namespace, binding(name, kube_namespace, "node-a"))
+        refusal(lean(admin_api, name, kube_namespace, binding(name, kube_namespace, "node-b")))  # 409
+    assert pool.num_connections - opened <= 1
+    assert {core.read_namespaced_pod(n, kube_namespace).spec.node_name for n in names} == {"node-a"}
+
+
+class _Recorder:
+    """A plain-HTTP endpoint that records each request (line, headers, body) and answers 201."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, dict[str, str], bytes]] = []
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            with conn, conn.makefile("rb") as stream:
+                while line := stream.readline():
+                    headers = {}
+                    while (h := stream.readline()) not in (b"\r\n", b""):
+                        key, _, value = h.decode().partition(":")
+                        headers[key.lower()] = value.strip()
+                    body = stream.read(int(headers.get("content-length", "0")))
+                    self.requests.append((line.decode().strip(), headers, body))
+                    answer = b'{"kind":"Status","status":"Success"}'
+                    conn.sendall(
+                        b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
+                        b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer)
+                    )
+
+    def close(self) -> None:
+        self.listener.close()
+
+
+@pytest.fixture
+def recorder() -> Iterator[_Recorder]:
+    server = _Recorder()
+    yield server
+    server.close()
+
+
+def _client(host: str, proxy: str | None = None) -> k8s.ApiClient:
+    configuration = k8s.Configuration()
+    configuration.host = host
+    configuration.api_key = {"BearerToken": "Bearer t0ken"}
+    if proxy is not None:
+        configuration.proxy = proxy
+    return k8s.ApiClient(configuration)
+
+
+@pytest.mark.parametrize("prefix", ["", "/k8s/clusters/c-1"])
+def test_the_request_on_the_wire_is_the_generated_calls(recorder: _Recorder, prefix: str) -> None:
+    """Request line (a server URL with a path keeps it), body and headers (auth, Accept, the
+    client's defaults) as the generated method sends them."""
+    api = _client(recorder.url + prefix)
+    body = binding("p", "ns", "node-a")
+    post(api, "p", "ns", body)
+    k8s.CoreV1Api(api).create_namespaced_pod_binding("p", "ns", body, _preload_content=False).release_conn()
+    (line, headers, sent), (their_line, their_headers, their_sent) = recorder.requests
+    assert line == their_line == f"POST {prefix}/api/v1/namespaces/ns/pods/p/binding HTTP/1.1"
+    assert json.loads(sent) == json.loads(their_sent) == body
+    assert headers["authorization"] == "Bearer t0ken"
+    ignore = {"content-type"}  # the generated method names it; the client's REST layer does not
+    assert {k: v for k, v in headers.items() if k not in ignore} == {
+        k: v for k, v in their_headers.items() if k not in ignore
+    }
+
+
+def test_a_client_behind_a_proxy_takes_the_rest_layers_path(recorder: _Recorder) -> None:
+    """With a proxy the pool manager is a ProxyManager: the Binding goes through it (absolute
+    URL to the proxy), not to a pool of its own."""
+    api = _client("http://apiserver.invalid:6443", proxy=recorder.url)
+    post(api, "p", "ns", binding("p", "ns", "node-a"))
+    ((line, _, _),) = recorder.requests
+    assert line == "POST http://apiserver.invalid:6443/api/v1/namespaces/ns/pods/p/binding HTTP/1.1"
+
+
+def test_an_untrusted_server_fails_as_the_generated_call(admin_api: k8s.ApiClient) -> None:
+    """TLS verification failing (no CA for the apiserver's certificate): the same exception."""
+    configuration = k8s.Configuration()
+    configuration.host = admin_api.configuration.host
+    configuration.retries = False
+    api = k8s.ApiClient(configuration)
+    body = binding("p", "ns", "node-a")
+    errors = []
+    for call in (lambda: post(api, "p", "ns", body), generated(k8s.CoreV1Api(api), "p", "ns", body)):
+        with pytest.raises(Exception) as caught:  # noqa: PT011 - the type is what is compared
+            call()
+        errors.append(caught.value)
+    assert type(errors[0]) is type(errors[1])
+    assert "CERTIFICATE_VERIFY_FAILED" in str(errors[0]) and "CERTIFICATE_VERIFY_FAILED" in str(errors[1])
