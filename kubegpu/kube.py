@@ -13,6 +13,7 @@ import errno
 import json
 import os
 import re
+import ssl
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from kubernetes import client, config
 from kubernetes.client.rest import RESTClientObject, RESTResponse
 from kubernetes.config.config_exception import ConfigException
 
+from kubegpu import leanpost
 from kubegpu.cliargs import Failure, UsageError, api_status_message, one_line
 from kubegpu.inputfiles import check_input, read_text
 
@@ -230,34 +232,26 @@ def post_pod_binding(
 
 def post_json(rest: RESTClientObject, url: str, headers: dict[str, str], body: Any, timeout: Any) -> Any:
     """``rest.request("POST", url, headers=headers, body=body, _request_timeout=timeout)`` for a
-    JSON body, returning the urllib3 response: sent by the URL's own connection pool in the
-    client's ``PoolManager`` (the same connections, TLS settings and retries), without the pool
-    manager's URL parsing and redirect handling and the REST layer's content-type dispatch (about
-    a twentieth of a Binding's CPU in the extender; docs/performance.md). A redirect is answered
-    as it comes (an error to the caller; the API server does not redirect a Binding). A client
-    that goes through a proxy, or a body with a Content-Type, takes the REST layer's path."""
+    JSON body, returning a response to read and release: written and read by
+    ``kubegpu.leanpost`` on a connection of the URL's own pool in the client's ``PoolManager``
+    (the same connections, TLS settings and socket options), without urllib3's and http.client's
+    request and answer machinery (docs/performance.md). A redirect is answered as it comes (an
+    error to the caller; the API server does not redirect a Binding). A client that goes through
+    a proxy, or a body with a Content-Type, takes the REST layer's path. A TLS failure raises
+    ``ApiException`` with status 0, as the REST layer does."""
     manager = rest.pool_manager
     if type(manager) is not urllib3.PoolManager or "Content-Type" in headers:
         return rest.request("POST", url, headers=headers, body=body, _request_timeout=timeout).response
     parts = urlsplit(url)
     target = f"{parts.path}?{parts.query}" if parts.query else parts.path
     if isinstance(timeout, (int, float)) and timeout:
-        limit: Any = urllib3.Timeout(total=timeout)
+        limit: Any = timeout
     elif isinstance(timeout, tuple) and len(timeout) == 2:
-        limit = urllib3.Timeout(connect=timeout[0], read=timeout[1])
+        limit = timeout
     else:
-        limit = urllib3.Timeout.DEFAULT_TIMEOUT
+        limit = None
+    pool = manager.connection_from_host(parts.hostname, parts.port, parts.scheme)
     try:
-        pool = manager.connection_from_host(parts.hostname, parts.port, parts.scheme)
-        return pool.urlopen(
-            "POST",
-            target or "/",
-            body=json.dumps(body),
-            headers=headers,
-            timeout=limit,
-            preload_content=False,
-            redirect=False,
-            assert_same_host=False,
-        )
-    except urllib3.exceptions.SSLError as error:  # as the REST layer reports it
+        return leanpost.post(pool, target or "/", headers, json.dumps(body).encode(), limit)
+    except (ssl.SSLError, urllib3.exceptions.SSLError) as error:  # as the REST layer reports it
         raise client.ApiException(status=0, reason=f"{type(error).__name__}\n{error}") from error

@@ -1,0 +1,173 @@
+"""One small JSON POST (the scheduler's Binding) over a connection of the client's own urllib3 pool,
+written and read without http.client.
+
+The Binding is the scheduler's and the extender's one write per pod; through urllib3 and
+http.client a third of its CPU went to building the request and to reading the answer's headers
+with the email parser (docs/performance.md). :func:`post` borrows a connection from the pool the
+Kubernetes client uses for the API server (the same TLS settings, client certificate, server name,
+socket options; a connection the pool finds dropped is reopened, as urllib3 does), writes the
+request in one write, reads the answer (status line, headers through ``kubegpu.httphead``, a
+body of Content-Length, chunked, or up to the connection's end), and gives the connection back
+to the pool when the answer leaves it reusable (HTTP/1.1, no ``Connection: close``, read to its
+end), closed otherwise. Any failure closes the connection before it goes back. A timeout is
+``(connect, read)`` or one number for both (each read, not the whole exchange); a failure raises
+what it met (urllib3's connection error, an ``OSError``, ``TimeoutError`` for a timeout) or
+``LeanPostError`` for an answer that is not HTTP. Only a failed connect is tried again (up to
+``CONNECT_ATTEMPTS``, as urllib3's default retries): once the request is written the outcome is
+unknown, which the caller handles (the scheduler reads the pod back).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import urllib3
+
+from kubegpu.httphead import HeadError, Headers, parse_header_lines, read_header_lines
+
+MAX_ANSWER_BYTES = 16 << 20
+
+
+class LeanPostError(OSError):
+    """The server's answer was not a readable HTTP/1.x answer."""
+
+
+@dataclass
+class Answer:
+    """The answer, read whole; shaped as the urllib3 response the caller would otherwise get
+    (``status``, ``reason``, ``data``, ``headers``, ``read``, ``release_conn``)."""
+
+    status: int
+    reason: str
+    headers: Headers
+    data: bytes
+
+    def read(self, *_: Any) -> bytes:
+        return self.data
+
+    def release_conn(self) -> None:
+        """Nothing to release: the connection went back to its pool when the answer was read."""
+
+    def getheaders(self) -> Headers:
+        return self.headers
+
+    def getheader(self, name: str, default: Any = None) -> Any:
+        return self.headers.get(name, default)
+
+
+def request_bytes(host: str, target: str, headers: dict[str, str], body: bytes) -> bytes:
+    """The request as http.client writes it for urllib3: request line, ``Host`` (unless given),
+    ``Accept-Encoding: identity`` (unless given), the headers, ``Content-Length``, the body."""
+    given = {name.lower() for name in headers}
+    lines = [f"POST {target} HTTP/1.1"]
+    if "host" not in given:
+        lines.append(f"Host: {host}")
+    if "accept-encoding" not in given:
+        lines.append("Accept-Encoding: identity")
+    for name, value in headers.items():
+        if name.lower() != "content-length":
+            lines.append(f"{name}: {value}")
+    lines.append(f"Content-Length: {len(body)}")
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def read_answer(stream: Any) -> tuple[Answer, bool]:
+    """The answer on ``stream`` (a buffered binary reader) and whether the connection can carry
+    another request after it."""
+    line = stream.readline(65537)
+    if not line:
+        raise LeanPostError("the server closed the connection without an answer")
+    version, _, rest = line.decode("iso-8859-1").rstrip("\r\n").partition(" ")
+    code, _, reason = rest.partition(" ")
+    if not version.startswith("HTTP/1.") or len(code) != 3 or not code.isdigit():
+        raise LeanPostError(f"not an HTTP answer: {line[:80]!r}")
+    try:
+        headers = parse_header_lines(read_header_lines(stream))
+    except HeadError as error:
+        raise LeanPostError(f"unreadable answer headers: {error.reason}") from error
+    status = int(code)
+    reusable = version != "HTTP/1.0" and headers.get("connection", "").lower() != "close"
+    if status in (204, 304) or 100 <= status < 200:
+        return Answer(status, reason, headers, b""), reusable
+    if "chunked" in headers.get("transfer-encoding", "").lower():
+        return Answer(status, reason, headers, _read_chunked(stream)), reusable
+    length = headers.get("content-length")
+    if length is not None:
+        if not length.isdigit() or int(length) > MAX_ANSWER_BYTES:
+            raise LeanPostError(f"bad Content-Length {length[:40]!r}")
+        data = stream.read(int(length))
+        if len(data) != int(length):
+            raise LeanPostError("the answer ended before its Content-Length")
+        return Answer(status, reason, headers, data), reusable
+    data = stream.read(MAX_ANSWER_BYTES + 1)  # delimited by the connection's end
+    if len(data) > MAX_ANSWER_BYTES:
+        raise LeanPostError("answer too large")
+    return Answer(status, reason, headers, data), False
+
+
+def _read_chunked(stream: Any) -> bytes:
+    parts: list[bytes] = []
+    total = 0
+    while True:
+        size_line = stream.readline(1024).split(b";", 1)[0].strip()
+        try:
+            size = int(size_line, 16)
+        except ValueError:
+            raise LeanPostError(f"bad chunk size {size_line[:40]!r}") from None
+        if size == 0:
+            while stream.readline(65537) not in (b"\r\n", b"\n", b""):  # trailers
+                pass
+            return b"".join(parts)
+        total += size
+        if size < 0 or total > MAX_ANSWER_BYTES:
+            raise LeanPostError("answer too large")
+        chunk = stream.read(size)
+        if len(chunk) != size or stream.read(2) != b"\r\n":
+            raise LeanPostError("the answer ended inside a chunk")
+        parts.append(chunk)
+
+
+CONNECT_ATTEMPTS = 4  # as urllib3's default Retry(3) for a failed connect: nothing was sent yet
+
+
+def host_header(conn: Any) -> str:
+    """``Host`` as http.client writes it for ``conn``: an IPv6 address in brackets, the port
+    unless it is the scheme's default."""
+    host = str(conn.host)
+    if ":" in host:
+        host = f"[{host}]"
+    return host if conn.port in (None, conn.default_port) else f"{host}:{conn.port}"
+
+
+def post(pool: Any, target: str, headers: dict[str, str], body: bytes, timeout: Any) -> Answer:
+    """POST ``body`` to ``target`` (path and query) on a connection of urllib3 ``pool`` (see the
+    module docstring)."""
+    connect_timeout, read_timeout = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+    conn = pool._get_conn()  # a pooled connection (a dropped one is closed by the pool) or a new one
+    reusable = False
+    try:
+        for attempt in range(CONNECT_ATTEMPTS):
+            if conn.sock is not None:
+                break
+            if connect_timeout:
+                conn.timeout = connect_timeout
+            try:
+                conn.connect()
+            except (OSError, urllib3.exceptions.HTTPError):
+                conn.close()
+                if attempt == CONNECT_ATTEMPTS - 1:
+                    raise
+        sock = conn.sock
+        sock.settimeout(read_timeout if read_timeout else None)
+        sock.sendall(request_bytes(host_header(conn), target, headers, body))
+        stream = sock.makefile("rb")
+        try:
+            answer, reusable = read_answer(stream)
+        finally:
+            stream.close()
+        return answer
+    finally:
+        if not reusable:
+            conn.close()
+        pool._put_conn(conn)

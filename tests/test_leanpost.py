@@ -1,0 +1,190 @@
+"""kubegpu/leanpost.py: the Binding's POST written and read without http.client, on a connection
+of urllib3's pool. Answers read as http.client reads them (lengths, chunks, the connection's end,
+HTTP/1.0), malformed ones refused with a reason, and the pooled connection kept only when the
+answer leaves it reusable; against real sockets: a connection the server dropped while idle is
+replaced, a server that hangs up mid-answer raises."""
+
+from __future__ import annotations
+
+import http.client
+import io
+import socket
+import threading
+from collections.abc import Callable, Iterator
+
+import pytest
+import urllib3
+
+from kubegpu.leanpost import LeanPostError, host_header, post, read_answer, request_bytes
+
+
+def _their_read(raw: bytes) -> tuple[int, bytes]:
+    """http.client's reading of the same answer."""
+
+    class FakeSocket:
+        def makefile(self, *_: object) -> io.BytesIO:
+            return io.BytesIO(raw)
+
+    response = http.client.HTTPResponse(FakeSocket(), method="POST")  # type: ignore[arg-type]
+    response.begin()
+    return response.status, response.read()
+
+
+CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\nT: 1\r\n\r\n"
+
+
+@pytest.mark.parametrize(
+    ("raw", "reusable"),
+    [
+        (b"HTTP/1.1 201 Created\r\nContent-Length: 5\r\n\r\nhello", True),
+        (b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n", True),
+        (b"HTTP/1.1 409 Conflict\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}", False),
+        (CHUNKED, True),
+        (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", False),
+        (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", False),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", True),
+        (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 3\r\n\r\nbad", True),
+    ],
+)
+def test_answers_read_as_http_client_reads_them(raw: bytes, reusable: bool) -> None:
+    answer, keep = read_answer(io.BytesIO(raw))
+    assert (answer.status, answer.data) == _their_read(raw)
+    assert keep is reusable
+    assert answer.read() == answer.data and answer.getheader("x-none", "d") == "d"
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"",  # hung up before answering
+        b"SSH-2.0-OpenSSH\r\n\r\n",
+        b"HTTP/1.1 2000 Huh\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nshort",
+        b"HTTP/1.1 200 OK\r\nContent-Length: -1\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 99999999999\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
+        b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
+        b"HTTP/1.1 200 OK\r\n folded\r\n\r\n",
+    ],
+)
+def test_malformed_answers_raise_with_a_reason(raw: bytes) -> None:
+    with pytest.raises(LeanPostError) as caught:
+        read_answer(io.BytesIO(raw))
+    assert str(caught.value)
+
+
+def test_the_request_is_written_as_http_client_writes_it() -> None:
+    raw = request_bytes("h:6443", "/api/x?y=1", {"Accept": "application/json", "User-Agent": "u"}, b"{}")
+    assert raw == (
+        b"POST /api/x?y=1 HTTP/1.1\r\nHost: h:6443\r\nAccept-Encoding: identity\r\n"
+        b"Accept: application/json\r\nUser-Agent: u\r\nContent-Length: 2\r\n\r\n{}"
+    )
+    given = request_bytes("h", "/", {"host": "other", "accept-encoding": "gzip", "Content-Length": "9"}, b"")
+    assert given.count(b"ost:") == 1 and b"identity" not in given and given.count(b"Length") == 1
+
+
+def test_host_header() -> None:
+    for conn, expected in (
+        (urllib3.connection.HTTPSConnection("api.example", 443), "api.example"),
+        (urllib3.connection.HTTPSConnection("api.example", 6443), "api.example:6443"),
+        (urllib3.connection.HTTPConnection("::1", 8080), "[::1]:8080"),
+        (urllib3.connection.HTTPConnection("10.0.0.1", 80), "10.0.0.1"),
+    ):
+        assert host_header(conn) == expected
+
+
+class _Server:
+    """A loopback HTTP endpoint; ``answer(request_index) -> (bytes, close_after)``."""
+
+    def __init__(self, answer: Callable[[int], tuple[bytes, bool]]) -> None:
+        self.answer = answer
+        self.connections = 0
+        self.requests = 0
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(8)
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self.listener.accept()
+            except OSError:
+                return
+            self.connections += 1
+            with conn, conn.makefile("rb") as stream:
+                while stream.readline():
+                    length = 0
+                    while (line := stream.readline()) not in (b"\r\n", b""):
+                        if line.lower().startswith(b"content-length:"):
+                            length = int(line.split(b":")[1])
+                    stream.read(length)
+                    answer, close = self.answer(self.requests)
+                    self.requests += 1
+                    conn.sendall(answer)
+                    if close:
+                        break
+
+
+@pytest.fixture
+def make_server() -> Iterator[Callable[[Callable[[int], tuple[bytes, bool]]], _Server]]:
+    servers: list[_Server] = []
+
+    def make(answer: Callable[[int], tuple[bytes, bool]]) -> _Server:
+        servers.append(_Server(answer))
+        return servers[-1]
+
+    yield make
+    for server in servers:
+        server.listener.close()
+
+
+OK = b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}"
+
+
+def test_a_kept_connection_carries_the_next_post(make_server: Callable) -> None:
+    server = make_server(lambda i: (OK, False))
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
+    for _ in range(5):
+        assert post(pool, "/b", {}, b"{}", 5).status == 201
+    assert (server.connections, server.requests) == (1, 5)
+
+
+def test_a_connection_the_server_dropped_while_idle_is_replaced(make_server: Callable) -> None:
+    """The server answers and hangs up each time (without saying so): the pool sees the kept
+    connection dropped and the next POST goes on a new one."""
+    server = make_server(lambda i: (OK, True))
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
+    for _ in range(3):
+        assert post(pool, "/b", {}, b"{}", 5).status == 201
+        threading.Event().wait(0.05)  # the hang-up reaches this side
+    assert (server.connections, server.requests) == (3, 3)
+
+
+def test_connection_close_is_honoured(make_server: Callable) -> None:
+    answer = b"HTTP/1.1 201 Created\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}"
+    server = make_server(lambda i: (answer, True))
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
+    assert post(pool, "/b", {}, b"{}", 5).status == 201
+    assert post(pool, "/b", {}, b"{}", 5).status == 201
+    assert server.connections == 2
+    assert all(conn is None or conn.sock is None for conn in list(pool.pool.queue))
+
+
+def test_a_hang_up_mid_answer_raises_and_the_connection_is_not_kept(make_server: Callable) -> None:
+    server = make_server(lambda i: (b"HTTP/1.1 201 Created\r\nContent-Length: 50\r\n\r\n{", True))
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
+    with pytest.raises(LeanPostError):
+        post(pool, "/b", {}, b"{}", 5)
+    assert all(conn is None or conn.sock is None for conn in list(pool.pool.queue))
+
+
+def test_nothing_listening_raises_after_the_connect_attempts() -> None:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again: nothing listens there
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", port, maxsize=2)
+    with pytest.raises(urllib3.exceptions.NewConnectionError):
+        post(pool, "/b", {}, b"{}", 2)
