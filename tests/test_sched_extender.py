@@ -119,6 +119,10 @@ def test_bind_places_exact_devices_on_the_chosen_node_and_never_twice() -> None:
         b'{"Pod": {}}',
         b'{"Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}, "NodeNames": "n1"}',
         b'{"Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}}',
+        b"[" * 100_000 + b"]" * 100_000,  # nested beyond any parser's depth (json: RecursionError, a 500)
+        b'{"Pod": NaN}',
+        b'{"Pod": {"metadata": {"name": "p", "namespace": "ns", "uid": "u"}}, "NodeNames": ["\xff"]}',
+        b"\xef\xbb\xbf{}",  # a byte-order mark
     ],
 )
 def test_malformed_requests_get_400_with_a_reason(body: bytes) -> None:

@@ -31,7 +31,6 @@ same port. With leader election a standby relays each verb request to the leader
 
 from __future__ import annotations
 
-import json
 import logging
 import socket
 import ssl
@@ -41,6 +40,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
+import orjson
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 
 from kubegpu.httphead import LeanHead
@@ -230,7 +230,7 @@ class Extender:
                 args.name, args.namespace, _preload_content=False, _request_timeout=READ_TIMEOUT_SECONDS
             )
             try:
-                pod = json.loads(response.data)
+                pod = orjson.loads(response.data)
             finally:
                 response.release_conn()
         except Exception as error:
@@ -246,7 +246,7 @@ class Extender:
         started = time.perf_counter()
         code = 200
         try:
-            doc = json.loads(body)
+            doc = orjson.loads(body)  # its errors are ValueErrors, as json's
             if verb == "filter":
                 answer: Any = self.filter(filter_args(doc))
             elif verb == "prioritize":
@@ -353,7 +353,7 @@ def _handler(
             self.send_answer(status, content_type, body)
 
         def _json(self, status: int, doc: Any) -> None:
-            self._send(status, "application/json", json.dumps(doc).encode())
+            self._send(status, "application/json", orjson.dumps(doc))
 
         def do_GET(self) -> None:  # noqa: N802
             path = self.path.split("?", 1)[0]

@@ -1,7 +1,8 @@
 """List-then-watch of one resource as plain JSON, re-listing when the watch is too old (410 Gone).
 
 The Kubernetes client's watch helper deserialises every event into model objects, which costs
-more than the scheduling it feeds; this reads the watch stream's JSON lines directly. A handler
+more than the scheduling it feeds; this reads the watch stream's JSON lines directly (with orjson,
+a few times faster than the standard library's json on a pod). A handler
 receives ``replace(items, resource_version)`` after every (re)list and ``apply(type, object)`` for
 each ADDED, MODIFIED or DELETED event. Watches resume from the last resourceVersion seen
 (bookmarks included); API errors back off and re-list. ``abort`` breaks off the watch in flight
@@ -19,12 +20,12 @@ flight).
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any, Protocol
 
+import orjson
 from kubernetes.client.rest import ApiException
 
 from kubegpu.kube import shut_response
@@ -54,7 +55,7 @@ def parse_events(lines: Iterator[bytes]) -> Iterator[tuple[str, dict[str, Any]]]
         line = line.strip()
         if not line:
             continue
-        event = json.loads(line)
+        event = orjson.loads(line)
         kind, obj = event.get("type"), event.get("object") or {}
         if kind == "ERROR":
             if obj.get("code") == GONE:
@@ -106,7 +107,7 @@ class Reflector:
     def list_once(self) -> str:
         response = self._list_call(_preload_content=False, **self._kwargs)
         try:
-            body = json.loads(response.data)
+            body = orjson.loads(response.data)
         finally:
             response.release_conn()
         resource_version = body["metadata"]["resourceVersion"]
