@@ -10,6 +10,7 @@ has its own (FGD). ``POLICIES`` maps each policy name to a factory; ``make_polic
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -322,74 +323,120 @@ class AlignmentScore(ScorePlugin):
     Both vectors are in fractions of the node's own capacity, so a CPU-heavy pod prefers nodes
     whose free CPU is large relative to their free GPU (CPU-rich nodes, or nodes whose GPUs are
     used up) and leaves the CPU of GPU-dense nodes to the GPU pods that need it. 0..1, higher is
-    better; 0 for a pod that asks for neither. What depends on the node alone (its free vector) is
-    kept per node version (``_FreeVectors``), what depends on the request and the node's capacity
-    per request (``_wanted``), so a pod costs a few vector operations over the nodes asked about.
+    better; 0 for a pod that asks for neither. The value depends only on the request and on the
+    node's state (CPU capacity, GPU count, free CPU, free GPU milli): every node carries the id of its
+    state (``_NodeStates``, refreshed from the cluster's log of changes), and each request (and band
+    step) keeps its value per state id (``_BandTable``), worked out the first time a node in that state
+    is asked about; a pod then costs a few gathers over the nodes asked about.
     """
 
     name = "alignment"
-    MAX_SHAPES = 256  # requests whose vectors are kept (all dropped when full)
+    MAX_SHAPES = 256  # requests (and steps) whose tables are kept (the oldest dropped first)
+    MAX_STATES = 1 << 16  # node states numbered before the numbering (and every table) starts afresh
+    MAX_DECIMALS = 9  # pick_tied: the rounded cosine times 10**decimals fits the int keys
 
     def __init__(self, decimals: int = 6, step: float = 0.0) -> None:
         self.decimals = decimals
         self.step = step  # > 0: the cosine in bands of ``step`` (nodes in one band tie)
         self._cpu_inv = np.zeros(0)
         self._gpu_inv = np.zeros(0)
-        self._wants: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._free: _FreeVectors | None = None
+        self._states: _NodeStates | None = None
+        self._order: tuple[np.ndarray, np.ndarray] | None = None  # (tie_rank, len - 1 - tie_rank)
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         self._cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)
         self._gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)
-        self._wants = {}
-        self._free = None
+        self._states = None
+        self._order = None
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         return self.aligned(pod, cluster, idx, self.step)
 
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        keys = self.aligned_keys(pod, cluster, idx, self.step)
+        return None if keys is None else int(keys[0].argmax())
+
     def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
         """The cosine on the nodes of ``idx`` (rounded to ``decimals``), in bands of ``step`` when it
         is above 0."""
+        table, ids, _, _ = self._lookup(pod, cluster, idx, step)
+        return table.floats.take(ids)
+
+    def aligned_keys(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float
+    ) -> tuple[np.ndarray, int, int] | None:
+        """``aligned`` and the cluster's node order as one int key per node of ``idx``: higher where
+        ``aligned`` is higher, then where ``tie_rank`` is lower (so the first largest key is the node
+        ``schedule.pick`` takes among the best ``aligned``), with the least value of ``aligned`` there
+        (an int: the band, or the rounded cosine times ``10**decimals``) and the bound of the keys'
+        span (every key is below it and above minus it). None without a node order (ties at random)."""
+        rank = cluster.tie_rank
+        if rank is None or self.decimals > self.MAX_DECIMALS:
+            return None
+        table, _, ints, low = self._lookup(pod, cluster, idx, step)
+        order = self._order
+        if order is None or order[0] is not rank:
+            order = self._order = (rank, len(rank) - 1 - rank)
+        n = len(rank)
+        keys = ints * n + order[1].take(idx)
+        return keys, low, (max(table.high, -low) + 1) * n
+
+    def _lookup(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float
+    ) -> tuple[_BandTable, np.ndarray, np.ndarray, int]:
+        """The request's table (worked out for every node of ``idx``), the nodes' state ids, their
+        ints and the least of those."""
         if len(self._cpu_inv) != len(cluster):
             self.bind(cluster, (), random.Random())
-        free = self._free
-        if free is None or not free.changes.follows(cluster):
-            free = self._free = _FreeVectors(self, cluster)
+        states = self._states
+        if states is None or not states.changes.follows(cluster) or len(states.states) > self.MAX_STATES:
+            states = self._states = _NodeStates(cluster)
         else:
-            free.refresh(self)
-        # free CPU and GPU (fractions of the node's capacity) and the squared length, times the same
-        # of the request: the terms of the dot product and the squared norm (1-D gathers are fastest)
-        have_cpu, have_gpu, have_length = free.rows
-        want_cpu, want_gpu, want_length = self._wanted(pod)
-        whole = 2 * len(idx) > len(cluster)  # most nodes: over all of them, then take (fewer operations)
-        if not whole:
-            have_cpu, have_gpu, have_length = have_cpu.take(idx), have_gpu.take(idx), have_length.take(idx)
-            want_cpu, want_gpu, want_length = want_cpu.take(idx), want_gpu.take(idx), want_length.take(idx)
-        dot = have_cpu * want_cpu + have_gpu * want_gpu
-        norm = np.sqrt(have_length * want_length)
-        cosine = np.divide(dot, norm, out=np.zeros(len(dot)), where=norm > 0)
-        # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
-        out = cosine.round(self.decimals)  # as np.round
-        if step > 0:
-            out = np.floor(out / step)
-        return out.take(idx) if whole else out
+            states.refresh()
+        key = (pod.cpu_milli, pod.total_gpu_milli, step)
+        table = states.tables.get(key)
+        if table is None:
+            if len(states.tables) >= self.MAX_SHAPES:
+                del states.tables[next(iter(states.tables))]
+            table = states.tables[key] = _BandTable(len(states.states))
+        elif len(table.ints) < len(states.states):
+            table.grow(len(states.states))
+        ids = states.ids.take(idx)
+        ints = table.ints.take(ids)
+        low = int(ints.min()) if len(ids) else 0
+        if low == _UNKNOWN:  # some states not worked out yet for this request
+            for sid in set(ids[ints == _UNKNOWN].tolist()):
+                table.put(sid, *self.band_of(states.states[sid], key[0], key[1], step))
+            ints = table.ints.take(ids)
+            low = int(ints.min())
+        return table, ids, ints, low
 
-    def _wanted(self, pod: PodRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per node: the request's CPU and GPU as fractions of each node's capacity, and the squared
-        length of that vector (the node's capacity never changes: kept per request)."""
-        key = (pod.cpu_milli, pod.total_gpu_milli)
-        wanted = self._wants.get(key)
-        if wanted is None:
-            if len(self._wants) >= self.MAX_SHAPES:
-                self._wants.clear()
-            cpu = key[0] * self._cpu_inv
-            gpu = key[1] * self._gpu_inv
-            wanted = self._wants[key] = (cpu, gpu, cpu * cpu + gpu * gpu)
-        return wanted
+    def band_of(self, state: tuple[int, int, int, int], cpu: int, gpu: int, step: float) -> tuple[float, int]:
+        """``aligned`` of one node state (CPU capacity, GPU count, free CPU, free GPU milli) for a request
+        of ``cpu`` CPU milli and ``gpu`` GPU milli, in Python with the float operations of the vector
+        code in the same order (the same value to the last bit), and as an int of the same order: the
+        band, or (``step`` 0) the rounded cosine times ``10**decimals``."""
+        cpu_capacity, gpus, cpu_free, gpu_free = state
+        cpu_inv = 1.0 / max(cpu_capacity, 1)
+        gpu_inv = 1.0 / max(gpus * MILLI, 1)
+        have_cpu = cpu_free * cpu_inv
+        have_gpu = gpu_free * gpu_inv
+        have_length = have_cpu * have_cpu + have_gpu * have_gpu
+        want_cpu = cpu * cpu_inv
+        want_gpu = gpu * gpu_inv
+        want_length = want_cpu * want_cpu + want_gpu * want_gpu
+        dot = have_cpu * want_cpu + have_gpu * want_gpu
+        norm = math.sqrt(have_length * want_length)
+        rounded, whole = round_like_numpy(dot / norm if norm > 0 else 0.0, self.decimals)
+        if step <= 0:
+            return rounded, whole
+        ratio = rounded / step
+        band = math.floor(ratio)
+        return (math.copysign(0.0, ratio) if band == 0 else float(band)), band  # np.floor keeps -0.0
 
     def free_vectors(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
         """``[3, rows]``: these nodes' free CPU and free GPU as fractions of their capacity, and the
-        squared length of that vector."""
+        squared length of that vector (the vector form of ``band_of``'s node side)."""
         cpu = cluster.cpu_free[rows] * self._cpu_inv[rows]
         gpu = cluster.gpu_free_total[rows] * self._gpu_inv[rows]
         return np.stack((cpu, gpu, cpu * cpu + gpu * gpu))
@@ -402,27 +449,94 @@ class AlignmentScore(ScorePlugin):
         return cpu, gpu, cpu * cpu + gpu * gpu
 
 
-class _FreeVectors:
-    """``AlignmentScore.free_vectors`` of every node of one cluster (``vectors``), worked out for every
-    node at first, then only for the nodes that changed since (a node's free CPU and GPU change only
-    with it), one by one when they are few."""
+_UNKNOWN = np.iinfo(np.int64).min  # _BandTable.ints of a state not worked out yet
 
-    __slots__ = ("changes", "rows", "vectors")
 
-    def __init__(self, plugin: AlignmentScore, cluster: ClusterState) -> None:
+@functools.cache
+def _power_of_ten(decimals: int) -> float:
+    """``10.0 ** decimals`` as numpy's ``round`` works it out (repeated multiplication by 10)."""
+    out = 1.0
+    for _ in range(decimals):
+        out *= 10.0
+    return out
+
+
+def round_like_numpy(x: float, decimals: int) -> tuple[float, int]:
+    """``np.round(x, decimals)`` (``decimals`` >= 0) to the last bit, and the integer it is that many
+    tenths of: numpy multiplies by ``10**decimals``, rounds to the nearest integer (half to even,
+    keeping the sign of a zero) and divides back."""
+    scale = _power_of_ten(decimals)
+    scaled = x * scale
+    whole = round(scaled)
+    return math.copysign(float(whole), scaled) / scale, whole
+
+
+class _NodeStates:
+    """Per node of one cluster, the id of its state as the alignment reads it (CPU capacity, GPU count,
+    free CPU, free GPU milli: ``ids``), numbered in the order first seen (``states``), refreshed from the
+    cluster's log of changes; and the tables of the requests asked about (``tables``), per state id."""
+
+    __slots__ = ("changes", "ids", "index", "states", "tables")
+
+    def __init__(self, cluster: ClusterState) -> None:
         self.changes = NodeChanges(cluster)
-        self.vectors = plugin.free_vectors(cluster, slice(None))
-        self.rows = tuple(self.vectors)  # its three rows (views), unpacked once
+        self.index: dict[tuple[int, int, int, int], int] = {}
+        self.states: list[tuple[int, int, int, int]] = []
+        self.tables: dict[tuple[int, int, float], _BandTable] = {}
+        self.ids = np.array([self._id(s) for s in self._rows(cluster, range(len(cluster)))], dtype=np.int64)
 
-    def refresh(self, plugin: AlignmentScore) -> None:
+    @staticmethod
+    def _rows(cluster: ClusterState, rows: Sequence[int]) -> list[tuple[int, int, int, int]]:
+        if isinstance(rows, range) and len(rows) == len(cluster):
+            columns = (cluster.cpu_capacity, cluster.gpu_count, cluster.cpu_free, cluster.gpu_free_total)
+            return list(zip(*(c.tolist() for c in columns), strict=True))
+        return [
+            (
+                cluster.cpu_capacity.item(i),
+                cluster.gpu_count.item(i),
+                cluster.cpu_free.item(i),
+                cluster.gpu_free_total.item(i),
+            )
+            for i in rows
+        ]
+
+    def _id(self, state: tuple[int, int, int, int]) -> int:
+        sid = self.index.get(state)
+        if sid is None:
+            sid = self.index[state] = len(self.states)
+            self.states.append(state)
+        return sid
+
+    def refresh(self) -> None:
         rows = self.changes.moved()
         cluster = self.changes.cluster
-        if rows is None or len(rows) > ONE_BY_ONE:
-            at = slice(None) if rows is None else np.array(rows)
-            self.vectors[:, at] = plugin.free_vectors(cluster, at)
-            return
-        for i in rows:
-            self.vectors[:, i] = plugin.free_vector_at(cluster, i)
+        if rows is None:
+            rows = range(len(cluster))
+        for i, state in zip(rows, self._rows(cluster, rows), strict=True):
+            self.ids[i] = self._id(state)
+
+
+class _BandTable:
+    """One request's (and step's) ``aligned`` per node state id: ``floats`` (NaN where not worked out
+    yet) and ``ints`` (the same order as an int, ``_UNKNOWN`` where not worked out yet); ``high``: the
+    largest int put."""
+
+    __slots__ = ("floats", "high", "ints")
+
+    def __init__(self, n: int) -> None:
+        self.floats = np.full(max(n, 16), np.nan)
+        self.ints = np.full(max(n, 16), _UNKNOWN, dtype=np.int64)
+        self.high = 0
+
+    def grow(self, n: int) -> None:
+        more = max(n, 2 * len(self.ints)) - len(self.ints)
+        self.floats = np.concatenate((self.floats, np.full(more, np.nan)))
+        self.ints = np.concatenate((self.ints, np.full(more, _UNKNOWN, dtype=np.int64)))
+
+    def put(self, sid: int, value: float, key: int) -> None:
+        self.floats[sid] = value
+        self.ints[sid] = key
+        self.high = max(self.high, key)
 
 
 def fgd_align() -> Policy:
@@ -772,14 +886,22 @@ class ReserveThenAlign(AlignmentScore):
             cpu, gpu = self.prior
         return cpu * self.capacity[1] > gpu * self.capacity[0]
 
-    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+    def _terms(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
+    ) -> tuple[float, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """The alignment's step for this pod, and the share remainders, the reserve's penalty and the
+        model balance on the nodes of ``idx`` (None: 0 everywhere, or not asked)."""
         exact = self.cpu_bound_exact and self.step and self.cpu_bound()
-        bands = self.aligned(pod, cluster, idx, 0.0 if exact else self.step)  # the cosine, or 0 .. 1 / step
         waste = None
         if self.waste_band and pod.is_share and pod.gpu_milli:
-            waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1)[idx]
+            waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1).take(idx)
         penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        return (0.0 if exact else self.step), waste, penalty, balance
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        step, waste, penalty, balance = self._terms(pod, cluster, idx)
+        bands = self.aligned(pod, cluster, idx, step)  # the cosine, or 0 .. 1 / step
         if waste is None and penalty is None and balance is None:
             return bands  # what the terms below would add is 0 everywhere
         top = 1.0 + np.max(bands, initial=0.0)
@@ -791,6 +913,41 @@ class ReserveThenAlign(AlignmentScore):
         if balance is None:
             return out
         return out + (2.0 * np.max(np.abs(out), initial=0.0) + 10.0) * balance
+
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        """``score``'s best node, then the node order, as one int key per node (``aligned_keys``, then
+        each term above it as a digit of its own: the model balance, the penalty, the share remainder's
+        band). The same node as ``score`` then ``schedule.pick``: ``score`` adds the terms with weights
+        that make them lexicographic (each weight is above the span of what it outweighs) as long as no
+        band is below 0 (free CPU below 0, booked facts only); then it is not offered (None)."""
+        step, waste, penalty, balance = self._terms(pod, cluster, idx)
+        found = self.aligned_keys(pod, cluster, idx, step)
+        if found is None:
+            return None
+        keys, low, span = found
+        if waste is None and penalty is None and balance is None:
+            return int(keys.argmax())
+        if low < 0:
+            return None
+        # each digit is worth twice the span of the keys below it: keys lie in (-span, span)
+        digits = []  # (values, their largest, sign)
+        if waste is not None:
+            digits.append((waste // self.waste_band, (MILLI + 1) // self.waste_band, -1))
+        if penalty is not None:
+            digits.append((penalty.astype(np.int64), len(self.reserve.shapes), -1))
+        if balance is not None:
+            if int(balance.min()) < 0:
+                return None
+            digits.append((balance.astype(np.int64), int(balance.max()), 1))
+        bound = span
+        for _, top, _ in digits:
+            bound *= 2 * top + 1
+        if bound >= 1 << 62:
+            return None
+        for values, top, sign in digits:
+            keys += (sign * 2 * span) * values
+            span *= 2 * top + 1
+        return int(keys.argmax())
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points

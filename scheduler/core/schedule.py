@@ -88,14 +88,20 @@ def schedule_one(
         placement = pod_placement(pod)
         if view.scores_apply(placement):  # node affinity, pod affinity, spread preferences
             scores = scores + view.scores(placement, idx)
-    if policy.tie_break is not None and len(idx) > 1:
+    tie_break = policy.tie_break
+    if tie_break is not None and len(idx) > 1:
         best = scores.max()
-        tied = scores == best
-        if np.count_nonzero(tied) > 1:  # only the tied nodes are scored by the tie-breaker
-            idx = idx[tied]
-            scores = policy.tie_break.score(pod, cluster, idx)
-            i, _ = pick(idx, scores, rng, cluster.tie_rank)
-            return _place(pod, cluster, policy, i, float(best), len(tied))
+        tied = np.flatnonzero(scores == best)
+        if len(tied) == 1:
+            return _place(pod, cluster, policy, int(idx[tied[0]]), float(best), len(idx))
+        # only the tied nodes are scored by the tie-breaker
+        among = idx.take(tied)
+        pos = tie_break.pick_tied(pod, cluster, among) if cluster.tie_rank is not None else None
+        if pos is None:
+            i, _ = pick(among, tie_break.score(pod, cluster, among), rng, cluster.tie_rank)
+        else:
+            i = int(among[pos])
+        return _place(pod, cluster, policy, i, float(best), len(idx))
     i, score = pick(idx, scores, rng, cluster.tie_rank)
     return _place(pod, cluster, policy, i, score, len(idx))
 

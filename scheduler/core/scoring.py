@@ -38,6 +38,12 @@ class ScorePlugin:
         """The GPU index a sharing pod should get on node ``i``; None: no opinion (best fit)."""
         return None
 
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        """As a tie-breaker: the position in ``idx`` of the node that ``score`` and then the cluster's
+        node order pick (``schedule.pick`` with ``cluster.tie_rank``), when the plugin can tell it
+        without the scores; None (the default): it cannot, the caller scores and picks."""
+        return None
+
     def applies(self, pod: PodRequest) -> bool:
         """False when ``score`` is 0 on every node for ``pod`` whatever the cluster (``Policy.score``
         then skips the plugin); default True."""
