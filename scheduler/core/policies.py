@@ -389,7 +389,7 @@ class AlignmentScore(ScorePlugin):
         if len(self._cpu_inv) != len(cluster):
             self.bind(cluster, (), random.Random())
         states = self._states
-        if states is None or not states.changes.follows(cluster) or len(states.states) > self.MAX_STATES:
+        if states is None or states.cluster is not cluster or len(states.states) > self.MAX_STATES:
             states = self._states = _NodeStates(cluster)
         else:
             states.refresh()
@@ -403,36 +403,19 @@ class AlignmentScore(ScorePlugin):
             table.grow(len(states.states))
         ids = states.ids.take(idx)
         ints = table.ints.take(ids)
-        low = int(ints.min()) if len(ids) else 0
+        low = int(_least(ints)) if len(ids) else 0
         if low == _UNKNOWN:  # some states not worked out yet for this request
+            sides, cpu, gpu, decimals = states.sides, key[0], key[1], self.decimals
             for sid in set(ids[ints == _UNKNOWN].tolist()):
-                table.put(sid, *self.band_of(states.states[sid], key[0], key[1], step))
+                table.put(sid, *aligned_band(sides[sid], cpu, gpu, step, decimals))
             ints = table.ints.take(ids)
-            low = int(ints.min())
+            low = int(_least(ints))
         return table, ids, ints, low
 
     def band_of(self, state: tuple[int, int, int, int], cpu: int, gpu: int, step: float) -> tuple[float, int]:
         """``aligned`` of one node state (CPU capacity, GPU count, free CPU, free GPU milli) for a request
-        of ``cpu`` CPU milli and ``gpu`` GPU milli, in Python with the float operations of the vector
-        code in the same order (the same value to the last bit), and as an int of the same order: the
-        band, or (``step`` 0) the rounded cosine times ``10**decimals``."""
-        cpu_capacity, gpus, cpu_free, gpu_free = state
-        cpu_inv = 1.0 / max(cpu_capacity, 1)
-        gpu_inv = 1.0 / max(gpus * MILLI, 1)
-        have_cpu = cpu_free * cpu_inv
-        have_gpu = gpu_free * gpu_inv
-        have_length = have_cpu * have_cpu + have_gpu * have_gpu
-        want_cpu = cpu * cpu_inv
-        want_gpu = gpu * gpu_inv
-        want_length = want_cpu * want_cpu + want_gpu * want_gpu
-        dot = have_cpu * want_cpu + have_gpu * want_gpu
-        norm = math.sqrt(have_length * want_length)
-        rounded, whole = round_like_numpy(dot / norm if norm > 0 else 0.0, self.decimals)
-        if step <= 0:
-            return rounded, whole
-        ratio = rounded / step
-        band = math.floor(ratio)
-        return (math.copysign(0.0, ratio) if band == 0 else float(band)), band  # np.floor keeps -0.0
+        of ``cpu`` CPU milli and ``gpu`` GPU milli (``aligned_band``)."""
+        return aligned_band(node_side(state), cpu, gpu, step, self.decimals)
 
     def free_vectors(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
         """``[3, rows]``: these nodes' free CPU and free GPU as fractions of their capacity, and the
@@ -450,6 +433,39 @@ class AlignmentScore(ScorePlugin):
 
 
 _UNKNOWN = np.iinfo(np.int64).min  # _BandTable.ints of a state not worked out yet
+_least = np.minimum.reduce  # ndarray.min without its Python wrapper
+
+
+def node_side(state: tuple[int, int, int, int]) -> tuple[float, float, float, float, float]:
+    """What ``aligned_band`` needs of a node state (CPU capacity, GPU count, free CPU, free GPU milli):
+    the inverses of its CPU and GPU capacity, its free CPU and GPU as fractions of them and the squared
+    length of that vector (``AlignmentScore.free_vector_at``'s float operations, in its order)."""
+    cpu_capacity, gpus, cpu_free, gpu_free = state
+    cpu_inv = 1.0 / max(cpu_capacity, 1)
+    gpu_inv = 1.0 / max(gpus * MILLI, 1)
+    have_cpu = cpu_free * cpu_inv
+    have_gpu = gpu_free * gpu_inv
+    return cpu_inv, gpu_inv, have_cpu, have_gpu, have_cpu * have_cpu + have_gpu * have_gpu
+
+
+def aligned_band(
+    side: tuple[float, float, float, float, float], cpu: int, gpu: int, step: float, decimals: int
+) -> tuple[float, int]:
+    """``AlignmentScore.aligned`` of a node (``node_side``) for a request of ``cpu`` CPU milli and ``gpu``
+    GPU milli, in Python with the float operations of the vector code in the same order (the same value
+    to the last bit), and as an int of the same order: the band, or (``step`` 0) the rounded cosine
+    times ``10**decimals``."""
+    cpu_inv, gpu_inv, have_cpu, have_gpu, have_length = side
+    want_cpu = cpu * cpu_inv
+    want_gpu = gpu * gpu_inv
+    norm = math.sqrt(have_length * (want_cpu * want_cpu + want_gpu * want_gpu))
+    dot = have_cpu * want_cpu + have_gpu * want_gpu
+    rounded, whole = round_like_numpy(dot / norm if norm > 0 else 0.0, decimals)
+    if step <= 0:
+        return rounded, whole
+    ratio = rounded / step
+    band = math.floor(ratio)
+    return (math.copysign(0.0, ratio) if band == 0 else float(band)), band  # np.floor keeps -0.0
 
 
 @functools.cache
@@ -473,47 +489,50 @@ def round_like_numpy(x: float, decimals: int) -> tuple[float, int]:
 
 class _NodeStates:
     """Per node of one cluster, the id of its state as the alignment reads it (CPU capacity, GPU count,
-    free CPU, free GPU milli: ``ids``), numbered in the order first seen (``states``), refreshed from the
-    cluster's log of changes; and the tables of the requests asked about (``tables``), per state id."""
+    free CPU, free GPU milli: ``ids``), numbered in the order first seen (``states``, and ``sides``: each
+    state's ``node_side``), refreshed from the cluster's log of changes; and the tables of the requests
+    asked about (``tables``), per state id."""
 
-    __slots__ = ("changes", "ids", "index", "states", "tables")
+    __slots__ = ("cluster", "generation", "ids", "index", "sides", "states", "tables")
 
     def __init__(self, cluster: ClusterState) -> None:
-        self.changes = NodeChanges(cluster)
+        self.cluster = cluster
+        self.generation = cluster.generation
         self.index: dict[tuple[int, int, int, int], int] = {}
         self.states: list[tuple[int, int, int, int]] = []
+        self.sides: list[tuple[float, float, float, float, float]] = []
         self.tables: dict[tuple[int, int, float], _BandTable] = {}
-        self.ids = np.array([self._id(s) for s in self._rows(cluster, range(len(cluster)))], dtype=np.int64)
-
-    @staticmethod
-    def _rows(cluster: ClusterState, rows: Sequence[int]) -> list[tuple[int, int, int, int]]:
-        if isinstance(rows, range) and len(rows) == len(cluster):
-            columns = (cluster.cpu_capacity, cluster.gpu_count, cluster.cpu_free, cluster.gpu_free_total)
-            return list(zip(*(c.tolist() for c in columns), strict=True))
-        return [
-            (
-                cluster.cpu_capacity.item(i),
-                cluster.gpu_count.item(i),
-                cluster.cpu_free.item(i),
-                cluster.gpu_free_total.item(i),
-            )
-            for i in rows
-        ]
+        columns = (cluster.cpu_capacity, cluster.gpu_count, cluster.cpu_free, cluster.gpu_free_total)
+        rows = zip(*(c.tolist() for c in columns), strict=True)
+        self.ids = np.array([self._id(state) for state in rows], dtype=np.int64)
 
     def _id(self, state: tuple[int, int, int, int]) -> int:
         sid = self.index.get(state)
         if sid is None:
             sid = self.index[state] = len(self.states)
             self.states.append(state)
+            self.sides.append(node_side(state))
         return sid
 
     def refresh(self) -> None:
-        rows = self.changes.moved()
-        cluster = self.changes.cluster
+        """Take the state of every node changed since the last refresh (a node changed twice is looked
+        at twice; all nodes when the log no longer reaches back)."""
+        cluster = self.cluster
+        if self.generation == cluster.generation:
+            return
+        rows = cluster.changed_since(self.generation)
+        self.generation = cluster.generation
         if rows is None:
             rows = range(len(cluster))
-        for i, state in zip(rows, self._rows(cluster, rows), strict=True):
-            self.ids[i] = self._id(state)
+        capacity, gpus, cpu, gpu = (
+            cluster.cpu_capacity,
+            cluster.gpu_count,
+            cluster.cpu_free,
+            cluster.gpu_free_total,
+        )
+        ids = self.ids
+        for i in rows:
+            ids[i] = self._id((capacity.item(i), gpus.item(i), cpu.item(i), gpu.item(i)))
 
 
 class _BandTable:
