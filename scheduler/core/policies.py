@@ -769,6 +769,95 @@ def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -
     return np.array([r - best[r] for r in range(MILLI + 1)], dtype=np.int64)
 
 
+def plain_share(pod: PodRequest, cluster: ClusterState) -> bool:
+    """Whether ``pod`` is a share given in milli that fits every GPU with that much free: no memory,
+    model or enforcement condition, and no GPU of the cluster with its memory known (what
+    ``ClusterState.share_view`` then works out depends on a node's free milli per GPU alone)."""
+    return bool(pod.is_share and pod.gpu_milli) and not (
+        pod.gpu_models or pod.enforced_share or cluster.any_gpu_memory
+    )
+
+
+def share_summary(
+    free: Sequence[int], milli: int, table: Sequence[int | float] | None, none: int | float
+) -> int | float:
+    """For a plain share of ``milli`` on a node whose GPUs have ``free`` milli free: the least
+    remainder it would leave on a GPU (capped at ``MILLI``; ``ShareSlots.least_left``), or with a
+    ``table`` the least ``table[remainder]`` (``ShareSlots.least_mapped``); ``none`` where no GPU fits."""
+    if table is None:
+        return min((min(f - milli, MILLI) for f in free if f >= milli), default=none)
+    return min((table[min(f - milli, MILLI)] for f in free if f >= milli), default=none)
+
+
+class GpuStateValues:
+    """Values that depend on a node's free milli per GPU alone (``ClusterState.gpu_key``), kept per
+    distinct free tuple (a GPU state) and per request key: every node carries the id of its GPU state,
+    refreshed from the cluster's log of changes, and each key's table holds the value per state id,
+    worked out (``compute``) the first time a node in that state is asked about. Values must be >= 0
+    (-1 marks a state not worked out yet)."""
+
+    MAX_STATES = 1 << 16  # GPU states numbered before the numbering (and every table) starts afresh
+    MAX_KEYS = 256  # tables kept (the oldest dropped first)
+
+    def __init__(self) -> None:
+        self.cluster: ClusterState | None = None
+        self.generation = 0
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.index: dict[tuple[int, ...], int] = {}
+        self.states: list[tuple[int, ...]] = []
+        self.tables: dict[tuple, np.ndarray] = {}
+
+    def _reset(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
+        self.generation = cluster.generation
+        self.index = {}
+        self.states = []
+        self.tables = {}
+        self.ids = np.array([self._id(free) for free in cluster.gpu_key], dtype=np.int64)
+
+    def _id(self, free: tuple[int, ...]) -> int:
+        sid = self.index.get(free)
+        if sid is None:
+            sid = self.index[free] = len(self.states)
+            self.states.append(free)
+        return sid
+
+    def values(
+        self,
+        cluster: ClusterState,
+        key: tuple,
+        idx: np.ndarray,
+        compute: Callable[[tuple[int, ...]], int | float],
+        dtype: type,
+    ) -> np.ndarray:
+        """``compute(free)`` of every node of ``idx`` (``free``: its ``gpu_key``), as ``dtype``;
+        ``key`` names ``compute`` (one table per key)."""
+        if self.cluster is not cluster or len(self.states) > self.MAX_STATES:
+            self._reset(cluster)
+        elif self.generation != cluster.generation:
+            rows = cluster.changed_since(self.generation)
+            self.generation = cluster.generation
+            ids, gpu_key = self.ids, cluster.gpu_key
+            for i in range(len(cluster)) if rows is None else rows:
+                ids[i] = self._id(gpu_key[i])
+        table = self.tables.get(key)
+        if table is None or len(table) < len(self.states):
+            if table is None and len(self.tables) >= self.MAX_KEYS:
+                del self.tables[next(iter(self.tables))]
+            grown = np.full(max(2 * len(self.states), 64), -1, dtype=dtype)
+            if table is not None:
+                grown[: len(table)] = table
+            table = self.tables[key] = grown
+        ids = self.ids.take(idx)
+        out = table.take(ids)
+        if len(out) and _least(out) < 0:
+            states = self.states
+            for sid in set(ids[out < 0].tolist()):
+                table[sid] = compute(states[sid])
+            out = table.take(ids)
+        return out
+
+
 class ShareCompletionScore(ScorePlugin):
     """Shares: the nodes where the share leaves a GPU with less than ``below`` milli free (which no
     common share fills) score ``1 + (below - left) / below``, the others 0; the share takes that GPU.
@@ -786,6 +875,11 @@ class ShareCompletionScore(ScorePlugin):
         # ``below`` is fixed once built
         left = np.arange(MILLI + 2, dtype=np.int64)
         self.by_left = np.where(left < below, 1.0 + (below - left) / below, 0.0)
+        self._scores = self.by_left.tolist()
+        self._kept = GpuStateValues()  # plain shares: the score per GPU state
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self._kept = GpuStateValues()
 
     def applies(self, pod: PodRequest) -> bool:
         return pod.is_share and pod.gpu_milli != 0
@@ -793,6 +887,15 @@ class ShareCompletionScore(ScorePlugin):
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not pod.is_share or pod.gpu_milli == 0:
             return np.zeros(len(idx))
+        if plain_share(pod, cluster):  # by_left of share_view's least_left, per GPU state
+            milli, scores = pod.gpu_milli, self._scores
+            return self._kept.values(
+                cluster,
+                (milli,),
+                idx,
+                lambda free: scores[share_summary(free, milli, None, MILLI + 1)],
+                float,
+            )
         return self.by_left.take(cluster.share_view(pod).least_left.take(idx))
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
@@ -872,6 +975,8 @@ class ReserveThenAlign(AlignmentScore):
         self.reserve = WholeNodeReserve(keep, adaptive)
         self.waste_band = waste_band
         self.waste = np.zeros(MILLI + 1, dtype=np.int64)
+        self._waste: tuple[np.ndarray, list[int]] = (self.waste, self.waste.tolist())  # and as a list
+        self._wasted = GpuStateValues()  # plain shares: the least waste per GPU state
         self.balance = ModelBalance(balance) if balance > 0 else None
         self.cpu_bound_exact = cpu_bound_exact
         self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
@@ -883,6 +988,8 @@ class ReserveThenAlign(AlignmentScore):
         self.reserve.bind(cluster, workload)
         if self.waste_band:
             self.waste = share_waste_table(workload)
+        self._waste = (self.waste, self.waste.tolist())
+        self._wasted = GpuStateValues()
         if self.balance is not None:
             self.balance.bind(cluster)
         self.capacity = (max(int(cluster.cpu_capacity.sum()), 1), max(cluster.total_gpus() * MILLI, 1))
@@ -913,7 +1020,22 @@ class ReserveThenAlign(AlignmentScore):
         exact = self.cpu_bound_exact and self.step and self.cpu_bound()
         waste = None
         if self.waste_band and pod.is_share and pod.gpu_milli:
-            waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1).take(idx)
+            if plain_share(pod, cluster):  # share_view's least_mapped, per GPU state
+                if (
+                    self._waste[0] is not self.waste
+                ):  # a new table (as least_mapped, not one changed in place)
+                    self._waste = (self.waste, self.waste.tolist())
+                    self._wasted = GpuStateValues()
+                milli, table = pod.gpu_milli, self._waste[1]
+                waste = self._wasted.values(
+                    cluster,
+                    (milli,),
+                    idx,
+                    lambda free: share_summary(free, milli, table, MILLI + 1),
+                    np.int64,
+                )
+            else:
+                waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1).take(idx)
         penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
         return (0.0 if exact else self.step), waste, penalty, balance
