@@ -22,7 +22,7 @@ from scheduler.core.frag import FragModel, after_share, after_whole, typical_pod
 from scheduler.core.rdma import vf_distance
 from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.scoring import Policy, ScorePlugin
-from scheduler.core.state import ClusterState, NodeChanges
+from scheduler.core.state import ClusterState
 from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set
 from scheduler.core.utilization import LiveUtilizationScore, UtilizationScore
 
@@ -406,9 +406,14 @@ class AlignmentScore(ScorePlugin):
         low = int(_least(ints)) if len(ids) else 0
         if low == _UNKNOWN:  # some states not worked out yet for this request
             sides, cpu, gpu, decimals = states.sides, key[0], key[1], self.decimals
+            floats, known, high = table.floats, table.ints, table.high
             for sid in set(ids[ints == _UNKNOWN].tolist()):
-                table.put(sid, *aligned_band(sides[sid], cpu, gpu, step, decimals))
-            ints = table.ints.take(ids)
+                value, whole = aligned_band(sides[sid], cpu, gpu, step, decimals)
+                floats[sid] = value
+                known[sid] = whole
+                high = max(high, whole)
+            table.high = high
+            ints = known.take(ids)
             low = int(_least(ints))
         return table, ids, ints, low
 
@@ -552,11 +557,6 @@ class _BandTable:
         self.floats = np.concatenate((self.floats, np.full(more, np.nan)))
         self.ints = np.concatenate((self.ints, np.full(more, _UNKNOWN, dtype=np.int64)))
 
-    def put(self, sid: int, value: float, key: int) -> None:
-        self.floats[sid] = value
-        self.ints[sid] = key
-        self.high = max(self.high, key)
-
 
 def fgd_align() -> Policy:
     """Our policy: FGD first, Tetris alignment among the placements FGD scores equal.
@@ -604,6 +604,8 @@ class WholeNodeReserve:
         self.seen_total = 0  # adaptive: GPU milli arrived
         self._limits = np.zeros((0, 3, 1), dtype=np.int64)  # per shape: GPUs, CPU milli, memory MiB
         self._table: _HostTable | None = None
+        self._fewest = 0  # hosts_at: the fewest GPUs a shape takes
+        self._none: tuple[bool, ...] = ()  # hosts_at: a node that hosts no shape
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
         largest = int(cluster.gpu_count.max()) if len(cluster) else 0
@@ -621,6 +623,8 @@ class WholeNodeReserve:
         self.seen = [0] * len(self.shapes)
         self.seen_total = 0
         self._limits = np.array(self.shapes, dtype=np.int64).reshape(len(self.shapes), 3, 1)
+        self._fewest = min((g for g, _, _ in self.shapes), default=0)
+        self._none = (False,) * len(self.shapes)
         self._table = None
 
     @staticmethod
@@ -658,8 +662,11 @@ class WholeNodeReserve:
 
     def hosts_at(self, cluster: ClusterState, i: int) -> tuple[bool, ...]:
         """``hosts`` of node ``i`` alone, per shape (Python, for a few nodes)."""
-        gpus, cpu, memory = cluster.gpu_full_free.item(i), cluster.cpu_free.item(i), cluster.mem_free.item(i)
-        return tuple(gpus >= g and cpu >= c and memory >= m for g, c, m in self.shapes)
+        gpus = cluster.gpu_full_free.item(i)
+        if gpus < self._fewest:  # too few free GPUs for any shape (the usual case)
+            return self._none
+        cpu, memory = cluster.cpu_free.item(i), cluster.mem_free.item(i)
+        return tuple([gpus >= g and cpu >= c and memory >= m for g, c, m in self.shapes])
 
     def penalty(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         """Per node of ``idx``, how many scarce whole-node shapes placing ``pod`` there would break."""
@@ -675,7 +682,7 @@ class WholeNodeReserve:
         if not self.shapes:
             return None
         table = self._table
-        if table is None or not table.changes.follows(cluster):
+        if table is None or table.cluster is not cluster:
             table = self._table = _HostTable(self, cluster)
         else:
             table.refresh(self)
@@ -717,10 +724,11 @@ class _HostTable:
     for one cluster: worked out for every node at first, then only for the nodes that changed since
     (a node's free GPUs, CPU and memory change only with it), one by one when they are few."""
 
-    __slots__ = ("changes", "counts", "flags", "free", "free_milli", "hosts")
+    __slots__ = ("cluster", "counts", "flags", "free", "free_milli", "generation", "hosts")
 
     def __init__(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
-        self.changes = NodeChanges(cluster)
+        self.cluster = cluster
+        self.generation = cluster.generation
         self.hosts = reserve.hosts(cluster, slice(None))
         self.counts: list[int] = self.hosts.sum(axis=1).tolist()
         self.flags: list[tuple[bool, ...]] = [tuple(f) for f in self.hosts.T.tolist()]  # per node
@@ -728,8 +736,13 @@ class _HostTable:
         self.free_milli = sum(self.free)  # the cluster's free GPU milli (gpu_free_total summed)
 
     def refresh(self, reserve: WholeNodeReserve) -> None:
-        rows = self.changes.moved()
-        cluster = self.changes.cluster
+        """Take the nodes changed since the last refresh (each change once: taking a node again changes
+        nothing)."""
+        cluster = self.cluster
+        if self.generation == cluster.generation:
+            return
+        rows = cluster.changed_since(self.generation)
+        self.generation = cluster.generation
         if rows is None or len(rows) > ONE_BY_ONE:
             at = slice(None) if rows is None else np.array(rows)
             self.hosts[:, at] = reserve.hosts(cluster, at)
@@ -926,6 +939,7 @@ class ModelBalance:
         self.codes = np.zeros(0, dtype=np.int64)
         self.capacity = np.zeros(0)
         self.restricted = np.zeros(0, dtype=bool)
+        self.any_restricted = False  # restricted.any()
         self.sets: list[frozenset[str]] = []
 
     def bind(self, cluster: ClusterState) -> None:
@@ -934,15 +948,17 @@ class ModelBalance:
         weights = cluster.gpu_count * float(MILLI)
         self.capacity = np.bincount(self.codes, weights=weights, minlength=len(self.sets))
         self.restricted = np.zeros(len(self.sets), dtype=bool)
+        self.any_restricted = False  # restricted.any()
 
     def observe(self, pod: PodRequest) -> None:
         if pod.gpu_models and pod.gpu_count:
             for code, models in enumerate(self.sets):
                 if models & pod.gpu_models:
                     self.restricted[code] = True
+                    self.any_restricted = True
 
     def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
-        if pod.gpu_models or not pod.gpu_count or not self.restricted.any():
+        if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
             return None
         free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
         share = np.divide(free, self.capacity, out=np.ones_like(free), where=self.capacity > 0)

@@ -83,9 +83,9 @@ class Policy:
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         """The weighted sum of the plugins' scores, in plugin order; plugins that do not apply to the
         pod (0 everywhere) are left out, which changes no sum."""
-        plugins = self.plugins
+        plugins: Sequence[tuple[ScorePlugin, float]] = self.plugins
         if len(plugins) > 1:
-            plugins = tuple(pw for pw in plugins if pw[0].applies(pod))
+            plugins = [pw for pw in plugins if pw[0].applies(pod)]
         if len(plugins) == 1:
             plugin, weight = plugins[0]
             return (
