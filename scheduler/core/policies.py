@@ -914,6 +914,12 @@ class ShareCompletionScore(ScorePlugin):
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
         if not pod.is_share or pod.gpu_milli == 0:
             return None
+        if plain_share(pod, cluster):  # the same from the node's free milli per GPU (gpu_rows)
+            milli, least, chosen = pod.gpu_milli, self.below, None
+            for j, free in enumerate(cluster.gpu_rows[i]):
+                if free >= milli and free - milli < least:
+                    least, chosen = free - milli, j
+            return chosen
         best: tuple[int, int] | None = None
         for g in cluster.nodes[i].gpus:
             if g.fits_share(pod):

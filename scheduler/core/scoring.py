@@ -102,7 +102,10 @@ class Policy:
         return total
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
-        for plugin, _ in sorted(self.plugins, key=lambda pw: -pw[1]):
+        order = self.__dict__.get("_by_weight")  # the plugins, heaviest first (kept per plugins tuple)
+        if order is None or order[0] is not self.plugins:
+            order = self.__dict__["_by_weight"] = (self.plugins, sorted(self.plugins, key=lambda pw: -pw[1]))
+        for plugin, _ in order[1]:
             choice = plugin.share_gpu(pod, cluster, i)
             if choice is not None:
                 return choice
