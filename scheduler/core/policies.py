@@ -359,7 +359,7 @@ class AlignmentScore(ScorePlugin):
     def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
         """The cosine on the nodes of ``idx`` (rounded to ``decimals``), in bands of ``step`` when it
         is above 0."""
-        table, ids, _, _ = self._lookup(pod, cluster, idx, step)
+        table, ids, _ = self._lookup(pod, cluster, idx, step)
         return table.floats.take(ids)
 
     def aligned_keys(
@@ -367,25 +367,26 @@ class AlignmentScore(ScorePlugin):
     ) -> tuple[np.ndarray, int, int] | None:
         """``aligned`` and the cluster's node order as one int key per node of ``idx``: higher where
         ``aligned`` is higher, then where ``tie_rank`` is lower (so the first largest key is the node
-        ``schedule.pick`` takes among the best ``aligned``), with the least value of ``aligned`` there
-        (an int: the band, or the rounded cosine times ``10**decimals``) and the bound of the keys'
-        span (every key is below it and above minus it). None without a node order (ties at random)."""
+        ``schedule.pick`` takes among the best ``aligned``), with a lower bound of ``aligned`` there
+        (as an int: the band, or the rounded cosine times ``10**decimals``; the least worked out for
+        this request on any node) and the bound of the keys' span (every key is below it and above minus
+        it). None without a node order (ties at random)."""
         rank = cluster.tie_rank
         if rank is None or self.decimals > self.MAX_DECIMALS:
             return None
-        table, _, ints, low = self._lookup(pod, cluster, idx, step)
+        table, _, ints = self._lookup(pod, cluster, idx, step)
         order = self._order
         if order is None or order[0] is not rank:
             order = self._order = (rank, len(rank) - 1 - rank)
         n = len(rank)
         keys = ints * n + order[1].take(idx)
-        return keys, low, (max(table.high, -low) + 1) * n
+        return keys, table.low, (max(table.high, -table.low) + 1) * n
 
     def _lookup(
         self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float
-    ) -> tuple[_BandTable, np.ndarray, np.ndarray, int]:
-        """The request's table (worked out for every node of ``idx``), the nodes' state ids, their
-        ints and the least of those."""
+    ) -> tuple[_BandTable, np.ndarray, np.ndarray]:
+        """The request's table (worked out for every node of ``idx``), the nodes' state ids and their
+        ints."""
         if len(self._cpu_inv) != len(cluster):
             self.bind(cluster, (), random.Random())
         states = self._states
@@ -403,19 +404,17 @@ class AlignmentScore(ScorePlugin):
             table.grow(len(states.states))
         ids = states.ids.take(idx)
         ints = table.ints.take(ids)
-        low = int(_least(ints)) if len(ids) else 0
-        if low == _UNKNOWN:  # some states not worked out yet for this request
+        if len(ids) and _least(ints) == _UNKNOWN:  # some states not worked out yet for this request
             sides, cpu, gpu, decimals = states.sides, key[0], key[1], self.decimals
-            floats, known, high = table.floats, table.ints, table.high
+            floats, known, low, high = table.floats, table.ints, table.low, table.high
             for sid in set(ids[ints == _UNKNOWN].tolist()):
                 value, whole = aligned_band(sides[sid], cpu, gpu, step, decimals)
                 floats[sid] = value
                 known[sid] = whole
-                high = max(high, whole)
-            table.high = high
+                low, high = min(low, whole), max(high, whole)
+            table.low, table.high = low, high
             ints = known.take(ids)
-            low = int(_least(ints))
-        return table, ids, ints, low
+        return table, ids, ints
 
     def band_of(self, state: tuple[int, int, int, int], cpu: int, gpu: int, step: float) -> tuple[float, int]:
         """``aligned`` of one node state (CPU capacity, GPU count, free CPU, free GPU milli) for a request
@@ -542,15 +541,15 @@ class _NodeStates:
 
 class _BandTable:
     """One request's (and step's) ``aligned`` per node state id: ``floats`` (NaN where not worked out
-    yet) and ``ints`` (the same order as an int, ``_UNKNOWN`` where not worked out yet); ``high``: the
-    largest int put."""
+    yet) and ``ints`` (the same order as an int, ``_UNKNOWN`` where not worked out yet); ``low`` and
+    ``high``: the least and the largest int put (0 before any)."""
 
-    __slots__ = ("floats", "high", "ints")
+    __slots__ = ("floats", "high", "ints", "low")
 
     def __init__(self, n: int) -> None:
         self.floats = np.full(max(n, 16), np.nan)
         self.ints = np.full(max(n, 16), _UNKNOWN, dtype=np.int64)
-        self.high = 0
+        self.low = self.high = 0
 
     def grow(self, n: int) -> None:
         more = max(n, 2 * len(self.ints)) - len(self.ints)
@@ -688,7 +687,8 @@ class WholeNodeReserve:
             table.refresh(self)
         out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
-        free = -1  # the cluster's free GPU milli, summed when an adaptive count needs it
+        free = -1  # the cluster's free GPU milli, read when an adaptive count needs it
+        total = 0  # the GPU milli arrived (adaptive)
         for k, (gpus, cpu, memory) in enumerate(self.shapes):
             if not pod.is_share and pod.gpu_count >= gpus:
                 continue  # a pod of this size itself
@@ -700,7 +700,9 @@ class WholeNodeReserve:
                     continue
                 if free < 0:
                     free = table.free_milli
-                if count > self.keep_for(k, free):
+                    total = self.seen_total
+                share = self.seen[k] / total if total else self.prior[k]  # keep_for, inline
+                if count > math.ceil(share * free / (gpus * MILLI)):
                     continue
             where = np.flatnonzero(table.hosts[k][idx])
             if not where.size:

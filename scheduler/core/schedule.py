@@ -26,6 +26,8 @@ from scheduler.core.request import PodRequest
 from scheduler.core.scoring import Policy
 from scheduler.core.state import Allocation, ClusterState
 
+_largest = np.maximum.reduce
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -90,8 +92,8 @@ def schedule_one(
             scores = scores + view.scores(placement, idx)
     tie_break = policy.tie_break
     if tie_break is not None and len(idx) > 1:
-        best = scores.max()
-        tied = np.flatnonzero(scores == best)
+        best = _largest(scores)  # scores.max() and np.flatnonzero without their Python wrappers
+        tied = (scores == best).nonzero()[0]
         if len(tied) == 1:
             return _place(pod, cluster, policy, int(idx[tied[0]]), float(best), len(idx))
         # only the tied nodes are scored by the tie-breaker
