@@ -547,8 +547,9 @@ class _BandTable:
     __slots__ = ("floats", "high", "ints", "low")
 
     def __init__(self, n: int) -> None:
-        self.floats = np.full(max(n, 16), np.nan)
-        self.ints = np.full(max(n, 16), _UNKNOWN, dtype=np.int64)
+        n = 2 * n + 1024  # room for the states to come
+        self.floats = np.full(n, np.nan)
+        self.ints = np.full(n, _UNKNOWN, dtype=np.int64)
         self.low = self.high = 0
 
     def grow(self, n: int) -> None:
@@ -859,7 +860,7 @@ class GpuStateValues:
         if table is None or len(table) < len(self.states):
             if table is None and len(self.tables) >= self.MAX_KEYS:
                 del self.tables[next(iter(self.tables))]
-            grown = np.full(max(2 * len(self.states), 64), -1, dtype=dtype)
+            grown = np.full(2 * len(self.states) + 1024, -1, dtype=dtype)
             if table is not None:
                 grown[: len(table)] = table
             table = self.tables[key] = grown
