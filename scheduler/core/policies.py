@@ -28,6 +28,7 @@ from scheduler.core.utilization import LiveUtilizationScore, UtilizationScore
 
 MAX_NODE_SCORE = 100
 ONE_BY_ONE = 32  # caches kept per node version: up to this many changed nodes are worked out one by one
+FEW_HOSTS = 32  # WholeNodeReserve.scarce_breaks: up to this many hosts of a shape among the nodes, in Python
 
 
 class _Normalised(ScorePlugin):
@@ -458,13 +459,15 @@ def aligned_band(
     """``AlignmentScore.aligned`` of a node (``node_side``) for a request of ``cpu`` CPU milli and ``gpu``
     GPU milli, in Python with the float operations of the vector code in the same order (the same value
     to the last bit), and as an int of the same order: the band, or (``step`` 0) the rounded cosine
-    times ``10**decimals``."""
+    times ``10**decimals`` (``round_like_numpy``, inline)."""
     cpu_inv, gpu_inv, have_cpu, have_gpu, have_length = side
     want_cpu = cpu * cpu_inv
     want_gpu = gpu * gpu_inv
     norm = math.sqrt(have_length * (want_cpu * want_cpu + want_gpu * want_gpu))
-    dot = have_cpu * want_cpu + have_gpu * want_gpu
-    rounded, whole = round_like_numpy(dot / norm if norm > 0 else 0.0, decimals)
+    scale = _power_of_ten(decimals)
+    scaled = ((have_cpu * want_cpu + have_gpu * want_gpu) / norm if norm > 0 else 0.0) * scale
+    whole = round(scaled)
+    rounded = math.copysign(whole, scaled) / scale
     if step <= 0:
         return rounded, whole
     ratio = rounded / step
@@ -705,8 +708,22 @@ class WholeNodeReserve:
                 share = self.seen[k] / total if total else self.prior[k]  # keep_for, inline
                 if count > math.ceil(share * free / (gpus * MILLI)):
                     continue
-            where = np.flatnonzero(table.hosts[k][idx])
+            where = table.hosts[k].take(idx).nonzero()[0]
             if not where.size:
+                continue
+            if len(where) <= FEW_HOSTS:  # the few scarce hosts among idx, in Python
+                cpu_after, memory_after = pod.cpu_milli, pod.memory_mib
+                full, cpu_free, memory_free = cluster.gpu_full_free, cluster.cpu_free, cluster.mem_free
+                for p in where.tolist():
+                    i = idx.item(p)
+                    if not (
+                        full.item(i) - take >= gpus
+                        and cpu_free.item(i) - cpu_after >= cpu
+                        and memory_free.item(i) - memory_after >= memory
+                    ):
+                        if out is None:
+                            out = np.zeros(len(idx))
+                        out[p] += 1
                 continue
             nodes = idx[where]
             after = (
