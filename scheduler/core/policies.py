@@ -194,6 +194,10 @@ class FGDScore(ScorePlugin):
         self._memo = {}
         self._node_models = [cluster.model_sets[c] for c in cluster.model_code.tolist()]
 
+    def bounds(self) -> tuple[float, float] | None:
+        """``to_score``'s range: 0 .. 100 // step (None when ``exact``: the raw decrease)."""
+        return None if self.exact else (0.0, float(MAX_NODE_SCORE // self.step))
+
     def to_score(self, decrease: float) -> float:
         if self.exact:
             return decrease
