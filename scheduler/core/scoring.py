@@ -22,6 +22,7 @@ from scheduler.core.request import PodRequest
 from scheduler.core.state import ClusterState
 
 _largest = np.maximum.reduce  # ndarray.max without its Python wrapper
+_least = np.minimum.reduce
 
 
 class ScorePlugin:
@@ -134,12 +135,12 @@ class Policy:
         (first, weight), *rest = plugins
         total = np.multiply(weight, first.score(pod, cluster, idx), dtype=np.float64)  # as score
         top = float(_largest(total))
-        near = total >= top - (high - low) - 1.0  # below: at most top + low - 1 with the others
-        if near.all():
+        near = top - (high - low) - 1.0  # below it: at most top + low - 1 with the others
+        if not _least(total) < near:  # every node can (or a NaN: every node is kept)
             kept = idx
         else:
-            keep = near.nonzero()[0]
-            left_out = float(_largest(total[~near]))  # the best first score of the nodes left out
+            keep = (total >= near).nonzero()[0]
+            left_out = float(_largest(total[total < near]))  # the best first score of those left out
             kept, total = idx.take(keep), total.take(keep)
         for plugin, weight in rest:
             part = plugin.score(pod, cluster, kept)
