@@ -554,7 +554,7 @@ class _BandTable:
     __slots__ = ("floats", "high", "ints", "low")
 
     def __init__(self, n: int) -> None:
-        n = 2 * n + 1024  # room for the states to come
+        n = 2 * n + 4096  # room for the states to come
         self.floats = np.full(n, np.nan)
         self.ints = np.full(n, _UNKNOWN, dtype=np.int64)
         self.low = self.high = 0
