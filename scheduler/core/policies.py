@@ -10,6 +10,7 @@ has its own (FGD). ``POLICIES`` maps each policy name to a factory; ``make_polic
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 import random
 from collections.abc import Callable, Sequence
@@ -21,12 +22,13 @@ from scheduler.core.frag import FragModel, after_share, after_whole, typical_pod
 from scheduler.core.rdma import vf_distance
 from scheduler.core.request import MILLI, PodRequest, Wish
 from scheduler.core.scoring import Policy, ScorePlugin
-from scheduler.core.state import ClusterState, NodeChanges
+from scheduler.core.state import ClusterState
 from scheduler.core.topology import LinkMatrix, best_gpu_set, greedy_gpu_set
 from scheduler.core.utilization import LiveUtilizationScore, UtilizationScore
 
 MAX_NODE_SCORE = 100
 ONE_BY_ONE = 32  # caches kept per node version: up to this many changed nodes are worked out one by one
+FEW_HOSTS = 32  # WholeNodeReserve.scarce_breaks: up to this many hosts of a shape among the nodes, in Python
 
 
 class _Normalised(ScorePlugin):
@@ -192,6 +194,10 @@ class FGDScore(ScorePlugin):
         self._memo = {}
         self._node_models = [cluster.model_sets[c] for c in cluster.model_code.tolist()]
 
+    def bounds(self) -> tuple[float, float] | None:
+        """``to_score``'s range: 0 .. 100 // step (None when ``exact``: the raw decrease)."""
+        return None if self.exact else (0.0, float(MAX_NODE_SCORE // self.step))
+
     def to_score(self, decrease: float) -> float:
         if self.exact:
             return decrease
@@ -322,74 +328,107 @@ class AlignmentScore(ScorePlugin):
     Both vectors are in fractions of the node's own capacity, so a CPU-heavy pod prefers nodes
     whose free CPU is large relative to their free GPU (CPU-rich nodes, or nodes whose GPUs are
     used up) and leaves the CPU of GPU-dense nodes to the GPU pods that need it. 0..1, higher is
-    better; 0 for a pod that asks for neither. What depends on the node alone (its free vector) is
-    kept per node version (``_FreeVectors``), what depends on the request and the node's capacity
-    per request (``_wanted``), so a pod costs a few vector operations over the nodes asked about.
+    better; 0 for a pod that asks for neither. The value depends only on the request and on the
+    node's state (CPU capacity, GPU count, free CPU, free GPU milli): every node carries the id of its
+    state (``_NodeStates``, refreshed from the cluster's log of changes), and each request (and band
+    step) keeps its value per state id (``_BandTable``), worked out the first time a node in that state
+    is asked about; a pod then costs a few gathers over the nodes asked about.
     """
 
     name = "alignment"
-    MAX_SHAPES = 256  # requests whose vectors are kept (all dropped when full)
+    MAX_SHAPES = 256  # requests (and steps) whose tables are kept (the oldest dropped first)
+    MAX_STATES = 1 << 16  # node states numbered before the numbering (and every table) starts afresh
+    MAX_DECIMALS = 9  # pick_tied: the rounded cosine times 10**decimals fits the int keys
 
     def __init__(self, decimals: int = 6, step: float = 0.0) -> None:
         self.decimals = decimals
         self.step = step  # > 0: the cosine in bands of ``step`` (nodes in one band tie)
         self._cpu_inv = np.zeros(0)
         self._gpu_inv = np.zeros(0)
-        self._wants: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
-        self._free: _FreeVectors | None = None
+        self._states: _NodeStates | None = None
+        self._order: tuple[np.ndarray, np.ndarray] | None = None  # (tie_rank, len - 1 - tie_rank)
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         self._cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)
         self._gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)
-        self._wants = {}
-        self._free = None
+        self._states = None
+        self._order = None
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         return self.aligned(pod, cluster, idx, self.step)
 
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        keys = self.aligned_keys(pod, cluster, idx, self.step)
+        return None if keys is None else int(keys[0].argmax())
+
     def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
         """The cosine on the nodes of ``idx`` (rounded to ``decimals``), in bands of ``step`` when it
         is above 0."""
+        table, ids, _ = self._lookup(pod, cluster, idx, step)
+        return table.floats.take(ids)
+
+    def aligned_keys(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float
+    ) -> tuple[np.ndarray, int, int] | None:
+        """``aligned`` and the cluster's node order as one int key per node of ``idx``: higher where
+        ``aligned`` is higher, then where ``tie_rank`` is lower (so the first largest key is the node
+        ``schedule.pick`` takes among the best ``aligned``), with a lower bound of ``aligned`` there
+        (as an int: the band, or the rounded cosine times ``10**decimals``; the least worked out for
+        this request on any node) and the bound of the keys' span (every key is below it and above minus
+        it). None without a node order (ties at random)."""
+        rank = cluster.tie_rank
+        if rank is None or self.decimals > self.MAX_DECIMALS:
+            return None
+        table, _, ints = self._lookup(pod, cluster, idx, step)
+        order = self._order
+        if order is None or order[0] is not rank:
+            order = self._order = (rank, len(rank) - 1 - rank)
+        n = len(rank)
+        keys = ints * n + order[1].take(idx)
+        return keys, table.low, (max(table.high, -table.low) + 1) * n
+
+    def _lookup(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float
+    ) -> tuple[_BandTable, np.ndarray, np.ndarray]:
+        """The request's table (worked out for every node of ``idx``), the nodes' state ids and their
+        ints."""
         if len(self._cpu_inv) != len(cluster):
             self.bind(cluster, (), random.Random())
-        free = self._free
-        if free is None or not free.changes.follows(cluster):
-            free = self._free = _FreeVectors(self, cluster)
+        states = self._states
+        if states is None or states.cluster is not cluster or len(states.states) > self.MAX_STATES:
+            states = self._states = _NodeStates(cluster)
         else:
-            free.refresh(self)
-        # free CPU and GPU (fractions of the node's capacity) and the squared length, times the same
-        # of the request: the terms of the dot product and the squared norm (1-D gathers are fastest)
-        have_cpu, have_gpu, have_length = free.rows
-        want_cpu, want_gpu, want_length = self._wanted(pod)
-        whole = 2 * len(idx) > len(cluster)  # most nodes: over all of them, then take (fewer operations)
-        if not whole:
-            have_cpu, have_gpu, have_length = have_cpu.take(idx), have_gpu.take(idx), have_length.take(idx)
-            want_cpu, want_gpu, want_length = want_cpu.take(idx), want_gpu.take(idx), want_length.take(idx)
-        dot = have_cpu * want_cpu + have_gpu * want_gpu
-        norm = np.sqrt(have_length * want_length)
-        cosine = np.divide(dot, norm, out=np.zeros(len(dot)), where=norm > 0)
-        # nodes of equal free shape must tie exactly (then the node order decides), not by float noise
-        out = cosine.round(self.decimals)  # as np.round
-        if step > 0:
-            out = np.floor(out / step)
-        return out.take(idx) if whole else out
+            states.refresh()
+        key = (pod.cpu_milli, pod.total_gpu_milli, step)
+        table = states.tables.get(key)
+        if table is None:
+            if len(states.tables) >= self.MAX_SHAPES:
+                del states.tables[next(iter(states.tables))]
+            table = states.tables[key] = _BandTable(len(states.states))
+        elif len(table.ints) < len(states.states):
+            table.grow(len(states.states))
+        ids = states.ids.take(idx)
+        ints = table.ints.take(ids)
+        if len(ids) and _least(ints) == _UNKNOWN:  # some states not worked out yet for this request
+            sides, cpu, gpu, decimals = states.sides, key[0], key[1], self.decimals
+            floats, known, low, high = table.floats, table.ints, table.low, table.high
+            for sid in set(ids[ints == _UNKNOWN].tolist()):
+                value, whole = aligned_band(sides[sid], cpu, gpu, step, decimals)
+                floats[sid] = value
+                known[sid] = whole
+                low, high = min(low, whole), max(high, whole)
+            table.low, table.high = low, high
+            ints = known.take(ids)
+        return table, ids, ints
 
-    def _wanted(self, pod: PodRequest) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """Per node: the request's CPU and GPU as fractions of each node's capacity, and the squared
-        length of that vector (the node's capacity never changes: kept per request)."""
-        key = (pod.cpu_milli, pod.total_gpu_milli)
-        wanted = self._wants.get(key)
-        if wanted is None:
-            if len(self._wants) >= self.MAX_SHAPES:
-                self._wants.clear()
-            cpu = key[0] * self._cpu_inv
-            gpu = key[1] * self._gpu_inv
-            wanted = self._wants[key] = (cpu, gpu, cpu * cpu + gpu * gpu)
-        return wanted
+    def band_of(self, state: tuple[int, int, int, int], cpu: int, gpu: int, step: float) -> tuple[float, int]:
+        """``aligned`` of one node state (CPU capacity, GPU count, free CPU, free GPU milli) for a request
+        of ``cpu`` CPU milli and ``gpu`` GPU milli (``aligned_band``)."""
+        return aligned_band(node_side(state), cpu, gpu, step, self.decimals)
 
     def free_vectors(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
         """``[3, rows]``: these nodes' free CPU and free GPU as fractions of their capacity, and the
-        squared length of that vector."""
+        squared length of that vector (the vector form of ``band_of``'s node side)."""
         cpu = cluster.cpu_free[rows] * self._cpu_inv[rows]
         gpu = cluster.gpu_free_total[rows] * self._gpu_inv[rows]
         return np.stack((cpu, gpu, cpu * cpu + gpu * gpu))
@@ -402,27 +441,128 @@ class AlignmentScore(ScorePlugin):
         return cpu, gpu, cpu * cpu + gpu * gpu
 
 
-class _FreeVectors:
-    """``AlignmentScore.free_vectors`` of every node of one cluster (``vectors``), worked out for every
-    node at first, then only for the nodes that changed since (a node's free CPU and GPU change only
-    with it), one by one when they are few."""
+_UNKNOWN = np.iinfo(np.int64).min  # _BandTable.ints of a state not worked out yet
+_least = np.minimum.reduce  # ndarray.min without its Python wrapper
 
-    __slots__ = ("changes", "rows", "vectors")
 
-    def __init__(self, plugin: AlignmentScore, cluster: ClusterState) -> None:
-        self.changes = NodeChanges(cluster)
-        self.vectors = plugin.free_vectors(cluster, slice(None))
-        self.rows = tuple(self.vectors)  # its three rows (views), unpacked once
+def node_side(state: tuple[int, int, int, int]) -> tuple[float, float, float, float, float]:
+    """What ``aligned_band`` needs of a node state (CPU capacity, GPU count, free CPU, free GPU milli):
+    the inverses of its CPU and GPU capacity, its free CPU and GPU as fractions of them and the squared
+    length of that vector (``AlignmentScore.free_vector_at``'s float operations, in its order)."""
+    cpu_capacity, gpus, cpu_free, gpu_free = state
+    cpu_inv = 1.0 / max(cpu_capacity, 1)
+    gpu_inv = 1.0 / max(gpus * MILLI, 1)
+    have_cpu = cpu_free * cpu_inv
+    have_gpu = gpu_free * gpu_inv
+    return cpu_inv, gpu_inv, have_cpu, have_gpu, have_cpu * have_cpu + have_gpu * have_gpu
 
-    def refresh(self, plugin: AlignmentScore) -> None:
-        rows = self.changes.moved()
-        cluster = self.changes.cluster
-        if rows is None or len(rows) > ONE_BY_ONE:
-            at = slice(None) if rows is None else np.array(rows)
-            self.vectors[:, at] = plugin.free_vectors(cluster, at)
+
+def aligned_band(
+    side: tuple[float, float, float, float, float], cpu: int, gpu: int, step: float, decimals: int
+) -> tuple[float, int]:
+    """``AlignmentScore.aligned`` of a node (``node_side``) for a request of ``cpu`` CPU milli and ``gpu``
+    GPU milli, in Python with the float operations of the vector code in the same order (the same value
+    to the last bit), and as an int of the same order: the band, or (``step`` 0) the rounded cosine
+    times ``10**decimals`` (``round_like_numpy``, inline)."""
+    cpu_inv, gpu_inv, have_cpu, have_gpu, have_length = side
+    want_cpu = cpu * cpu_inv
+    want_gpu = gpu * gpu_inv
+    norm = math.sqrt(have_length * (want_cpu * want_cpu + want_gpu * want_gpu))
+    scale = _power_of_ten(decimals)
+    scaled = ((have_cpu * want_cpu + have_gpu * want_gpu) / norm if norm > 0 else 0.0) * scale
+    whole = round(scaled)
+    rounded = math.copysign(whole, scaled) / scale
+    if step <= 0:
+        return rounded, whole
+    ratio = rounded / step
+    band = math.floor(ratio)
+    return (math.copysign(0.0, ratio) if band == 0 else float(band)), band  # np.floor keeps -0.0
+
+
+@functools.cache
+def _power_of_ten(decimals: int) -> float:
+    """``10.0 ** decimals`` as numpy's ``round`` works it out (repeated multiplication by 10)."""
+    out = 1.0
+    for _ in range(decimals):
+        out *= 10.0
+    return out
+
+
+def round_like_numpy(x: float, decimals: int) -> tuple[float, int]:
+    """``np.round(x, decimals)`` (``decimals`` >= 0) to the last bit, and the integer it is that many
+    tenths of: numpy multiplies by ``10**decimals``, rounds to the nearest integer (half to even,
+    keeping the sign of a zero) and divides back."""
+    scale = _power_of_ten(decimals)
+    scaled = x * scale
+    whole = round(scaled)
+    return math.copysign(float(whole), scaled) / scale, whole
+
+
+class _NodeStates:
+    """Per node of one cluster, the id of its state as the alignment reads it (CPU capacity, GPU count,
+    free CPU, free GPU milli: ``ids``), numbered in the order first seen (``states``, and ``sides``: each
+    state's ``node_side``), refreshed from the cluster's log of changes; and the tables of the requests
+    asked about (``tables``), per state id."""
+
+    __slots__ = ("cluster", "generation", "ids", "index", "sides", "states", "tables")
+
+    def __init__(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
+        self.generation = cluster.generation
+        self.index: dict[tuple[int, int, int, int], int] = {}
+        self.states: list[tuple[int, int, int, int]] = []
+        self.sides: list[tuple[float, float, float, float, float]] = []
+        self.tables: dict[tuple[int, int, float], _BandTable] = {}
+        columns = (cluster.cpu_capacity, cluster.gpu_count, cluster.cpu_free, cluster.gpu_free_total)
+        rows = zip(*(c.tolist() for c in columns), strict=True)
+        self.ids = np.array([self._id(state) for state in rows], dtype=np.int64)
+
+    def _id(self, state: tuple[int, int, int, int]) -> int:
+        sid = self.index.get(state)
+        if sid is None:
+            sid = self.index[state] = len(self.states)
+            self.states.append(state)
+            self.sides.append(node_side(state))
+        return sid
+
+    def refresh(self) -> None:
+        """Take the state of every node changed since the last refresh (a node changed twice is looked
+        at twice; all nodes when the log no longer reaches back)."""
+        cluster = self.cluster
+        if self.generation == cluster.generation:
             return
+        rows = cluster.changed_since(self.generation)
+        self.generation = cluster.generation
+        if rows is None:
+            rows = range(len(cluster))
+        capacity, gpus, cpu, gpu = (
+            cluster.cpu_capacity,
+            cluster.gpu_count,
+            cluster.cpu_free,
+            cluster.gpu_free_total,
+        )
+        ids = self.ids
         for i in rows:
-            self.vectors[:, i] = plugin.free_vector_at(cluster, i)
+            ids[i] = self._id((capacity.item(i), gpus.item(i), cpu.item(i), gpu.item(i)))
+
+
+class _BandTable:
+    """One request's (and step's) ``aligned`` per node state id: ``floats`` (NaN where not worked out
+    yet) and ``ints`` (the same order as an int, ``_UNKNOWN`` where not worked out yet); ``low`` and
+    ``high``: the least and the largest int put (0 before any)."""
+
+    __slots__ = ("floats", "high", "ints", "low")
+
+    def __init__(self, n: int) -> None:
+        n = 2 * n + 4096  # room for the states to come
+        self.floats = np.full(n, np.nan)
+        self.ints = np.full(n, _UNKNOWN, dtype=np.int64)
+        self.low = self.high = 0
+
+    def grow(self, n: int) -> None:
+        more = max(n, 2 * len(self.ints)) - len(self.ints)
+        self.floats = np.concatenate((self.floats, np.full(more, np.nan)))
+        self.ints = np.concatenate((self.ints, np.full(more, _UNKNOWN, dtype=np.int64)))
 
 
 def fgd_align() -> Policy:
@@ -471,6 +611,8 @@ class WholeNodeReserve:
         self.seen_total = 0  # adaptive: GPU milli arrived
         self._limits = np.zeros((0, 3, 1), dtype=np.int64)  # per shape: GPUs, CPU milli, memory MiB
         self._table: _HostTable | None = None
+        self._fewest = 0  # hosts_at: the fewest GPUs a shape takes
+        self._none: tuple[bool, ...] = ()  # hosts_at: a node that hosts no shape
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
         largest = int(cluster.gpu_count.max()) if len(cluster) else 0
@@ -488,6 +630,8 @@ class WholeNodeReserve:
         self.seen = [0] * len(self.shapes)
         self.seen_total = 0
         self._limits = np.array(self.shapes, dtype=np.int64).reshape(len(self.shapes), 3, 1)
+        self._fewest = min((g for g, _, _ in self.shapes), default=0)
+        self._none = (False,) * len(self.shapes)
         self._table = None
 
     @staticmethod
@@ -525,8 +669,11 @@ class WholeNodeReserve:
 
     def hosts_at(self, cluster: ClusterState, i: int) -> tuple[bool, ...]:
         """``hosts`` of node ``i`` alone, per shape (Python, for a few nodes)."""
-        gpus, cpu, memory = cluster.gpu_full_free.item(i), cluster.cpu_free.item(i), cluster.mem_free.item(i)
-        return tuple(gpus >= g and cpu >= c and memory >= m for g, c, m in self.shapes)
+        gpus = cluster.gpu_full_free.item(i)
+        if gpus < self._fewest:  # too few free GPUs for any shape (the usual case)
+            return self._none
+        cpu, memory = cluster.cpu_free.item(i), cluster.mem_free.item(i)
+        return tuple([gpus >= g and cpu >= c and memory >= m for g, c, m in self.shapes])
 
     def penalty(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         """Per node of ``idx``, how many scarce whole-node shapes placing ``pod`` there would break."""
@@ -542,13 +689,14 @@ class WholeNodeReserve:
         if not self.shapes:
             return None
         table = self._table
-        if table is None or not table.changes.follows(cluster):
+        if table is None or table.cluster is not cluster:
             table = self._table = _HostTable(self, cluster)
         else:
             table.refresh(self)
         out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
-        free = -1  # the cluster's free GPU milli, summed when an adaptive count needs it
+        free = -1  # the cluster's free GPU milli, read when an adaptive count needs it
+        total = 0  # the GPU milli arrived (adaptive)
         for k, (gpus, cpu, memory) in enumerate(self.shapes):
             if not pod.is_share and pod.gpu_count >= gpus:
                 continue  # a pod of this size itself
@@ -560,10 +708,26 @@ class WholeNodeReserve:
                     continue
                 if free < 0:
                     free = table.free_milli
-                if count > self.keep_for(k, free):
+                    total = self.seen_total
+                share = self.seen[k] / total if total else self.prior[k]  # keep_for, inline
+                if count > math.ceil(share * free / (gpus * MILLI)):
                     continue
-            where = np.flatnonzero(table.hosts[k][idx])
+            where = table.hosts[k].take(idx).nonzero()[0]
             if not where.size:
+                continue
+            if len(where) <= FEW_HOSTS:  # the few scarce hosts among idx, in Python
+                cpu_after, memory_after = pod.cpu_milli, pod.memory_mib
+                full, cpu_free, memory_free = cluster.gpu_full_free, cluster.cpu_free, cluster.mem_free
+                for p in where.tolist():
+                    i = idx.item(p)
+                    if not (
+                        full.item(i) - take >= gpus
+                        and cpu_free.item(i) - cpu_after >= cpu
+                        and memory_free.item(i) - memory_after >= memory
+                    ):
+                        if out is None:
+                            out = np.zeros(len(idx))
+                        out[p] += 1
                 continue
             nodes = idx[where]
             after = (
@@ -584,10 +748,11 @@ class _HostTable:
     for one cluster: worked out for every node at first, then only for the nodes that changed since
     (a node's free GPUs, CPU and memory change only with it), one by one when they are few."""
 
-    __slots__ = ("changes", "counts", "flags", "free", "free_milli", "hosts")
+    __slots__ = ("cluster", "counts", "flags", "free", "free_milli", "generation", "hosts")
 
     def __init__(self, reserve: WholeNodeReserve, cluster: ClusterState) -> None:
-        self.changes = NodeChanges(cluster)
+        self.cluster = cluster
+        self.generation = cluster.generation
         self.hosts = reserve.hosts(cluster, slice(None))
         self.counts: list[int] = self.hosts.sum(axis=1).tolist()
         self.flags: list[tuple[bool, ...]] = [tuple(f) for f in self.hosts.T.tolist()]  # per node
@@ -595,8 +760,13 @@ class _HostTable:
         self.free_milli = sum(self.free)  # the cluster's free GPU milli (gpu_free_total summed)
 
     def refresh(self, reserve: WholeNodeReserve) -> None:
-        rows = self.changes.moved()
-        cluster = self.changes.cluster
+        """Take the nodes changed since the last refresh (each change once: taking a node again changes
+        nothing)."""
+        cluster = self.cluster
+        if self.generation == cluster.generation:
+            return
+        rows = cluster.changed_since(self.generation)
+        self.generation = cluster.generation
         if rows is None or len(rows) > ONE_BY_ONE:
             at = slice(None) if rows is None else np.array(rows)
             self.hosts[:, at] = reserve.hosts(cluster, at)
@@ -636,6 +806,95 @@ def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -
     return np.array([r - best[r] for r in range(MILLI + 1)], dtype=np.int64)
 
 
+def plain_share(pod: PodRequest, cluster: ClusterState) -> bool:
+    """Whether ``pod`` is a share given in milli that fits every GPU with that much free: no memory,
+    model or enforcement condition, and no GPU of the cluster with its memory known (what
+    ``ClusterState.share_view`` then works out depends on a node's free milli per GPU alone)."""
+    return bool(pod.is_share and pod.gpu_milli) and not (
+        pod.gpu_models or pod.enforced_share or cluster.any_gpu_memory
+    )
+
+
+def share_summary(
+    free: Sequence[int], milli: int, table: Sequence[int | float] | None, none: int | float
+) -> int | float:
+    """For a plain share of ``milli`` on a node whose GPUs have ``free`` milli free: the least
+    remainder it would leave on a GPU (capped at ``MILLI``; ``ShareSlots.least_left``), or with a
+    ``table`` the least ``table[remainder]`` (``ShareSlots.least_mapped``); ``none`` where no GPU fits."""
+    if table is None:
+        return min((min(f - milli, MILLI) for f in free if f >= milli), default=none)
+    return min((table[min(f - milli, MILLI)] for f in free if f >= milli), default=none)
+
+
+class GpuStateValues:
+    """Values that depend on a node's free milli per GPU alone (``ClusterState.gpu_key``), kept per
+    distinct free tuple (a GPU state) and per request key: every node carries the id of its GPU state,
+    refreshed from the cluster's log of changes, and each key's table holds the value per state id,
+    worked out (``compute``) the first time a node in that state is asked about. Values must be >= 0
+    (-1 marks a state not worked out yet)."""
+
+    MAX_STATES = 1 << 16  # GPU states numbered before the numbering (and every table) starts afresh
+    MAX_KEYS = 256  # tables kept (the oldest dropped first)
+
+    def __init__(self) -> None:
+        self.cluster: ClusterState | None = None
+        self.generation = 0
+        self.ids = np.zeros(0, dtype=np.int64)
+        self.index: dict[tuple[int, ...], int] = {}
+        self.states: list[tuple[int, ...]] = []
+        self.tables: dict[tuple, np.ndarray] = {}
+
+    def _reset(self, cluster: ClusterState) -> None:
+        self.cluster = cluster
+        self.generation = cluster.generation
+        self.index = {}
+        self.states = []
+        self.tables = {}
+        self.ids = np.array([self._id(free) for free in cluster.gpu_key], dtype=np.int64)
+
+    def _id(self, free: tuple[int, ...]) -> int:
+        sid = self.index.get(free)
+        if sid is None:
+            sid = self.index[free] = len(self.states)
+            self.states.append(free)
+        return sid
+
+    def values(
+        self,
+        cluster: ClusterState,
+        key: tuple,
+        idx: np.ndarray,
+        compute: Callable[[tuple[int, ...]], int | float],
+        dtype: type,
+    ) -> np.ndarray:
+        """``compute(free)`` of every node of ``idx`` (``free``: its ``gpu_key``), as ``dtype``;
+        ``key`` names ``compute`` (one table per key)."""
+        if self.cluster is not cluster or len(self.states) > self.MAX_STATES:
+            self._reset(cluster)
+        elif self.generation != cluster.generation:
+            rows = cluster.changed_since(self.generation)
+            self.generation = cluster.generation
+            ids, gpu_key = self.ids, cluster.gpu_key
+            for i in range(len(cluster)) if rows is None else rows:
+                ids[i] = self._id(gpu_key[i])
+        table = self.tables.get(key)
+        if table is None or len(table) < len(self.states):
+            if table is None and len(self.tables) >= self.MAX_KEYS:
+                del self.tables[next(iter(self.tables))]
+            grown = np.full(2 * len(self.states) + 1024, -1, dtype=dtype)
+            if table is not None:
+                grown[: len(table)] = table
+            table = self.tables[key] = grown
+        ids = self.ids.take(idx)
+        out = table.take(ids)
+        if len(out) and _least(out) < 0:
+            states = self.states
+            for sid in set(ids[out < 0].tolist()):
+                table[sid] = compute(states[sid])
+            out = table.take(ids)
+        return out
+
+
 class ShareCompletionScore(ScorePlugin):
     """Shares: the nodes where the share leaves a GPU with less than ``below`` milli free (which no
     common share fills) score ``1 + (below - left) / below``, the others 0; the share takes that GPU.
@@ -653,6 +912,11 @@ class ShareCompletionScore(ScorePlugin):
         # ``below`` is fixed once built
         left = np.arange(MILLI + 2, dtype=np.int64)
         self.by_left = np.where(left < below, 1.0 + (below - left) / below, 0.0)
+        self._scores = self.by_left.tolist()
+        self._kept = GpuStateValues()  # plain shares: the score per GPU state
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self._kept = GpuStateValues()
 
     def applies(self, pod: PodRequest) -> bool:
         return pod.is_share and pod.gpu_milli != 0
@@ -660,11 +924,26 @@ class ShareCompletionScore(ScorePlugin):
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not pod.is_share or pod.gpu_milli == 0:
             return np.zeros(len(idx))
+        if plain_share(pod, cluster):  # by_left of share_view's least_left, per GPU state
+            milli, scores = pod.gpu_milli, self._scores
+            return self._kept.values(
+                cluster,
+                (milli,),
+                idx,
+                lambda free: scores[share_summary(free, milli, None, MILLI + 1)],
+                float,
+            )
         return self.by_left.take(cluster.share_view(pod).least_left.take(idx))
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
         if not pod.is_share or pod.gpu_milli == 0:
             return None
+        if plain_share(pod, cluster):  # the same from the node's free milli per GPU (gpu_rows)
+            milli, least, chosen = pod.gpu_milli, self.below, None
+            for j, free in enumerate(cluster.gpu_rows[i]):
+                if free >= milli and free - milli < least:
+                    least, chosen = free - milli, j
+            return chosen
         best: tuple[int, int] | None = None
         for g in cluster.nodes[i].gpus:
             if g.fits_share(pod):
@@ -690,6 +969,7 @@ class ModelBalance:
         self.codes = np.zeros(0, dtype=np.int64)
         self.capacity = np.zeros(0)
         self.restricted = np.zeros(0, dtype=bool)
+        self.any_restricted = False  # restricted.any()
         self.sets: list[frozenset[str]] = []
 
     def bind(self, cluster: ClusterState) -> None:
@@ -698,15 +978,17 @@ class ModelBalance:
         weights = cluster.gpu_count * float(MILLI)
         self.capacity = np.bincount(self.codes, weights=weights, minlength=len(self.sets))
         self.restricted = np.zeros(len(self.sets), dtype=bool)
+        self.any_restricted = False  # restricted.any()
 
     def observe(self, pod: PodRequest) -> None:
         if pod.gpu_models and pod.gpu_count:
             for code, models in enumerate(self.sets):
                 if models & pod.gpu_models:
                     self.restricted[code] = True
+                    self.any_restricted = True
 
     def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
-        if pod.gpu_models or not pod.gpu_count or not self.restricted.any():
+        if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
             return None
         free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
         share = np.divide(free, self.capacity, out=np.ones_like(free), where=self.capacity > 0)
@@ -739,6 +1021,8 @@ class ReserveThenAlign(AlignmentScore):
         self.reserve = WholeNodeReserve(keep, adaptive)
         self.waste_band = waste_band
         self.waste = np.zeros(MILLI + 1, dtype=np.int64)
+        self._waste: tuple[np.ndarray, list[int]] = (self.waste, self.waste.tolist())  # and as a list
+        self._wasted = GpuStateValues()  # plain shares: the least waste per GPU state
         self.balance = ModelBalance(balance) if balance > 0 else None
         self.cpu_bound_exact = cpu_bound_exact
         self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
@@ -750,6 +1034,8 @@ class ReserveThenAlign(AlignmentScore):
         self.reserve.bind(cluster, workload)
         if self.waste_band:
             self.waste = share_waste_table(workload)
+        self._waste = (self.waste, self.waste.tolist())
+        self._wasted = GpuStateValues()
         if self.balance is not None:
             self.balance.bind(cluster)
         self.capacity = (max(int(cluster.cpu_capacity.sum()), 1), max(cluster.total_gpus() * MILLI, 1))
@@ -772,14 +1058,37 @@ class ReserveThenAlign(AlignmentScore):
             cpu, gpu = self.prior
         return cpu * self.capacity[1] > gpu * self.capacity[0]
 
-    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+    def _terms(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
+    ) -> tuple[float, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        """The alignment's step for this pod, and the share remainders, the reserve's penalty and the
+        model balance on the nodes of ``idx`` (None: 0 everywhere, or not asked)."""
         exact = self.cpu_bound_exact and self.step and self.cpu_bound()
-        bands = self.aligned(pod, cluster, idx, 0.0 if exact else self.step)  # the cosine, or 0 .. 1 / step
         waste = None
         if self.waste_band and pod.is_share and pod.gpu_milli:
-            waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1)[idx]
+            if plain_share(pod, cluster):  # share_view's least_mapped, per GPU state
+                if (
+                    self._waste[0] is not self.waste
+                ):  # a new table (as least_mapped, not one changed in place)
+                    self._waste = (self.waste, self.waste.tolist())
+                    self._wasted = GpuStateValues()
+                milli, table = pod.gpu_milli, self._waste[1]
+                waste = self._wasted.values(
+                    cluster,
+                    (milli,),
+                    idx,
+                    lambda free: share_summary(free, milli, table, MILLI + 1),
+                    np.int64,
+                )
+            else:
+                waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1).take(idx)
         penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        return (0.0 if exact else self.step), waste, penalty, balance
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        step, waste, penalty, balance = self._terms(pod, cluster, idx)
+        bands = self.aligned(pod, cluster, idx, step)  # the cosine, or 0 .. 1 / step
         if waste is None and penalty is None and balance is None:
             return bands  # what the terms below would add is 0 everywhere
         top = 1.0 + np.max(bands, initial=0.0)
@@ -791,6 +1100,41 @@ class ReserveThenAlign(AlignmentScore):
         if balance is None:
             return out
         return out + (2.0 * np.max(np.abs(out), initial=0.0) + 10.0) * balance
+
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        """``score``'s best node, then the node order, as one int key per node (``aligned_keys``, then
+        each term above it as a digit of its own: the model balance, the penalty, the share remainder's
+        band). The same node as ``score`` then ``schedule.pick``: ``score`` adds the terms with weights
+        that make them lexicographic (each weight is above the span of what it outweighs) as long as no
+        band is below 0 (free CPU below 0, booked facts only); then it is not offered (None)."""
+        step, waste, penalty, balance = self._terms(pod, cluster, idx)
+        found = self.aligned_keys(pod, cluster, idx, step)
+        if found is None:
+            return None
+        keys, low, span = found
+        if waste is None and penalty is None and balance is None:
+            return int(keys.argmax())
+        if low < 0:
+            return None
+        # each digit is worth twice the span of the keys below it: keys lie in (-span, span)
+        digits = []  # (values, their largest, sign)
+        if waste is not None:
+            digits.append((waste // self.waste_band, (MILLI + 1) // self.waste_band, -1))
+        if penalty is not None:
+            digits.append((penalty.astype(np.int64), len(self.reserve.shapes), -1))
+        if balance is not None:
+            if int(balance.min()) < 0:
+                return None
+            digits.append((balance.astype(np.int64), int(balance.max()), 1))
+        bound = span
+        for _, top, _ in digits:
+            bound *= 2 * top + 1
+        if bound >= 1 << 62:
+            return None
+        for values, top, sign in digits:
+            keys += (sign * 2 * span) * values
+            span *= 2 * top + 1
+        return int(keys.argmax())
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points

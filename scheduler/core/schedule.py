@@ -26,6 +26,8 @@ from scheduler.core.request import PodRequest
 from scheduler.core.scoring import Policy
 from scheduler.core.state import Allocation, ClusterState
 
+_largest = np.maximum.reduce
+
 
 @dataclass(frozen=True)
 class Placement:
@@ -80,24 +82,32 @@ def schedule_one(
 ) -> Placement | Unschedulable:
     """Place one pod: its node and exact devices, or why no node fits (if ``explain``)."""
     idx, reasons = run_filters(pod, cluster, filters, explain)
-    if not len(idx):
+    feasible = len(idx)
+    if not feasible:
         return Unschedulable(len(cluster), dict(reasons))
-    scores = policy.score(pod, cluster, idx)
     view = cluster.placement
-    if view is not None and len(idx) > 1:
-        placement = pod_placement(pod)
-        if view.scores_apply(placement):  # node affinity, pod affinity, spread preferences
-            scores = scores + view.scores(placement, idx)
-    if policy.tie_break is not None and len(idx) > 1:
-        best = scores.max()
-        tied = scores == best
-        if np.count_nonzero(tied) > 1:  # only the tied nodes are scored by the tie-breaker
-            idx = idx[tied]
-            scores = policy.tie_break.score(pod, cluster, idx)
-            i, _ = pick(idx, scores, rng, cluster.tie_rank)
-            return _place(pod, cluster, policy, i, float(best), len(tied))
+    placement = pod_placement(pod) if view is not None and feasible > 1 else None
+    if placement is not None and view is not None and view.scores_apply(placement):
+        # node affinity, pod affinity, spread preferences
+        scores = policy.score(pod, cluster, idx) + view.scores(placement, idx)
+    else:  # only the nodes that can score best (every one of them)
+        idx, scores = policy.best_scores(pod, cluster, idx)
+    tie_break = policy.tie_break
+    if tie_break is not None and len(idx) > 1:
+        best = _largest(scores)  # scores.max() and np.flatnonzero without their Python wrappers
+        tied = (scores == best).nonzero()[0]
+        if len(tied) == 1:
+            return _place(pod, cluster, policy, int(idx[tied[0]]), float(best), feasible)
+        # only the tied nodes are scored by the tie-breaker
+        among = idx.take(tied)
+        pos = tie_break.pick_tied(pod, cluster, among) if cluster.tie_rank is not None else None
+        if pos is None:
+            i, _ = pick(among, tie_break.score(pod, cluster, among), rng, cluster.tie_rank)
+        else:
+            i = int(among[pos])
+        return _place(pod, cluster, policy, i, float(best), feasible)
     i, score = pick(idx, scores, rng, cluster.tie_rank)
-    return _place(pod, cluster, policy, i, score, len(idx))
+    return _place(pod, cluster, policy, i, score, feasible)
 
 
 def place_on(pod: PodRequest, cluster: ClusterState, policy: Policy, i: int) -> Placement:

@@ -21,6 +21,9 @@ import numpy as np
 from scheduler.core.request import PodRequest
 from scheduler.core.state import ClusterState
 
+_largest = np.maximum.reduce  # ndarray.max without its Python wrapper
+_least = np.minimum.reduce
+
 
 class ScorePlugin:
     """Base class of the scoring plugins."""
@@ -36,6 +39,18 @@ class ScorePlugin:
 
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
         """The GPU index a sharing pod should get on node ``i``; None: no opinion (best fit)."""
+        return None
+
+    def bounds(self) -> tuple[float, float] | None:
+        """The least and the largest score this plugin ever gives, whatever the pod and the cluster
+        (``Policy.best_scores`` leaves out nodes that cannot reach the best); None (the default): no
+        bound is promised."""
+        return None
+
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        """As a tie-breaker: the position in ``idx`` of the node that ``score`` and then the cluster's
+        node order pick (``schedule.pick`` with ``cluster.tie_rank``), when the plugin can tell it
+        without the scores; None (the default): it cannot, the caller scores and picks."""
         return None
 
     def applies(self, pod: PodRequest) -> bool:
@@ -77,9 +92,9 @@ class Policy:
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         """The weighted sum of the plugins' scores, in plugin order; plugins that do not apply to the
         pod (0 everywhere) are left out, which changes no sum."""
-        plugins = self.plugins
+        plugins: Sequence[tuple[ScorePlugin, float]] = self.plugins
         if len(plugins) > 1:
-            plugins = tuple(pw for pw in plugins if pw[0].applies(pod))
+            plugins = [pw for pw in plugins if pw[0].applies(pod)]
         if len(plugins) == 1:
             plugin, weight = plugins[0]
             return (
@@ -95,8 +110,50 @@ class Policy:
             total += part if weight == 1 else weight * part
         return total
 
+    def best_scores(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The nodes of ``idx`` (in their order) that may score best and their ``score`` (the same
+        values): every node when the plugins after the first applicable one do not all promise
+        ``bounds``; else only the nodes whose first score, weighted, is within the others' weighted
+        span (plus a margin of 1) of the largest first score. Those are scored by the others, and the
+        rest are left out only when the best of these is above what any of the rest could reach (their
+        first score plus the others' largest; else every node is scored). So the best score and the
+        nodes that have it are ``score``'s."""
+        plugins: Sequence[tuple[ScorePlugin, float]] = self.plugins
+        if len(plugins) > 1:
+            plugins = [pw for pw in plugins if pw[0].applies(pod)]
+        if len(plugins) < 2 or len(idx) < 2:
+            return idx, self.score(pod, cluster, idx)
+        low = high = 0.0  # the least and the largest the other plugins' weighted sum can be
+        for plugin, weight in plugins[1:]:
+            bounds = plugin.bounds()
+            if bounds is None or weight < 0:
+                return idx, self.score(pod, cluster, idx)
+            low += weight * bounds[0]
+            high += weight * bounds[1]
+        (first, weight), *rest = plugins
+        total = np.multiply(weight, first.score(pod, cluster, idx), dtype=np.float64)  # as score
+        top = float(_largest(total))
+        near = top - (high - low) - 1.0  # below it: at most top + low - 1 with the others
+        if not _least(total) < near:  # every node can (or a NaN: every node is kept)
+            kept = idx
+        else:
+            keep = (total >= near).nonzero()[0]
+            left_out = float(_largest(total[total < near]))  # the best first score of those left out
+            kept, total = idx.take(keep), total.take(keep)
+        for plugin, weight in rest:
+            part = plugin.score(pod, cluster, kept)
+            total += part if weight == 1 else weight * part
+        if kept is not idx and not float(_largest(total)) > left_out + high + 0.5:
+            return idx, self.score(pod, cluster, idx)  # the others' scores were below their bounds
+        return kept, total
+
     def share_gpu(self, pod: PodRequest, cluster: ClusterState, i: int) -> int | None:
-        for plugin, _ in sorted(self.plugins, key=lambda pw: -pw[1]):
+        order = self.__dict__.get("_by_weight")  # the plugins, heaviest first (kept per plugins tuple)
+        if order is None or order[0] is not self.plugins:
+            order = self.__dict__["_by_weight"] = (self.plugins, sorted(self.plugins, key=lambda pw: -pw[1]))
+        for plugin, _ in order[1]:
             choice = plugin.share_gpu(pod, cluster, i)
             if choice is not None:
                 return choice

@@ -526,6 +526,7 @@ class NodeState:
 
 MAX_SHARE_SHAPES = 64  # share shapes whose slots a ClusterState keeps (the oldest goes first)
 CHANGE_LOG = 4096  # node changes a ClusterState remembers at least (changed_since)
+SHARE_ROW_BY_ROW = 8  # share_view: up to this many changes since its last look are taken row by row
 
 
 def _read_only(array: np.ndarray) -> np.ndarray:
@@ -547,8 +548,8 @@ class ShareSlots:
     """
 
     __slots__ = (
-        "_fits", "_least", "_left", "_mapped", "_mapped_at", "_milli", "_updates", "fits", "generation",
-        "least_left", "left", "milli", "seen",
+        "_fits", "_least", "_left", "_lists", "_mapped", "_mapped_at", "_milli", "_updates", "fits",
+        "generation", "least_left", "left", "milli", "seen",
     )  # fmt: skip
 
     def __init__(
@@ -570,6 +571,7 @@ class ShareSlots:
         self.left = _read_only(left)
         self.least_left = _read_only(self._least)
         self._mapped: dict[tuple[int, int], tuple[np.ndarray, int, np.ndarray, np.ndarray]] = {}
+        self._lists: dict[int, list] = {}  # per id(table) of _mapped: the table as a list (update_row)
         self._updates = 0  # how many times rows were taken (update)
         self._mapped_at: dict[tuple[int, int], int] = {}  # per summary, _updates when last refreshed
 
@@ -590,6 +592,28 @@ class ShareSlots:
         self.seen[rows] = version[rows]
         self._updates += 1
 
+    def update_row(self, i: int, free: Sequence[int], milli: int, version: int) -> None:
+        """``update`` of row ``i`` alone, for a share of ``milli`` (> 0) that fits every GPU with that
+        much free (no memory, model or enforcement condition): ``free``, the node's free milli per GPU
+        in index order (``ClusterState.gpu_rows``; the slots past it never fit). The summaries of
+        ``least_mapped`` that were up to date are brought up to date on this row too."""
+        k = len(free)
+        left = [f - milli if f >= milli else -1 for f in free]
+        self._fits[i, :k] = [f >= milli for f in free]
+        self._left[i, :k] = left
+        self._least[i] = min((min(x, MILLI) for x in left if x >= 0), default=MILLI + 1)
+        self.seen[i] = version
+        fresh = self._updates
+        self._updates += 1
+        for key, (table, none, seen, values) in self._mapped.items():
+            if self._mapped_at[key] == fresh:
+                by_left = self._lists.get(key[0])
+                if by_left is None:
+                    by_left = self._lists[key[0]] = table.tolist()
+                values[i] = min((by_left[min(x, MILLI)] for x in left if x >= 0), default=none)
+                seen[i] = version
+                self._mapped_at[key] = self._updates
+
     def least_mapped(self, table: np.ndarray, none: int) -> np.ndarray:
         """Per node, the least ``table[left]`` over the slots that fit, ``none`` where none does.
 
@@ -605,9 +629,11 @@ class ShareSlots:
         if entry is None or entry[0] is not table:
             values = _least_of(table, self._fits, self._left, none)
             entry = (table, none, self.seen.copy(), values)
+            self._lists.pop(key[0], None)  # a list of another table that had this id
             if len(self._mapped) >= 8:  # tables of policies bound before: let them go
                 self._mapped.clear()
                 self._mapped_at.clear()
+                self._lists.clear()
             self._mapped[key] = entry
         elif self._mapped_at[key] != self._updates:  # rows were taken since: refresh those that moved
             _, _, seen, values = entry
@@ -828,8 +854,20 @@ class ClusterState:
             fits, milli, left = self._share_rows(pod, slice(None))
             view = self._share_views[key] = ShareSlots(fits, milli, left, self.version, self.generation)
         elif view.generation != self.generation:
-            rows = np.flatnonzero(view.seen != self.version)
-            if rows.size:
+            changed = self.changed_since(view.generation)
+            if changed is None:  # further back than the log: compare every row's version
+                rows = np.flatnonzero(view.seen != self.version)
+            elif (
+                len(changed) <= SHARE_ROW_BY_ROW
+                and pod.gpu_milli
+                and not (pod.gpu_models or pod.enforced_share or self.any_gpu_memory)
+            ):  # a few rows of a share by milli alone: in Python
+                for i in set(changed):
+                    view.update_row(i, self.gpu_rows[i], pod.gpu_milli, self.version.item(i))
+                rows = None
+            else:
+                rows = np.array(sorted(set(changed)), dtype=np.int64)
+            if rows is not None and rows.size:
                 view.update(rows, *self._share_rows(pod, rows), self.version)
             view.generation = self.generation
         return view
