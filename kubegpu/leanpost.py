@@ -21,6 +21,8 @@ unknown, which the caller handles (the scheduler reads the pod back).
 
 from __future__ import annotations
 
+import http.client
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,9 +60,24 @@ class Answer:
         return self.headers.get(name, default)
 
 
+# http.client's own checks (putrequest's _validate_path, putheader's name and value checks)
+_LEGAL_NAME = re.compile(r"[^:\s][^:\r\n]*")
+_ILLEGAL_VALUE = re.compile(r"\n(?![ \t])|\r(?![ \t\n])")
+_ILLEGAL_TARGET = re.compile("[\x00-\x20\x7f]")
+
+
 def request_bytes(host: str, target: str, headers: dict[str, str], body: bytes) -> bytes:
     """The request as http.client writes it for urllib3: request line, ``Host`` (unless given),
-    ``Accept-Encoding: identity`` (unless given), the headers, ``Content-Length``, the body."""
+    ``Accept-Encoding: identity`` (unless given), the headers, ``Content-Length``, the body. What
+    http.client refuses is refused the same way: a target with a control byte or a space
+    (``http.client.InvalidURL``), a header name or value that would end the line (``ValueError``)."""
+    if _ILLEGAL_TARGET.search(target):
+        raise http.client.InvalidURL(f"URL can't contain control characters. {target!r}")
+    for name, value in headers.items():
+        if not _LEGAL_NAME.fullmatch(name):
+            raise ValueError(f"Invalid header name {name!r}")
+        if _ILLEGAL_VALUE.search(value):
+            raise ValueError(f"Invalid header value {value!r}")
     given = {name.lower() for name in headers}
     lines = [f"POST {target} HTTP/1.1"]
     if "host" not in given:
@@ -183,6 +200,11 @@ def post(pool: Any, target: str, headers: dict[str, str], body: bytes, timeout: 
     module docstring)."""
     connect_timeout, read_timeout = timeout if isinstance(timeout, tuple) else (timeout, timeout)
     conn = pool._get_conn()  # a pooled connection (a dropped one is closed by the pool) or a new one
+    try:  # refused before anything is sent: the connection goes back as it came
+        request = request_bytes(host_header(conn), target, headers, body)
+    except Exception:
+        pool._put_conn(conn)
+        raise
     reusable = False
     try:
         for attempt in range(CONNECT_ATTEMPTS):
@@ -198,7 +220,7 @@ def post(pool: Any, target: str, headers: dict[str, str], body: bytes, timeout: 
                     raise
         sock = conn.sock
         sock.settimeout(read_timeout if read_timeout else None)
-        sock.sendall(request_bytes(host_header(conn), target, headers, body))
+        sock.sendall(request)
         stream = sock.makefile("rb")
         try:
             answer, reusable = read_answer(stream)

@@ -112,6 +112,37 @@ def test_the_request_is_written_as_http_client_writes_it() -> None:
     assert given.count(b"ost:") == 1 and b"identity" not in given and given.count(b"Length") == 1
 
 
+@pytest.mark.parametrize(
+    ("target", "headers", "error"),
+    [
+        ("/b", {"Authorization": "Bearer t\n"}, ValueError),  # a token file's newline
+        ("/b", {"Authorization": "Bearer t\r\nX-Evil: 1"}, ValueError),
+        ("/b", {"X\r\nEvil": "1"}, ValueError),
+        ("/b", {"X:": "1"}, ValueError),
+        ("/b x HTTP/1.1\r\nX-Evil: 1\r\n", {}, http.client.InvalidURL),
+        ("/b\x00", {}, http.client.InvalidURL),
+    ],
+)
+def test_a_request_http_client_would_refuse_is_refused_before_it_is_sent(
+    make_server: Callable, target: str, headers: dict[str, str], error: type[Exception]
+) -> None:
+    """Header names, values and the target went out as given: a CR or LF in a value (a token
+    read with its newline) split the head, the rest of it and the body became a second request,
+    and its answer was left on the kept connection. http.client refuses them with ValueError
+    (InvalidURL for the target); so does this, before anything is written."""
+    theirs = http.client.HTTPConnection("h")  # nothing is sent: it never connects
+    with pytest.raises(error):
+        theirs.putrequest("POST", target)
+        for name, value in headers.items():
+            theirs.putheader(name, value)
+    server = make_server(lambda i: (OK, False))
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
+    with pytest.raises(error):
+        post(pool, target, headers, b"{}", 5)
+    assert post(pool, "/b", {}, b"{}", 5).status == 201
+    assert (server.connections, server.requests) == (1, 1)
+
+
 def test_host_header() -> None:
     for conn, expected in (
         (urllib3.connection.HTTPSConnection("api.example", 443), "api.example"),
