@@ -66,6 +66,13 @@ _ILLEGAL_VALUE = re.compile(r"\n(?![ \t])|\r(?![ \t\n])")
 _ILLEGAL_TARGET = re.compile("[\x00-\x20\x7f]")
 
 
+def _header_text(value: Any) -> str:
+    """A header value as http.client's putheader writes it: text, bytes as they are, an int."""
+    if isinstance(value, bytes):
+        return value.decode("latin-1")
+    return value if isinstance(value, str) else str(value)
+
+
 def request_bytes(host: str, target: str, headers: dict[str, str], body: bytes) -> bytes:
     """The request as http.client writes it for urllib3: request line, ``Host`` (unless given),
     ``Accept-Encoding: identity`` (unless given), the headers, ``Content-Length``, the body. What
@@ -73,6 +80,7 @@ def request_bytes(host: str, target: str, headers: dict[str, str], body: bytes) 
     (``http.client.InvalidURL``), a header name or value that would end the line (``ValueError``)."""
     if _ILLEGAL_TARGET.search(target):
         raise http.client.InvalidURL(f"URL can't contain control characters. {target!r}")
+    headers = {name: _header_text(value) for name, value in headers.items()}
     for name, value in headers.items():
         if not _LEGAL_NAME.fullmatch(name):
             raise ValueError(f"Invalid header name {name!r}")

@@ -143,6 +143,15 @@ def test_a_request_http_client_would_refuse_is_refused_before_it_is_sent(
     assert (server.connections, server.requests) == (1, 1)
 
 
+def test_header_values_that_are_not_text_are_written_as_http_client_writes_them() -> None:
+    """An int or bytes value (http.client's putheader takes both): the check for line breaks
+    raised TypeError on them."""
+    raw = request_bytes("h", "/", {"X-Int": 5, "X-Bytes": b"v\xe9"}, b"")  # type: ignore[dict-item]
+    assert b"X-Int: 5\r\nX-Bytes: v\xe9\r\n" in raw
+    with pytest.raises(ValueError):
+        request_bytes("h", "/", {"X-Bytes": b"v\r\nX: 1"}, b"")  # type: ignore[dict-item]
+
+
 def test_host_header() -> None:
     for conn, expected in (
         (urllib3.connection.HTTPSConnection("api.example", 443), "api.example"),
