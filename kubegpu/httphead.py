@@ -9,13 +9,17 @@ calls filter, prioritize and bind for every pod) that was a tenth of the process
 :func:`parse_header_lines` (pure), and :meth:`LeanHead.send_answer`, which writes the head and
 the body in one write. Malformed heads get the status the standard library gives (400, 431 for a
 line over 64 KiB or more than 100 headers, 505) and the connection is closed; in addition a head
-with obsolete line folding, a space before a header's colon or two different Content-Lengths is
-refused with 400 (RFC 9112 section 5 and 6.3: such heads are how requests get smuggled past
-proxies).
+with obsolete line folding, a header name that is not a token (a space before the colon, a
+control byte), a bare CR or a NUL in a value, or two different Content-Lengths is refused with
+400 (RFC 9110 section 5.1, RFC 9112 sections 2.2, 5 and 6.3: such heads are how requests get
+smuggled past proxies); so is a request with a Content-Length that is not ASCII digits, or with
+both Transfer-Encoding and Content-Length (``LeanHead.parse_request``). Version numbers are
+ASCII digits only (``str.isdigit`` also takes ``'²'``, which ``int`` refuses).
 """
 
 from __future__ import annotations
 
+import re
 import time
 from email.utils import formatdate
 from http import HTTPStatus
@@ -25,6 +29,13 @@ from typing import Any, BinaryIO
 MAX_LINE = 65536  # http.client's _MAXLINE
 MAX_HEADERS = 100  # http.client's _MAXHEADERS
 _PHRASES = {s.value: s.phrase for s in HTTPStatus}
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")  # RFC 9110 section 5.6.2
+
+
+def ascii_digits(text: str, most: int = 20) -> bool:
+    """Whether ``text`` is 1 to ``most`` ASCII digits (``str.isdigit`` alone takes ``'²'``,
+    which ``int`` refuses, and ``'٣'``, which ``int`` reads as 3)."""
+    return 0 < len(text) <= most and text.isascii() and text.isdigit()
 
 
 class HeadError(ValueError):
@@ -72,7 +83,7 @@ def parse_header_lines(lines: list[bytes]) -> Headers:
         if line[:1] in (" ", "\t"):
             raise HeadError(400, "Bad header: obsolete line folding")
         name, colon, value = line.partition(":")
-        if not colon or not name or name != name.strip(" \t"):
+        if not colon or not _TOKEN.fullmatch(name) or "\r" in value or "\x00" in value:
             raise HeadError(400, f"Bad header line ({line[:100]!r})")
         key, value = name.lower(), value.strip(" \t")
         if key in headers:
@@ -90,7 +101,7 @@ def parse_request_line(line: str) -> tuple[str, str, str, tuple[int, int]]:
         raise HeadError(400, f"Bad request syntax ({line[:100]!r})")
     method, path, version = words
     major, dot, minor = version[5:].partition(".") if version.startswith("HTTP/") else ("", "", "")
-    if not (dot and major.isdigit() and minor.isdigit() and len(major) <= 10 and len(minor) <= 10):
+    if not (dot and ascii_digits(major, 10) and ascii_digits(minor, 10)):
         raise HeadError(400, f"Bad request version ({version[:40]!r})")
     number = int(major), int(minor)
     if number >= (2, 0):
@@ -98,6 +109,17 @@ def parse_request_line(line: str) -> tuple[str, str, str, tuple[int, int]]:
     if path.startswith("//"):  # as the standard library: never an absolute URI without scheme
         path = "/" + path.lstrip("/")
     return method, path, version, number
+
+
+def check_framing(headers: Headers) -> None:
+    """Refuse a request whose body's end is unclear: a Content-Length that is not ASCII digits
+    (RFC 9110 section 8.6), or Transfer-Encoding with Content-Length (RFC 9112 section 6.3; the
+    standard library reads neither as a body's length, a proxy in front may read either)."""
+    length = headers.get("content-length")
+    if length is not None and not ascii_digits(length):
+        raise HeadError(400, f"Bad Content-Length ({length[:40]!r})")
+    if length is not None and "transfer-encoding" in headers:
+        raise HeadError(400, "Bad request: both Transfer-Encoding and Content-Length")
 
 
 _date_cache: tuple[int, str] = (0, "")
@@ -131,6 +153,7 @@ class LeanHead(BaseHTTPRequestHandler):
             method, path, version, number = parse_request_line(self.requestline)
             self.request_version = version
             headers = parse_header_lines(read_header_lines(self.rfile))
+            check_framing(headers)
         except HeadError as error:
             self.request_version = "HTTP/1.1"  # the answer has a status line (the standard
             # library's, for a bad version, had none: it answered as to HTTP/0.9)

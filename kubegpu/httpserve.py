@@ -46,7 +46,7 @@ class ThreadReusingHTTPServer(HTTPServer):
 
     def process_request(self, request: Any, client_address: Any) -> None:
         with self._lock:
-            if self._idle:
+            if self._idle > 0:
                 self._idle -= 1
                 self._handoff.put((request, client_address))
                 return
@@ -80,7 +80,8 @@ class ThreadReusingHTTPServer(HTTPServer):
                 try:  # handed off between the timeout and the lock: this thread takes it
                     return self._handoff.get_nowait()
                 except queue.Empty:
-                    self._idle -= 1
+                    if not self._closed:  # else server_close counted it out already (its wake-up
+                        self._idle -= 1  # is on its way to the queue, where no one will take it)
                     return None
 
     def server_close(self) -> None:

@@ -250,7 +250,10 @@ def post_json(rest: RESTClientObject, url: str, headers: dict[str, str], body: A
         limit = timeout
     else:
         limit = None
-    pool = manager.connection_from_host(parts.hostname, parts.port, parts.scheme)
+    host = parts.hostname or ""
+    if ":" in host:  # IPv6: bracketed, as urllib3's parse_url gives it (the REST layer's pool key)
+        host = f"[{host}]"
+    pool = manager.connection_from_host(host, parts.port, parts.scheme)
     try:
         return leanpost.post(pool, target or "/", headers, json.dumps(body).encode(), limit)
     except (ssl.SSLError, urllib3.exceptions.SSLError) as error:  # as the REST layer reports it

@@ -68,6 +68,14 @@ def test_headers_read_as_the_standard_library_reads_them() -> None:
         (b"Content-Length: 5\r\nContent-Length: 6\r\n\r\n", 400),  # smuggling
         (b"X: " + b"a" * 70000 + b"\r\n\r\n", 431),
         (b"".join(b"X%d: y\r\n" % i for i in range(MAX_HEADERS + 1)) + b"\r\n", 431),
+        # a name that is not a token (RFC 9110 section 5.1): a proxy might read it as another
+        (b"Content-Length\x0b: 5\r\n\r\n", 400),
+        (b"Content\x00Length: 5\r\n\r\n", 400),
+        (b"Content Length: 5\r\n\r\n", 400),
+        (b"X-\xe9: 1\r\n\r\n", 400),
+        # a bare CR or a NUL in a value (RFC 9112 section 2.2): some read a CR as a line's end
+        (b"X: a\rContent-Length: 5\r\n\r\n", 400),
+        (b"X: a\x00b\r\n\r\n", 400),
     ],
 )
 def test_malformed_heads_are_refused_with_a_status(raw: bytes, status: int) -> None:
@@ -107,6 +115,9 @@ def test_request_lines(line: str, expected: tuple) -> None:
         ("GET / HTTP/1." + "1" * 11, 400),
         ("GET / HTTP/2.0", 505),
         ("GET / HTTP/10.0", 505),
+        ("GET / HTTP/1.\u00b2", 400),  # a digit to str.isdigit, not to int()
+        ("GET / HTTP/\u00b9.1", 400),
+        ("GET / HTTP/\u0661.\u0661", 400),  # Arabic-Indic digits: int() reads them, HTTP does not
     ],
 )
 def test_bad_request_lines(line: str, status: int) -> None:
@@ -205,6 +216,15 @@ def test_expect_100_continue(server: int) -> None:
         (b"GET /x HTTP/1.1\r\nA: " + b"v" * 70000 + b"\r\n\r\n", 431),
         (b"BREW /x HTTP/1.1\r\n\r\n", 501),
         (b"garbage\r\n\r\n", 400),
+        (b"GET /x HTTP/1.\xb2\r\n\r\n", 400),
+        # a body whose end the two headers give differently (RFC 9112 section 6.3): smuggling
+        (b"POST /x HTTP/1.1\r\nTransfer-Encoding: chunked\r\nContent-Length: 3\r\n\r\n0\r\n\r\n", 400),
+        # a Content-Length that is not 1*DIGIT (RFC 9110 section 8.6)
+        (b"POST /x HTTP/1.1\r\nContent-Length: \xb2\r\n\r\nab", 400),
+        (b"POST /x HTTP/1.1\r\nContent-Length: +2\r\n\r\nab", 400),
+        (b"POST /x HTTP/1.1\r\nContent-Length: -1\r\n\r\n", 400),
+        (b"POST /x HTTP/1.1\r\nContent-Length: 2, 2\r\n\r\nab", 400),
+        (b"GET /x HTTP/1.1\r\nContent-Length: 1 1\r\n\r\nab", 400),
     ],
 )
 def test_malformed_requests_get_a_status_and_a_closed_connection(

@@ -179,3 +179,46 @@ def test_a_connection_handed_off_as_the_idle_thread_times_out_is_taken() -> None
         assert http_server._next_connection() is None and http_server._idle == 0  # timed out: leaves
     finally:
         http_server.server_close()
+
+
+def test_server_close_racing_an_idle_thread_that_times_out_loses_no_connection() -> None:
+    """The other race: an idle thread's wait times out while ``server_close`` runs; it takes the
+    lock after ``server_close`` counted it (and set the idle count to 0) but before its wake-up
+    reached the queue. It left by counting itself out again: the idle count went to -1, and a
+    connection accepted after that (``serve_forever`` still running) was put in the queue for a
+    thread that did not exist."""
+    http_server = ThreadReusingHTTPServer(("127.0.0.1", 0), _Echo)  # not serving: driven by hand
+    real = http_server._handoff
+    counted, woken = threading.Event(), threading.Event()
+    closer = threading.Thread(target=http_server.server_close)
+
+    class Racing:
+        def get(self, timeout: float) -> object:
+            closer.start()  # server_close runs now ...
+            assert counted.wait(5)  # ... and has counted this thread, not yet woken it
+            raise queue.Empty
+
+        def get_nowait(self) -> object:
+            return real.get_nowait()
+
+        def put(self, item: object) -> None:
+            if item is None and threading.current_thread() is closer:
+                counted.set()
+                assert woken.wait(5)
+            real.put(item)
+
+    http_server._handoff = Racing()  # type: ignore[assignment]
+    served: list[object] = []
+    done = threading.Event()
+    http_server.finish_request = lambda request, address: served.append(request)  # type: ignore[method-assign]
+    http_server.shutdown_request = lambda request: done.set()  # type: ignore[method-assign]
+    try:
+        assert http_server._next_connection() is None  # it leaves
+        woken.set()
+        closer.join(5)
+        assert http_server._idle == 0
+        http_server.process_request("late", ("10.0.0.1", 1))  # accepted as the server closed
+        assert done.wait(5) and served == ["late"]  # a thread served it
+    finally:
+        woken.set()
+        http_server.server_close()

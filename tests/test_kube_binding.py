@@ -174,12 +174,14 @@ def test_binds_reuse_one_pooled_connection(admin_api: k8s.ApiClient, kube_namesp
 class _Recorder:
     """A plain-HTTP endpoint that records each request (line, headers, body) and answers 201."""
 
-    def __init__(self) -> None:
+    def __init__(self, host: str = "127.0.0.1") -> None:
         self.requests: list[tuple[str, dict[str, str], bytes]] = []
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
+        self.connections = 0
+        self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+        self.listener.bind((host, 0))
         self.listener.listen(8)
-        self.url = f"http://127.0.0.1:{self.listener.getsockname()[1]}"
+        shown = f"[{host}]" if ":" in host else host
+        self.url = f"http://{shown}:{self.listener.getsockname()[1]}"
         self.thread = threading.Thread(target=self._serve, daemon=True)
         self.thread.start()
 
@@ -189,6 +191,7 @@ class _Recorder:
                 conn, _ = self.listener.accept()
             except OSError:
                 return
+            self.connections += 1
             with conn, conn.makefile("rb") as stream:
                 while line := stream.readline():
                     headers = {}
@@ -239,6 +242,28 @@ def test_the_request_on_the_wire_is_the_generated_calls(recorder: _Recorder, pre
     assert {k: v for k, v in headers.items() if k not in ignore} == {
         k: v for k, v in their_headers.items() if k not in ignore
     }
+
+
+def test_an_ipv6_server_shares_the_rest_layers_pool() -> None:
+    """An API server at an IPv6 address: the Binding went to a pool of its own (the pool
+    manager keys the REST layer's pool by ``[::1]``, urlsplit's hostname is ``::1``), a second
+    set of connections (and TLS handshakes) beside the client's. One pool, one connection."""
+    try:
+        server = _Recorder("::1")
+    except OSError:
+        pytest.skip("no IPv6 loopback")
+    try:
+        api = _client(server.url)
+        body = binding("p", "ns", "node-a")
+        post(api, "p", "ns", body)
+        post(api, "p", "ns", body)
+        theirs = api.rest_client.pool_manager.connection_from_url(server.url)  # the REST layer's
+        assert len(api.rest_client.pool_manager.pools) == 1 and theirs.num_connections == 1
+        ((line, headers, _), _) = server.requests
+        assert line == "POST /api/v1/namespaces/ns/pods/p/binding HTTP/1.1"
+        assert headers["host"] == server.url.removeprefix("http://")
+    finally:
+        server.close()
 
 
 def test_a_client_behind_a_proxy_takes_the_rest_layers_path(recorder: _Recorder) -> None:

@@ -40,10 +40,23 @@ CHUNKED = b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x
         (b"HTTP/1.1 201 Created\r\ncontent-length: 0\r\n\r\n", True),
         (b"HTTP/1.1 409 Conflict\r\nConnection: close\r\nContent-Length: 2\r\n\r\n{}", False),
         (CHUNKED, True),
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n", True),  # no end line
         (b"HTTP/1.1 200 OK\r\n\r\nuntil the end", False),
         (b"HTTP/1.0 200 OK\r\nContent-Length: 2\r\n\r\nok", False),
         (b"HTTP/1.1 204 No Content\r\n\r\n", True),
         (b"HTTP/1.1 500 Internal Server Error\r\nContent-Length: 3\r\n\r\nbad", True),
+        # an interim answer before the answer (http.client skips 100 Continue)
+        (b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}", True),
+        (b"HTTP/1.1 200\r\nContent-Length: 2\r\n\r\nok", True),  # no reason phrase
+        # http.client's will_close: "close" anywhere in Connection
+        (b"HTTP/1.1 200 OK\r\nConnection: keep-alive, close\r\nContent-Length: 0\r\n\r\n", False),
+        # both lengths: the chunks count (RFC 9112 section 6.3) and the connection is not kept
+        (
+            b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nab\r\n0\r\n\r\n",
+            False,
+        ),
+        # a coding other than chunked last: the body runs to the connection's end
+        (b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked, x\r\n\r\n2\r\nab\r\n0\r\n\r\n", False),
     ],
 )
 def test_answers_read_as_http_client_reads_them(raw: bytes, reusable: bool) -> None:
@@ -66,6 +79,21 @@ def test_answers_read_as_http_client_reads_them(raw: bytes, reusable: bool) -> N
         b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nab",
         b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nab",
         b"HTTP/1.1 200 OK\r\n folded\r\n\r\n",
+        # digits to str.isdigit that int() refuses (a ValueError, not a LeanPostError, before)
+        "HTTP/1.1 \u00b200 OK\r\nContent-Length: 0\r\n\r\n".encode("latin-1"),
+        "HTTP/1.1 200 OK\r\nContent-Length: \u00b2\r\n\r\nab".encode("latin-1"),
+        b"HTTP/1.1 200 OK\r\nContent-Length: +2\r\n\r\nab",
+        # chunk sizes int(_, 16) reads but HTTP does not have: they were taken
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0x2\r\nab\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n1_0\r\n" + b"a" * 16 + b"\r\n0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n-0\r\n\r\n",
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n+2\r\nab\r\n0\r\n\r\n",
+        # a chunk-size line over the line limit was cut, its first part read as the last chunk
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n" + b"0" * 1100 + b"2\r\nab\r\n0\r\n\r\n",
+        # endless trailers
+        b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n0\r\n" + b"T: 1\r\n" * 200 + b"\r\n",
+        # the connection changes protocol: no HTTP answer follows
+        b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n",
     ],
 )
 def test_malformed_answers_raise_with_a_reason(raw: bytes) -> None:
@@ -82,6 +110,46 @@ def test_the_request_is_written_as_http_client_writes_it() -> None:
     )
     given = request_bytes("h", "/", {"host": "other", "accept-encoding": "gzip", "Content-Length": "9"}, b"")
     assert given.count(b"ost:") == 1 and b"identity" not in given and given.count(b"Length") == 1
+
+
+@pytest.mark.parametrize(
+    ("target", "headers", "error"),
+    [
+        ("/b", {"Authorization": "Bearer t\n"}, ValueError),  # a token file's newline
+        ("/b", {"Authorization": "Bearer t\r\nX-Evil: 1"}, ValueError),
+        ("/b", {"X\r\nEvil": "1"}, ValueError),
+        ("/b", {"X:": "1"}, ValueError),
+        ("/b x HTTP/1.1\r\nX-Evil: 1\r\n", {}, http.client.InvalidURL),
+        ("/b\x00", {}, http.client.InvalidURL),
+    ],
+)
+def test_a_request_http_client_would_refuse_is_refused_before_it_is_sent(
+    make_server: Callable, target: str, headers: dict[str, str], error: type[Exception]
+) -> None:
+    """Header names, values and the target went out as given: a CR or LF in a value (a token
+    read with its newline) split the head, the rest of it and the body became a second request,
+    and its answer was left on the kept connection. http.client refuses them with ValueError
+    (InvalidURL for the target); so does this, before anything is written."""
+    theirs = http.client.HTTPConnection("h")  # nothing is sent: it never connects
+    with pytest.raises(error):
+        theirs.putrequest("POST", target)
+        for name, value in headers.items():
+            theirs.putheader(name, value)
+    server = make_server(lambda i: (OK, False))
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
+    with pytest.raises(error):
+        post(pool, target, headers, b"{}", 5)
+    assert post(pool, "/b", {}, b"{}", 5).status == 201
+    assert (server.connections, server.requests) == (1, 1)
+
+
+def test_header_values_that_are_not_text_are_written_as_http_client_writes_them() -> None:
+    """An int or bytes value (http.client's putheader takes both): the check for line breaks
+    raised TypeError on them."""
+    raw = request_bytes("h", "/", {"X-Int": 5, "X-Bytes": b"v\xe9"}, b"")  # type: ignore[dict-item]
+    assert b"X-Int: 5\r\nX-Bytes: v\xe9\r\n" in raw
+    with pytest.raises(ValueError):
+        request_bytes("h", "/", {"X-Bytes": b"v\r\nX: 1"}, b"")  # type: ignore[dict-item]
 
 
 def test_host_header() -> None:
@@ -150,6 +218,18 @@ def test_a_kept_connection_carries_the_next_post(make_server: Callable) -> None:
     for _ in range(5):
         assert post(pool, "/b", {}, b"{}", 5).status == 201
     assert (server.connections, server.requests) == (1, 5)
+
+
+def test_interim_answers_are_skipped_and_the_connection_carries_the_next_post(make_server: Callable) -> None:
+    """A 1xx answer came back as the answer (a status of 100 to the caller) and the real one was
+    left on the kept connection, to be read as the next POST's answer."""
+    early = b"HTTP/1.1 103 Early Hints\r\nLink: </x>\r\n\r\nHTTP/1.1 100 Continue\r\n\r\n"
+    answers = [early + OK, b"HTTP/1.1 409 Conflict\r\nContent-Length: 2\r\n\r\n{}"]
+    server = make_server(lambda i: (answers[i], False))
+    pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
+    assert post(pool, "/b", {}, b"{}", 5).status == 201
+    assert post(pool, "/b", {}, b"{}", 5).status == 409
+    assert (server.connections, server.requests) == (1, 2)
 
 
 def test_a_connection_the_server_dropped_while_idle_is_replaced(make_server: Callable) -> None:

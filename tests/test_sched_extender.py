@@ -218,6 +218,33 @@ def test_kube_schedulers_connection_is_kept_alive_between_verbs() -> None:
         server.stop()
 
 
+def test_a_body_the_extender_does_not_read_never_becomes_the_next_request() -> None:
+    """A GET with a body (a Content-Length, a chunked Transfer-Encoding) left the body unread on
+    a kept-alive connection: the server read it as the next request (a request smuggled past a
+    proxy that saw one). Such a connection is closed after its answer; so is a POST whose body
+    ended before its Content-Length (the client hung up: nothing to answer)."""
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 4))
+    server = ExtenderServer(extender, "127.0.0.1:0", lambda: (True, "synced"))
+    server.start()
+    smuggled = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    try:
+        for head in (
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(smuggled),
+            b"GET /healthz HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n",
+        ):
+            with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+                sock.sendall(head + smuggled)
+                answer = sock.makefile("rb").read()  # returns: the server closed the connection
+            assert answer.startswith(b"HTTP/1.1 200") and answer.count(b"HTTP/1.1 ") == 1, answer[:300]
+            assert b"Connection: close" in answer
+        with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+            sock.sendall(b"POST /filter HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{}")
+            sock.shutdown(socket.SHUT_WR)
+            assert sock.makefile("rb").read() == b""  # no answer to a cut body, and closed
+    finally:
+        server.stop()
+
+
 def test_the_live_scheduler_and_its_extender_share_one_account() -> None:
     """One replica serving both its own pods and kube-scheduler's (extenderAddress): a device the
     scheduler assumed for its pod, Binding still in flight, is not given to the extender's pod."""

@@ -356,6 +356,10 @@ def _handler(
             self._send(status, "application/json", orjson.dumps(doc))
 
         def do_GET(self) -> None:  # noqa: N802
+            if self.headers.get("Content-Length", "0").strip("0") or "Transfer-Encoding" in self.headers:
+                # a body this does not read: left on a kept-alive connection it would be read as
+                # the next request (one a proxy in front never saw); the connection ends instead
+                self.close_connection = True
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
                 self._send(200, CONTENT_TYPE_LATEST, extender.scheduler.metrics.render())
@@ -384,6 +388,9 @@ def _handler(
             try:
                 body = self.rfile.read(int(length))
             except (TimeoutError, OSError):
+                self.close_connection = True
+                return
+            if len(body) != int(length):  # the client hung up inside its body: no one to answer
                 self.close_connection = True
                 return
             ok, detail = ready()
