@@ -20,6 +20,7 @@ from kubernetes.client.rest import ApiException
 
 from kubegpu.kube import BindingCoreV1Api
 from scheduler.live.scheduler import drain
+from tests.support.rawhttp import ScriptedHTTPServer
 from tests.test_control_plane import pod_manifest
 
 pytestmark = pytest.mark.apiserver
@@ -171,48 +172,9 @@ def test_binds_reuse_one_pooled_connection(admin_api: k8s.ApiClient, kube_namesp
     assert {core.read_namespaced_pod(n, kube_namespace).spec.node_name for n in names} == {"node-a"}
 
 
-class _Recorder:
-    """A plain-HTTP endpoint that records each request (line, headers, body) and answers 201."""
-
-    def __init__(self, host: str = "127.0.0.1") -> None:
-        self.requests: list[tuple[str, dict[str, str], bytes]] = []
-        self.connections = 0
-        self.listener = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
-        self.listener.bind((host, 0))
-        self.listener.listen(8)
-        shown = f"[{host}]" if ":" in host else host
-        self.url = f"http://{shown}:{self.listener.getsockname()[1]}"
-        self.thread = threading.Thread(target=self._serve, daemon=True)
-        self.thread.start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            with conn, conn.makefile("rb") as stream:
-                while line := stream.readline():
-                    headers = {}
-                    while (h := stream.readline()) not in (b"\r\n", b""):
-                        key, _, value = h.decode().partition(":")
-                        headers[key.lower()] = value.strip()
-                    body = stream.read(int(headers.get("content-length", "0")))
-                    self.requests.append((line.decode().strip(), headers, body))
-                    answer = b'{"kind":"Status","status":"Success"}'
-                    conn.sendall(
-                        b"HTTP/1.1 201 Created\r\nContent-Type: application/json\r\n"
-                        b"Content-Length: %d\r\n\r\n%s" % (len(answer), answer)
-                    )
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 @pytest.fixture
-def recorder() -> Iterator[_Recorder]:
-    server = _Recorder()
+def recorder() -> Iterator[ScriptedHTTPServer]:
+    server = ScriptedHTTPServer()
     yield server
     server.close()
 
@@ -227,7 +189,7 @@ def _client(host: str, proxy: str | None = None) -> k8s.ApiClient:
 
 
 @pytest.mark.parametrize("prefix", ["", "/k8s/clusters/c-1"])
-def test_the_request_on_the_wire_is_the_generated_calls(recorder: _Recorder, prefix: str) -> None:
+def test_the_request_on_the_wire_is_the_generated_calls(recorder: ScriptedHTTPServer, prefix: str) -> None:
     """Request line (a server URL with a path keeps it), body and headers (auth, Accept, the
     client's defaults) as the generated method sends them."""
     api = _client(recorder.url + prefix)
@@ -249,7 +211,7 @@ def test_an_ipv6_server_shares_the_rest_layers_pool() -> None:
     manager keys the REST layer's pool by ``[::1]``, urlsplit's hostname is ``::1``), a second
     set of connections (and TLS handshakes) beside the client's. One pool, one connection."""
     try:
-        server = _Recorder("::1")
+        server = ScriptedHTTPServer(host="::1")
     except OSError:
         pytest.skip("no IPv6 loopback")
     try:
@@ -266,7 +228,7 @@ def test_an_ipv6_server_shares_the_rest_layers_pool() -> None:
         server.close()
 
 
-def test_a_client_behind_a_proxy_takes_the_rest_layers_path(recorder: _Recorder) -> None:
+def test_a_client_behind_a_proxy_takes_the_rest_layers_path(recorder: ScriptedHTTPServer) -> None:
     """With a proxy the pool manager is a ProxyManager: the Binding goes through it (absolute
     URL to the proxy), not to a pool of its own."""
     api = _client("http://apiserver.invalid:6443", proxy=recorder.url)

@@ -16,6 +16,7 @@ import pytest
 import urllib3
 
 from kubegpu.leanpost import LeanPostError, host_header, post, read_answer, request_bytes
+from tests.support.rawhttp import ScriptedHTTPServer
 
 
 def _their_read(raw: bytes) -> tuple[int, bytes]:
@@ -140,7 +141,7 @@ def test_a_request_http_client_would_refuse_is_refused_before_it_is_sent(
     with pytest.raises(error):
         post(pool, target, headers, b"{}", 5)
     assert post(pool, "/b", {}, b"{}", 5).status == 201
-    assert (server.connections, server.requests) == (1, 1)
+    assert (server.connections, len(server.requests)) == (1, 1)
 
 
 def test_header_values_that_are_not_text_are_written_as_http_client_writes_them() -> None:
@@ -162,51 +163,17 @@ def test_host_header() -> None:
         assert host_header(conn) == expected
 
 
-class _Server:
-    """A loopback HTTP endpoint; ``answer(request_index) -> (bytes, close_after)``."""
-
-    def __init__(self, answer: Callable[[int], tuple[bytes, bool]]) -> None:
-        self.answer = answer
-        self.connections = 0
-        self.requests = 0
-        self.listener = socket.socket()
-        self.listener.bind(("127.0.0.1", 0))
-        self.listener.listen(8)
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._serve, daemon=True).start()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listener.accept()
-            except OSError:
-                return
-            self.connections += 1
-            with conn, conn.makefile("rb") as stream:
-                while stream.readline():
-                    length = 0
-                    while (line := stream.readline()) not in (b"\r\n", b""):
-                        if line.lower().startswith(b"content-length:"):
-                            length = int(line.split(b":")[1])
-                    stream.read(length)
-                    answer, close = self.answer(self.requests)
-                    self.requests += 1
-                    conn.sendall(answer)
-                    if close:
-                        break
-
-
 @pytest.fixture
-def make_server() -> Iterator[Callable[[Callable[[int], tuple[bytes, bool]]], _Server]]:
-    servers: list[_Server] = []
+def make_server() -> Iterator[Callable[[Callable[[int], tuple[bytes, bool]]], ScriptedHTTPServer]]:
+    servers: list[ScriptedHTTPServer] = []
 
-    def make(answer: Callable[[int], tuple[bytes, bool]]) -> _Server:
-        servers.append(_Server(answer))
+    def make(answer: Callable[[int], tuple[bytes, bool]]) -> ScriptedHTTPServer:
+        servers.append(ScriptedHTTPServer(answer))
         return servers[-1]
 
     yield make
     for server in servers:
-        server.listener.close()
+        server.close()
 
 
 OK = b"HTTP/1.1 201 Created\r\nContent-Length: 2\r\n\r\n{}"
@@ -217,7 +184,7 @@ def test_a_kept_connection_carries_the_next_post(make_server: Callable) -> None:
     pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
     for _ in range(5):
         assert post(pool, "/b", {}, b"{}", 5).status == 201
-    assert (server.connections, server.requests) == (1, 5)
+    assert (server.connections, len(server.requests)) == (1, 5)
 
 
 def test_interim_answers_are_skipped_and_the_connection_carries_the_next_post(make_server: Callable) -> None:
@@ -229,7 +196,7 @@ def test_interim_answers_are_skipped_and_the_connection_carries_the_next_post(ma
     pool = urllib3.HTTPConnectionPool("127.0.0.1", server.port, maxsize=2)
     assert post(pool, "/b", {}, b"{}", 5).status == 201
     assert post(pool, "/b", {}, b"{}", 5).status == 409
-    assert (server.connections, server.requests) == (1, 2)
+    assert (server.connections, len(server.requests)) == (1, 2)
 
 
 def test_a_connection_the_server_dropped_while_idle_is_replaced(make_server: Callable) -> None:
@@ -240,7 +207,7 @@ def test_a_connection_the_server_dropped_while_idle_is_replaced(make_server: Cal
     for _ in range(3):
         assert post(pool, "/b", {}, b"{}", 5).status == 201
         threading.Event().wait(0.05)  # the hang-up reaches this side
-    assert (server.connections, server.requests) == (3, 3)
+    assert (server.connections, len(server.requests)) == (3, 3)
 
 
 def test_connection_close_is_honoured(make_server: Callable) -> None:
