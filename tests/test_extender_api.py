@@ -513,6 +513,7 @@ def test_a_standby_relays_kube_schedulers_calls_to_the_leader_and_takes_over_whe
     try:
         start("ext-a")
         wait_ready(ports["ext-a"], "ready")  # the leader, past its fence
+        assert "extender.heap_frozen" in (tmp_path / "ext-a.log").read_text()  # after its first lists
         start("ext-b")
         wait_ready(ports["ext-b"], "standby: relaying to")
         kube_scheduler(extender_config(profile, ports["ext-b"]))

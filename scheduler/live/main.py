@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import signal
@@ -36,6 +37,18 @@ def scheduler_api(config: SchedulerConfig, kubeconfig: str | None, extender: boo
     return api_client(kubeconfig, pool=pool)
 
 
+def freeze_startup_heap(what: str) -> None:
+    """Collect, then move every object alive now (the modules, the Kubernetes client's classes, the
+    first lists' nodes and pods) out of the cyclic garbage collector's generations (``gc.freeze``):
+    its full collections then scan only what came after. After the imports alone that heap is
+    about 120,000 objects, 40 ms a full collection, each stalling every thread (verbs included);
+    in bench/extender_throughput.py a full collection took 120 ms once a round. Frozen objects are
+    still freed when their last reference goes; only a reference cycle among them would stay."""
+    collected = gc.collect()
+    gc.freeze()
+    log_event(log, f"{what}.heap_frozen", objects=gc.get_freeze_count(), collected=collected)
+
+
 def _stop_on_signals(stop: threading.Event, event: str) -> None:
     """SIGTERM and SIGINT set ``stop``, logged as ``event``."""
 
@@ -55,6 +68,7 @@ def _watch_and_lead(
     scheduler.start_watching()
     if not scheduler.wait_synced(SYNC_TIMEOUT_SECONDS):
         log_event(log, f"{what}.sync_timeout", logging.ERROR, seconds=SYNC_TIMEOUT_SECONDS)
+    freeze_startup_heap(what)
     annotations = leader_annotation(scheduler.config.identity, extender_url) if extender_url else None
     return scheduler.start_leading(api, annotations)
 
