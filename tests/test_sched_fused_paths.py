@@ -445,3 +445,29 @@ def test_alignment_bands_of_a_step_near_zero() -> None:
         if np.isfinite(scores).all():  # infinite bands: the plain code's sums are NaN (no answer to match)
             expected, _ = pick(idx, scores, random.Random(0), cluster.tie_rank)
             assert pos is None or int(idx[pos]) == expected, step
+
+
+def test_best_scores_of_sums_too_large_for_exact_floats() -> None:
+    """First scores near 2**59 (a float step of 128): a node two steps below the best, left out by
+    ``best_scores``, sums with the others' scores (within their bounds) to the best itself; ``score``
+    ties it with the best node, so ``best_scores`` must keep it."""
+    top = float(2**59 + 1024)
+    cluster = cluster_of(2, random.Random(1))
+    pod = PodRequest("p", cpu_milli=1000)
+    policy = Policy(
+        "huge",
+        (
+            (_Fixed(np.array([top, top - 256.0])), 1.0),
+            (_Fixed(np.array([0.0, 68.0]), (0.0, 100.0)), 1.0),
+            (_Fixed(np.array([0.0, 65.0]), (0.0, 65.0)), 1.0),
+            (_Fixed(np.array([0.0, 3.0]), (0.0, 3.0)), 1.0),
+        ),
+    )
+    idx = cluster.all_indices
+    full = policy.score(pod, cluster, idx)
+    assert full[0] == full[1]  # the case: a tie in score
+    kept, scores = policy.best_scores(pod, cluster, idx)
+    assert kept[scores == scores.max()].tolist() == idx[full == full.max()].tolist() == [0, 1]
+    cluster.set_tie_order([1, 0])
+    placed = schedule_one(pod, cluster, policy, random.Random(0), explain=False)
+    assert isinstance(placed, Placement) and placed.node == "n1"
