@@ -377,8 +377,8 @@ def plain_aligned(
     want_gpu = pod.total_gpu_milli * gpu_inv
     norm = np.sqrt((free_cpu * free_cpu + free_gpu * free_gpu) * (want_cpu * want_cpu + want_gpu * want_gpu))
     dot = free_cpu * want_cpu + free_gpu * want_gpu
-    rounded = np.round(np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0), decimals)
-    with np.errstate(over="ignore"):
+    with np.errstate(over="ignore", invalid="ignore"):  # a step near 0, 309 decimals and more
+        rounded = np.round(np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0), decimals)
         return np.floor(rounded / step) if step > 0 else rounded
 
 
@@ -396,6 +396,11 @@ def test_rounding_to_negative_decimals_is_numpys() -> None:
             rounded, whole = round_like_numpy(x, decimals)
             assert rounded.hex() == float(np.round(np.array([x]), decimals)[0]).hex(), (x, decimals)
             assert whole == int(np.rint(x / 10.0**-decimals)), (x, decimals)
+    with np.errstate(invalid="ignore"):
+        for x in values[:50]:
+            for decimals in (309, 400, -309, -400):
+                rounded, _ = round_like_numpy(x, decimals)
+                assert rounded.hex() == float(np.round(np.array([x]), decimals)[0]).hex(), (x, decimals)
     cluster = cluster_of(40, rng)
     for k in range(200):
         random_change(cluster, rng, k)
@@ -425,7 +430,7 @@ def test_alignment_bands_of_a_step_near_zero() -> None:
     cluster.set_tie_order(list(range(200)))
     pod = PodRequest("p", cpu_milli=30_000, gpu_count=1)
     idx = cluster.all_indices
-    for decimals in (18, 19, 25):  # the cosine in 10**-decimals: past an int64 from 19 on
+    for decimals in (18, 19, 25, 308, 309, 400):  # past an int64 from 19 on, NaN (numpy) from 309 on
         plugin = AlignmentScore(decimals=decimals)
         plugin.bind(cluster, (), random.Random(0))
         assert bits(plugin.score(pod, cluster, idx)) == bits(plain_aligned(pod, cluster, idx, 0.0, decimals))

@@ -475,7 +475,7 @@ def aligned_band(
     want_gpu = gpu * gpu_inv
     norm = math.sqrt(have_length * (want_cpu * want_cpu + want_gpu * want_gpu))
     cosine = (have_cpu * want_cpu + have_gpu * want_gpu) / norm if norm > 0 else 0.0
-    if decimals >= 0:
+    if 0 <= decimals <= 308:  # 10**decimals a finite float
         scale = _power_of_ten(decimals)
         scaled = cosine * scale
         whole = round(scaled)
@@ -504,16 +504,15 @@ def round_like_numpy(x: float, decimals: int) -> tuple[float, int]:
     """``np.round(x, decimals)`` to the last bit, and the integer it is that many tenths of (``decimals``
     >= 0) or that many tens, hundreds... of (below 0): numpy multiplies by ``10**decimals``, rounds to
     the nearest integer (half to even, keeping the sign of a zero) and divides back; for ``decimals``
-    below 0 it divides by ``10**-decimals``, rounds and multiplies back."""
-    if decimals < 0:
-        scale = _power_of_ten(-decimals)
-        scaled = x / scale
-        whole = round(scaled)
-        return math.copysign(float(whole), scaled) * scale, whole
-    scale = _power_of_ten(decimals)
-    scaled = x * scale
+    below 0 it divides by ``10**-decimals``, rounds and multiplies back (past 308 decimals the power is
+    infinite and every value NaN; the integer is then 0)."""
+    scale = _power_of_ten(abs(decimals))
+    scaled = x / scale if decimals < 0 else x * scale
+    if not math.isfinite(scaled):  # 309 decimals and more: numpy's inf / inf and 0 * inf, NaN
+        return (scaled * scale if decimals < 0 else scaled / scale), 0
     whole = round(scaled)
-    return math.copysign(float(whole), scaled) / scale, whole
+    rounded = math.copysign(float(whole), scaled)
+    return (rounded * scale if decimals < 0 else rounded / scale), whole
 
 
 class _NodeStates:
