@@ -476,3 +476,28 @@ def test_best_scores_of_sums_too_large_for_exact_floats() -> None:
     cluster.set_tie_order([1, 0])
     placed = schedule_one(pod, cluster, policy, random.Random(0), explain=False)
     assert isinstance(placed, Placement) and placed.node == "n1"
+
+
+@pytest.mark.parametrize("step", [-3, -1, 0.5, 7])
+def test_best_scores_with_fgd_in_other_steps(step: float) -> None:
+    """FGD in bands of a negative step scores 100 // step .. 0 (it promised 0 .. 100 // step, and
+    ``best_scores`` then kept no node and raised ``ValueError``); a promise whose least is above its
+    largest is no promise. The best nodes and score are ``score``'s for any step."""
+    rng = random.Random(17)
+    cluster = cluster_of(30, rng)
+    for k in range(120):
+        random_change(cluster, rng, k)
+    cluster.set_tie_order(list(range(30)))
+    fgd = FGDScore(step=step)  # type: ignore[arg-type]
+    low, high = fgd.bounds() or (0.0, 0.0)
+    assert low <= high
+    policy = Policy("p", ((ShareCompletionScore(110), 1000.0), (fgd, 1.0)))
+    policy.bind(cluster, WORKLOAD, random.Random(0))
+    liar = Policy("q", ((ShareCompletionScore(110), 1000.0), (_Fixed(np.zeros(30), (5.0, -5.0)), 1.0)))
+    for pod in PODS[:4]:
+        idx, _ = run_filters(pod, cluster, explain=False)
+        for p in (policy, liar):
+            full = p.score(pod, cluster, idx)
+            kept, scores = p.best_scores(pod, cluster, idx)
+            assert kept[scores == full.max()].tolist() == idx[full == full.max()].tolist()
+            assert all(low <= s <= high for s in fgd.score(pod, cluster, idx))

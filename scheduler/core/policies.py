@@ -195,8 +195,12 @@ class FGDScore(ScorePlugin):
         self._node_models = [cluster.model_sets[c] for c in cluster.model_code.tolist()]
 
     def bounds(self) -> tuple[float, float] | None:
-        """``to_score``'s range: 0 .. 100 // step (None when ``exact``: the raw decrease)."""
-        return None if self.exact else (0.0, float(MAX_NODE_SCORE // self.step))
+        """``to_score``'s range: 0 .. 100 // step, or 100 // step .. 0 for a step below 0 (None when
+        ``exact``: the raw decrease)."""
+        if self.exact:
+            return None
+        edge = float(MAX_NODE_SCORE // self.step)
+        return (min(0.0, edge), max(0.0, edge))
 
     def to_score(self, decrease: float) -> float:
         if self.exact:

@@ -130,7 +130,7 @@ class Policy:
         low = high = 0.0  # the least and the largest the other plugins' weighted sum can be
         for plugin, weight in plugins[1:]:
             bounds = plugin.bounds()
-            if bounds is None or weight < 0:
+            if bounds is None or weight < 0 or not bounds[0] <= bounds[1]:  # no promise (or no range)
                 return idx, self.score(pod, cluster, idx)
             low += weight * bounds[0]
             high += weight * bounds[1]
