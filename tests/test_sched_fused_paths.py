@@ -363,3 +363,141 @@ def test_the_default_policy_is_made_of_these_parts() -> None:
     assert isinstance(policy.tie_break, ReserveThenAlign)
     assert [type(p) for p, _ in policy.plugins] == [ShareCompletionScore, FGDScore]
     assert policy.plugins[1][0].bounds() == (0.0, 33.0)
+
+
+def plain_aligned(
+    pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float, decimals: int
+) -> np.ndarray:
+    """``reference_aligned`` with any ``decimals`` (``np.round``'s, negative ones included)."""
+    cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)[idx]
+    gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)[idx]
+    free_cpu = cluster.cpu_free[idx] * cpu_inv
+    free_gpu = cluster.gpu_free_total[idx] * gpu_inv
+    want_cpu = pod.cpu_milli * cpu_inv
+    want_gpu = pod.total_gpu_milli * gpu_inv
+    norm = np.sqrt((free_cpu * free_cpu + free_gpu * free_gpu) * (want_cpu * want_cpu + want_gpu * want_gpu))
+    dot = free_cpu * want_cpu + free_gpu * want_gpu
+    with np.errstate(over="ignore", invalid="ignore"):  # a step near 0, 309 decimals and more
+        rounded = np.round(np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0), decimals)
+        return np.floor(rounded / step) if step > 0 else rounded
+
+
+def test_rounding_to_negative_decimals_is_numpys() -> None:
+    """``np.round`` with ``decimals`` below 0 divides by ``10**-decimals``, rounds and multiplies back;
+    ``round_like_numpy`` and an ``AlignmentScore(decimals=-1)`` (whose cosines then round to 0) do the
+    same, to the last bit."""
+    rng = random.Random(21)
+    values = [0.0, -0.0, 0.7, -0.3, 5.0, 15.0, 25.0, -25.0, 0.49, 0.5, 1.0]
+    values += [rng.uniform(-1000, 1000) for _ in range(5000)] + [
+        rng.randrange(-2000, 2000) * 5.0 for _ in range(500)
+    ]
+    for x in values:
+        for decimals in (-1, -2, -3):
+            rounded, whole = round_like_numpy(x, decimals)
+            assert rounded.hex() == float(np.round(np.array([x]), decimals)[0]).hex(), (x, decimals)
+            assert whole == int(np.rint(x / 10.0**-decimals)), (x, decimals)
+    with np.errstate(invalid="ignore"):
+        for x in values[:50]:
+            for decimals in (309, 400, -309, -400):
+                rounded, _ = round_like_numpy(x, decimals)
+                assert rounded.hex() == float(np.round(np.array([x]), decimals)[0]).hex(), (x, decimals)
+    cluster = cluster_of(40, rng)
+    for k in range(200):
+        random_change(cluster, rng, k)
+    idx = cluster.all_indices
+    for pod in PODS:
+        for step in (0.0, 0.2):
+            plugin = AlignmentScore(decimals=-1, step=step)
+            plugin.bind(cluster, WORKLOAD, rng)
+            assert bits(plugin.aligned(pod, cluster, idx, step)) == bits(
+                plain_aligned(pod, cluster, idx, step, -1)
+            )
+
+
+def test_alignment_bands_of_a_step_near_zero() -> None:
+    """A step so small that the bands pass what an int64 holds (or infinity), or a cosine kept to 19
+    and more decimals: ``aligned`` gives numpy's floats (it raised ``OverflowError``), and ``pick_tied``
+    the node ``pick`` takes over ``score`` (the int keys overflowed into another node at 1e-17 on 200
+    nodes), or leaves the pick to the caller."""
+    nodes = [
+        NodeState(f"n{i}", 64_000, 512_000, [GpuState(g, f"n{i}-g{g}", "A") for g in range(8)])
+        for i in range(200)
+    ]
+    cluster = ClusterState(nodes)
+    for i in range(200):
+        grants = tuple(GpuGrant(g, f"n{i}-g{g}") for g in range(i % 8))
+        cluster.book(Allocation(f"n{i}", f"x{i}", cpu_milli=(i * 7919) % 64_000, gpus=grants))
+    cluster.set_tie_order(list(range(200)))
+    pod = PodRequest("p", cpu_milli=30_000, gpu_count=1)
+    idx = cluster.all_indices
+    for decimals in (18, 19, 25, 308, 309, 400):  # past an int64 from 19 on, NaN (numpy) from 309 on
+        plugin = AlignmentScore(decimals=decimals)
+        plugin.bind(cluster, (), random.Random(0))
+        assert bits(plugin.score(pod, cluster, idx)) == bits(plain_aligned(pod, cluster, idx, 0.0, decimals))
+    for step in (1e-12, 1e-16, 1e-17, 1e-300, 5e-324):
+        plugin = AlignmentScore(step=step)
+        plugin.bind(cluster, (), random.Random(0))
+        scores = plugin.score(pod, cluster, idx)
+        assert bits(scores) == bits(plain_aligned(pod, cluster, idx, step, 6)), step
+        expected, _ = pick(idx, scores, random.Random(0), cluster.tie_rank)
+        pos = plugin.pick_tied(pod, cluster, idx)
+        assert pos is None or int(idx[pos]) == expected, step
+        tie_break = ReserveThenAlign(step, 3, 10, True, 0.2, False)
+        tie_break.bind(cluster, WORKLOAD, random.Random(0))
+        pos = tie_break.pick_tied(pod, cluster, idx)
+        with np.errstate(invalid="ignore", over="ignore"):
+            scores = tie_break.score(pod, cluster, idx)
+        if np.isfinite(scores).all():  # infinite bands: the plain code's sums are NaN (no answer to match)
+            expected, _ = pick(idx, scores, random.Random(0), cluster.tie_rank)
+            assert pos is None or int(idx[pos]) == expected, step
+
+
+def test_best_scores_of_sums_too_large_for_exact_floats() -> None:
+    """First scores near 2**59 (a float step of 128): a node two steps below the best, left out by
+    ``best_scores``, sums with the others' scores (within their bounds) to the best itself; ``score``
+    ties it with the best node, so ``best_scores`` must keep it."""
+    top = float(2**59 + 1024)
+    cluster = cluster_of(2, random.Random(1))
+    pod = PodRequest("p", cpu_milli=1000)
+    policy = Policy(
+        "huge",
+        (
+            (_Fixed(np.array([top, top - 256.0])), 1.0),
+            (_Fixed(np.array([0.0, 68.0]), (0.0, 100.0)), 1.0),
+            (_Fixed(np.array([0.0, 65.0]), (0.0, 65.0)), 1.0),
+            (_Fixed(np.array([0.0, 3.0]), (0.0, 3.0)), 1.0),
+        ),
+    )
+    idx = cluster.all_indices
+    full = policy.score(pod, cluster, idx)
+    assert full[0] == full[1]  # the case: a tie in score
+    kept, scores = policy.best_scores(pod, cluster, idx)
+    assert kept[scores == scores.max()].tolist() == idx[full == full.max()].tolist() == [0, 1]
+    cluster.set_tie_order([1, 0])
+    placed = schedule_one(pod, cluster, policy, random.Random(0), explain=False)
+    assert isinstance(placed, Placement) and placed.node == "n1"
+
+
+@pytest.mark.parametrize("step", [-3, -1, 0.5, 7])
+def test_best_scores_with_fgd_in_other_steps(step: float) -> None:
+    """FGD in bands of a negative step scores 100 // step .. 0 (it promised 0 .. 100 // step, and
+    ``best_scores`` then kept no node and raised ``ValueError``); a promise whose least is above its
+    largest is no promise. The best nodes and score are ``score``'s for any step."""
+    rng = random.Random(17)
+    cluster = cluster_of(30, rng)
+    for k in range(120):
+        random_change(cluster, rng, k)
+    cluster.set_tie_order(list(range(30)))
+    fgd = FGDScore(step=step)  # type: ignore[arg-type]
+    low, high = fgd.bounds() or (0.0, 0.0)
+    assert low <= high
+    policy = Policy("p", ((ShareCompletionScore(110), 1000.0), (fgd, 1.0)))
+    policy.bind(cluster, WORKLOAD, random.Random(0))
+    liar = Policy("q", ((ShareCompletionScore(110), 1000.0), (_Fixed(np.zeros(30), (5.0, -5.0)), 1.0)))
+    for pod in PODS[:4]:
+        idx, _ = run_filters(pod, cluster, explain=False)
+        for p in (policy, liar):
+            full = p.score(pod, cluster, idx)
+            kept, scores = p.best_scores(pod, cluster, idx)
+            assert kept[scores == full.max()].tolist() == idx[full == full.max()].tolist()
+            assert all(low <= s <= high for s in fgd.score(pod, cluster, idx))

@@ -195,8 +195,12 @@ class FGDScore(ScorePlugin):
         self._node_models = [cluster.model_sets[c] for c in cluster.model_code.tolist()]
 
     def bounds(self) -> tuple[float, float] | None:
-        """``to_score``'s range: 0 .. 100 // step (None when ``exact``: the raw decrease)."""
-        return None if self.exact else (0.0, float(MAX_NODE_SCORE // self.step))
+        """``to_score``'s range: 0 .. 100 // step, or 100 // step .. 0 for a step below 0 (None when
+        ``exact``: the raw decrease)."""
+        if self.exact:
+            return None
+        edge = float(MAX_NODE_SCORE // self.step)
+        return (min(0.0, edge), max(0.0, edge))
 
     def to_score(self, decrease: float) -> float:
         if self.exact:
@@ -375,7 +379,8 @@ class AlignmentScore(ScorePlugin):
         ``schedule.pick`` takes among the best ``aligned``), with a lower bound of ``aligned`` there
         (as an int: the band, or the rounded cosine times ``10**decimals``; the least worked out for
         this request on any node) and the bound of the keys' span (every key is below it and above minus
-        it). None without a node order (ties at random)."""
+        it). None without a node order (ties at random), or when the keys would not fit an int64 (a step
+        so small that the bands pass ``BAND_LIMIT``)."""
         rank = cluster.tie_rank
         if rank is None or self.decimals > self.MAX_DECIMALS:
             return None
@@ -384,8 +389,10 @@ class AlignmentScore(ScorePlugin):
         if order is None or order[0] is not rank:
             order = self._order = (rank, len(rank) - 1 - rank)
         n = len(rank)
-        keys = ints * n + order[1].take(idx)
-        return keys, table.low, (max(table.high, -table.low) + 1) * n
+        span = (max(table.high, -table.low) + 1) * n
+        if span >= 1 << 62:  # bands of a step near 0: the keys would pass what an int64 holds
+            return None
+        return ints * n + order[1].take(idx), table.low, span
 
     def _lookup(
         self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float
@@ -442,6 +449,7 @@ class AlignmentScore(ScorePlugin):
 
 
 _UNKNOWN = np.iinfo(np.int64).min  # _BandTable.ints of a state not worked out yet
+BAND_LIMIT = 1 << 62  # aligned_band: an int at least this far from 0 is this (a step near 0, many decimals)
 _least = np.minimum.reduce  # ndarray.min without its Python wrapper
 
 
@@ -463,18 +471,26 @@ def aligned_band(
     """``AlignmentScore.aligned`` of a node (``node_side``) for a request of ``cpu`` CPU milli and ``gpu``
     GPU milli, in Python with the float operations of the vector code in the same order (the same value
     to the last bit), and as an int of the same order: the band, or (``step`` 0) the rounded cosine
-    times ``10**decimals`` (``round_like_numpy``, inline)."""
+    times ``10**decimals`` (``round_like_numpy``, inline for ``decimals`` >= 0). An int at least
+    ``BAND_LIMIT`` from 0 (a step near 0, or many decimals) is that limit and orders nothing
+    (``aligned_keys`` then declines)."""
     cpu_inv, gpu_inv, have_cpu, have_gpu, have_length = side
     want_cpu = cpu * cpu_inv
     want_gpu = gpu * gpu_inv
     norm = math.sqrt(have_length * (want_cpu * want_cpu + want_gpu * want_gpu))
-    scale = _power_of_ten(decimals)
-    scaled = ((have_cpu * want_cpu + have_gpu * want_gpu) / norm if norm > 0 else 0.0) * scale
-    whole = round(scaled)
-    rounded = math.copysign(whole, scaled) / scale
-    if step <= 0:
-        return rounded, whole
+    cosine = (have_cpu * want_cpu + have_gpu * want_gpu) / norm if norm > 0 else 0.0
+    if 0 <= decimals <= 308:  # 10**decimals a finite float
+        scale = _power_of_ten(decimals)
+        scaled = cosine * scale
+        whole = round(scaled)
+        rounded = math.copysign(whole, scaled) / scale
+    else:
+        rounded, whole = round_like_numpy(cosine, decimals)
+    if step <= 0:  # beyond BAND_LIMIT (18 decimals and more): the int at the limit
+        return rounded, whole if -BAND_LIMIT < whole < BAND_LIMIT else int(math.copysign(BAND_LIMIT, whole))
     ratio = rounded / step
+    if not -BAND_LIMIT < ratio < BAND_LIMIT:  # a step near 0: the float as np.floor's, the int at the limit
+        return float(np.floor(ratio)), int(math.copysign(BAND_LIMIT, ratio))
     band = math.floor(ratio)
     return (math.copysign(0.0, ratio) if band == 0 else float(band)), band  # np.floor keeps -0.0
 
@@ -489,13 +505,18 @@ def _power_of_ten(decimals: int) -> float:
 
 
 def round_like_numpy(x: float, decimals: int) -> tuple[float, int]:
-    """``np.round(x, decimals)`` (``decimals`` >= 0) to the last bit, and the integer it is that many
-    tenths of: numpy multiplies by ``10**decimals``, rounds to the nearest integer (half to even,
-    keeping the sign of a zero) and divides back."""
-    scale = _power_of_ten(decimals)
-    scaled = x * scale
+    """``np.round(x, decimals)`` to the last bit, and the integer it is that many tenths of (``decimals``
+    >= 0) or that many tens, hundreds... of (below 0): numpy multiplies by ``10**decimals``, rounds to
+    the nearest integer (half to even, keeping the sign of a zero) and divides back; for ``decimals``
+    below 0 it divides by ``10**-decimals``, rounds and multiplies back (past 308 decimals the power is
+    infinite and every value NaN; the integer is then 0)."""
+    scale = _power_of_ten(abs(decimals))
+    scaled = x / scale if decimals < 0 else x * scale
+    if not math.isfinite(scaled):  # 309 decimals and more: numpy's inf / inf and 0 * inf, NaN
+        return (scaled * scale if decimals < 0 else scaled / scale), 0
     whole = round(scaled)
-    return math.copysign(float(whole), scaled) / scale, whole
+    rounded = math.copysign(float(whole), scaled)
+    return (rounded * scale if decimals < 0 else rounded / scale), whole
 
 
 class _NodeStates:

@@ -23,6 +23,7 @@ from scheduler.core.state import ClusterState
 
 _largest = np.maximum.reduce  # ndarray.max without its Python wrapper
 _least = np.minimum.reduce
+EXACT_SUMS = 2.0**40  # Policy.best_scores narrows only below this: a float step there is 2**-12
 
 
 class ScorePlugin:
@@ -118,8 +119,9 @@ class Policy:
         ``bounds``; else only the nodes whose first score, weighted, is within the others' weighted
         span (plus a margin of 1) of the largest first score. Those are scored by the others, and the
         rest are left out only when the best of these is above what any of the rest could reach (their
-        first score plus the others' largest; else every node is scored). So the best score and the
-        nodes that have it are ``score``'s."""
+        first score plus the others' largest; else every node is scored), and only while the largest
+        first score and the others' span are below ``EXACT_SUMS`` (beyond, float sums round by more
+        than the margins). So the best score and the nodes that have it are ``score``'s."""
         plugins: Sequence[tuple[ScorePlugin, float]] = self.plugins
         if len(plugins) > 1:
             plugins = [pw for pw in plugins if pw[0].applies(pod)]
@@ -128,7 +130,7 @@ class Policy:
         low = high = 0.0  # the least and the largest the other plugins' weighted sum can be
         for plugin, weight in plugins[1:]:
             bounds = plugin.bounds()
-            if bounds is None or weight < 0:
+            if bounds is None or weight < 0 or not bounds[0] <= bounds[1]:  # no promise (or no range)
                 return idx, self.score(pod, cluster, idx)
             low += weight * bounds[0]
             high += weight * bounds[1]
@@ -136,7 +138,9 @@ class Policy:
         total = np.multiply(weight, first.score(pod, cluster, idx), dtype=np.float64)  # as score
         top = float(_largest(total))
         near = top - (high - low) - 1.0  # below it: at most top + low - 1 with the others
-        if not _least(total) < near:  # every node can (or a NaN: every node is kept)
+        # every node can (or a NaN: every node is kept); or the sums are so large that their float
+        # rounding may pass the margins of 1 and 0.5 (a node left out could tie with the best)
+        if not (_least(total) < near and abs(top) + (high - low) < EXACT_SUMS):
             kept = idx
         else:
             keep = (total >= near).nonzero()[0]
