@@ -20,7 +20,6 @@ so no process outlives the control plane; an ``atexit`` hook does the same for a
 from __future__ import annotations
 
 import atexit
-import base64
 import http.client
 import json
 import os
@@ -166,10 +165,6 @@ def _openssl(*args: str) -> None:
         raise ControlPlaneError(f"openssl {args[0]} failed: {result.stderr.strip()}")
 
 
-def _b64(path: Path) -> str:
-    return base64.b64encode(path.read_bytes()).decode()
-
-
 # --------------------------------------------------------------------------- PKI
 
 
@@ -247,14 +242,17 @@ class Pki:
 def kubeconfig(
     server: str, ca_cert: Path, user: str, credentials: Mapping[str, str]
 ) -> dict[str, Any]:
-    """A single-context kubeconfig dict; ``credentials`` is the kubeconfig ``user`` entry."""
+    """A single-context kubeconfig dict; ``credentials`` is the kubeconfig ``user`` entry. The CA
+    (and a client certificate and key) are named by path, not embedded: the Python Kubernetes
+    client copies embedded ones to temporary files that only its exit handler removes, so every
+    process killed without one (SIGKILL, multiprocessing workers) left them in /tmp."""
     return {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [
             {
                 "name": "kubegpu-test",
-                "cluster": {"server": server, "certificate-authority-data": _b64(ca_cert)},
+                "cluster": {"server": server, "certificate-authority": str(ca_cert)},
             },
         ],
         "users": [{"name": user, "user": dict(credentials)}],
@@ -558,7 +556,7 @@ class ControlPlane:
         """Issue a client certificate (CN=user, O=groups) and write a kubeconfig using it."""
         subject = f"/CN={user}" + "".join(f"/O={group}" for group in groups)
         cert, key = self.pki.issue(name, subject)
-        credentials = {"client-certificate-data": _b64(cert), "client-key-data": _b64(key)}
+        credentials = {"client-certificate": str(cert), "client-key": str(key)}
         return self.write_kubeconfig(name, user, credentials)
 
     def _write_admin_kubeconfig(self) -> None:
