@@ -100,17 +100,7 @@ def random_change(cluster: ClusterState, rng: random.Random, k: int) -> None:
 
 def reference_aligned(pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
     """``AlignmentScore.aligned`` worked out as the vector code did before it was kept per state."""
-    cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)[idx]
-    gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)[idx]
-    free_cpu = cluster.cpu_free[idx] * cpu_inv
-    free_gpu = cluster.gpu_free_total[idx] * gpu_inv
-    want_cpu = pod.cpu_milli * cpu_inv
-    want_gpu = pod.total_gpu_milli * gpu_inv
-    norm = np.sqrt((free_cpu * free_cpu + free_gpu * free_gpu) * (want_cpu * want_cpu + want_gpu * want_gpu))
-    dot = free_cpu * want_cpu + free_gpu * want_gpu
-    cosine = np.divide(dot, norm, out=np.zeros(len(idx)), where=norm > 0)
-    rounded = np.round(cosine, 6)
-    return np.floor(rounded / step) if step > 0 else rounded
+    return plain_aligned(pod, cluster, idx, step, 6)
 
 
 def bits(values: np.ndarray) -> list[str]:
@@ -368,7 +358,8 @@ def test_the_default_policy_is_made_of_these_parts() -> None:
 def plain_aligned(
     pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float, decimals: int
 ) -> np.ndarray:
-    """``reference_aligned`` with any ``decimals`` (``np.round``'s, negative ones included)."""
+    """The alignment as the vector code worked it out, with any ``decimals`` (``np.round``'s,
+    negative ones included)."""
     cpu_inv = 1.0 / np.maximum(cluster.cpu_capacity, 1)[idx]
     gpu_inv = 1.0 / np.maximum(cluster.gpu_count * MILLI, 1)[idx]
     free_cpu = cluster.cpu_free[idx] * cpu_inv
