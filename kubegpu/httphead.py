@@ -141,6 +141,10 @@ class LeanHead(BaseHTTPRequestHandler):
     docstring); ``self.headers`` is a ``Headers``."""
 
     protocol_version = "HTTP/1.1"
+    # methods whose handlers read the request's body; a request of any other method that
+    # announces one ends its connection after the answer: left unread on a kept-alive connection,
+    # the body would be read as the next request (one a proxy in front never saw)
+    methods_with_bodies: frozenset[str] = frozenset({"POST", "PUT", "PATCH"})
 
     def parse_request(self) -> bool:
         self.command = None  # type: ignore[assignment]  # the standard library's "no request yet"
@@ -164,6 +168,10 @@ class LeanHead(BaseHTTPRequestHandler):
         self.close_connection = number < (1, 1) or connection == "close"
         if connection == "keep-alive":
             self.close_connection = False
+        if method not in self.methods_with_bodies and (
+            headers.get("content-length", "0").strip("0") or "transfer-encoding" in headers
+        ):
+            self.close_connection = True
         if headers.get("expect", "").lower() == "100-continue" and number >= (1, 1):
             return bool(self.handle_expect_100())
         return True

@@ -244,17 +244,11 @@ def post_json(rest: RESTClientObject, url: str, headers: dict[str, str], body: A
         return rest.request("POST", url, headers=headers, body=body, _request_timeout=timeout).response
     parts = urlsplit(url)
     target = f"{parts.path}?{parts.query}" if parts.query else parts.path
-    if isinstance(timeout, (int, float)) and timeout:
-        limit: Any = timeout
-    elif isinstance(timeout, tuple) and len(timeout) == 2:
-        limit = timeout
-    else:
-        limit = None
     host = parts.hostname or ""
     if ":" in host:  # IPv6: bracketed, as urllib3's parse_url gives it (the REST layer's pool key)
         host = f"[{host}]"
     pool = manager.connection_from_host(host, parts.port, parts.scheme)
     try:
-        return leanpost.post(pool, target or "/", headers, json.dumps(body).encode(), limit)
+        return leanpost.post(pool, target or "/", headers, json.dumps(body).encode(), timeout)
     except (ssl.SSLError, urllib3.exceptions.SSLError) as error:  # as the REST layer reports it
         raise client.ApiException(status=0, reason=f"{type(error).__name__}\n{error}") from error

@@ -203,10 +203,25 @@ def host_header(conn: Any) -> str:
     return host if conn.port in (None, conn.default_port) else f"{host}:{conn.port}"
 
 
+def timeouts(timeout: Any) -> tuple[float | None, float | None]:
+    """(connect, read) seconds from the REST layer's ``_request_timeout``: one positive number
+    for both, or a pair (each kept where it is a positive number); anything else, 0 and booleans
+    included, means no limit (None)."""
+
+    def seconds(value: Any) -> float | None:
+        if isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0:
+            return float(value)
+        return None
+
+    if isinstance(timeout, tuple) and len(timeout) == 2:
+        return seconds(timeout[0]), seconds(timeout[1])
+    return seconds(timeout), seconds(timeout)
+
+
 def post(pool: Any, target: str, headers: dict[str, str], body: bytes, timeout: Any) -> Answer:
     """POST ``body`` to ``target`` (path and query) on a connection of urllib3 ``pool`` (see the
     module docstring)."""
-    connect_timeout, read_timeout = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+    connect_timeout, read_timeout = timeouts(timeout)
     conn = pool._get_conn()  # a pooled connection (a dropped one is closed by the pool) or a new one
     try:  # refused before anything is sent: the connection goes back as it came
         request = request_bytes(host_header(conn), target, headers, body)
@@ -218,7 +233,7 @@ def post(pool: Any, target: str, headers: dict[str, str], body: bytes, timeout: 
         for attempt in range(CONNECT_ATTEMPTS):
             if conn.sock is not None:
                 break
-            if connect_timeout:
+            if connect_timeout is not None:
                 conn.timeout = connect_timeout
             try:
                 conn.connect()
@@ -227,7 +242,7 @@ def post(pool: Any, target: str, headers: dict[str, str], body: bytes, timeout: 
                 if attempt == CONNECT_ATTEMPTS - 1:
                     raise
         sock = conn.sock
-        sock.settimeout(read_timeout if read_timeout else None)
+        sock.settimeout(read_timeout)
         sock.sendall(request)
         stream = sock.makefile("rb")
         try:

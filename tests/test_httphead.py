@@ -13,7 +13,6 @@ import io
 import json
 import random
 import socket
-import threading
 from collections.abc import Iterator
 
 import pytest
@@ -21,13 +20,12 @@ import pytest
 from kubegpu.httphead import (
     MAX_HEADERS,
     HeadError,
-    LeanHead,
     http_date,
     parse_header_lines,
     parse_request_line,
     read_header_lines,
 )
-from kubegpu.httpserve import bound_server
+from tests.support.echohttp import echo_server
 
 
 def test_headers_read_as_the_standard_library_reads_them() -> None:
@@ -132,34 +130,10 @@ def test_the_date_is_an_http_date() -> None:
     assert parsedate_to_datetime(http_date()).tzname() == "UTC"
 
 
-class _Echo(LeanHead):
-    """Answers POST with what it read: the body's length and some headers."""
-
-    timeout = 5
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        return
-
-    def do_POST(self) -> None:  # noqa: N802
-        length = int(self.headers.get("Content-Length") or 0)
-        body = self.rfile.read(length)
-        doc = {"path": self.path, "length": len(body), "x": self.headers.get("x-thing")}
-        self.send_answer(200, "application/json", json.dumps(doc).encode())
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.send_answer(200, "text/plain", b"ok\n")
-
-
 @pytest.fixture
 def server() -> Iterator[int]:
-    http_server = bound_server("127.0.0.1:0", _Echo)
-    thread = threading.Thread(target=http_server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with echo_server() as http_server:
         yield int(http_server.server_address[1])
-    finally:
-        http_server.shutdown()
-        http_server.server_close()
 
 
 def _answer(stream: io.BufferedReader) -> tuple[int, dict[str, str], bytes]:
@@ -183,7 +157,7 @@ def test_keep_alive_and_close(server: int) -> None:
             assert json.loads(body) == {"path": f"/v{i}", "length": 3, "x": "t"}
         sock.sendall(b"GET /h HTTP/1.1\r\nConnection: close\r\n\r\n")
         status, headers, body = _answer(stream)
-        assert (status, headers["connection"], body) == (200, "close", b"ok\n")
+        assert (status, headers["connection"], body) == (200, "close", b"/h")
         assert stream.read() == b""  # closed after it
     with socket.create_connection(("127.0.0.1", server), timeout=5) as sock:
         sock.sendall(b"GET /h HTTP/1.0\r\n\r\n")  # HTTP/1.0 without keep-alive: closed
@@ -193,6 +167,32 @@ def test_keep_alive_and_close(server: int) -> None:
         sock.sendall(b"GET /h HTTP/1.0\r\nConnection: keep-alive\r\n\r\nGET /h HTTP/1.1\r\n\r\n")
         stream = sock.makefile("rb")
         assert _answer(stream)[0] == 200 and _answer(stream)[0] == 200  # kept open for the second
+
+
+@pytest.mark.parametrize(
+    "request_head",
+    [
+        b"GET /h HTTP/1.1\r\nContent-Length: 20\r\n\r\nGET /smuggled HTTP/1.1",
+        b"GET /h HTTP/1.1\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nGET /\r\n0\r\n\r\n",
+        b"DELETE /h HTTP/1.1\r\nContent-Length: 2\r\n\r\nab",
+    ],
+)
+def test_a_body_no_handler_reads_ends_the_connection(server: int, request_head: bytes) -> None:
+    """A GET (or any method whose handler reads no body) announcing a body is answered, and its
+    connection ends: the unread body is never served as the next request."""
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as sock:
+        sock.sendall(request_head)
+        stream = sock.makefile("rb")
+        status, headers, _ = _answer(stream)
+        assert headers.get("connection") == "close" and status in (200, 501)
+        assert stream.read() == b""
+
+
+def test_a_get_with_an_empty_body_keeps_its_connection(server: int) -> None:
+    with socket.create_connection(("127.0.0.1", server), timeout=5) as sock:
+        sock.sendall(b"GET /h HTTP/1.1\r\nContent-Length: 0\r\n\r\nGET /h HTTP/1.1\r\n\r\n")
+        stream = sock.makefile("rb")
+        assert _answer(stream)[0] == 200 and _answer(stream)[0] == 200
 
 
 def test_expect_100_continue(server: int) -> None:

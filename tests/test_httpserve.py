@@ -14,18 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from kubegpu.httphead import LeanHead
 from kubegpu.httpserve import MetricsServer, ThreadReusingHTTPServer, bound_server
-
-
-class _Echo(LeanHead):
-    timeout = 5
-
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
-        return
-
-    def do_GET(self) -> None:  # noqa: N802
-        self.send_answer(200, "text/plain", self.path.encode())
+from tests.support.echohttp import EchoHandler, echo_server
 
 
 def _connection_threads() -> int:
@@ -41,14 +31,8 @@ def _wait(condition: Callable[[], bool], seconds: float = 5.0) -> None:
 
 @pytest.fixture
 def server() -> Iterator[ThreadReusingHTTPServer]:
-    http_server = bound_server("127.0.0.1:0", _Echo)
-    thread = threading.Thread(target=http_server.serve_forever, daemon=True)
-    thread.start()
-    try:
+    with echo_server() as http_server:
         yield http_server
-    finally:
-        http_server.shutdown()
-        http_server.server_close()
 
 
 def _get(port: int, path: str, requests: int = 1) -> list[bytes]:
@@ -108,7 +92,7 @@ def test_many_clients_at_random_are_all_answered(
 
 
 def test_idle_threads_end_after_their_idle_time() -> None:
-    http_server = bound_server("127.0.0.1:0", _Echo)
+    http_server = bound_server("127.0.0.1:0", EchoHandler)
     http_server.idle_seconds = 0.2
     threading.Thread(target=http_server.serve_forever, daemon=True).start()
     try:
@@ -125,7 +109,7 @@ def test_idle_threads_end_after_their_idle_time() -> None:
 
 def test_server_close_ends_the_idle_threads() -> None:
     before = _connection_threads()
-    http_server = bound_server("127.0.0.1:0", _Echo)
+    http_server = bound_server("127.0.0.1:0", EchoHandler)
     threading.Thread(target=http_server.serve_forever, daemon=True).start()
     port = http_server.server_address[1]
     with ThreadPoolExecutor(3) as pool:
@@ -152,7 +136,7 @@ def test_a_connection_handed_off_as_the_idle_thread_times_out_is_taken() -> None
     """The race the hand-off must survive: an idle thread's wait times out and, before it takes
     the lock to leave, a connection is handed to it (it was still counted idle). It must serve
     that connection, not leave it in the queue with no thread for it."""
-    http_server = ThreadReusingHTTPServer(("127.0.0.1", 0), _Echo)  # not serving: driven by hand
+    http_server = ThreadReusingHTTPServer(("127.0.0.1", 0), EchoHandler)  # not serving: driven by hand
     real = http_server._handoff
 
     class Racing:
@@ -187,7 +171,7 @@ def test_server_close_racing_an_idle_thread_that_times_out_loses_no_connection()
     reached the queue. It left by counting itself out again: the idle count went to -1, and a
     connection accepted after that (``serve_forever`` still running) was put in the queue for a
     thread that did not exist."""
-    http_server = ThreadReusingHTTPServer(("127.0.0.1", 0), _Echo)  # not serving: driven by hand
+    http_server = ThreadReusingHTTPServer(("127.0.0.1", 0), EchoHandler)  # not serving: driven by hand
     real = http_server._handoff
     counted, woken = threading.Event(), threading.Event()
     closer = threading.Thread(target=http_server.server_close)

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 import pytest
 import urllib3
 
-from kubegpu.leanpost import LeanPostError, host_header, post, read_answer, request_bytes
+from kubegpu.leanpost import LeanPostError, host_header, post, read_answer, request_bytes, timeouts
 from tests.support.rawhttp import ScriptedHTTPServer
 
 
@@ -235,3 +235,25 @@ def test_nothing_listening_raises_after_the_connect_attempts() -> None:
     pool = urllib3.HTTPConnectionPool("127.0.0.1", port, maxsize=2)
     with pytest.raises(urllib3.exceptions.NewConnectionError):
         post(pool, "/b", {}, b"{}", 2)
+
+
+@pytest.mark.parametrize(
+    ("timeout", "expected"),
+    [
+        (5, (5.0, 5.0)),
+        (0.3, (0.3, 0.3)),
+        ((1, 7.5), (1.0, 7.5)),
+        ((None, 2), (None, 2.0)),
+        ((3, 0), (3.0, None)),
+        (None, (None, None)),
+        (0, (None, None)),
+        (-1, (None, None)),
+        (True, (None, None)),  # not a number of seconds, though Python counts it as 1
+        ((True, False), (None, None)),
+        ((1, 2, 3), (None, None)),  # not a (connect, read) pair
+        ([1, 2], (None, None)),
+        ("5", (None, None)),
+    ],
+)
+def test_timeouts_read_as_connect_and_read_seconds(timeout: object, expected: tuple) -> None:
+    assert timeouts(timeout) == expected

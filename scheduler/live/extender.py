@@ -349,30 +349,23 @@ def _handler(
             if self.shaken:
                 super().handle()
 
-        def _send(self, status: int, content_type: str, body: bytes) -> None:
-            self.send_answer(status, content_type, body)
-
         def _json(self, status: int, doc: Any) -> None:
-            self._send(status, "application/json", orjson.dumps(doc))
+            self.send_answer(status, "application/json", orjson.dumps(doc))
 
         def do_GET(self) -> None:  # noqa: N802
-            if self.headers.get("Content-Length", "0").strip("0") or "Transfer-Encoding" in self.headers:
-                # a body this does not read: left on a kept-alive connection it would be read as
-                # the next request (one a proxy in front never saw); the connection ends instead
-                self.close_connection = True
             path = self.path.split("?", 1)[0]
             if path == "/metrics":
-                self._send(200, CONTENT_TYPE_LATEST, extender.scheduler.metrics.render())
+                self.send_answer(200, CONTENT_TYPE_LATEST, extender.scheduler.metrics.render())
             elif path == "/healthz":
-                self._send(200, "text/plain", b"ok\n")
+                self.send_answer(200, "text/plain", b"ok\n")
             elif path == "/readyz":
                 ok, detail = ready()
                 leader = relay.target() if relay is not None and not ok else None
                 if leader is not None:  # a standby: it takes calls and relays them
                     ok, detail = True, f"standby: relaying to {leader}"
-                self._send(200 if ok else 503, "text/plain", (detail + "\n").encode())
+                self.send_answer(200 if ok else 503, "text/plain", (detail + "\n").encode())
             else:
-                self._send(404, "text/plain", b"not found\n")
+                self.send_answer(404, "text/plain", b"not found\n")
 
         def do_POST(self) -> None:  # noqa: N802
             verb = verb_of(self.path)
@@ -401,7 +394,7 @@ def _handler(
                 if relay is None or leader is None:
                     self._json(503, {"Error": f"not ready: {detail}"})
                     return
-                self._send(*relay.relay(leader, self.path, body))
+                self.send_answer(*relay.relay(leader, self.path, body))
                 return
             status, doc = extender.handle(verb, body)
             self._json(status, doc)
