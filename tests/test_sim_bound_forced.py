@@ -5,7 +5,9 @@ tightens the bound where the LP would otherwise leave out an early, badly packin
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -85,6 +87,34 @@ def test_every_policy_places_the_forced_pods_of_the_openb_sample(policy: str) ->
         assert len(must) > len(nodes)  # more than one pod a node: the shares and small pods count less
         placed = placed_uids(nodes, pods, policy, seed)
         assert [order[i].name for i in must if order[i].uid not in placed] == []
+
+
+# ../shared beside the checkout, or OPENB_TRACES (as bench/simulate_openb.py)
+OPENB = Path(
+    os.environ.get("OPENB_TRACES")
+    or Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
+)
+SUBSET = 6  # every SUBSET-th node and pod of an openb trace
+
+
+@pytest.mark.parametrize("trace", ["default", "cpu050", "multigpu20", "gpushare40"])
+def test_fgd_fgd_reserve_and_bestfit_place_the_forced_pods_of_openb_subsets(trace: str) -> None:
+    """The forced pods of a sixth of each shared openb trace (nodes and pods) are placed by the
+    policies the bound is compared with, in two seeds; the rule forces past the half-way point of the
+    arrivals there, where counting every earlier pod against each host kind stopped before it."""
+    if not (OPENB / "openb_node_list_gpu_node.csv").exists():
+        pytest.skip(f"the openb traces are not at {OPENB}")
+    nodes = load_nodes(OPENB / "openb_node_list_gpu_node.csv")[::SUBSET]
+    pods = load_pods(OPENB / f"openb_pod_list_{trace}.csv")[::SUBSET]
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    for seed in (42, 43):
+        order, _ = arrivals(pods, seed, capacity, 1.3)
+        must = forced_pods(nodes, order)
+        arrived = np.cumsum([p.total_gpu_milli for p in order])
+        assert arrived[must[-1]] > capacity // 2
+        for policy in ("fgd", "fgd-reserve", "bestfit"):
+            placed = placed_uids(nodes, pods, policy, seed)
+            assert [order[i].name for i in must if order[i].uid not in placed] == [], (policy, seed)
 
 
 def random_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
