@@ -271,17 +271,23 @@ def tiny_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
     for i in range(rng.randint(2, 7)):
         cpu, memory = rng.choice([0, 1000, 2500, 4000]), rng.choice([0, 1000, 3000, 5000])
         kind = rng.random()
+        models = frozenset(rng.sample("ABC", rng.randint(1, 2))) if rng.random() < 0.3 else frozenset()
         if kind < 0.15:
             pods.append(PodRequest(f"c{i}", uid=f"c{i}", cpu_milli=cpu or 500, memory_mib=memory))
         elif kind < 0.55:
             milli = rng.choice([200, 300, 500, 700, 810])
             pods.append(
                 PodRequest(
-                    f"s{i}", uid=f"s{i}", cpu_milli=cpu, memory_mib=memory, gpu_count=1, gpu_milli=milli
+                    f"s{i}",
+                    uid=f"s{i}",
+                    cpu_milli=cpu,
+                    memory_mib=memory,
+                    gpu_count=1,
+                    gpu_milli=milli,
+                    gpu_models=models,
                 )
             )
         else:
-            models = frozenset(rng.sample("ABC", rng.randint(1, 2))) if rng.random() < 0.3 else frozenset()
             count = rng.choice([1, 1, 2, 4])
             pods.append(
                 PodRequest(
@@ -309,4 +315,4 @@ def test_forced_pods_are_placed_by_every_online_placement_of_tiny_clusters() -> 
         )
         forced_total += len(must)
         placed_total += sum(1 for i in placed if order[i].gpu_count)
-    assert forced_total >= 0.9 * placed_total  # 939 of 977 when written
+    assert forced_total >= 0.9 * placed_total  # 921 of 969 when written
