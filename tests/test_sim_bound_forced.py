@@ -5,13 +5,23 @@ tightens the bound where the LP would otherwise leave out an early, badly packin
 
 from __future__ import annotations
 
+import os
 import random
+from pathlib import Path
 
+import numpy as np
 import pytest
 
 from scheduler.core import ClusterState, PodRequest
 from scheduler.core.request import MILLI
-from scheduler.sim.bound import allocation_bound, forced_pods, protocol_bounds
+from scheduler.sim.bound import (
+    Closers,
+    allocation_bound,
+    closure_parts,
+    forced_pods,
+    protocol_bounds,
+    split_certificate,
+)
 from scheduler.sim.protocol import arrivals, run_once
 from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, NodeSpec, load_nodes, load_pods
 
@@ -79,6 +89,34 @@ def test_every_policy_places_the_forced_pods_of_the_openb_sample(policy: str) ->
         assert [order[i].name for i in must if order[i].uid not in placed] == []
 
 
+# ../shared beside the checkout, or OPENB_TRACES (as bench/simulate_openb.py)
+OPENB = Path(
+    os.environ.get("OPENB_TRACES")
+    or Path(__file__).resolve().parents[1].parent / "shared" / "traces" / "openb"
+)
+SUBSET = 6  # every SUBSET-th node and pod of an openb trace
+
+
+@pytest.mark.parametrize("trace", ["default", "cpu050", "multigpu20", "gpushare40"])
+def test_fgd_fgd_reserve_and_bestfit_place_the_forced_pods_of_openb_subsets(trace: str) -> None:
+    """The forced pods of a sixth of each shared openb trace (nodes and pods) are placed by the
+    policies the bound is compared with, in two seeds; the rule forces past the half-way point of the
+    arrivals there, where counting every earlier pod against each host kind stopped before it."""
+    if not (OPENB / "openb_node_list_gpu_node.csv").exists():
+        pytest.skip(f"the openb traces are not at {OPENB}")
+    nodes = load_nodes(OPENB / "openb_node_list_gpu_node.csv")[::SUBSET]
+    pods = load_pods(OPENB / f"openb_pod_list_{trace}.csv")[::SUBSET]
+    capacity = sum(n.gpus for n in nodes) * MILLI
+    for seed in (42, 43):
+        order, _ = arrivals(pods, seed, capacity, 1.3)
+        must = forced_pods(nodes, order)
+        arrived = np.cumsum([p.total_gpu_milli for p in order])
+        assert arrived[must[-1]] > capacity // 2
+        for policy in ("fgd", "fgd-reserve", "bestfit"):
+            placed = placed_uids(nodes, pods, policy, seed)
+            assert [order[i].name for i in must if order[i].uid not in placed] == [], (policy, seed)
+
+
 def random_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
     """A few small nodes of two kinds and pods that close them in every way: CPU, memory, whole GPUs,
     shares of any size, CPU-only pods, models."""
@@ -131,3 +169,150 @@ def test_every_policy_places_the_forced_pods_of_small_random_clusters(policy: st
         for x, bound in protocol_bounds(nodes, pods, seed, 1.3).items():
             run = run_once(nodes, pods, policy, seed)
             assert run.at(x) <= bound.bound_pct + 0.005, (case, x)  # the curve is rounded to 0.01
+
+
+def test_earlier_pods_are_split_among_the_host_kinds() -> None:
+    """Two nodes of one GPU, of two models: one earlier 1-GPU pod can fill either, not both, so the
+    second is placed by every policy. Counted against each kind alone (the earlier pod fills it), it
+    would not be forced; split between the kinds, it is."""
+    nodes = [NodeSpec("a", 8000, 8000, 1, "A"), NodeSpec("b", 8000, 8000, 1, "B")]
+    assert forced_pods(nodes, [whole("w1", 1), whole("w2", 1)]) == [0, 1]
+    assert forced_pods(nodes, [whole("w1", 1), whole("w2", 1), whole("w3", 1)]) == [0, 1]
+    # three kinds, two earlier pods that each fit all: the third pod is placed, the fourth need not be
+    nodes.append(NodeSpec("c", 8000, 8000, 1, "C"))
+    order = [whole(f"w{i}", 1) for i in range(4)]
+    assert forced_pods(nodes, order) == [0, 1, 2]
+
+
+def test_a_share_closes_one_gpu_at_most() -> None:
+    """A 500-milli share on a node of two GPUs leaves the other GPU free for an 810-milli share: the
+    share closes at most one of the node's GPUs however far its milli exceeds the 191 that closes one
+    for 810 milli (counting its milli against the node's 2 x 191 would call the node closed)."""
+    nodes = [NodeSpec("n", 8000, 8000, 2, "G")]
+    order = [share("s", 500), share("p", 810), share("q", 810)]
+    assert forced_pods(nodes, order) == [0, 1]
+    parts = closure_parts(share("p", 810), [NodeSpec("", 8000, 8000, 2, "G")], Closers.of(order, nodes))
+    # rounded to the milli unit (GCD of 500 and 810: 10), 191 becomes 200: half a node per share
+    assert parts[:, 0].tolist() == pytest.approx([0.5, 0.5, 0.5])
+
+
+def test_a_certificate_is_checked_with_its_weights() -> None:
+    """Two kinds of one node each, closers that fit one of them: a fractional split closes both only
+    when enough of them arrived."""
+    parts = np.array([[1.0, 0.0], [0.0, 0.5]])
+    nodes = np.array([1.0, 1.0])
+    y = split_certificate(parts, np.array([1, 1]), nodes)  # kind 1 needs two of closer 1
+    assert y is not None
+    assert np.array([1, 1]) @ (parts * y).max(axis=1) < nodes @ y
+    assert split_certificate(parts, np.array([1, 2]), nodes) is None
+
+
+# A brute force of every work-conserving online placement on tiny clusters: a node's state is its CPU
+# and memory used and its GPUs' milli used (sorted); each pod goes, in arrival order, to any node and
+# GPU(s) that fit it, or is refused only where none does.
+NodeState = tuple[int, int, tuple[int, ...]]
+
+
+def _options(node: NodeSpec, state: NodeState, pod: PodRequest) -> list[NodeState]:
+    cpu, memory, gpus = state
+    if (pod.cpu_milli and cpu + pod.cpu_milli > node.cpu_milli) or memory + pod.memory_mib > node.memory_mib:
+        return []
+    after = (cpu + pod.cpu_milli, memory + pod.memory_mib)
+    if not pod.gpu_count:
+        return [(*after, gpus)]
+    if pod.gpu_models and node.model not in pod.gpu_models:
+        return []
+    if not pod.is_share:
+        free = [j for j, used in enumerate(gpus) if used == 0]
+        if len(free) < pod.gpu_count:
+            return []
+        rest = list(gpus)
+        for j in free[: pod.gpu_count]:
+            rest[j] = MILLI
+        return [(*after, tuple(sorted(rest)))]
+    out = []
+    for used in sorted(set(gpus)):
+        if used + pod.gpu_milli <= MILLI:
+            rest = list(gpus)
+            rest[rest.index(used)] = used + pod.gpu_milli
+            out.append((*after, tuple(sorted(rest))))
+    return out
+
+
+def always_placed(nodes: list[NodeSpec], order: list[PodRequest]) -> set[int]:
+    """The positions placed in every work-conserving online placement of ``order`` on ``nodes``."""
+    refused: set[int] = set()
+    seen: set[tuple[int, tuple[NodeState, ...]]] = set()
+
+    def walk(pos: int, states: tuple[NodeState, ...]) -> None:
+        if pos == len(order) or (pos, states) in seen:
+            return
+        seen.add((pos, states))
+        moves = [
+            states[:i] + (after,) + states[i + 1 :]
+            for i, node in enumerate(nodes)
+            for after in _options(node, states[i], order[pos])
+        ]
+        if not moves:
+            refused.add(pos)
+            walk(pos + 1, states)
+        for nxt in set(moves):
+            walk(pos + 1, nxt)
+
+    walk(0, tuple((0, 0, (0,) * n.gpus) for n in nodes))
+    return set(range(len(order))) - refused
+
+
+def tiny_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
+    """Two to four small nodes of up to three kinds and up to seven pods of every sort."""
+    kinds = [(rng.choice([4000, 8000]), rng.choice([4000, 8000]), rng.choice([1, 2, 4]), m) for m in "ABC"]
+    nodes = [NodeSpec(f"n{i}", *rng.choice(kinds)) for i in range(rng.randint(2, 4))]
+    pods = []
+    for i in range(rng.randint(2, 7)):
+        cpu, memory = rng.choice([0, 1000, 2500, 4000]), rng.choice([0, 1000, 3000, 5000])
+        kind = rng.random()
+        models = frozenset(rng.sample("ABC", rng.randint(1, 2))) if rng.random() < 0.3 else frozenset()
+        if kind < 0.15:
+            pods.append(PodRequest(f"c{i}", uid=f"c{i}", cpu_milli=cpu or 500, memory_mib=memory))
+        elif kind < 0.55:
+            milli = rng.choice([200, 300, 500, 700, 810])
+            pods.append(
+                PodRequest(
+                    f"s{i}",
+                    uid=f"s{i}",
+                    cpu_milli=cpu,
+                    memory_mib=memory,
+                    gpu_count=1,
+                    gpu_milli=milli,
+                    gpu_models=models,
+                )
+            )
+        else:
+            count = rng.choice([1, 1, 2, 4])
+            pods.append(
+                PodRequest(
+                    f"w{i}", uid=f"w{i}", cpu_milli=cpu, memory_mib=memory, gpu_count=count, gpu_models=models
+                )
+            )
+    return nodes, pods
+
+
+def test_forced_pods_are_placed_by_every_online_placement_of_tiny_clusters() -> None:
+    """Soundness against brute force: a pod called forced is placed in every work-conserving online
+    placement (every choice of node and GPU for every earlier pod). The rule also forces most of
+    what is always placed on these clusters (it is not vacuous)."""
+    rng = random.Random(2626)
+    forced_total = placed_total = 0
+    for case in range(400):
+        nodes, order = tiny_cluster(rng)
+        must = set(forced_pods(nodes, order))
+        placed = always_placed(nodes, order)
+        assert must <= placed, (
+            case,
+            nodes,
+            [(p.name, p.cpu_milli, p.memory_mib) for p in order],
+            must - placed,
+        )
+        forced_total += len(must)
+        placed_total += sum(1 for i in placed if order[i].gpu_count)
+    assert forced_total >= 0.9 * placed_total  # 921 of 969 when written

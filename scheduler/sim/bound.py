@@ -19,11 +19,12 @@ decides GPU allocation on openb and drops what would make it slow:
   leaving them out can only raise the bound), and most of the rule that every pod that fits must be
   placed;
 - **kept of that rule** (``forced_pods``, ``protocol_bounds``): a pod is placed by every policy when
-  fewer pods arrived before it that could run on one of its possible hosts (the nodes that could
-  take it empty) than it has such hosts: each earlier pod occupies at most one node, so one of them
-  is still empty when it arrives. The LP places at least that many pods of each shape. Without it
-  the LP at 130% arrived may leave out even the first pods of a badly packing shape, which no policy
-  can (docs/simulator.md).
+  the pods that arrived before it cannot have closed all its possible hosts (the nodes that could
+  take it empty): each earlier pod sits on one node, so it closes at most a bounded part of one node
+  (``closure_parts``), and the parts, split in any way among the host kinds, must not cover every
+  kind's nodes (a small LP, ``split_certificate``, finds weights that prove it). The LP places at
+  least that many pods of each shape. Without it the LP at 130% arrived may leave out even the early
+  pods of a badly packing shape, which no policy can (docs/simulator.md).
 
 Every placement any policy makes is a feasible solution of this LP, so its optimum is an upper bound
 on the allocation at that point; what is dropped is why it can lie above the true offline optimum
@@ -37,6 +38,7 @@ iteration, so a run stopped by ``max_iterations`` still reports a bound.
 
 from __future__ import annotations
 
+import math
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -328,77 +330,194 @@ def _only_resources(pod: PodRequest) -> bool:
     )
 
 
+ShapeKey = tuple[int, int, int, int, bool, frozenset[str]]
+PROOF_MARGIN = 1e-9  # relative: a certificate must beat the nodes to close by this much (float sums)
+LP_MARGIN = 1e-6  # the split LP must come out below 1 by this much for its weights to be tried
+
+
+def _shape_key(pod: PodRequest) -> ShapeKey:
+    """What decides how much ``pod`` takes of a node and where it may run (CPU, memory, GPUs, models)."""
+    return (pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.gpu_milli, pod.is_share, pod.gpu_models)
+
+
+def _gpu_milli_per_gpu(pod: PodRequest) -> int:
+    """The milli ``pod`` takes of each GPU it touches: its share, 1000 for whole GPUs, and 1000 for a
+    share asked by GPU memory alone (the simulator's nodes do not know GPU memory, so it takes the
+    whole GPU: ``GpuState.share_for``)."""
+    if not pod.gpu_count:
+        return 0
+    return pod.gpu_milli if pod.is_share and pod.gpu_milli else MILLI
+
+
+def _round_up(x: np.ndarray, unit: int) -> np.ndarray:
+    """``x`` rounded up to a multiple of ``unit`` (unchanged for a unit of 0)."""
+    return -(-x // unit) * unit if unit > 0 else x
+
+
+@dataclass(frozen=True)
+class Closers:
+    """The pod shapes of an arrival order as pods that may close nodes: per shape its CPU, memory, GPUs
+    touched and milli per touched GPU, on which node kinds it can run, and the units every node's use
+    is a multiple of (the GCD over all pods of the CPU, the memory and the milli per GPU)."""
+
+    cpu: np.ndarray  # [shape]
+    memory: np.ndarray
+    touched: np.ndarray  # GPUs the shape's pod touches (0 CPU-only, 1 a share)
+    milli: np.ndarray  # milli per touched GPU
+    runs_on: np.ndarray  # [shape, kind]: can an empty node of the kind take it
+    cpu_unit: int
+    memory_unit: int
+    milli_unit: int
+
+    @classmethod
+    def of(cls, shapes: Sequence[PodRequest], kinds: Sequence[NodeSpec]) -> Closers:
+        milli = [_gpu_milli_per_gpu(p) for p in shapes]
+        return cls(
+            cpu=np.array([p.cpu_milli for p in shapes], dtype=np.int64),
+            memory=np.array([p.memory_mib for p in shapes], dtype=np.int64),
+            touched=np.array([0 if not p.gpu_count else 1 if p.is_share else p.gpu_count for p in shapes]),
+            milli=np.array(milli, dtype=np.int64),
+            runs_on=np.array([[_can_host(n, p) for n in kinds] for p in shapes], dtype=bool).reshape(
+                len(shapes), len(kinds)
+            ),
+            cpu_unit=math.gcd(*(p.cpu_milli for p in shapes)),
+            memory_unit=math.gcd(*(p.memory_mib for p in shapes)),
+            milli_unit=math.gcd(*milli),
+        )
+
+
+def closure_parts(pod: PodRequest, kinds: Sequence[NodeSpec], closers: Closers) -> np.ndarray:
+    """[closer shape, node kind]: at most how many nodes of the kind one pod of the shape can stop
+    fitting ``pod`` (0 where it cannot run there, or where ``pod`` cannot run on an empty one).
+
+    A node of the kind stops fitting ``pod`` only when the pods on it have used at least a threshold of
+    one resource: CPU ``node CPU - pod CPU + 1``, memory likewise, and of the GPUs, for ``k`` whole
+    GPUs, ``G - k + 1`` GPUs touched, for a share of ``m`` milli, ``1001 - m`` milli on each of its
+    ``G`` GPUs. Each threshold is rounded up to the unit the use is a multiple of (``Closers``). A
+    closer's part is ``min(1, max(its CPU / the CPU threshold, its memory / the memory threshold, its
+    GPU part))``, the GPU part being its GPUs touched over ``G - k + 1`` for whole GPUs, and for a share
+    ``touched x min(1, its milli per GPU / (1001 - m) rounded) / G`` (one GPU is closed at most once,
+    whatever sits on it). Then the parts of the pods on a closed node sum to at least 1: if none is
+    capped, the closing resource's shares alone do (per GPU for a share: each GPU's do, and the node's
+    ``G`` GPUs sum to ``G``)."""
+    out = np.zeros(closers.runs_on.shape)
+    for k, node in enumerate(kinds):
+        if not _can_host(node, pod):
+            continue
+        cpu_t = int(_round_up(np.int64(node.cpu_milli - pod.cpu_milli + 1), closers.cpu_unit))
+        memory_t = int(_round_up(np.int64(node.memory_mib - pod.memory_mib + 1), closers.memory_unit))
+        if pod.is_share:
+            per_gpu = int(_round_up(np.int64(MILLI + 1 - pod.gpu_milli), closers.milli_unit))
+            gpu = closers.touched * np.minimum(1.0, closers.milli / per_gpu) / node.gpus
+        else:
+            gpu = closers.touched / (node.gpus - pod.gpu_count + 1)
+        part = np.maximum(np.maximum(closers.cpu / cpu_t, closers.memory / memory_t), gpu)
+        out[:, k] = np.where(closers.runs_on[:, k], np.minimum(part, 1.0), 0.0)
+    return out
+
+
+def split_certificate(parts: np.ndarray, counts: np.ndarray, nodes: np.ndarray) -> np.ndarray | None:
+    """Weights ``y >= 0`` per node kind proving that ``counts[s]`` pods of each closer shape ``s``
+    cannot close every node (``nodes[k]`` of kind ``k``) when a pod of shape ``s`` closes at most
+    ``parts[s, k]`` nodes of kind ``k`` and sits on one node: ``sum_s counts[s] x max_k parts[s, k]
+    y[k] < sum_k nodes[k] y[k]``. None when the LP finds none (the fractional split closes them all).
+
+    The LP (scipy's HiGHS) is the dual of the split ``x[s, k] >= 0``, ``sum_k x[s, k] <= counts[s]``,
+    ``sum_s parts[s, k] x[s, k] >= nodes[k]``: minimise ``sum_s counts[s] z[s]`` over ``z[s] >=
+    parts[s, k] y[k]``, ``sum_k nodes[k] y[k] = 1``; weights with a value below 1 are a certificate.
+    The caller checks the certificate itself; the LP only proposes it."""
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    n_kinds = parts.shape[1]
+    used = np.flatnonzero((counts > 0) & (parts.max(axis=1, initial=0.0) > 0))
+    s_idx, k_idx = np.nonzero(parts[used] > 0)
+    n_rows = len(s_idx)
+    rows = np.concatenate([np.arange(n_rows), np.arange(n_rows)])
+    cols = np.concatenate([k_idx, n_kinds + s_idx])
+    vals = np.concatenate([parts[used[s_idx], k_idx], -np.ones(n_rows)])
+    a_ub = coo_matrix((vals, (rows, cols)), shape=(n_rows, n_kinds + len(used))).tocsr()
+    cost = np.concatenate([np.zeros(n_kinds), counts[used].astype(float)])
+    a_eq = np.concatenate([nodes.astype(float), np.zeros(len(used))])[None, :]
+    res = linprog(
+        cost,
+        A_ub=a_ub if n_rows else None,
+        b_ub=np.zeros(n_rows) if n_rows else None,
+        A_eq=a_eq,
+        b_eq=[1.0],
+        bounds=(0, None),
+        method="highs",
+    )
+    if res.status != 0 or res.fun >= 1.0 - LP_MARGIN:
+        return None
+    return np.maximum(np.asarray(res.x[:n_kinds]), 0.0)
+
+
 def forced_pods(nodes: Sequence[NodeSpec], order: Sequence[PodRequest]) -> list[int]:
     """The positions in ``order`` (arrival order) of the GPU pods that every policy places, if it
     places each pod that fits some node when it arrives (one try per pod, pods never leave).
 
-    A node stops fitting pod ``p`` only when the pods on it leave too little of one resource: more
-    than its CPU less ``p``'s, or memory, or GPUs (for ``k`` whole GPUs: more than ``G - k`` of its
-    ``G`` GPUs touched; for a share of ``m`` milli: every GPU more than ``1000 - m`` used, so at least
-    ``G x (1001 - m)`` milli in all). So each earlier pod ``q`` that could run on a node of that kind
-    closes at most ``min(1, max(cpu_q / (cpu slack + 1), memory_q / (memory slack + 1), its GPUs
-    over the GPU threshold))`` of such nodes, as ``q`` sits on one node; while the sum over the
-    earlier pods stays below the number of nodes of some kind that could take ``p`` empty, one of
-    them still fits ``p``. Only pods that nothing but their resources restricts (``_only_resources``)
-    are counted as forced; every pod counts as one that may close hosts."""
-    kinds: dict[tuple[int, int, int, str], int] = {}  # (CPU, memory, GPUs, model) -> nodes
-    for n in nodes:
-        key = (n.cpu_milli, n.memory_mib, n.gpus, n.model)
-        kinds[key] = kinds.get(key, 0) + 1
-    kind_keys = list(kinds)
-    count = np.array([kinds[k] for k in kind_keys], dtype=float)
-    kind_nodes = [NodeSpec("", cpu, memory, gpus, model) for cpu, memory, gpus, model in kind_keys]
+    Pod ``p`` is refused only if every node that could take it empty (its hosts, of the node kinds
+    ``K``: equal CPU, memory, GPUs and model) has stopped fitting it. A host of kind ``k`` stops
+    fitting only when the parts (``closure_parts``) of the pods on it sum to at least 1, and each
+    earlier pod sits on at most one node, of one kind. So if all hosts were closed, the earlier pods
+    on hosts of kind ``k`` (``x[s, k]`` of shape ``s``, at most ``n[s]`` over the kinds) would have
+    parts summing to at least the kind's node count ``N[k]``. For any weights ``y >= 0`` per kind,
+    summing ``y[k]`` times that over the kinds gives ``sum_k N[k] y[k] <= sum_q max_k parts[q, k]
+    y[k]`` over the earlier pods ``q``; weights for which it fails prove ``p`` is placed (every earlier
+    pod counted as placed, wherever it may run). Weights on one kind alone are the rule of counting
+    every earlier pod against each kind; the best weights come from the split LP
+    (``split_certificate``), and the inequality is then checked with the weights directly.
 
-    def key_of(pod: PodRequest) -> tuple:
-        return (
-            pod.cpu_milli,
-            pod.memory_mib,
-            pod.gpu_count,
-            pod.total_gpu_milli,
-            pod.is_share,
-            pod.gpu_models,
-        )
-
-    firsts: dict[tuple, PodRequest] = {}
+    The sum grows with the earlier pods, so per pod shape the pods are forced up to the first
+    position where no weights exist; from one certificate the check runs on along the order as long
+    as it holds, and a new LP is solved only where it stops. Only pods that nothing but their
+    resources restricts (``_only_resources``) are counted as forced; every pod counts as one that may
+    close hosts."""
+    kind_count: Counter[tuple[int, int, int, str]] = Counter(
+        (n.cpu_milli, n.memory_mib, n.gpus, n.model) for n in nodes
+    )
+    kind_keys = list(kind_count)
+    count = np.array([kind_count[k] for k in kind_keys], dtype=float)
+    kinds = [NodeSpec("", cpu, memory, gpus, model) for cpu, memory, gpus, model in kind_keys]
+    firsts: dict[ShapeKey, PodRequest] = {}
     for pod in order:
-        firsts.setdefault(key_of(pod), pod)
-    shape_keys = list(firsts)
-    shape_index = {k: i for i, k in enumerate(shape_keys)}
-    gpu_shape = np.array([bool(p.gpu_count and p.total_gpu_milli) for p in firsts.values()])
-    share_shape = np.array([p.is_share for p in firsts.values()])
-    # per (pod shape, node kind): can an empty node of the kind take it, and the thresholds
-    hosts = np.array([[_can_host(n, p) for n in kind_nodes] for p in firsts.values()], dtype=bool)
-    node_cpu = np.array([n.cpu_milli for n in kind_nodes], dtype=float)
-    node_memory = np.array([n.memory_mib for n in kind_nodes], dtype=float)
-    node_gpus = np.array([n.gpus for n in kind_nodes], dtype=float)
-    pod_cpu = np.array([p.cpu_milli for p in firsts.values()], dtype=float)[:, None]
-    pod_memory = np.array([p.memory_mib for p in firsts.values()], dtype=float)[:, None]
-    pod_gpus = np.array([p.gpu_count for p in firsts.values()], dtype=float)[:, None]
-    pod_milli = np.array([p.gpu_milli for p in firsts.values()], dtype=float)[:, None]
-    with np.errstate(divide="ignore", invalid="ignore"):
-        cpu_room = np.maximum(node_cpu[None, :] - pod_cpu + 1, 1)
-        memory_room = np.maximum(node_memory[None, :] - pod_memory + 1, 1)
-        # whole GPUs: GPUs touched to close; a share: milli used to close
-        gpu_room = np.where(
-            share_shape[:, None],
-            np.maximum(node_gpus[None, :] * (MILLI + 1 - pod_milli), 1),
-            np.maximum(node_gpus[None, :] - pod_gpus + 1, 1),
-        )
-    closed = np.zeros(hosts.shape)  # per (pod shape, node kind): hosts the arrivals so far may close
+        firsts.setdefault(_shape_key(pod), pod)
+    shapes = list(firsts.values())
+    index = {key: i for i, key in enumerate(firsts)}
+    sid = np.array([index[_shape_key(p)] for p in order], dtype=np.int64)
+    closers = Closers.of(shapes, kinds)
     out: list[int] = []
-    for position, pod in enumerate(order):
-        i = shape_index[key_of(pod)]
-        if gpu_shape[i] and _only_resources(pod) and bool(np.any(hosts[i] & (closed[i] < count))):
-            out.append(position)
-        runs_on = hosts[i]  # the node kinds this pod could sit on
-        if not runs_on.any():
-            continue  # refused by every policy: it closes nothing
-        touched = 0.0 if not pod.total_gpu_milli else (1.0 if pod.is_share else float(pod.gpu_count))
-        milli = float(pod.total_gpu_milli)
-        gpu_part = np.where(share_shape[:, None], milli / gpu_room, touched / gpu_room)
-        part = np.maximum(np.maximum(pod.cpu_milli / cpu_room, pod.memory_mib / memory_room), gpu_part)
-        closed += np.where(runs_on[None, :], np.minimum(part, 1.0), 0.0)
-    return out
+    for i, shape in enumerate(shapes):
+        if not (shape.gpu_count and shape.total_gpu_milli):
+            continue
+        where = [pos for pos in np.flatnonzero(sid == i).tolist() if _only_resources(order[pos])]
+        parts = closure_parts(shape, kinds, closers)
+        hosts = np.array([_can_host(n, shape) for n in kinds], dtype=bool)
+        if not where or not hosts.any():
+            continue
+        proven = _forced_prefix(parts[:, hosts], count[hosts], sid, where)
+        out += where[:proven]
+    return sorted(out)
+
+
+def _forced_prefix(parts: np.ndarray, nodes: np.ndarray, sid: np.ndarray, where: list[int]) -> int:
+    """How many of the positions ``where`` (increasing) are proven forced (see ``forced_pods``)."""
+    done = 0
+    while done < len(where):
+        position = where[done]
+        counts = np.bincount(sid[:position], minlength=len(parts))
+        y = split_certificate(parts, counts, nodes)
+        if y is None:
+            break
+        per_pod = (parts * y[None, :]).max(axis=1)[sid]
+        reach = np.concatenate([[0.0], np.cumsum(per_pod)])  # reach[j]: the first j pods' sum
+        limit = float(nodes @ y) * (1.0 - PROOF_MARGIN)
+        last = int(np.searchsorted(reach, limit, side="left")) - 1  # the last j with reach[j] < limit
+        if last < position:
+            break  # the LP's weights do not hold up in the check: stop proving here
+        done = int(np.searchsorted(where, last, side="right"))
+    return done
 
 
 def arrived_by(order: Sequence[PodRequest], capacity_milli: int, point: int) -> list[PodRequest]:
