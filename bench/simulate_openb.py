@@ -6,7 +6,7 @@
     .venv/bin/python bench/simulate_openb.py --throughput [--policies ...]
     .venv/bin/python bench/simulate_openb.py --links [--policies ...]      # + link quality columns
     .venv/bin/python bench/simulate_openb.py --bound [--policies fgd,...]   # + the LP bound per trace
-    .venv/bin/python bench/simulate_openb.py --mixes tuning|heldout [--policies fgd,fgd-reserve]
+    .venv/bin/python bench/simulate_openb.py --mixes tuning|heldout [--policies fgd,fgd-reserve] [--bound]
 
 Prints, per trace and policy, the mean and spread (sample standard deviation) over the seeds of the
 GPU allocation ratio at 100% and 130% arrived, the published value (FGD paper, mean of 10 seeds),
@@ -26,7 +26,8 @@ many points are below FGD), then both mean curves at ``CURVE_POINTS`` as a markd
 ``--mixes SET`` runs instead the trace mixes of that set of ``MIXES`` (``scheduler.sim.mixes``; each
 mix with its own protocol seeds) and prints, per mix and policy, the means at 100% and 130%, and for
 every policy but FGD: the smallest paired difference to FGD at 100% and 130% over the seeds, the
-smallest difference of the mean curves over 10..130% (where, and how many points are below FGD).
+smallest difference of the mean curves over 10..130% (where, and how many points are below FGD);
+with ``--bound``, then each mix's LP bound and every policy's gap to it at 130%.
 """
 
 from __future__ import annotations
@@ -189,8 +190,29 @@ def mixes_table(
 def _bound_job(trace: str, seed: int) -> tuple[str, int, dict[int, float]]:
     from scheduler.sim.bound import protocol_bounds
 
-    nodes, pods = _load(trace)
+    nodes, pods = load_workload(trace)
     return trace, seed, {x: b.bound_pct for x, b in protocol_bounds(nodes, pods, seed, 1.3).items()}
+
+
+def mix_bounds_table(
+    results: dict[tuple[str, str], list[RunResult]],
+    bounds: dict[str, list[dict[int, float]]],
+    mixes: list[str],
+    policies: list[str],
+) -> None:
+    """Markdown: per mix, the mean LP bound at 100/130 over its seeds, each policy's gap to it at
+    130, and FGD's headroom at 130 (bound minus FGD: the most any policy can be above FGD there)."""
+    head = ["mix", "bound @100", "bound @130"] + [f"{p} gap @130" for p in policies]
+    print("| " + " | ".join(head) + " |")
+    print("|" + "---|" * len(head))
+    for mix in mixes:
+        b100 = statistics.fmean(b[100] for b in bounds[mix])
+        b130 = statistics.fmean(b[130] for b in bounds[mix])
+        cells = [mix, f"{b100:.2f}", f"{b130:.2f}"]
+        for policy in policies:
+            m130 = statistics.fmean(r.alloc_pct_at_130 for r in results[(mix, policy)])
+            cells.append(f"{b130 - m130:.2f}")
+        print("| " + " | ".join(cells) + " |", flush=True)
 
 
 def scaling(factors: list[int], policies: list[str]) -> None:
@@ -297,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.mixes:
         names = [n for n in (args.mix_names or "").split(",") if n]
-        return run_mixes(args.mixes, policies, args.jobs, args.ties, names)
+        return run_mixes(args.mixes, policies, args.jobs, args.ties, names, args.bound)
     jobs = [(t, p, s, args.ties) for t in traces for p in policies for s in seeds]
     start = time.perf_counter()
     results: dict[tuple[str, str], list[RunResult]] = {}
@@ -384,10 +406,15 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run_mixes(
-    set_name: str, policies: list[str], jobs: int, ties: str, names: list[str] | None = None
+    set_name: str,
+    policies: list[str],
+    jobs: int,
+    ties: str,
+    names: list[str] | None = None,
+    bound: bool = False,
 ) -> int:
     """Every mix of ``set_name`` in ``MIXES`` (or those of ``names``) with every policy over the mix's
-    own seeds."""
+    own seeds; with ``bound``, also the LP bound of each mix and seed (``mix_bounds_table``)."""
     from scheduler.sim.mixes import load_mixes
 
     try:
@@ -407,6 +434,12 @@ def run_mixes(
     for mix, policy, run in _run_all(_mix_job, work, jobs):
         results.setdefault((mix, policy), []).append(run)
     mixes_table(results, [m.name for m in mixes], policies)
+    if bound:
+        bounds: dict[str, list[dict[int, float]]] = {}
+        for mix, _seed, by_point in _run_all(_bound_job, [(m.name, s) for m in mixes for s in m.seeds], jobs):
+            bounds.setdefault(mix, []).append(by_point)
+        print()
+        mix_bounds_table(results, bounds, [m.name for m in mixes], policies)
     secs = {
         p: statistics.fmean(r.seconds for (m, q), rs in results.items() if q == p for r in rs)
         for p in policies
