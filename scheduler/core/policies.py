@@ -399,13 +399,7 @@ class AlignmentScore(ScorePlugin):
     ) -> tuple[_BandTable, np.ndarray, np.ndarray]:
         """The request's table (worked out for every node of ``idx``), the nodes' state ids and their
         ints."""
-        if len(self._cpu_inv) != len(cluster):
-            self.bind(cluster, (), random.Random())
-        states = self._states
-        if states is None or states.cluster is not cluster or len(states.states) > self.MAX_STATES:
-            states = self._states = _NodeStates(cluster)
-        else:
-            states.refresh()
+        states = self._node_states(cluster)
         key = (pod.cpu_milli, pod.total_gpu_milli, step)
         table = states.tables.get(key)
         if table is None:
@@ -427,6 +421,18 @@ class AlignmentScore(ScorePlugin):
             table.low, table.high = low, high
             ints = known.take(ids)
         return table, ids, ints
+
+    def _node_states(self, cluster: ClusterState) -> _NodeStates:
+        """The node states of ``cluster``, refreshed (numbered afresh, every table dropped, for another
+        cluster or past ``MAX_STATES``)."""
+        if len(self._cpu_inv) != len(cluster):
+            self.bind(cluster, (), random.Random())
+        states = self._states
+        if states is None or states.cluster is not cluster or len(states.states) > self.MAX_STATES:
+            states = self._states = _NodeStates(cluster)
+        else:
+            states.refresh()
+        return states
 
     def band_of(self, state: tuple[int, int, int, int], cpu: int, gpu: int, step: float) -> tuple[float, int]:
         """``aligned`` of one node state (CPU capacity, GPU count, free CPU, free GPU milli) for a request
@@ -520,30 +526,34 @@ def round_like_numpy(x: float, decimals: int) -> tuple[float, int]:
 
 
 class _NodeStates:
-    """Per node of one cluster, the id of its state as the alignment reads it (CPU capacity, GPU count,
-    free CPU, free GPU milli: ``ids``), numbered in the order first seen (``states``, and ``sides``: each
-    state's ``node_side``), refreshed from the cluster's log of changes; and the tables of the requests
-    asked about (``tables``), per state id."""
+    """Per node of one cluster, the id of its state (``ids``): its CPU capacity, GPU count, free CPU and
+    free milli per GPU (``ClusterState.gpu_key``, whose sum is its free GPU milli), numbered in the
+    order first seen (``states``, and ``sides``: each state's ``node_side``), refreshed from the
+    cluster's log of changes. What the tables keep per state id depends on these alone: the alignment
+    of the requests asked about (``tables``, ``_BandTable``) and ``ReserveThenAlign``'s keys (``keys``,
+    ``_KeyTable``: the alignment and the share remainder)."""
 
-    __slots__ = ("cluster", "generation", "ids", "index", "sides", "states", "tables")
+    __slots__ = ("cluster", "generation", "ids", "index", "keys", "sides", "states", "tables")
 
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
         self.generation = cluster.generation
-        self.index: dict[tuple[int, int, int, int], int] = {}
-        self.states: list[tuple[int, int, int, int]] = []
+        self.index: dict[tuple[int, int, int, tuple[int, ...]], int] = {}
+        self.states: list[tuple[int, int, int, tuple[int, ...]]] = []
         self.sides: list[tuple[float, float, float, float, float]] = []
         self.tables: dict[tuple[int, int, float], _BandTable] = {}
-        columns = (cluster.cpu_capacity, cluster.gpu_count, cluster.cpu_free, cluster.gpu_free_total)
-        rows = zip(*(c.tolist() for c in columns), strict=True)
+        self.keys: dict[tuple[int, int, float, int], _KeyTable] = {}
+        columns = (cluster.cpu_capacity.tolist(), cluster.gpu_count.tolist(), cluster.cpu_free.tolist())
+        rows = zip(*columns, cluster.gpu_key, strict=True)
         self.ids = np.array([self._id(state) for state in rows], dtype=np.int64)
 
-    def _id(self, state: tuple[int, int, int, int]) -> int:
+    def _id(self, state: tuple[int, int, int, tuple[int, ...]]) -> int:
         sid = self.index.get(state)
         if sid is None:
             sid = self.index[state] = len(self.states)
             self.states.append(state)
-            self.sides.append(node_side(state))
+            capacity, gpus, cpu, free = state
+            self.sides.append(node_side((capacity, gpus, cpu, sum(free))))
         return sid
 
     def refresh(self) -> None:
@@ -556,15 +566,12 @@ class _NodeStates:
         self.generation = cluster.generation
         if rows is None:
             rows = range(len(cluster))
-        capacity, gpus, cpu, gpu = (
-            cluster.cpu_capacity,
-            cluster.gpu_count,
-            cluster.cpu_free,
-            cluster.gpu_free_total,
-        )
-        ids = self.ids
+        capacity, gpus, cpu, free = cluster.cpu_capacity, cluster.gpu_count, cluster.cpu_free, cluster.gpu_key
+        ids, index, new = self.ids, self.index, self._id
         for i in rows:
-            ids[i] = self._id((capacity.item(i), gpus.item(i), cpu.item(i), gpu.item(i)))
+            state = (capacity.item(i), gpus.item(i), cpu.item(i), free[i])
+            sid = index.get(state)
+            ids[i] = new(state) if sid is None else sid
 
 
 class _BandTable:
@@ -1084,28 +1091,39 @@ class ReserveThenAlign(AlignmentScore):
     ) -> tuple[float, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """The alignment's step for this pod, and the share remainders, the reserve's penalty and the
         model balance on the nodes of ``idx`` (None: 0 everywhere, or not asked)."""
-        exact = self.cpu_bound_exact and self.step and self.cpu_bound()
-        waste = None
-        if self.waste_band and pod.is_share and pod.gpu_milli:
-            if plain_share(pod, cluster):  # share_view's least_mapped, per GPU state
-                if (
-                    self._waste[0] is not self.waste
-                ):  # a new table (as least_mapped, not one changed in place)
-                    self._waste = (self.waste, self.waste.tolist())
-                    self._wasted = GpuStateValues()
-                milli, table = pod.gpu_milli, self._waste[1]
-                waste = self._wasted.values(
-                    cluster,
-                    (milli,),
-                    idx,
-                    lambda free: share_summary(free, milli, table, MILLI + 1),
-                    np.int64,
-                )
-            else:
-                waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1).take(idx)
+        step = self._step()
+        waste = self._remainders(pod, cluster, idx)
         penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
-        return (0.0 if exact else self.step), waste, penalty, balance
+        return step, waste, penalty, balance
+
+    def _step(self) -> float:
+        """The alignment's step for the next pod: 0 (exact) while CPU-bound with ``cpu_bound_exact``."""
+        return 0.0 if self.cpu_bound_exact and self.step and self.cpu_bound() else self.step
+
+    def _waste_list(self) -> list[int]:
+        """``waste`` as a list (made afresh when ``waste`` is another table, as ``least_mapped`` would
+        read it; the remainders kept per GPU state then start afresh)."""
+        if self._waste[0] is not self.waste:
+            self._waste = (self.waste, self.waste.tolist())
+            self._wasted = GpuStateValues()
+        return self._waste[1]
+
+    def _remainders(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
+        """The share's least unfillable remainder (``waste``) on the nodes of ``idx``; None for a pod
+        that is no share given in milli, or without ``waste_band``."""
+        if not (self.waste_band and pod.is_share and pod.gpu_milli):
+            return None
+        if plain_share(pod, cluster):  # share_view's least_mapped, per GPU state
+            milli, table = pod.gpu_milli, self._waste_list()
+            return self._wasted.values(
+                cluster,
+                (milli,),
+                idx,
+                lambda free: share_summary(free, milli, table, MILLI + 1),
+                np.int64,
+            )
+        return cluster.share_view(pod).least_mapped(self.waste, MILLI + 1).take(idx)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         step, waste, penalty, balance = self._terms(pod, cluster, idx)
@@ -1123,12 +1141,38 @@ class ReserveThenAlign(AlignmentScore):
         return out + (2.0 * np.max(np.abs(out), initial=0.0) + 10.0) * balance
 
     def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
-        """``score``'s best node, then the node order, as one int key per node (``aligned_keys``, then
-        each term above it as a digit of its own: the model balance, the penalty, the share remainder's
-        band). The same node as ``score`` then ``schedule.pick``: ``score`` adds the terms with weights
-        that make them lexicographic (each weight is above the span of what it outweighs) as long as no
-        band is below 0 (free CPU below 0, booked facts only); then it is not offered (None)."""
-        step, waste, penalty, balance = self._terms(pod, cluster, idx)
+        """``score``'s best node, then the node order, as one int key per node: the model balance, the
+        penalty, the share remainder's band, the alignment (``aligned_keys``) and the node order, each a
+        digit of its own. The same node as ``score`` then ``schedule.pick``: ``score`` adds the terms
+        with weights that make them lexicographic (each weight is above the span of what it outweighs)
+        as long as no band is below 0 (free CPU below 0, booked facts only); then it is not offered
+        (None). Without a model balance, for a pod that is no share or a plain one (``plain_share``),
+        the remainder's band and the alignment come as one int per node state (``_fused_keys``)."""
+        if cluster.tie_rank is None:
+            return None
+        step = self._step()
+        penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
+        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        if balance is None:
+            keys = self._fused_keys(pod, cluster, idx, step, penalty)
+            if keys is not None:
+                return int(keys.argmax())
+        return self._pick_by_digits(
+            pod, cluster, idx, step, self._remainders(pod, cluster, idx), penalty, balance
+        )
+
+    def _pick_by_digits(
+        self,
+        pod: PodRequest,
+        cluster: ClusterState,
+        idx: np.ndarray,
+        step: float,
+        waste: np.ndarray | None,
+        penalty: np.ndarray | None,
+        balance: np.ndarray | None,
+    ) -> int | None:
+        """``pick_tied`` from the terms (``_terms``): ``aligned_keys``, then each term above it as a digit
+        worth twice the span of the keys below it."""
         found = self.aligned_keys(pod, cluster, idx, step)
         if found is None:
             return None
@@ -1156,6 +1200,96 @@ class ReserveThenAlign(AlignmentScore):
             keys += (sign * 2 * span) * values
             span *= 2 * top + 1
         return int(keys.argmax())
+
+    def _fused_keys(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float, penalty: np.ndarray | None
+    ) -> np.ndarray | None:
+        """``pick_tied``'s keys without a model balance, from one int per node state and request
+        (``_KeyTable``): the share remainder's band (plain shares with ``waste_band``) above the
+        alignment's int (``aligned_band``: the band, or the cosine in millionths), times the node count;
+        the node order added below it and the penalty above it. None where that does not hold the
+        order: a share that is not plain, many decimals, a node of ``idx`` whose alignment int is
+        below 0 or not below ``KEY_ALIGN`` (free CPU below 0, a step near 0) or whose remainder band is
+        not below ``KEY_REMAINDER``, keys that could pass an
+        int64; the caller then takes the digits one by one (``_pick_by_digits``)."""
+        rank = cluster.tie_rank
+        if rank is None or self.decimals > self.MAX_DECIMALS:
+            return None
+        n = len(rank)
+        if (len(self.reserve.shapes) + 2) * (n << KEY_PENALTY) >= 1 << 62:
+            return None
+        milli = 0  # the share whose remainders count (0: none)
+        if self.waste_band and pod.is_share and pod.gpu_milli:
+            if not plain_share(pod, cluster):
+                return None
+            milli = pod.gpu_milli
+        states = self._node_states(cluster)
+        key = (pod.cpu_milli, pod.total_gpu_milli, step, milli)
+        table = states.keys.get(key)
+        remainders = self._waste_list() if milli else None
+        if table is None or table.remainders is not remainders:
+            if table is None and len(states.keys) >= self.MAX_SHAPES:
+                del states.keys[next(iter(states.keys))]
+            table = states.keys[key] = _KeyTable(len(states.states), remainders)
+        elif len(table.keys) < len(states.states):
+            table.grow(len(states.states))
+        ids = states.ids.take(idx)
+        keys = table.keys.take(ids)
+        low = _least(keys) if len(keys) else 0
+        if low <= _BELOW:  # states not worked out yet for this request, or some that do not fit a key
+            if low == _UNKNOWN:
+                stored, sides, decimals = table.keys, states.sides, self.decimals
+                cpu, gpu, band = key[0], key[1], self.waste_band
+                for sid in set(ids[keys == _UNKNOWN].tolist()):
+                    whole = aligned_band(sides[sid], cpu, gpu, step, decimals)[1]
+                    if not 0 <= whole < KEY_ALIGN:
+                        stored[sid] = _BELOW
+                        continue
+                    if remainders is not None:  # share_summary of the state's free milli per GPU
+                        left = share_summary(states.states[sid][3], milli, remainders, MILLI + 1) // band
+                        if not 0 <= left < KEY_REMAINDER:
+                            stored[sid] = _BELOW
+                            continue
+                        whole -= left << KEY_ALIGN_BITS
+                    stored[sid] = whole * n
+                keys = stored.take(ids)
+                low = _least(keys)
+            if low == _BELOW:
+                return None
+        order = self._order
+        if order is None or order[0] is not rank:
+            order = self._order = (rank, n - 1 - rank)
+        keys += order[1].take(idx)
+        if penalty is not None:
+            keys -= (n << KEY_PENALTY) * penalty.astype(np.int64)
+        return keys
+
+
+# _fused_keys' digits: the alignment's int in 0 .. 2**24 (bands, or the cosine in millionths), the
+# remainder's band in 0 .. 2**10 above it, the penalty weighing 2**36 x the node count above both
+KEY_ALIGN_BITS = 24
+KEY_ALIGN = 1 << KEY_ALIGN_BITS
+KEY_REMAINDER = 1 << 10
+KEY_PENALTY = 36
+_BELOW = _UNKNOWN + 1  # _KeyTable.keys of a state whose alignment int is outside 0 .. KEY_ALIGN
+
+
+class _KeyTable:
+    """``ReserveThenAlign._fused_keys``' int per node state id for one request (CPU, GPU milli, step and
+    the share milli whose remainders count): ``(alignment int - remainder band * KEY_ALIGN) x nodes``,
+    ``_UNKNOWN`` where not worked out yet, ``_BELOW`` where the alignment int does not fit; kept with
+    the node states (``_NodeStates.keys``), so dropped with them. ``remainders``: the table of
+    unfillable remainders it was worked out with (None: no share)."""
+
+    __slots__ = ("keys", "remainders")
+
+    def __init__(self, n: int, remainders: list[int] | None) -> None:
+        self.keys = np.full(2 * n + 4096, _UNKNOWN, dtype=np.int64)  # room for the states to come
+        self.remainders = remainders
+
+    def grow(self, n: int) -> None:
+        more = max(n, 2 * len(self.keys)) - len(self.keys)
+        self.keys = np.concatenate((self.keys, np.full(more, _UNKNOWN, dtype=np.int64)))
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
