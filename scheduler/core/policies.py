@@ -1035,6 +1035,9 @@ class ReserveThenAlign(AlignmentScore):
 
     name = "reserve-align"
     WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
+    MAX_REMAINDERS = (
+        1 << 16
+    )  # _remainder's memo: (free milli per GPU, share milli) kept before it starts afresh
 
     def __init__(
         self,
@@ -1051,6 +1054,8 @@ class ReserveThenAlign(AlignmentScore):
         self.waste = np.zeros(MILLI + 1, dtype=np.int64)
         self._waste: tuple[np.ndarray, list[int]] = (self.waste, self.waste.tolist())  # and as a list
         self._wasted = GpuStateValues()  # plain shares: the least waste per GPU state
+        # _remainder's memo: the remainders table it was worked out with, (free, share milli) -> value
+        self._remainders_of: tuple[list[int] | None, dict[tuple[tuple[int, ...], int], int]] = (None, {})
         self.balance = ModelBalance(balance) if balance > 0 else None
         self.cpu_bound_exact = cpu_bound_exact
         self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
@@ -1210,8 +1215,8 @@ class ReserveThenAlign(AlignmentScore):
         the node order added below it and the penalty above it. None where that does not hold the
         order: a share that is not plain, many decimals, a node of ``idx`` whose alignment int is
         below 0 or not below ``KEY_ALIGN`` (free CPU below 0, a step near 0) or whose remainder band is
-        not below ``KEY_REMAINDER``, keys that could pass an
-        int64; the caller then takes the digits one by one (``_pick_by_digits``)."""
+        not below ``KEY_REMAINDER``, keys that could pass an int64; the caller then takes the digits
+        one by one (``_pick_by_digits``)."""
         rank = cluster.tie_rank
         if rank is None or self.decimals > self.MAX_DECIMALS:
             return None
@@ -1236,26 +1241,10 @@ class ReserveThenAlign(AlignmentScore):
         ids = states.ids.take(idx)
         keys = table.keys.take(ids)
         low = _least(keys) if len(keys) else 0
-        if low <= _BELOW:  # states not worked out yet for this request, or some that do not fit a key
-            if low == _UNKNOWN:
-                stored, sides, decimals = table.keys, states.sides, self.decimals
-                cpu, gpu, band = key[0], key[1], self.waste_band
-                for sid in set(ids[keys == _UNKNOWN].tolist()):
-                    whole = aligned_band(sides[sid], cpu, gpu, step, decimals)[1]
-                    if not 0 <= whole < KEY_ALIGN:
-                        stored[sid] = _BELOW
-                        continue
-                    if remainders is not None:  # share_summary of the state's free milli per GPU
-                        left = share_summary(states.states[sid][3], milli, remainders, MILLI + 1) // band
-                        if not 0 <= left < KEY_REMAINDER:
-                            stored[sid] = _BELOW
-                            continue
-                        whole -= left << KEY_ALIGN_BITS
-                    stored[sid] = whole * n
-                keys = stored.take(ids)
-                low = _least(keys)
-            if low == _BELOW:
+        if low <= _KEY_UNKNOWN:  # some state not worked out yet for this request, or one that fits no key
+            if low == _KEY_BELOW or not self._work_out(table, states, key, ids[keys == _KEY_UNKNOWN]):
                 return None
+            keys = table.keys.take(ids)
         order = self._order
         if order is None or order[0] is not rank:
             order = self._order = (rank, n - 1 - rank)
@@ -1264,6 +1253,38 @@ class ReserveThenAlign(AlignmentScore):
             keys -= (n << KEY_PENALTY) * penalty.astype(np.int64)
         return keys
 
+    def _work_out(
+        self, table: _KeyTable, states: _NodeStates, key: tuple[int, int, float, int], ids: np.ndarray
+    ) -> bool:
+        """Put ``_fused_keys``' int of the states ``ids`` of the request ``key`` (CPU, GPU milli, step,
+        share milli) into ``table``: False when one of them fits no key (``_KEY_BELOW``)."""
+        cpu, gpu, step, milli = key
+        stored, sides, decimals, n = table.keys, states.sides, self.decimals, len(states.ids)
+        remainders, band, fits = table.remainders, self.waste_band, True
+        for sid in set(ids.tolist()):
+            whole = aligned_band(sides[sid], cpu, gpu, step, decimals)[1]
+            left = (
+                0 if remainders is None else self._remainder(states.states[sid][3], milli, remainders) // band
+            )
+            if 0 <= whole < KEY_ALIGN and 0 <= left < KEY_REMAINDER:  # the remainder's band above it
+                stored[sid] = (whole - (left << KEY_ALIGN_BITS)) * n
+            else:
+                stored[sid] = _KEY_BELOW
+                fits = False
+        return fits
+
+    def _remainder(self, free: tuple[int, ...], milli: int, remainders: list[int]) -> int:
+        """``share_summary`` of the free milli per GPU ``free`` for a share of ``milli`` with the table
+        ``remainders``, memoised per (free, milli) (the memo starts afresh with another table or when
+        full)."""
+        memo = self._remainders_of
+        if memo[0] is not remainders or len(memo[1]) >= self.MAX_REMAINDERS:
+            memo = self._remainders_of = (remainders, {})
+        value = memo[1].get((free, milli))
+        if value is None:
+            value = memo[1][free, milli] = share_summary(free, milli, remainders, MILLI + 1)
+        return value
+
 
 # _fused_keys' digits: the alignment's int in 0 .. 2**24 (bands, or the cosine in millionths), the
 # remainder's band in 0 .. 2**10 above it, the penalty weighing 2**36 x the node count above both
@@ -1271,25 +1292,27 @@ KEY_ALIGN_BITS = 24
 KEY_ALIGN = 1 << KEY_ALIGN_BITS
 KEY_REMAINDER = 1 << 10
 KEY_PENALTY = 36
-_BELOW = _UNKNOWN + 1  # _KeyTable.keys of a state whose alignment int is outside 0 .. KEY_ALIGN
+_KEY_BELOW = _UNKNOWN  # _KeyTable.keys of a state that fits no key (its alignment int or remainder band)
+_KEY_UNKNOWN = _UNKNOWN + 1  # _KeyTable.keys of a state not worked out yet
 
 
 class _KeyTable:
     """``ReserveThenAlign._fused_keys``' int per node state id for one request (CPU, GPU milli, step and
     the share milli whose remainders count): ``(alignment int - remainder band * KEY_ALIGN) x nodes``,
-    ``_UNKNOWN`` where not worked out yet, ``_BELOW`` where the alignment int does not fit; kept with
+    ``_KEY_UNKNOWN`` where not worked out yet, ``_KEY_BELOW`` where the alignment int or the remainder
+    band does not fit; kept with
     the node states (``_NodeStates.keys``), so dropped with them. ``remainders``: the table of
     unfillable remainders it was worked out with (None: no share)."""
 
     __slots__ = ("keys", "remainders")
 
     def __init__(self, n: int, remainders: list[int] | None) -> None:
-        self.keys = np.full(2 * n + 4096, _UNKNOWN, dtype=np.int64)  # room for the states to come
+        self.keys = np.full(2 * n + 4096, _KEY_UNKNOWN, dtype=np.int64)  # room for the states to come
         self.remainders = remainders
 
     def grow(self, n: int) -> None:
         more = max(n, 2 * len(self.keys)) - len(self.keys)
-        self.keys = np.concatenate((self.keys, np.full(more, _UNKNOWN, dtype=np.int64)))
+        self.keys = np.concatenate((self.keys, np.full(more, _KEY_UNKNOWN, dtype=np.int64)))
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
