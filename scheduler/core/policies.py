@@ -723,16 +723,18 @@ class WholeNodeReserve:
             table.refresh(self)
         out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
+        whole = 0 if pod.is_share else take  # a pod of as many whole GPUs as a shape breaks none of it
         free = -1  # the cluster's free GPU milli, read when an adaptive count needs it
         total = 0  # the GPU milli arrived (adaptive)
+        counts, keep, adaptive = table.counts, self.keep, self.adaptive
         for k, (gpus, cpu, memory) in enumerate(self.shapes):
-            if not pod.is_share and pod.gpu_count >= gpus:
+            if whole >= gpus:
                 continue  # a pod of this size itself
-            count = table.counts[k]
+            count = counts[k]
             if count == 0:
                 continue  # no host left to break
-            if count > self.keep:  # keep_for is at least keep: only an adaptive keep can be above
-                if not self.adaptive:
+            if count > keep:  # keep_for is at least keep: only an adaptive keep can be above
+                if not adaptive:
                     continue
                 if free < 0:
                     free = table.free_milli
