@@ -810,12 +810,16 @@ class _HostTable:
             self.free_milli += free - self.free[i]
             self.free[i] = free
             now = reserve.hosts_at(cluster, i)
-            was = self.flags[i]
-            if now != was:
-                self.flags[i] = now
-                self.hosts[:, i] = now
-                for k, (a, b) in enumerate(zip(now, was, strict=True)):
-                    self.counts[k] += a - b
+            if now != self.flags[i]:
+                self.take_flags(i, now)
+
+    def take_flags(self, i: int, now: tuple[bool, ...]) -> None:
+        """Node ``i`` hosts the shapes flagged in ``now`` (per shape): its flags, hosts and counts."""
+        was = self.flags[i]
+        self.flags[i] = now
+        self.hosts[:, i] = now
+        for k, (a, b) in enumerate(zip(now, was, strict=True)):
+            self.counts[k] += a - b
 
 
 def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -> np.ndarray:
@@ -1157,6 +1161,7 @@ class ReserveThenAlign(AlignmentScore):
         the remainder's band and the alignment come as one int per node state (``_fused_keys``)."""
         if cluster.tie_rank is None:
             return None
+        self._follow(cluster)  # node states and the reserve's hosts in one pass over the changes
         step = self._step()
         penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
@@ -1207,6 +1212,42 @@ class ReserveThenAlign(AlignmentScore):
             keys += (sign * 2 * span) * values
             span *= 2 * top + 1
         return int(keys.argmax())
+
+    def _follow(self, cluster: ClusterState) -> None:
+        """Refresh the node states (``_node_states``) and the reserve's host table (``_HostTable``) of
+        ``cluster`` in one pass over its log of changes, when both follow it from the same generation
+        and the changes are few (``ONE_BY_ONE``); else each refreshes itself when asked."""
+        states, table = self._states, self.reserve._table
+        if states is None or table is None or states.generation != table.generation:
+            return
+        if (
+            states.cluster is not cluster
+            or table.cluster is not cluster
+            or states.generation == cluster.generation
+        ):
+            return
+        rows = cluster.changed_since(states.generation)
+        if rows is None or len(rows) > ONE_BY_ONE or len(states.states) > self.MAX_STATES:
+            return
+        states.generation = table.generation = cluster.generation
+        capacity, gpus, cpu, free_key = (
+            cluster.cpu_capacity,
+            cluster.gpu_count,
+            cluster.cpu_free,
+            cluster.gpu_key,
+        )
+        gpu_free, ids, index, new_id = cluster.gpu_free_total, states.ids, states.index, states._id
+        reserve, flags, seen = self.reserve, table.flags, table.free
+        for i in rows:
+            state = (capacity.item(i), gpus.item(i), cpu.item(i), free_key[i])  # _NodeStates.refresh
+            sid = index.get(state)
+            ids[i] = new_id(state) if sid is None else sid
+            free = gpu_free.item(i)  # _HostTable.refresh
+            table.free_milli += free - seen[i]
+            seen[i] = free
+            now = reserve.hosts_at(cluster, i)
+            if now != flags[i]:
+                table.take_flags(i, now)
 
     def _fused_keys(
         self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float, penalty: np.ndarray | None
