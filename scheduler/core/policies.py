@@ -1161,12 +1161,12 @@ class ReserveThenAlign(AlignmentScore):
         the remainder's band and the alignment come as one int per node state (``_fused_keys``)."""
         if cluster.tie_rank is None:
             return None
-        self._follow(cluster)  # node states and the reserve's hosts in one pass over the changes
+        states = self._follow(cluster)  # node states and the reserve's hosts in one pass over the changes
         step = self._step()
         penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
         if balance is None:
-            keys = self._fused_keys(pod, cluster, idx, step, penalty)
+            keys = self._fused_keys(pod, cluster, idx, step, penalty, states)
             if keys is not None:
                 return int(keys.argmax())
         return self._pick_by_digits(
@@ -1213,22 +1213,27 @@ class ReserveThenAlign(AlignmentScore):
             span *= 2 * top + 1
         return int(keys.argmax())
 
-    def _follow(self, cluster: ClusterState) -> None:
+    def _follow(self, cluster: ClusterState) -> _NodeStates | None:
         """Refresh the node states (``_node_states``) and the reserve's host table (``_HostTable``) of
         ``cluster`` in one pass over its log of changes, when both follow it from the same generation
-        and the changes are few (``ONE_BY_ONE``); else each refreshes itself when asked."""
+        and the changes are few (``ONE_BY_ONE``): the node states, up to date. Else None: each
+        refreshes itself when asked."""
         states, table = self._states, self.reserve._table
         if states is None or table is None or states.generation != table.generation:
-            return
+            return None
         if (
             states.cluster is not cluster
             or table.cluster is not cluster
-            or states.generation == cluster.generation
+            or len(self._cpu_inv) != len(cluster)
         ):
-            return
+            return None
+        if len(states.states) > self.MAX_STATES:  # _node_states numbers them afresh
+            return None
+        if states.generation == cluster.generation:
+            return states
         rows = cluster.changed_since(states.generation)
-        if rows is None or len(rows) > ONE_BY_ONE or len(states.states) > self.MAX_STATES:
-            return
+        if rows is None or len(rows) > ONE_BY_ONE:
+            return None
         states.generation = table.generation = cluster.generation
         capacity, gpus, cpu, free_key = (
             cluster.cpu_capacity,
@@ -1248,9 +1253,16 @@ class ReserveThenAlign(AlignmentScore):
             now = reserve.hosts_at(cluster, i)
             if now != flags[i]:
                 table.take_flags(i, now)
+        return states
 
     def _fused_keys(
-        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float, penalty: np.ndarray | None
+        self,
+        pod: PodRequest,
+        cluster: ClusterState,
+        idx: np.ndarray,
+        step: float,
+        penalty: np.ndarray | None,
+        states: _NodeStates | None = None,
     ) -> np.ndarray | None:
         """``pick_tied``'s keys without a model balance, from one int per node state and request
         (``_KeyTable``): the share remainder's band (plain shares with ``waste_band``) above the
@@ -1259,7 +1271,8 @@ class ReserveThenAlign(AlignmentScore):
         order: a share that is not plain, many decimals, a node of ``idx`` whose alignment int is
         below 0 or not below ``KEY_ALIGN`` (free CPU below 0, a step near 0) or whose remainder band is
         not below ``KEY_REMAINDER``, keys that could pass an int64; the caller then takes the digits
-        one by one (``_pick_by_digits``)."""
+        one by one (``_pick_by_digits``). ``states``: the node states, when the caller has them up to
+        date (``_follow``)."""
         rank = cluster.tie_rank
         if rank is None or self.decimals > self.MAX_DECIMALS:
             return None
@@ -1271,7 +1284,8 @@ class ReserveThenAlign(AlignmentScore):
             if not plain_share(pod, cluster):
                 return None
             milli = pod.gpu_milli
-        states = self._node_states(cluster)
+        if states is None or states is not self._states:
+            states = self._node_states(cluster)
         key = (pod.cpu_milli, pod.total_gpu_milli, step, milli)
         table = states.keys.get(key)
         remainders = self._waste_list() if milli else None
