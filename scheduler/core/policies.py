@@ -533,7 +533,18 @@ class _NodeStates:
     of the requests asked about (``tables``, ``_BandTable``) and ``ReserveThenAlign``'s keys (``keys``,
     ``_KeyTable``: the alignment and the share remainder)."""
 
-    __slots__ = ("cluster", "generation", "ids", "index", "keys", "sides", "states", "tables")
+    __slots__ = (
+        "capacity",
+        "cluster",
+        "generation",
+        "gpus",
+        "ids",
+        "index",
+        "keys",
+        "sides",
+        "states",
+        "tables",
+    )
 
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
@@ -543,17 +554,21 @@ class _NodeStates:
         self.sides: list[tuple[float, float, float, float, float]] = []
         self.tables: dict[tuple[int, int, float], _BandTable] = {}
         self.keys: dict[tuple[int, int, float, int], _KeyTable] = {}
-        columns = (cluster.cpu_capacity.tolist(), cluster.gpu_count.tolist(), cluster.cpu_free.tolist())
-        rows = zip(*columns, cluster.gpu_key, strict=True)
+        self.capacity: list[int] = cluster.cpu_capacity.tolist()  # per node (fixed)
+        self.gpus: list[int] = cluster.gpu_count.tolist()  # per node (fixed)
+        rows = zip(self.capacity, self.gpus, cluster.cpu_free.tolist(), cluster.gpu_key, strict=True)
         self.ids = np.array([self._id(state) for state in rows], dtype=np.int64)
 
     def _id(self, state: tuple[int, int, int, tuple[int, ...]]) -> int:
         sid = self.index.get(state)
-        if sid is None:
-            sid = self.index[state] = len(self.states)
-            self.states.append(state)
-            capacity, gpus, cpu, free = state
-            self.sides.append(node_side((capacity, gpus, cpu, sum(free))))
+        return self.new_id(state) if sid is None else sid
+
+    def new_id(self, state: tuple[int, int, int, tuple[int, ...]]) -> int:
+        """Number a state not seen before."""
+        sid = self.index[state] = len(self.states)
+        self.states.append(state)
+        capacity, gpus, cpu, free = state
+        self.sides.append(node_side((capacity, gpus, cpu, sum(free))))
         return sid
 
     def refresh(self) -> None:
@@ -566,10 +581,10 @@ class _NodeStates:
         self.generation = cluster.generation
         if rows is None:
             rows = range(len(cluster))
-        capacity, gpus, cpu, free = cluster.cpu_capacity, cluster.gpu_count, cluster.cpu_free, cluster.gpu_key
-        ids, index, new = self.ids, self.index, self._id
+        capacity, gpus, cpu, free = self.capacity, self.gpus, cluster.cpu_free, cluster.gpu_key
+        ids, index, new = self.ids, self.index, self.new_id
         for i in rows:
-            state = (capacity.item(i), gpus.item(i), cpu.item(i), free[i])
+            state = (capacity[i], gpus[i], cpu.item(i), free[i])
             sid = index.get(state)
             ids[i] = new(state) if sid is None else sid
 
@@ -726,13 +741,13 @@ class WholeNodeReserve:
         whole = 0 if pod.is_share else take  # a pod of as many whole GPUs as a shape breaks none of it
         free = -1  # the cluster's free GPU milli, read when an adaptive count needs it
         total = 0  # the GPU milli arrived (adaptive)
-        counts, keep, adaptive = table.counts, self.keep, self.adaptive
-        for k, (gpus, cpu, memory) in enumerate(self.shapes):
-            if whole >= gpus:
-                continue  # a pod of this size itself
-            count = counts[k]
+        keep, adaptive = self.keep, self.adaptive
+        for k, count in enumerate(table.counts):
             if count == 0:
                 continue  # no host left to break
+            gpus, cpu, memory = self.shapes[k]
+            if whole >= gpus:
+                continue  # a pod of this size itself
             if count > keep:  # keep_for is at least keep: only an adaptive keep can be above
                 if not adaptive:
                     continue
@@ -1235,16 +1250,11 @@ class ReserveThenAlign(AlignmentScore):
         if rows is None or len(rows) > ONE_BY_ONE:
             return None
         states.generation = table.generation = cluster.generation
-        capacity, gpus, cpu, free_key = (
-            cluster.cpu_capacity,
-            cluster.gpu_count,
-            cluster.cpu_free,
-            cluster.gpu_key,
-        )
-        gpu_free, ids, index, new_id = cluster.gpu_free_total, states.ids, states.index, states._id
+        capacity, gpus, cpu, free_key = states.capacity, states.gpus, cluster.cpu_free, cluster.gpu_key
+        gpu_free, ids, index, new_id = cluster.gpu_free_total, states.ids, states.index, states.new_id
         reserve, flags, seen = self.reserve, table.flags, table.free
         for i in rows:
-            state = (capacity.item(i), gpus.item(i), cpu.item(i), free_key[i])  # _NodeStates.refresh
+            state = (capacity[i], gpus[i], cpu.item(i), free_key[i])  # _NodeStates.refresh
             sid = index.get(state)
             ids[i] = new_id(state) if sid is None else sid
             free = gpu_free.item(i)  # _HostTable.refresh
