@@ -723,6 +723,26 @@ class WholeNodeReserve:
         out = self.scarce_breaks(pod, cluster, idx)
         return np.zeros(len(idx)) if out is None else out
 
+    def _scarce(self, table: _HostTable, whole: int) -> list[int]:
+        """The shapes a pod of ``whole`` whole GPUs (0: a share or none) may break: those of more GPUs
+        with hosts left, but at most ``keep_for`` of them (``keep_for`` inline; it is at least ``keep``:
+        only an adaptive keep can be above)."""
+        keep, counts, shapes = self.keep, table.counts, self.shapes
+        if not self.adaptive:
+            return [k for k, count in enumerate(counts) if 0 < count <= keep and whole < shapes[k][0]]
+        free, total, seen, prior = table.free_milli, self.seen_total, self.seen, self.prior
+        return [
+            k
+            for k, count in enumerate(counts)
+            if count
+            and whole < shapes[k][0]
+            and (
+                count <= keep
+                or count
+                <= math.ceil((seen[k] / total if total else prior[k]) * free / (shapes[k][0] * MILLI))
+            )
+        ]
+
     def scarce_breaks(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
         """``penalty``, or None where it is 0 on every node of ``idx``.
 
@@ -739,24 +759,8 @@ class WholeNodeReserve:
         out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
         whole = 0 if pod.is_share else take  # a pod of as many whole GPUs as a shape breaks none of it
-        free = -1  # the cluster's free GPU milli, read when an adaptive count needs it
-        total = 0  # the GPU milli arrived (adaptive)
-        keep, adaptive = self.keep, self.adaptive
-        for k, count in enumerate(table.counts):
-            if count == 0:
-                continue  # no host left to break
+        for k in self._scarce(table, whole):
             gpus, cpu, memory = self.shapes[k]
-            if whole >= gpus:
-                continue  # a pod of this size itself
-            if count > keep:  # keep_for is at least keep: only an adaptive keep can be above
-                if not adaptive:
-                    continue
-                if free < 0:
-                    free = table.free_milli
-                    total = self.seen_total
-                share = self.seen[k] / total if total else self.prior[k]  # keep_for, inline
-                if count > math.ceil(share * free / (gpus * MILLI)):
-                    continue
             where = table.hosts[k].take(idx).nonzero()[0]
             if not where.size:
                 continue
@@ -1309,7 +1313,9 @@ class ReserveThenAlign(AlignmentScore):
         keys = table.keys.take(ids)
         low = _least(keys) if len(keys) else 0
         if low <= _KEY_UNKNOWN:  # some state not worked out yet for this request, or one that fits no key
-            if low == _KEY_BELOW or not self._work_out(table, states, key, ids[keys == _KEY_UNKNOWN]):
+            if low == _KEY_BELOW or not self._work_out(
+                table, states, key, ids.compress(keys == _KEY_UNKNOWN)
+            ):
                 return None
             keys = table.keys.take(ids)
         order = self._order
