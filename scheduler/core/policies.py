@@ -927,9 +927,10 @@ class GpuStateValues:
         elif self.generation != cluster.generation:
             rows = cluster.changed_since(self.generation)
             self.generation = cluster.generation
-            ids, gpu_key = self.ids, cluster.gpu_key
+            ids, gpu_key, index, new = self.ids, cluster.gpu_key, self.index, self._id
             for i in range(len(cluster)) if rows is None else rows:
-                ids[i] = self._id(gpu_key[i])
+                sid = index.get(gpu_key[i])
+                ids[i] = new(gpu_key[i]) if sid is None else sid
         table = self.tables.get(key)
         if table is None or len(table) < len(self.states):
             if table is None and len(self.tables) >= self.MAX_KEYS:
@@ -1181,7 +1182,7 @@ class ReserveThenAlign(AlignmentScore):
         if cluster.tie_rank is None:
             return None
         states = self._follow(cluster)  # node states and the reserve's hosts in one pass over the changes
-        step = self._step()
+        step = 0.0 if self.cpu_bound_exact and self.step and self.cpu_bound() else self.step  # _step
         penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
         if balance is None:
