@@ -1061,9 +1061,8 @@ class ReserveThenAlign(AlignmentScore):
 
     name = "reserve-align"
     WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
-    MAX_REMAINDERS = (
-        1 << 16
-    )  # _remainder's memo: (free milli per GPU, share milli) kept before it starts afresh
+    # _remainder's memo: (free milli per GPU, share milli) pairs kept before it starts afresh
+    MAX_REMAINDERS = 1 << 16
 
     def __init__(
         self,
