@@ -399,13 +399,7 @@ class AlignmentScore(ScorePlugin):
     ) -> tuple[_BandTable, np.ndarray, np.ndarray]:
         """The request's table (worked out for every node of ``idx``), the nodes' state ids and their
         ints."""
-        if len(self._cpu_inv) != len(cluster):
-            self.bind(cluster, (), random.Random())
-        states = self._states
-        if states is None or states.cluster is not cluster or len(states.states) > self.MAX_STATES:
-            states = self._states = _NodeStates(cluster)
-        else:
-            states.refresh()
+        states = self._node_states(cluster)
         key = (pod.cpu_milli, pod.total_gpu_milli, step)
         table = states.tables.get(key)
         if table is None:
@@ -427,6 +421,18 @@ class AlignmentScore(ScorePlugin):
             table.low, table.high = low, high
             ints = known.take(ids)
         return table, ids, ints
+
+    def _node_states(self, cluster: ClusterState) -> _NodeStates:
+        """The node states of ``cluster``, refreshed (numbered afresh, every table dropped, for another
+        cluster or past ``MAX_STATES``)."""
+        if len(self._cpu_inv) != len(cluster):
+            self.bind(cluster, (), random.Random())
+        states = self._states
+        if states is None or states.cluster is not cluster or len(states.states) > self.MAX_STATES:
+            states = self._states = _NodeStates(cluster)
+        else:
+            states.refresh()
+        return states
 
     def band_of(self, state: tuple[int, int, int, int], cpu: int, gpu: int, step: float) -> tuple[float, int]:
         """``aligned`` of one node state (CPU capacity, GPU count, free CPU, free GPU milli) for a request
@@ -520,30 +526,49 @@ def round_like_numpy(x: float, decimals: int) -> tuple[float, int]:
 
 
 class _NodeStates:
-    """Per node of one cluster, the id of its state as the alignment reads it (CPU capacity, GPU count,
-    free CPU, free GPU milli: ``ids``), numbered in the order first seen (``states``, and ``sides``: each
-    state's ``node_side``), refreshed from the cluster's log of changes; and the tables of the requests
-    asked about (``tables``), per state id."""
+    """Per node of one cluster, the id of its state (``ids``): its CPU capacity, GPU count, free CPU and
+    free milli per GPU (``ClusterState.gpu_key``, whose sum is its free GPU milli), numbered in the
+    order first seen (``states``, and ``sides``: each state's ``node_side``), refreshed from the
+    cluster's log of changes. What the tables keep per state id depends on these alone: the alignment
+    of the requests asked about (``tables``, ``_BandTable``) and ``ReserveThenAlign``'s keys (``keys``,
+    ``_KeyTable``: the alignment and the share remainder)."""
 
-    __slots__ = ("cluster", "generation", "ids", "index", "sides", "states", "tables")
+    __slots__ = (
+        "capacity",
+        "cluster",
+        "generation",
+        "gpus",
+        "ids",
+        "index",
+        "keys",
+        "sides",
+        "states",
+        "tables",
+    )
 
     def __init__(self, cluster: ClusterState) -> None:
         self.cluster = cluster
         self.generation = cluster.generation
-        self.index: dict[tuple[int, int, int, int], int] = {}
-        self.states: list[tuple[int, int, int, int]] = []
+        self.index: dict[tuple[int, int, int, tuple[int, ...]], int] = {}
+        self.states: list[tuple[int, int, int, tuple[int, ...]]] = []
         self.sides: list[tuple[float, float, float, float, float]] = []
         self.tables: dict[tuple[int, int, float], _BandTable] = {}
-        columns = (cluster.cpu_capacity, cluster.gpu_count, cluster.cpu_free, cluster.gpu_free_total)
-        rows = zip(*(c.tolist() for c in columns), strict=True)
+        self.keys: dict[tuple[int, int, float, int], _KeyTable] = {}
+        self.capacity: list[int] = cluster.cpu_capacity.tolist()  # per node (fixed)
+        self.gpus: list[int] = cluster.gpu_count.tolist()  # per node (fixed)
+        rows = zip(self.capacity, self.gpus, cluster.cpu_free.tolist(), cluster.gpu_key, strict=True)
         self.ids = np.array([self._id(state) for state in rows], dtype=np.int64)
 
-    def _id(self, state: tuple[int, int, int, int]) -> int:
+    def _id(self, state: tuple[int, int, int, tuple[int, ...]]) -> int:
         sid = self.index.get(state)
-        if sid is None:
-            sid = self.index[state] = len(self.states)
-            self.states.append(state)
-            self.sides.append(node_side(state))
+        return self.new_id(state) if sid is None else sid
+
+    def new_id(self, state: tuple[int, int, int, tuple[int, ...]]) -> int:
+        """Number a state not seen before."""
+        sid = self.index[state] = len(self.states)
+        self.states.append(state)
+        capacity, gpus, cpu, free = state
+        self.sides.append(node_side((capacity, gpus, cpu, sum(free))))
         return sid
 
     def refresh(self) -> None:
@@ -556,15 +581,12 @@ class _NodeStates:
         self.generation = cluster.generation
         if rows is None:
             rows = range(len(cluster))
-        capacity, gpus, cpu, gpu = (
-            cluster.cpu_capacity,
-            cluster.gpu_count,
-            cluster.cpu_free,
-            cluster.gpu_free_total,
-        )
-        ids = self.ids
+        capacity, gpus, cpu, free = self.capacity, self.gpus, cluster.cpu_free, cluster.gpu_key
+        ids, index, new = self.ids, self.index, self.new_id
         for i in rows:
-            ids[i] = self._id((capacity.item(i), gpus.item(i), cpu.item(i), gpu.item(i)))
+            state = (capacity[i], gpus[i], cpu.item(i), free[i])
+            sid = index.get(state)
+            ids[i] = new(state) if sid is None else sid
 
 
 class _BandTable:
@@ -701,6 +723,26 @@ class WholeNodeReserve:
         out = self.scarce_breaks(pod, cluster, idx)
         return np.zeros(len(idx)) if out is None else out
 
+    def _scarce(self, table: _HostTable, whole: int) -> list[int]:
+        """The shapes a pod of ``whole`` whole GPUs (0: a share or none) may break: those of more GPUs
+        with hosts left, but at most ``keep_for`` of them (``keep_for`` inline; it is at least ``keep``:
+        only an adaptive keep can be above)."""
+        keep, counts, shapes = self.keep, table.counts, self.shapes
+        if not self.adaptive:
+            return [k for k, count in enumerate(counts) if 0 < count <= keep and whole < shapes[k][0]]
+        free, total, seen, prior = table.free_milli, self.seen_total, self.seen, self.prior
+        return [
+            k
+            for k, count in enumerate(counts)
+            if count
+            and whole < shapes[k][0]
+            and (
+                count <= keep
+                or count
+                <= math.ceil((seen[k] / total if total else prior[k]) * free / (shapes[k][0] * MILLI))
+            )
+        ]
+
     def scarce_breaks(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
         """``penalty``, or None where it is 0 on every node of ``idx``.
 
@@ -716,23 +758,9 @@ class WholeNodeReserve:
             table.refresh(self)
         out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
-        free = -1  # the cluster's free GPU milli, read when an adaptive count needs it
-        total = 0  # the GPU milli arrived (adaptive)
-        for k, (gpus, cpu, memory) in enumerate(self.shapes):
-            if not pod.is_share and pod.gpu_count >= gpus:
-                continue  # a pod of this size itself
-            count = table.counts[k]
-            if count == 0:
-                continue  # no host left to break
-            if count > self.keep:  # keep_for is at least keep: only an adaptive keep can be above
-                if not self.adaptive:
-                    continue
-                if free < 0:
-                    free = table.free_milli
-                    total = self.seen_total
-                share = self.seen[k] / total if total else self.prior[k]  # keep_for, inline
-                if count > math.ceil(share * free / (gpus * MILLI)):
-                    continue
+        whole = 0 if pod.is_share else take  # a pod of as many whole GPUs as a shape breaks none of it
+        for k in self._scarce(table, whole):
+            gpus, cpu, memory = self.shapes[k]
             where = table.hosts[k].take(idx).nonzero()[0]
             if not where.size:
                 continue
@@ -801,12 +829,16 @@ class _HostTable:
             self.free_milli += free - self.free[i]
             self.free[i] = free
             now = reserve.hosts_at(cluster, i)
-            was = self.flags[i]
-            if now != was:
-                self.flags[i] = now
-                self.hosts[:, i] = now
-                for k, (a, b) in enumerate(zip(now, was, strict=True)):
-                    self.counts[k] += a - b
+            if now != self.flags[i]:
+                self.take_flags(i, now)
+
+    def take_flags(self, i: int, now: tuple[bool, ...]) -> None:
+        """Node ``i`` hosts the shapes flagged in ``now`` (per shape): its flags, hosts and counts."""
+        was = self.flags[i]
+        self.flags[i] = now
+        self.hosts[:, i] = now
+        for k, (a, b) in enumerate(zip(now, was, strict=True)):
+            self.counts[k] += a - b
 
 
 def share_waste_table(workload: Sequence[PodRequest], min_share: float = 0.01) -> np.ndarray:
@@ -895,9 +927,10 @@ class GpuStateValues:
         elif self.generation != cluster.generation:
             rows = cluster.changed_since(self.generation)
             self.generation = cluster.generation
-            ids, gpu_key = self.ids, cluster.gpu_key
+            ids, gpu_key, index, new = self.ids, cluster.gpu_key, self.index, self._id
             for i in range(len(cluster)) if rows is None else rows:
-                ids[i] = self._id(gpu_key[i])
+                sid = index.get(gpu_key[i])
+                ids[i] = new(gpu_key[i]) if sid is None else sid
         table = self.tables.get(key)
         if table is None or len(table) < len(self.states):
             if table is None and len(self.tables) >= self.MAX_KEYS:
@@ -1028,6 +1061,8 @@ class ReserveThenAlign(AlignmentScore):
 
     name = "reserve-align"
     WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
+    # _remainder's memo: (free milli per GPU, share milli) pairs kept before it starts afresh
+    MAX_REMAINDERS = 1 << 16
 
     def __init__(
         self,
@@ -1044,6 +1079,8 @@ class ReserveThenAlign(AlignmentScore):
         self.waste = np.zeros(MILLI + 1, dtype=np.int64)
         self._waste: tuple[np.ndarray, list[int]] = (self.waste, self.waste.tolist())  # and as a list
         self._wasted = GpuStateValues()  # plain shares: the least waste per GPU state
+        # _remainder's memo: the remainders table it was worked out with, (free, share milli) -> value
+        self._remainders_of: tuple[list[int] | None, dict[tuple[tuple[int, ...], int], int]] = (None, {})
         self.balance = ModelBalance(balance) if balance > 0 else None
         self.cpu_bound_exact = cpu_bound_exact
         self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
@@ -1084,28 +1121,39 @@ class ReserveThenAlign(AlignmentScore):
     ) -> tuple[float, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """The alignment's step for this pod, and the share remainders, the reserve's penalty and the
         model balance on the nodes of ``idx`` (None: 0 everywhere, or not asked)."""
-        exact = self.cpu_bound_exact and self.step and self.cpu_bound()
-        waste = None
-        if self.waste_band and pod.is_share and pod.gpu_milli:
-            if plain_share(pod, cluster):  # share_view's least_mapped, per GPU state
-                if (
-                    self._waste[0] is not self.waste
-                ):  # a new table (as least_mapped, not one changed in place)
-                    self._waste = (self.waste, self.waste.tolist())
-                    self._wasted = GpuStateValues()
-                milli, table = pod.gpu_milli, self._waste[1]
-                waste = self._wasted.values(
-                    cluster,
-                    (milli,),
-                    idx,
-                    lambda free: share_summary(free, milli, table, MILLI + 1),
-                    np.int64,
-                )
-            else:
-                waste = cluster.share_view(pod).least_mapped(self.waste, MILLI + 1).take(idx)
+        step = self._step()
+        waste = self._remainders(pod, cluster, idx)
         penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
-        return (0.0 if exact else self.step), waste, penalty, balance
+        return step, waste, penalty, balance
+
+    def _step(self) -> float:
+        """The alignment's step for the next pod: 0 (exact) while CPU-bound with ``cpu_bound_exact``."""
+        return 0.0 if self.cpu_bound_exact and self.step and self.cpu_bound() else self.step
+
+    def _waste_list(self) -> list[int]:
+        """``waste`` as a list (made afresh when ``waste`` is another table, as ``least_mapped`` would
+        read it; the remainders kept per GPU state then start afresh)."""
+        if self._waste[0] is not self.waste:
+            self._waste = (self.waste, self.waste.tolist())
+            self._wasted = GpuStateValues()
+        return self._waste[1]
+
+    def _remainders(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
+        """The share's least unfillable remainder (``waste``) on the nodes of ``idx``; None for a pod
+        that is no share given in milli, or without ``waste_band``."""
+        if not (self.waste_band and pod.is_share and pod.gpu_milli):
+            return None
+        if plain_share(pod, cluster):  # share_view's least_mapped, per GPU state
+            milli, table = pod.gpu_milli, self._waste_list()
+            return self._wasted.values(
+                cluster,
+                (milli,),
+                idx,
+                lambda free: share_summary(free, milli, table, MILLI + 1),
+                np.int64,
+            )
+        return cluster.share_view(pod).least_mapped(self.waste, MILLI + 1).take(idx)
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         step, waste, penalty, balance = self._terms(pod, cluster, idx)
@@ -1123,12 +1171,39 @@ class ReserveThenAlign(AlignmentScore):
         return out + (2.0 * np.max(np.abs(out), initial=0.0) + 10.0) * balance
 
     def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
-        """``score``'s best node, then the node order, as one int key per node (``aligned_keys``, then
-        each term above it as a digit of its own: the model balance, the penalty, the share remainder's
-        band). The same node as ``score`` then ``schedule.pick``: ``score`` adds the terms with weights
-        that make them lexicographic (each weight is above the span of what it outweighs) as long as no
-        band is below 0 (free CPU below 0, booked facts only); then it is not offered (None)."""
-        step, waste, penalty, balance = self._terms(pod, cluster, idx)
+        """``score``'s best node, then the node order, as one int key per node: the model balance, the
+        penalty, the share remainder's band, the alignment (``aligned_keys``) and the node order, each a
+        digit of its own. The same node as ``score`` then ``schedule.pick``: ``score`` adds the terms
+        with weights that make them lexicographic (each weight is above the span of what it outweighs)
+        as long as no band is below 0 (free CPU below 0, booked facts only); then it is not offered
+        (None). Without a model balance, for a pod that is no share or a plain one (``plain_share``),
+        the remainder's band and the alignment come as one int per node state (``_fused_keys``)."""
+        if cluster.tie_rank is None:
+            return None
+        states = self._follow(cluster)  # node states and the reserve's hosts in one pass over the changes
+        step = 0.0 if self.cpu_bound_exact and self.step and self.cpu_bound() else self.step  # _step
+        penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
+        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
+        if balance is None:
+            keys = self._fused_keys(pod, cluster, idx, step, penalty, states)
+            if keys is not None:
+                return int(keys.argmax())
+        return self._pick_by_digits(
+            pod, cluster, idx, step, self._remainders(pod, cluster, idx), penalty, balance
+        )
+
+    def _pick_by_digits(
+        self,
+        pod: PodRequest,
+        cluster: ClusterState,
+        idx: np.ndarray,
+        step: float,
+        waste: np.ndarray | None,
+        penalty: np.ndarray | None,
+        balance: np.ndarray | None,
+    ) -> int | None:
+        """``pick_tied`` from the terms (``_terms``): ``aligned_keys``, then each term above it as a digit
+        worth twice the span of the keys below it."""
         found = self.aligned_keys(pod, cluster, idx, step)
         if found is None:
             return None
@@ -1156,6 +1231,161 @@ class ReserveThenAlign(AlignmentScore):
             keys += (sign * 2 * span) * values
             span *= 2 * top + 1
         return int(keys.argmax())
+
+    def _follow(self, cluster: ClusterState) -> _NodeStates | None:
+        """Refresh the node states (``_node_states``) and the reserve's host table (``_HostTable``) of
+        ``cluster`` in one pass over its log of changes, when both follow it from the same generation
+        and the changes are few (``ONE_BY_ONE``): the node states, up to date. Else None: each
+        refreshes itself when asked."""
+        states, table = self._states, self.reserve._table
+        if states is None or table is None or states.generation != table.generation:
+            return None
+        if (
+            states.cluster is not cluster
+            or table.cluster is not cluster
+            or len(self._cpu_inv) != len(cluster)
+        ):
+            return None
+        if len(states.states) > self.MAX_STATES:  # _node_states numbers them afresh
+            return None
+        if states.generation == cluster.generation:
+            return states
+        rows = cluster.changed_since(states.generation)
+        if rows is None or len(rows) > ONE_BY_ONE:
+            return None
+        states.generation = table.generation = cluster.generation
+        capacity, gpus, cpu, free_key = states.capacity, states.gpus, cluster.cpu_free, cluster.gpu_key
+        gpu_free, ids, index, new_id = cluster.gpu_free_total, states.ids, states.index, states.new_id
+        reserve, flags, seen = self.reserve, table.flags, table.free
+        for i in rows:
+            state = (capacity[i], gpus[i], cpu.item(i), free_key[i])  # _NodeStates.refresh
+            sid = index.get(state)
+            ids[i] = new_id(state) if sid is None else sid
+            free = gpu_free.item(i)  # _HostTable.refresh
+            table.free_milli += free - seen[i]
+            seen[i] = free
+            now = reserve.hosts_at(cluster, i)
+            if now != flags[i]:
+                table.take_flags(i, now)
+        return states
+
+    def _fused_keys(
+        self,
+        pod: PodRequest,
+        cluster: ClusterState,
+        idx: np.ndarray,
+        step: float,
+        penalty: np.ndarray | None,
+        states: _NodeStates | None = None,
+    ) -> np.ndarray | None:
+        """``pick_tied``'s keys without a model balance, from one int per node state and request
+        (``_KeyTable``): the share remainder's band (plain shares with ``waste_band``) above the
+        alignment's int (``aligned_band``: the band, or the cosine in millionths), times the node count;
+        the node order added below it and the penalty above it. None where that does not hold the
+        order: a share that is not plain, many decimals, a node of ``idx`` whose alignment int is
+        below 0 or not below ``KEY_ALIGN`` (free CPU below 0, a step near 0) or whose remainder band is
+        not below ``KEY_REMAINDER``, keys that could pass an int64; the caller then takes the digits
+        one by one (``_pick_by_digits``). ``states``: the node states, when the caller has them up to
+        date (``_follow``)."""
+        rank = cluster.tie_rank
+        if rank is None or self.decimals > self.MAX_DECIMALS:
+            return None
+        n = len(rank)
+        if (len(self.reserve.shapes) + 2) * (n << KEY_PENALTY) >= 1 << 62:
+            return None
+        milli = 0  # the share whose remainders count (0: none)
+        if self.waste_band and pod.is_share and pod.gpu_milli:
+            if not plain_share(pod, cluster):
+                return None
+            milli = pod.gpu_milli
+        if states is None or states is not self._states:
+            states = self._node_states(cluster)
+        key = (pod.cpu_milli, pod.total_gpu_milli, step, milli)
+        table = states.keys.get(key)
+        remainders = self._waste_list() if milli else None
+        if table is None or table.remainders is not remainders:
+            if table is None and len(states.keys) >= self.MAX_SHAPES:
+                del states.keys[next(iter(states.keys))]
+            table = states.keys[key] = _KeyTable(len(states.states), remainders)
+        elif len(table.keys) < len(states.states):
+            table.grow(len(states.states))
+        ids = states.ids.take(idx)
+        keys = table.keys.take(ids)
+        low = _least(keys) if len(keys) else 0
+        if low <= _KEY_UNKNOWN:  # some state not worked out yet for this request, or one that fits no key
+            if low == _KEY_BELOW or not self._work_out(
+                table, states, key, ids.compress(keys == _KEY_UNKNOWN)
+            ):
+                return None
+            keys = table.keys.take(ids)
+        order = self._order
+        if order is None or order[0] is not rank:
+            order = self._order = (rank, n - 1 - rank)
+        keys += order[1].take(idx)
+        if penalty is not None:
+            keys -= (n << KEY_PENALTY) * penalty.astype(np.int64)
+        return keys
+
+    def _work_out(
+        self, table: _KeyTable, states: _NodeStates, key: tuple[int, int, float, int], ids: np.ndarray
+    ) -> bool:
+        """Put ``_fused_keys``' int of the states ``ids`` of the request ``key`` (CPU, GPU milli, step,
+        share milli) into ``table``: False when one of them fits no key (``_KEY_BELOW``)."""
+        cpu, gpu, step, milli = key
+        stored, sides, decimals, n = table.keys, states.sides, self.decimals, len(states.ids)
+        remainders, band, fits = table.remainders, self.waste_band, True
+        for sid in set(ids.tolist()):
+            whole = aligned_band(sides[sid], cpu, gpu, step, decimals)[1]
+            left = (
+                0 if remainders is None else self._remainder(states.states[sid][3], milli, remainders) // band
+            )
+            if 0 <= whole < KEY_ALIGN and 0 <= left < KEY_REMAINDER:  # the remainder's band above it
+                stored[sid] = (whole - (left << KEY_ALIGN_BITS)) * n
+            else:
+                stored[sid] = _KEY_BELOW
+                fits = False
+        return fits
+
+    def _remainder(self, free: tuple[int, ...], milli: int, remainders: list[int]) -> int:
+        """``share_summary`` of the free milli per GPU ``free`` for a share of ``milli`` with the table
+        ``remainders``, memoised per (free, milli) (the memo starts afresh with another table or when
+        full)."""
+        memo = self._remainders_of
+        if memo[0] is not remainders or len(memo[1]) >= self.MAX_REMAINDERS:
+            memo = self._remainders_of = (remainders, {})
+        value = memo[1].get((free, milli))
+        if value is None:
+            value = memo[1][free, milli] = share_summary(free, milli, remainders, MILLI + 1)
+        return value
+
+
+# _fused_keys' digits: the alignment's int in 0 .. 2**24 (bands, or the cosine in millionths), the
+# remainder's band in 0 .. 2**10 above it, the penalty weighing 2**36 x the node count above both
+KEY_ALIGN_BITS = 24
+KEY_ALIGN = 1 << KEY_ALIGN_BITS
+KEY_REMAINDER = 1 << 10
+KEY_PENALTY = 36
+_KEY_BELOW = _UNKNOWN  # _KeyTable.keys of a state that fits no key (its alignment int or remainder band)
+_KEY_UNKNOWN = _UNKNOWN + 1  # _KeyTable.keys of a state not worked out yet
+
+
+class _KeyTable:
+    """``ReserveThenAlign._fused_keys``' int per node state id for one request (CPU, GPU milli, step and
+    the share milli whose remainders count): ``(alignment int - remainder band * KEY_ALIGN) x nodes``,
+    ``_KEY_UNKNOWN`` where not worked out yet, ``_KEY_BELOW`` where the alignment int or the remainder
+    band does not fit; kept with
+    the node states (``_NodeStates.keys``), so dropped with them. ``remainders``: the table of
+    unfillable remainders it was worked out with (None: no share)."""
+
+    __slots__ = ("keys", "remainders")
+
+    def __init__(self, n: int, remainders: list[int] | None) -> None:
+        self.keys = np.full(2 * n + 4096, _KEY_UNKNOWN, dtype=np.int64)  # room for the states to come
+        self.remainders = remainders
+
+    def grow(self, n: int) -> None:
+        more = max(n, 2 * len(self.keys)) - len(self.keys)
+        self.keys = np.concatenate((self.keys, np.full(more, _KEY_UNKNOWN, dtype=np.int64)))
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points

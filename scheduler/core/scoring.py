@@ -118,13 +118,18 @@ class Policy:
         values): every node when the plugins after the first applicable one do not all promise
         ``bounds``; else only the nodes whose first score, weighted, is within the others' weighted
         span (plus a margin of 1) of the largest first score. Those are scored by the others, and the
-        rest are left out only when the best of these is above what any of the rest could reach (their
-        first score plus the others' largest; else every node is scored), and only while the largest
+        rest are left out only when the best of these is above what any of the rest could reach (below
+        that margin plus the others' largest; else every node is scored), and only while the largest
         first score and the others' span are below ``EXACT_SUMS`` (beyond, float sums round by more
         than the margins). So the best score and the nodes that have it are ``score``'s."""
         plugins: Sequence[tuple[ScorePlugin, float]] = self.plugins
         if len(plugins) > 1:
             plugins = [pw for pw in plugins if pw[0].applies(pod)]
+        if len(plugins) == 1:  # as score with the one plugin that applies
+            plugin, weight = plugins[0]
+            return idx, (
+                plugin.score(pod, cluster, idx) * weight if weight != 1 else plugin.score(pod, cluster, idx)
+            )
         if len(plugins) < 2 or len(idx) < 2:
             return idx, self.score(pod, cluster, idx)
         low = high = 0.0  # the least and the largest the other plugins' weighted sum can be
@@ -144,12 +149,12 @@ class Policy:
             kept = idx
         else:
             keep = (total >= near).nonzero()[0]
-            left_out = float(_largest(total[total < near]))  # the best first score of those left out
             kept, total = idx.take(keep), total.take(keep)
         for plugin, weight in rest:
             part = plugin.score(pod, cluster, kept)
             total += part if weight == 1 else weight * part
-        if kept is not idx and not float(_largest(total)) > left_out + high + 0.5:
+        # every node left out scores below near + high; the best kept, by the bounds, at least top + low
+        if kept is not idx and not float(_largest(total)) > near + high + 0.5:
             return idx, self.score(pod, cluster, idx)  # the others' scores were below their bounds
         return kept, total
 
