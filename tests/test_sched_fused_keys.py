@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import random
 
-import numpy as np
 import pytest
 
 from scheduler.core import policies
@@ -22,7 +21,7 @@ from scheduler.core.filters import run_filters
 from scheduler.core.policies import ReserveThenAlign
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import pick
-from tests.test_sched_fused_paths import PODS, WORKLOAD, cluster_of, random_change
+from tests.test_sched_fused_paths import WORKLOAD, cluster_of, tied_subsets
 
 COUNTS = ("keys", "declined", "share", "penalty", "exact", "unknown states", "below 0 nodes")
 
@@ -58,19 +57,7 @@ def walk_keys(seed: int, steps: int, counts: dict[str, int]) -> None:
         cpu_bound_exact=rng.random() < 0.5,
     )
     tie_break.bind(cluster, workload, random.Random(0))
-    for step in range(steps):
-        for k in range(rng.choice((0, 1, 1, 3, 40))):
-            random_change(cluster, rng, step * 1000 + k)
-        pod = rng.choice(PODS)
-        tie_break.observe(pod)
-        idx, _ = run_filters(pod, cluster, explain=False)
-        if len(idx) < 2:
-            continue
-        # a subset of the feasible nodes, or of all (CPU past capacity: alignment bands below 0)
-        pool = idx.tolist() if rng.random() < 0.7 else list(range(len(cluster)))
-        sub = np.array(sorted(rng.sample(pool, max(2, len(pool) * 2 // 3))), dtype=np.int64)
-        if rng.random() < 0.3:
-            sub = sub[::-1].copy()  # not ascending
+    for step, pod, _, sub in tied_subsets(cluster, rng, steps, tie_break.observe):
         expected = pick(sub, tie_break.score(pod, cluster, sub), random.Random(0), cluster.tie_rank)[0]
         step_of = tie_break._step()
         penalty = tie_break.reserve.scarce_breaks(pod, cluster, sub)

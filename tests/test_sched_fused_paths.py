@@ -23,6 +23,7 @@ A walk that would let a wrong path through is shown to fail (``test_the_walk_not
 from __future__ import annotations
 
 import random
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import pytest
@@ -151,6 +152,28 @@ def test_aligned_band_is_the_vector_cosine_to_the_last_bit(step: float) -> None:
         assert bits(np.array(got)) == bits(want)
 
 
+def tied_subsets(
+    cluster: ClusterState, rng: random.Random, steps: int, observe: Callable[[PodRequest], None]
+) -> Iterator[tuple[int, PodRequest, np.ndarray, np.ndarray]]:
+    """A random walk's (step, pod, its feasible nodes, nodes to break a tie among): before each pod
+    some random changes to ``cluster``; the pod is ``observe``d; the nodes to break a tie among are
+    two thirds of the feasible ones, or of all (CPU past capacity: alignment bands below 0),
+    sometimes not ascending. Pods that fit fewer than two nodes are skipped."""
+    for step in range(steps):
+        for k in range(rng.choice((0, 1, 1, 3, 40))):
+            random_change(cluster, rng, step * 1000 + k)
+        pod = rng.choice(PODS)
+        observe(pod)
+        idx, _ = run_filters(pod, cluster, explain=False)
+        if len(idx) < 2:
+            continue
+        pool = idx.tolist() if rng.random() < 0.7 else list(range(len(cluster)))
+        sub = np.array(sorted(rng.sample(pool, max(2, len(pool) * 2 // 3))), dtype=np.int64)
+        if rng.random() < 0.3:
+            sub = sub[::-1].copy()  # not ascending
+        yield step, pod, idx, sub
+
+
 def walk_policies(seed: int, steps: int, counts: dict[str, int]) -> None:
     """fgd-reserve's tie-breaker and the policy over a changing cluster, against the plain code."""
     rng = random.Random(seed)
@@ -175,19 +198,7 @@ def walk_policies(seed: int, steps: int, counts: dict[str, int]) -> None:
     policy.bind(cluster, workload, random.Random(0))
     plain = AlignmentScore(step=0.2)
     plain.bind(cluster, workload, random.Random(0))
-    for step in range(steps):
-        for k in range(rng.choice((0, 1, 1, 3, 40))):
-            random_change(cluster, rng, step * 1000 + k)
-        pod = rng.choice(PODS)
-        policy.observe(pod)
-        idx, _ = run_filters(pod, cluster, explain=False)
-        if len(idx) < 2:
-            continue
-        # a subset of the feasible nodes, or of all (CPU past capacity: alignment bands below 0)
-        pool = idx.tolist() if rng.random() < 0.7 else list(range(len(cluster)))
-        sub = np.array(sorted(rng.sample(pool, max(2, len(pool) * 2 // 3))), dtype=np.int64)
-        if rng.random() < 0.3:
-            sub = sub[::-1].copy()  # not ascending
+    for step, pod, idx, sub in tied_subsets(cluster, rng, steps, policy.observe):
         for s in (0.0, 0.2):
             assert bits(plain.aligned(pod, cluster, sub, s)) == bits(reference_aligned(pod, cluster, sub, s))
         # the tie-breaker's one key against its scores then the node order
