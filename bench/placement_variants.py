@@ -5,7 +5,8 @@
 
 Every argument is bench/simulate_openb.py's; the names below are added to its policies (docs/performance.md
 says which data chose what). The variants are ``scheduler.core.policies.fgd_reserve`` with other
-parameters, or its tie-breaker with the alignment always exact (``exact-align``).
+parameters, or its tie-breaker with the alignment always exact (``exact-align``). Variants named before
+the reserve's second change (2026-11-28 night) keep the reserve's rule of then (``BEFORE``).
 """
 
 from __future__ import annotations
@@ -18,14 +19,23 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import numpy as np  # noqa: E402
+
 from scheduler.core import policies as P  # noqa: E402
+from scheduler.core.request import PodRequest  # noqa: E402
 from scheduler.core.scoring import Policy  # noqa: E402
+from scheduler.core.state import ClusterState  # noqa: E402
 from tests.support.benchscript import bench_module  # noqa: E402
+
+# the reserve's rule before the second change of issue 26 (2026-11-28 night): horizon 1, no prior weight,
+# a pod of as many whole GPUs as a shape breaks none of it
+BEFORE = {"horizon": 1.0, "prior_weight": 0.0, "by_need": False}
 
 
 def exact_align() -> Policy:
-    """fgd-reserve with the alignment never banded (as with CPU the scarcer resource, always)."""
-    policy = P.fgd_reserve()
+    """fgd-reserve (the reserve's rule before 2026-11-28 night) with the alignment never banded (as with CPU
+    the scarcer resource, always)."""
+    policy = P.fgd_reserve(**BEFORE)
     assert isinstance(policy.tie_break, P.ReserveThenAlign)
     policy.tie_break.step = 0.0
     return policy
@@ -43,19 +53,90 @@ def topology_over(**parts: Any) -> Callable[[], Policy]:
     return make
 
 
+def reserve(horizon: float = 1.0, prior_weight: float = 0.0, by_need: bool = False) -> Callable[[], Policy]:
+    """fgd-reserve with these parameters of its whole-node reserve (``WholeNodeReserve``)."""
+    return lambda: P.fgd_reserve(horizon=horizon, prior_weight=prior_weight, by_need=by_need)
+
+
+class CpuHorizon(P.ReserveThenAlign):
+    """``ReserveThenAlign`` whose reserve keeps ``cpu_horizon`` times the expected need while CPU binds
+    (``cpu_bound``), its own horizon otherwise."""
+
+    def __init__(self, cpu_horizon: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cpu_horizon = cpu_horizon
+        self.base_horizon = self.reserve.horizon
+
+    def _set(self) -> None:
+        self.reserve.horizon = self.cpu_horizon if self.cpu_bound() else self.base_horizon
+
+    def _terms(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
+    ) -> tuple[float, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        self._set()
+        return super()._terms(pod, cluster, idx)
+
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        self._set()
+        return super().pick_tied(pod, cluster, idx)
+
+
+def cpu_horizon(factor: float) -> Callable[[], Policy]:
+    """The default with the reserve's horizon ``factor`` while CPU binds."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve()
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        policy.tie_break = CpuHorizon(
+            factor,
+            step=tie.step,
+            waste_band=tie.waste_band,
+            balance=P.BALANCE_BAND,
+            cpu_bound_exact=True,
+            reserve=tie.reserve,
+        )
+        return policy
+
+    return make
+
+
 VARIANTS: dict[str, Callable[[], Policy]] = {
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
-    "fgd-reserve-13": lambda: P.fgd_reserve(keep=3, adaptive=False, balance=0.0, cpu_bound_exact=False),
-    "adaptive-nofloor": lambda: P.fgd_reserve(keep=0, adaptive=True, balance=0.0, cpu_bound_exact=False),
-    "adaptive": lambda: P.fgd_reserve(keep=3, adaptive=True, balance=0.0, cpu_bound_exact=False),
-    "balance01": lambda: P.fgd_reserve(balance=0.1, cpu_bound_exact=False),
-    "balance02": lambda: P.fgd_reserve(balance=0.2, cpu_bound_exact=False),
+    "fgd-reserve-13": lambda: P.fgd_reserve(
+        keep=3, adaptive=False, balance=0.0, cpu_bound_exact=False, by_need=False
+    ),
+    "adaptive-nofloor": lambda: P.fgd_reserve(
+        keep=0, adaptive=True, balance=0.0, cpu_bound_exact=False, **BEFORE
+    ),
+    "adaptive": lambda: P.fgd_reserve(keep=3, adaptive=True, balance=0.0, cpu_bound_exact=False, **BEFORE),
+    "balance01": lambda: P.fgd_reserve(balance=0.1, cpu_bound_exact=False, **BEFORE),
+    "balance02": lambda: P.fgd_reserve(balance=0.2, cpu_bound_exact=False, **BEFORE),
     "exact-align": exact_align,
+    # the default from 2026-11-27 to the second change (2026-11-28 night); the reserve's parts tried then
+    "fgd-reserve-26a": reserve(),
+    "need": reserve(by_need=True),
+    "horizon15": reserve(horizon=1.5),
+    "horizon2": reserve(horizon=2.0),
+    "horizon3": reserve(horizon=3.0),
+    "prior10": reserve(prior_weight=0.1),
+    "prior30": reserve(prior_weight=0.3),
+    "need-horizon2": reserve(horizon=2.0, by_need=True),
+    "need-h2-prior10": reserve(horizon=2.0, prior_weight=0.1, by_need=True),
+    "need-h2-prior30": reserve(horizon=2.0, prior_weight=0.3, by_need=True),  # the default since
+    # the default with a longer horizon while CPU binds (measured on t-cpu3, not taken)
+    "cpuh3": cpu_horizon(3.0),
+    "cpuh4": cpu_horizon(4.0),
+    "cpuh6": cpu_horizon(6.0),
     # the live default with the parts of fgd-reserve it leaves out (keep=None: hosts in proportion)
-    "topo-adaptive": topology_over(keep=None, adaptive=True, balance=0.2, cpu_bound_exact=True),
-    "topo-balance": topology_over(keep=None, adaptive=False, balance=0.2, cpu_bound_exact=False),
-    "topo-adaptive-only": topology_over(keep=None, adaptive=True, balance=0.0, cpu_bound_exact=False),
-    "topo-cpu": topology_over(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=True),
+    "topo-adaptive": topology_over(keep=None, adaptive=True, balance=0.2, cpu_bound_exact=True, **BEFORE),
+    "topo-balance": topology_over(
+        keep=None, adaptive=False, balance=0.2, cpu_bound_exact=False, by_need=False
+    ),
+    "topo-adaptive-only": topology_over(
+        keep=None, adaptive=True, balance=0.0, cpu_bound_exact=False, **BEFORE
+    ),
+    "topo-cpu": topology_over(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=True, by_need=False),
 }
 
 

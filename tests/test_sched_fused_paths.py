@@ -190,6 +190,9 @@ def walk_policies(seed: int, steps: int, counts: dict[str, int]) -> None:
         balance=rng.choice((0.0, 0.2, 0.2)),
         cpu_bound_exact=rng.random() < 0.5,
     )
+    reserve = tie_break.reserve  # the adaptive reserve's parts of 2026-11-28 night, sometimes
+    reserve.horizon, reserve.prior_weight = rng.choice(((1.0, 0.0), (2.0, 0.3)))
+    reserve.by_need = rng.random() < 0.5
     policy = Policy(
         "fused",
         ((ShareCompletionScore(110), 1000.0), (FGDScore(step=3, whole_node_typical=False), 1.0)),
@@ -445,6 +448,7 @@ def test_alignment_bands_of_a_step_near_zero() -> None:
         pos = plugin.pick_tied(pod, cluster, idx)
         assert pos is None or int(idx[pos]) == expected, step
         tie_break = ReserveThenAlign(step, 3, 10, True, 0.2, False)
+        tie_break.reserve.horizon, tie_break.reserve.prior_weight, tie_break.reserve.by_need = 2.0, 0.3, True
         tie_break.bind(cluster, WORKLOAD, random.Random(0))
         pos = tie_break.pick_tied(pod, cluster, idx)
         with np.errstate(invalid="ignore", over="ignore"):

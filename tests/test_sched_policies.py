@@ -508,3 +508,80 @@ def test_share_completion_sends_a_share_where_it_completes_a_gpu() -> None:
     placed = schedule_one(small, cluster, policy, RNG)
     assert isinstance(placed, Placement) and placed.node == "tight"
     assert [g.index for g in placed.allocation.gpus] == [1]
+
+
+def test_adaptive_reserve_horizon_scales_the_expected_need() -> None:
+    from scheduler.core.policies import WholeNodeReserve
+
+    cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(50)])  # 400 GPUs free
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    plain, doubled = (
+        WholeNodeReserve(keep=1, adaptive=True),
+        WholeNodeReserve(keep=1, adaptive=True, horizon=2.0),
+    )
+    for reserve in (plain, doubled):
+        reserve.bind(cluster, [big] + [one] * 92)  # prior: 8 of 100 GPUs asked need a host
+    # 8% of 400 GPUs is 32 GPUs, 4 nodes' worth; twice that with a horizon of 2
+    assert (plain.keep_for(0, 400_000), doubled.keep_for(0, 400_000)) == (4, 8)
+    assert doubled.keep_for(0, 0) == 1  # the floor stays
+
+
+def test_adaptive_reserve_weighs_the_workload_until_enough_has_arrived() -> None:
+    """``prior_weight``: the workload's share counts as that share of the capacity arrived, so the first
+    arrivals, none of them a whole-node pod, do not drop the keep to the floor at once."""
+    from scheduler.core.policies import WholeNodeReserve
+
+    cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(50)])  # 400,000 milli
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    seen_only, weighted = (
+        WholeNodeReserve(keep=1, adaptive=True),
+        WholeNodeReserve(keep=1, adaptive=True, prior_weight=0.1),
+    )
+    for reserve in (seen_only, weighted):
+        reserve.bind(cluster, [big] + [one] * 92)  # prior: 8%
+        assert reserve.keep_for(0, 400_000) == 4  # before any arrival: the workload's
+        for _ in range(40):  # 40,000 milli seen, none of a whole-node pod
+            reserve.observe(one)
+    assert seen_only.keep_for(0, 400_000) == 1  # the arrivals alone: no whole-node demand, the floor
+    # (0 + 8% x 40,000) / (40,000 + 40,000) = 4% of 400 GPUs = 16 GPUs, 2 nodes' worth
+    assert weighted.keep_for(0, 400_000) == 2
+    assert weighted.prior_milli == 40_000.0
+
+
+def test_reserve_by_need_keeps_the_last_big_hosts_from_smaller_whole_node_pods() -> None:
+    """``by_need``: an 8-GPU pod of 64 CPUs may not break the last hosts of an 8-GPU, 90-CPU shape it
+    does not need (without, a pod of as many whole GPUs as a shape breaks none of it); a pod of that
+    shape may."""
+    from scheduler.core.policies import WholeNodeReserve
+
+    nodes = [gpu_node(f"big{i}", 8, cpu=96_000) for i in range(2)] + [gpu_node("small", 8, cpu=70_000)]
+    cluster = ClusterState(nodes)
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    huge = PodRequest("huge", cpu_milli=90_000, gpu_count=8)
+    workload = [big, huge] + [PodRequest(f"one{i}", cpu_milli=4000, gpu_count=1) for i in range(40)]
+    old, new = WholeNodeReserve(keep=3), WholeNodeReserve(keep=3, by_need=True)
+    for reserve in (old, new):
+        reserve.bind(cluster, workload)
+    assert old.penalty(big, cluster, cluster.all_indices).tolist() == [0, 0, 0]
+    assert new.penalty(big, cluster, cluster.all_indices).tolist() == [1, 1, 0]  # goes to "small"
+    assert new.penalty(huge, cluster, cluster.all_indices).tolist() == [0, 0, 0]  # its own hosts
+    one = workload[2]
+    assert (
+        new.penalty(one, cluster, cluster.all_indices).tolist()
+        == old.penalty(one, cluster, cluster.all_indices).tolist()
+        == [2, 2, 1]
+    )
+
+
+def test_fgd_reserve_keeps_twice_the_need_weighs_the_workload_and_reserves_by_need() -> None:
+    from scheduler.core.policies import RESERVE_HORIZON, RESERVE_PRIOR, ReserveThenAlign, fgd_reserve
+
+    tie = fgd_reserve().tie_break
+    assert isinstance(tie, ReserveThenAlign)
+    assert (tie.reserve.horizon, tie.reserve.prior_weight, tie.reserve.by_need) == (2.0, 0.3, True)
+    assert (RESERVE_HORIZON, RESERVE_PRIOR) == (2.0, 0.3)
+    live = make_policy("topology").tie_break  # the live default keeps its rule
+    assert isinstance(live, ReserveThenAlign)
+    assert (live.reserve.horizon, live.reserve.prior_weight, live.reserve.by_need) == (1.0, 0.0, False)

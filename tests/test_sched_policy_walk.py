@@ -127,12 +127,16 @@ def aligned(pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float
 def reserve_penalty(
     reserve: WholeNodeReserve, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
 ) -> np.ndarray:
-    """``WholeNodeReserve.penalty`` as it was before its host table (1dd8eee): every node compared."""
+    """``WholeNodeReserve.penalty`` as it was before its host table (1dd8eee): every node compared; with
+    ``by_need`` a whole-node pod skips only the shapes whose hosts it needs (CPU and memory too)."""
     out = np.zeros(len(idx))
     take = 1 if pod.is_share else pod.gpu_count
     free = int(cluster.gpu_free_total.sum()) if reserve.adaptive else 0
     for k, (gpus, cpu, memory) in enumerate(reserve.shapes):
-        if not pod.is_share and pod.gpu_count >= gpus:
+        own = not pod.is_share and pod.gpu_count >= gpus
+        if reserve.by_need and pod.gpu_count and not pod.is_share:
+            own = own and pod.cpu_milli >= cpu and pod.memory_mib >= memory
+        if own:
             continue
         hosts = (cluster.gpu_full_free >= gpus) & (cluster.cpu_free >= cpu) & (cluster.mem_free >= memory)
         if int(np.count_nonzero(hosts)) > reserve.keep_for(k, free):

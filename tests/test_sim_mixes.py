@@ -112,14 +112,22 @@ def test_written_mix_reads_back(tmp_path: Path) -> None:
 
 
 def test_the_bench_mix_file_keeps_tuning_and_held_out_apart() -> None:
+    """No two sets (tuning, heldout, heldout2) share a recipe or a protocol seed, and each has every
+    family of trace shape."""
     sets = load_mixes(ROOT / "bench" / "openb_mixes.json")
-    tuning, held = sets["tuning"], sets["heldout"]
-    assert tuning and held
-    recipe = {(m.trace, tuple(sorted(m.factors.items())), m.spec_share, m.mix_seed) for m in tuning}
-    assert not recipe & {(m.trace, tuple(sorted(m.factors.items())), m.spec_share, m.mix_seed) for m in held}
-    assert not {s for m in tuning for s in m.seeds} & {s for m in held for s in m.seeds}
+    assert {"tuning", "heldout", "heldout2"} <= set(sets)
+    chosen_sets = [sets[name] for name in ("tuning", "heldout", "heldout2")]
+    assert all(chosen_sets)
+
+    def recipes(mixes: list) -> set:
+        return {(m.trace, tuple(sorted(m.factors.items())), m.spec_share, m.mix_seed) for m in mixes}
+
+    for i, one in enumerate(chosen_sets):
+        for other in chosen_sets[i + 1 :]:
+            assert not recipes(one) & recipes(other)
+            assert not {s for m in one for s in m.seeds} & {s for m in other for s in m.seeds}
     families = {"multi", "whole", "share", "single", "cpu"}
-    for chosen in (tuning, held):  # every family of trace shape is in both sets
+    for chosen in chosen_sets:  # every family of trace shape is in every set
         seen = {c for m in chosen for c in m.factors} | (
             {"spec"} if any(m.spec_share for m in chosen) else set()
         )

@@ -638,15 +638,33 @@ class WholeNodeReserve:
     hosts the whole-node pods still to come are expected to need: the share of the GPU demand seen so
     far that came from pods needing such a host (``observe``: every arrival, placed or not; before
     the first, the workload's share) times the cluster's free GPU milli, in nodes' worth of the
-    shape's GPUs, rounded up. The shapes and shares come from the expected workload (its shape
-    distribution, as FGD's typical pods) and the arrivals so far, never from pods still to come.
+    shape's GPUs, times ``horizon``, rounded up. ``prior_weight``: the workload's share counts as
+    that share of the cluster's GPU capacity arrived (0: only before the first arrival), so a shape
+    not seen yet among the first arrivals is not taken for one that never comes. The shapes and
+    shares come from the expected workload (its shape distribution, as FGD's typical pods) and the
+    arrivals so far, never from pods still to come.
+
+    ``by_need``: a whole-node pod may break a scarce shape it does not need itself (one of more CPU or
+    memory than it asks: an 8-GPU pod of 64 CPUs on the last nodes with 120 free); without, a pod of
+    as many whole GPUs as a shape breaks none of it.
     """
 
     MIN_KEEP = 2
 
-    def __init__(self, keep: int | None = None, adaptive: bool = False) -> None:
+    def __init__(
+        self,
+        keep: int | None = None,
+        adaptive: bool = False,
+        horizon: float = 1.0,
+        prior_weight: float = 0.0,
+        by_need: bool = False,
+    ) -> None:
         self.fixed = keep
         self.adaptive = adaptive
+        self.horizon = horizon  # adaptive: the expected need times this
+        self.prior_weight = prior_weight  # adaptive: the workload's share as this share of capacity arrived
+        self.prior_milli = 0.0  # adaptive: prior_weight x the cluster's GPU milli (bind)
+        self.by_need = by_need
         self.keep = keep if keep is not None else self.MIN_KEEP
         self.shapes: list[tuple[int, int, int]] = []  # (GPUs, CPU milli, memory MiB)
         self.prior: list[float] = []  # adaptive: per shape, the workload's share of demand needing a host
@@ -672,6 +690,7 @@ class WholeNodeReserve:
         ]
         self.seen = [0] * len(self.shapes)
         self.seen_total = 0
+        self.prior_milli = self.prior_weight * float(cluster.total_gpus() * MILLI)
         self._limits = np.array(self.shapes, dtype=np.int64).reshape(len(self.shapes), 3, 1)
         self._fewest = min((g for g, _, _ in self.shapes), default=0)
         self._none = (False,) * len(self.shapes)
@@ -698,8 +717,17 @@ class WholeNodeReserve:
         """How many hosts of shape ``k`` to keep, with ``free_milli`` GPU milli free in the cluster."""
         if not self.adaptive:
             return self.keep
-        share = self.seen[k] / self.seen_total if self.seen_total else self.prior[k]
-        return max(self.keep, math.ceil(share * free_milli / (self.shapes[k][0] * MILLI)))
+        return max(
+            self.keep, math.ceil(self.horizon * self._share(k) * free_milli / (self.shapes[k][0] * MILLI))
+        )
+
+    def _share(self, k: int) -> float:
+        """Shape ``k``'s share of the GPU demand arrived so far, the workload's counted as ``prior_milli``
+        GPU milli arrived (0: the workload's alone before the first arrival, then the arrivals')."""
+        weight = self.prior_milli
+        if weight:
+            return (self.seen[k] + self.prior[k] * weight) / (self.seen_total + weight)
+        return self.seen[k] / self.seen_total if self.seen_total else self.prior[k]
 
     def hosts(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
         """``[shapes, rows]``: which of these nodes can host each whole-node shape now."""
@@ -723,24 +751,25 @@ class WholeNodeReserve:
         out = self.scarce_breaks(pod, cluster, idx)
         return np.zeros(len(idx)) if out is None else out
 
-    def _scarce(self, table: _HostTable, whole: int) -> list[int]:
-        """The shapes a pod of ``whole`` whole GPUs (0: a share or none) may break: those of more GPUs
-        with hosts left, but at most ``keep_for`` of them (``keep_for`` inline; it is at least ``keep``:
-        only an adaptive keep can be above)."""
+    def _scarce(self, table: _HostTable, pod: PodRequest) -> list[int]:
+        """The shapes ``pod`` may break: those of more whole GPUs than it asks (with ``by_need``: those
+        it does not need, ``_needs``) with hosts left, but at most ``keep_for`` of them (``keep_for``
+        inline; it is at least ``keep``: only an adaptive keep can be above)."""
         keep, counts, shapes = self.keep, table.counts, self.shapes
+        whole = 0 if pod.is_share else pod.gpu_count  # a pod of as many whole GPUs as a shape: its own
+        if self.by_need and whole:
+            mine = [not self._needs(pod, shape) for shape in shapes]
+        else:
+            mine = [whole < shape[0] for shape in shapes]
         if not self.adaptive:
-            return [k for k, count in enumerate(counts) if 0 < count <= keep and whole < shapes[k][0]]
-        free, total, seen, prior = table.free_milli, self.seen_total, self.seen, self.prior
+            return [k for k, count in enumerate(counts) if 0 < count <= keep and mine[k]]
+        free, horizon, share = table.free_milli, self.horizon, self._share
         return [
             k
             for k, count in enumerate(counts)
             if count
-            and whole < shapes[k][0]
-            and (
-                count <= keep
-                or count
-                <= math.ceil((seen[k] / total if total else prior[k]) * free / (shapes[k][0] * MILLI))
-            )
+            and mine[k]
+            and (count <= keep or count <= math.ceil(horizon * share(k) * free / (shapes[k][0] * MILLI)))
         ]
 
     def scarce_breaks(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
@@ -758,8 +787,7 @@ class WholeNodeReserve:
             table.refresh(self)
         out: np.ndarray | None = None
         take = 1 if pod.is_share else pod.gpu_count
-        whole = 0 if pod.is_share else take  # a pod of as many whole GPUs as a shape breaks none of it
-        for k in self._scarce(table, whole):
+        for k in self._scarce(table, pod):
             gpus, cpu, memory = self.shapes[k]
             where = table.hosts[k].take(idx).nonzero()[0]
             if not where.size:
@@ -1072,9 +1100,10 @@ class ReserveThenAlign(AlignmentScore):
         adaptive: bool = False,
         balance: float = 0.0,
         cpu_bound_exact: bool = False,
+        reserve: WholeNodeReserve | None = None,
     ) -> None:
         super().__init__(step=step)
-        self.reserve = WholeNodeReserve(keep, adaptive)
+        self.reserve = reserve if reserve is not None else WholeNodeReserve(keep, adaptive)
         self.waste_band = waste_band
         self.waste = np.zeros(MILLI + 1, dtype=np.int64)
         self._waste: tuple[np.ndarray, list[int]] = (self.waste, self.waste.tolist())  # and as a list
@@ -1394,6 +1423,8 @@ RESERVE_KEEP = 3  # fgd-reserve: whole-node hosts kept per shape (None: in propo
 COMPLETE_BELOW = 110  # fgd-reserve: a share leaving a GPU less than this free completes it (first)
 WASTE_BAND = 10  # fgd-reserve: unfillable share remainders in bands of this many milli (tie-break)
 BALANCE_BAND = 0.2  # fgd-reserve: model balance (free share of a model's GPUs) in bands of this
+RESERVE_HORIZON = 2.0  # fgd-reserve: the adaptive reserve keeps this many times the expected need
+RESERVE_PRIOR = 0.3  # fgd-reserve: the workload's shape shares count as this share of capacity arrived
 
 
 def fgd_reserve(
@@ -1401,6 +1432,9 @@ def fgd_reserve(
     adaptive: bool = True,
     balance: float = BALANCE_BAND,
     cpu_bound_exact: bool = True,
+    horizon: float = RESERVE_HORIZON,
+    prior_weight: float = RESERVE_PRIOR,
+    by_need: bool = True,
 ) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
     bands; ties to the models restricted pods need least (``ModelBalance``), then to the nodes that keep
@@ -1412,8 +1446,9 @@ def fgd_reserve(
     (``RESERVE_KEEP``, 3, suits the simulator's node order; None, in proportion to their demand, suits
     random ties as the live scheduler's ``topology`` breaks them); ``adaptive``: more while the
     whole-node pods seen so far need more of the free GPUs (``WholeNodeReserve``); ``balance``: the
-    model balance's band (0: off); ``cpu_bound_exact``: see ``ReserveThenAlign``. docs/simulator.md
-    explains each part.
+    model balance's band (0: off); ``cpu_bound_exact``: see ``ReserveThenAlign``; ``horizon``,
+    ``prior_weight``, ``by_need``: see ``WholeNodeReserve`` (1.0, 0.0, False: the rule before
+    2026-11-28 night). docs/simulator.md explains each part.
     """
     return Policy(
         "fgd-reserve",
@@ -1423,7 +1458,13 @@ def fgd_reserve(
         ),
         "shares complete GPUs first; FGD in bands; ties balance restricted GPU models, keep the last hosts"
         " of whole-node pods, then the least unfillable share remainder, then CPU/GPU alignment (ours)",
-        tie_break=ReserveThenAlign(ALIGN_STEP, keep, WASTE_BAND, adaptive, balance, cpu_bound_exact),
+        tie_break=ReserveThenAlign(
+            ALIGN_STEP,
+            waste_band=WASTE_BAND,
+            balance=balance,
+            cpu_bound_exact=cpu_bound_exact,
+            reserve=WholeNodeReserve(keep, adaptive, horizon, prior_weight, by_need),
+        ),
     )
 
 
@@ -1559,7 +1600,15 @@ def topology_policy() -> Policy:
     """
     # ties at random in the live scheduler: hosts kept in proportion; the adaptive parts of fgd-reserve
     # (issue 26) were measured with the simulator's node order only, so topology stays as it was
-    base = fgd_reserve(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=False)
+    base = fgd_reserve(
+        keep=None,
+        adaptive=False,
+        balance=0.0,
+        cpu_bound_exact=False,
+        horizon=1.0,
+        prior_weight=0.0,
+        by_need=False,
+    )
     return Policy(
         "topology",
         ((TopologyScore(), 1000.0), (NicNearnessScore(), 1000.0), *base.plugins),
