@@ -5,8 +5,10 @@ per mix the margins to FGD on stdout. Stdlib + numpy + this repository's simulat
 
     OPENB_TRACES=/path/to/openb python3 bench/sweep_issue26.py --jobs 16 --seeds 10 --out $OUT/issue26.json
 
-``--seeds N``: protocol seeds per mix and trace (tuning mixes and traces 42..42+N-1, held-out 1..N);
-``--only NAME,...`` restricts to those mixes/traces (a test here runs one mix on one seed).
+``--seeds N``: protocol seeds per mix and trace (tuning mixes and traces 42..42+N-1, held-out 1..N,
+the later held-out sets from their mixes' first seed on: heldout2 11.., heldout3 21..);
+``--sets tuning,heldout,...``: which sets of the mix file (default tuning,heldout; the shared traces are
+always run); ``--only NAME,...`` restricts to those mixes/traces (a test here runs one mix on one seed).
 """
 
 from __future__ import annotations
@@ -79,22 +81,36 @@ def summary(runs: list[dict]) -> dict[str, dict]:
     return out
 
 
+FIRST_SEED = {"tuning": 42, "heldout": 1}  # the sets' seeds from before the mixes carried their own
+
+
+def mix_work(sets: dict, chosen: list[str], seeds: int, only: set[str]) -> list[tuple[str, str, int]]:
+    """(mix, policy, seed) for every mix of the ``chosen`` sets (all of ``only`` if given): ``seeds``
+    protocol seeds from ``FIRST_SEED`` of the set, else from the mix's own first seed."""
+    work: list[tuple[str, str, int]] = []
+    for set_name in chosen:
+        if set_name not in sets:
+            raise SystemExit(f"no set {set_name!r} in {MIXES} (there are: {', '.join(sorted(sets))})")
+        for mix in sets[set_name]:
+            if not only or mix.name in only:
+                first = FIRST_SEED.get(set_name, mix.seeds[0])
+                work += [(mix.name, p, s) for p in POLICIES for s in range(first, first + seeds)]
+    return work
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--jobs", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seeds", type=int, default=10)
+    parser.add_argument("--sets", default="tuning,heldout")
     parser.add_argument("--only", default="")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
     sets = load_mixes(MIXES)
     only = {n for n in args.only.split(",") if n}
-    work: list[tuple[str, str, int]] = []
-    for set_name, first in (("tuning", 42), ("heldout", 1)):
-        for mix in sets[set_name]:
-            if not only or mix.name in only:
-                work += [(mix.name, p, s) for p in POLICIES for s in range(first, first + args.seeds)]
+    work = mix_work(sets, [n for n in args.sets.split(",") if n], args.seeds, only)
     for trace in TRACES:
         if not only or trace in only:
             work += [(trace, p, s) for p in ("fgd", "fgd-reserve") for s in range(42, 42 + args.seeds)]

@@ -674,6 +674,7 @@ class WholeNodeReserve:
         self._table: _HostTable | None = None
         self._fewest = 0  # hosts_at: the fewest GPUs a shape takes
         self._none: tuple[bool, ...] = ()  # hosts_at: a node that hosts no shape
+        self._breakable: dict[tuple[bool, int, int, int], list[int]] = {}  # _scarce: per pod kind
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
         largest = int(cluster.gpu_count.max()) if len(cluster) else 0
@@ -695,6 +696,7 @@ class WholeNodeReserve:
         self._fewest = min((g for g, _, _ in self.shapes), default=0)
         self._none = (False,) * len(self.shapes)
         self._table = None
+        self._breakable = {}
 
     @staticmethod
     def _needs(pod: PodRequest, shape: tuple[int, int, int]) -> bool:
@@ -753,24 +755,45 @@ class WholeNodeReserve:
 
     def _scarce(self, table: _HostTable, pod: PodRequest) -> list[int]:
         """The shapes ``pod`` may break: those of more whole GPUs than it asks (with ``by_need``: those
-        it does not need, ``_needs``) with hosts left, but at most ``keep_for`` of them (``keep_for``
-        inline; it is at least ``keep``: only an adaptive keep can be above)."""
-        keep, counts, shapes = self.keep, table.counts, self.shapes
-        whole = 0 if pod.is_share else pod.gpu_count  # a pod of as many whole GPUs as a shape: its own
-        if self.by_need and whole:
-            mine = [not self._needs(pod, shape) for shape in shapes]
-        else:
-            mine = [whole < shape[0] for shape in shapes]
+        it does not need, ``_needs``) with hosts left, but at most ``keep_for`` of them. ``keep_for`` is
+        inline, as the same float expression (``_share`` too); ``count <= ceil(x)`` is ``count - 1 < x``
+        for an int ``count``; it is at least ``keep``: only an adaptive keep can be above.
+        """
+        keep, counts = self.keep, table.counts
         if not self.adaptive:
-            return [k for k, count in enumerate(counts) if 0 < count <= keep and mine[k]]
-        free, horizon, share = table.free_milli, self.horizon, self._share
-        return [
-            k
-            for k, count in enumerate(counts)
-            if count
-            and mine[k]
-            and (count <= keep or count <= math.ceil(horizon * share(k) * free / (shapes[k][0] * MILLI)))
-        ]
+            return [k for k in self._may_break(pod) if 0 < counts[k] <= keep]
+        out: list[int] = []
+        free, horizon, shapes = table.free_milli, self.horizon, self.shapes
+        seen, prior, weight, total = self.seen, self.prior, self.prior_milli, self.seen_total
+        for k in self._may_break(pod):
+            count = counts[k]
+            if not count:
+                continue
+            if count > keep:
+                if weight:
+                    share = (seen[k] + prior[k] * weight) / (total + weight)
+                else:
+                    share = seen[k] / total if total else prior[k]
+                if not count - 1 < horizon * share * free / (shapes[k][0] * MILLI):
+                    continue
+            out.append(k)
+        return out
+
+    def _may_break(self, pod: PodRequest) -> list[int]:
+        """The shapes a pod of this kind may break at all, worked out once per kind (whole GPUs, and
+        with ``by_need`` its CPU and memory): a pod of as many whole GPUs as a shape breaks none of it,
+        with ``by_need`` none it needs."""
+        whole = 0 if pod.is_share else pod.gpu_count
+        need = self.by_need and whole > 0
+        key = (need, whole, pod.cpu_milli, pod.memory_mib) if need else (False, whole, 0, 0)
+        out = self._breakable.get(key)
+        if out is None:
+            if need:
+                out = [k for k, shape in enumerate(self.shapes) if not self._needs(pod, shape)]
+            else:
+                out = [k for k, shape in enumerate(self.shapes) if whole < shape[0]]
+            self._breakable[key] = out
+        return out
 
     def scarce_breaks(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
         """``penalty``, or None where it is 0 on every node of ``idx``.
@@ -785,39 +808,49 @@ class WholeNodeReserve:
             table = self._table = _HostTable(self, cluster)
         else:
             table.refresh(self)
-        out: np.ndarray | None = None
+        scarce = self._scarce(table, pod)
+        if not scarce:
+            return None
         take = 1 if pod.is_share else pod.gpu_count
-        for k in self._scarce(table, pod):
-            gpus, cpu, memory = self.shapes[k]
-            where = table.hosts[k].take(idx).nonzero()[0]
-            if not where.size:
-                continue
-            if len(where) <= FEW_HOSTS:  # the few scarce hosts among idx, in Python
-                cpu_after, memory_after = pod.cpu_milli, pod.memory_mib
-                full, cpu_free, memory_free = cluster.gpu_full_free, cluster.cpu_free, cluster.mem_free
-                for p in where.tolist():
-                    i = idx.item(p)
-                    if not (
-                        full.item(i) - take >= gpus
-                        and cpu_free.item(i) - cpu_after >= cpu
-                        and memory_free.item(i) - memory_after >= memory
-                    ):
-                        if out is None:
-                            out = np.zeros(len(idx))
-                        out[p] += 1
-                continue
-            nodes = idx[where]
-            after = (
-                (cluster.gpu_full_free[nodes] - take >= gpus)
-                & (cluster.cpu_free[nodes] - pod.cpu_milli >= cpu)
-                & (cluster.mem_free[nodes] - pod.memory_mib >= memory)
-            )
-            broken = where[~after]
-            if broken.size:
-                if out is None:
-                    out = np.zeros(len(idx))
-                out[broken] += 1
-        return out
+        if len(scarce) == 1:  # the usual case: one row
+            rows, where = None, table.hosts[scarce[0]].take(idx).nonzero()[0]
+        else:
+            rows, where = table.hosts[scarce].take(idx, axis=1).nonzero()
+        if not where.size:
+            return None
+        shape_of = self.shapes
+        if where.size <= FEW_HOSTS:  # the few scarce hosts among idx, in Python
+            out: np.ndarray | None = None
+            cpu_after, memory_after = pod.cpu_milli, pod.memory_mib
+            full, cpu_free, memory_free = cluster.gpu_full_free, cluster.cpu_free, cluster.mem_free
+            ks = [scarce[0]] * len(where) if rows is None else [scarce[r] for r in rows.tolist()]
+            for k, p in zip(ks, where.tolist(), strict=True):
+                gpus, cpu, memory = shape_of[k]
+                i = idx.item(p)
+                if not (
+                    full.item(i) - take >= gpus
+                    and cpu_free.item(i) - cpu_after >= cpu
+                    and memory_free.item(i) - memory_after >= memory
+                ):
+                    if out is None:
+                        out = np.zeros(len(idx))
+                    out[p] += 1
+            return out
+        nodes = idx[where]
+        if rows is None:  # one shape: its limits as scalars
+            gpus, cpu, memory = self.shapes[scarce[0]]
+        else:  # per (shape, node) pair
+            limits = self._limits[:, :, 0][np.asarray(scarce)[rows]]
+            gpus, cpu, memory = limits[:, 0], limits[:, 1], limits[:, 2]
+        after = (
+            (cluster.gpu_full_free[nodes] - take >= gpus)
+            & (cluster.cpu_free[nodes] - pod.cpu_milli >= cpu)
+            & (cluster.mem_free[nodes] - pod.memory_mib >= memory)
+        )
+        broken = where[~after]
+        if not broken.size:
+            return None
+        return np.bincount(broken, minlength=len(idx)).astype(np.float64)
 
 
 class _HostTable:
