@@ -101,6 +101,49 @@ def cpu_horizon(factor: float) -> Callable[[], Policy]:
     return make
 
 
+class CpuStep(P.ReserveThenAlign):
+    """``ReserveThenAlign`` whose alignment is in bands of ``cpu_step`` (not exact) while CPU binds."""
+
+    def __init__(self, cpu_step: float, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.cpu_step = cpu_step
+        self.base_step = self.step
+        self.cpu_bound_exact = False  # the step is set per pod below instead
+
+    def _set(self) -> None:
+        self.step = self.cpu_step if self.cpu_bound() else self.base_step
+
+    def _terms(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
+    ) -> tuple[float, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
+        self._set()
+        return super()._terms(pod, cluster, idx)
+
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        self._set()
+        return super().pick_tied(pod, cluster, idx)
+
+
+def cpu_step(step: float) -> Callable[[], Policy]:
+    """The default with the alignment in bands of ``step`` while CPU binds (exact: 0)."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve()
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        policy.tie_break = CpuStep(
+            step,
+            step=tie.step,
+            waste_band=tie.waste_band,
+            balance=P.BALANCE_BAND,
+            cpu_bound_exact=True,
+            reserve=tie.reserve,
+        )
+        return policy
+
+    return make
+
+
 VARIANTS: dict[str, Callable[[], Policy]] = {
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
     "fgd-reserve-13": lambda: P.fgd_reserve(
@@ -128,6 +171,12 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "cpuh3": cpu_horizon(3.0),
     "cpuh4": cpu_horizon(4.0),
     "cpuh6": cpu_horizon(6.0),
+    "cpuh8": cpu_horizon(8.0),
+    "cpuh10": cpu_horizon(10.0),
+    "cpuh16": cpu_horizon(16.0),
+    "cpustep01": cpu_step(0.01),
+    "cpustep002": cpu_step(0.002),
+    "cpustep005": cpu_step(0.05),
     # the live default with the parts of fgd-reserve it leaves out (keep=None: hosts in proportion)
     "topo-adaptive": topology_over(keep=None, adaptive=True, balance=0.2, cpu_bound_exact=True, **BEFORE),
     "topo-balance": topology_over(
