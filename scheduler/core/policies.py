@@ -424,9 +424,11 @@ class AlignmentScore(ScorePlugin):
 
     def _node_states(self, cluster: ClusterState) -> _NodeStates:
         """The node states of ``cluster``, refreshed (numbered afresh, every table dropped, for another
-        cluster or past ``MAX_STATES``)."""
+        cluster or past ``MAX_STATES``). A cluster of another size than the one bound takes this class's
+        own arrays afresh (``AlignmentScore.bind`` only: a subclass's ``bind`` would drop what it derived
+        from the workload, half way through a decision)."""
         if len(self._cpu_inv) != len(cluster):
-            self.bind(cluster, (), random.Random())
+            AlignmentScore.bind(self, cluster, (), random.Random())
         states = self._states
         if states is None or states.cluster is not cluster or len(states.states) > self.MAX_STATES:
             states = self._states = _NodeStates(cluster)
