@@ -28,8 +28,8 @@ from scheduler.core.state import ClusterState  # noqa: E402
 from tests.support.benchscript import bench_module  # noqa: E402
 
 # the reserve's rule before the second change of issue 26 (2026-11-28 night): horizon 1, no prior weight,
-# a pod of as many whole GPUs as a shape breaks none of it
-BEFORE = {"horizon": 1.0, "prior_weight": 0.0, "by_need": False}
+# a pod of as many whole GPUs as a shape breaks none of it (and no horizon of its own while CPU binds)
+BEFORE = {"horizon": 1.0, "prior_weight": 0.0, "by_need": False, "cpu_horizon": None}
 
 
 def exact_align() -> Policy:
@@ -54,51 +54,16 @@ def topology_over(**parts: Any) -> Callable[[], Policy]:
 
 
 def reserve(horizon: float = 1.0, prior_weight: float = 0.0, by_need: bool = False) -> Callable[[], Policy]:
-    """fgd-reserve with these parameters of its whole-node reserve (``WholeNodeReserve``)."""
-    return lambda: P.fgd_reserve(horizon=horizon, prior_weight=prior_weight, by_need=by_need)
+    """fgd-reserve with these parameters of its whole-node reserve (``WholeNodeReserve``) and no horizon
+    of its own while CPU binds (the rule before 2026-11-29)."""
+    return lambda: P.fgd_reserve(
+        horizon=horizon, prior_weight=prior_weight, by_need=by_need, cpu_horizon=None
+    )
 
 
-class CpuHorizon(P.ReserveThenAlign):
-    """``ReserveThenAlign`` whose reserve keeps ``cpu_horizon`` times the expected need while CPU binds
-    (``cpu_bound``), its own horizon otherwise."""
-
-    def __init__(self, cpu_horizon: float, **kwargs: Any) -> None:
-        super().__init__(**kwargs)
-        self.cpu_horizon = cpu_horizon
-        self.base_horizon = self.reserve.horizon
-
-    def _set(self) -> None:
-        self.reserve.horizon = self.cpu_horizon if self.cpu_bound() else self.base_horizon
-
-    def _terms(
-        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
-    ) -> tuple[float, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
-        self._set()
-        return super()._terms(pod, cluster, idx)
-
-    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
-        self._set()
-        return super().pick_tied(pod, cluster, idx)
-
-
-def cpu_horizon(factor: float) -> Callable[[], Policy]:
-    """The default with the reserve's horizon ``factor`` while CPU binds."""
-
-    def make() -> Policy:
-        policy = P.fgd_reserve()
-        tie = policy.tie_break
-        assert isinstance(tie, P.ReserveThenAlign)
-        policy.tie_break = CpuHorizon(
-            factor,
-            step=tie.step,
-            waste_band=tie.waste_band,
-            balance=P.BALANCE_BAND,
-            cpu_bound_exact=True,
-            reserve=tie.reserve,
-        )
-        return policy
-
-    return make
+def cpu_horizon(factor: float | None) -> Callable[[], Policy]:
+    """The default with the reserve's horizon ``factor`` while CPU binds (``RESERVE_CPU_HORIZON``)."""
+    return lambda: P.fgd_reserve(cpu_horizon=factor)
 
 
 class CpuStep(P.ReserveThenAlign):
@@ -128,7 +93,7 @@ def cpu_step(step: float) -> Callable[[], Policy]:
     """The default with the alignment in bands of ``step`` while CPU binds (exact: 0)."""
 
     def make() -> Policy:
-        policy = P.fgd_reserve()
+        policy = P.fgd_reserve(cpu_horizon=None)
         tie = policy.tie_break
         assert isinstance(tie, P.ReserveThenAlign)
         policy.tie_break = CpuStep(
@@ -166,14 +131,15 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "prior30": reserve(prior_weight=0.3),
     "need-horizon2": reserve(horizon=2.0, by_need=True),
     "need-h2-prior10": reserve(horizon=2.0, prior_weight=0.1, by_need=True),
-    "need-h2-prior30": reserve(horizon=2.0, prior_weight=0.3, by_need=True),  # the default since
-    # the default with a longer horizon while CPU binds (measured on t-cpu3, not taken)
+    "need-h2-prior30": reserve(horizon=2.0, prior_weight=0.3, by_need=True),  # the default 2026-11-28/29
+    # the reserve's horizon while CPU binds (t-cpu3, seeds 42-51): 10 taken (RESERVE_CPU_HORIZON, 2026-11-29)
     "cpuh3": cpu_horizon(3.0),
     "cpuh4": cpu_horizon(4.0),
     "cpuh6": cpu_horizon(6.0),
     "cpuh8": cpu_horizon(8.0),
     "cpuh10": cpu_horizon(10.0),
     "cpuh16": cpu_horizon(16.0),
+    # the alignment in bands while CPU binds instead of exact, no CPU horizon (t-cpu3; none taken)
     "cpustep01": cpu_step(0.01),
     "cpustep002": cpu_step(0.002),
     "cpustep005": cpu_step(0.05),

@@ -59,6 +59,7 @@ def walk_keys(seed: int, steps: int, counts: dict[str, int]) -> None:
     reserve = tie_break.reserve  # the adaptive reserve's parts of 2026-11-28 night, sometimes
     reserve.horizon, reserve.prior_weight = rng.choice(((1.0, 0.0), (2.0, 0.3)))
     reserve.by_need = rng.random() < 0.5
+    tie_break.cpu_horizon = rng.choice((None, 10.0))  # the reserve's horizon while CPU binds, sometimes
     tie_break.bind(cluster, workload, random.Random(0))
     for step, pod, _, sub in tied_subsets(cluster, rng, steps, tie_break.observe):
         expected = pick(sub, tie_break.score(pod, cluster, sub), random.Random(0), cluster.tie_rank)[0]

@@ -193,6 +193,7 @@ def walk_policies(seed: int, steps: int, counts: dict[str, int]) -> None:
     reserve = tie_break.reserve  # the adaptive reserve's parts of 2026-11-28 night, sometimes
     reserve.horizon, reserve.prior_weight = rng.choice(((1.0, 0.0), (2.0, 0.3)))
     reserve.by_need = rng.random() < 0.5
+    tie_break.cpu_horizon = rng.choice((None, 10.0))  # the reserve's horizon while CPU binds, sometimes
     policy = Policy(
         "fused",
         ((ShareCompletionScore(110), 1000.0), (FGDScore(step=3, whole_node_typical=False), 1.0)),

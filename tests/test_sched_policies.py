@@ -585,3 +585,55 @@ def test_fgd_reserve_keeps_twice_the_need_weighs_the_workload_and_reserves_by_ne
     live = make_policy("topology").tie_break  # the live default keeps its rule
     assert isinstance(live, ReserveThenAlign)
     assert (live.reserve.horizon, live.reserve.prior_weight, live.reserve.by_need) == (1.0, 0.0, False)
+
+
+def test_reserve_keeps_more_hosts_with_a_longer_horizon_given_for_one_decision() -> None:
+    """``scarce_breaks(..., horizon)``: the horizon given for this decision replaces the reserve's own.
+    8% of the 80,000 GPU milli asked need a host: with the own horizon (1) the keep is 1 node, with 10
+    it is 8, so 8 hosts left are scarce and 9 are not."""
+    from scheduler.core.policies import WholeNodeReserve
+
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    for hosts_left, scarce in ((8, True), (9, False)):
+        cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(10)])  # 80,000 milli
+        for i in range(10 - hosts_left):
+            use(cluster, f"n{i}", f"p{i}", cpu=40_000)  # CPU taken: no longer a host of "big"
+        reserve = WholeNodeReserve(keep=1, adaptive=True)
+        reserve.bind(cluster, [big] + [one] * 92)  # prior: 8% of the GPUs asked need a host
+        idx = cluster.all_indices
+        assert reserve.scarce_breaks(one, cluster, idx) is None  # own horizon: keep 1
+        ten = reserve.scarce_breaks(one, cluster, idx, 10.0)
+        if scarce:
+            assert ten is not None and ten.tolist() == [0.0] * (10 - hosts_left) + [1.0] * hosts_left
+        else:
+            assert ten is None
+        assert reserve.horizon == 1.0  # the reserve's own is untouched
+
+
+def test_the_cpu_horizon_applies_only_while_cpu_binds() -> None:
+    """``ReserveThenAlign(cpu_horizon=...)``: the reserve's horizon for a decision is ``cpu_horizon``
+    while the arrivals' CPU is the larger share of capacity, the reserve's own otherwise; with
+    ``cpu_bound_exact`` the step is 0 then, without it the step stays."""
+    from scheduler.core.policies import ReserveThenAlign
+
+    cluster = ClusterState([NodeState("n", 64_000, 512_000, [GpuState(j, f"g{j}", "A") for j in range(8)])])
+    for exact in (True, False):
+        tie = ReserveThenAlign(0.2, cpu_bound_exact=exact, cpu_horizon=10.0)
+        tie.bind(cluster, [PodRequest("g", cpu_milli=1000, gpu_count=4)], random.Random(0))
+        assert tie._step_and_horizon() == (0.2, None)  # GPU-heavy workload: own horizon, bands
+        for _ in range(2):
+            tie.observe(PodRequest("c", cpu_milli=4000))  # 12.5% of the CPU, no GPU: CPU binds
+        assert tie._step_and_horizon() == ((0.0 if exact else 0.2), 10.0)
+    plain = ReserveThenAlign(0.2, cpu_bound_exact=True)  # no cpu_horizon: the reserve's own always
+    plain.bind(cluster, [PodRequest("c", cpu_milli=60_000)], random.Random(0))
+    assert plain._step_and_horizon() == (0.0, None)
+
+
+def test_fgd_reserve_takes_the_cpu_horizon_and_topology_does_not() -> None:
+    from scheduler.core.policies import RESERVE_CPU_HORIZON, ReserveThenAlign, fgd_reserve
+
+    tie = fgd_reserve().tie_break
+    assert isinstance(tie, ReserveThenAlign) and tie.cpu_horizon == RESERVE_CPU_HORIZON == 10.0
+    live = make_policy("topology").tie_break
+    assert isinstance(live, ReserveThenAlign) and live.cpu_horizon is None

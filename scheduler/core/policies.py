@@ -755,17 +755,20 @@ class WholeNodeReserve:
         out = self.scarce_breaks(pod, cluster, idx)
         return np.zeros(len(idx)) if out is None else out
 
-    def _scarce(self, table: _HostTable, pod: PodRequest) -> list[int]:
+    def _scarce(self, table: _HostTable, pod: PodRequest, horizon: float | None = None) -> list[int]:
         """The shapes ``pod`` may break: those of more whole GPUs than it asks (with ``by_need``: those
         it does not need, ``_needs``) with hosts left, but at most ``keep_for`` of them. ``keep_for`` is
         inline, as the same float expression (``_share`` too); ``count <= ceil(x)`` is ``count - 1 < x``
-        for an int ``count``; it is at least ``keep``: only an adaptive keep can be above.
+        for an int ``count``; it is at least ``keep``: only an adaptive keep can be above. ``horizon``:
+        this one instead of the reserve's own.
         """
         keep, counts = self.keep, table.counts
         if not self.adaptive:
             return [k for k in self._may_break(pod) if 0 < counts[k] <= keep]
         out: list[int] = []
-        free, horizon, shapes = table.free_milli, self.horizon, self.shapes
+        free, shapes = table.free_milli, self.shapes
+        if horizon is None:
+            horizon = self.horizon
         seen, prior, weight, total = self.seen, self.prior, self.prior_milli, self.seen_total
         for k in self._may_break(pod):
             count = counts[k]
@@ -797,8 +800,11 @@ class WholeNodeReserve:
             self._breakable[key] = out
         return out
 
-    def scarce_breaks(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
-        """``penalty``, or None where it is 0 on every node of ``idx``.
+    def scarce_breaks(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, horizon: float | None = None
+    ) -> np.ndarray | None:
+        """``penalty``, or None where it is 0 on every node of ``idx``; ``horizon``: this one instead of
+        the reserve's own (the tie-breaker's while CPU binds).
 
         The hosts of each shape are kept per node version (``_HostTable``), so a pod costs a look at
         the counts, and at the few hosts of a shape that is down to its last ``keep_for`` ones.
@@ -810,7 +816,7 @@ class WholeNodeReserve:
             table = self._table = _HostTable(self, cluster)
         else:
             table.refresh(self)
-        scarce = self._scarce(table, pod)
+        scarce = self._scarce(table, pod, horizon)
         if not scarce:
             return None
         take = 1 if pod.is_share else pod.gpu_count
@@ -1120,7 +1126,9 @@ class ReserveThenAlign(AlignmentScore):
     of ``waste_band`` milli, then the request/free alignment in bands of ``step`` (within a band the
     node order decides). ``cpu_bound_exact``: while the CPU asked by the pods arrived so far (before
     the first, the workload) is a larger share of the cluster's CPU than their GPU of its GPUs (CPU
-    would run out first), the alignment is not banded (exact to 6 decimals)."""
+    would run out first), the alignment is not banded (exact to 6 decimals). ``cpu_horizon``: while so
+    (whatever ``cpu_bound_exact``), the reserve keeps ``cpu_horizon`` times the expected need instead of
+    its own ``horizon`` (None: its own always)."""
 
     name = "reserve-align"
     WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
@@ -1136,6 +1144,7 @@ class ReserveThenAlign(AlignmentScore):
         balance: float = 0.0,
         cpu_bound_exact: bool = False,
         reserve: WholeNodeReserve | None = None,
+        cpu_horizon: float | None = None,
     ) -> None:
         super().__init__(step=step)
         self.reserve = reserve if reserve is not None else WholeNodeReserve(keep, adaptive)
@@ -1147,6 +1156,7 @@ class ReserveThenAlign(AlignmentScore):
         self._remainders_of: tuple[list[int] | None, dict[tuple[tuple[int, ...], int], int]] = (None, {})
         self.balance = ModelBalance(balance) if balance > 0 else None
         self.cpu_bound_exact = cpu_bound_exact
+        self.cpu_horizon = cpu_horizon
         self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
         self.asked = [0, 0]  # CPU milli and GPU milli of the pods arrived so far
         self.prior = (0, 0)  # the same of the workload
@@ -1185,15 +1195,23 @@ class ReserveThenAlign(AlignmentScore):
     ) -> tuple[float, np.ndarray | None, np.ndarray | None, np.ndarray | None]:
         """The alignment's step for this pod, and the share remainders, the reserve's penalty and the
         model balance on the nodes of ``idx`` (None: 0 everywhere, or not asked)."""
-        step = self._step()
+        step, horizon = self._step_and_horizon()
         waste = self._remainders(pod, cluster, idx)
-        penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
+        penalty = self.reserve.scarce_breaks(pod, cluster, idx, horizon)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
         return step, waste, penalty, balance
 
     def _step(self) -> float:
         """The alignment's step for the next pod: 0 (exact) while CPU-bound with ``cpu_bound_exact``."""
-        return 0.0 if self.cpu_bound_exact and self.step and self.cpu_bound() else self.step
+        return self._step_and_horizon()[0]
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        """The alignment's step for the next pod (``_step``) and the reserve's horizon (None: its own):
+        ``cpu_horizon`` while CPU-bound."""
+        exact, horizon = self.cpu_bound_exact and self.step, self.cpu_horizon
+        if not (exact or horizon) or not self.cpu_bound():
+            return self.step, None
+        return (0.0 if exact else self.step), horizon
 
     def _waste_list(self) -> list[int]:
         """``waste`` as a list (made afresh when ``waste`` is another table, as ``least_mapped`` would
@@ -1245,8 +1263,8 @@ class ReserveThenAlign(AlignmentScore):
         if cluster.tie_rank is None:
             return None
         states = self._follow(cluster)  # node states and the reserve's hosts in one pass over the changes
-        step = 0.0 if self.cpu_bound_exact and self.step and self.cpu_bound() else self.step  # _step
-        penalty = self.reserve.scarce_breaks(pod, cluster, idx)  # None: 0 everywhere
+        step, horizon = self._step_and_horizon()
+        penalty = self.reserve.scarce_breaks(pod, cluster, idx, horizon)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
         if balance is None:
             keys = self._fused_keys(pod, cluster, idx, step, penalty, states)
@@ -1460,6 +1478,7 @@ WASTE_BAND = 10  # fgd-reserve: unfillable share remainders in bands of this man
 BALANCE_BAND = 0.2  # fgd-reserve: model balance (free share of a model's GPUs) in bands of this
 RESERVE_HORIZON = 2.0  # fgd-reserve: the adaptive reserve keeps this many times the expected need
 RESERVE_PRIOR = 0.3  # fgd-reserve: the workload's shape shares count as this share of capacity arrived
+RESERVE_CPU_HORIZON = 10.0  # fgd-reserve: the reserve's horizon while CPU binds
 
 
 def fgd_reserve(
@@ -1470,6 +1489,7 @@ def fgd_reserve(
     horizon: float = RESERVE_HORIZON,
     prior_weight: float = RESERVE_PRIOR,
     by_need: bool = True,
+    cpu_horizon: float | None = RESERVE_CPU_HORIZON,
 ) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
     bands; ties to the models restricted pods need least (``ModelBalance``), then to the nodes that keep
@@ -1483,7 +1503,8 @@ def fgd_reserve(
     whole-node pods seen so far need more of the free GPUs (``WholeNodeReserve``); ``balance``: the
     model balance's band (0: off); ``cpu_bound_exact``: see ``ReserveThenAlign``; ``horizon``,
     ``prior_weight``, ``by_need``: see ``WholeNodeReserve`` (1.0, 0.0, False: the rule before
-    2026-11-28 night). docs/simulator.md explains each part.
+    2026-11-28 night); ``cpu_horizon``: see ``ReserveThenAlign`` (None: the rule before 2026-11-29).
+    docs/simulator.md explains each part.
     """
     return Policy(
         "fgd-reserve",
@@ -1499,6 +1520,7 @@ def fgd_reserve(
             balance=balance,
             cpu_bound_exact=cpu_bound_exact,
             reserve=WholeNodeReserve(keep, adaptive, horizon, prior_weight, by_need),
+            cpu_horizon=cpu_horizon,
         ),
     )
 
@@ -1643,6 +1665,7 @@ def topology_policy() -> Policy:
         horizon=1.0,
         prior_weight=0.0,
         by_need=False,
+        cpu_horizon=None,
     )
     return Policy(
         "topology",
