@@ -13,7 +13,9 @@ import numpy as np
 import pytest
 
 from scheduler.core import ClusterState, PodRequest
+from scheduler.core.filters import run_filters
 from scheduler.core.request import MILLI
+from scheduler.core.state import Allocation, GpuGrant
 from scheduler.sim.bound import (
     Closers,
     allocation_bound,
@@ -316,3 +318,32 @@ def test_forced_pods_are_placed_by_every_online_placement_of_tiny_clusters() -> 
         forced_total += len(must)
         placed_total += sum(1 for i in placed if order[i].gpu_count)
     assert forced_total >= 0.9 * placed_total  # 921 of 969 when written
+
+
+@pytest.mark.parametrize("resource", ["cpu_milli", "memory_mib"])
+def test_a_negative_request_forces_nothing(tmp_path: Path, resource: str) -> None:
+    """A trace may give a pod a negative CPU or memory request (the loader takes any integer, and the
+    simulator books it: the node's free amount grows). A later pod larger than the node then fits it,
+    although it cannot run on the node empty, so it closes a host the rule counts it off: here the
+    whole GPU of the only node, and the third pod is refused although the rule called it forced."""
+    nodes = [NodeSpec("n", 4000, 4000, 1, "A")]
+    big = {"cpu_milli": 8000, "memory_mib": 8000}[resource]
+    rows = {"cpu_milli": ("-4000,0", f"{big},0"), "memory_mib": ("0,-4000", f"0,{big}")}[resource]
+    trace = tmp_path / "pods.csv"
+    trace.write_text(
+        f"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,{rows[0]},0,0\nb,{rows[1]},1,1000\np,100,100,1,1000\n"
+    )
+    order = load_pods(trace)
+    cluster = ClusterState(n.state() for n in nodes)
+    refused = []
+    for pod in order:  # the only placement there is: every pod on the only node, if it fits
+        idx, _ = run_filters(pod, cluster, explain=False)
+        if not len(idx):
+            refused.append(pod.name)
+            continue
+        gpus = (GpuGrant(0, "n-gpu0"),) if pod.gpu_count else ()
+        cluster.assume(
+            Allocation("n", pod.uid, cpu_milli=pod.cpu_milli, memory_mib=pod.memory_mib, gpus=gpus)
+        )
+    assert refused == ["p"]
+    assert 2 not in forced_pods(nodes, order)
