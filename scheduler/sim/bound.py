@@ -473,7 +473,13 @@ def forced_pods(nodes: Sequence[NodeSpec], order: Sequence[PodRequest]) -> list[
     position where no weights exist; from one certificate the check runs on along the order as long
     as it holds, and a new LP is solved only where it stops. Only pods that nothing but their
     resources restricts (``_only_resources``) are counted as forced; every pod counts as one that may
-    close hosts."""
+    close hosts.
+
+    With a negative CPU or memory request anywhere in ``order`` (a trace may have one; the simulator
+    books it, and the node's free amount grows) nothing is forced: a pod larger than a node may then
+    run on it, so "where it could run on an empty node" no longer bounds where an earlier pod sits."""
+    if any(p.cpu_milli < 0 or p.memory_mib < 0 for p in order):
+        return []
     kind_count: Counter[tuple[int, int, int, str]] = Counter(
         (n.cpu_milli, n.memory_mib, n.gpus, n.model) for n in nodes
     )
