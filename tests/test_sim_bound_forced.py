@@ -347,3 +347,22 @@ def test_a_negative_request_forces_nothing(tmp_path: Path, resource: str) -> Non
         )
     assert refused == ["p"]
     assert 2 not in forced_pods(nodes, order)
+
+
+def test_a_pod_asking_memory_in_bytes_closes_a_host_beyond_its_mib() -> None:
+    """A pod whose ``resources`` name memory (bytes) is checked by that alone, not by its MiB figure,
+    which still counts against the node's MiB: one asking 8000 MiB (and 1 MiB in bytes) runs on a node
+    of 4000 MiB and leaves no memory for a later pod. Counting it off that node (it asks more MiB than
+    the node has) would call the later pod forced; a later pod of the same shape without the bytes
+    must not hide it either."""
+    nodes = [NodeSpec("n", 4000, 4000, 1, "A")]
+    exact = PodRequest("a", uid="a", cpu_milli=100, memory_mib=8000, resources=(("memory", 1 << 20),))
+    plain = PodRequest("b", uid="b", cpu_milli=100, memory_mib=8000)
+    p = PodRequest("p", uid="p", cpu_milli=100, memory_mib=100, gpu_count=1)
+    cluster = ClusterState(n.state() for n in nodes)
+    assert len(run_filters(exact, cluster, explain=False)[0]) == 1
+    cluster.assume(Allocation("n", "a", cpu_milli=100, memory_mib=8000, resources=exact.resources))
+    assert len(run_filters(p, cluster, explain=False)[0]) == 0
+    assert forced_pods(nodes, [exact, p]) == []
+    assert forced_pods(nodes, [plain, exact, p]) == []
+    assert forced_pods(nodes, [plain, p]) == [1]  # without the bytes it cannot run there: p is placed
