@@ -42,7 +42,7 @@ import math
 import time
 from collections import Counter
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -314,6 +314,13 @@ def _can_host(node: NodeSpec, pod: PodRequest) -> bool:
     return not pod.gpu_models or node.model in pod.gpu_models
 
 
+def _runs_on(node: NodeSpec, pod: PodRequest) -> bool:
+    """Whether ``pod`` may run on ``node`` when it is empty, as a pod that may close it: as
+    ``_can_host``, but a pod asking memory in bytes (``PodRequest.exact_memory``) is not held to its MiB
+    figure (the simulator checks the bytes alone, and the MiB still count against the node's)."""
+    return _can_host(node, replace(pod, memory_mib=0) if pod.exact_memory else pod)
+
+
 def _only_resources(pod: PodRequest) -> bool:
     """Whether nothing but CPU, memory and GPUs decides where ``pod`` may go (no selector, toleration,
     topology wish, GPU memory, enforced share, other resource, host port, RDMA or placement rule)."""
@@ -330,14 +337,23 @@ def _only_resources(pod: PodRequest) -> bool:
     )
 
 
-ShapeKey = tuple[int, int, int, int, bool, frozenset[str]]
+ShapeKey = tuple[int, int, int, int, bool, frozenset[str], bool]
 PROOF_MARGIN = 1e-9  # relative: a certificate must beat the nodes to close by this much (float sums)
 LP_MARGIN = 1e-6  # the split LP must come out below 1 by this much for its weights to be tried
 
 
 def _shape_key(pod: PodRequest) -> ShapeKey:
-    """What decides how much ``pod`` takes of a node and where it may run (CPU, memory, GPUs, models)."""
-    return (pod.cpu_milli, pod.memory_mib, pod.gpu_count, pod.gpu_milli, pod.is_share, pod.gpu_models)
+    """What decides how much ``pod`` takes of a node and where it may run (CPU, memory, GPUs, models,
+    and whether its memory is checked in bytes instead of MiB: ``_runs_on``)."""
+    return (
+        pod.cpu_milli,
+        pod.memory_mib,
+        pod.gpu_count,
+        pod.gpu_milli,
+        pod.is_share,
+        pod.gpu_models,
+        pod.exact_memory,
+    )
 
 
 def _gpu_milli_per_gpu(pod: PodRequest) -> int:
@@ -364,7 +380,7 @@ class Closers:
     memory: np.ndarray
     touched: np.ndarray  # GPUs the shape's pod touches (0 CPU-only, 1 a share)
     milli: np.ndarray  # milli per touched GPU
-    runs_on: np.ndarray  # [shape, kind]: can an empty node of the kind take it
+    runs_on: np.ndarray  # [shape, kind]: can an empty node of the kind take it (``_runs_on``)
     cpu_unit: int
     memory_unit: int
     milli_unit: int
@@ -377,7 +393,7 @@ class Closers:
             memory=np.array([p.memory_mib for p in shapes], dtype=np.int64),
             touched=np.array([0 if not p.gpu_count else 1 if p.is_share else p.gpu_count for p in shapes]),
             milli=np.array(milli, dtype=np.int64),
-            runs_on=np.array([[_can_host(n, p) for n in kinds] for p in shapes], dtype=bool).reshape(
+            runs_on=np.array([[_runs_on(n, p) for n in kinds] for p in shapes], dtype=bool).reshape(
                 len(shapes), len(kinds)
             ),
             cpu_unit=math.gcd(*(p.cpu_milli for p in shapes)),
@@ -473,7 +489,13 @@ def forced_pods(nodes: Sequence[NodeSpec], order: Sequence[PodRequest]) -> list[
     position where no weights exist; from one certificate the check runs on along the order as long
     as it holds, and a new LP is solved only where it stops. Only pods that nothing but their
     resources restricts (``_only_resources``) are counted as forced; every pod counts as one that may
-    close hosts."""
+    close hosts.
+
+    With a negative CPU or memory request anywhere in ``order`` (a trace may have one; the simulator
+    books it, and the node's free amount grows) nothing is forced: a pod larger than a node may then
+    run on it, so "where it could run on an empty node" no longer bounds where an earlier pod sits."""
+    if any(p.cpu_milli < 0 or p.memory_mib < 0 for p in order):
+        return []
     kind_count: Counter[tuple[int, int, int, str]] = Counter(
         (n.cpu_milli, n.memory_mib, n.gpus, n.model) for n in nodes
     )
