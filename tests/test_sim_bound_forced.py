@@ -25,7 +25,7 @@ from scheduler.sim.bound import (
     split_certificate,
 )
 from scheduler.sim.protocol import arrivals, run_once
-from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, NodeSpec, load_nodes, load_pods
+from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, NodeSpec, TraceError, load_nodes, load_pods
 
 
 def share(name: str, milli: int, cpu: int = 1000) -> PodRequest:
@@ -323,10 +323,11 @@ def test_forced_pods_are_placed_by_every_online_placement_of_tiny_clusters() -> 
 
 @pytest.mark.parametrize("resource", ["cpu_milli", "memory_mib"])
 def test_a_negative_request_forces_nothing(tmp_path: Path, resource: str) -> None:
-    """A trace may give a pod a negative CPU or memory request (the loader takes any integer, and the
-    simulator books it: the node's free amount grows). A later pod larger than the node then fits it,
-    although it cannot run on the node empty, so it closes a host the rule counts it off: here the
-    whole GPU of the only node, and the third pod is refused although the rule called it forced."""
+    """A pod with a negative CPU or memory request (the trace loader refuses one since 2026-11-29, but
+    a PodRequest can still be made so, and the simulator books it: the node's free amount grows). A
+    later pod larger than the node then fits it, although it cannot run on the node empty, so it closes
+    a host the rule counts it off: here the whole GPU of the only node, and the third pod is refused
+    although the rule called it forced."""
     nodes = [NodeSpec("n", 4000, 4000, 1, "A")]
     big = {"cpu_milli": 8000, "memory_mib": 8000}[resource]
     rows = {"cpu_milli": ("-4000,0", f"{big},0"), "memory_mib": ("0,-4000", f"0,{big}")}[resource]
@@ -334,7 +335,14 @@ def test_a_negative_request_forces_nothing(tmp_path: Path, resource: str) -> Non
     trace.write_text(
         f"name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,{rows[0]},0,0\nb,{rows[1]},1,1000\np,100,100,1,1000\n"
     )
-    order = load_pods(trace)
+    with pytest.raises(TraceError, match=f"column {resource}: below 0"):
+        load_pods(trace)
+    negative, larger = {"cpu_milli": (-4000, 0), "memory_mib": (0, -4000)}[resource], {resource: big}
+    order = [
+        PodRequest("a", cpu_milli=negative[0], memory_mib=negative[1]),
+        PodRequest("b", gpu_count=1, gpu_milli=1000, **larger),
+        PodRequest("p", cpu_milli=100, memory_mib=100, gpu_count=1, gpu_milli=1000),
+    ]
     cluster = ClusterState(n.state() for n in nodes)
     refused = []
     for pod in order:  # the only placement there is: every pod on the only node, if it fits

@@ -217,3 +217,32 @@ def test_cli_json_has_null_for_points_a_run_never_reaches(capsys: pytest.Capture
     doc = json.loads(out)
     assert doc["mean_alloc_pct_at_130"] is None and doc["runs"][0]["alloc_pct_at_130"] is None
     assert isinstance(doc["mean_alloc_pct_at_100"], float)
+
+
+@pytest.mark.parametrize(
+    ("row", "column", "why"),
+    [
+        ("a,-4000,100,1,1000", "cpu_milli", "below 0"),
+        ("a,1000,-1,1,1000", "memory_mib", "below 0"),
+        ("a,1000,100,-1,1000", "num_gpu", "below 0"),
+        ("a,inf,100,1,1000", "cpu_milli", "not a number"),
+        ("a,1000,nan,1,1000", "memory_mib", "not a number"),
+    ],
+)
+def test_a_pod_asking_below_nothing_or_no_number_is_refused_by_row(
+    tmp_path: Path, row: str, column: str, why: str
+) -> None:
+    """A negative request would add capacity to the node the pod runs on (and make the LP bound and the
+    forced pods wrong); an infinite one raised OverflowError out of the loader."""
+    path = write(tmp_path / "p.csv", f"name,cpu_milli,memory_mib,num_gpu,gpu_milli\nok,1,1,0,0\n{row}")
+    with pytest.raises(TraceError, match=rf"p.csv:3: column {column}: {why}"):
+        load_pods(path)
+
+
+def test_a_negative_share_is_still_a_whole_gpu_and_negative_nodes_are_refused(tmp_path: Path) -> None:
+    """gpu_milli out of range means whole GPUs (the FGD converter's rule), below 0 included; a node of
+    negative capacity is refused by row."""
+    pods = load_pods(write(tmp_path / "p.csv", "name,cpu_milli,memory_mib,num_gpu,gpu_milli\na,1,1,1,-5"))
+    assert (pods[0].gpu_count, pods[0].gpu_milli) == (1, 1000)
+    with pytest.raises(TraceError, match=r"n.csv:2: column gpu: below 0"):
+        load_nodes(write(tmp_path / "n.csv", "sn,cpu_milli,memory_mib,gpu,model\nn0,8000,1024,-2,T4"))

@@ -195,12 +195,17 @@ def _rows(path: Path, required: Sequence[str]) -> Iterable[tuple[int, dict[str, 
             raise TraceError(f"{path}:{reader.line_num}: not a CSV trace: {error}") from None
 
 
-def _int(path: Path, line: int, row: dict[str, str], column: str) -> int:
+def _int(path: Path, line: int, row: dict[str, str], column: str, negative: bool = False) -> int:
+    """The column as a whole number (empty: 0); below 0 only with ``negative`` (a negative CPU, memory
+    or GPU count would add capacity to the node a pod runs on). Raises ``TraceError`` naming the row."""
     text = (row.get(column) or "").strip()
     try:
-        return int(float(text)) if text else 0
-    except ValueError:
+        value = int(float(text)) if text else 0
+    except (ValueError, OverflowError):  # "lots", "nan", "inf"
         raise TraceError(f"{path}:{line}: column {column}: not a number: {text!r}") from None
+    if value < 0 and not negative:
+        raise TraceError(f"{path}:{line}: column {column}: below 0: {text!r}")
+    return value
 
 
 def _utilization(path: Path, line: int, row: dict[str, str]) -> float | None:
@@ -367,7 +372,7 @@ def load_workload(path: str | Path) -> Workload:
         names.setdefault(name, []).append(line)
         _gang_of(path, line, row, name, GANG_MIN in fields, gangs)
         count = _int(path, line, row, "num_gpu")
-        milli = _int(path, line, row, "gpu_milli") if count else 0
+        milli = _int(path, line, row, "gpu_milli", negative=True) if count else 0  # out of range: whole
         if count and not 0 < milli < MILLI:
             milli = MILLI  # as the FGD simulator's converter: out-of-range milli means whole GPUs
         if count > 1 and milli < MILLI:
