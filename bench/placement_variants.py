@@ -132,7 +132,8 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "need-horizon2": reserve(horizon=2.0, by_need=True),
     "need-h2-prior10": reserve(horizon=2.0, prior_weight=0.1, by_need=True),
     "need-h2-prior30": reserve(horizon=2.0, prior_weight=0.3, by_need=True),  # the default 2026-11-28/29
-    # the reserve's horizon while CPU binds (t-cpu3, seeds 42-51): 10 taken (RESERVE_CPU_HORIZON, 2026-11-29)
+    # the reserve's horizon while CPU binds (t-cpu3, seeds 42-51): 10 was the default for an hour on
+    # 2026-11-29, then dropped (below FGD at 130% on h2-cpu4-mg20; docs/performance.md)
     "cpuh3": cpu_horizon(3.0),
     "cpuh4": cpu_horizon(4.0),
     "cpuh6": cpu_horizon(6.0),

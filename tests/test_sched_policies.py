@@ -630,10 +630,15 @@ def test_the_cpu_horizon_applies_only_while_cpu_binds() -> None:
     assert plain._step_and_horizon() == (0.0, None)
 
 
-def test_fgd_reserve_takes_the_cpu_horizon_and_topology_does_not() -> None:
+def test_fgd_reserve_passes_a_cpu_horizon_and_neither_default_takes_one() -> None:
+    """``RESERVE_CPU_HORIZON`` is off (10 put the default below FGD on a CPU-heavy multigpu20 mix);
+    ``fgd_reserve(cpu_horizon=...)`` passes one to its tie-breaker."""
     from scheduler.core.policies import RESERVE_CPU_HORIZON, ReserveThenAlign, fgd_reserve
 
+    assert RESERVE_CPU_HORIZON is None
     tie = fgd_reserve().tie_break
-    assert isinstance(tie, ReserveThenAlign) and tie.cpu_horizon == RESERVE_CPU_HORIZON == 10.0
+    assert isinstance(tie, ReserveThenAlign) and tie.cpu_horizon is None
+    tie = fgd_reserve(cpu_horizon=10.0).tie_break
+    assert isinstance(tie, ReserveThenAlign) and tie.cpu_horizon == 10.0
     live = make_policy("topology").tie_break
     assert isinstance(live, ReserveThenAlign) and live.cpu_horizon is None

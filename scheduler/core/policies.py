@@ -1478,7 +1478,9 @@ WASTE_BAND = 10  # fgd-reserve: unfillable share remainders in bands of this man
 BALANCE_BAND = 0.2  # fgd-reserve: model balance (free share of a model's GPUs) in bands of this
 RESERVE_HORIZON = 2.0  # fgd-reserve: the adaptive reserve keeps this many times the expected need
 RESERVE_PRIOR = 0.3  # fgd-reserve: the workload's shape shares count as this share of capacity arrived
-RESERVE_CPU_HORIZON = 10.0  # fgd-reserve: the reserve's horizon while CPU binds
+# fgd-reserve: the reserve's horizon while CPU binds (None: its own). 10 removed the t-cpu3 dip (tuning) but
+# put the default below FGD at 130% on h2-cpu4-mg20 (a CPU-heavy multigpu20 mix), so it is off
+RESERVE_CPU_HORIZON: float | None = None
 
 
 def fgd_reserve(
@@ -1503,7 +1505,7 @@ def fgd_reserve(
     whole-node pods seen so far need more of the free GPUs (``WholeNodeReserve``); ``balance``: the
     model balance's band (0: off); ``cpu_bound_exact``: see ``ReserveThenAlign``; ``horizon``,
     ``prior_weight``, ``by_need``: see ``WholeNodeReserve`` (1.0, 0.0, False: the rule before
-    2026-11-28 night); ``cpu_horizon``: see ``ReserveThenAlign`` (None: the rule before 2026-11-29).
+    2026-11-28 night); ``cpu_horizon``: see ``ReserveThenAlign`` (None, ``RESERVE_CPU_HORIZON``: off).
     docs/simulator.md explains each part.
     """
     return Policy(
