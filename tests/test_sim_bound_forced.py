@@ -266,6 +266,35 @@ def always_placed(nodes: list[NodeSpec], order: list[PodRequest]) -> set[int]:
     return set(range(len(order))) - refused
 
 
+def sorted_pod(
+    sort: str,
+    i: int,
+    cpu: int,
+    memory: int,
+    models: frozenset[str],
+    milli: int = 0,
+    count: int = 1,
+    by_memory: int = 0,
+) -> PodRequest:
+    """Pod ``i`` of one sort for the random clusters: ``c`` CPU only, ``s`` a share of ``milli`` (or of
+    ``by_memory`` MiB of GPU memory), ``w`` ``count`` whole GPUs."""
+    name = f"{sort}{i}"
+    if sort == "c":
+        return PodRequest(name, uid=name, cpu_milli=cpu, memory_mib=memory)
+    if sort == "s":
+        return PodRequest(
+            name,
+            uid=name,
+            cpu_milli=cpu,
+            memory_mib=memory,
+            gpu_count=1,
+            gpu_milli=milli,
+            gpu_memory_mib=by_memory,
+            gpu_models=models,
+        )
+    return PodRequest(name, uid=name, cpu_milli=cpu, memory_mib=memory, gpu_count=count, gpu_models=models)
+
+
 def tiny_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
     """Two to four small nodes of up to three kinds and up to seven pods of every sort."""
     kinds = [(rng.choice([4000, 8000]), rng.choice([4000, 8000]), rng.choice([1, 2, 4]), m) for m in "ABC"]
@@ -276,27 +305,11 @@ def tiny_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
         kind = rng.random()
         models = frozenset(rng.sample("ABC", rng.randint(1, 2))) if rng.random() < 0.3 else frozenset()
         if kind < 0.15:
-            pods.append(PodRequest(f"c{i}", uid=f"c{i}", cpu_milli=cpu or 500, memory_mib=memory))
+            pods.append(sorted_pod("c", i, cpu or 500, memory, models))
         elif kind < 0.55:
-            milli = rng.choice([200, 300, 500, 700, 810])
-            pods.append(
-                PodRequest(
-                    f"s{i}",
-                    uid=f"s{i}",
-                    cpu_milli=cpu,
-                    memory_mib=memory,
-                    gpu_count=1,
-                    gpu_milli=milli,
-                    gpu_models=models,
-                )
-            )
+            pods.append(sorted_pod("s", i, cpu, memory, models, milli=rng.choice([200, 300, 500, 700, 810])))
         else:
-            count = rng.choice([1, 1, 2, 4])
-            pods.append(
-                PodRequest(
-                    f"w{i}", uid=f"w{i}", cpu_milli=cpu, memory_mib=memory, gpu_count=count, gpu_models=models
-                )
-            )
+            pods.append(sorted_pod("w", i, cpu, memory, models, count=rng.choice([1, 1, 2, 4])))
     return nodes, pods
 
 
@@ -393,28 +406,12 @@ def edge_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
         )
         kind = rng.random()
         if kind < 0.3:
-            pods.append(PodRequest(f"c{i}", uid=f"c{i}", cpu_milli=cpu, memory_mib=memory))
+            pods.append(sorted_pod("c", i, cpu, memory, frozenset()))
         elif kind < 0.6:
             milli, by_memory = rng.choice([(1, 0), (500, 0), (999, 0), (0, 2000)])
-            pods.append(
-                PodRequest(
-                    f"s{i}",
-                    uid=f"s{i}",
-                    cpu_milli=cpu,
-                    memory_mib=memory,
-                    gpu_count=1,
-                    gpu_milli=milli,
-                    gpu_memory_mib=by_memory,
-                    gpu_models=models,
-                )
-            )
+            pods.append(sorted_pod("s", i, cpu, memory, models, milli=milli, by_memory=by_memory))
         else:
-            count = rng.choice([1, 2, 3])
-            pods.append(
-                PodRequest(
-                    f"w{i}", uid=f"w{i}", cpu_milli=cpu, memory_mib=memory, gpu_count=count, gpu_models=models
-                )
-            )
+            pods.append(sorted_pod("w", i, cpu, memory, models, count=rng.choice([1, 2, 3])))
     return nodes, pods
 
 
