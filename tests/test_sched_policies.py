@@ -510,12 +510,18 @@ def test_share_completion_sends_a_share_where_it_completes_a_gpu() -> None:
     assert [g.index for g in placed.allocation.gpus] == [1]
 
 
+def fifty_idle_nodes() -> tuple[ClusterState, PodRequest, PodRequest]:
+    """50 idle 8-GPU nodes (400 GPUs, 400,000 milli), a whole-node pod and a 1-GPU pod."""
+    cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(50)])
+    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
+    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    return cluster, big, one
+
+
 def test_adaptive_reserve_horizon_scales_the_expected_need() -> None:
     from scheduler.core.policies import WholeNodeReserve
 
-    cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(50)])  # 400 GPUs free
-    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
-    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    cluster, big, one = fifty_idle_nodes()
     plain, doubled = (
         WholeNodeReserve(keep=1, adaptive=True),
         WholeNodeReserve(keep=1, adaptive=True, horizon=2.0),
@@ -532,9 +538,7 @@ def test_adaptive_reserve_weighs_the_workload_until_enough_has_arrived() -> None
     arrivals, none of them a whole-node pod, do not drop the keep to the floor at once."""
     from scheduler.core.policies import WholeNodeReserve
 
-    cluster = ClusterState([gpu_node(f"n{i}", 8, cpu=96_000) for i in range(50)])  # 400,000 milli
-    big = PodRequest("big", cpu_milli=64_000, gpu_count=8)
-    one = PodRequest("one", cpu_milli=4000, gpu_count=1)
+    cluster, big, one = fifty_idle_nodes()
     seen_only, weighted = (
         WholeNodeReserve(keep=1, adaptive=True),
         WholeNodeReserve(keep=1, adaptive=True, prior_weight=0.1),
