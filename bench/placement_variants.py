@@ -109,6 +109,28 @@ def cpu_step(step: float) -> Callable[[], Policy]:
     return make
 
 
+def cpu_fgd_step(step: int) -> Callable[[], Policy]:
+    """The default with FGD in bands of ``step`` points (not 3) while CPU binds."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve()
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        fgd = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
+        base, observe = fgd.step, tie.observe
+
+        def observe_then_step(pod: PodRequest) -> None:
+            observe(pod)
+            want = step if tie.cpu_bound() else base
+            if fgd.step != want:  # FGD's per-shape scores and memo hold banded scores: start afresh
+                fgd.step, fgd._cache, fgd._memo = want, {}, {}
+
+        tie.observe = observe_then_step  # type: ignore[method-assign]
+        return policy
+
+    return make
+
+
 VARIANTS: dict[str, Callable[[], Policy]] = {
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
     "fgd-reserve-13": lambda: P.fgd_reserve(
@@ -141,6 +163,9 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "cpuh10": cpu_horizon(10.0),
     "cpuh16": cpu_horizon(16.0),
     # the alignment in bands while CPU binds instead of exact, no CPU horizon (t-cpu3; none taken)
+    # FGD in finer bands while CPU binds (t-cpu3; not taken: deeper dips)
+    "cpufgd1": cpu_fgd_step(1),
+    "cpufgd2": cpu_fgd_step(2),
     "cpustep01": cpu_step(0.01),
     "cpustep002": cpu_step(0.002),
     "cpustep005": cpu_step(0.05),
