@@ -177,6 +177,8 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "topo-adaptive-only": topology_over(
         keep=None, adaptive=True, balance=0.0, cpu_bound_exact=False, **BEFORE
     ),
+    # the live default with the second rule's by_need (non-adaptive, so it applies there too)
+    "topo-need": topology_over(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=False, by_need=True),
     "topo-cpu": topology_over(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=True, by_need=False),
 }
 
