@@ -11,6 +11,7 @@ the reserve's second change (2026-11-28 night) keep the reserve's rule of then (
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -131,6 +132,51 @@ def cpu_fgd_step(step: int) -> Callable[[], Policy]:
     return make
 
 
+class CpuFloorReserve(P.WholeNodeReserve):
+    """``WholeNodeReserve`` that, while its tie-breaker says CPU binds, also keeps at least ``share`` of
+    the nodes with as many GPUs as each shape (a floor in hosts, not a multiple of the need)."""
+
+    def __init__(self, share: float, tie: P.ReserveThenAlign, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.share, self.tie = share, tie
+        self.floor: list[int] = []
+
+    def bind(self, cluster: ClusterState, workload: Any) -> None:
+        super().bind(cluster, workload)
+        big = [int(np.count_nonzero(cluster.gpu_count >= gpus)) for gpus, _, _ in self.shapes]
+        self.floor = [math.ceil(self.share * n) for n in big]
+
+    def _scarce(self, table: Any, pod: PodRequest, horizon: float | None = None) -> list[int]:
+        out = super()._scarce(table, pod, horizon)
+        if not self.tie.cpu_bound():
+            return out
+        counts, floor = table.counts, self.floor
+        extra = [k for k in self._may_break(pod) if k not in out and 0 < counts[k] <= floor[k]]
+        return sorted(out + extra) if extra else out
+
+
+def cpu_floor(share: float) -> Callable[[], Policy]:
+    """The default whose reserve keeps at least ``share`` of the big nodes' hosts while CPU binds."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve()
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        own = tie.reserve
+        tie.reserve = CpuFloorReserve(
+            share,
+            tie,
+            keep=own.fixed,
+            adaptive=own.adaptive,
+            horizon=own.horizon,
+            prior_weight=own.prior_weight,
+            by_need=own.by_need,
+        )
+        return policy
+
+    return make
+
+
 VARIANTS: dict[str, Callable[[], Policy]] = {
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
     "fgd-reserve-13": lambda: P.fgd_reserve(
@@ -163,6 +209,12 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "cpuh10": cpu_horizon(10.0),
     "cpuh16": cpu_horizon(16.0),
     # the alignment in bands while CPU binds instead of exact, no CPU horizon (t-cpu3; none taken)
+    # a floor of hosts kept while CPU binds, as a share of the big nodes (t-cpu3 and h2-cpu4-mg20)
+    "cpufloor05": cpu_floor(0.05),
+    "cpufloor10": cpu_floor(0.10),
+    "cpufloor15": cpu_floor(0.15),
+    "cpufloor30": cpu_floor(0.30),
+    "cpufloor50": cpu_floor(0.50),
     # FGD in finer bands while CPU binds (t-cpu3; not taken: deeper dips)
     "cpufgd1": cpu_fgd_step(1),
     "cpufgd2": cpu_fgd_step(2),
