@@ -177,6 +177,56 @@ def cpu_floor(share: float) -> Callable[[], Policy]:
     return make
 
 
+class ModelSlack(P.ModelBalance):
+    """``ModelBalance`` by slack: a model's free GPUs less the restricted demand it is expected to get
+    from the free capacity left (its restricted pods' share of the GPU milli arrived so far times the
+    cluster's free milli), over its capacity, plus 1 (so never below 0), in bands."""
+
+    def bind(self, cluster: ClusterState) -> None:
+        super().bind(cluster)
+        self.asked = np.zeros(len(self.sets))
+        self.total = 0.0
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        if not pod.gpu_count:
+            return
+        self.total += pod.total_gpu_milli
+        if pod.gpu_models:
+            for code, models in enumerate(self.sets):
+                if models & pod.gpu_models:
+                    self.asked[code] += pod.total_gpu_milli
+
+    def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
+        if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
+            return None
+        free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
+        expected = self.asked / max(self.total, 1.0) * float(free.sum())
+        slack = np.divide(free - expected, self.capacity, out=np.ones_like(free), where=self.capacity > 0)
+        return np.floor((np.clip(slack, -1.0, 1.0) + 1.0)[self.codes[idx]] / self.band)
+
+
+def _fgd_step_always(step: int) -> Policy:
+    """The default with FGD in bands of ``step`` points from the start."""
+    policy = P.fgd_reserve()
+    fgd = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
+    fgd.step = step
+    return policy
+
+
+def model_slack(band: float) -> Callable[[], Policy]:
+    """The default with the model balance by slack (``ModelSlack``), bands of ``band``."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve()
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        tie.balance = ModelSlack(band)
+        return policy
+
+    return make
+
+
 VARIANTS: dict[str, Callable[[], Policy]] = {
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
     "fgd-reserve-13": lambda: P.fgd_reserve(
@@ -215,6 +265,17 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "cpufloor15": cpu_floor(0.15),
     "cpufloor30": cpu_floor(0.30),
     "cpufloor50": cpu_floor(0.50),
+    # the model balance by slack (GPU-spec-heavy tuning mixes)
+    "slack02": model_slack(0.2),
+    "nobalance": lambda: P.fgd_reserve(balance=0.0),
+    "fgd1": lambda: _fgd_step_always(1),
+    "fgd5": lambda: _fgd_step_always(5),
+    "fgd6": lambda: _fgd_step_always(6),
+    "fgd8": lambda: _fgd_step_always(8),
+    "fgd10": lambda: _fgd_step_always(10),
+    "fgd12": lambda: _fgd_step_always(12),
+    "slack01": model_slack(0.1),
+    "slack005": model_slack(0.05),
     # FGD in finer bands while CPU binds (t-cpu3; not taken: deeper dips)
     "cpufgd1": cpu_fgd_step(1),
     "cpufgd2": cpu_fgd_step(2),

@@ -194,9 +194,10 @@ def walk_policies(seed: int, steps: int, counts: dict[str, int]) -> None:
     reserve.horizon, reserve.prior_weight = rng.choice(((1.0, 0.0), (2.0, 0.3)))
     reserve.by_need = rng.random() < 0.5
     tie_break.cpu_horizon = rng.choice((None, 10.0))  # the reserve's horizon while CPU binds, sometimes
+    fgd_step = rng.choice((3, 8))  # FGD's bands: topology's and fgd-reserve's
     policy = Policy(
         "fused",
-        ((ShareCompletionScore(110), 1000.0), (FGDScore(step=3, whole_node_typical=False), 1.0)),
+        ((ShareCompletionScore(110), 1000.0), (FGDScore(step=fgd_step, whole_node_typical=False), 1.0)),
         tie_break=tie_break,
     )
     policy.bind(cluster, workload, random.Random(0))
@@ -367,7 +368,7 @@ def test_the_default_policy_is_made_of_these_parts() -> None:
     policy = make_policy("fgd-reserve")
     assert isinstance(policy.tie_break, ReserveThenAlign)
     assert [type(p) for p, _ in policy.plugins] == [ShareCompletionScore, FGDScore]
-    assert policy.plugins[1][0].bounds() == (0.0, 33.0)
+    assert policy.plugins[1][0].bounds() == (0.0, 12.0)  # FGD in bands of 8 points
 
 
 def plain_aligned(

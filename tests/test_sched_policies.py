@@ -646,3 +646,16 @@ def test_fgd_reserve_passes_a_cpu_horizon_and_neither_default_takes_one() -> Non
     assert isinstance(tie, ReserveThenAlign) and tie.cpu_horizon == 10.0
     live = make_policy("topology").tie_break
     assert isinstance(live, ReserveThenAlign) and live.cpu_horizon is None
+
+
+def test_fgd_reserve_bands_fgd_by_eight_and_topology_by_three() -> None:
+    """``FGD_STEP`` 8 for fgd-reserve since 2026-11-29 (chosen on the tuning mixes); the live
+    ``topology`` keeps 3 (``TOPOLOGY_FGD_STEP``), the bands measured under random ties."""
+    from scheduler.core.policies import FGD_STEP, TOPOLOGY_FGD_STEP, FGDScore, fgd_reserve
+
+    def fgd_of(policy) -> FGDScore:
+        return next(p for p, _ in policy.plugins if isinstance(p, FGDScore))
+
+    assert (FGD_STEP, TOPOLOGY_FGD_STEP) == (8, 3)
+    assert fgd_of(fgd_reserve()).step == 8 and fgd_of(fgd_reserve(fgd_step=5)).step == 5
+    assert fgd_of(make_policy("topology")).step == 3

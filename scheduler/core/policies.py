@@ -1470,7 +1470,10 @@ class _KeyTable:
         self.keys = np.concatenate((self.keys, np.full(more, _KEY_UNKNOWN, dtype=np.int64)))
 
 
-FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
+# fgd-reserve: FGD's score in bands of this many points (3 until 2026-11-29; 8 chosen on the tuning mixes,
+# seeds 42-51: no curve point below FGD on the GPU-spec-heavy ones; docs/performance.md)
+FGD_STEP = 8
+TOPOLOGY_FGD_STEP = 3  # topology (the live default): FGD's bands, as measured under random ties
 ALIGN_STEP = 0.2  # fgd-reserve: alignment (cosine) bands
 RESERVE_KEEP = 3  # fgd-reserve: whole-node hosts kept per shape (None: in proportion, WholeNodeReserve)
 COMPLETE_BELOW = 110  # fgd-reserve: a share leaving a GPU less than this free completes it (first)
@@ -1492,6 +1495,7 @@ def fgd_reserve(
     prior_weight: float = RESERVE_PRIOR,
     by_need: bool = True,
     cpu_horizon: float | None = RESERVE_CPU_HORIZON,
+    fgd_step: int = FGD_STEP,
 ) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
     bands; ties to the models restricted pods need least (``ModelBalance``), then to the nodes that keep
@@ -1505,14 +1509,14 @@ def fgd_reserve(
     whole-node pods seen so far need more of the free GPUs (``WholeNodeReserve``); ``balance``: the
     model balance's band (0: off); ``cpu_bound_exact``: see ``ReserveThenAlign``; ``horizon``,
     ``prior_weight``, ``by_need``: see ``WholeNodeReserve`` (1.0, 0.0, False: the rule before
-    2026-11-28 night); ``cpu_horizon``: see ``ReserveThenAlign`` (None, ``RESERVE_CPU_HORIZON``: off).
-    docs/simulator.md explains each part.
+    2026-11-28 night); ``cpu_horizon``: see ``ReserveThenAlign`` (None, ``RESERVE_CPU_HORIZON``: off);
+    ``fgd_step``: FGD's bands in points (``FGD_STEP``). docs/simulator.md explains each part.
     """
     return Policy(
         "fgd-reserve",
         (
             (ShareCompletionScore(COMPLETE_BELOW), 1000.0),
-            (FGDScore(step=FGD_STEP, whole_node_typical=False), 1.0),
+            (FGDScore(step=fgd_step, whole_node_typical=False), 1.0),
         ),
         "shares complete GPUs first; FGD in bands; ties balance restricted GPU models, keep the last hosts"
         " of whole-node pods, then the least unfillable share remainder, then CPU/GPU alignment (ours)",
@@ -1668,6 +1672,7 @@ def topology_policy() -> Policy:
         prior_weight=0.0,
         by_need=False,
         cpu_horizon=None,
+        fgd_step=TOPOLOGY_FGD_STEP,
     )
     return Policy(
         "topology",
