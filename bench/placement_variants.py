@@ -269,6 +269,7 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "slack02": model_slack(0.2),
     "nobalance": lambda: P.fgd_reserve(balance=0.0),
     "fgd1": lambda: _fgd_step_always(1),
+    "fgd3": lambda: _fgd_step_always(3),  # the default before 2026-11-29 (FGD_STEP 3)
     "fgd5": lambda: _fgd_step_always(5),
     "fgd6": lambda: _fgd_step_always(6),
     "fgd8": lambda: _fgd_step_always(8),
