@@ -648,14 +648,48 @@ def test_fgd_reserve_passes_a_cpu_horizon_and_neither_default_takes_one() -> Non
     assert isinstance(live, ReserveThenAlign) and live.cpu_horizon is None
 
 
-def test_fgd_reserve_bands_fgd_by_eight_and_topology_by_three() -> None:
-    """``FGD_STEP`` 8 for fgd-reserve since 2026-11-29 (chosen on the tuning mixes); the live
-    ``topology`` keeps 3 (``TOPOLOGY_FGD_STEP``), the bands measured under random ties."""
-    from scheduler.core.policies import FGD_STEP, TOPOLOGY_FGD_STEP, FGDScore, fgd_reserve
+def test_fgd_reserve_bands_fgd_by_three_then_eight_once_a_restricted_pod_arrived() -> None:
+    """``FGD_STEP`` 3 and ``FGD_SPEC_STEP`` 8 for fgd-reserve since 2026-11-29: the first arrived pod
+    restricted to GPU models widens FGD's bands for the rest of the run (a new bind narrows them
+    again); pods without a restriction, or restricted without GPUs, do not. The live ``topology``
+    keeps 3 (``TOPOLOGY_FGD_STEP``) whatever arrives."""
+    from scheduler.core.policies import FGD_SPEC_STEP, FGD_STEP, TOPOLOGY_FGD_STEP, FGDScore, fgd_reserve
 
     def fgd_of(policy) -> FGDScore:
         return next(p for p, _ in policy.plugins if isinstance(p, FGDScore))
 
-    assert (FGD_STEP, TOPOLOGY_FGD_STEP) == (8, 3)
-    assert fgd_of(fgd_reserve()).step == 8 and fgd_of(fgd_reserve(fgd_step=5)).step == 5
-    assert fgd_of(make_policy("topology")).step == 3
+    assert (FGD_STEP, FGD_SPEC_STEP, TOPOLOGY_FGD_STEP) == (3, 8, 3)
+    cluster = ClusterState([gpu_node(f"n{i}", 8) for i in range(4)])
+    plain = PodRequest("plain", cpu_milli=1000, gpu_count=1)
+    restricted = PodRequest("r", cpu_milli=1000, gpu_count=1, gpu_models=frozenset({"G"}))
+    cpu_only = PodRequest("c", cpu_milli=1000, gpu_models=frozenset({"G"}))
+    for name, widened in (("fgd-reserve", 8), ("topology", 3)):
+        policy = make_policy(name)
+        policy.bind(cluster, [plain, restricted], RNG)
+        fgd = fgd_of(policy)
+        policy.observe(plain)
+        policy.observe(cpu_only)
+        assert fgd.step == 3 and fgd.bounds() == (0.0, 33.0)
+        policy.observe(restricted)
+        assert fgd.step == widened and fgd.bounds() == (0.0, float(100 // widened))
+        policy.bind(cluster, [plain], RNG)
+        assert fgd.step == 3
+    assert fgd_of(fgd_reserve(fgd_spec_step=None)).spec_step is None
+
+
+def test_fgd_scores_in_the_wider_bands_after_the_switch() -> None:
+    """The per-shape scores and memo hold banded scores: after the switch a pod's scores are those of
+    a fresh plugin in the wider bands, not the narrow ones cached before."""
+    cluster = ClusterState([gpu_node("a", 8), gpu_node("b", 8)])
+    use(cluster, "a", "p", cpu=1000, grants=((0, 500),))
+    workload = [PodRequest("s", cpu_milli=1000, gpu_count=1, gpu_milli=500), PodRequest("w", gpu_count=2)]
+    pod = PodRequest("q", cpu_milli=1000, gpu_count=1, gpu_milli=300)
+    switching = FGDScore(step=3, spec_step=8)
+    switching.bind(cluster, workload, RNG)
+    narrow = switching.score(pod, cluster, cluster.all_indices).tolist()
+    switching.observe(PodRequest("r", gpu_count=1, gpu_models=frozenset({"G"})))
+    wide = FGDScore(step=8)
+    wide.bind(cluster, workload, RNG)
+    after = switching.score(pod, cluster, cluster.all_indices).tolist()
+    assert after == wide.score(pod, cluster, cluster.all_indices).tolist()
+    assert after != narrow  # so a score kept from before the switch would have shown

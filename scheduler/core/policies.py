@@ -172,11 +172,19 @@ class FGDScore(ScorePlugin):
     MAX_MEMO = 500_000  # memoised evaluations (cleared when full)
 
     def __init__(
-        self, exact: bool = False, coverage: float = 0.95, step: int = 1, whole_node_typical: bool = True
+        self,
+        exact: bool = False,
+        coverage: float = 0.95,
+        step: int = 1,
+        whole_node_typical: bool = True,
+        spec_step: int | None = None,
     ) -> None:
         self.exact = exact
         self.coverage = coverage
         self.step = step  # > 1: scores in bands of ``step`` points (more placements count as equal)
+        self.base_step = step  # bind: the bands before any restricted pod
+        # once a pod restricted to GPU models has arrived (observe): bands of this many points (None: step)
+        self.spec_step = spec_step
         # False: pods asking for as many whole GPUs as the largest node has are left out of the
         # typical pods (fgd-reserve keeps hosts for them with WholeNodeReserve instead)
         self.whole_node_typical = whole_node_typical
@@ -190,9 +198,20 @@ class FGDScore(ScorePlugin):
             largest = int(cluster.gpu_count.max()) if len(cluster) else 0
             workload = [p for p in workload if largest < 2 or p.is_share or p.gpu_count < largest]
         self.model = FragModel(typical_pods(workload, self.coverage))
+        self.step = self.base_step
         self._cache = {}
         self._memo = {}
         self._node_models = [cluster.model_sets[c] for c in cluster.model_code.tolist()]
+
+    def observe(self, pod: PodRequest) -> None:
+        """With ``spec_step``: the first arrived pod restricted to GPU models (asking GPUs) widens the
+        bands to ``spec_step`` for the rest of the run; the per-shape scores and the memo hold banded
+        scores, so they start afresh."""
+        if self.spec_step is None or self.step == self.spec_step or not (pod.gpu_models and pod.gpu_count):
+            return
+        self.step = self.spec_step
+        self._cache = {}
+        self._memo = {}
 
     def bounds(self) -> tuple[float, float] | None:
         """``to_score``'s range: 0 .. 100 // step, or 100 // step .. 0 for a step below 0 (None when
@@ -1470,9 +1489,11 @@ class _KeyTable:
         self.keys = np.concatenate((self.keys, np.full(more, _KEY_UNKNOWN, dtype=np.int64)))
 
 
-# fgd-reserve: FGD's score in bands of this many points (3 until 2026-11-29; 8 chosen on the tuning mixes,
-# seeds 42-51: no curve point below FGD on the GPU-spec-heavy ones; docs/performance.md)
-FGD_STEP = 8
+FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
+# fgd-reserve: ... and of this many once a pod restricted to GPU models has arrived (chosen on the tuning
+# mixes, seeds 42-51: no curve point below FGD on the GPU-spec-heavy ones; 8 from the start put CPU-heavy
+# multigpu20 mixes below FGD at 130%; docs/performance.md "FGD in bands of 8")
+FGD_SPEC_STEP = 8
 TOPOLOGY_FGD_STEP = 3  # topology (the live default): FGD's bands, as measured under random ties
 ALIGN_STEP = 0.2  # fgd-reserve: alignment (cosine) bands
 RESERVE_KEEP = 3  # fgd-reserve: whole-node hosts kept per shape (None: in proportion, WholeNodeReserve)
@@ -1496,6 +1517,7 @@ def fgd_reserve(
     by_need: bool = True,
     cpu_horizon: float | None = RESERVE_CPU_HORIZON,
     fgd_step: int = FGD_STEP,
+    fgd_spec_step: int | None = FGD_SPEC_STEP,
 ) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
     bands; ties to the models restricted pods need least (``ModelBalance``), then to the nodes that keep
@@ -1510,13 +1532,15 @@ def fgd_reserve(
     model balance's band (0: off); ``cpu_bound_exact``: see ``ReserveThenAlign``; ``horizon``,
     ``prior_weight``, ``by_need``: see ``WholeNodeReserve`` (1.0, 0.0, False: the rule before
     2026-11-28 night); ``cpu_horizon``: see ``ReserveThenAlign`` (None, ``RESERVE_CPU_HORIZON``: off);
-    ``fgd_step``: FGD's bands in points (``FGD_STEP``). docs/simulator.md explains each part.
+    ``fgd_step``: FGD's bands in points (``FGD_STEP``); ``fgd_spec_step``: its bands once a pod
+    restricted to GPU models has arrived (``FGD_SPEC_STEP``; None: ``fgd_step`` always).
+    docs/simulator.md explains each part.
     """
     return Policy(
         "fgd-reserve",
         (
             (ShareCompletionScore(COMPLETE_BELOW), 1000.0),
-            (FGDScore(step=fgd_step, whole_node_typical=False), 1.0),
+            (FGDScore(step=fgd_step, whole_node_typical=False, spec_step=fgd_spec_step), 1.0),
         ),
         "shares complete GPUs first; FGD in bands; ties balance restricted GPU models, keep the last hosts"
         " of whole-node pods, then the least unfillable share remainder, then CPU/GPU alignment (ours)",
@@ -1673,6 +1697,7 @@ def topology_policy() -> Policy:
         by_need=False,
         cpu_horizon=None,
         fgd_step=TOPOLOGY_FGD_STEP,
+        fgd_spec_step=None,
     )
     return Policy(
         "topology",
