@@ -368,7 +368,7 @@ def test_the_default_policy_is_made_of_these_parts() -> None:
     policy = make_policy("fgd-reserve")
     assert isinstance(policy.tie_break, ReserveThenAlign)
     assert [type(p) for p, _ in policy.plugins] == [ShareCompletionScore, FGDScore]
-    assert policy.plugins[1][0].bounds() == (0.0, 33.0)  # FGD in bands of 3 points (8 after a restricted pod)
+    assert policy.plugins[1][0].bounds() == (0.0, 33.0)  # FGD in bands of 3 points
 
 
 def plain_aligned(

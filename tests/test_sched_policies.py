@@ -648,23 +648,26 @@ def test_fgd_reserve_passes_a_cpu_horizon_and_neither_default_takes_one() -> Non
     assert isinstance(live, ReserveThenAlign) and live.cpu_horizon is None
 
 
-def test_fgd_reserve_bands_fgd_by_three_then_eight_once_a_restricted_pod_arrived() -> None:
-    """``FGD_STEP`` 3 and ``FGD_SPEC_STEP`` 8 for fgd-reserve since 2026-11-29: the first arrived pod
-    restricted to GPU models widens FGD's bands for the rest of the run (a new bind narrows them
-    again); pods without a restriction, or restricted without GPUs, do not. The live ``topology``
-    keeps 3 (``TOPOLOGY_FGD_STEP``) whatever arrives."""
+def test_fgd_bands_widen_once_a_restricted_pod_arrived_when_asked() -> None:
+    """``fgd_reserve(fgd_spec_step=8)``: the first arrived pod restricted to GPU models widens FGD's
+    bands for the rest of the run (a new bind narrows them again); pods without a restriction, or
+    restricted without GPUs, do not. Off in the default (``FGD_SPEC_STEP`` None) and in ``topology``
+    (``TOPOLOGY_FGD_STEP`` 3)."""
     from scheduler.core.policies import FGD_SPEC_STEP, FGD_STEP, TOPOLOGY_FGD_STEP, FGDScore, fgd_reserve
 
     def fgd_of(policy) -> FGDScore:
         return next(p for p, _ in policy.plugins if isinstance(p, FGDScore))
 
-    assert (FGD_STEP, FGD_SPEC_STEP, TOPOLOGY_FGD_STEP) == (3, 8, 3)
+    assert (FGD_STEP, FGD_SPEC_STEP, TOPOLOGY_FGD_STEP) == (3, None, 3)
     cluster = ClusterState([gpu_node(f"n{i}", 8) for i in range(4)])
     plain = PodRequest("plain", cpu_milli=1000, gpu_count=1)
     restricted = PodRequest("r", cpu_milli=1000, gpu_count=1, gpu_models=frozenset({"G"}))
     cpu_only = PodRequest("c", cpu_milli=1000, gpu_models=frozenset({"G"}))
-    for name, widened in (("fgd-reserve", 8), ("topology", 3)):
-        policy = make_policy(name)
+    for policy, widened in (
+        (fgd_reserve(fgd_spec_step=8), 8),
+        (make_policy("fgd-reserve"), 3),
+        (make_policy("topology"), 3),
+    ):
         policy.bind(cluster, [plain, restricted], RNG)
         fgd = fgd_of(policy)
         policy.observe(plain)
@@ -674,7 +677,6 @@ def test_fgd_reserve_bands_fgd_by_three_then_eight_once_a_restricted_pod_arrived
         assert fgd.step == widened and fgd.bounds() == (0.0, float(100 // widened))
         policy.bind(cluster, [plain], RNG)
         assert fgd.step == 3
-    assert fgd_of(fgd_reserve(fgd_spec_step=None)).spec_step is None
 
 
 def test_fgd_scores_in_the_wider_bands_after_the_switch() -> None:

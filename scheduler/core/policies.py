@@ -1490,10 +1490,10 @@ class _KeyTable:
 
 
 FGD_STEP = 3  # fgd-reserve: FGD's score in bands of this many points
-# fgd-reserve: ... and of this many once a pod restricted to GPU models has arrived (chosen on the tuning
-# mixes, seeds 42-51: no curve point below FGD on the GPU-spec-heavy ones; 8 from the start put CPU-heavy
-# multigpu20 mixes below FGD at 130%; docs/performance.md "FGD in bands of 8")
-FGD_SPEC_STEP = 8
+# fgd-reserve: ... and of this many once a pod restricted to GPU models has arrived (None: FGD_STEP always).
+# 8 removed the dips of the GPU-spec-heavy tuning mixes but put a held-out one below FGD at 130% on every
+# seed (h3-spec25-cpu050), so it is off; docs/performance.md "FGD in bands of 8"
+FGD_SPEC_STEP: int | None = None
 TOPOLOGY_FGD_STEP = 3  # topology (the live default): FGD's bands, as measured under random ties
 ALIGN_STEP = 0.2  # fgd-reserve: alignment (cosine) bands
 RESERVE_KEEP = 3  # fgd-reserve: whole-node hosts kept per shape (None: in proportion, WholeNodeReserve)
