@@ -33,6 +33,15 @@ from tests.support.benchscript import bench_module  # noqa: E402
 BEFORE = {"horizon": 1.0, "prior_weight": 0.0, "by_need": False, "cpu_horizon": None}
 
 
+def default_parts(**parts: Any) -> tuple[Policy, P.ReserveThenAlign, P.FGDScore]:
+    """``fgd_reserve(**parts)`` with its tie-breaker and its FGD plugin, for a variant to change."""
+    policy = P.fgd_reserve(**parts)
+    tie = policy.tie_break
+    assert isinstance(tie, P.ReserveThenAlign)
+    fgd = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
+    return policy, tie, fgd
+
+
 def exact_align() -> Policy:
     """fgd-reserve (the reserve's rule before 2026-11-28 night) with the alignment never banded (as with CPU
     the scarcer resource, always)."""
@@ -94,9 +103,7 @@ def cpu_step(step: float) -> Callable[[], Policy]:
     """The default with the alignment in bands of ``step`` while CPU binds (exact: 0)."""
 
     def make() -> Policy:
-        policy = P.fgd_reserve(cpu_horizon=None)
-        tie = policy.tie_break
-        assert isinstance(tie, P.ReserveThenAlign)
+        policy, tie, _ = default_parts(cpu_horizon=None)
         policy.tie_break = CpuStep(
             step,
             step=tie.step,
@@ -114,10 +121,7 @@ def cpu_fgd_step(step: int) -> Callable[[], Policy]:
     """The default with FGD in bands of ``step`` points (not 3) while CPU binds."""
 
     def make() -> Policy:
-        policy = P.fgd_reserve()
-        tie = policy.tie_break
-        assert isinstance(tie, P.ReserveThenAlign)
-        fgd = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
+        policy, tie, fgd = default_parts()
         base, observe = fgd.step, tie.observe
 
         def observe_then_step(pod: PodRequest) -> None:
@@ -159,9 +163,7 @@ def cpu_floor(share: float) -> Callable[[], Policy]:
     """The default whose reserve keeps at least ``share`` of the big nodes' hosts while CPU binds."""
 
     def make() -> Policy:
-        policy = P.fgd_reserve()
-        tie = policy.tie_break
-        assert isinstance(tie, P.ReserveThenAlign)
+        policy, tie, _ = default_parts()
         own = tie.reserve
         tie.reserve = CpuFloorReserve(
             share,
@@ -208,19 +210,14 @@ class ModelSlack(P.ModelBalance):
 
 def _fgd_step_always(step: int) -> Policy:
     """The default with FGD in bands of ``step`` points from the start."""
-    policy = P.fgd_reserve()
-    fgd = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
-    fgd.step = step
-    return policy
+    return P.fgd_reserve(fgd_step=step)
 
 
 def model_slack(band: float) -> Callable[[], Policy]:
     """The default with the model balance by slack (``ModelSlack``), bands of ``band``."""
 
     def make() -> Policy:
-        policy = P.fgd_reserve()
-        tie = policy.tie_break
-        assert isinstance(tie, P.ReserveThenAlign)
+        policy, tie, _ = default_parts()
         tie.balance = ModelSlack(band)
         return policy
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import random
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -313,24 +314,28 @@ def tiny_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
     return nodes, pods
 
 
+def forced_against_brute_force(
+    make: Callable[[random.Random], tuple[list[NodeSpec], list[PodRequest]]], rng: random.Random, cases: int
+) -> tuple[int, int]:
+    """For ``cases`` clusters from ``make``: every pod the rule forces is placed by every work-conserving
+    placement (``always_placed``); returns how many pods it forced and how many GPU pods are always
+    placed, over all cases."""
+    forced_total = placed_total = 0
+    for case in range(cases):
+        nodes, order = make(rng)
+        must = set(forced_pods(nodes, order))
+        placed = always_placed(nodes, order)
+        assert must <= placed, (case, nodes, order, must - placed)
+        forced_total += len(must)
+        placed_total += sum(1 for i in placed if order[i].total_gpu_milli)
+    return forced_total, placed_total
+
+
 def test_forced_pods_are_placed_by_every_online_placement_of_tiny_clusters() -> None:
     """Soundness against brute force: a pod called forced is placed in every work-conserving online
     placement (every choice of node and GPU for every earlier pod). The rule also forces most of
     what is always placed on these clusters (it is not vacuous)."""
-    rng = random.Random(2626)
-    forced_total = placed_total = 0
-    for case in range(400):
-        nodes, order = tiny_cluster(rng)
-        must = set(forced_pods(nodes, order))
-        placed = always_placed(nodes, order)
-        assert must <= placed, (
-            case,
-            nodes,
-            [(p.name, p.cpu_milli, p.memory_mib) for p in order],
-            must - placed,
-        )
-        forced_total += len(must)
-        placed_total += sum(1 for i in placed if order[i].gpu_count)
+    forced_total, placed_total = forced_against_brute_force(tiny_cluster, random.Random(2626), 400)
     assert forced_total >= 0.9 * placed_total  # 921 of 969 when written
 
 
@@ -418,13 +423,5 @@ def edge_cluster(rng: random.Random) -> tuple[list[NodeSpec], list[PodRequest]]:
 def test_forced_pods_are_placed_by_every_online_placement_at_the_edges() -> None:
     """The brute force of every work-conserving placement on clusters and pods at the edges
     (``edge_cluster``): what the rule forces is always placed, and it forces most of it."""
-    rng = random.Random(3)
-    forced_total = placed_total = 0
-    for case in range(400):
-        nodes, order = edge_cluster(rng)
-        must = set(forced_pods(nodes, order))
-        placed = always_placed(nodes, order)
-        assert must <= placed, (case, nodes, order, must - placed)
-        forced_total += len(must)
-        placed_total += sum(1 for i in placed if order[i].total_gpu_milli)
+    forced_total, placed_total = forced_against_brute_force(edge_cluster, random.Random(3), 400)
     assert forced_total >= 0.9 * placed_total
