@@ -224,6 +224,39 @@ def model_slack(band: float) -> Callable[[], Policy]:
     return make
 
 
+class ModelNeed(ModelSlack):
+    """``ModelBalance`` that protects a model only as far as its restricted pods need it (from branch
+    spec26): a model's free share over its need (the GPU milli arrived restricted to it, as a share of
+    all GPU milli arrived, times the cluster's GPU capacity over the model's, times ``horizon``), capped
+    at 1, in bands; a model whose free share covers its need is as good as an unrestricted one."""
+
+    def __init__(self, band: float, horizon: float) -> None:
+        super().__init__(band)
+        self.horizon = horizon
+
+    def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
+        if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
+            return None
+        free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
+        share = np.divide(free, self.capacity, out=np.ones_like(free), where=self.capacity > 0)
+        need = self.asked / max(self.total, 1.0) * float(self.capacity.sum()) * self.horizon
+        need = np.divide(need, self.capacity, out=np.zeros_like(need), where=self.capacity > 0)
+        ratio = np.divide(share, need, out=np.ones_like(share), where=need > 0)
+        ratio = np.where(self.restricted, np.minimum(ratio, 1.0), 1.0)
+        return np.floor(ratio[self.codes[idx]] / self.band)
+
+
+def model_need(band: float, horizon: float) -> Callable[[], Policy]:
+    """The default with the model balance by need (``ModelNeed``), bands of ``band``."""
+
+    def make() -> Policy:
+        policy, tie, _ = default_parts()
+        tie.balance = ModelNeed(band, horizon)
+        return policy
+
+    return make
+
+
 VARIANTS: dict[str, Callable[[], Policy]] = {
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
     "fgd-reserve-13": lambda: P.fgd_reserve(
@@ -265,6 +298,9 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     # the model balance by slack (GPU-spec-heavy tuning mixes)
     "slack02": model_slack(0.2),
     "nobalance": lambda: P.fgd_reserve(balance=0.0),
+    # the model balance by need (branch spec26's rule, tried there on FGD bands of 8; here on 3)
+    "need1": model_need(0.2, 1.0),
+    "need2": model_need(0.2, 2.0),
     "fgd1": lambda: _fgd_step_always(1),
     "fgd3": lambda: _fgd_step_always(3),  # the default before 2026-11-29 (FGD_STEP 3)
     "fgd5": lambda: _fgd_step_always(5),
