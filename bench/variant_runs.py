@@ -1,0 +1,149 @@
+"""Issue 26's variant runs on any seeds: (workload, policy, seed) runs of the simulator, kept in a JSON-lines
+cache so a later call runs only what is new, and per workload and policy the margins to FGD as a markdown
+table. The mixes' own seeds do not apply here: every workload runs on ``--seeds``.
+
+    OPENB_TRACES=../shared/traces/openb .venv/bin/python bench/variant_runs.py \\
+        --names tuning,shared --seeds 42-51 --policies fgd,fgd-reserve=default,fgd8 [--cache FILE]
+
+``--names``: mixes, traces, or a set of the mix file (``tuning``, ``heldout``, ...) or ``shared`` (the
+four traces); ``--policies``: names of bench/simulate_openb.py's policies or bench/placement_variants.py's
+variants, each ``NAME`` or ``NAME=LABEL`` (the label keys the cache: give a new one when the code behind a
+name changed). Columns: means at 100% and 130% arrived, the mean and smallest difference to the reference
+at 130% paired by seed, how many seeds are at or below it at 100% / 130%, the mean curve's smallest
+difference over 10..130% (where) and how many of those points are below it by more than 0.005.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+
+import placement_variants as variants  # noqa: E402
+import simulate_openb as openb  # noqa: E402
+
+from scheduler.core import policies as core_policies  # noqa: E402
+from scheduler.sim.mixes import load_mixes  # noqa: E402
+from scheduler.sim.protocol import run_once  # noqa: E402
+from scheduler.sim.runner import parse_seeds  # noqa: E402
+
+core_policies.POLICIES.update(variants.VARIANTS)
+openb.POLICIES.update(variants.VARIANTS)
+
+
+def job(name: str, policy: str, seed: int, label: str) -> dict:
+    """One run, as a cache line."""
+    nodes, pods = openb.load_workload(name)
+    run = run_once(nodes, pods, policy, seed)
+    return {
+        "name": name,
+        "policy": label,
+        "seed": seed,
+        "at_100": run.alloc_pct_at_100,
+        "at_130": run.alloc_pct_at_130,
+        "curve": {str(k): v for k, v in run.curve.items()},
+    }
+
+
+def load_cache(path: Path) -> dict[tuple[str, str, int], dict]:
+    """The cached runs by (workload, label, seed); a missing file is an empty cache."""
+    out: dict[tuple[str, str, int], dict] = {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                run = json.loads(line)
+                out[(run["name"], run["policy"], run["seed"])] = run
+    return out
+
+
+def row(runs: list[dict], ref: list[dict]) -> dict:
+    """Per workload and policy, against the reference's runs of the same seeds (both in seed order)."""
+    at_100 = [r["at_100"] - f["at_100"] for r, f in zip(runs, ref, strict=True)]
+    at_130 = [r["at_130"] - f["at_130"] for r, f in zip(runs, ref, strict=True)]
+    worst, margin, below = openb.curve_margin(
+        [lambda x, c=r["curve"]: c[str(x)] for r in runs], [lambda x, c=f["curve"]: c[str(x)] for f in ref]
+    )
+    return {
+        "at_100": statistics.fmean(r["at_100"] for r in runs),
+        "at_130": statistics.fmean(r["at_130"] for r in runs),
+        "margin_130": statistics.fmean(at_130),
+        "min_margin_130": min(at_130),
+        "seeds_at_or_below": (sum(d <= 0 for d in at_100), sum(d <= 0 for d in at_130)),
+        "curve_worst": (worst, margin),
+        "curve_points_below": below,
+    }
+
+
+def names_of(text: str) -> list[str]:
+    """The workloads ``--names`` stands for (sets of the mix file and ``shared`` expanded)."""
+    sets = load_mixes(openb.MIXES)
+    out: list[str] = []
+    for name in (n for n in text.split(",") if n):
+        if name in sets:
+            out += [mix.name for mix in sets[name]]
+        elif name == "shared":
+            out += list(openb.TRACES)
+        else:
+            out.append(name)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--names", required=True)
+    parser.add_argument("--policies", required=True)
+    parser.add_argument("--seeds", default="42-51")
+    parser.add_argument("--jobs", type=int, default=2)
+    parser.add_argument("--ref", default="fgd")
+    parser.add_argument("--cache", default="build/variant_runs.jsonl")
+    args = parser.parse_args(argv)
+    names = names_of(args.names)
+    seeds = parse_seeds(args.seeds)
+    policies = [(p.split("=")[0], p.split("=")[-1]) for p in args.policies.split(",") if p]
+    cache_path = Path(args.cache)
+    cache_path.parent.mkdir(parents=True, exist_ok=True)
+    cache = load_cache(cache_path)
+    work = [
+        (n, p, s, label) for n in names for p, label in policies for s in seeds if (n, label, s) not in cache
+    ]
+    if work:
+        with ProcessPoolExecutor(max(args.jobs, 1)) as pool, cache_path.open("a") as out:
+            for run in pool.map(job, *zip(*work, strict=True), chunksize=1):
+                out.write(json.dumps(run) + "\n")
+                cache[(run["name"], run["policy"], run["seed"])] = run
+    print(
+        "| workload | policy | @100 | @130 | minus ref @130 mean (min) | seeds <= ref @100/@130 "
+        "| curve worst (at) | below |"
+    )
+    print("|---|---|---|---|---|---|---|---|")
+    for name in names:
+        known = all((name, args.ref, s) in cache for s in seeds)
+        ref = [cache[(name, args.ref, s)] for s in seeds] if known else None
+        for _, label in policies:
+            runs = [cache[(name, label, s)] for s in seeds]
+            if ref is None or label == args.ref:
+                mean_100 = statistics.fmean(r["at_100"] for r in runs)
+                mean_130 = statistics.fmean(r["at_130"] for r in runs)
+                print(f"| {name} | {label} | {mean_100:.2f} | {mean_130:.2f} | | | | |")
+                continue
+            r = row(runs, ref)
+            (at, margin), (n100, n130) = r["curve_worst"], r["seeds_at_or_below"]
+            below = r["curve_points_below"]
+            print(
+                f"| {name} | {label} | {r['at_100']:.2f} | {r['at_130']:.2f} | {r['margin_130']:+.2f} "
+                f"({r['min_margin_130']:+.2f}) | {n100}/{n130} | {margin:+.2f} ({at}) | {below} |"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
