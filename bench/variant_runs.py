@@ -34,12 +34,17 @@ from scheduler.sim.mixes import load_mixes  # noqa: E402
 from scheduler.sim.protocol import run_once  # noqa: E402
 from scheduler.sim.runner import parse_seeds  # noqa: E402
 
-core_policies.POLICIES.update(variants.VARIANTS)
-openb.POLICIES.update(variants.VARIANTS)
+
+def register_variants() -> None:
+    """Make bench/placement_variants.py's names policies (in this process: not at import, which would
+    change the core's registry for whoever imports this module)."""
+    core_policies.POLICIES.update(variants.VARIANTS)
+    openb.POLICIES.update(variants.VARIANTS)
 
 
 def job(name: str, policy: str, seed: int, label: str) -> dict:
     """One run, as a cache line."""
+    register_variants()
     nodes, pods = openb.load_workload(name)
     run = run_once(nodes, pods, policy, seed)
     return {
@@ -106,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref", default="fgd")
     parser.add_argument("--cache", default="build/variant_runs.jsonl")
     args = parser.parse_args(argv)
+    register_variants()
     names = names_of(args.names)
     seeds = parse_seeds(args.seeds)
     policies = [(p.split("=")[0], p.split("=")[-1]) for p in args.policies.split(",") if p]
