@@ -52,7 +52,7 @@ def job(name: str, policy: str, seed: int) -> dict:
     }
 
 
-def _curve(run: dict) -> Callable[[int], float]:
+def curve_of(run: dict) -> Callable[[int], float]:
     """A run's allocated % at an arrived %, from its JSON curve (keys are strings)."""
     curve = run["curve"]
     return lambda x: curve[str(x)]
@@ -74,7 +74,7 @@ def summary(runs: list[dict]) -> dict[str, dict]:
         if policy != "fgd" and len(fgd) == len(rs):
             entry["min_margin_100"] = min(a["at_100"] - b["at_100"] for a, b in zip(rs, fgd, strict=True))
             entry["min_margin_130"] = min(a["at_130"] - b["at_130"] for a, b in zip(rs, fgd, strict=True))
-            worst, margin, below = openb.curve_margin([_curve(r) for r in rs], [_curve(r) for r in fgd])
+            worst, margin, below = openb.curve_margin([curve_of(r) for r in rs], [curve_of(r) for r in fgd])
             entry["curve_min_margin"] = [worst, margin]
             entry["curve_points_below"] = below
         out[f"{name}/{policy}"] = entry

@@ -28,10 +28,10 @@ sys.path.insert(0, str(ROOT / "bench"))
 
 import placement_variants as variants  # noqa: E402
 import simulate_openb as openb  # noqa: E402
+import sweep_issue26 as sweep  # noqa: E402
 
 from scheduler.core import policies as core_policies  # noqa: E402
 from scheduler.sim.mixes import load_mixes  # noqa: E402
-from scheduler.sim.protocol import run_once  # noqa: E402
 from scheduler.sim.runner import parse_seeds  # noqa: E402
 
 
@@ -43,18 +43,9 @@ def register_variants() -> None:
 
 
 def job(name: str, policy: str, seed: int, label: str) -> dict:
-    """One run, as a cache line."""
+    """One run, as a cache line (bench/sweep_issue26.py's, keyed by ``label``)."""
     register_variants()
-    nodes, pods = openb.load_workload(name)
-    run = run_once(nodes, pods, policy, seed)
-    return {
-        "name": name,
-        "policy": label,
-        "seed": seed,
-        "at_100": run.alloc_pct_at_100,
-        "at_130": run.alloc_pct_at_130,
-        "curve": {str(k): v for k, v in run.curve.items()},
-    }
+    return {**sweep.job(name, policy, seed), "policy": label}
 
 
 def load_cache(path: Path) -> dict[tuple[str, str, int], dict]:
@@ -72,9 +63,8 @@ def row(runs: list[dict], ref: list[dict]) -> dict:
     """Per workload and policy, against the reference's runs of the same seeds (both in seed order)."""
     at_100 = [r["at_100"] - f["at_100"] for r, f in zip(runs, ref, strict=True)]
     at_130 = [r["at_130"] - f["at_130"] for r, f in zip(runs, ref, strict=True)]
-    worst, margin, below = openb.curve_margin(
-        [lambda x, c=r["curve"]: c[str(x)] for r in runs], [lambda x, c=f["curve"]: c[str(x)] for f in ref]
-    )
+    curves, ref_curves = [sweep.curve_of(r) for r in runs], [sweep.curve_of(f) for f in ref]
+    worst, margin, below = openb.curve_margin(curves, ref_curves)
     return {
         "at_100": statistics.fmean(r["at_100"] for r in runs),
         "at_130": statistics.fmean(r["at_130"] for r in runs),

@@ -6,18 +6,7 @@ import json
 from pathlib import Path
 
 from tests.support.benchscript import bench_module
-
-
-def run(name: str, policy: str, seed: int, at: float) -> dict:
-    curve = {str(x): min(x, at) for x in range(0, 131)}
-    return {
-        "name": name,
-        "policy": policy,
-        "seed": seed,
-        "at_100": curve["100"],
-        "at_130": curve["130"],
-        "curve": curve,
-    }
+from tests.test_bench_sweep_issue26 import run
 
 
 def test_a_row_pairs_runs_by_seed_and_finds_the_curves_worst_point() -> None:
