@@ -308,6 +308,8 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "fgd8": lambda: _fgd_step_always(8),
     "fgd10": lambda: _fgd_step_always(10),
     "fgd12": lambda: _fgd_step_always(12),
+    # bands of 8 only once a pod restricted to GPU models has arrived (the default at d4853a9, dropped)
+    "fgd8spec": lambda: P.fgd_reserve(fgd_spec_step=8),
     "slack01": model_slack(0.1),
     "slack005": model_slack(0.05),
     # FGD in finer bands while CPU binds (t-cpu3; not taken: deeper dips)
