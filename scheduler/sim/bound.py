@@ -491,8 +491,9 @@ def forced_pods(nodes: Sequence[NodeSpec], order: Sequence[PodRequest]) -> list[
     resources restricts (``_only_resources``) are counted as forced; every pod counts as one that may
     close hosts.
 
-    With a negative CPU or memory request anywhere in ``order`` (a trace may have one; the simulator
-    books it, and the node's free amount grows) nothing is forced: a pod larger than a node may then
+    With a negative CPU or memory request anywhere in ``order`` (the trace loader refuses one, but a
+    ``PodRequest`` may be built so; the simulator books it, and the node's free amount grows) nothing is
+    forced: a pod larger than a node may then
     run on it, so "where it could run on an empty node" no longer bounds where an earlier pod sits."""
     if any(p.cpu_milli < 0 or p.memory_mib < 0 for p in order):
         return []
