@@ -28,4 +28,5 @@ def _fresh_link_matrices():
         matrix._exact.clear()
         matrix._partition.clear()
     topology._SHARED.clear()
+    topology._BY_TOPOLOGY.clear()
     yield

@@ -324,6 +324,33 @@ def test_identical_machines_share_one_link_matrix() -> None:
     assert rtx_like().links() is not a.links()
 
 
+def test_a_node_rebuilt_from_the_same_inventory_finds_its_matrix_without_building_one(monkeypatch) -> None:
+    """A live cache rebuilds every node after any node change: a node built again from the inventory
+    object it was built from gets its matrix back without the pairwise work; an equal inventory parsed
+    anew builds one to compare, and still shares the first; other GPU ids build their own lookup."""
+    inventory = load_machine(DGX1, prefix="dgx-gpu")
+    first = NodeState.from_inventory("dgx", 80_000, 512_000, inventory).links()
+    built: list[int] = []
+    build = LinkMatrix.__init__
+
+    def counted(self, *args) -> None:
+        built.append(1)
+        build(self, *args)
+
+    monkeypatch.setattr(LinkMatrix, "__init__", counted)
+    assert NodeState.from_inventory("dgx", 80_000, 512_000, inventory).links() is first
+    assert built == []
+    parsed = load_machine(DGX1, prefix="dgx-gpu")
+    assert parsed.topology is not inventory.topology
+    assert NodeState.from_inventory("dgx", 80_000, 512_000, parsed).links() is first
+    assert len(built) == 1
+    assert NodeState.from_inventory("dgx", 80_000, 512_000, parsed).links() is first
+    assert len(built) == 1
+    other = NodeState.from_inventory("other", 80_000, 512_000, load_machine(DGX1, prefix="other-gpu"))
+    assert other.links() is first  # identical links: one matrix (and one memo)
+    assert len(built) == 2
+
+
 def test_topology_policy_prefers_the_node_with_the_better_connected_set() -> None:
     """An idle DGX-1 gives a 4-GPU pod a whole NVLink quad; one with GPUs 1 and 5 taken cannot."""
     idle, used = dgx1_node("idle"), dgx1_node("used")

@@ -63,7 +63,13 @@ SPAN_SCALE = 64  # set value = link score x SPAN_SCALE - (1 if the set spans the
 NO_WISH = TopologyWish()
 MAX_SHARED = 1024  # distinct machine link layouts kept
 MAX_MEMO = 200_000  # memoised choices per link layout (cleared when full)
+MAX_BY_TOPOLOGY = 1 << 14  # (topology object, GPU ids, NUMA) lookups kept (cleared when full)
 _SHARED: dict[tuple, LinkMatrix] = {}
+# LinkMatrix.shared's answer per topology object (by identity: the entry holds the object, so its id is
+# not reused while the entry lives), its GPU ids and NUMA nodes: nodes rebuilt from the same inventory
+# find their matrix without building one to compare (a live cache rebuilds every node after any
+# node change)
+_BY_TOPOLOGY: dict[tuple[int, tuple[str, ...], tuple[int, ...]], tuple[Topology, LinkMatrix]] = {}
 
 Choice = tuple[int, ...] | None
 
@@ -112,14 +118,24 @@ class LinkMatrix:
 
     @classmethod
     def shared(cls, ids: Sequence[str], numa: Sequence[int], topology: Topology) -> LinkMatrix:
-        """The matrix of this node, shared with every node of identical links (and so its memo)."""
+        """The matrix of this node, shared with every node of identical links (and so its memo).
+        Asked again with the same ``topology`` object, ids and NUMA nodes, the same matrix without
+        building one (a ``Topology`` is not changed once built)."""
+        by_object = (id(topology), tuple(ids), tuple(numa))
+        seen = _BY_TOPOLOGY.get(by_object)
+        if seen is not None and seen[0] is topology:
+            return seen[1]
         matrix = cls(ids, numa, topology)
         key = matrix.signature()
         known = _SHARED.get(key)
         if known is None:
             if len(_SHARED) >= MAX_SHARED:
                 _SHARED.clear()
+                _BY_TOPOLOGY.clear()
             known = _SHARED[key] = matrix
+        if len(_BY_TOPOLOGY) >= MAX_BY_TOPOLOGY:
+            _BY_TOPOLOGY.clear()
+        _BY_TOPOLOGY[by_object] = (topology, known)
         return known
 
     def set_score(self, gpus: Iterable[int]) -> int:

@@ -224,10 +224,15 @@ class Cache:
             return True
         facts = node_facts(node, self.gpu_resource)
         old = self.facts.get(name)
-        self.facts[name] = facts
         if old is None or old.signature() != facts.signature():
+            self.facts[name] = facts
             self.dirty = True
             return True
+        if facts.inventory is not old.inventory:
+            # an equal inventory (a heartbeat, a status update): keep the object, so what the view
+            # derived from it is found again on the next rebuild (the node's GPU link matrix)
+            facts = replace(facts, inventory=old.inventory)
+        self.facts[name] = facts
         if old.heartbeat != facts.heartbeat and (name in self.excluded) != bool(self.exclusion(facts)):
             self.dirty = True
             return True
