@@ -11,8 +11,9 @@ bench/variant_runs.py). Without ``--seeds`` every mix runs on its own seeds (ben
 and a shared trace on 42-51. Bounds and runs are kept in a JSON-lines cache (``--cache``), so a later
 call computes only what is new. The first policy is the reference (FGD). Per workload: the mean bound
 and allocations at 130%, the headroom (bound minus the reference), each other policy's gap to the
-bound and its share of the headroom, on how many seeds the bound is below the reference + TARGET
-(there no policy can be TARGET above it), and whether it is so in the mean over the seeds. The bound
+bound and its share of the headroom, the share TARGET is of the headroom, on how many seeds the bound
+is below the reference + TARGET (there no policy can be TARGET above it), whether it is so in the mean
+over the seeds, and the headroom at 100% arrived (where the bound is tighter: no surplus). The bound
 is also checked against every run at 100% and 130%: a run above it (by more than the runs' 0.01
 rounding) is a defect of the bound, listed and the exit status 1.
 """
@@ -114,6 +115,10 @@ def headroom(bounds: Sequence[dict], runs: dict[str, Sequence[dict]], ref: str, 
         ],
     }
     out["gap"] = {p: out["bound_130"] - m for p, m in out["mean_130"].items()}
+    out["headroom_100"] = statistics.fmean(b["at_100"] for b in bounds) - statistics.fmean(
+        r["at_100"] for r in runs[ref]
+    )
+    out["target_share"] = target / out["headroom"] if out["headroom"] > 0 else float("inf")
     out["share"] = {
         p: (m - out["mean_130"][ref]) / out["headroom"] if out["headroom"] > 0 else float("nan")
         for p, m in out["mean_130"].items()
@@ -152,7 +157,8 @@ def main(argv: list[str] | None = None) -> int:
     ref, others = policies[0], policies[1:]
     head = ["workload", "seeds", "bound @130", *(f"{p} @130" for p in policies), f"bound - {ref} mean (min)"]
     head += [f"bound - {p}" for p in others] + [f"{p} share of headroom" for p in others]
-    head += [f"seeds bound < {ref} + {args.target:g}", "in the mean"]
+    head += [f"share of headroom +{args.target:g} needs", f"seeds bound < {ref} + {args.target:g}"]
+    head += ["in the mean", f"bound - {ref} @100"]
     print("| " + " | ".join(head) + " |")
     print("|" + "---|" * len(head))
     violations = []
@@ -167,8 +173,10 @@ def main(argv: list[str] | None = None) -> int:
         cells.append(f"{h['headroom']:.2f} ({h['min_headroom']:.2f})")
         cells += [f"{h['gap'][p]:.2f}" for p in others] + [f"{h['share'][p]:.0%}" for p in others]
         cells += [
+            f"{h['target_share']:.0%}",
             f"{h['seeds_out_of_reach']}/{len(h['seeds'])}",
             "yes" if h["out_of_reach_in_mean"] else "no",
+            f"{h['headroom_100']:.2f}",
         ]
         print("| " + " | ".join(cells) + " |", flush=True)
     unconverged = sorted(

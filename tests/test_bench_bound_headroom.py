@@ -25,6 +25,7 @@ def test_headroom_counts_the_seeds_where_the_target_is_out_of_reach() -> None:
     assert not h["out_of_reach_in_mean"]  # 97.7 >= 97.0 + 0.5
     assert round(h["gap"]["ours"], 6) == 0.3 and round(h["share"]["ours"], 6) == round(0.4 / 0.7, 6)
     assert h["violations"] == []
+    assert round(h["target_share"], 6) == round(0.5 / 0.7, 6) and round(h["headroom_100"], 6) == 1.0
     assert bench.headroom(bounds, runs, "fgd", 0.75)["out_of_reach_in_mean"]
 
 
