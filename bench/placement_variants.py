@@ -276,8 +276,15 @@ class ModelGuard(P.ScorePlugin):
         shares: bool = True,
         scale: float = 1.0,
         stop: float | None = None,
+        hosts: int = 0,
+        prior_hosts: bool = False,
     ) -> None:
         self.fill, self.cpu_only, self.warm_up = fill, cpu_only, warm_up
+        # hosts > 0: also -1, for any pod that is not one of them, on the idle nodes of a model that some
+        # arrived pod restricted to it asked G >= 2 whole GPUs of, while the model has at most ``hosts``
+        # idle nodes of G or more GPUs (its last hosts for such pods)
+        self.hosts, self.prior_hosts = hosts, prior_hosts  # prior_hosts: the workload's sizes from bind
+        self.host_sizes: dict[int, set[int]] = {}
         # shares: whether it applies to shares; scale: times the expected demand; stop: off once this
         # share of the capacity has arrived (None: never before fill)
         self.shares, self.scale, self.stop = shares, scale, stop
@@ -300,11 +307,16 @@ class ModelGuard(P.ScorePlugin):
         self.asked = np.zeros(len(self.sets))
         self.prior = np.zeros(len(self.sets))
         self.total = 0.0
+        self.host_sizes = {}
         self.capacity = float(cluster.total_gpus() * MILLI)
         self.prior_total = max(float(sum(p.total_gpu_milli for p in workload)), 1.0)
         for pod in workload:
             if pod.gpu_models and pod.gpu_count:
                 self._split(pod, self.prior)
+                if self.hosts and self.prior_hosts and pod.whole_gpus >= 2:  # the workload's, as a prior
+                    for code, models in enumerate(self.sets):
+                        if models & pod.gpu_models:
+                            self.host_sizes.setdefault(code, set()).add(pod.whole_gpus)
 
     def observe(self, pod: PodRequest) -> None:
         if not pod.gpu_count:
@@ -312,14 +324,16 @@ class ModelGuard(P.ScorePlugin):
         self.total += pod.total_gpu_milli
         if pod.gpu_models:
             self._split(pod, self.asked)
+            if self.hosts and pod.whole_gpus >= 2:
+                for code, models in enumerate(self.sets):
+                    if models & pod.gpu_models:
+                        self.host_sizes.setdefault(code, set()).add(pod.whole_gpus)
 
     def bounds(self) -> tuple[float, float]:
         return (-1.0, 0.0)
 
     def applies(self, pod: PodRequest) -> bool:
-        if pod.gpu_models or (pod.is_share and not self.shares):
-            return False
-        return (bool(pod.gpu_count) or self.cpu_only) and bool(self.asked.any() or self.prior.any())
+        return bool(self.host_sizes) or self._guards(pod)
 
     def guarded(self, cluster: ClusterState) -> np.ndarray:
         """Per model set: whether its free GPU milli is below its expected restricted demand."""
@@ -334,9 +348,35 @@ class ModelGuard(P.ScorePlugin):
         return free < rate * left
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        if not self.applies(pod) or not self.asked.any() and self.total >= self.warm_up * self.capacity:
-            return np.zeros(len(idx))
-        return -self.guarded(cluster)[self.codes[idx]].astype(float)
+        if not self._guards(pod) or not self.asked.any() and self.total >= self.warm_up * self.capacity:
+            out = np.zeros(len(idx))
+        else:
+            out = -self.guarded(cluster)[self.codes[idx]].astype(float)
+        if self.host_sizes:
+            out = np.minimum(out, -self.last_hosts(pod, cluster, idx))
+        return out
+
+    def _guards(self, pod: PodRequest) -> bool:
+        """Whether the free-GPU guard applies to the pod (``applies`` without the hosts' part)."""
+        if pod.gpu_models or (pod.is_share and not self.shares):
+            return False
+        return (bool(pod.gpu_count) or self.cpu_only) and bool(self.asked.any() or self.prior.any())
+
+    def last_hosts(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        """1 on the nodes of ``idx`` that are the last ``hosts`` idle hosts of a model for its restricted
+        pods of G whole GPUs (the pod being none of them), else 0."""
+        out = np.zeros(len(idx))
+        count = cluster.gpu_count
+        idle = (cluster.gpu_full_free == count) & (count > 0)
+        for code, sizes in self.host_sizes.items():
+            mine = bool(pod.gpu_models & self.sets[code])
+            for size in sizes:
+                if mine and pod.whole_gpus >= size:
+                    continue
+                hosts = idle & (self.codes == code) & (count >= size)
+                if 0 < int(np.count_nonzero(hosts)) <= self.hosts:
+                    out = np.maximum(out, hosts[idx].astype(float))
+        return out
 
 
 def model_guard(
@@ -447,6 +487,15 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "guard1ns-s15": model_guard(1.0, guard={"shares": False, "scale": 1.5}),
     "guard1ns-need1": model_guard(1.0, guard={"shares": False}, need=(0.2, 1.0)),
     "guard1ns-need2": model_guard(1.0, guard={"shares": False}, need=(0.2, 2.0)),
+    # and the last idle hosts of a model kept for its restricted multi-GPU pods
+    "guard1ns-need1-h1": model_guard(1.0, guard={"shares": False, "hosts": 1}, need=(0.2, 1.0)),
+    "guard1ns-need1-h2": model_guard(1.0, guard={"shares": False, "hosts": 2}, need=(0.2, 1.0)),
+    "guard1ns-need1-ph1": model_guard(
+        1.0, guard={"shares": False, "hosts": 1, "prior_hosts": True}, need=(0.2, 1.0)
+    ),
+    "guard1ns-need1-ph2": model_guard(
+        1.0, guard={"shares": False, "hosts": 2, "prior_hosts": True}, need=(0.2, 1.0)
+    ),
     "guard1s05": model_guard(1.0, guard={"scale": 0.5}),
     "guard1stop9": model_guard(1.0, guard={"stop": 0.9}),
     "guard1stop7": model_guard(1.0, guard={"stop": 0.7}),

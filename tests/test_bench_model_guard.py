@@ -65,3 +65,27 @@ def test_before_warm_up_the_workload_gives_the_rate() -> None:
     guard = variants.ModelGuard(fill=1.0, warm_up=0.5, scale=10.0)  # 68 expected of B: above its 64
     guard.bind(state, workload, random.Random(1))
     assert by_model(guard, state, pod("f")) == {"a": 0.0, "b": -1.0}
+
+
+def test_the_last_idle_hosts_of_a_model_are_kept_for_its_restricted_multi_gpu_pods() -> None:
+    nodes = [NodeSpec(f"a{i}", 64_000, 512_000, 8, "A") for i in range(2)]
+    nodes += [NodeSpec(f"b{i}", 96_000, 768_000, 8, "B") for i in range(2)]
+    state = build_cluster(nodes)
+    guard = variants.ModelGuard(shares=False, hosts=2)
+    guard.bind(state, [pod("w")], random.Random(1))
+    one = pod("f")
+    assert not guard.applies(one) and list(guard.score(one, state, np.arange(4))) == [0.0] * 4
+    guard.observe(pod("r8", gpus=8, models=frozenset({"A"})))  # an 8-GPU pod restricted to A arrived
+    # A has 2 idle 8-GPU nodes, at most hosts=2: a 1-GPU pod (free or restricted to A) is kept off them
+    assert list(guard.score(one, state, np.arange(4))) == [-1.0, -1.0, 0.0, 0.0]
+    assert list(guard.score(pod("ra", models=frozenset({"A"})), state, np.arange(2))) == [-1.0, -1.0]
+    assert list(guard.score(pod("r8b", gpus=8, models=frozenset({"A"})), state, np.arange(2))) == [0.0, 0.0]
+    # with the workload as a prior the sizes are known from bind (B's share of it, 1/3, leaves the
+    # free-GPU guard off: 1/3 x 32 GPUs to come is below B's 16 free)
+    workload = [pod("w8", gpus=8, models=frozenset({"B"})), pod("u1", gpus=8), pod("u2", gpus=8)]
+    early = variants.ModelGuard(shares=False, hosts=1, prior_hosts=True)
+    early.bind(state, workload, random.Random(1))
+    assert list(early.score(one, state, np.arange(4))) == [0.0] * 4  # B has 2 idle hosts, above 1
+    guard_b = variants.ModelGuard(shares=False, hosts=2, prior_hosts=True)
+    guard_b.bind(state, workload, random.Random(1))
+    assert list(guard_b.score(one, state, np.arange(4))) == [0.0, 0.0, -1.0, -1.0]
