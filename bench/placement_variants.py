@@ -23,7 +23,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 
 from scheduler.core import policies as P  # noqa: E402
-from scheduler.core.request import PodRequest  # noqa: E402
+from scheduler.core.request import MILLI, PodRequest  # noqa: E402
 from scheduler.core.scoring import Policy  # noqa: E402
 from scheduler.core.state import ClusterState  # noqa: E402
 from tests.support.benchscript import bench_module  # noqa: E402
@@ -257,6 +257,152 @@ def model_need(band: float, horizon: float) -> Callable[[], Policy]:
     return make
 
 
+class ModelGuard(P.ScorePlugin):
+    """A score above FGD's bands: -1 on the nodes of a GPU model whose free GPU milli is below the demand
+    its restricted pods are expected to bring until the cluster's GPUs have arrived ``fill`` times over,
+    0 elsewhere, for pods free to use any model (and, with ``cpu_only``, pods asking no GPU); 0 for
+    restricted pods. The expected demand of a model is its restricted pods' share of the GPU milli arrived
+    so far (after ``warm_up`` of the capacity has arrived; before, the workload's share, as the reserve's
+    prior) times the GPU milli still to arrive (``fill`` x capacity less what arrived, at least 0).
+    Reads the arrivals seen so far, the workload given at bind and the cluster's state only."""
+
+    name = "model-guard"
+
+    def __init__(
+        self,
+        fill: float = 1.0,
+        cpu_only: bool = False,
+        warm_up: float = 0.02,
+        shares: bool = True,
+        scale: float = 1.0,
+        stop: float | None = None,
+        hosts: int = 0,
+        prior_hosts: bool = False,
+    ) -> None:
+        self.fill, self.cpu_only, self.warm_up = fill, cpu_only, warm_up
+        # hosts > 0: also -1, for any pod that is not one of them, on the idle nodes of a model that some
+        # arrived pod restricted to it asked G >= 2 whole GPUs of, while the model has at most ``hosts``
+        # idle nodes of G or more GPUs (its last hosts for such pods)
+        self.hosts, self.prior_hosts = hosts, prior_hosts  # prior_hosts: the workload's sizes from bind
+        self.host_sizes: dict[int, set[int]] = {}
+        # shares: whether it applies to shares; scale: times the expected demand; stop: off once this
+        # share of the capacity has arrived (None: never before fill)
+        self.shares, self.scale, self.stop = shares, scale, stop
+        self.codes = np.zeros(0, dtype=np.int64)
+        self.sets: list[frozenset[str]] = []
+        self.asked = np.zeros(0)
+        self.prior = np.zeros(0)
+        self.total = 0.0
+        self.prior_total = 1.0
+        self.capacity = 1.0
+
+    def _split(self, pod: PodRequest, into: np.ndarray) -> None:
+        match = [code for code, models in enumerate(self.sets) if models & pod.gpu_models]
+        for code in match:
+            into[code] += pod.total_gpu_milli / len(match)
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        self.codes = cluster.model_code
+        self.sets = list(cluster.model_sets)
+        self.asked = np.zeros(len(self.sets))
+        self.prior = np.zeros(len(self.sets))
+        self.total = 0.0
+        self.host_sizes = {}
+        self.capacity = float(cluster.total_gpus() * MILLI)
+        self.prior_total = max(float(sum(p.total_gpu_milli for p in workload)), 1.0)
+        for pod in workload:
+            if pod.gpu_models and pod.gpu_count:
+                self._split(pod, self.prior)
+                if self.hosts and self.prior_hosts and pod.whole_gpus >= 2:  # the workload's, as a prior
+                    for code, models in enumerate(self.sets):
+                        if models & pod.gpu_models:
+                            self.host_sizes.setdefault(code, set()).add(pod.whole_gpus)
+
+    def observe(self, pod: PodRequest) -> None:
+        if not pod.gpu_count:
+            return
+        self.total += pod.total_gpu_milli
+        if pod.gpu_models:
+            self._split(pod, self.asked)
+            if self.hosts and pod.whole_gpus >= 2:
+                for code, models in enumerate(self.sets):
+                    if models & pod.gpu_models:
+                        self.host_sizes.setdefault(code, set()).add(pod.whole_gpus)
+
+    def bounds(self) -> tuple[float, float]:
+        return (-1.0, 0.0)
+
+    def applies(self, pod: PodRequest) -> bool:
+        return bool(self.host_sizes) or self._guards(pod)
+
+    def guarded(self, cluster: ClusterState) -> np.ndarray:
+        """Per model set: whether its free GPU milli is below its expected restricted demand."""
+        if self.total >= self.warm_up * self.capacity:
+            rate = self.asked / self.total
+        else:
+            rate = self.prior / self.prior_total
+        left = max(self.fill * self.capacity - self.total, 0.0) * self.scale
+        if self.stop is not None and self.total >= self.stop * self.capacity:
+            left = 0.0
+        free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
+        return free < rate * left
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if not self._guards(pod) or not self.asked.any() and self.total >= self.warm_up * self.capacity:
+            out = np.zeros(len(idx))
+        else:
+            out = -self.guarded(cluster)[self.codes[idx]].astype(float)
+        if self.host_sizes:
+            out = np.minimum(out, -self.last_hosts(pod, cluster, idx))
+        return out
+
+    def _guards(self, pod: PodRequest) -> bool:
+        """Whether the free-GPU guard applies to the pod (``applies`` without the hosts' part)."""
+        if pod.gpu_models or (pod.is_share and not self.shares):
+            return False
+        return (bool(pod.gpu_count) or self.cpu_only) and bool(self.asked.any() or self.prior.any())
+
+    def last_hosts(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        """1 on the nodes of ``idx`` that are the last ``hosts`` idle hosts of a model for its restricted
+        pods of G whole GPUs (the pod being none of them), else 0."""
+        out = np.zeros(len(idx))
+        count = cluster.gpu_count
+        idle = (cluster.gpu_full_free == count) & (count > 0)
+        for code, sizes in self.host_sizes.items():
+            mine = bool(pod.gpu_models & self.sets[code])
+            for size in sizes:
+                if mine and pod.whole_gpus >= size:
+                    continue
+                hosts = idle & (self.codes == code) & (count >= size)
+                if 0 < int(np.count_nonzero(hosts)) <= self.hosts:
+                    out = np.maximum(out, hosts[idx].astype(float))
+        return out
+
+
+def model_guard(
+    fill: float = 1.0,
+    cpu_only: bool = False,
+    weight: float = 100.0,
+    guard: dict | None = None,
+    need: tuple[float, float] | None = None,
+    **parts: Any,
+) -> Callable[[], Policy]:
+    """The default with ``ModelGuard`` between share completion and FGD (weight ``weight``: above FGD's
+    bands, below completion)."""
+
+    def make() -> Policy:
+        policy, _, _ = default_parts(**parts)
+        first, *rest = policy.plugins
+        policy.plugins = (first, (ModelGuard(fill, cpu_only, **(guard or {})), weight), *rest)
+        if need is not None:  # and the model balance by need (ModelNeed) in the tie-break
+            tie = policy.tie_break
+            assert isinstance(tie, P.ReserveThenAlign)
+            tie.balance = ModelNeed(*need)
+        return policy
+
+    return make
+
+
 VARIANTS: dict[str, Callable[[], Policy]] = {
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
     "fgd-reserve-13": lambda: P.fgd_reserve(
@@ -328,6 +474,31 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     ),
     # the live default with the second rule's by_need (non-adaptive, so it applies there too)
     "topo-need": topology_over(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=False, by_need=True),
+    # the model guard above FGD (the early GPU-spec dip of t-spec30-cpu050; docs/performance.md)
+    "guard1": model_guard(1.0),
+    "guard13": model_guard(1.3),
+    "guard1cpu": model_guard(1.0, cpu_only=True),
+    "guard08": model_guard(0.8),
+    "guard115": model_guard(1.15),
+    "guard1w6": model_guard(1.0, weight=6.0),
+    "guard1w15": model_guard(1.0, weight=15.0),
+    "guard1ns": model_guard(1.0, guard={"shares": False}),
+    "guard13ns": model_guard(1.3, guard={"shares": False}),
+    "guard1ns-s15": model_guard(1.0, guard={"shares": False, "scale": 1.5}),
+    "guard1ns-need1": model_guard(1.0, guard={"shares": False}, need=(0.2, 1.0)),
+    "guard1ns-need2": model_guard(1.0, guard={"shares": False}, need=(0.2, 2.0)),
+    # and the last idle hosts of a model kept for its restricted multi-GPU pods
+    "guard1ns-need1-h1": model_guard(1.0, guard={"shares": False, "hosts": 1}, need=(0.2, 1.0)),
+    "guard1ns-need1-h2": model_guard(1.0, guard={"shares": False, "hosts": 2}, need=(0.2, 1.0)),
+    "guard1ns-need1-ph1": model_guard(
+        1.0, guard={"shares": False, "hosts": 1, "prior_hosts": True}, need=(0.2, 1.0)
+    ),
+    "guard1ns-need1-ph2": model_guard(
+        1.0, guard={"shares": False, "hosts": 2, "prior_hosts": True}, need=(0.2, 1.0)
+    ),
+    "guard1s05": model_guard(1.0, guard={"scale": 0.5}),
+    "guard1stop9": model_guard(1.0, guard={"stop": 0.9}),
+    "guard1stop7": model_guard(1.0, guard={"stop": 0.7}),
     "topo-cpu": topology_over(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=True, by_need=False),
 }
 
