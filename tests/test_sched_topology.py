@@ -351,6 +351,22 @@ def test_a_node_rebuilt_from_the_same_inventory_finds_its_matrix_without_buildin
     assert len(built) == 2
 
 
+def test_the_lookup_by_topology_object_lets_a_dead_inventory_go() -> None:
+    """The per-object lookup holds no inventory alive: once a node's inventory is gone (replaced by
+    an update), so is its entry, and a new object at the same address cannot find the old matrix."""
+    import gc
+
+    from scheduler.core import topology
+
+    inventory = load_machine(DGX1, prefix="dgx-gpu")
+    node = NodeState.from_inventory("dgx", 80_000, 512_000, inventory)
+    node.links()
+    assert len(topology._BY_TOPOLOGY) == 1
+    del node, inventory
+    gc.collect()
+    assert topology._BY_TOPOLOGY == {}
+
+
 def test_topology_policy_prefers_the_node_with_the_better_connected_set() -> None:
     """An idle DGX-1 gives a 4-GPU pod a whole NVLink quad; one with GPUs 1 and 5 taken cannot."""
     idle, used = dgx1_node("idle"), dgx1_node("used")

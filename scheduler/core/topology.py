@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -65,13 +66,20 @@ MAX_SHARED = 1024  # distinct machine link layouts kept
 MAX_MEMO = 200_000  # memoised choices per link layout (cleared when full)
 MAX_BY_TOPOLOGY = 1 << 14  # (topology object, GPU ids, NUMA) lookups kept (cleared when full)
 _SHARED: dict[tuple, LinkMatrix] = {}
-# LinkMatrix.shared's answer per topology object (by identity: the entry holds the object, so its id is
-# not reused while the entry lives), its GPU ids and NUMA nodes: nodes rebuilt from the same inventory
-# find their matrix without building one to compare (a live cache rebuilds every node after any
-# node change)
-_BY_TOPOLOGY: dict[tuple[int, tuple[str, ...], tuple[int, ...]], tuple[Topology, LinkMatrix]] = {}
+# LinkMatrix.shared's answer per live topology object (by identity, through a weak reference whose
+# callback drops the entry when the object dies, so the entries are those of the inventories in use),
+# its GPU ids and NUMA nodes: nodes rebuilt from the same inventory find their matrix without building
+# one to compare (a live cache rebuilds every node after any node change)
+_BY_TOPOLOGY: dict[tuple[int, tuple[str, ...], tuple[int, ...]], tuple[weakref.ref, LinkMatrix]] = {}
 
 Choice = tuple[int, ...] | None
+
+
+def _forget(key: tuple[int, tuple[str, ...], tuple[int, ...]], ref: weakref.ref) -> None:
+    """A topology object died: drop its ``_BY_TOPOLOGY`` entry (if still its own)."""
+    seen = _BY_TOPOLOGY.get(key)
+    if seen is not None and seen[0] is ref:
+        del _BY_TOPOLOGY[key]
 
 
 def pair_score(topology: Topology, a: str, b: str) -> int:
@@ -123,7 +131,7 @@ class LinkMatrix:
         building one (a ``Topology`` is not changed once built)."""
         by_object = (id(topology), tuple(ids), tuple(numa))
         seen = _BY_TOPOLOGY.get(by_object)
-        if seen is not None and seen[0] is topology:
+        if seen is not None and seen[0]() is topology:
             return seen[1]
         matrix = cls(ids, numa, topology)
         key = matrix.signature()
@@ -135,7 +143,7 @@ class LinkMatrix:
             known = _SHARED[key] = matrix
         if len(_BY_TOPOLOGY) >= MAX_BY_TOPOLOGY:
             _BY_TOPOLOGY.clear()
-        _BY_TOPOLOGY[by_object] = (topology, known)
+        _BY_TOPOLOGY[by_object] = (weakref.ref(topology, lambda ref: _forget(by_object, ref)), known)
         return known
 
     def set_score(self, gpus: Iterable[int]) -> int:
