@@ -534,14 +534,17 @@ def rate_horizon(window: float = 0.05, lowest: float = 0.25) -> Callable[[], Pol
 class SoftReserve(P.WholeNodeReserve):
     """``WholeNodeReserve`` whose penalty also counts, below the scarce shapes, whether the pod would
     break a host of any shape it may break at all (``2 x scarce + any``): among FGD's tied nodes a pod
-    goes where it leaves every whole-node host whole, before the hosts get scarce. The state only."""
+    goes where it leaves every whole-node host whole, before the hosts get scarce. The state only.
+    ``gpu_only``: pods without GPUs get no soft digit (CPU-only pods may take the big hosts' CPU)."""
+
+    gpu_only = False
 
     def scarce_breaks(
         self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, horizon: float | None = None
     ) -> np.ndarray | None:
         base = super().scarce_breaks(pod, cluster, idx, horizon)
         may = self._may_break(pod)
-        if not may or not len(idx):
+        if not may or not len(idx) or (self.gpu_only and not pod.total_gpu_milli):
             return base
         limits = self._limits[may]  # [shapes, 3, 1]
         gpus, cpu, memory = limits[:, 0], limits[:, 1], limits[:, 2]
@@ -604,11 +607,12 @@ class SoftReserveAlign(P.ReserveThenAlign):
         return int(keys.argmax())
 
 
-def soft_reserve() -> Policy:
+def soft_reserve(gpu_only: bool = False) -> Policy:
     """The default with the reserve's soft digit (``SoftReserve``)."""
     policy, tie, _ = default_parts()
     old = tie.reserve
     soft = SoftReserve(old.fixed, old.adaptive, old.horizon, old.prior_weight, old.by_need)
+    soft.gpu_only = gpu_only
     new = SoftReserveAlign.__new__(SoftReserveAlign)
     new.__dict__.update(tie.__dict__)
     new.reserve = soft
@@ -626,6 +630,7 @@ VARIANTS.update(
         "ratehorizon": rate_horizon(),
         "ratehorizon10": rate_horizon(0.10),
         "softkeep": soft_reserve,
+        "softkeep-gpu": lambda: soft_reserve(gpu_only=True),
     }
 )
 
