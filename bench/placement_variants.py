@@ -11,6 +11,7 @@ the reserve's second change (2026-11-28 night) keep the reserve's rule of then (
 
 from __future__ import annotations
 
+import bisect
 import math
 import sys
 from collections.abc import Callable
@@ -501,6 +502,327 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "guard1stop7": model_guard(1.0, guard={"stop": 0.7}),
     "topo-cpu": topology_over(keep=None, adaptive=False, balance=0.0, cpu_bound_exact=True, by_need=False),
 }
+
+
+# --- issue 26, multi-GPU- and whole-node-heavy mixes (branch multi26, 2026-11-29): share remainders ---
+# Rules that adapt to the share sizes seen so far (docs/performance.md "Share remainders on the multi-GPU-
+# and whole-node-heavy mixes"). Each reads the arrivals through ``observe`` and the workload's shape
+# distribution at ``bind`` only as the prior the default's remainder table already uses.
+SEEN_MIN_SHARE = 0.01  # a share size counts once it is this share of the share pods arrived
+SEEN_WARM_UP = 50  # share pods arrived before the arrivals replace the prior
+
+
+def seen_sizes(counts: dict[int, int], min_share: float = SEEN_MIN_SHARE) -> tuple[int, ...]:
+    """The share sizes (milli) that are at least ``min_share`` of the share pods counted, ascending."""
+    total = sum(counts.values())
+    return tuple(sorted(m for m, k in counts.items() if total and k / total >= min_share))
+
+
+def waste_table_of(sizes: tuple[int, ...]) -> np.ndarray:
+    """``share_waste_table`` for the share sizes ``sizes``: per free milli r, what of r no sum fills."""
+    best = [0] * (P.MILLI + 1)
+    for r in range(1, P.MILLI + 1):
+        best[r] = max([best[r - m] + m for m in sizes if m <= r], default=0)
+    return np.array([r - best[r] for r in range(P.MILLI + 1)], dtype=np.int64)
+
+
+class ShareSizes:
+    """The share sizes seen so far: counts per milli of the plain share pods arrived, and the common ones
+    (``seen_sizes``) once ``SEEN_WARM_UP`` have arrived (None before)."""
+
+    def __init__(self) -> None:
+        self.counts: dict[int, int] = {}
+        self.arrived = 0
+
+    def observe(self, pod: PodRequest) -> bool:
+        """Count ``pod``; True when the common sizes may have changed."""
+        if not (pod.is_share and 0 < pod.gpu_milli < P.MILLI):
+            return False
+        self.counts[pod.gpu_milli] = self.counts.get(pod.gpu_milli, 0) + 1
+        self.arrived += 1
+        return self.arrived >= SEEN_WARM_UP
+
+    def common(self) -> tuple[int, ...] | None:
+        return seen_sizes(self.counts) if self.arrived >= SEEN_WARM_UP else None
+
+
+class SeenWaste(P.ReserveThenAlign):
+    """``ReserveThenAlign`` whose table of unfillable remainders is that of the share sizes seen so far
+    (the workload's before ``SEEN_WARM_UP`` share pods have arrived)."""
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        super().bind(cluster, workload, rng)
+        self.sizes = ShareSizes()
+        self.common: tuple[int, ...] | None = None
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        if self.sizes.observe(pod):
+            common = self.sizes.common()
+            if common != self.common:
+                self.common = common
+                self.waste = waste_table_of(common or ())
+
+
+class WasteGpuFGD(P.FGDScore):
+    """FGD whose share goes, among the GPUs of the chosen node that reach its best band, to the one left
+    with the least unfillable remainder (the tie-breaker's table, ``owner.waste``), then the least left,
+    then the lowest index (FGD: the lowest index). Plain shares only; the others as FGD."""
+
+    def __init__(self, owner: P.ReserveThenAlign, **kw: Any) -> None:
+        super().__init__(**kw)
+        self.owner = owner
+        self._table: np.ndarray | None = None
+
+    def node_score(self, pod: PodRequest, cluster: ClusterState, i: int) -> tuple[float, int]:
+        score, j = super().node_score(pod, cluster, i)
+        if j < 0 or not P.plain_share(pod, cluster):
+            return score, j
+        if self._table is not self.owner.waste:  # the choices kept per shape used another table
+            self._table = self.owner.waste
+            self._cache = {}
+        models, free, cpu = self._node_models[i], cluster.gpu_key[i], int(cluster.cpu_free[i])
+        cuts = self.model.cpu_sorted
+        before, after = bisect.bisect_right(cuts, cpu), bisect.bisect_right(cuts, cpu - pod.cpu_milli)
+        key = (pod.gpu_milli, pod.gpu_count, models, free, before, after, None)
+        hit = self._memo.get(key)
+        values = hit[1] if hit is not None else self._evaluate(pod, models, free, before, after)[1]
+        waste, milli = self._table, pod.gpu_milli
+        row = cluster.gpu_rows[i]
+        best = min(
+            (int(waste[min(v - milli, P.MILLI)]), v - milli, k) for k, v in enumerate(row) if v in values
+        )
+        return score, best[2]
+
+
+class SeenCompletion(P.ShareCompletionScore):
+    """``ShareCompletionScore`` whose threshold is the smallest common share size seen so far (a GPU left
+    with less than it is complete: only rare shares fill it), at least ``floor`` (the default's 110) and
+    at most ``cap``; ``floor`` before ``SEEN_WARM_UP`` share pods have arrived."""
+
+    def __init__(self, floor: int = P.COMPLETE_BELOW, cap: int = 300) -> None:
+        super().__init__(floor)
+        self.floor, self.cap = floor, cap
+        self.sizes = ShareSizes()
+
+    def _set_below(self, below: int) -> None:
+        if below == self.below:
+            return
+        self.below = below
+        left = np.arange(P.MILLI + 2, dtype=np.int64)
+        self.by_left = np.where(left < below, 1.0 + (below - left) / below, 0.0)
+        self._scores = self.by_left.tolist()
+        self._kept = P.GpuStateValues()
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        super().bind(cluster, workload, rng)
+        self.sizes = ShareSizes()
+        self._set_below(self.floor)
+
+    def observe(self, pod: PodRequest) -> None:
+        if self.sizes.observe(pod):
+            common = self.sizes.common() or ()
+            self._set_below(min(max(common[0] if common else self.floor, self.floor), self.cap))
+
+
+def share_rule(
+    seen_waste: bool, waste_gpu: bool, seen_complete: bool, cap: int = 300
+) -> Callable[[], Policy]:
+    """The default with: the remainder table of the sizes seen (``SeenWaste``), FGD's share GPU by that
+    table (``WasteGpuFGD``), the completion threshold of the sizes seen (``SeenCompletion``)."""
+
+    def make() -> Policy:
+        policy, tie, fgd = default_parts()
+        if seen_waste:
+            new = SeenWaste.__new__(SeenWaste)
+            new.__dict__.update(tie.__dict__)
+            tie = new
+        plugins = []
+        for plugin, weight in policy.plugins:
+            if isinstance(plugin, P.FGDScore) and waste_gpu:
+                plugin = WasteGpuFGD(tie, step=fgd.step, whole_node_typical=False, spec_step=fgd.spec_step)
+            elif isinstance(plugin, P.ShareCompletionScore) and seen_complete:
+                plugin = SeenCompletion(cap=cap)
+            plugins.append((plugin, weight))
+        return Policy(policy.name, tuple(plugins), policy.description, tie_break=tie)
+
+    return make
+
+
+class RateHorizon(P.ReserveThenAlign):
+    """``ReserveThenAlign`` whose reserve keeps the expected need over the arrivals still to come before
+    the cluster is full, not over its free GPU milli: the horizon divided by the share of the GPU milli
+    arrived over the last ``window`` of the cluster's capacity that was placed (clipped to ``lowest``..1;
+    1 while the cluster takes every pod, so the same as the default until it fills). Reads the arrivals
+    (``observe``) and the cluster's free GPU milli only."""
+
+    def __init__(self, *args: Any, window: float = 0.05, lowest: float = 0.25, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.window, self.lowest = window, lowest
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        super().bind(cluster, workload, rng)
+        self.samples: list[tuple[int, int]] = [(0, 0)]  # (GPU milli arrived, GPU milli placed)
+        self.cluster = cluster
+        self.ratio = 1.0
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        if not pod.total_gpu_milli:
+            return
+        cluster = self.cluster
+        placed = int(cluster.total_gpus() * P.MILLI - int(cluster.gpu_free_total.sum()))
+        arrived = self.asked[1]
+        samples = self.samples
+        samples.append((arrived, placed))
+        span = self.window * self.capacity[1]
+        while len(samples) > 2 and arrived - samples[1][0] >= span:
+            samples.pop(0)
+        old_arrived, old_placed = samples[0]
+        if arrived - old_arrived >= span:
+            self.ratio = min(1.0, max(self.lowest, (placed - old_placed) / (arrived - old_arrived)))
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        step, horizon = super()._step_and_horizon()
+        if self.ratio >= 1.0:
+            return step, horizon
+        return step, (horizon if horizon is not None else self.reserve.horizon) / self.ratio
+
+
+def rate_horizon(window: float = 0.05, lowest: float = 0.25) -> Callable[[], Policy]:
+    """The default whose reserve's horizon grows as the cluster refuses arrivals (``RateHorizon``)."""
+
+    def make() -> Policy:
+        policy, tie, _ = default_parts()
+        new = RateHorizon.__new__(RateHorizon)
+        new.__dict__.update(tie.__dict__)
+        new.window, new.lowest = window, lowest
+        return Policy(policy.name, policy.plugins, policy.description, tie_break=new)
+
+    return make
+
+
+class SoftReserve(P.WholeNodeReserve):
+    """``WholeNodeReserve`` whose penalty also counts, below the scarce shapes, whether the pod would
+    break a host of any shape it may break at all (``2 x scarce + any``): among FGD's tied nodes a pod
+    goes where it leaves every whole-node host whole, before the hosts get scarce. The state only.
+    ``gpu_only``: pods without GPUs get no soft digit (CPU-only pods may take the big hosts' CPU);
+    ``rare``: only the shapes that fewer than this share of the nodes with as many GPUs can host at all
+    (by capacity: on openb the 120-CPU 8-GPU shapes, 39 of 617 nodes) get it (None: every shape)."""
+
+    gpu_only = False
+    rare: float | None = None
+    soft: set[int] | None = None  # bind: the shapes with a soft digit (None: all)
+
+    def bind(self, cluster: ClusterState, workload: Any) -> None:
+        super().bind(cluster, workload)
+        self.soft = None
+        if self.rare is not None:
+            self.soft = set()
+            for k, (gpus, cpu, memory) in enumerate(self.shapes):
+                with_gpus = cluster.gpu_count >= gpus
+                able = with_gpus & (cluster.cpu_capacity >= cpu) & (cluster.mem_capacity >= memory)
+                if np.count_nonzero(able) < self.rare * max(int(np.count_nonzero(with_gpus)), 1):
+                    self.soft.add(k)
+
+    def scarce_breaks(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, horizon: float | None = None
+    ) -> np.ndarray | None:
+        base = super().scarce_breaks(pod, cluster, idx, horizon)
+        may = self._may_break(pod)
+        if self.soft is not None:
+            may = [k for k in may if k in self.soft]
+        if not may or not len(idx) or (self.gpu_only and not pod.total_gpu_milli):
+            return base
+        limits = self._limits[may]  # [shapes, 3, 1]
+        gpus, cpu, memory = limits[:, 0], limits[:, 1], limits[:, 2]
+        free_gpus, free_cpu, free_mem = (
+            cluster.gpu_full_free[idx],
+            cluster.cpu_free[idx],
+            cluster.mem_free[idx],
+        )
+        whole = 0 if pod.is_share else pod.gpu_count
+        now = (free_gpus >= gpus) & (free_cpu >= cpu) & (free_mem >= memory)
+        after = (
+            (free_gpus - whole >= gpus)
+            & (free_cpu - pod.cpu_milli >= cpu)
+            & (free_mem - pod.memory_mib >= memory)
+        )
+        breaks = (now & ~after).any(axis=0)
+        if not breaks.any():
+            return base
+        return breaks.astype(np.int64) + (0 if base is None else 2 * np.asarray(base, dtype=np.int64))
+
+
+class SoftReserveAlign(P.ReserveThenAlign):
+    """``ReserveThenAlign`` over a ``SoftReserve``: the penalty digit spans ``2 x shapes + 1``."""
+
+    def _pick_by_digits(
+        self,
+        pod: PodRequest,
+        cluster: ClusterState,
+        idx: np.ndarray,
+        step: float,
+        waste: np.ndarray | None,
+        penalty: np.ndarray | None,
+        balance: np.ndarray | None,
+    ) -> int | None:
+        found = self.aligned_keys(pod, cluster, idx, step)
+        if found is None:
+            return None
+        keys, low, span = found
+        if waste is None and penalty is None and balance is None:
+            return int(keys.argmax())
+        if low < 0:
+            return None
+        digits = []
+        if waste is not None:
+            digits.append((waste // self.waste_band, (P.MILLI + 1) // self.waste_band, -1))
+        if penalty is not None:
+            digits.append((penalty.astype(np.int64), 2 * len(self.reserve.shapes) + 1, -1))
+        if balance is not None:
+            if int(balance.min()) < 0:
+                return None
+            digits.append((balance.astype(np.int64), int(balance.max()), 1))
+        bound = span
+        for _, top, _ in digits:
+            bound *= 2 * top + 1
+        if bound >= 1 << 62:
+            return None
+        for values, top, sign in digits:
+            keys += (sign * 2 * span) * values
+            span *= 2 * top + 1
+        return int(keys.argmax())
+
+
+def soft_reserve(gpu_only: bool = False, rare: float | None = None) -> Policy:
+    """The default with the reserve's soft digit (``SoftReserve``)."""
+    policy, tie, _ = default_parts()
+    old = tie.reserve
+    soft = SoftReserve(old.fixed, old.adaptive, old.horizon, old.prior_weight, old.by_need)
+    soft.gpu_only, soft.rare = gpu_only, rare
+    new = SoftReserveAlign.__new__(SoftReserveAlign)
+    new.__dict__.update(tie.__dict__)
+    new.reserve = soft
+    return Policy(policy.name, policy.plugins, policy.description, tie_break=new)
+
+
+VARIANTS.update(
+    {
+        "seenwaste": share_rule(True, False, False),
+        "wastegpu": share_rule(False, True, False),
+        "seenwaste-gpu": share_rule(True, True, False),
+        "seencomplete": share_rule(False, False, True),
+        "seencomplete200": share_rule(False, False, True, cap=200),
+        "seenall": share_rule(True, True, True),
+        "ratehorizon": rate_horizon(),
+        "ratehorizon10": rate_horizon(0.10),
+        "softkeep": soft_reserve,
+        "softkeep-gpu": lambda: soft_reserve(gpu_only=True),
+        "softrare": lambda: soft_reserve(rare=0.10),
+        "softrare-gpu": lambda: soft_reserve(gpu_only=True, rare=0.10),
+    }
+)
 
 
 def main(argv: list[str] | None = None) -> int:
