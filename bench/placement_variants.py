@@ -196,9 +196,8 @@ class ModelSlack(P.ModelBalance):
             return
         self.total += pod.total_gpu_milli
         if pod.gpu_models:
-            for code, models in enumerate(self.sets):
-                if models & pod.gpu_models:
-                    self.asked[code] += pod.total_gpu_milli
+            for code in self.matching(pod.gpu_models):
+                self.asked[code] += pod.total_gpu_milli
 
     def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
         if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
@@ -234,17 +233,35 @@ class ModelNeed(ModelSlack):
     def __init__(self, band: float, horizon: float) -> None:
         super().__init__(band)
         self.horizon = horizon
+        self.capacity_sum = 0.0  # the cluster's GPU milli (capacity summed)
 
-    def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
-        if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
-            return None
-        free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
-        share = np.divide(free, self.capacity, out=np.ones_like(free), where=self.capacity > 0)
-        need = self.asked / max(self.total, 1.0) * float(self.capacity.sum()) * self.horizon
-        need = np.divide(need, self.capacity, out=np.zeros_like(need), where=self.capacity > 0)
-        ratio = np.divide(share, need, out=np.ones_like(share), where=need > 0)
-        ratio = np.where(self.restricted, np.minimum(ratio, 1.0), 1.0)
-        return np.floor(ratio[self.codes[idx]] / self.band)
+    def bind(self, cluster: ClusterState) -> None:
+        super().bind(cluster)
+        self.capacity_sum = float(self.capacity.sum())
+
+    bands = P.ModelBalance.bands  # not ModelSlack's: per model set (model_bands), gathered for idx
+
+    def model_bands(self, cluster: ClusterState) -> np.ndarray:
+        """``bands`` per model set, one model at a time in Python floats (the same operations, in the same
+        order, as the vector form ``np.floor(ratio / band)`` over the nodes: the same floats; checked in
+        tests/test_bench_guard_placements.py)."""
+        per = max(self.total, 1.0)
+        scale, band, out = self.capacity_sum, self.band, []
+        for free, capacity, asked, restricted in zip(
+            self.free.of(cluster),
+            self.capacity.tolist(),
+            self.asked.tolist(),
+            self.restricted.tolist(),
+            strict=True,
+        ):
+            ratio = 1.0
+            if restricted:
+                share = free / capacity if capacity > 0 else 1.0
+                need = asked / per * scale * self.horizon
+                need = need / capacity if capacity > 0 else 0.0
+                ratio = min(share / need if need > 0 else 1.0, 1.0)
+            out.append(math.floor(ratio / band))
+        return np.array(out, dtype=np.float64)
 
 
 def model_need(band: float, horizon: float) -> Callable[[], Policy]:
@@ -296,15 +313,25 @@ class ModelGuard(P.ScorePlugin):
         self.total = 0.0
         self.prior_total = 1.0
         self.capacity = 1.0
+        # asked.any() and prior.any(), kept as they change; the free GPU milli per model set (P.ModelFree)
+        self.any_asked = self.any_prior = False
+        self.free = P.ModelFree(self.codes, 0)
+        self._matches: dict[frozenset[str], list[int]] = {}  # per gpu_models, the model set codes
 
     def _split(self, pod: PodRequest, into: np.ndarray) -> None:
-        match = [code for code, models in enumerate(self.sets) if models & pod.gpu_models]
+        match = self._matches.get(pod.gpu_models)
+        if match is None:
+            match = self._matches[pod.gpu_models] = [
+                code for code, models in enumerate(self.sets) if models & pod.gpu_models
+            ]
         for code in match:
             into[code] += pod.total_gpu_milli / len(match)
 
     def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
         self.codes = cluster.model_code
         self.sets = list(cluster.model_sets)
+        self._matches = {}
+        self.free = P.ModelFree(self.codes, len(self.sets))
         self.asked = np.zeros(len(self.sets))
         self.prior = np.zeros(len(self.sets))
         self.total = 0.0
@@ -318,6 +345,7 @@ class ModelGuard(P.ScorePlugin):
                     for code, models in enumerate(self.sets):
                         if models & pod.gpu_models:
                             self.host_sizes.setdefault(code, set()).add(pod.whole_gpus)
+        self.any_asked, self.any_prior = False, bool(self.prior.any())
 
     def observe(self, pod: PodRequest) -> None:
         if not pod.gpu_count:
@@ -325,6 +353,7 @@ class ModelGuard(P.ScorePlugin):
         self.total += pod.total_gpu_milli
         if pod.gpu_models:
             self._split(pod, self.asked)
+            self.any_asked = bool(self.asked.any())
             if self.hosts and pod.whole_gpus >= 2:
                 for code, models in enumerate(self.sets):
                     if models & pod.gpu_models:
@@ -338,21 +367,30 @@ class ModelGuard(P.ScorePlugin):
 
     def guarded(self, cluster: ClusterState) -> np.ndarray:
         """Per model set: whether its free GPU milli is below its expected restricted demand."""
+        return np.array(self._guarded(cluster), dtype=bool)
+
+    def _guarded(self, cluster: ClusterState) -> list[bool]:
+        """``guarded`` one model set at a time in Python floats: the free GPU milli kept from the
+        cluster's changes (``P.ModelFree``, exact sums) below the rate times what is left to arrive (the
+        same operations as the vector form, so the same comparisons)."""
         if self.total >= self.warm_up * self.capacity:
-            rate = self.asked / self.total
+            rates, per = self.asked.tolist(), self.total
         else:
-            rate = self.prior / self.prior_total
+            rates, per = self.prior.tolist(), self.prior_total
         left = max(self.fill * self.capacity - self.total, 0.0) * self.scale
         if self.stop is not None and self.total >= self.stop * self.capacity:
             left = 0.0
-        free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
-        return free < rate * left
+        free = self.free.of(cluster)
+        if not per:  # nothing arrived with warm_up 0: numpy's 0/0 (nan, never above) as the vector form did
+            return (np.array(free, dtype=float) < np.array(rates) / per * left).tolist()
+        return [have < rate / per * left for have, rate in zip(free, rates, strict=True)]
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        if not self._guards(pod) or not self.asked.any() and self.total >= self.warm_up * self.capacity:
+        if not self._guards(pod) or not self.any_asked and self.total >= self.warm_up * self.capacity:
             out = np.zeros(len(idx))
-        else:
-            out = -self.guarded(cluster)[self.codes[idx]].astype(float)
+        else:  # -1.0 on guarded models, -0.0 elsewhere, as -(guarded as floats) on the nodes
+            per_model = np.array([-1.0 if hit else -0.0 for hit in self._guarded(cluster)])
+            out = per_model.take(self.codes.take(idx))
         if self.host_sizes:
             out = np.minimum(out, -self.last_hosts(pod, cluster, idx))
         return out
@@ -361,7 +399,7 @@ class ModelGuard(P.ScorePlugin):
         """Whether the free-GPU guard applies to the pod (``applies`` without the hosts' part)."""
         if pod.gpu_models or (pod.is_share and not self.shares):
             return False
-        return (bool(pod.gpu_count) or self.cpu_only) and bool(self.asked.any() or self.prior.any())
+        return (bool(pod.gpu_count) or self.cpu_only) and (self.any_asked or self.any_prior)
 
     def last_hosts(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         """1 on the nodes of ``idx`` that are the last ``hosts`` idle hosts of a model for its restricted

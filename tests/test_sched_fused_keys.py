@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from scheduler.core import policies
@@ -40,9 +41,10 @@ def _count_states_worked_out(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(policies, "aligned_band", counted)
 
 
-def walk_keys(seed: int, steps: int, counts: dict[str, int]) -> None:
-    """``_fused_keys`` (and ``pick_tied``) of a tie-breaker without model balance over a changing
-    cluster, against ``score`` then the node order."""
+def walk_keys(seed: int, steps: int, counts: dict[str, int], balance: float = 0.0) -> None:
+    """``_fused_keys`` (and ``pick_tied``) of a tie-breaker without model balance (with one of bands
+    ``balance`` when above 0: then ``pick_tied`` alone) over a changing cluster, against ``score`` then
+    the node order."""
     rng = random.Random(seed)
     cluster = cluster_of(rng.randint(20, 50), rng)
     order = list(range(len(cluster)))
@@ -60,6 +62,8 @@ def walk_keys(seed: int, steps: int, counts: dict[str, int]) -> None:
     reserve.horizon, reserve.prior_weight = rng.choice(((1.0, 0.0), (2.0, 0.3)))
     reserve.by_need = rng.random() < 0.5
     tie_break.cpu_horizon = rng.choice((None, 10.0))  # the reserve's horizon while CPU binds, sometimes
+    if balance:
+        tie_break.balance = policies.ModelBalance(balance)
     tie_break.bind(cluster, workload, random.Random(0))
     for step, pod, _, sub in tied_subsets(cluster, rng, steps, tie_break.observe):
         expected = pick(sub, tie_break.score(pod, cluster, sub), random.Random(0), cluster.tie_rank)[0]
@@ -71,7 +75,7 @@ def walk_keys(seed: int, steps: int, counts: dict[str, int]) -> None:
         counts["below 0 nodes"] += bool((cluster.cpu_free[sub] < 0).any())
         if keys is None:
             counts["declined"] += 1
-        else:
+        elif not balance:  # with a balance, the keys alone (no balance digit) need not pick the same
             assert int(sub[int(keys.argmax())]) == expected, (seed, step, pod.name)
             counts["keys"] += 1
             counts["share"] += bool(pod.is_share and tie_break.waste_band)
@@ -87,6 +91,48 @@ def test_the_keys_kept_per_state_decide_as_the_plain_code() -> None:
         walk_keys(seed, 150, counts)
     # every digit, states worked out on the way, and declines (CPU past capacity) were exercised
     assert all(v > 0 for v in counts.values()), counts
+
+
+def test_the_model_balance_is_one_more_digit_above_the_kept_keys(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With a model balance, ``pick_tied`` adds its bands above the keys kept per state
+    (``_balance_above``) instead of taking the digits one by one, and picks what ``score`` then the
+    node order pick; the walk checks every pick (``walk_keys``)."""
+    above = {"fused": 0, "declined": 0, "digits": 0}
+    real_above, real_digits = ReserveThenAlign._balance_above, ReserveThenAlign._pick_by_digits
+
+    def counted_above(self: ReserveThenAlign, *args: object) -> bool:
+        done = real_above(self, *args)  # type: ignore[arg-type]
+        above["fused" if done else "declined"] += 1
+        return done
+
+    def counted_digits(self: ReserveThenAlign, *args: object) -> int | None:
+        above["digits"] += 1
+        return real_digits(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ReserveThenAlign, "_balance_above", counted_above)
+    monkeypatch.setattr(ReserveThenAlign, "_pick_by_digits", counted_digits)
+    counts = dict.fromkeys(COUNTS, 0)
+    for seed in range(8):
+        walk_keys(seed, 150, counts, balance=0.2)
+    # the balance digit was added to kept keys; the digits remain for the keys declined (shares that
+    # are not plain, CPU past capacity)
+    assert above["fused"] > 0 and above["digits"] > 0, above
+
+
+def test_a_balance_digit_that_weighs_too_little_picks_wrong(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk with a balance can fail: a balance digit weighing one node order picks wrong somewhere."""
+    real = ReserveThenAlign._balance_above
+
+    def light(self: ReserveThenAlign, keys: np.ndarray, balance: np.ndarray, n: int) -> bool:
+        done = real(self, keys.copy(), balance, n)
+        if done:
+            keys += balance.astype(np.int64)
+        return done
+
+    monkeypatch.setattr(ReserveThenAlign, "_balance_above", light)
+    with pytest.raises(AssertionError):
+        for seed in range(8):
+            walk_keys(seed, 150, dict.fromkeys(COUNTS, 0), balance=0.2)
 
 
 @pytest.mark.parametrize(("name", "value"), [("KEY_ALIGN_BITS", 1), ("KEY_PENALTY", 3)])

@@ -99,6 +99,16 @@ def random_change(cluster: ClusterState, rng: random.Random, k: int) -> None:
     cluster.book(Allocation(node.name, f"p{k}", cpu_milli=cpu, memory_mib=rng.choice((0, 4096)), gpus=grants))
 
 
+def reference_balance(balance: policies.ModelBalance, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+    """``ModelBalance.bands`` (for a pod it applies to) worked out as the vector code did before the
+    free GPU milli per model set was kept (``ModelFree``): a sum over every node."""
+    weights = cluster.gpu_free_total.astype(float)
+    free = np.bincount(balance.codes, weights=weights, minlength=len(balance.sets))
+    share = np.divide(free, balance.capacity, out=np.ones_like(free), where=balance.capacity > 0)
+    share = np.where(balance.restricted, share, 1.0)
+    return np.floor(share[balance.codes[idx]] / balance.band)
+
+
 def reference_aligned(pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
     """``AlignmentScore.aligned`` worked out as the vector code did before it was kept per state."""
     return plain_aligned(pod, cluster, idx, step, 6)
@@ -208,6 +218,9 @@ def walk_policies(seed: int, steps: int, counts: dict[str, int]) -> None:
             assert bits(plain.aligned(pod, cluster, sub, s)) == bits(reference_aligned(pod, cluster, sub, s))
         # the tie-breaker's one key against its scores then the node order
         step_of, waste, penalty, balance = tie_break._terms(pod, cluster, sub)
+        if balance is not None:  # the free milli per model set, kept from the changes, as summed afresh
+            assert tie_break.balance is not None
+            assert bits(balance) == bits(reference_balance(tie_break.balance, cluster, sub)), (seed, step)
         expected = pick(sub, tie_break.score(pod, cluster, sub), random.Random(0), cluster.tie_rank)[0]
         pos = tie_break.pick_tied(pod, cluster, sub)
         if pos is None:

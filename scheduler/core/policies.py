@@ -478,6 +478,7 @@ class AlignmentScore(ScorePlugin):
 _UNKNOWN = np.iinfo(np.int64).min  # _BandTable.ints of a state not worked out yet
 BAND_LIMIT = 1 << 62  # aligned_band: an int at least this far from 0 is this (a step near 0, many decimals)
 _least = np.minimum.reduce  # ndarray.min without its Python wrapper
+_largest = np.maximum.reduce  # ndarray.max without its Python wrapper
 
 
 def node_side(state: tuple[int, int, int, int]) -> tuple[float, float, float, float, float]:
@@ -1095,6 +1096,45 @@ class ShareCompletionScore(ScorePlugin):
         return best[1] if best else None  # None: FGD chooses
 
 
+class ModelFree:
+    """Per node model set (``ClusterState.model_code``), the free GPU milli of its nodes
+    (``gpu_free_total`` summed, as ints), for the cluster last asked about: worked out for every node
+    at first (and for another cluster), then from the cluster's log of changes (``changed_since``), one
+    node at a time when they are few (``ONE_BY_ONE``), so a look costs the nodes changed since the last.
+    The sums are exact: as floats they are ``np.bincount(codes, weights=gpu_free_total.astype(float))``."""
+
+    __slots__ = ("cluster", "codes", "generation", "seen", "totals")
+
+    def __init__(self, codes: np.ndarray, size: int) -> None:
+        self.codes = codes
+        self.cluster: ClusterState | None = None
+        self.generation = 0
+        self.seen: list[int] = []  # per node, its free GPU milli as last seen
+        self.totals = [0] * size
+
+    def of(self, cluster: ClusterState) -> list[int]:
+        """The free GPU milli per model set of ``cluster`` now (the list is this tracker's own: read it,
+        do not keep it)."""
+        if self.cluster is cluster and self.generation == cluster.generation:
+            return self.totals
+        rows = cluster.changed_since(self.generation) if self.cluster is cluster else None
+        self.generation = cluster.generation
+        if rows is None or len(rows) > ONE_BY_ONE:
+            self.cluster = cluster
+            self.seen = cluster.gpu_free_total.tolist()
+            totals = [0] * len(self.totals)
+            for code, free in zip(self.codes.tolist(), self.seen, strict=True):
+                totals[code] += free
+            self.totals = totals
+            return totals
+        totals, seen, codes, free_of = self.totals, self.seen, self.codes, cluster.gpu_free_total
+        for i in rows:
+            free = free_of.item(i)
+            totals[codes.item(i)] += free - seen[i]
+            seen[i] = free
+        return totals
+
+
 class ModelBalance:
     """Keeps GPU models free for the pods that can only use them, once such pods have arrived.
 
@@ -1104,6 +1144,9 @@ class ModelBalance:
     higher is better, so such pods fill the models the restricted pods need last, and no model runs out
     early while others have room. None (no effect) before any restricted pod, for a restricted pod and
     for a pod without GPUs. Reads the arrivals so far and the cluster's state only.
+
+    The bands are worked out per model set (``model_bands``, from ``ModelFree``'s sums) and then
+    gathered for the nodes asked about: the same floats as the per-node numpy expression.
     """
 
     def __init__(self, band: float) -> None:
@@ -1113,6 +1156,8 @@ class ModelBalance:
         self.restricted = np.zeros(0, dtype=bool)
         self.any_restricted = False  # restricted.any()
         self.sets: list[frozenset[str]] = []
+        self.free = ModelFree(self.codes, 0)
+        self._matches: dict[frozenset[str], list[int]] = {}  # matching: per gpu_models, the codes
 
     def bind(self, cluster: ClusterState) -> None:
         self.codes = cluster.model_code
@@ -1121,21 +1166,37 @@ class ModelBalance:
         self.capacity = np.bincount(self.codes, weights=weights, minlength=len(self.sets))
         self.restricted = np.zeros(len(self.sets), dtype=bool)
         self.any_restricted = False  # restricted.any()
+        self.free = ModelFree(self.codes, len(self.sets))
+        self._matches = {}
+
+    def matching(self, models: frozenset[str]) -> list[int]:
+        """The model set codes that share a model with ``models`` (a pod's ``gpu_models``), in order."""
+        out = self._matches.get(models)
+        if out is None:
+            out = self._matches[models] = [code for code, ours in enumerate(self.sets) if ours & models]
+        return out
 
     def observe(self, pod: PodRequest) -> None:
         if pod.gpu_models and pod.gpu_count:
-            for code, models in enumerate(self.sets):
-                if models & pod.gpu_models:
-                    self.restricted[code] = True
-                    self.any_restricted = True
+            for code in self.matching(pod.gpu_models):
+                self.restricted[code] = True
+                self.any_restricted = True
 
     def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
         if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
             return None
-        free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
-        share = np.divide(free, self.capacity, out=np.ones_like(free), where=self.capacity > 0)
-        share = np.where(self.restricted, share, 1.0)
-        return np.floor(share[self.codes[idx]] / self.band)
+        return self.model_bands(cluster).take(self.codes.take(idx))
+
+    def model_bands(self, cluster: ClusterState) -> np.ndarray:
+        """``bands`` per model set: the free share of a restricted model's GPUs (1 for the others and
+        for a model without GPUs) over ``band``, rounded down, as floats."""
+        band, out = self.band, []
+        for free, capacity, restricted in zip(
+            self.free.of(cluster), self.capacity.tolist(), self.restricted.tolist(), strict=True
+        ):
+            share = free / capacity if restricted and capacity > 0 else 1.0
+            out.append(math.floor(share / band))
+        return np.array(out, dtype=np.float64)
 
 
 class ReserveThenAlign(AlignmentScore):
@@ -1277,21 +1338,36 @@ class ReserveThenAlign(AlignmentScore):
         digit of its own. The same node as ``score`` then ``schedule.pick``: ``score`` adds the terms
         with weights that make them lexicographic (each weight is above the span of what it outweighs)
         as long as no band is below 0 (free CPU below 0, booked facts only); then it is not offered
-        (None). Without a model balance, for a pod that is no share or a plain one (``plain_share``),
-        the remainder's band and the alignment come as one int per node state (``_fused_keys``)."""
+        (None). For a pod that is no share or a plain one (``plain_share``), the remainder's band and
+        the alignment come as one int per node state (``_fused_keys``), the model balance's bands as one
+        more digit above those keys (``_balance_above``)."""
         if cluster.tie_rank is None:
             return None
         states = self._follow(cluster)  # node states and the reserve's hosts in one pass over the changes
         step, horizon = self._step_and_horizon()
         penalty = self.reserve.scarce_breaks(pod, cluster, idx, horizon)  # None: 0 everywhere
         balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
-        if balance is None:
-            keys = self._fused_keys(pod, cluster, idx, step, penalty, states)
-            if keys is not None:
-                return int(keys.argmax())
+        keys = self._fused_keys(pod, cluster, idx, step, penalty, states)
+        n = len(cluster.tie_rank)
+        if keys is not None and (balance is None or self._balance_above(keys, balance, n)):
+            return int(keys.argmax())
         return self._pick_by_digits(
             pod, cluster, idx, step, self._remainders(pod, cluster, idx), penalty, balance
         )
+
+    def _balance_above(self, keys: np.ndarray, balance: np.ndarray, n: int) -> bool:
+        """Add the model balance's bands (ints >= 0) to ``_fused_keys``' ``keys`` as the digit above
+        them all, in place: each band weighs ``(shapes + 2) x (n << KEY_PENALTY)``, more than the span
+        of the keys (``_fused_keys``: they lie in ``(-(shapes + 1), 1) x (n << KEY_PENALTY)``). False
+        (``keys`` untouched) where a band is below 0 or the sums could pass an int64."""
+        if not len(balance):
+            return False
+        low, top = int(_least(balance)), int(_largest(balance))
+        weight = (len(self.reserve.shapes) + 2) * (n << KEY_PENALTY)
+        if low < 0 or (top + 1) * weight >= 1 << 62:
+            return False
+        keys += weight * balance.astype(np.int64)
+        return True
 
     def _pick_by_digits(
         self,
