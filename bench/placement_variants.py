@@ -363,7 +363,17 @@ class ModelGuard(P.ScorePlugin):
         return (-1.0, 0.0)
 
     def applies(self, pod: PodRequest) -> bool:
-        return bool(self.host_sizes) or self._guards(pod)
+        """False where ``score`` is 0 everywhere whatever the cluster: no hosts kept and the guard not for
+        this pod (``_guards``), or no model can be guarded now: past the warm-up with no restricted pod
+        arrived (every rate 0), or nothing left to arrive (``_left`` 0: no free milli, never below 0,
+        is below 0)."""
+        if self.host_sizes:
+            return True
+        if not self._guards(pod):
+            return False
+        if not self.any_asked and self.total >= self.warm_up * self.capacity:
+            return False
+        return self._left() > 0.0
 
     def guarded(self, cluster: ClusterState) -> np.ndarray:
         """Per model set: whether its free GPU milli is below its expected restricted demand."""
@@ -377,13 +387,17 @@ class ModelGuard(P.ScorePlugin):
             rates, per = self.asked.tolist(), self.total
         else:
             rates, per = self.prior.tolist(), self.prior_total
-        left = max(self.fill * self.capacity - self.total, 0.0) * self.scale
-        if self.stop is not None and self.total >= self.stop * self.capacity:
-            left = 0.0
+        left = self._left()
         free = self.free.of(cluster)
         if not per:  # nothing arrived with warm_up 0: numpy's 0/0 (nan, never above) as the vector form did
             return (np.array(free, dtype=float) < np.array(rates) / per * left).tolist()
         return [have < rate / per * left for have, rate in zip(free, rates, strict=True)]
+
+    def _left(self) -> float:
+        """The GPU milli still to arrive that the expected demand is taken over (0 once stopped)."""
+        if self.stop is not None and self.total >= self.stop * self.capacity:
+            return 0.0
+        return max(self.fill * self.capacity - self.total, 0.0) * self.scale
 
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not self._guards(pod) or not self.any_asked and self.total >= self.warm_up * self.capacity:

@@ -53,6 +53,26 @@ def test_a_scarce_model_is_guarded_once_its_free_gpus_are_below_its_expected_res
     for k in range(30):  # 68 GPUs arrived
         guard.observe(pod(f"late{k}", gpus=2))
     assert by_model(guard, state, free_pod) == {"a": 0.0, "b": 0.0}
+    assert not guard.applies(free_pod)  # whatever the cluster: the policy leaves it out
+
+
+def test_the_guard_applies_only_while_some_model_may_be_guarded() -> None:
+    """``applies`` is False where ``score`` is 0 whatever the cluster: past the warm-up with no
+    restricted pod arrived (every rate 0), and once stopped (``stop``)."""
+    state = cluster()
+    guard = variants.ModelGuard(fill=1.0, warm_up=0.1, stop=0.5)
+    guard.bind(state, [pod("w0", models=frozenset({"A"}))] + [pod(f"w{k}") for k in range(1, 4)], None)
+    free_pod = pod("f")
+    assert guard.applies(free_pod)  # before the warm-up the workload's rate (A: 1/4 of 68 GPUs > 4)
+    assert by_model(guard, state, free_pod) == {"a": -1.0, "b": 0.0}
+    for k in range(4):  # 8 GPUs arrived, none restricted: past the warm-up every rate is 0
+        guard.observe(pod(f"u{k}", gpus=2))
+    assert not guard.applies(free_pod) and by_model(guard, state, free_pod) == {"a": 0.0, "b": 0.0}
+    guard.observe(pod("r", gpus=2, models=frozenset({"A"})))
+    assert guard.applies(free_pod) and by_model(guard, state, free_pod) == {"a": -1.0, "b": 0.0}
+    for k in range(12):  # 34 GPUs arrived: half the capacity, stopped
+        guard.observe(pod(f"v{k}", gpus=2))
+    assert not guard.applies(free_pod) and by_model(guard, state, free_pod) == {"a": 0.0, "b": 0.0}
 
 
 def test_before_warm_up_the_workload_gives_the_rate() -> None:
