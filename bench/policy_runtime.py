@@ -2,7 +2,7 @@
 
     OPENB_TRACES=../shared/traces/openb .venv/bin/python bench/policy_runtime.py \\
         [--workloads default,cpu050,multigpu20,gpushare40] [--policies fgd,fgd-reserve] \\
-        [--seed 42] [--repeats 3] [--json]
+        [--seed 42] [--repeats 3] [--json] [--variants]
 
 One run is the simulator's protocol (``run_once``: the seed's arrival order inflated to 130% of the
 GPU capacity, one try per pod), timed in CPU seconds of this process (``time.process_time``, so
@@ -11,7 +11,8 @@ policy, one after the other in this one process, the policy order reversed every
 B A, ...), so that machine noise falls on all alike. Prints per workload the median run time of each
 policy and its ratio to the first policy's median, then the median of those ratios over the
 workloads (``--json``: the same as one JSON object). Workloads are bench/simulate_openb.py's: a
-shared trace or a mix of bench/openb_mixes.json.
+shared trace or a mix of bench/openb_mixes.json. ``--variants``: bench/placement_variants.py's names are
+policies too (registered in this process only).
 """
 
 from __future__ import annotations
@@ -27,8 +28,15 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from scheduler.core import policies as core_policies  # noqa: E402
 from scheduler.sim.protocol import run_once  # noqa: E402
 from tests.support.benchscript import bench_module  # noqa: E402
+
+
+def register_variants() -> None:
+    """Make bench/placement_variants.py's names policies (``--variants``), in this process only."""
+    variants = bench_module("placement_variants.py", "placement_variants_runtime")
+    core_policies.POLICIES.update(variants.VARIANTS)
 
 
 def summary(seconds: Mapping[tuple[str, str], Sequence[float]], policies: Sequence[str]) -> dict:
@@ -61,7 +69,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--variants", action="store_true", help="bench/placement_variants.py's names too")
     args = parser.parse_args(argv)
+    if args.variants:
+        register_variants()
     bench = bench_module("simulate_openb.py", "simulate_openb_runtime")
     workloads = [w for w in args.workloads.split(",") if w]
     policies = [p for p in args.policies.split(",") if p]
