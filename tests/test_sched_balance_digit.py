@@ -1,0 +1,158 @@
+"""The model balance as one more digit above the fused keys decides what the digits one by one decide.
+
+Review of c021f53 (``ReserveThenAlign._balance_above``, ``ModelFree``): on random clusters of several
+GPU models (nodes of one model, of two, and without GPUs) that change between looks,
+
+- ``ModelFree.of`` (free GPU milli per model set, kept from ``ClusterState.changed_since``) is checked
+  against ``np.bincount`` after every step: single changes, bursts past ``ONE_BY_ONE``, a change log
+  made short so that it overflows, two clusters of the same nodes looked at in turn;
+- ``pick_tied`` with a model balance of bands from very fine (many bands, so a weight near the int64
+  guard) to coarse (every band 0), restricted pods observed, the reserve's penalty on, is checked
+  against ``_pick_by_digits`` and against ``score`` then ``schedule.pick``, with the balance's bands
+  checked against the vector code (``reference_balance``).
+
+A balance digit that weighs too little is shown to make the walk fail.
+"""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from scheduler.core import policies, state
+from scheduler.core.policies import ModelFree, ReserveThenAlign
+from scheduler.core.schedule import pick
+from scheduler.core.state import ClusterState, GpuState, NodeState
+from tests.test_sched_fused_paths import WORKLOAD, bits, random_change, reference_balance, tied_subsets
+
+
+def mixed_cluster(n: int, seed: int) -> ClusterState:
+    """``n`` nodes of 0, 2, 4 or 8 GPUs of model A, B or C, some with GPUs of two models; built from
+    ``seed`` alone, so two calls give clusters of the same nodes."""
+    rng = random.Random(seed)
+    nodes = []
+    for i in range(n):
+        count = rng.choice((0, 2, 4, 8, 8))
+        models = rng.choice(("A", "A", "B", "C", "AB", "BC"))
+        gpus = [GpuState(g, f"n{i}-g{g}", models[g % len(models)]) for g in range(count)]
+        nodes.append(NodeState(f"n{i}", rng.choice((32_000, 64_000, 128_000)), 512_000, gpus))
+    return ClusterState(nodes)
+
+
+def free_by_bincount(codes: np.ndarray, size: int, cluster: ClusterState) -> list[int]:
+    """The old way: the free GPU milli per model set summed over every node as floats."""
+    sums = np.bincount(codes, weights=cluster.gpu_free_total.astype(float), minlength=size)
+    return [int(v) for v in sums]
+
+
+def walk_model_free(seed: int, steps: int) -> dict[str, int]:
+    """``ModelFree`` over a changing pair of clusters of the same nodes, against ``np.bincount``."""
+    rng = random.Random(seed)
+    n = rng.randint(5, 40)
+    built = rng.randrange(1 << 30)
+    clusters = [mixed_cluster(n, built), mixed_cluster(n, built)]
+    codes = clusters[0].model_code
+    assert bits(codes) == bits(clusters[1].model_code)
+    size = int(codes.max()) + 1
+    tracker = ModelFree(codes, size)
+    seen = {"one by one": 0, "afresh": 0, "swapped": 0}
+    now = 0
+    for step in range(steps):
+        if rng.random() < 0.1:
+            now = 1 - now
+            seen["swapped"] += 1
+        cluster = clusters[now]
+        burst = rng.choice((0, 1, 1, 2, 5, policies.ONE_BY_ONE, policies.ONE_BY_ONE + 1, 60))
+        for k in range(burst):
+            random_change(cluster, rng, step * 1000 + k)
+        rows = cluster.changed_since(tracker.generation) if tracker.cluster is cluster else None
+        seen["one by one" if rows is not None and len(rows) <= policies.ONE_BY_ONE else "afresh"] += 1
+        got = list(tracker.of(cluster))
+        assert got == free_by_bincount(codes, size, cluster), (seed, step)
+        assert list(tracker.of(cluster)) == got  # a second look without changes
+    return seen
+
+
+def test_model_free_is_the_bincount_after_every_change(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ModelFree`` against ``np.bincount`` over random walks, with a change log short enough to
+    overflow between looks (bursts of 60 changes past 2 x 16)."""
+    monkeypatch.setattr(state, "CHANGE_LOG", 16)
+    seen = dict.fromkeys(("one by one", "afresh", "swapped"), 0)
+    for seed in range(12):
+        for key, value in walk_model_free(seed, 120).items():
+            seen[key] += value
+    assert all(v > 0 for v in seen.values()), seen
+
+
+def walk_balance(seed: int, steps: int, counts: dict[str, int]) -> None:
+    """``pick_tied`` with a model balance against ``_pick_by_digits`` and ``score`` then the node order."""
+    rng = random.Random(seed)
+    cluster = mixed_cluster(rng.randint(3, 50), rng.randrange(1 << 30))
+    order = list(range(len(cluster)))
+    rng.shuffle(order)
+    cluster.set_tie_order(order)
+    workload = rng.sample(WORKLOAD, rng.randint(10, len(WORKLOAD)))
+    band = rng.choice((1e-9, 1e-6, 0.001, 0.05, 0.2, 0.2, 1.0, 5.0))
+    tie_break = ReserveThenAlign(
+        0.2,
+        keep=rng.choice((3, None)),
+        waste_band=rng.choice((0, 1, 10, 10)),
+        adaptive=rng.random() < 0.5,
+        cpu_bound_exact=rng.random() < 0.5,
+        balance=band,
+    )
+    tie_break.reserve.by_need = rng.random() < 0.5
+    tie_break.bind(cluster, workload, random.Random(0))
+    assert tie_break.balance is not None
+    for step, pod, _, sub in tied_subsets(cluster, rng, steps, tie_break.observe):
+        expected = pick(sub, tie_break.score(pod, cluster, sub), random.Random(0), cluster.tie_rank)[0]
+        step_of, horizon = tie_break._step_and_horizon()
+        penalty = tie_break.reserve.scarce_breaks(pod, cluster, sub, horizon)
+        balance = tie_break.balance.bands(pod, cluster, sub)
+        if balance is not None:
+            assert bits(balance) == bits(reference_balance(tie_break.balance, cluster, sub)), (seed, step)
+            counts["balance"] += 1
+            counts["balance above 0"] += bool((balance > 0).any())
+            counts["penalty"] += penalty is not None
+        digits = tie_break._pick_by_digits(
+            pod, cluster, sub, step_of, tie_break._remainders(pod, cluster, sub), penalty, balance
+        )
+        assert digits is None or int(sub[digits]) == expected, (seed, step, pod.name, band)
+        pos = tie_break.pick_tied(pod, cluster, sub)
+        assert pos is None or int(sub[pos]) == expected, (seed, step, pod.name, band)
+        if balance is not None and pos is not None:
+            counts["picked with balance"] += 1
+            counts["digits declined, pick_tied did not"] += digits is None
+
+
+SEEDS = 40
+BALANCE_COUNTS = ("balance", "balance above 0", "penalty", "picked with balance")
+
+
+def test_the_balance_digit_picks_what_the_digits_pick() -> None:
+    counts = dict.fromkeys((*BALANCE_COUNTS, "digits declined, pick_tied did not"), 0)
+    for seed in range(SEEDS):
+        walk_balance(seed, 150, counts)
+    assert all(counts[k] > 0 for k in BALANCE_COUNTS), counts
+
+
+@pytest.mark.parametrize("shift", [policies.KEY_PENALTY, policies.KEY_PENALTY - 2, 0])
+def test_the_balance_walk_notices_a_light_balance_digit(shift: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk can fail: a balance digit weighing ``n << shift`` (one penalty; the remainder band's
+    span; one alignment int) instead of ``(shapes + 2) x (n << KEY_PENALTY)`` picks wrong somewhere (a
+    penalty, a remainder band or the alignment outweighs it). Not noticed: ``(shapes + 1) x (n <<
+    KEY_PENALTY)``, which is wrong only on a node with every shape's penalty."""
+    real = ReserveThenAlign._balance_above
+
+    def light(self: ReserveThenAlign, keys: np.ndarray, balance: np.ndarray, n: int) -> bool:
+        done = real(self, keys.copy(), balance, n)
+        if done:
+            keys += (n << shift) * balance.astype(np.int64)
+        return done
+
+    monkeypatch.setattr(ReserveThenAlign, "_balance_above", light)
+    with pytest.raises(AssertionError):
+        for seed in range(SEEDS):
+            walk_balance(seed, 150, dict.fromkeys((*BALANCE_COUNTS, "digits declined, pick_tied did not"), 0))
