@@ -156,3 +156,29 @@ def test_the_balance_walk_notices_a_light_balance_digit(shift: int, monkeypatch:
     with pytest.raises(AssertionError):
         for seed in range(SEEDS):
             walk_balance(seed, 150, dict.fromkeys((*BALANCE_COUNTS, "digits declined, pick_tied did not"), 0))
+
+
+@pytest.mark.parametrize("fault", ["stale past the log", "seen not kept"])
+def test_the_model_free_walk_notices_a_tracker_that_goes_stale(
+    fault: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The walk can fail: a tracker that keeps its sums when the change log no longer reaches back
+    (it should sum afresh), or that does not keep each node's free milli as last seen."""
+    real = ModelFree.of
+
+    def faulty(self: ModelFree, cluster: ClusterState) -> list[int]:
+        if fault == "stale past the log":
+            if self.cluster is cluster and cluster.changed_since(self.generation) is None:
+                return self.totals
+            return real(self, cluster)
+        before, same = list(self.seen), self.cluster is cluster
+        out = real(self, cluster)
+        if same:
+            self.seen[:] = before
+        return out
+
+    monkeypatch.setattr(state, "CHANGE_LOG", 16)
+    monkeypatch.setattr(ModelFree, "of", faulty)
+    with pytest.raises(AssertionError):
+        for seed in range(12):
+            walk_model_free(seed, 120)
