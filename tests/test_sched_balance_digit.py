@@ -182,3 +182,36 @@ def test_the_model_free_walk_notices_a_tracker_that_goes_stale(
     with pytest.raises(AssertionError):
         for seed in range(12):
             walk_model_free(seed, 120)
+
+
+@pytest.mark.parametrize("shapes", [0, 1, 3, 7])
+def test_the_balance_digit_at_the_ends_of_the_keys_span(shapes: int) -> None:
+    """``_balance_above`` on keys at both ends of ``_fused_keys``' span (every shape's penalty, the
+    largest remainder band, alignment ints near 0 and ``KEY_ALIGN``), for node counts up to the int64
+    guard and bands up to the largest it takes: the largest key is the largest (band, key) pair, and
+    where it declines the sums could pass an int64."""
+    rng = random.Random(shapes)
+    tie_break = ReserveThenAlign(0.2, balance=0.2)
+    tie_break.reserve.shapes = [(8, 0, 0)] * shapes
+    guard = (1 << 62) // ((shapes + 2) << policies.KEY_PENALTY)
+    for n in (2, 50, 10_000, guard // 3, guard - 1, guard):
+        weight = (shapes + 2) * (n << policies.KEY_PENALTY)
+        if weight >= 1 << 62:
+            continue  # _fused_keys declines these
+        top_band = ((1 << 62) - 1) // weight - 1  # the largest with (top + 1) x weight below 1 << 62
+        low = -(policies.KEY_REMAINDER - 1) * policies.KEY_ALIGN * n - shapes * (n << policies.KEY_PENALTY)
+        high = (policies.KEY_ALIGN - 1) * n + n - 1
+        for _ in range(50):
+            keys = [rng.choice((low, low + 1, high, high - 1, rng.randint(low, high))) for _ in range(6)]
+            bands = [
+                float(rng.choice((0, top_band, max(top_band - 1, 0), rng.randint(0, top_band)))) for _ in keys
+            ]
+            got = np.array(keys, dtype=np.int64)
+            assert tie_break._balance_above(got, np.array(bands), n), (n, bands)
+            best = max(range(len(keys)), key=lambda i: (bands[i], keys[i], -i))
+            assert int(got.argmax()) == best, (n, keys, bands)
+        got = np.array([high, low], dtype=np.int64)
+        assert not tie_break._balance_above(got, np.array([float(top_band + 1), 0.0]), n)
+        assert got.tolist() == [high, low]  # declined: untouched
+        assert not tie_break._balance_above(got, np.array([1.0, -1.0]), n)
+    assert not tie_break._balance_above(np.zeros(0, dtype=np.int64), np.zeros(0), 5)
