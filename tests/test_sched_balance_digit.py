@@ -215,3 +215,23 @@ def test_the_balance_digit_at_the_ends_of_the_keys_span(shapes: int) -> None:
         assert got.tolist() == [high, low]  # declined: untouched
         assert not tie_break._balance_above(got, np.array([1.0, -1.0]), n)
     assert not tie_break._balance_above(np.zeros(0, dtype=np.int64), np.zeros(0), 5)
+
+
+def test_a_balance_band_too_fine_for_a_float_is_refused_or_works() -> None:
+    """Defect (before and after c021f53): a band so small that the free share over it is past the
+    largest float (5e-324) passes ``balance > 0``, then ``score`` and ``pick_tied`` raise
+    OverflowError (``math.floor(inf)`` in ``ModelBalance.model_bands``; before, ``int(inf)`` in
+    ``_pick_by_digits``). Either the tie-breaker refuses such a band when made (ValueError) or it
+    scores and breaks ties with it."""
+    try:
+        tie_break = ReserveThenAlign(0.2, keep=3, waste_band=10, adaptive=True, balance=5e-324)
+    except ValueError:
+        return
+    rng = random.Random(1)
+    cluster = mixed_cluster(20, 5)
+    cluster.set_tie_order(list(range(len(cluster))))
+    tie_break.bind(cluster, WORKLOAD, random.Random(0))
+    for _, pod, _, sub in tied_subsets(cluster, rng, 60, tie_break.observe):
+        expected = pick(sub, tie_break.score(pod, cluster, sub), random.Random(0), cluster.tie_rank)[0]
+        pos = tie_break.pick_tied(pod, cluster, sub)
+        assert pos is None or int(sub[pos]) == expected
