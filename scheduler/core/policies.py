@@ -1150,6 +1150,9 @@ class ModelBalance:
     """
 
     def __init__(self, band: float) -> None:
+        if not (band > 0 and math.isfinite(1.0 / band)):
+            # a whole free share over the band must be a float: its bands are floored to ints
+            raise ValueError(f"model balance band {band!r}: must be above 0 and 1/band finite")
         self.band = band
         self.codes = np.zeros(0, dtype=np.int64)
         self.capacity = np.zeros(0)
