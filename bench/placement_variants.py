@@ -809,42 +809,8 @@ class SoftReserve(P.WholeNodeReserve):
 class SoftReserveAlign(P.ReserveThenAlign):
     """``ReserveThenAlign`` over a ``SoftReserve``: the penalty digit spans ``2 x shapes + 1``."""
 
-    def _pick_by_digits(
-        self,
-        pod: PodRequest,
-        cluster: ClusterState,
-        idx: np.ndarray,
-        step: float,
-        waste: np.ndarray | None,
-        penalty: np.ndarray | None,
-        balance: np.ndarray | None,
-    ) -> int | None:
-        found = self.aligned_keys(pod, cluster, idx, step)
-        if found is None:
-            return None
-        keys, low, span = found
-        if waste is None and penalty is None and balance is None:
-            return int(keys.argmax())
-        if low < 0:
-            return None
-        digits = []
-        if waste is not None:
-            digits.append((waste // self.waste_band, (P.MILLI + 1) // self.waste_band, -1))
-        if penalty is not None:
-            digits.append((penalty.astype(np.int64), 2 * len(self.reserve.shapes) + 1, -1))
-        if balance is not None:
-            if int(balance.min()) < 0:
-                return None
-            digits.append((balance.astype(np.int64), int(balance.max()), 1))
-        bound = span
-        for _, top, _ in digits:
-            bound *= 2 * top + 1
-        if bound >= 1 << 62:
-            return None
-        for values, top, sign in digits:
-            keys += (sign * 2 * span) * values
-            span *= 2 * top + 1
-        return int(keys.argmax())
+    def penalty_top(self) -> int:
+        return 2 * len(self.reserve.shapes) + 1
 
 
 def soft_reserve(gpu_only: bool = False, rare: float | None = None) -> Policy:

@@ -1358,15 +1358,20 @@ class ReserveThenAlign(AlignmentScore):
             pod, cluster, idx, step, self._remainders(pod, cluster, idx), penalty, balance
         )
 
+    def penalty_top(self) -> int:
+        """The largest penalty the reserve gives a node (``scarce_breaks``: one per scarce shape); the
+        digits above the penalty are weighed by it."""
+        return len(self.reserve.shapes)
+
     def _balance_above(self, keys: np.ndarray, balance: np.ndarray, n: int) -> bool:
         """Add the model balance's bands (ints >= 0) to ``_fused_keys``' ``keys`` as the digit above
-        them all, in place: each band weighs ``(shapes + 2) x (n << KEY_PENALTY)``, more than the span
-        of the keys (``_fused_keys``: they lie in ``(-(shapes + 1), 1) x (n << KEY_PENALTY)``). False
+        them all, in place: each band weighs ``(penalty_top + 2) x (n << KEY_PENALTY)``, more than the span
+        of the keys (``_fused_keys``: they lie in ``(-(penalty_top + 1), 1) x (n << KEY_PENALTY)``). False
         (``keys`` untouched) where a band is below 0 or the sums could pass an int64."""
         if not len(balance):
             return False
         low, top = int(_least(balance)), int(_largest(balance))
-        weight = (len(self.reserve.shapes) + 2) * (n << KEY_PENALTY)
+        weight = (self.penalty_top() + 2) * (n << KEY_PENALTY)
         if low < 0 or (top + 1) * weight >= 1 << 62:
             return False
         keys += weight * balance.astype(np.int64)
@@ -1397,7 +1402,7 @@ class ReserveThenAlign(AlignmentScore):
         if waste is not None:
             digits.append((waste // self.waste_band, (MILLI + 1) // self.waste_band, -1))
         if penalty is not None:
-            digits.append((penalty.astype(np.int64), len(self.reserve.shapes), -1))
+            digits.append((penalty.astype(np.int64), self.penalty_top(), -1))
         if balance is not None:
             if int(balance.min()) < 0:
                 return None
@@ -1471,7 +1476,7 @@ class ReserveThenAlign(AlignmentScore):
         if rank is None or self.decimals > self.MAX_DECIMALS:
             return None
         n = len(rank)
-        if (len(self.reserve.shapes) + 2) * (n << KEY_PENALTY) >= 1 << 62:
+        if (self.penalty_top() + 2) * (n << KEY_PENALTY) >= 1 << 62:
             return None
         milli = 0  # the share whose remainders count (0: none)
         if self.waste_band and pod.is_share and pod.gpu_milli:
