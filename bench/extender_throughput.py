@@ -9,7 +9,8 @@ hits every kind:
 - ``extender``: kube-scheduler v1.37.2 (a process; profile ``bench-extender``) configured with
   the extenders stanza of deploy/extender/kube-scheduler-config.yaml, pointed at ``kubegpu
   extender`` (a process, as deployed: one replica, no leader election) on a loopback port.
-  kube-scheduler calls filter and prioritize for each pod and binds it through the extender's
+  kube-scheduler calls ``choose`` (filter narrowed to kubegpu's pick, so it skips scoring) for
+  each pod, or with ``--verbs scored`` filter and prioritize, and binds it through the extender's
   bind (the signed allocation);
 - ``kubegpu``: kubegpu's own live ``Scheduler`` (in this process, as bench/scheduler_throughput.py
   runs it);
@@ -24,13 +25,16 @@ on empty nodes. HAMi's scheduler extender is not part of it: docs/performance.md
 Usage::
 
     python bench/extender_throughput.py [--json] [--quick] [--nodes N] [--pods N] [--rounds N]
+        [--verbs shipped|scored]
 
-``--quick`` is ``--nodes 50 --pods 200``. Prints a table, then one JSON object (only the JSON
-object with ``--json``): ``extender_pods_per_second``, ``kubegpu_pods_per_second``,
-``plain_pods_per_second``, ``ratio_extender_plain`` (target at least 0.7),
-``ratio_kubegpu_plain``, the per-round detail and CPU seconds per process, and where a pod's time
-goes (``mean_latency_ms``: the extender's mean answer time per verb and each kube-scheduler's mean
-scheduling algorithm and extension point durations, from their /metrics, over all rounds).
+``--quick`` is ``--nodes 50 --pods 200``. ``--verbs scored`` has kube-scheduler call ``filter`` and
+``prioritize`` (weight 5) instead of the shipped stanza's ``filterVerb: choose``. Prints a table,
+then one JSON object (only the JSON object with ``--json``): ``extender_pods_per_second``,
+``kubegpu_pods_per_second``, ``plain_pods_per_second``, ``ratio_extender_plain`` (target at least
+0.7), ``ratio_kubegpu_plain``, ``extender_verbs``, the per-round detail and CPU seconds per
+process, and where a pod's time goes (``mean_latency_ms``: the extender's mean answer time per verb
+and each kube-scheduler's mean scheduling algorithm and extension point durations, from their
+/metrics, over all rounds).
 """
 
 from __future__ import annotations
@@ -72,6 +76,7 @@ NAMESPACES = {
     PLAIN: "bench-ext-plain",
 }
 TARGET_RATIO = 0.7
+SHIPPED, SCORED = "shipped", "scored"
 QUICK = {"nodes": 50, "pods": 200}
 FULL = {"nodes": 500, "pods": 1000}
 EXTENDER_HISTOGRAMS = ("kubegpu_extender_request_duration_seconds",)
@@ -84,12 +89,18 @@ KUBE_SCHEDULER_HISTOGRAMS = (
 # --------------------------------------------------------------------------- pure parts
 
 
-def extender_scheduler_config(stanza: Mapping[str, Any], port: int, qps: int) -> dict[str, Any]:
+def extender_scheduler_config(
+    stanza: Mapping[str, Any], port: int, qps: int, verbs: str = SHIPPED
+) -> dict[str, Any]:
     """kube-scheduler's config for the extender kind: the shipped ``extenders`` stanza with its URL
-    pointed at ``http://127.0.0.1:PORT``, one profile ``bench-extender``."""
+    pointed at ``http://127.0.0.1:PORT``, one profile ``bench-extender``. ``verbs``: ``shipped``
+    keeps the stanza's verbs (``filterVerb: choose``: kubegpu narrows the nodes to its own choice),
+    ``scored`` has kube-scheduler filter with ``filter`` and score with ``prioritize`` (weight 5)."""
     extenders = [dict(e) for e in stanza["extenders"]]
     for extender in extenders:
         extender["urlPrefix"] = f"http://127.0.0.1:{port}"
+        if verbs == SCORED:
+            extender.update(filterVerb="filter", prioritizeVerb="prioritize", weight=5)
     return {
         "clientConnection": {"qps": qps, "burst": qps},
         "profiles": [{"schedulerName": SCHEDULER_NAMES[EXTENDER]}],
@@ -177,7 +188,7 @@ class ExtenderBench(st.ApiBench):
         base = f"http://127.0.0.1:{self.extender_port}"
         st.wait_until(lambda: _http_ok(base + "/readyz"), 120, "kubegpu extender to be ready")
         stanza = yaml.safe_load(KUBE_SCHEDULER_STANZA.read_text())
-        config = extender_scheduler_config(stanza, self.extender_port, self.args.kube_qps)
+        config = extender_scheduler_config(stanza, self.extender_port, self.args.kube_qps, self.args.verbs)
         self.ext_scheduler = self.cp.start_scheduler(config)
 
     def _start_extender(self, policy_name: str) -> subprocess.Popen[bytes]:
@@ -358,6 +369,7 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
         "kube_scheduler": version,
         "kube_scheduler_qps_burst": args.kube_qps,
         "extender_stanza": str(KUBE_SCHEDULER_STANZA.relative_to(ROOT)),
+        "extender_verbs": args.verbs,
         "kubegpu_policy": policy_name,
         "policy_note": note,
         "kubegpu_bind_workers": args.bind_workers,
@@ -408,6 +420,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--nodes", type=int, default=None, help=f"Node objects of 8 GPUs ({FULL['nodes']})")
     parser.add_argument("--pods", type=int, default=None, help=f"one-GPU pods per round ({FULL['pods']})")
     parser.add_argument("--rounds", type=int, default=2, help="rounds per kind, interleaved")
+    parser.add_argument(
+        "--verbs",
+        choices=(SHIPPED, SCORED),
+        default=SHIPPED,
+        help="the extender kind's verbs: the shipped stanza's (choose) or filter + prioritize",
+    )
     st.add_api_arguments(parser)
     args = parser.parse_args(argv)
     st.fill_sizes(args, QUICK, FULL)

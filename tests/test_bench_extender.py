@@ -43,6 +43,9 @@ def test_kube_scheduler_gets_the_shipped_stanza_pointed_at_the_extender(bench: M
     assert original["urlPrefix"].startswith("http://kubegpu-extender")  # the shipped file is untouched
     assert config["profiles"] == [{"schedulerName": "bench-extender"}]
     assert config["clientConnection"] == {"qps": 100, "burst": 100}
+    assert stanza["filterVerb"] == "choose" and "prioritizeVerb" not in stanza
+    (scored,) = bench.extender_scheduler_config(shipped, 4321, 100, bench.SCORED)["extenders"]
+    assert scored == {**stanza, "filterVerb": "filter", "prioritizeVerb": "prioritize", "weight": 5}
 
 
 def test_round_order_interleaves_every_kind(bench: ModuleType) -> None:
@@ -99,30 +102,36 @@ def test_sizes_that_cannot_fit_are_refused(bench: ModuleType, capsys: pytest.Cap
 
 
 @pytest.mark.apiserver
-def test_a_tiny_real_run_prints_the_documented_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize("verbs", ["shipped", "scored"])
+def test_a_tiny_real_run_prints_the_documented_json(tmp_path: Path, verbs: str) -> None:
     """4 nodes, 8 one-GPU pods a round, one round of each kind: every pod bound by each, the
-    extender kind through kubegpu's filter, prioritize and bind; nothing of the run is left in the
-    temporary directory (the extender's keys, configuration and log were, once)."""
+    extender kind through kubegpu's choose and bind (``--verbs scored``: filter, prioritize and
+    bind); nothing of the run is left in the temporary directory (the extender's keys,
+    configuration and log were, once)."""
     try:
         find_binaries()
     except BinariesMissing as exc:
         missing_component(str(exc))
+    argv = ["--json", "--nodes", "4", "--pods", "8", "--rounds", "1", "--verbs", verbs]
     result = subprocess.run(
-        [sys.executable, str(BENCH), "--json", "--nodes", "4", "--pods", "8", "--rounds", "1"],
+        [sys.executable, str(BENCH), *argv],
         capture_output=True, text=True, timeout=300, cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)},
     )  # fmt: skip
     assert result.returncode == 0, result.stderr[-3000:]
     assert sorted(p.name for p in tmp_path.iterdir()) == []
     doc = json.loads(result.stdout)
-    assert HEADLINE <= set(doc)
+    assert HEADLINE <= set(doc) and doc["extender_verbs"] == verbs
     for kind in ("extender", "kubegpu", "plain"):
         (only,) = doc["detail"][kind]["per_round"]
         assert only["bound"] == only["pods"] == 8, only
     # a bind answered 200 with an Error ("not known yet; retry") is retried by kube-scheduler: at least 8
-    assert doc["extender_calls"].get("bind 200", 0) >= 8 and doc["extender_calls"].get("filter 200")
+    calls = doc["extender_calls"]
+    assert calls.get("bind 200", 0) >= 8, calls
+    called = ("choose", "bind") if verbs == "shipped" else ("filter", "prioritize", "bind")
+    assert {c.split()[0] for c in calls} == set(called), calls
     assert doc["kube_scheduler"].endswith("v1.37.2")
     latency = doc["mean_latency_ms"]
-    for verb in ("filter", "prioritize", "bind"):
+    for verb in called:
         assert latency["kubegpu_extender"][f"kubegpu_extender_request_duration_seconds{{verb={verb}}}"] > 0
     for kind in ("extender", "plain"):
         assert latency["kube_scheduler"][kind]["scheduler_scheduling_algorithm_duration_seconds{}"] > 0

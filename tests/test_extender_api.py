@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from kubernetes import client as k8s
 
 from devices.sim import sim_gpu_id
@@ -50,9 +51,8 @@ class RunningExtender:
         self.scheduler.start_watching()
         assert self.scheduler.wait_synced(30)
         self.scheduler.leading.set()
-        self.server = ExtenderServer(
-            Extender(self.scheduler), f"127.0.0.1:{port}", lambda: (True, "ready"), tls
-        )
+        self.extender = Extender(self.scheduler)
+        self.server = ExtenderServer(self.extender, f"127.0.0.1:{port}", lambda: (True, "ready"), tls)
         self.server.start()
         self.thread = threading.Thread(target=self._tend, daemon=True)
         self.thread.start()
@@ -71,25 +71,18 @@ class RunningExtender:
         self.thread.join(5)
 
 
-def extender_config(profile: str, port: int) -> dict[str, Any]:
-    return {
-        "profiles": [{"schedulerName": profile}],
-        "extenders": [
-            {
-                "urlPrefix": f"http://127.0.0.1:{port}",
-                "filterVerb": "filter",
-                "prioritizeVerb": "prioritize",
-                "bindVerb": "bind",
-                "preemptVerb": "preempt",
-                "weight": 5,
-                "nodeCacheCapable": True,
-                "ignorable": False,
-                "httpTimeout": "5s",
-                # no managedResources: kube-scheduler would then consult the extender only for pods
-                # requesting one, and a GPU share requests none (docs/extender.md)
-            }
-        ],
-    }
+SHIPPED_STANZA = Path(__file__).resolve().parents[1] / "deploy" / "extender" / "kube-scheduler-config.yaml"
+
+
+def extender_config(profile: str, port: int, verbs: str = "shipped") -> dict[str, Any]:
+    """deploy/extender/kube-scheduler-config.yaml's extender stanza for ``profile``, calling the
+    extender on ``port``: its verbs (``filterVerb: choose``), or with ``verbs="scored"`` filter and
+    prioritize (weight 5), the other way docs/extender.md describes."""
+    (stanza,) = yaml.safe_load(SHIPPED_STANZA.read_text())["extenders"]
+    stanza["urlPrefix"] = f"http://127.0.0.1:{port}"
+    if verbs == "scored":
+        stanza.update(filterVerb="filter", prioritizeVerb="prioritize", weight=5)
+    return {"profiles": [{"schedulerName": profile}], "extenders": [stanza]}
 
 
 class Setup:
@@ -121,13 +114,14 @@ def trial_of(
     state: Path,
     topology: str,
     tls: tuple[Issued, bytes] | None = None,
+    verbs: str = "shipped",
 ) -> Iterator[Setup]:
     """An extender, kube-scheduler with it, and two nodes of ``topology`` (``a-<run>``, ``b-<run>``).
     ``tls``: the extender serves HTTPS with that certificate, and kube-scheduler trusts that CA."""
     core = k8s.CoreV1Api(api)
     trial = Setup(api, core, namespace, uuid.uuid4().hex[:6])
     extender = trial.start_extender(tls=(str(tls[0].cert), str(tls[0].key)) if tls else None)
-    config = extender_config(trial.profile, extender.port)
+    config = extender_config(trial.profile, extender.port, verbs)
     if tls is not None:
         (stanza,) = config["extenders"]
         stanza["urlPrefix"] = stanza["urlPrefix"].replace("http://", "https://")
@@ -143,14 +137,23 @@ def trial_of(
             running.stop()
 
 
-@pytest.fixture
+@pytest.fixture(params=["shipped"])
 def setup(
-    admin_api: k8s.ApiClient, kube_namespace: str, kube_scheduler: Callable[..., Any], tmp_path: Path
+    request: pytest.FixtureRequest,
+    admin_api: k8s.ApiClient,
+    kube_namespace: str,
+    kube_scheduler: Callable[..., Any],
+    tmp_path: Path,
 ) -> Iterator[Setup]:
-    with trial_of(admin_api, kube_namespace, kube_scheduler, tmp_path, "dgx1-v100") as trial:
+    """A trial on two DGX-1 nodes with the shipped stanza (``choose``), or with filter and
+    prioritize where a test is parametrized ``indirect`` with ``"scored"``."""
+    with trial_of(
+        admin_api, kube_namespace, kube_scheduler, tmp_path, "dgx1-v100", verbs=request.param
+    ) as trial:
         yield trial
 
 
+@pytest.mark.parametrize("setup", ["shipped", "scored"], indirect=True)
 def test_kube_scheduler_with_the_extender_places_topology_aware_and_shares(setup: Setup) -> None:
     core, namespace = setup.core, setup.namespace
     setup.pod("four", 4)
@@ -170,6 +173,32 @@ def test_kube_scheduler_with_the_extender_places_topology_aware_and_shares(setup
         for device, got in granted.containers["app"].shares.items():
             used[(granted.node, device)] = used.get((granted.node, device), 0) + got.milli
     assert used and all(milli <= 1000 for milli in used.values())
+
+
+def test_with_choose_a_pod_lands_where_kubegpu_picks_though_kube_scheduler_scores_it_lower(
+    setup: Setup,
+) -> None:
+    """The shipped stanza (``filterVerb: choose``): the second half-GPU share goes to the GPU the
+    first left half free (kubegpu's policy completes shares), though a CPU hog on that node makes
+    kube-scheduler's own scoring (least allocated) prefer the idle node; kube-scheduler never calls
+    prioritize, as choose leaves it one node."""
+    core, namespace = setup.core, setup.namespace
+    share = {"kubegpu.io/gpu-milli": "500"}
+    setup.pod("half-1", 0, annotations=share)
+    first = wait_bound(core, namespace, ["half-1"])["half-1"]
+    hog = gpu_pod(namespace, "hog", 0, cpu="56", scheduler=setup.profile)
+    hog["spec"]["nodeName"] = first.spec.node_name
+    core.create_namespaced_pod(namespace, hog)
+    setup.pod("half-2", 0, annotations=share)
+    second = wait_bound(core, namespace, ["half-2"])["half-2"]
+    (gpu_1,) = verify(first.metadata.annotations[ANNOTATION], KEYS).containers["app"].shares
+    granted = verify(second.metadata.annotations[ANNOTATION], KEYS)
+    assert granted.node == second.spec.node_name == first.spec.node_name
+    assert set(granted.containers["app"].shares) == {gpu_1}
+    (extender,) = setup.extenders
+    counted = verb_calls(extender)
+    assert counted.get(("choose", "200"), 0) >= 2, counted
+    assert {verb for verb, _ in counted} == {"choose", "bind"}, counted  # no filter, no prioritize
 
 
 def test_a_pod_that_fits_nowhere_carries_the_extenders_reasons(setup: Setup) -> None:
@@ -321,7 +350,7 @@ def test_kube_scheduler_calls_the_extender_over_https_with_the_ca_it_is_given(
         placed = wait_bound(setup.core, setup.namespace, ["over-tls"], timeout=90)["over-tls"]
         assert verify(placed.metadata.annotations[ANNOTATION], KEYS).node == placed.spec.node_name
         calls = verb_calls(setup.extenders[0])
-        assert calls.get(("filter", "200")) and calls.get(("bind", "200")), calls
+        assert calls.get(("choose", "200")) and calls.get(("bind", "200")), calls
 
 
 def test_kube_scheduler_trusting_another_ca_fails_the_call_and_pods_wait(
@@ -530,7 +559,7 @@ def test_a_standby_relays_kube_schedulers_calls_to_the_leader_and_takes_over_whe
         pod("via-standby")
         leader, standby = replica_metrics(ports["ext-a"]), replica_metrics(ports["ext-b"])
         answered = "kubegpu_extender_requests_total"
-        assert leader.get((answered, "filter", "200")) and leader.get((answered, "bind", "200")), leader
+        assert leader.get((answered, "choose", "200")) and leader.get((answered, "bind", "200")), leader
         assert not any(key[0] == answered for key in standby), standby  # no call answered by a standby
         assert standby.get(("kubegpu_extender_relayed_total", "bind", "200")), standby
         lease = k8s.CoordinationV1Api(admin_api).read_namespaced_lease(f"ext-{run}", kube_namespace)

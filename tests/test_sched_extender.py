@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import random
 import socket
 import ssl
 import uuid
@@ -17,6 +18,7 @@ import pytest
 from crishim.advertiser import publication
 from kubegpu import allocation as contract
 from scheduler.core.rdma import NO_BANDWIDTH, NO_FREE_VFS
+from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.topology import load_machine
 from scheduler.live.extender import MAX_BODY_BYTES, Extender, ExtenderServer
 from scheduler.live.extenderapi import MAX_PRIORITY, ExtenderRequestError, filter_args, scaled_scores
@@ -85,6 +87,72 @@ def test_prioritize_scores_feasible_nodes_from_zero_to_ten() -> None:
     assert scores == []  # one node (named twice): nothing to tell apart
     _, scores = extender.handle("prioritize", args(kube_pod("plain", 0), ["n1", "n2", "n3"]))
     assert scores == []  # no device asked for: every node 0
+
+
+def test_choose_answers_the_one_node_kubegpus_own_scheduler_would_pick() -> None:
+    world, scheduler, jobs, core, feed, extender = setup(
+        node_json("n1", 4), node_json("n2", 4), node_json("n3", 4)
+    )
+    world.put_pod(pod_json("half", 2, node="n1"))
+    world.put_pod(pod_json("full", 4, node="n3"))
+    pod = kube_pod("p", 2)
+    world.put_pod(pod)
+    feed.sync()
+    # bestfit: kubegpu's own scheduler puts the pod on n1; choose answers n1 alone, no reasons
+    request = scheduler._request("uid-p", pod)
+    own = schedule_one(request, scheduler._view(), scheduler.policy, random.Random(0))
+    assert isinstance(own, Placement) and own.node == "n1"
+    status, result = extender.handle("choose", args(pod, ["n1", "n2", "n3"]))
+    assert status == 200 and result["NodeNames"] == ["n1"] and result["Error"] == ""
+    assert result["FailedNodes"] == {} and result["FailedAndUnresolvableNodes"] == {}
+    # only among kube-scheduler's candidates (it filtered n1 out): n2; a name kubegpu lacks is no choice
+    _, result = extender.handle("choose", args(pod, ["n3", "n9", "n2"]))
+    assert result["NodeNames"] == ["n2"]
+    # the Nodes form is answered in that form
+    doc = {"Pod": pod, "Nodes": {"items": [{"metadata": {"name": n}} for n in ("n2", "n1")]}}
+    _, result = extender.handle("choose", json.dumps(doc).encode())
+    assert result["Nodes"] == {"items": [{"metadata": {"name": "n1"}}]} and "NodeNames" not in result
+
+
+def test_choose_answers_filters_reasons_where_it_has_no_choice() -> None:
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 4), node_json("n2", 4))
+    world.put_pod(pod_json("busy", 3, node="n1"))
+    world.put_pod(pod_json("all", 4, node="n2"))
+    feed.sync()
+    cases = [
+        (kube_pod("big", 2), ["n1", "n2", "n9"]),  # fits nowhere: every node's reason
+        (kube_pod("big", 2), ["n9"]),  # no node kubegpu knows
+        (kube_pod("plain", 0), ["n1", "n2", "other"]),  # asks for no device: every node passes
+        (kube_pod("bad", 1, annotations={"kubegpu.io/gpu-milli": "1_00"}), ["n1"]),  # invalid
+    ]
+    for pod, names in cases:
+        chosen = extender.handle("choose", args(pod, names))
+        assert chosen == extender.handle("filter", args(pod, names)), pod["metadata"]["name"]
+    _, result = extender.handle("choose", args(kube_pod("big", 2), ["n1", "n2", "n9"]))
+    assert result["NodeNames"] == [] and set(result["FailedNodes"]) == {"n1", "n2", "n9"}
+    assert extender.handle("choose", b"not json")[0] == 400
+
+
+def test_two_pods_chosen_before_either_binds_never_share_a_device() -> None:
+    """kube-scheduler runs choose for the next pod while the last one's bind is in flight: both
+    may be told the same node; the second bind then books other devices or is refused (retried),
+    and the retry's choose sees the first pod's devices taken."""
+    world, scheduler, jobs, core, feed, extender = setup(node_json("n1", 4), node_json("n2", 4))
+    world.put_pod(pod_json("busy", 2, node="n1"))
+    a, b = kube_pod("a", 2), kube_pod("b", 2)
+    world.put_pod(a)
+    world.put_pod(b)
+    feed.sync()
+    assert extender.handle("choose", args(a, ["n1", "n2"]))[1]["NodeNames"] == ["n1"]
+    assert extender.handle("choose", args(b, ["n1", "n2"]))[1]["NodeNames"] == ["n1"]
+    for name, expected in (("a", ""), ("b", "cannot take the pod now")):
+        body = {"PodName": name, "PodNamespace": "ns", "PodUID": f"uid-{name}", "Node": "n1"}
+        assert expected in extender.handle("bind", json.dumps(body).encode())[1]["Error"]
+    assert extender.handle("choose", args(b, ["n1", "n2"]))[1]["NodeNames"] == ["n2"]
+    body = {"PodName": "b", "PodNamespace": "ns", "PodUID": "uid-b", "Node": "n2"}
+    assert extender.handle("bind", json.dumps(body).encode()) == (200, {"Error": ""})
+    feed.sync()
+    assert (world.node_of("a"), world.node_of("b")) == ("n1", "n2") and not world.double_booked()
 
 
 def test_bind_places_exact_devices_on_the_chosen_node_and_never_twice() -> None:
@@ -274,7 +342,8 @@ def test_the_live_scheduler_and_its_extender_share_one_account() -> None:
 
 def test_the_shipped_extender_manifests_load() -> None:
     """deploy/extender: the scheduler config validates with the extender on, and kube-scheduler's
-    stanza is the one tests/test_extender_api.py runs kube-scheduler with (but its URL)."""
+    stanza is the one tests/test_extender_api.py runs kube-scheduler with (but its URL), with the
+    verbs docs/extender.md names."""
     from pathlib import Path
 
     import yaml
@@ -300,6 +369,9 @@ def test_the_shipped_extender_manifests_load() -> None:
     assert ours["urlPrefix"].endswith(":8888") and {k: v for k, v in ours.items() if k != "urlPrefix"} == {
         k: v for k, v in theirs.items() if k != "urlPrefix"
     }
+    # kubegpu picks the node (choose), binds and narrows preemption; nothing left for prioritize
+    assert (ours["filterVerb"], ours["bindVerb"], ours["preemptVerb"]) == ("choose", "bind", "preempt")
+    assert "prioritizeVerb" not in ours and ours["nodeCacheCapable"] is True and ours["ignorable"] is False
 
 
 # --- preempt ----------------------------------------------------------------------------------------

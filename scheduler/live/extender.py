@@ -11,6 +11,12 @@ of devices whether pods are bound by the live scheduler or by the extender.
   passes every node (kube-scheduler checks the rest). Otherwise each named node is checked by the
   core's filters; a node kubegpu does not know or cannot use fails with why (``FailedNodes``). A
   pod whose kubegpu request is invalid fails every node as unresolvable with the reason.
+- **choose** (a filter verb: ``filterVerb: choose``): filter narrowed to kubegpu's own choice.
+  A pod that asks for devices and fits gets exactly one node, the one kubegpu's scheduler would
+  pick among the named nodes (the core's ``schedule_one``: filters, policy, tie-break); with one
+  feasible node kube-scheduler skips scoring and prioritize and binds there, so the pod lands where
+  kubegpu's own scheduler would put it and each pod costs one round trip fewer. A pod that fits
+  nowhere, asks for no device or is invalid gets ``filter``'s answer (every reason).
 - **prioritize**: the active policy's scores over the nodes that pass, scaled to 0..10; nodes
   scoring 0 are left out of the answer (kube-scheduler counts them as 0).
 - **bind**: the pod is placed on the given node only (re-checked: the node kube-scheduler picks
@@ -75,6 +81,7 @@ MAX_BODY_BYTES = 16 << 20  # a Pod plus 5,000 node names is far less
 READ_TIMEOUT_SECONDS = 10.0
 NOT_KUBEGPU = "node not usable by kubegpu"
 NOT_CHOSEN = "node(s) not the one kube-scheduler chose"
+NOT_CANDIDATE = "node(s) not among kube-scheduler's candidates"
 
 
 class Extender:
@@ -119,6 +126,26 @@ class Extender:
             failed.update(reasons)
             passed = [nodes[i].name for i in kept.tolist()]  # in the order sent: the filters keep it
         return filter_result(args, passed, failed, {})
+
+    def choose(self, args: FilterArgs) -> dict[str, Any]:
+        """``filter`` narrowed to the one node kubegpu would pick among the named ones (see the
+        module docstring); ``filter``'s answer, with every reason, when there is no such node."""
+        sched = self.scheduler
+        with sched.cond:
+            cluster = sched._view()
+            request = sched._request(args.uid, args.pod)
+            if not isinstance(request, PodSpecError) and _wants_devices(request):
+                known, _ = _indices(cluster.index, args.node_names)
+                if known:
+                    only = np.zeros(len(cluster), dtype=bool)
+                    only[known] = True
+                    filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
+                    result = schedule_one(
+                        request, cluster, sched.policy, sched.rng, filters=filters, explain=False
+                    )
+                    if isinstance(result, Placement):
+                        return filter_result(args, [result.node], {}, {})
+        return self.filter(args)
 
     def prioritize(self, args: FilterArgs) -> list[dict[str, Any]]:
         """The nodes that score above 0 (``scaled_scores``), each once. kube-scheduler counts a
@@ -249,6 +276,8 @@ class Extender:
             doc = orjson.loads(body)  # its errors are ValueErrors, as json's
             if verb == "filter":
                 answer: Any = self.filter(filter_args(doc))
+            elif verb == "choose":
+                answer = self.choose(filter_args(doc))
             elif verb == "prioritize":
                 answer = self.prioritize(filter_args(doc))
             elif verb == "bind":
