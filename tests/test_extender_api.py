@@ -71,25 +71,31 @@ class RunningExtender:
         self.thread.join(5)
 
 
+MANAGED_RESOURCES = ("nvidia.com/gpu", "kubegpu.io/rdma")
 SHIPPED_STANZA = Path(__file__).resolve().parents[1] / "deploy" / "extender" / "kube-scheduler-config.yaml"
 
 
 def extender_config(profile: str, port: int, verbs: str = "shipped") -> dict[str, Any]:
     """deploy/extender/kube-scheduler-config.yaml's extender stanza for ``profile``, calling the
     extender on ``port``: its verbs (``filterVerb: choose``), or with ``verbs="scored"`` filter and
-    prioritize (weight 5), the other way docs/extender.md describes."""
+    prioritize (weight 5), the other way docs/extender.md describes, or with ``verbs="managed"``
+    the shipped verbs and ``managedResources``."""
     (stanza,) = yaml.safe_load(SHIPPED_STANZA.read_text())["extenders"]
     stanza["urlPrefix"] = f"http://127.0.0.1:{port}"
     if verbs == "scored":
         stanza.update(filterVerb="filter", prioritizeVerb="prioritize", weight=5)
+    elif verbs == "managed":  # consulted only for pods requesting these (docs/extender.md)
+        stanza["managedResources"] = [{"name": r, "ignoredByScheduler": False} for r in MANAGED_RESOURCES]
     return {"profiles": [{"schedulerName": profile}], "extenders": [stanza]}
 
 
 class Setup:
     """One test's slice: its kube-scheduler profile, nodes labelled for it, its extender."""
 
-    def __init__(self, api: k8s.ApiClient, core: k8s.CoreV1Api, namespace: str, run: str) -> None:
-        self.api, self.core, self.namespace, self.run = api, core, namespace, run
+    def __init__(
+        self, api: k8s.ApiClient, core: k8s.CoreV1Api, namespace: str, run: str, verbs: str = "shipped"
+    ) -> None:
+        self.api, self.core, self.namespace, self.run, self.verbs = api, core, namespace, run, verbs
         self.profile = f"kube-ext-{run}"
         self.extenders: list[RunningExtender] = []
 
@@ -119,7 +125,7 @@ def trial_of(
     """An extender, kube-scheduler with it, and two nodes of ``topology`` (``a-<run>``, ``b-<run>``).
     ``tls``: the extender serves HTTPS with that certificate, and kube-scheduler trusts that CA."""
     core = k8s.CoreV1Api(api)
-    trial = Setup(api, core, namespace, uuid.uuid4().hex[:6])
+    trial = Setup(api, core, namespace, uuid.uuid4().hex[:6], verbs)
     extender = trial.start_extender(tls=(str(tls[0].cert), str(tls[0].key)) if tls else None)
     config = extender_config(trial.profile, extender.port, verbs)
     if tls is not None:
@@ -208,16 +214,28 @@ def test_a_pod_that_fits_nowhere_carries_the_extenders_reasons(setup: Setup) -> 
     assert "0/" in event.message and "A100-SXM4-80GB" in event.message, event.message
 
 
+@pytest.mark.parametrize("setup", ["shipped", "managed"], indirect=True)
 def test_pods_wait_while_the_extender_is_down_and_schedule_when_it_is_back(setup: Setup) -> None:
+    """``ignorable: false``: a GPU pod waits while the extender is down. With the shipped stanza
+    (no ``managedResources``: a share asks for no resource, so every pod must reach kubegpu) a
+    pod asking for no device waits too; with ``managedResources`` kube-scheduler places it alone."""
+    managed = setup.verbs == "managed"
     first = setup.extenders[0]
     port = first.port
     first.stop()
     setup.pod("waits", 2)
+    setup.pod("cpu-only", 0)
     wait_failed_scheduling(setup.core, setup.namespace, "waits", timeout=60)
+    if managed:
+        wait_bound(setup.core, setup.namespace, ["cpu-only"], timeout=60)
+    else:
+        wait_failed_scheduling(setup.core, setup.namespace, "cpu-only", timeout=60)
     time.sleep(1)
     assert not setup.core.read_namespaced_pod("waits", setup.namespace).spec.node_name
+    assert bool(setup.core.read_namespaced_pod("cpu-only", setup.namespace).spec.node_name) is managed
     setup.start_extender(port)
-    placed = wait_bound(setup.core, setup.namespace, ["waits"], timeout=120)["waits"]
+    bound = wait_bound(setup.core, setup.namespace, ["waits", "cpu-only"], timeout=120)
+    placed = bound["waits"]
     assert verify(placed.metadata.annotations[ANNOTATION], KEYS).node == placed.spec.node_name
 
 
