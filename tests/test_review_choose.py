@@ -1,0 +1,88 @@
+"""Review of the extender's ``choose`` verb (f778c49): where its one node is not the node
+kubegpu's own scheduler would pick, as docs/extender.md ("Choosing or scoring") says it is.
+
+In memory (tests/support/schedworld.py), as tests/test_sched_extender.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from scheduler.live.extender import Extender
+from tests.support.schedworld import Feed, World, drive, make_scheduler, node_json, pod_json
+
+GPU_MILLI = "kubegpu.io/gpu-milli"
+
+
+def args(pod: dict[str, Any], names: list[str]) -> bytes:
+    return json.dumps({"Pod": pod, "NodeNames": names}).encode()
+
+
+def share_pod(name: str, milli: str, scheduler: str) -> dict[str, Any]:
+    pod = pod_json(name, 1, scheduler=scheduler, annotations={GPU_MILLI: milli})
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}}
+    return pod
+
+
+def test_choose_plans_for_a_pod_shape_the_policy_has_not_planned_for_as_the_scheduler_does() -> None:
+    """``kubegpu extender`` (one cache, its pods those of default-scheduler), policy fgd. Twelve
+    quarter and half shares are placed; then the first one-GPU pod arrives. kubegpu's own scheduler
+    re-plans the policy for a shape it has not planned for (``Scheduler._decide``:
+    ``request.shape() not in _planned_shapes`` -> ``_bind_policy``) before it picks; ``choose``
+    does not, so it scores the pod against the old workload and answers another node than the
+    one the scheduler itself binds the very same pod to (the rng's state is the same for both)."""
+    world = World()
+    for i in range(3):
+        world.put_node(node_json(f"n{i}", 8))
+    sched, jobs, _core, clock = make_scheduler(world, name="default-scheduler", policy="fgd", seed=10)
+    feed = Feed(world, sched)
+    feed.relist()
+    shares = "250 250 500 500 500 250 250 500 500 250 250 500".split()
+    for k, milli in enumerate(shares):
+        world.put_pod(share_pod(f"s{k}", milli, "default-scheduler"))
+    feed.sync()
+    drive(sched, jobs, feed, clock)
+    sched._view()  # the cache as the extender last used it: planned for the shares only
+    world.put_pod(pod_json("new", 1, scheduler="default-scheduler"))
+    feed.sync()
+
+    state = sched.rng.getstate()
+    _, answer = Extender(sched).handle("choose", args(world.pods["uid-new"], sorted(world.nodes)))
+    sched.rng.setstate(state)  # the scheduler below draws what choose drew
+    while sched.schedule_next(0):  # kubegpu's own decision for the same pod, same cluster
+        pass
+    jobs.run_all()
+    feed.sync()
+    own = world.node_of("new")
+    assert own is not None
+    assert answer["NodeNames"] == [own]
+
+
+def test_choose_keeps_a_nominated_preemptors_room_as_the_scheduler_does() -> None:
+    """extenderAddress mode: one replica schedules its own pods (schedulerName kubegpu) and serves
+    kube-scheduler's. kubegpu's preemptor ``high`` (priority 100, 4 GPUs) was nominated to n1 and
+    its victims are gone, so n1's 4 GPUs are free for it. kubegpu's own scheduler, deciding any pod
+    of no higher priority, books that room for the preemptor first (``_reserve_nominated``), so a
+    2-GPU pod goes to n2. ``choose`` does not: bestfit packs the 2-GPU pod of kube-scheduler onto
+    n1, bind books it there, and the preemptor no longer fits the node it evicted pods for (it
+    preempts again: the pod choose put there is lower priority, so it is the next victim)."""
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 8))
+    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
+    feed = Feed(world, sched)
+    high = pod_json("high", 4, priority=100)
+    high["status"]["nominatedNodeName"] = "n1"
+    world.put_pod(high)
+    low = pod_json("low", 2, scheduler="default-scheduler", priority=0)
+    world.put_pod(low)
+    twin = pod_json("twin", 2, priority=0)  # the same pod, kubegpu's own
+    world.put_pod(twin)
+    feed.relist()
+    assert sched.nominated == {"uid-high": "n1"}
+    sched._decide("uid-twin", sched.cache.pods["uid-twin"], sched._view())  # what kubegpu decides
+    assert sched.cache.assumed["uid-twin"].alloc.node == "n2"
+    sched.cache.release("uid-twin")  # undecided again: choose sees the same cluster
+
+    _, answer = Extender(sched).handle("choose", args(low, ["n1", "n2"]))
+    assert answer["NodeNames"] == ["n2"]
