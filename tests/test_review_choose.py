@@ -86,3 +86,51 @@ def test_choose_keeps_a_nominated_preemptors_room_as_the_scheduler_does() -> Non
 
     _, answer = Extender(sched).handle("choose", args(low, ["n1", "n2"]))
     assert answer["NodeNames"] == ["n2"]
+
+
+def test_choose_places_a_gangs_members_as_the_scheduler_plans_the_group() -> None:
+    """A gang (a PodGroup of scheduling.x-k8s.io, minMember 2) of two 2-GPU pods; na1 (zone a) has
+    2 GPUs free, nb1 (zone b) 8. kubegpu's own scheduler plans the group whole (docs/gang.md:
+    the fewest nodes, then one topology domain): both on nb1. ``choose`` decides each member alone
+    (``schedule_one``): bestfit packs the first onto na1 and the second onto nb1, so with the
+    shipped stanza the gang is split over two nodes and two zones, not where kubegpu's scheduler
+    puts it ("the same placement as with kubegpu as the scheduler", docs/extender.md). filter and
+    prioritize never planned groups either; the claim is new with choose."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    def nodes() -> list[dict[str, Any]]:
+        zone = "topology.kubernetes.io/zone"
+        return [node_json("na1", 4, labels={zone: "a"}), node_json("nb1", 8, labels={zone: "b"})]
+
+    group = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"minMember": 2},
+    }
+    placed: dict[str, list[str | None]] = {}
+    for who in ("kubegpu", "default-scheduler"):
+        world = World()
+        for node in nodes():
+            world.put_node(node)
+        world.put_pod(pod_json("busy", 2, node="na1"))
+        world.put_group(PLUGINS_API, group)
+        sched, jobs, _core, clock = make_scheduler(world, name=who)
+        feed = Feed(world, sched)
+        feed.relist()
+        for name in ("a", "b"):
+            world.put_pod(pod_json(name, 2, scheduler=who, labels={PLUGINS_LABEL: "g"}))
+        feed.sync()
+        if who == "kubegpu":
+            drive(sched, jobs, feed, clock)
+        else:  # kube-scheduler with the shipped stanza: choose, then bind there, a pod at a time
+            extender = Extender(sched)
+            for name in ("a", "b"):
+                _, answer = extender.handle("choose", args(world.pods[f"uid-{name}"], ["na1", "nb1"]))
+                (node,) = answer["NodeNames"]
+                bind = {"PodName": name, "PodNamespace": "ns", "PodUID": f"uid-{name}", "Node": node}
+                assert extender.handle("bind", json.dumps(bind).encode())[1] == {"Error": ""}
+                feed.sync()
+        placed[who] = [world.node_of("a"), world.node_of("b")]
+    assert placed["kubegpu"] == ["nb1", "nb1"]
+    assert placed["default-scheduler"] == placed["kubegpu"]
