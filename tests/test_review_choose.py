@@ -134,3 +134,29 @@ def test_choose_places_a_gangs_members_as_the_scheduler_plans_the_group() -> Non
         placed[who] = [world.node_of("a"), world.node_of("b")]
     assert placed["kubegpu"] == ["nb1", "nb1"]
     assert placed["default-scheduler"] == placed["kubegpu"]
+
+
+def test_the_nodes_form_answers_the_node_objects_kube_scheduler_sent() -> None:
+    """Without ``nodeCacheCapable`` kube-scheduler sends whole Node objects (``Nodes``) and builds
+    the NodeInfo it goes on with from the Node objects of the answer (k8s.io/kubernetes v1.37.2
+    pkg/scheduler/extender.go, ``HTTPExtender.Filter``: ``nodeResult[i].SetNode(&result.Nodes.
+    Items[i])``). kubegpu answers ``{"metadata": {"name": ...}}`` only, so with ``filter`` (more
+    than one node left) kube-scheduler scores nodes with no labels, taints or allocatable: preferred
+    node affinity, PreferNoSchedule taints and least-allocated all score every node alike (the
+    "scored" alternative docs/extender.md offers loses the very scores it is for). With ``choose``
+    one node is left and kube-scheduler reads only its name, so there it is harmless."""
+    world = World()
+    for name in ("n1", "n2"):
+        world.put_node(node_json(name, 4, labels={"zone": name}))
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    pod = pod_json("p", 1, scheduler="default-scheduler")
+    world.put_pod(pod)
+    feed.sync()
+    sent = [world.nodes["n1"], world.nodes["n2"]]
+    status, answer = Extender(sched).handle(
+        "filter", json.dumps({"Pod": pod, "Nodes": {"items": sent}}).encode()
+    )
+    assert status == 200
+    assert answer["Nodes"]["items"] == sent
