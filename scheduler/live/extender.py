@@ -13,7 +13,9 @@ of devices whether pods are bound by the live scheduler or by the extender.
   pod whose kubegpu request is invalid fails every node as unresolvable with the reason.
 - **choose** (a filter verb: ``filterVerb: choose``): filter narrowed to kubegpu's own choice.
   A pod that asks for devices and fits gets exactly one node, the one kubegpu's scheduler would
-  pick among the named nodes (the core's ``schedule_one``: filters, policy, tie-break); with one
+  pick among the named nodes (the core's ``schedule_one``: filters, policy, tie-break; as the
+  scheduler decides, the policy re-planned for a new kind of pod and the room of nominated pods of
+  no lower priority kept for them); with one
   feasible node kube-scheduler skips scoring and prioritize and binds there, so the pod lands where
   kubegpu's own scheduler would put it and each pod costs one round trip fewer. A pod that fits
   nowhere, asks for no device or is invalid gets ``filter``'s answer (every reason).
@@ -137,12 +139,22 @@ class Extender:
             if not isinstance(request, PodSpecError) and _wants_devices(request):
                 known, _ = _indices(cluster.index, args.node_names)
                 if known:
+                    if args.uid in sched.cache.pods and request.shape() not in sched._planned_shapes:
+                        # a kind of pod the policy has not planned for: re-plan, as the scheduler
+                        # does (only for a pod of its workload: another would re-plan every call)
+                        sched._bind_policy(cluster)
                     only = np.zeros(len(cluster), dtype=bool)
                     only[known] = True
                     filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
-                    result = schedule_one(
-                        request, cluster, sched.policy, sched.rng, filters=filters, explain=False
-                    )
+                    # the room of pods nominated to a node (of no lower priority) is theirs
+                    reserved = sched._reserve_nominated(args.uid, request, cluster)
+                    try:
+                        result = schedule_one(
+                            request, cluster, sched.policy, sched.rng, filters=filters, explain=False
+                        )
+                    finally:
+                        for other in reserved:
+                            cluster.forget(other)
                     if isinstance(result, Placement):
                         return filter_result(args, [result.node], {}, {})
         return self.filter(args)
