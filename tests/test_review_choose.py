@@ -160,3 +160,31 @@ def test_the_nodes_form_answers_the_node_objects_kube_scheduler_sent() -> None:
     )
     assert status == 200
     assert answer["Nodes"]["items"] == sent
+
+
+def test_a_nominated_preemptors_room_is_not_offered_where_it_is_the_only_room() -> None:
+    """As above, but n2 is full: only n1, the preemptor's room, could take the 2-GPU pod.
+    kubegpu's own scheduler leaves the pod pending; ``choose`` then answers ``filter``'s answer,
+    and ``filter`` passes n1 (it books no nominated pod), so kube-scheduler binds the pod there and
+    the preemptor's room is gone. kube-scheduler's own filters count nominated pods of no lower
+    priority as placed (``RunFilterPluginsWithNominatedPods``); for the devices it cannot count
+    (which GPUs, shares, VFs) that is kubegpu's filter's job."""
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 4))
+    world.put_pod(pod_json("full", 4, node="n2"))
+    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
+    feed = Feed(world, sched)
+    high = pod_json("high", 4, priority=100)
+    high["status"]["nominatedNodeName"] = "n1"
+    world.put_pod(high)
+    low = pod_json("low", 2, scheduler="default-scheduler", priority=0)
+    world.put_pod(low)
+    feed.relist()
+    extender = Extender(sched)
+    for verb in ("choose", "filter"):
+        _, answer = extender.handle(verb, args(low, ["n1", "n2"]))
+        assert answer["NodeNames"] == [] and set(answer["FailedNodes"]) == {"n1", "n2"}, verb
+    # the preemptor itself is not kept out of its own room
+    _, answer = extender.handle("filter", args(world.pods["uid-high"], ["n1", "n2"]))
+    assert answer["NodeNames"] == ["n1"]
