@@ -9,7 +9,8 @@ of devices whether pods are bound by the live scheduler or by the extender.
 
 - **filter**: a pod that asks for no managed device (no whole GPU, no share, no RDMA interface)
   passes every node (kube-scheduler checks the rest). Otherwise each named node is checked by the
-  core's filters; a node kubegpu does not know or cannot use fails with why (``FailedNodes``). A
+  core's filters, the room of pods nominated to a node (of no lower priority) counted as theirs;
+  a node kubegpu does not know or cannot use fails with why (``FailedNodes``). A
   pod whose kubegpu request is invalid fails every node as unresolvable with the reason.
 - **choose** (a filter verb: ``filterVerb: choose``): filter narrowed to kubegpu's own choice.
   A pod that asks for devices and fits gets exactly one node, the one kubegpu's scheduler would
@@ -124,7 +125,15 @@ class Extender:
             if not all_known:
                 excluded = sched.cache.excluded
                 failed = {n: excluded.get(n, NOT_KUBEGPU) for n in args.node_names if n not in index}
-            kept, reasons = filter_nodes(request, cluster, DEFAULT_FILTERS, np.asarray(known, dtype=np.int64))
+            # the room of pods nominated to a node (of no lower priority) is theirs, as kube-scheduler's
+            # own filters count them placed: for the devices it cannot count, that is ours to do
+            reserved = sched._reserve_nominated(args.uid, request, cluster)
+            try:
+                among = np.asarray(known, dtype=np.int64)
+                kept, reasons = filter_nodes(request, cluster, DEFAULT_FILTERS, among)
+            finally:
+                for other in reserved:
+                    cluster.forget(other)
             failed.update(reasons)
             passed = [nodes[i].name for i in kept.tolist()]  # in the order sent: the filters keep it
         return filter_result(args, passed, failed, {})
