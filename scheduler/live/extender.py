@@ -9,11 +9,14 @@ of devices whether pods are bound by the live scheduler or by the extender.
 
 - **filter**: a pod that asks for no managed device (no whole GPU, no share, no RDMA interface)
   passes every node (kube-scheduler checks the rest). Otherwise each named node is checked by the
-  core's filters; a node kubegpu does not know or cannot use fails with why (``FailedNodes``). A
+  core's filters, the room of pods nominated to a node (of no lower priority) counted as theirs;
+  a node kubegpu does not know or cannot use fails with why (``FailedNodes``). A
   pod whose kubegpu request is invalid fails every node as unresolvable with the reason.
 - **choose** (a filter verb: ``filterVerb: choose``): filter narrowed to kubegpu's own choice.
   A pod that asks for devices and fits gets exactly one node, the one kubegpu's scheduler would
-  pick among the named nodes (the core's ``schedule_one``: filters, policy, tie-break); with one
+  pick among the named nodes (the core's ``schedule_one``: filters, policy, tie-break; as the
+  scheduler decides, the policy re-planned for a new kind of pod and the room of nominated pods of
+  no lower priority kept for them); with one
   feasible node kube-scheduler skips scoring and prioritize and binds there, so the pod lands where
   kubegpu's own scheduler would put it and each pod costs one round trip fewer. A pod that fits
   nowhere, asks for no device or is invalid gets ``filter``'s answer (every reason).
@@ -122,7 +125,15 @@ class Extender:
             if not all_known:
                 excluded = sched.cache.excluded
                 failed = {n: excluded.get(n, NOT_KUBEGPU) for n in args.node_names if n not in index}
-            kept, reasons = filter_nodes(request, cluster, DEFAULT_FILTERS, np.asarray(known, dtype=np.int64))
+            # the room of pods nominated to a node (of no lower priority) is theirs, as kube-scheduler's
+            # own filters count them placed: for the devices it cannot count, that is ours to do
+            reserved = sched._reserve_nominated(args.uid, request, cluster)
+            try:
+                among = np.asarray(known, dtype=np.int64)
+                kept, reasons = filter_nodes(request, cluster, DEFAULT_FILTERS, among)
+            finally:
+                for other in reserved:
+                    cluster.forget(other)
             failed.update(reasons)
             passed = [nodes[i].name for i in kept.tolist()]  # in the order sent: the filters keep it
         return filter_result(args, passed, failed, {})
@@ -137,12 +148,22 @@ class Extender:
             if not isinstance(request, PodSpecError) and _wants_devices(request):
                 known, _ = _indices(cluster.index, args.node_names)
                 if known:
+                    if args.uid in sched.cache.pods and request.shape() not in sched._planned_shapes:
+                        # a kind of pod the policy has not planned for: re-plan, as the scheduler
+                        # does (only for a pod of its workload: another would re-plan every call)
+                        sched._bind_policy(cluster)
                     only = np.zeros(len(cluster), dtype=bool)
                     only[known] = True
                     filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
-                    result = schedule_one(
-                        request, cluster, sched.policy, sched.rng, filters=filters, explain=False
-                    )
+                    # the room of pods nominated to a node (of no lower priority) is theirs
+                    reserved = sched._reserve_nominated(args.uid, request, cluster)
+                    try:
+                        result = schedule_one(
+                            request, cluster, sched.policy, sched.rng, filters=filters, explain=False
+                        )
+                    finally:
+                        for other in reserved:
+                            cluster.forget(other)
                     if isinstance(result, Placement):
                         return filter_result(args, [result.node], {}, {})
         return self.filter(args)

@@ -37,6 +37,9 @@ class FilterArgs:
     pod: dict[str, Any]
     node_names: tuple[str, ...]
     names_only: bool  # the request named the nodes (NodeNames), rather than sending Node objects
+    # the Node objects sent (the Nodes form only), in the order of ``node_names``: the answer
+    # returns them whole, as kube-scheduler builds the NodeInfo it scores from the answer's objects
+    items: tuple[dict[str, Any], ...] = ()
 
     @property
     def uid(self) -> str:
@@ -115,7 +118,7 @@ def filter_args(doc: Any) -> FilterArgs:
     found = []
     for item in items:
         found.append(_string(_object(_object(item, "a node").get("metadata"), "a node's metadata"), "name"))
-    return FilterArgs(dict(pod), tuple(found), False)
+    return FilterArgs(dict(pod), tuple(found), False, tuple(items))
 
 
 def bind_args(doc: Any) -> BindArgs:
@@ -182,7 +185,7 @@ def preempt_result(kept: Mapping[str, Proposal]) -> dict[str, Any]:
 def filter_result(
     args: FilterArgs, passed: Sequence[str], failed: Mapping[str, str], unresolvable: Mapping[str, str]
 ) -> dict[str, Any]:
-    """``ExtenderFilterResult`` in the form the request used (names, or Node objects when sent)."""
+    """``ExtenderFilterResult`` in the form the request used (names, or the Node objects sent)."""
     result: dict[str, Any] = {
         "FailedNodes": dict(failed),
         "FailedAndUnresolvableNodes": dict(unresolvable),
@@ -191,7 +194,8 @@ def filter_result(
     if args.names_only:
         result["NodeNames"] = list(passed)
     else:
-        result["Nodes"] = {"items": [{"metadata": {"name": name}} for name in passed]}
+        sent = dict(zip(args.node_names, args.items, strict=False))  # empty: built without them
+        result["Nodes"] = {"items": [sent.get(name) or {"metadata": {"name": name}} for name in passed]}
     return result
 
 

@@ -1,0 +1,190 @@
+"""Review of the extender's ``choose`` verb (f778c49): where its one node is not the node
+kubegpu's own scheduler would pick, as docs/extender.md ("Choosing or scoring") says it is.
+
+In memory (tests/support/schedworld.py), as tests/test_sched_extender.py."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from scheduler.live.extender import Extender
+from tests.support.schedworld import Feed, World, drive, make_scheduler, node_json, pod_json
+
+GPU_MILLI = "kubegpu.io/gpu-milli"
+
+
+def args(pod: dict[str, Any], names: list[str]) -> bytes:
+    return json.dumps({"Pod": pod, "NodeNames": names}).encode()
+
+
+def share_pod(name: str, milli: str, scheduler: str) -> dict[str, Any]:
+    pod = pod_json(name, 1, scheduler=scheduler, annotations={GPU_MILLI: milli})
+    pod["spec"]["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}}
+    return pod
+
+
+def test_choose_plans_for_a_pod_shape_the_policy_has_not_planned_for_as_the_scheduler_does() -> None:
+    """``kubegpu extender`` (one cache, its pods those of default-scheduler), policy fgd. Twelve
+    quarter and half shares are placed; then the first one-GPU pod arrives. kubegpu's own scheduler
+    re-plans the policy for a shape it has not planned for (``Scheduler._decide``:
+    ``request.shape() not in _planned_shapes`` -> ``_bind_policy``) before it picks; ``choose``
+    does not, so it scores the pod against the old workload and answers another node than the
+    one the scheduler itself binds the very same pod to (the rng's state is the same for both)."""
+    world = World()
+    for i in range(3):
+        world.put_node(node_json(f"n{i}", 8))
+    sched, jobs, _core, clock = make_scheduler(world, name="default-scheduler", policy="fgd", seed=10)
+    feed = Feed(world, sched)
+    feed.relist()
+    shares = "250 250 500 500 500 250 250 500 500 250 250 500".split()
+    for k, milli in enumerate(shares):
+        world.put_pod(share_pod(f"s{k}", milli, "default-scheduler"))
+    feed.sync()
+    drive(sched, jobs, feed, clock)
+    sched._view()  # the cache as the extender last used it: planned for the shares only
+    world.put_pod(pod_json("new", 1, scheduler="default-scheduler"))
+    feed.sync()
+
+    state = sched.rng.getstate()
+    _, answer = Extender(sched).handle("choose", args(world.pods["uid-new"], sorted(world.nodes)))
+    sched.rng.setstate(state)  # the scheduler below draws what choose drew
+    while sched.schedule_next(0):  # kubegpu's own decision for the same pod, same cluster
+        pass
+    jobs.run_all()
+    feed.sync()
+    own = world.node_of("new")
+    assert own is not None
+    assert answer["NodeNames"] == [own]
+
+
+def test_choose_keeps_a_nominated_preemptors_room_as_the_scheduler_does() -> None:
+    """extenderAddress mode: one replica schedules its own pods (schedulerName kubegpu) and serves
+    kube-scheduler's. kubegpu's preemptor ``high`` (priority 100, 4 GPUs) was nominated to n1 and
+    its victims are gone, so n1's 4 GPUs are free for it. kubegpu's own scheduler, deciding any pod
+    of no higher priority, books that room for the preemptor first (``_reserve_nominated``), so a
+    2-GPU pod goes to n2. ``choose`` does not: bestfit packs the 2-GPU pod of kube-scheduler onto
+    n1, bind books it there, and the preemptor no longer fits the node it evicted pods for (it
+    preempts again: the pod choose put there is lower priority, so it is the next victim)."""
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 8))
+    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
+    feed = Feed(world, sched)
+    high = pod_json("high", 4, priority=100)
+    high["status"]["nominatedNodeName"] = "n1"
+    world.put_pod(high)
+    low = pod_json("low", 2, scheduler="default-scheduler", priority=0)
+    world.put_pod(low)
+    twin = pod_json("twin", 2, priority=0)  # the same pod, kubegpu's own
+    world.put_pod(twin)
+    feed.relist()
+    assert sched.nominated == {"uid-high": "n1"}
+    sched._decide("uid-twin", sched.cache.pods["uid-twin"], sched._view())  # what kubegpu decides
+    assert sched.cache.assumed["uid-twin"].alloc.node == "n2"
+    sched.cache.release("uid-twin")  # undecided again: choose sees the same cluster
+
+    _, answer = Extender(sched).handle("choose", args(low, ["n1", "n2"]))
+    assert answer["NodeNames"] == ["n2"]
+
+
+def test_choose_places_a_gangs_members_as_the_scheduler_plans_the_group() -> None:
+    """A gang (a PodGroup of scheduling.x-k8s.io, minMember 2) of two 2-GPU pods; na1 (zone a) has
+    2 GPUs free, nb1 (zone b) 8. kubegpu's own scheduler plans the group whole (docs/gang.md:
+    the fewest nodes, then one topology domain): both on nb1. ``choose`` decides each member alone
+    (``schedule_one``): bestfit packs the first onto na1 and the second onto nb1, so with the
+    shipped stanza the gang is split over two nodes and two zones, not where kubegpu's scheduler
+    puts it ("the same placement as with kubegpu as the scheduler", docs/extender.md). filter and
+    prioritize never planned groups either; the claim is new with choose."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    def nodes() -> list[dict[str, Any]]:
+        zone = "topology.kubernetes.io/zone"
+        return [node_json("na1", 4, labels={zone: "a"}), node_json("nb1", 8, labels={zone: "b"})]
+
+    group = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"minMember": 2},
+    }
+    placed: dict[str, list[str | None]] = {}
+    for who in ("kubegpu", "default-scheduler"):
+        world = World()
+        for node in nodes():
+            world.put_node(node)
+        world.put_pod(pod_json("busy", 2, node="na1"))
+        world.put_group(PLUGINS_API, group)
+        sched, jobs, _core, clock = make_scheduler(world, name=who)
+        feed = Feed(world, sched)
+        feed.relist()
+        for name in ("a", "b"):
+            world.put_pod(pod_json(name, 2, scheduler=who, labels={PLUGINS_LABEL: "g"}))
+        feed.sync()
+        if who == "kubegpu":
+            drive(sched, jobs, feed, clock)
+        else:  # kube-scheduler with the shipped stanza: choose, then bind there, a pod at a time
+            extender = Extender(sched)
+            for name in ("a", "b"):
+                _, answer = extender.handle("choose", args(world.pods[f"uid-{name}"], ["na1", "nb1"]))
+                (node,) = answer["NodeNames"]
+                bind = {"PodName": name, "PodNamespace": "ns", "PodUID": f"uid-{name}", "Node": node}
+                assert extender.handle("bind", json.dumps(bind).encode())[1] == {"Error": ""}
+                feed.sync()
+        placed[who] = [world.node_of("a"), world.node_of("b")]
+    assert placed["kubegpu"] == ["nb1", "nb1"]
+    assert placed["default-scheduler"] == placed["kubegpu"]
+
+
+def test_the_nodes_form_answers_the_node_objects_kube_scheduler_sent() -> None:
+    """Without ``nodeCacheCapable`` kube-scheduler sends whole Node objects (``Nodes``) and builds
+    the NodeInfo it goes on with from the Node objects of the answer (k8s.io/kubernetes v1.37.2
+    pkg/scheduler/extender.go, ``HTTPExtender.Filter``: ``nodeResult[i].SetNode(&result.Nodes.
+    Items[i])``). kubegpu answers ``{"metadata": {"name": ...}}`` only, so with ``filter`` (more
+    than one node left) kube-scheduler scores nodes with no labels, taints or allocatable: preferred
+    node affinity, PreferNoSchedule taints and least-allocated all score every node alike (the
+    "scored" alternative docs/extender.md offers loses the very scores it is for). With ``choose``
+    one node is left and kube-scheduler reads only its name, so there it is harmless."""
+    world = World()
+    for name in ("n1", "n2"):
+        world.put_node(node_json(name, 4, labels={"zone": name}))
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    pod = pod_json("p", 1, scheduler="default-scheduler")
+    world.put_pod(pod)
+    feed.sync()
+    sent = [world.nodes["n1"], world.nodes["n2"]]
+    status, answer = Extender(sched).handle(
+        "filter", json.dumps({"Pod": pod, "Nodes": {"items": sent}}).encode()
+    )
+    assert status == 200
+    assert answer["Nodes"]["items"] == sent
+
+
+def test_a_nominated_preemptors_room_is_not_offered_where_it_is_the_only_room() -> None:
+    """As above, but n2 is full: only n1, the preemptor's room, could take the 2-GPU pod.
+    kubegpu's own scheduler leaves the pod pending; ``choose`` then answers ``filter``'s answer,
+    and ``filter`` passes n1 (it books no nominated pod), so kube-scheduler binds the pod there and
+    the preemptor's room is gone. kube-scheduler's own filters count nominated pods of no lower
+    priority as placed (``RunFilterPluginsWithNominatedPods``); for the devices it cannot count
+    (which GPUs, shares, VFs) that is kubegpu's filter's job."""
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 4))
+    world.put_pod(pod_json("full", 4, node="n2"))
+    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
+    feed = Feed(world, sched)
+    high = pod_json("high", 4, priority=100)
+    high["status"]["nominatedNodeName"] = "n1"
+    world.put_pod(high)
+    low = pod_json("low", 2, scheduler="default-scheduler", priority=0)
+    world.put_pod(low)
+    feed.relist()
+    extender = Extender(sched)
+    for verb in ("choose", "filter"):
+        _, answer = extender.handle(verb, args(low, ["n1", "n2"]))
+        assert answer["NodeNames"] == [] and set(answer["FailedNodes"]) == {"n1", "n2"}, verb
+    # the preemptor itself is not kept out of its own room
+    _, answer = extender.handle("filter", args(world.pods["uid-high"], ["n1", "n2"]))
+    assert answer["NodeNames"] == ["n1"]
