@@ -188,3 +188,70 @@ def test_a_nominated_preemptors_room_is_not_offered_where_it_is_the_only_room() 
     # the preemptor itself is not kept out of its own room
     _, answer = extender.handle("filter", args(world.pods["uid-high"], ["n1", "n2"]))
     assert answer["NodeNames"] == ["n1"]
+
+
+def gang_world(min_member: int, members: int, free_a: int) -> tuple[World, Any, Any, Extender]:
+    """na1 (zone a, 4 GPUs, ``4 - free_a`` used) and nb1 (zone b, 4 GPUs); a PodGroup ``g`` of
+    ``min_member`` with ``members`` 2-GPU pods pending for default-scheduler."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world = World()
+    zone = "topology.kubernetes.io/zone"
+    world.put_node(node_json("na1", 4, labels={zone: "a"}))
+    world.put_node(node_json("nb1", 4, labels={zone: "b"}))
+    if free_a < 4:
+        world.put_pod(pod_json("busy", 4 - free_a, node="na1"))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": min_member}}
+    world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    for i in range(members):
+        world.put_pod(pod_json(f"m{i}", 2, scheduler="default-scheduler", labels={PLUGINS_LABEL: "g"}))
+    feed.sync()
+    return world, sched, feed, Extender(sched)
+
+
+def choose_and_bind(
+    world: World, feed: Feed, extender: Extender, name: str, names: list[str]
+) -> dict[str, Any]:
+    """kube-scheduler's cycle with the shipped stanza for one pod: choose, then bind on the one
+    node answered (if one)."""
+    _, answer = extender.handle("choose", args(world.pods[f"uid-{name}"], names))
+    if len(answer["NodeNames"]) == 1:
+        (node,) = answer["NodeNames"]
+        bind = {"PodName": name, "PodNamespace": "ns", "PodUID": f"uid-{name}", "Node": node}
+        assert extender.handle("bind", json.dumps(bind).encode())[1] == {"Error": ""}
+        feed.sync()
+    return answer
+
+
+def test_a_gang_that_cannot_fit_whole_is_not_placed_member_by_member() -> None:
+    """Three 2-GPU members, minMember 3, 4 free GPUs in all (2 on each node): each alone fits,
+    the group does not. ``choose`` fails every candidate with the group's reason for each member,
+    so none is bound (kubegpu's own scheduler places none either); with too few members created
+    it says the group waits for the others."""
+    world, sched, feed, extender = gang_world(3, 3, free_a=2)
+    world.put_pod(pod_json("busy-b", 2, node="nb1"))
+    feed.sync()
+    for name in ("m0", "m1", "m2"):
+        answer = choose_and_bind(world, feed, extender, name, ["na1", "nb1"])
+        assert answer["NodeNames"] == [] and set(answer["FailedNodes"]) == {"na1", "nb1"}, answer
+        assert (
+            "pod group ns/g" in answer["FailedNodes"]["na1"]
+            and "minimum members fit" in answer["FailedNodes"]["na1"]
+        )
+    assert all(world.node_of(f"m{i}") is None for i in range(3))
+    world, sched, feed, extender = gang_world(3, 2, free_a=4)
+    answer = choose_and_bind(world, feed, extender, "m0", ["na1", "nb1"])
+    assert answer["NodeNames"] == [] and "2 of its 3 minimum members" in answer["FailedNodes"]["nb1"], answer
+
+
+def test_a_gang_chosen_member_by_member_lands_as_planned_whole() -> None:
+    """minMember 2, two 2-GPU members, na1 with 2 free GPUs, nb1 with 4: planned whole, both on
+    nb1 (the fewest nodes); the second member, chosen after the first is bound, follows it there,
+    and each one's candidates may be a part of the nodes (kube-scheduler's sampling)."""
+    world, sched, feed, extender = gang_world(2, 2, free_a=2)
+    assert choose_and_bind(world, feed, extender, "m0", ["na1", "nb1"])["NodeNames"] == ["nb1"]
+    assert choose_and_bind(world, feed, extender, "m1", ["nb1", "na1"])["NodeNames"] == ["nb1"]
+    assert world.node_of("m0") == world.node_of("m1") == "nb1" and not world.double_booked()

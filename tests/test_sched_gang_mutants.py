@@ -429,6 +429,18 @@ def test_a_one_node_plan_ends_the_domain_search() -> None:
     assert isinstance(result, GroupPlacement) and result.domain == "za" and where(result) == {"m-1": "a0"}
 
 
+def test_a_member_follows_the_placed_ones_into_their_domain_where_both_domains_hold_it() -> None:
+    """One member of a two-member group is placed on b0 (zone zb); the other fits a0 (za) and b0
+    alike, and the two zones have as many free GPUs. Fewest nodes counts the group's nodes, the
+    placed member's too: the member goes to b0, not to a0 in the other zone (it did, as each
+    zone's plan placed it on one new node, and za came first)."""
+    cluster = ClusterState([node("a0", 2, zone="za"), node("b0", 4, zone="zb")])
+    members = [member(0, 2), member(1, 2)]
+    book_on(cluster, members[0], "b0")
+    result = plan(GroupRequest("ml/g", 2, tuple(members)), cluster)
+    assert isinstance(result, GroupPlacement) and result.domain == "zb" and where(result) == {"m-1": "b0"}
+
+
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 

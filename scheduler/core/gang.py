@@ -380,15 +380,24 @@ def schedule_group(
     for member in already:
         used[cluster.where[member.uid]] = True
     best: GroupPlacement | None = None
+    best_key = (0, 0)
+    floor = max(1, int(used.sum()))  # no plan of every member uses fewer nodes
+
+    def plan_key(plan: GroupPlacement) -> tuple[int, int]:
+        """More members placed first, then fewer nodes for the group: those of its members placed
+        already and the plan's new ones (keeping to the nodes it uses beats adding another)."""
+        new = sum(1 for node in plan.nodes if not used[cluster.index[node]])
+        return -len(plan.placements), int(used.sum()) + new
+
     for value, mask in _domains(group, cluster):
         placed, waiting, failure, _ = _plan_members(
             members, cluster, policy, rng, filters, mask, needed, used
         )
         if failure is None:
             plan = GroupPlacement(tuple(placed), tuple(waiting), value)
-            if best is None or len(plan.nodes) < len(best.nodes):
-                best = plan
-            if len(best.nodes) <= 1:
+            if best is None or plan_key(plan) < best_key:
+                best, best_key = plan, plan_key(plan)
+            if not best.waiting and best_key[1] <= floor:
                 break
     if best is not None:
         return _extras_elsewhere(best, members, cluster, policy, rng, filters)

@@ -55,12 +55,12 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 from kubegpu.httphead import LeanHead
 from kubegpu.httpserve import bound_server
 from kubegpu.logs import log_event
-from scheduler.core.filters import DEFAULT_FILTERS, apply_filters, filter_nodes
-from scheduler.core.gang import OnlyNodes
+from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin, apply_filters, filter_nodes
+from scheduler.core.gang import GroupPlacement, GroupRequest, OnlyNodes, schedule_group
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
-from scheduler.core.state import AllocationConflict
-from scheduler.live.cache import pod_key
+from scheduler.core.state import AllocationConflict, ClusterState
+from scheduler.live.cache import is_pending_for, pod_key
 from scheduler.live.extenderapi import (
     BindArgs,
     ExtenderRequestError,
@@ -74,6 +74,7 @@ from scheduler.live.extenderapi import (
     preempt_result,
     scaled_scores,
 )
+from scheduler.live.podgroups import GroupRef, GroupSpec
 from scheduler.live.podspec import PodSpecError
 from scheduler.live.preemption import extender_victims, other_rules
 from scheduler.live.relay import RELAYED_HEADER, Relay, verb_of
@@ -155,6 +156,10 @@ class Extender:
                     only = np.zeros(len(cluster), dtype=bool)
                     only[known] = True
                     filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
+                    ref = sched.groups.of.get(args.uid)
+                    spec = sched.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
+                    if isinstance(ref, GroupRef) and isinstance(spec, GroupSpec) and spec.gang:
+                        return self._choose_in_group(args, request, ref, spec, cluster, filters)
                     # the room of pods nominated to a node (of no lower priority) is theirs
                     reserved = sched._reserve_nominated(args.uid, request, cluster)
                     try:
@@ -167,6 +172,59 @@ class Extender:
                     if isinstance(result, Placement):
                         return filter_result(args, [result.node], {}, {})
         return self.filter(args)
+
+    def _choose_in_group(
+        self,
+        args: FilterArgs,
+        request: PodRequest,
+        ref: GroupRef,
+        spec: GroupSpec,
+        cluster: ClusterState,
+        filters: Sequence[FilterPlugin],
+    ) -> dict[str, Any]:
+        """A gang member's node as kubegpu's scheduler plans its group whole (the core's
+        ``schedule_group`` over the candidates: the fewest nodes, one domain, members already
+        placed counted), or every candidate failed with why the group does not fit whole now: its
+        members are not placed one by one where the group cannot follow."""
+        sched = self.scheduler
+        members = self._group_requests(ref, cluster)
+        if request.uid not in {m.uid for m in members}:
+            members.append(request)
+        group = GroupRequest(
+            str(ref), spec.min_member, tuple(members), spec.domain_key or sched.config.gang_domain_label
+        )
+        reserved = sched._reserve_nominated(args.uid, request, cluster, frozenset(m.uid for m in members))
+        try:
+            result = schedule_group(group, cluster, sched.policy, sched.rng, filters=filters)
+        finally:
+            for other in reserved:
+                cluster.forget(other)
+        if isinstance(result, GroupPlacement):
+            for placement in result.placements:
+                if placement.allocation.pod_uid == args.uid:
+                    return filter_result(args, [placement.node], {}, {})
+            why = f"pod group {ref} is placed without this member now; it waits for room"
+        else:
+            why = result.message()
+        return filter_result(args, [], dict.fromkeys(args.node_names, why), {})
+
+    def _group_requests(self, ref: GroupRef, cluster: ClusterState) -> list[PodRequest]:
+        """The group's members a plan counts: those placed (their allocations in the cluster)
+        and those waiting for this scheduler, with a valid request (no side effects: an invalid
+        member is told so by its own filter call)."""
+        sched = self.scheduler
+        found = []
+        for uid in sorted(sched.groups.members.get(ref, ())):
+            pod = sched.cache.pods.get(uid)
+            if pod is None:
+                continue
+            waiting = uid not in sched.cache.assumed and is_pending_for(pod, sched.config.scheduler_name)
+            if not waiting and uid not in cluster.where:
+                continue
+            member = sched._request(uid, pod)
+            if isinstance(member, PodRequest):
+                found.append(member)
+        return found
 
     def prioritize(self, args: FilterArgs) -> list[dict[str, Any]]:
         """The nodes that score above 0 (``scaled_scores``), each once. kube-scheduler counts a
