@@ -84,8 +84,15 @@ def test_choose_keeps_a_nominated_preemptors_room_as_the_scheduler_does() -> Non
     assert sched.cache.assumed["uid-twin"].alloc.node == "n2"
     sched.cache.release("uid-twin")  # undecided again: choose sees the same cluster
 
-    _, answer = Extender(sched).handle("choose", args(low, ["n1", "n2"]))
+    extender = Extender(sched)
+    _, answer = extender.handle("choose", args(low, ["n1", "n2"]))
     assert answer["NodeNames"] == ["n2"]
+    # the filter-and-prioritize stanza likewise: n1's room is the preemptor's, so n1 fails the
+    # filter and prioritize scores n2 alone (without the reservation bestfit ranked n1 first)
+    _, answer = extender.handle("filter", args(low, ["n1", "n2"]))
+    assert answer["NodeNames"] == ["n2"] and set(answer["FailedNodes"]) == {"n1"}, answer
+    _, scores = extender.handle("prioritize", args(low, ["n1", "n2"]))
+    assert [s["Host"] for s in scores] in ([], ["n2"]), scores
 
 
 def test_choose_places_a_gangs_members_as_the_scheduler_plans_the_group() -> None:

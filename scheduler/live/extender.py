@@ -20,8 +20,9 @@ of devices whether pods are bound by the live scheduler or by the extender.
   feasible node kube-scheduler skips scoring and prioritize and binds there, so the pod lands where
   kubegpu's own scheduler would put it and each pod costs one round trip fewer. A pod that fits
   nowhere, asks for no device or is invalid gets ``filter``'s answer (every reason).
-- **prioritize**: the active policy's scores over the nodes that pass, scaled to 0..10; nodes
-  scoring 0 are left out of the answer (kube-scheduler counts them as 0).
+- **prioritize**: the active policy's scores over the nodes that pass (re-planned for a new kind
+  of pod and with nominated pods' room kept, as in choose), scaled to 0..10; nodes scoring 0 are
+  left out of the answer (kube-scheduler counts them as 0).
 - **bind**: the pod is placed on the given node only (re-checked: the node kube-scheduler picks
   need not be kubegpu's favourite, and things change between filter and bind), its devices
   booked under the scheduler's lock (concurrent binds never share a device), then the one signed
@@ -149,10 +150,7 @@ class Extender:
             if not isinstance(request, PodSpecError) and _wants_devices(request):
                 known, _ = _indices(cluster.index, args.node_names)
                 if known:
-                    if args.uid in sched.cache.pods and request.shape() not in sched._planned_shapes:
-                        # a kind of pod the policy has not planned for: re-plan, as the scheduler
-                        # does (only for a pod of its workload: another would re-plan every call)
-                        sched._bind_policy(cluster)
+                    self._plan_for(args.uid, request, cluster)
                     only = np.zeros(len(cluster), dtype=bool)
                     only[known] = True
                     filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
@@ -172,6 +170,13 @@ class Extender:
                     if isinstance(result, Placement):
                         return filter_result(args, [result.node], {}, {})
         return self.filter(args)
+
+    def _plan_for(self, uid: str, request: PodRequest, cluster: ClusterState) -> None:
+        """Re-plan the policy for a kind of pod it has not planned for, as the scheduler does
+        before it decides (only for a pod of its workload: another would re-plan every call)."""
+        sched = self.scheduler
+        if uid in sched.cache.pods and request.shape() not in sched._planned_shapes:
+            sched._bind_policy(cluster)
 
     def _choose_in_group(
         self,
@@ -238,8 +243,15 @@ class Extender:
                 return []
             index, nodes = cluster.index, cluster.nodes
             known = np.unique(np.asarray(_indices(index, args.node_names)[0], dtype=np.int64))
-            idx, _ = apply_filters(request, cluster, DEFAULT_FILTERS, known, collect=False)
-            scores = sched.policy.score(request, cluster, idx) if len(idx) else np.zeros(0)
+            self._plan_for(args.uid, request, cluster)
+            # as filter and choose: the room of pods nominated to a node is theirs
+            reserved = sched._reserve_nominated(args.uid, request, cluster)
+            try:
+                idx, _ = apply_filters(request, cluster, DEFAULT_FILTERS, known, collect=False)
+                scores = sched.policy.score(request, cluster, idx) if len(idx) else np.zeros(0)
+            finally:
+                for other in reserved:
+                    cluster.forget(other)
             scaled = scaled_scores(scores)
             return [
                 {"Host": nodes[i].name, "Score": score}
