@@ -6,7 +6,9 @@
 Every argument is bench/simulate_openb.py's; the names below are added to its policies (docs/performance.md
 says which data chose what). The variants are ``scheduler.core.policies.fgd_reserve`` with other
 parameters, or its tie-breaker with the alignment always exact (``exact-align``). Variants named before
-the reserve's second change (2026-11-28 night) keep the reserve's rule of then (``BEFORE``).
+the reserve's second change (2026-11-28 night) keep the reserve's rule of then (``BEFORE``); every variant
+is one of the default before the model guard and the balance by need were ported into it (2026-11-29,
+``reserve-v2``, ``V2``), and ``guard1ns-need1`` is the default of now, built from this file's own classes.
 """
 
 from __future__ import annotations
@@ -34,9 +36,21 @@ from tests.support.benchscript import bench_module  # noqa: E402
 BEFORE = {"horizon": 1.0, "prior_weight": 0.0, "by_need": False, "cpu_horizon": None}
 
 
+# the default before the model guard and the model balance by need were ported into it (2026-11-29,
+# ``reserve-v2``): every variant here is one of that default (or of an older one, ``BEFORE``), so what they
+# measured stays what they run
+V2 = {"guard_fill": None, "need_horizon": None}
+
+
+def reserve_v2(**parts: Any) -> Policy:
+    """``scheduler.core.policies.fgd_reserve(**parts)`` without the model guard and with the model balance
+    by free share (``V2``): the default before 2026-11-29's port, with ``parts`` changed."""
+    return P.fgd_reserve(**{**V2, **parts})
+
+
 def default_parts(**parts: Any) -> tuple[Policy, P.ReserveThenAlign, P.FGDScore]:
-    """``fgd_reserve(**parts)`` with its tie-breaker and its FGD plugin, for a variant to change."""
-    policy = P.fgd_reserve(**parts)
+    """``reserve_v2(**parts)`` with its tie-breaker and its FGD plugin, for a variant to change."""
+    policy = reserve_v2(**parts)
     tie = policy.tie_break
     assert isinstance(tie, P.ReserveThenAlign)
     fgd = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
@@ -46,7 +60,7 @@ def default_parts(**parts: Any) -> tuple[Policy, P.ReserveThenAlign, P.FGDScore]
 def exact_align() -> Policy:
     """fgd-reserve (the reserve's rule before 2026-11-28 night) with the alignment never banded (as with CPU
     the scarcer resource, always)."""
-    policy = P.fgd_reserve(**BEFORE)
+    policy = reserve_v2(**BEFORE)
     assert isinstance(policy.tie_break, P.ReserveThenAlign)
     policy.tie_break.step = 0.0
     return policy
@@ -57,7 +71,7 @@ def topology_over(**parts: Any) -> Callable[[], Policy]:
     instead of its fixed base: the adaptive parts of issue 26 tried under random ties (``--ties random``)."""
 
     def make() -> Policy:
-        base = P.fgd_reserve(**parts)
+        base = reserve_v2(**parts)
         plugins = ((P.TopologyScore(), 1000.0), (P.NicNearnessScore(), 1000.0), *base.plugins)
         return Policy("topology", plugins, "topology over a variant of fgd-reserve", tie_break=base.tie_break)
 
@@ -67,14 +81,12 @@ def topology_over(**parts: Any) -> Callable[[], Policy]:
 def reserve(horizon: float = 1.0, prior_weight: float = 0.0, by_need: bool = False) -> Callable[[], Policy]:
     """fgd-reserve with these parameters of its whole-node reserve (``WholeNodeReserve``) and no horizon
     of its own while CPU binds (the rule before 2026-11-29)."""
-    return lambda: P.fgd_reserve(
-        horizon=horizon, prior_weight=prior_weight, by_need=by_need, cpu_horizon=None
-    )
+    return lambda: reserve_v2(horizon=horizon, prior_weight=prior_weight, by_need=by_need, cpu_horizon=None)
 
 
 def cpu_horizon(factor: float | None) -> Callable[[], Policy]:
     """The default with the reserve's horizon ``factor`` while CPU binds (``RESERVE_CPU_HORIZON``)."""
-    return lambda: P.fgd_reserve(cpu_horizon=factor)
+    return lambda: reserve_v2(cpu_horizon=factor)
 
 
 class CpuStep(P.ReserveThenAlign):
@@ -210,7 +222,7 @@ class ModelSlack(P.ModelBalance):
 
 def _fgd_step_always(step: int) -> Policy:
     """The default with FGD in bands of ``step`` points from the start."""
-    return P.fgd_reserve(fgd_step=step)
+    return reserve_v2(fgd_step=step)
 
 
 def model_slack(band: float) -> Callable[[], Policy]:
@@ -457,16 +469,19 @@ def model_guard(
 
 
 VARIANTS: dict[str, Callable[[], Policy]] = {
+    # the default before the model guard and the balance by need (2026-11-29): reserve's second rule, FGD
+    # in bands of 3, the model balance by free share; guard1ns-need1 below is the default since
+    "reserve-v2": reserve_v2,
     # the default of issue 13: 3 hosts kept, no model balance, alignment always in bands of 0.2
-    "fgd-reserve-13": lambda: P.fgd_reserve(
+    "fgd-reserve-13": lambda: reserve_v2(
         keep=3, adaptive=False, balance=0.0, cpu_bound_exact=False, by_need=False
     ),
-    "adaptive-nofloor": lambda: P.fgd_reserve(
+    "adaptive-nofloor": lambda: reserve_v2(
         keep=0, adaptive=True, balance=0.0, cpu_bound_exact=False, **BEFORE
     ),
-    "adaptive": lambda: P.fgd_reserve(keep=3, adaptive=True, balance=0.0, cpu_bound_exact=False, **BEFORE),
-    "balance01": lambda: P.fgd_reserve(balance=0.1, cpu_bound_exact=False, **BEFORE),
-    "balance02": lambda: P.fgd_reserve(balance=0.2, cpu_bound_exact=False, **BEFORE),
+    "adaptive": lambda: reserve_v2(keep=3, adaptive=True, balance=0.0, cpu_bound_exact=False, **BEFORE),
+    "balance01": lambda: reserve_v2(balance=0.1, cpu_bound_exact=False, **BEFORE),
+    "balance02": lambda: reserve_v2(balance=0.2, cpu_bound_exact=False, **BEFORE),
     "exact-align": exact_align,
     # the default from 2026-11-27 to the second change (2026-11-28 night); the reserve's parts tried then
     "fgd-reserve-26a": reserve(),
@@ -496,7 +511,7 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "cpufloor50": cpu_floor(0.50),
     # the model balance by slack (GPU-spec-heavy tuning mixes)
     "slack02": model_slack(0.2),
-    "nobalance": lambda: P.fgd_reserve(balance=0.0),
+    "nobalance": lambda: reserve_v2(balance=0.0),
     # the model balance by need (branch spec26's rule, tried there on FGD bands of 8; here on 3)
     "need1": model_need(0.2, 1.0),
     "need2": model_need(0.2, 2.0),
@@ -508,7 +523,7 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "fgd10": lambda: _fgd_step_always(10),
     "fgd12": lambda: _fgd_step_always(12),
     # bands of 8 only once a pod restricted to GPU models has arrived (the default at d4853a9, dropped)
-    "fgd8spec": lambda: P.fgd_reserve(fgd_spec_step=8),
+    "fgd8spec": lambda: reserve_v2(fgd_spec_step=8),
     "slack01": model_slack(0.1),
     "slack005": model_slack(0.05),
     # FGD in finer bands while CPU binds (t-cpu3; not taken: deeper dips)

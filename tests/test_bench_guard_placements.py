@@ -1,15 +1,17 @@
 """``guard1ns-need1``'s placements (bench/placement_variants.py), pod by pod, must not change when its
-code is only made faster.
+code is only made faster, and the default ``fgd-reserve`` must place as it does.
 
-The candidate for the next default of issue 26 (``ModelGuard`` above FGD's bands, ``ModelNeed`` as the
-tie-break's model balance) is made cheaper with identical decisions. Each case runs the simulator's
-protocol (``run_once``) on one node in four and one pod in four of a shared openb trace, mixed as the
-tuning mixes of bench/openb_mixes.json are (GPU-spec-heavy ones, where the guard and the balance act,
-and the plain ``default`` trace, where neither applies), and reduces every pod's node and GPUs to a
-digest (``tests/test_sim_default_placements.py``'s ``digest``) kept in
-``tests/data/guard_placements.json`` with the default's (``fgd-reserve``) on the same cases: on the
-GPU-spec mixes the two must differ (the guard and the balance decided something there, so the cases
-check their code). Skipped without the openb traces.
+``guard1ns-need1`` (``ModelGuard`` above FGD's bands, ``ModelNeed`` as the tie-break's model balance,
+both bench/placement_variants.py's own classes over ``reserve-v2``) was ported into the default
+(``scheduler.core.policies``: ``ModelGuard``, ``ModelNeed``) on 2026-11-29 with identical decisions:
+the default's placements must be the variant's recorded ones. Each case runs the simulator's protocol
+(``run_once``) on one node in four and one pod in four of a shared openb trace, mixed as the tuning
+mixes of bench/openb_mixes.json are (GPU-spec-heavy ones, where the guard and the balance act, and the
+plain ``default`` trace, where neither applies), and reduces every pod's node and GPUs to a digest
+(``tests/test_sim_default_placements.py``'s ``digest``) kept in ``tests/data/guard_placements.json``
+with the old default's (``reserve-v2``, the default before the port) on the same cases: on the GPU-spec
+mixes the two must differ (the guard and the balance decided something there, so the cases check their
+code). Skipped without the openb traces.
 
 A change that is meant to move decisions rewrites the digests, and says so in its commit:
 
@@ -39,6 +41,7 @@ variants = bench_module("placement_variants.py", "placement_variants_guard_place
 
 GOLDEN = ROOT / "tests" / "data" / "guard_placements.json"
 VARIANT = "guard1ns-need1"
+OLD = "reserve-v2"  # the default before the port (bench/placement_variants.py)
 # the tuning mixes' recipes (bench/openb_mixes.json), on the sampled trace
 MIXES: dict[str, Mix] = {
     "t-spec30-cpu050": Mix("t-spec30-cpu050", "cpu050", spec_share=0.3, mix_seed=1),
@@ -73,8 +76,9 @@ def workload(name: str) -> tuple[list[NodeSpec], list[PodRequest]] | None:
 
 @pytest.fixture
 def registered(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The variant as a policy name, for this test only."""
-    monkeypatch.setitem(core_policies.POLICIES, VARIANT, variants.VARIANTS[VARIANT])
+    """The variant and the old default as policy names, for this test only."""
+    for name in (VARIANT, OLD):
+        monkeypatch.setitem(core_policies.POLICIES, name, variants.VARIANTS[name])
 
 
 @pytest.mark.parametrize(("name", "seed"), CASES, ids=[f"{n}/{s}" for n, s in CASES])
@@ -86,24 +90,47 @@ def test_guard1ns_need1_placements_are_unchanged(registered: None, name: str, se
     assert digest(VARIANT, *loaded, seed, "node-order") == expected
 
 
+@pytest.mark.parametrize(("name", "seed"), CASES, ids=[f"{n}/{s}" for n, s in CASES])
+def test_the_default_places_as_guard1ns_need1(name: str, seed: int) -> None:
+    """The port: the default (scheduler/core's ``ModelGuard`` and ``ModelNeed``) makes the variant's
+    decisions (bench/placement_variants.py's own classes), pod by pod."""
+    loaded = workload(name)
+    if loaded is None:
+        pytest.skip(f"the openb traces are not at {OPENB}")
+    expected = json.loads(GOLDEN.read_text())[case_id(VARIANT, name, seed)]
+    assert digest("fgd-reserve", *loaded, seed, "node-order") == expected
+
+
+@pytest.mark.parametrize(("name", "seed"), [c for c in CASES if c[0] in SPEC][:2])
+def test_the_old_default_stays_reachable(registered: None, name: str, seed: int) -> None:
+    """``reserve-v2`` places as the default did before the port (recorded then)."""
+    loaded = workload(name)
+    if loaded is None:
+        pytest.skip(f"the openb traces are not at {OPENB}")
+    expected = json.loads(GOLDEN.read_text())[case_id(OLD, name, seed)]
+    assert digest(OLD, *loaded, seed, "node-order") == expected
+
+
 def test_the_cases_exercise_the_guard_and_the_balance() -> None:
-    """On the GPU-spec mixes the variant places otherwise than the default (recorded digests); on the
-    trace without restricted pods exactly as the default (neither part applies)."""
+    """On the GPU-spec mixes the variant places otherwise than the old default (recorded digests); on
+    the trace without restricted pods exactly as it (neither part applies)."""
     golden = json.loads(GOLDEN.read_text())
     for name, seed in CASES:
-        ours, default = golden[case_id(VARIANT, name, seed)], golden[case_id("fgd-reserve", name, seed)]
-        assert (ours != default) == (name in SPEC), (name, seed)
+        ours, old = golden[case_id(VARIANT, name, seed)], golden[case_id(OLD, name, seed)]
+        assert (ours != old) == (name in SPEC), (name, seed)
 
 
 def write() -> None:
-    """Record the digests of every case, the variant's and the default's (the traces must be present)."""
-    core_policies.POLICIES[VARIANT] = variants.VARIANTS[VARIANT]
+    """Record the digests of every case, the variant's and the old default's (the traces must be
+    present)."""
+    for name in (VARIANT, OLD):
+        core_policies.POLICIES[name] = variants.VARIANTS[name]
     out: dict[str, str] = {}
     for name, seed in CASES:
         loaded = workload(name)
         if loaded is None:
             raise SystemExit(f"the openb traces are not at {OPENB}")
-        for policy in (VARIANT, "fgd-reserve"):
+        for policy in (VARIANT, OLD):
             out[case_id(policy, name, seed)] = digest(policy, *loaded, seed, "node-order")
             print(case_id(policy, name, seed), out[case_id(policy, name, seed)], flush=True)
     GOLDEN.write_text(json.dumps(out, indent=1, sort_keys=True) + "\n")

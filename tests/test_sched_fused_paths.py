@@ -380,8 +380,8 @@ def test_the_default_policy_is_made_of_these_parts() -> None:
     """What the tests above check is what fgd-reserve runs."""
     policy = make_policy("fgd-reserve")
     assert isinstance(policy.tie_break, ReserveThenAlign)
-    assert [type(p) for p, _ in policy.plugins] == [ShareCompletionScore, FGDScore]
-    assert policy.plugins[1][0].bounds() == (0.0, 33.0)  # FGD in bands of 3 points
+    assert [type(p) for p, _ in policy.plugins] == [ShareCompletionScore, policies.ModelGuard, FGDScore]
+    assert policy.plugins[2][0].bounds() == (0.0, 33.0)  # FGD in bands of 3 points
 
 
 def plain_aligned(

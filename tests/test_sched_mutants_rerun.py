@@ -395,18 +395,20 @@ def test_the_reserve_outweighs_any_waste() -> None:
 
 def test_fgd_reserve_by_default_has_every_adaptive_rule() -> None:
     """``make_policy("fgd-reserve")`` (the simulator's default): 3 hosts kept per shape at least, more
-    while the whole-node pods seen need them, the model balance in bands of 0.2, and the alignment
-    exact while CPU is the scarcer resource."""
-    from scheduler.core.policies import ModelBalance
+    while the whole-node pods seen need them, the model guard above FGD, the model balance by need in
+    bands of 0.2, and the alignment exact while CPU is the scarcer resource."""
+    from scheduler.core.policies import ModelGuard, ModelNeed
 
     policy = make_policy("fgd-reserve")
     tie = policy.tie_break
     assert isinstance(tie, ReserveThenAlign)
     assert tie.reserve.fixed == 3 and tie.reserve.adaptive
-    assert isinstance(tie.balance, ModelBalance) and tie.balance.band == 0.2
+    assert isinstance(tie.balance, ModelNeed) and tie.balance.band == 0.2 and tie.balance.horizon == 1.0
+    assert any(isinstance(plugin, ModelGuard) for plugin, _ in policy.plugins)
     assert tie.cpu_bound_exact and tie.waste_band == 10 and tie.step == 0.2
     assert policy.description == (
-        "shares complete GPUs first; FGD in bands; ties balance restricted GPU models, keep the last hosts"
+        "shares complete GPUs first; GPU models kept for their restricted pods; FGD in bands; ties balance"
+        " restricted GPU models, keep the last hosts"
         " of whole-node pods, then the least unfillable share remainder, then CPU/GPU alignment (ours)"
     )
 

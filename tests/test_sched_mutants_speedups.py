@@ -24,6 +24,7 @@ from scheduler.core.policies import (
     NicNearnessScore,
     TopologyScore,
     WholeNodeReserve,
+    fgd_reserve,
     make_policy,
 )
 from scheduler.core.request import MILLI, PodRequest, TopologyWish, Wish
@@ -177,16 +178,24 @@ def test_unfillable_remainders_in_one_band_tie_and_the_alignment_decides() -> No
     assert scores[0] > scores[1]
 
 
-def test_the_model_balance_outweighs_a_broken_host_and_a_large_remainder() -> None:
+@pytest.mark.parametrize(
+    ("parts", "y_band"),
+    [({"guard_fill": None, "need_horizon": None}, 4), ({}, 0)],
+    ids=["by-free-share", "by-need"],
+)
+def test_the_model_balance_outweighs_a_broken_host_and_a_large_remainder(parts: dict, y_band: int) -> None:
     """Once a pod restricted to model Y arrived, a share free to use any model goes to the unrestricted
-    model X's last 8-GPU host (band 5) rather than to Y's node (band 4), though it breaks the host."""
+    model X's last 8-GPU host (band 5) rather than to Y's node, though it breaks the host: Y's band is
+    4 by its free share (999 of 1000 milli; the default before 2026-11-29), 0 by need (the default:
+    the pod arrived restricted to Y asked all the GPU milli arrived, so Y's need is the cluster's 9
+    GPUs over its 1, and 0.999 / 9 is below one band of 0.2)."""
     cluster = ClusterState([node("x-host", 8, model="X"), node("y-node", 1, model="Y")])
     cluster.book(Allocation("y-node", "used", gpus=(GpuGrant(0, "y-node-g0", 1),)))
-    policy = make_policy("fgd-reserve")
+    policy = fgd_reserve(**parts)
     policy.bind(cluster, [WHOLE_NODE, SHARE_990, SHARE_990], random.Random(0))
     policy.observe(PodRequest("only-y", gpu_count=1, gpu_models=frozenset({"Y"})))
     keys = lexicographic_keys(policy, TINY, cluster, cluster.all_indices)
-    assert [k[:3] for k in keys] == [(5, -1, 0), (4, 0, -98)]
+    assert [k[:3] for k in keys] == [(5, -1, 0), (y_band, 0, -98)]
     scores = assert_scores_follow_the_keys(policy, TINY, cluster)
     assert scores[0] > scores[1]
 

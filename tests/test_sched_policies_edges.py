@@ -264,6 +264,7 @@ def test_share_remainders_honour_models_enforcement_and_memory() -> None:
     """Per GPU, the milli a share would leave (-1 where it cannot go): a model-restricted share only
     on its model, an enforced share only on enforcing GPUs, and on GPUs of known memory only where
     the memory fits too."""
+
     def share_remainders(pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         return cluster.share_view(pod).left[idx]
 
@@ -317,29 +318,39 @@ def test_share_completion_boundaries_and_gpu_choice() -> None:
 
 
 def test_fgd_reserve_is_composed_as_documented() -> None:
-    """Share completion weighted 1000 over FGD in bands of FGD_STEP points (whole-node pods left out
-    of its typical pods), ties to ReserveThenAlign (the reserve, the remainder bands, alignment)."""
+    """Share completion weighted 1000 over the model guard weighted GUARD_WEIGHT over FGD in bands of
+    FGD_STEP points (whole-node pods left out of its typical pods), ties to ReserveThenAlign (the model
+    balance by need, the reserve, the remainder bands, alignment)."""
     from scheduler.core.policies import (
         ALIGN_STEP,
         COMPLETE_BELOW,
         FGD_STEP,
+        GUARD_FILL,
+        GUARD_WEIGHT,
+        NEED_HORIZON,
         RESERVE_KEEP,
         WASTE_BAND,
         FGDScore,
+        ModelGuard,
+        ModelNeed,
         ShareCompletionScore,
     )
 
     policy = make_policy("fgd-reserve")
-    (completion, w1), (fgd, w2) = policy.plugins
+    (completion, w1), (guard, wg), (fgd, w2) = policy.plugins
     assert (
         isinstance(completion, ShareCompletionScore) and completion.below == COMPLETE_BELOW and w1 == 1000.0
     )
+    # above FGD's bands (at most 33 points) and below completion (at least 1000)
+    assert isinstance(guard, ModelGuard) and guard.fill == GUARD_FILL and wg == GUARD_WEIGHT
+    assert 33.0 < wg * 1.0 < 1000.0
     assert (
         isinstance(fgd, FGDScore) and fgd.step == FGD_STEP and fgd.whole_node_typical is False and w2 == 1.0
     )
     tie = policy.tie_break
     assert isinstance(tie, ReserveThenAlign)
     assert tie.step == ALIGN_STEP and tie.reserve.keep == RESERVE_KEEP and tie.waste_band == WASTE_BAND
+    assert isinstance(tie.balance, ModelNeed) and tie.balance.horizon == NEED_HORIZON
 
 
 # -- plugins used before bind, or on a node not scored yet ----------------------------------------

@@ -1202,16 +1202,176 @@ class ModelBalance:
         return np.array(out, dtype=np.float64)
 
 
+class ModelNeed(ModelBalance):
+    """``ModelBalance`` by need (issue 26, bench variant ``guard1ns-need1``): a model is protected only as
+    far as its restricted pods need it. Its band is its free share of GPUs over its need (the GPU milli
+    arrived restricted to it, as a share of all GPU milli arrived, times the cluster's GPU capacity over
+    the model's, times ``horizon``), capped at 1, in bands of ``band``; a model whose free share covers its
+    need is as good as a model no arrived pod was restricted to (1). Reads the arrivals so far
+    (``observe``) and the cluster's state only.
+
+    Worked out per model set in Python floats (``model_bands``): the same floats as the per-node numpy
+    expression ``np.floor(min(share / need, 1) / band)``."""
+
+    def __init__(self, band: float, horizon: float) -> None:
+        super().__init__(band)
+        self.horizon = horizon
+        self.asked: list[float] = []  # per model set: the GPU milli arrived restricted to it
+        self.total = 0.0  # the GPU milli arrived
+        self.capacity_sum = 0.0  # the cluster's GPU milli
+
+    def bind(self, cluster: ClusterState) -> None:
+        super().bind(cluster)
+        self.asked = [0.0] * len(self.sets)
+        self.total = 0.0
+        self.capacity_sum = float(self.capacity.sum())
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        if not pod.gpu_count:
+            return
+        self.total += pod.total_gpu_milli
+        if pod.gpu_models:
+            for code in self.matching(pod.gpu_models):
+                self.asked[code] += pod.total_gpu_milli
+
+    def model_bands(self, cluster: ClusterState) -> np.ndarray:
+        """``bands`` per model set: a restricted model's free share over its need, at most 1 (1 for the
+        others and where the need is 0), over ``band``, rounded down, as floats."""
+        per = max(self.total, 1.0)
+        scale, band, out = self.capacity_sum, self.band, []
+        for free, capacity, asked, restricted in zip(
+            self.free.of(cluster), self.capacity.tolist(), self.asked, self.restricted.tolist(), strict=True
+        ):
+            ratio = 1.0
+            if restricted:
+                share = free / capacity if capacity > 0 else 1.0
+                need = asked / per * scale * self.horizon
+                need = need / capacity if capacity > 0 else 0.0
+                ratio = min(share / need if need > 0 else 1.0, 1.0)
+            out.append(math.floor(ratio / band))
+        return np.array(out, dtype=np.float64)
+
+
+class ModelGuard(ScorePlugin):
+    """A score above FGD's bands (issue 26, bench variant ``guard1ns-need1``): -1 on the nodes of a GPU
+    model whose free GPU milli is below the demand its restricted pods are expected to bring until the
+    cluster's GPUs have arrived ``fill`` times over, 0 elsewhere, for pods with whole GPUs free to use any
+    model; 0 (``applies`` False) for restricted pods, shares and pods without GPUs. Shares are not
+    guarded: kept off the small models they left remainders there that the restricted pods could not
+    use (docs/performance.md "The early GPU-spec dip").
+
+    A model's expected demand is its restricted pods' share of the GPU milli arrived so far (once
+    ``warm_up`` of the capacity has arrived; before, the workload's share, as the reserve's prior), a pod
+    restricted to several models counting for each in equal parts, times the GPU milli still to arrive
+    (``fill`` x capacity less what arrived, at least 0). Without restricted pods (none arrived past the
+    warm-up, none in the workload before it) it does not apply. Reads the arrivals seen so far
+    (``observe``), the workload's shape distribution given at ``bind`` and the cluster's state only;
+    the free GPU milli per model set comes from ``ModelFree`` (exact int sums)."""
+
+    name = "model-guard"
+
+    def __init__(self, fill: float = 1.0, warm_up: float = 0.02) -> None:
+        self.fill, self.warm_up = fill, warm_up
+        self.codes = np.zeros(0, dtype=np.int64)
+        self.sets: list[frozenset[str]] = []
+        self.asked: list[float] = []  # per model set: restricted GPU milli arrived
+        self.prior: list[float] = []  # ... and in the workload
+        self.total = 0.0  # the GPU milli arrived
+        self.prior_total = 1.0  # the workload's GPU milli (at least 1)
+        self.capacity = 1.0  # the cluster's GPU milli
+        self.any_asked = self.any_prior = False  # any(asked), any(prior)
+        self.free = ModelFree(self.codes, 0)
+        self._matches: dict[frozenset[str], list[int]] = {}  # per gpu_models, the model set codes
+
+    def _split(self, pod: PodRequest, into: list[float]) -> None:
+        """Add a restricted pod's GPU milli to ``into``, in equal parts over the model sets it may use."""
+        match = self._matches.get(pod.gpu_models)
+        if match is None:
+            match = self._matches[pod.gpu_models] = [
+                code for code, models in enumerate(self.sets) if models & pod.gpu_models
+            ]
+        for code in match:
+            into[code] += pod.total_gpu_milli / len(match)
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self.codes = cluster.model_code
+        self.sets = list(cluster.model_sets)
+        self._matches = {}
+        self.free = ModelFree(self.codes, len(self.sets))
+        self.asked = [0.0] * len(self.sets)
+        self.prior = [0.0] * len(self.sets)
+        self.total = 0.0
+        self.capacity = float(cluster.total_gpus() * MILLI)
+        self.prior_total = max(float(sum(p.total_gpu_milli for p in workload)), 1.0)
+        for pod in workload:
+            if pod.gpu_models and pod.gpu_count:
+                self._split(pod, self.prior)
+        self.any_asked, self.any_prior = False, any(self.prior)
+
+    def observe(self, pod: PodRequest) -> None:
+        if not pod.gpu_count:
+            return
+        self.total += pod.total_gpu_milli
+        if pod.gpu_models:
+            self._split(pod, self.asked)
+            self.any_asked = any(self.asked)
+
+    def bounds(self) -> tuple[float, float]:
+        return (-1.0, 0.0)
+
+    def _guards(self, pod: PodRequest) -> bool:
+        """Whether the pod is one the guard keeps away (whole GPUs, free to use any model) while some
+        restricted pod arrived or is in the workload."""
+        if pod.gpu_models or pod.is_share or not pod.gpu_count:
+            return False
+        return self.any_asked or self.any_prior
+
+    def _warm(self) -> bool:
+        """Whether the arrivals (not the workload) give the rates: ``warm_up`` of the capacity arrived."""
+        return self.total >= self.warm_up * self.capacity
+
+    def applies(self, pod: PodRequest) -> bool:
+        """False where ``score`` is 0 everywhere whatever the cluster: the guard is not for this pod
+        (``_guards``), or no model can be guarded now: past the warm-up with no restricted pod arrived
+        (every rate 0), or nothing left to arrive (``_left`` 0)."""
+        if not self._guards(pod) or not self.any_asked and self._warm():
+            return False
+        return self._left() > 0.0
+
+    def _left(self) -> float:
+        """The GPU milli still to arrive that the expected demand is taken over."""
+        return max(self.fill * self.capacity - self.total, 0.0)
+
+    def guarded(self, cluster: ClusterState) -> list[bool]:
+        """Per model set: whether its free GPU milli is below its expected restricted demand."""
+        if self._warm():
+            rates, per = self.asked, self.total
+        else:
+            rates, per = self.prior, self.prior_total
+        free = self.free.of(cluster)
+        if not per:  # nothing arrived (no GPUs, or warm_up 0): every rate is 0/0, no model is guarded
+            return [False] * len(free)
+        left = self._left()
+        return [have < rate / per * left for have, rate in zip(free, rates, strict=True)]
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if not self._guards(pod) or not self.any_asked and self._warm():
+            return np.zeros(len(idx))
+        per_model = np.array([-1.0 if hit else -0.0 for hit in self.guarded(cluster)])
+        return per_model.take(self.codes.take(idx))
+
+
 class ReserveThenAlign(AlignmentScore):
-    """Tie-breaker: first (``balance`` > 0) the model balance (``ModelBalance``, bands of ``balance``),
-    then the nodes that keep the last whole-node hosts (``WholeNodeReserve``), then (``waste_band`` >
-    0, shares only) the least unfillable remainder (``share_waste_table``) a GPU would keep, in bands
-    of ``waste_band`` milli, then the request/free alignment in bands of ``step`` (within a band the
-    node order decides). ``cpu_bound_exact``: while the CPU asked by the pods arrived so far (before
-    the first, the workload) is a larger share of the cluster's CPU than their GPU of its GPUs (CPU
-    would run out first), the alignment is not banded (exact to 6 decimals). ``cpu_horizon``: while so
-    (whatever ``cpu_bound_exact``), the reserve keeps ``cpu_horizon`` times the expected need instead of
-    its own ``horizon`` (None: its own always)."""
+    """Tie-breaker: first (``balance`` > 0) the model balance (``ModelBalance``, bands of ``balance``; with
+    ``need_horizon``, by need: ``ModelNeed``), then the nodes that keep the last whole-node hosts
+    (``WholeNodeReserve``), then (``waste_band`` > 0, shares only) the least unfillable remainder
+    (``share_waste_table``) a GPU would keep, in bands of ``waste_band`` milli, then the request/free
+    alignment in bands of ``step`` (within a band the node order decides). ``cpu_bound_exact``: while the CPU
+    asked by the pods arrived so far (before the first, the workload) is a larger share of the cluster's CPU
+    than their GPU of its GPUs (CPU would run out first), the alignment is not banded (exact to 6 decimals).
+    ``cpu_horizon``: while so (whatever ``cpu_bound_exact``), the reserve keeps ``cpu_horizon`` times the
+    expected need instead of its own ``horizon`` (None: its own always)."""
 
     name = "reserve-align"
     WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
@@ -1228,6 +1388,7 @@ class ReserveThenAlign(AlignmentScore):
         cpu_bound_exact: bool = False,
         reserve: WholeNodeReserve | None = None,
         cpu_horizon: float | None = None,
+        need_horizon: float | None = None,
     ) -> None:
         super().__init__(step=step)
         self.reserve = reserve if reserve is not None else WholeNodeReserve(keep, adaptive)
@@ -1237,7 +1398,9 @@ class ReserveThenAlign(AlignmentScore):
         self._wasted = GpuStateValues()  # plain shares: the least waste per GPU state
         # _remainder's memo: the remainders table it was worked out with, (free, share milli) -> value
         self._remainders_of: tuple[list[int] | None, dict[tuple[tuple[int, ...], int], int]] = (None, {})
-        self.balance = ModelBalance(balance) if balance > 0 else None
+        self.balance: ModelBalance | None = None
+        if balance > 0:
+            self.balance = ModelBalance(balance) if need_horizon is None else ModelNeed(balance, need_horizon)
         self.cpu_bound_exact = cpu_bound_exact
         self.cpu_horizon = cpu_horizon
         self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
@@ -1589,6 +1752,16 @@ RESERVE_PRIOR = 0.3  # fgd-reserve: the workload's shape shares count as this sh
 # fgd-reserve: the reserve's horizon while CPU binds (None: its own). 10 removed the t-cpu3 dip (tuning) but
 # put the default below FGD at 130% on h2-cpu4-mg20 (a CPU-heavy multigpu20 mix), so it is off
 RESERVE_CPU_HORIZON: float | None = None
+# fgd-reserve: the model guard (ModelGuard) above FGD's bands, kept off the models whose free GPUs are
+# below the demand their restricted pods are expected to bring until the GPUs have arrived GUARD_FILL
+# times (None: no guard), weighted GUARD_WEIGHT (above FGD's bands, below share completion); and the
+# model balance by need (ModelNeed) over NEED_HORIZON (None: the balance by free share, ModelBalance).
+# Chosen on the tuning set (t-spec30-cpu050: the early GPU-spec dip), validated on heldout6; the default
+# since 2026-11-29 (docs/performance.md "guard1ns-need1 ported into the default")
+GUARD_FILL: float | None = 1.0
+GUARD_WEIGHT = 100.0
+GUARD_WARM_UP = 0.02  # the guard's rates from the arrivals once this share of the GPU capacity arrived
+NEED_HORIZON: float | None = 1.0
 
 
 def fgd_reserve(
@@ -1602,11 +1775,14 @@ def fgd_reserve(
     cpu_horizon: float | None = RESERVE_CPU_HORIZON,
     fgd_step: int = FGD_STEP,
     fgd_spec_step: int | None = FGD_SPEC_STEP,
+    guard_fill: float | None = GUARD_FILL,
+    need_horizon: float | None = NEED_HORIZON,
 ) -> Policy:
-    """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then FGD in
-    bands; ties to the models restricted pods need least (``ModelBalance``), then to the nodes that keep
-    whole-node hosts, then (shares) the least unfillable remainder, then alignment bands (exact while
-    CPU is the scarcer resource).
+    """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then pods with
+    whole GPUs free to use any model kept off the GPU models their restricted pods are expected to need
+    (``ModelGuard``), then FGD in bands; ties to the models least short of their restricted pods' need
+    (``ModelNeed``), then to the nodes that keep whole-node hosts, then (shares) the least unfillable
+    remainder, then alignment bands (exact while CPU is the scarcer resource).
 
     Whole-node pods are left out of FGD's typical pods: the reserve keeps hosts for them, so FGD need
     not hold idle nodes back for them. ``keep``: whole-node hosts kept per shape at least
@@ -1617,16 +1793,23 @@ def fgd_reserve(
     ``prior_weight``, ``by_need``: see ``WholeNodeReserve`` (1.0, 0.0, False: the rule before
     2026-11-28 night); ``cpu_horizon``: see ``ReserveThenAlign`` (None, ``RESERVE_CPU_HORIZON``: off);
     ``fgd_step``: FGD's bands in points (``FGD_STEP``); ``fgd_spec_step``: its bands once a pod
-    restricted to GPU models has arrived (``FGD_SPEC_STEP``; None: ``fgd_step`` always).
-    docs/simulator.md explains each part.
+    restricted to GPU models has arrived (``FGD_SPEC_STEP``; None: ``fgd_step`` always);
+    ``guard_fill``: the model guard's horizon in cluster capacities (``GUARD_FILL``; None: no guard);
+    ``need_horizon``: the model balance by need's horizon (``NEED_HORIZON``; None: by free share,
+    ``ModelBalance``, the rule before 2026-11-29). ``guard_fill=None, need_horizon=None`` is the default
+    of before (bench/placement_variants.py ``reserve-v2``). docs/simulator.md explains each part.
     """
+    guard = () if guard_fill is None else ((ModelGuard(guard_fill, GUARD_WARM_UP), GUARD_WEIGHT),)
     return Policy(
         "fgd-reserve",
         (
             (ShareCompletionScore(COMPLETE_BELOW), 1000.0),
+            *guard,
             (FGDScore(step=fgd_step, whole_node_typical=False, spec_step=fgd_spec_step), 1.0),
         ),
-        "shares complete GPUs first; FGD in bands; ties balance restricted GPU models, keep the last hosts"
+        "shares complete GPUs first; "
+        + ("GPU models kept for their restricted pods; " if guard else "")
+        + "FGD in bands; ties balance restricted GPU models, keep the last hosts"
         " of whole-node pods, then the least unfillable share remainder, then CPU/GPU alignment (ours)",
         tie_break=ReserveThenAlign(
             ALIGN_STEP,
@@ -1635,6 +1818,7 @@ def fgd_reserve(
             cpu_bound_exact=cpu_bound_exact,
             reserve=WholeNodeReserve(keep, adaptive, horizon, prior_weight, by_need),
             cpu_horizon=cpu_horizon,
+            need_horizon=need_horizon,
         ),
     )
 
@@ -1770,7 +1954,8 @@ def topology_policy() -> Policy:
     holds up when ties are broken at random.
     """
     # ties at random in the live scheduler: hosts kept in proportion; the adaptive parts of fgd-reserve
-    # (issue 26) were measured with the simulator's node order only, so topology stays as it was
+    # (issue 26: the adaptive reserve, the model balance, the model guard) were measured with the
+    # simulator's node order only, so topology stays as it was
     base = fgd_reserve(
         keep=None,
         adaptive=False,
@@ -1782,6 +1967,8 @@ def topology_policy() -> Policy:
         cpu_horizon=None,
         fgd_step=TOPOLOGY_FGD_STEP,
         fgd_spec_step=None,
+        guard_fill=None,
+        need_horizon=None,
     )
     return Policy(
         "topology",
