@@ -61,7 +61,7 @@ from scheduler.core.gang import GroupPlacement, GroupRequest, OnlyNodes, schedul
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import AllocationConflict, ClusterState
-from scheduler.live.cache import is_pending_for, pod_key
+from scheduler.live.cache import pod_key
 from scheduler.live.extenderapi import (
     BindArgs,
     ExtenderRequestError,
@@ -192,7 +192,11 @@ class Extender:
         placed counted), or every candidate failed with why the group does not fit whole now: its
         members are not placed one by one where the group cannot follow."""
         sched = self.scheduler
-        members = self._group_requests(ref, cluster)
+        members = [
+            member
+            for _, _, member, _ in sched.group_member_requests(ref, cluster)
+            if isinstance(member, PodRequest)  # an invalid member is told so by its own filter call
+        ]
         if request.uid not in {m.uid for m in members}:
             members.append(request)
         group = GroupRequest(
@@ -212,24 +216,6 @@ class Extender:
         else:
             why = result.message()
         return filter_result(args, [], dict.fromkeys(args.node_names, why), {})
-
-    def _group_requests(self, ref: GroupRef, cluster: ClusterState) -> list[PodRequest]:
-        """The group's members a plan counts: those placed (their allocations in the cluster)
-        and those waiting for this scheduler, with a valid request (no side effects: an invalid
-        member is told so by its own filter call)."""
-        sched = self.scheduler
-        found = []
-        for uid in sorted(sched.groups.members.get(ref, ())):
-            pod = sched.cache.pods.get(uid)
-            if pod is None:
-                continue
-            waiting = uid not in sched.cache.assumed and is_pending_for(pod, sched.config.scheduler_name)
-            if not waiting and uid not in cluster.where:
-                continue
-            member = sched._request(uid, pod)
-            if isinstance(member, PodRequest):
-                found.append(member)
-        return found
 
     def prioritize(self, args: FilterArgs) -> list[dict[str, Any]]:
         """The nodes that score above 0 (``scaled_scores``), each once. kube-scheduler counts a

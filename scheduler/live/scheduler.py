@@ -31,7 +31,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any
@@ -824,6 +824,21 @@ class Scheduler:
             return  # another group's GPU pods wait behind the starving one as single pods do
         self._decide_group(ref, spec, uid, cluster)
 
+    def group_member_requests(
+        self, ref: GroupRef, cluster: ClusterState
+    ) -> Iterator[tuple[str, dict[str, Any], PodRequest | PodSpecError, bool]]:
+        """The group's members a plan counts, in uid order: (uid, pod, its request or why it is
+        invalid, whether it waits for this scheduler); placed ones and those waiting, no other.
+        No side effects (the extender's choose plans from it too)."""
+        for uid in sorted(self.groups.members.get(ref, ())):
+            pod = self.cache.pods.get(uid)
+            if pod is None:
+                continue
+            waiting = uid not in self.cache.assumed and is_pending_for(pod, self.config.scheduler_name)
+            if not waiting and uid not in cluster.where:
+                continue  # finished, deleting, gated, another scheduler's, or on a node kubegpu skips
+            yield uid, pod, self._request(uid, pod), waiting
+
     def _group_members(
         self, ref: GroupRef, cluster: ClusterState
     ) -> tuple[list[PodRequest], list[str], int]:
@@ -833,14 +848,7 @@ class Scheduler:
         requests: list[PodRequest] = []
         pending: list[str] = []
         placed = 0
-        for uid in sorted(self.groups.members.get(ref, ())):
-            pod = self.cache.pods.get(uid)
-            if pod is None:
-                continue
-            waiting = uid not in self.cache.assumed and is_pending_for(pod, self.config.scheduler_name)
-            if not waiting and uid not in cluster.where:
-                continue  # finished, deleting, gated, another scheduler's, or on a node kubegpu skips
-            request = self._request(uid, pod)
+        for uid, pod, request, waiting in self.group_member_requests(ref, cluster):
             if isinstance(request, PodSpecError):
                 if waiting:
                     self.queue.park(uid, until_pod_changes=True)
