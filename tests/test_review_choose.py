@@ -58,6 +58,24 @@ def test_choose_plans_for_a_pod_shape_the_policy_has_not_planned_for_as_the_sche
     assert answer["NodeNames"] == [own]
 
 
+def nominated_world(n2_gpus: int, n2_full: bool = False) -> tuple[World, Any, Feed, dict[str, Any]]:
+    """n1 (4 GPUs, free) and n2; kubegpu's preemptor ``high`` (priority 100, 4 GPUs) nominated to
+    n1, and kube-scheduler's pod ``low`` (2 GPUs, priority 0); the scheduler serves both names."""
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", n2_gpus))
+    if n2_full:
+        world.put_pod(pod_json("full", n2_gpus, node="n2"))
+    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
+    feed = Feed(world, sched)
+    high = pod_json("high", 4, priority=100)
+    high["status"]["nominatedNodeName"] = "n1"
+    world.put_pod(high)
+    low = pod_json("low", 2, scheduler="default-scheduler", priority=0)
+    world.put_pod(low)
+    return world, sched, feed, low
+
+
 def test_choose_keeps_a_nominated_preemptors_room_as_the_scheduler_does() -> None:
     """extenderAddress mode: one replica schedules its own pods (schedulerName kubegpu) and serves
     kube-scheduler's. kubegpu's preemptor ``high`` (priority 100, 4 GPUs) was nominated to n1 and
@@ -66,16 +84,7 @@ def test_choose_keeps_a_nominated_preemptors_room_as_the_scheduler_does() -> Non
     2-GPU pod goes to n2. ``choose`` does not: bestfit packs the 2-GPU pod of kube-scheduler onto
     n1, bind books it there, and the preemptor no longer fits the node it evicted pods for (it
     preempts again: the pod choose put there is lower priority, so it is the next victim)."""
-    world = World()
-    world.put_node(node_json("n1", 4))
-    world.put_node(node_json("n2", 8))
-    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
-    feed = Feed(world, sched)
-    high = pod_json("high", 4, priority=100)
-    high["status"]["nominatedNodeName"] = "n1"
-    world.put_pod(high)
-    low = pod_json("low", 2, scheduler="default-scheduler", priority=0)
-    world.put_pod(low)
+    world, sched, feed, low = nominated_world(n2_gpus=8)
     twin = pod_json("twin", 2, priority=0)  # the same pod, kubegpu's own
     world.put_pod(twin)
     feed.relist()
@@ -176,17 +185,7 @@ def test_a_nominated_preemptors_room_is_not_offered_where_it_is_the_only_room() 
     the preemptor's room is gone. kube-scheduler's own filters count nominated pods of no lower
     priority as placed (``RunFilterPluginsWithNominatedPods``); for the devices it cannot count
     (which GPUs, shares, VFs) that is kubegpu's filter's job."""
-    world = World()
-    world.put_node(node_json("n1", 4))
-    world.put_node(node_json("n2", 4))
-    world.put_pod(pod_json("full", 4, node="n2"))
-    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
-    feed = Feed(world, sched)
-    high = pod_json("high", 4, priority=100)
-    high["status"]["nominatedNodeName"] = "n1"
-    world.put_pod(high)
-    low = pod_json("low", 2, scheduler="default-scheduler", priority=0)
-    world.put_pod(low)
+    world, sched, feed, low = nominated_world(n2_gpus=4, n2_full=True)
     feed.relist()
     extender = Extender(sched)
     for verb in ("choose", "filter"):
