@@ -262,3 +262,34 @@ def test_a_gang_chosen_member_by_member_lands_as_planned_whole() -> None:
     assert choose_and_bind(world, feed, extender, "m0", ["na1", "nb1"])["NodeNames"] == ["nb1"]
     assert choose_and_bind(world, feed, extender, "m1", ["nb1", "na1"])["NodeNames"] == ["nb1"]
     assert world.node_of("m0") == world.node_of("m1") == "nb1" and not world.double_booked()
+
+
+def test_a_gang_of_kube_schedulers_pods_is_chosen_in_extender_address_mode() -> None:
+    """FAILS (review23b): the recommended deployment, ``extenderAddress`` in kubegpu's scheduler
+    config (docs/extender.md "Running it"): one Scheduler named ``kubegpu`` also answers
+    kube-scheduler's calls. Its cache keeps only the pods pending for ``kubegpu`` (and bound ones),
+    so ``_group_requests`` finds none of the gang's other members pending for default-scheduler:
+    the group has "1 of its 2 minimum members" for every member's ``choose``, every candidate
+    fails for every member, none is ever bound: the gang is stuck for good, though both members fit
+    on nb1 (and ``kubegpu extender --scheduler-name default-scheduler`` places them)."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world = World()
+    zone = "topology.kubernetes.io/zone"
+    world.put_node(node_json("na1", 4, labels={zone: "a"}))
+    world.put_node(node_json("nb1", 4, labels={zone: "b"}))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
+    feed = Feed(world, sched)
+    feed.relist()
+    for i in range(2):
+        world.put_pod(pod_json(f"m{i}", 2, scheduler="default-scheduler", labels={PLUGINS_LABEL: "g"}))
+    feed.sync()
+    extender = Extender(sched)
+    for _ in range(2):  # kube-scheduler retries each member; nothing changes in between
+        for name in ("m0", "m1"):
+            answer = choose_and_bind(world, feed, extender, name, ["na1", "nb1"])
+            assert answer["NodeNames"], answer
+    assert world.node_of("m0") is not None and world.node_of("m1") is not None
+    assert not world.double_booked()
