@@ -293,3 +293,41 @@ def test_a_gang_of_kube_schedulers_pods_is_chosen_in_extender_address_mode() -> 
             assert answer["NodeNames"], answer
     assert world.node_of("m0") is not None and world.node_of("m1") is not None
     assert not world.double_booked()
+
+
+def test_a_gang_whose_members_kube_scheduler_sends_different_nodes_is_chosen() -> None:
+    """FAILS (review23b): kube-scheduler sends each member only the nodes that pass its own filters
+    for that member (node selector, affinity, taints, its count of nvidia.com/gpu) and, in a large
+    cluster, only a sample of them. ``_choose_in_group`` plans every member of the group over the
+    candidates of the member being chosen. A gang of two members with different node selectors
+    (pool a, pool b; minMember 2): m0 is sent na only, m1 nb only; neither candidate list holds the
+    whole group, so every candidate of every member fails with "only 1 of its 2 minimum members
+    fit together", for good, though kubegpu's own scheduler places the group (m0 on na, m1 on nb)."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    placed: dict[str, list[str | None]] = {}
+    for who in ("kubegpu", "default-scheduler"):
+        world = World()
+        world.put_node(node_json("na", 4, labels={"pool": "a"}))
+        world.put_node(node_json("nb", 4, labels={"pool": "b"}))
+        group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+        world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+        sched, jobs, _core, clock = make_scheduler(world, name=who)
+        feed = Feed(world, sched)
+        feed.relist()
+        for name, pool in (("m0", "a"), ("m1", "b")):
+            pod = pod_json(name, 2, scheduler=who, labels={PLUGINS_LABEL: "g"})
+            pod["spec"]["nodeSelector"] = {"pool": pool}
+            world.put_pod(pod)
+        feed.sync()
+        if who == "kubegpu":
+            drive(sched, jobs, feed, clock)
+        else:  # kube-scheduler: each member's candidates pass its node selector
+            extender = Extender(sched)
+            for _ in range(2):  # tried again after failing (nothing changes in between)
+                for name, sent in (("m0", ["na"]), ("m1", ["nb"])):
+                    if world.node_of(name) is None:
+                        choose_and_bind(world, feed, extender, name, sent)
+        placed[who] = [world.node_of("m0"), world.node_of("m1")]
+    assert placed["kubegpu"] == ["na", "nb"]
+    assert placed["default-scheduler"] == placed["kubegpu"]
