@@ -311,7 +311,8 @@ def test_a_gang_whose_members_kube_scheduler_sends_different_nodes_is_chosen() -
         world.put_node(node_json("na", 4, labels={"pool": "a"}))
         world.put_node(node_json("nb", 4, labels={"pool": "b"}))
         group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
-        world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+        kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+        world.put_group(PLUGINS_API, {**kind, **group})
         sched, jobs, _core, clock = make_scheduler(world, name=who)
         feed = Feed(world, sched)
         feed.relist()
