@@ -578,9 +578,10 @@ def test_a_member_follows_the_placed_ones_into_their_domain_where_it_needs_a_new
     choose, which kube-scheduler asks a member at a time, or m-0 deleted and re-created), m-0
     needs a new node in either zone: both plans count two nodes for the group, the tie goes to the
     larger zone, zb, and the gang is split over two zones though a2 holds m-0 in its own."""
+
     def cluster_of() -> ClusterState:
-        return ClusterState([node("a1", 8, zone="za"), node("a2", 4, zone="za"), node("b1", 4, zone="zb"),
-                             node("b2", 4, zone="zb"), node("b3", 4, zone="zb"), node("b4", 2, zone="zb")])
+        zoned = [("a1", 8, "za"), ("a2", 4, "za"), ("b1", 4, "zb"), ("b2", 4, "zb"), ("b3", 4, "zb")]
+        return ClusterState([*(node(n, g, zone=z) for n, g, z in zoned), node("b4", 2, zone="zb")])
 
     members = [member(0, 4), member(1, 4), member(2, 4)]
     whole = plan(GroupRequest("ml/g", 3, tuple(members)), cluster_of())
