@@ -332,3 +332,50 @@ def test_a_gang_whose_members_kube_scheduler_sends_different_nodes_is_chosen() -
         placed[who] = [world.node_of("m0"), world.node_of("m1")]
     assert placed["kubegpu"] == ["na", "nb"]
     assert placed["default-scheduler"] == placed["kubegpu"]
+
+
+def test_a_member_whose_pod_group_is_not_seen_yet_is_not_placed_alone() -> None:
+    """FAILS (review23b): a member created before its PodGroup (a job's controller or ``kubectl
+    apply`` may create the pods first). kubegpu's own scheduler waits for the group to exist
+    (``_decide_member``: "waiting for pod group ... to exist"; an invalid PodGroup likewise), as
+    scheduler-plugins' coscheduling does; ``choose`` finds no GroupSpec and decides the member
+    alone (``schedule_one``): bestfit packs m0 onto na1 (2 GPUs free), bind places it there, and
+    once the PodGroup (minMember 2) appears m1 can only go to nb1: the gang is split over two
+    zones, where kubegpu's scheduler puts both on nb1."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    zone = "topology.kubernetes.io/zone"
+    group = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"minMember": 2},
+    }
+    placed: dict[str, list[str | None]] = {}
+    for who in ("kubegpu", "default-scheduler"):
+        world = World()
+        world.put_node(node_json("na1", 4, labels={zone: "a"}))
+        world.put_node(node_json("nb1", 4, labels={zone: "b"}))
+        world.put_pod(pod_json("busy", 2, node="na1"))
+        sched, jobs, _core, clock = make_scheduler(world, name=who)
+        feed = Feed(world, sched)
+        feed.relist()
+        for name in ("m0", "m1"):
+            world.put_pod(pod_json(name, 2, scheduler=who, labels={PLUGINS_LABEL: "g"}))
+        feed.sync()
+        extender = Extender(sched)
+        if who == "kubegpu":
+            drive(sched, jobs, feed, clock)
+        else:  # kube-scheduler tries m0 before the PodGroup is seen
+            choose_and_bind(world, feed, extender, "m0", ["na1", "nb1"])
+        world.put_group(PLUGINS_API, group)
+        feed.sync()
+        if who == "kubegpu":
+            drive(sched, jobs, feed, clock)
+        else:
+            for name in ("m0", "m1"):
+                if world.node_of(name) is None:
+                    choose_and_bind(world, feed, extender, name, ["na1", "nb1"])
+        placed[who] = [world.node_of("m0"), world.node_of("m1")]
+    assert placed["kubegpu"] == ["nb1", "nb1"]
+    assert placed["default-scheduler"] == placed["kubegpu"]
