@@ -46,6 +46,7 @@ import socket
 import ssl
 import threading
 import time
+from collections import Counter as CounterOf
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -75,7 +76,7 @@ from scheduler.live.extenderapi import (
     preempt_result,
     scaled_scores,
 )
-from scheduler.live.podgroups import GroupRef, GroupSpec
+from scheduler.live.podgroups import GroupError, GroupRef, GroupSpec
 from scheduler.live.podspec import PodSpecError
 from scheduler.live.preemption import extender_victims, other_rules
 from scheduler.live.relay import RELAYED_HEADER, Relay, verb_of
@@ -153,11 +154,15 @@ class Extender:
                     self._plan_for(args.uid, request, cluster)
                     only = np.zeros(len(cluster), dtype=bool)
                     only[known] = True
-                    filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
                     ref = sched.groups.of.get(args.uid)
                     spec = sched.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
+                    waits = _group_wait(ref, spec) if ref is not None else ""
+                    if waits:  # as kubegpu's scheduler: no member is placed alone meanwhile
+                        return filter_result(args, [], dict.fromkeys(args.node_names, waits), {})
                     if isinstance(ref, GroupRef) and isinstance(spec, GroupSpec) and spec.gang:
+                        filters = (CandidatesOf(args.uid, only, NOT_CANDIDATE), *DEFAULT_FILTERS)
                         return self._choose_in_group(args, request, ref, spec, cluster, filters)
+                    filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
                     # the room of pods nominated to a node (of no lower priority) is theirs
                     reserved = sched._reserve_nominated(args.uid, request, cluster)
                     try:
@@ -188,9 +193,11 @@ class Extender:
         filters: Sequence[FilterPlugin],
     ) -> dict[str, Any]:
         """A gang member's node as kubegpu's scheduler plans its group whole (the core's
-        ``schedule_group`` over the candidates: the fewest nodes, one domain, members already
-        placed counted), or every candidate failed with why the group does not fit whole now: its
-        members are not placed one by one where the group cannot follow."""
+        ``schedule_group``: this member among the candidates, the others wherever kubegpu's
+        filters let them, as kube-scheduler sends each member its own candidates; the fewest
+        nodes, one domain, members already placed counted), or every candidate failed with why
+        the group does not fit whole now: its members are not placed one by one where the group
+        cannot follow."""
         sched = self.scheduler
         members = self._group_requests(ref, cluster)
         if request.uid not in {m.uid for m in members}:
@@ -215,15 +222,19 @@ class Extender:
 
     def _group_requests(self, ref: GroupRef, cluster: ClusterState) -> list[PodRequest]:
         """The group's members a plan counts: those placed (their allocations in the cluster)
-        and those waiting for this scheduler, with a valid request (no side effects: an invalid
-        member is told so by its own filter call)."""
+        and those waiting for a scheduler, with a valid request (no side effects: an invalid
+        member is told so by its own filter call). Waiting for any scheduler: the cache keeps only
+        the pending pods of its own ``schedulerName`` (``kubegpu`` where ``extenderAddress`` serves
+        kube-scheduler too), and kube-scheduler may serve several profiles through the extender;
+        the group book keeps every member as last seen."""
         sched = self.scheduler
         found = []
         for uid in sorted(sched.groups.members.get(ref, ())):
-            pod = sched.cache.pods.get(uid)
+            pod = sched.cache.pods.get(uid) or sched.groups.pods.get(uid)
             if pod is None:
                 continue
-            waiting = uid not in sched.cache.assumed and is_pending_for(pod, sched.config.scheduler_name)
+            name = (pod.get("spec") or {}).get("schedulerName")
+            waiting = uid not in sched.cache.assumed and is_pending_for(pod, str(name))
             if not waiting and uid not in cluster.where:
                 continue
             member = sched._request(uid, pod)
@@ -395,6 +406,38 @@ def _indices(index: Mapping[str, int], names: Sequence[str]) -> tuple[list[int],
         return list(map(index.__getitem__, names)), True
     except KeyError:
         return [index[n] for n in names if n in index], False
+
+
+def _group_wait(ref: GroupRef | GroupError, spec: GroupSpec | GroupError | None) -> str:
+    """Why a member of ``ref`` waits before any plan, as kubegpu's scheduler says it
+    (``Scheduler._decide_member``): its group label is invalid, or its PodGroup is not seen yet or
+    is invalid; "" when it does not."""
+    if isinstance(ref, GroupError):
+        return f"invalid kubegpu request: {ref}"
+    if spec is None:
+        return f"waiting for pod group {ref} ({ref.kind}) to exist"
+    if isinstance(spec, GroupError):
+        return f"pod group {ref} ({ref.kind}) is invalid: {spec}"
+    return ""
+
+
+class CandidatesOf(FilterPlugin):
+    """kube-scheduler's candidates (``mask``), for the pod it asked about only: a gang's other
+    members are planned wherever kubegpu's filters let them (kube-scheduler sends each its own)."""
+
+    def __init__(self, uid: str, mask: np.ndarray, reason: str) -> None:
+        self.uid = uid
+        self.mask = mask
+        self.name = reason
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return pod.uid == self.uid
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return self.mask[idx]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> CounterOf:
+        return CounterOf({self.name: len(rejected)})
 
 
 def _wants_devices(request: PodRequest) -> bool:
