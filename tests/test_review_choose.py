@@ -378,3 +378,39 @@ def test_a_member_whose_pod_group_is_not_seen_yet_is_not_placed_alone() -> None:
         placed[who] = [world.node_of("m0"), world.node_of("m1")]
     assert placed["kubegpu"] == ["nb1", "nb1"]
     assert placed["default-scheduler"] == placed["kubegpu"]
+
+
+def test_no_pod_is_evicted_for_a_gang_member_whose_group_cannot_fit_whole_even_so() -> None:
+    """FAILS (review23b): ``choose`` fails every candidate of a gang member with the group's reason
+    as resolvable (``FailedNodes``), so kube-scheduler's preemption runs for the member alone and
+    asks ``preempt``, which judges the member alone (``extender_victims``). minMember 2, two 4-GPU
+    members of priority 100; n1 holds a 4-GPU pod of priority 0, n2 one of priority 1000: evicting
+    the first frees room for one member, never for the group. kubegpu's own scheduler evicts no
+    one for such a group (``group_preemption``: None when it does not fit even with every
+    candidate gone); ``preempt`` keeps n1 with its victim, kube-scheduler evicts it, and the gang
+    still cannot run."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 4))
+    world.put_pod(pod_json("low", 4, node="n1", priority=0))
+    world.put_pod(pod_json("high", 4, node="n2", priority=1000))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+    world.put_group(PLUGINS_API, {**kind, **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    for name in ("m0", "m1"):
+        labels = {PLUGINS_LABEL: "g"}
+        world.put_pod(pod_json(name, 4, scheduler="default-scheduler", priority=100, labels=labels))
+    feed.sync()
+    extender = Extender(sched)
+    answer = choose_and_bind(world, feed, extender, "m0", ["n1", "n2"])
+    assert answer["NodeNames"] == [] and "minimum members fit" in answer["FailedNodes"]["n1"], answer
+    # kube-scheduler's DefaultPreemption: evicting ``low`` lets m0 (alone) fit n1
+    body = {"Pod": world.pods["uid-m0"], "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "uid-low"}]}}}
+    status, kept = extender.handle("preempt", json.dumps(body).encode())
+    assert status == 200, kept
+    assert not kept["NodeNameToMetaVictims"], kept
