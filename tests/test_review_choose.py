@@ -414,3 +414,32 @@ def test_no_pod_is_evicted_for_a_gang_member_whose_group_cannot_fit_whole_even_s
     status, kept = extender.handle("preempt", json.dumps(body).encode())
     assert status == 200, kept
     assert not kept["NodeNameToMetaVictims"], kept
+
+
+def test_a_gang_member_preempts_where_its_group_fits_whole_once_the_victims_are_gone() -> None:
+    """As above, but n2's pod is of priority 0 too: with both proposed victims gone the group fits
+    whole, so ``preempt`` keeps the proposals for the member (kube-scheduler evicts on one node per
+    member; the other member preempts on its own turn)."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 4))
+    world.put_pod(pod_json("low", 4, node="n1", priority=0))
+    world.put_pod(pod_json("low2", 4, node="n2", priority=0))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+    world.put_group(PLUGINS_API, {**kind, **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    for name in ("m0", "m1"):
+        labels = {PLUGINS_LABEL: "g"}
+        world.put_pod(pod_json(name, 4, scheduler="default-scheduler", priority=100, labels=labels))
+    feed.sync()
+    extender = Extender(sched)
+    victims = {"n1": {"Pods": [{"UID": "uid-low"}]}, "n2": {"Pods": [{"UID": "uid-low2"}]}}
+    body = {"Pod": world.pods["uid-m0"], "NodeNameToMetaVictims": victims}
+    status, kept = extender.handle("preempt", json.dumps(body).encode())
+    assert status == 200, kept
+    assert sorted(kept["NodeNameToMetaVictims"]) == ["n1", "n2"], kept

@@ -58,7 +58,7 @@ from kubegpu.httphead import LeanHead
 from kubegpu.httpserve import bound_server
 from kubegpu.logs import log_event
 from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin, apply_filters, filter_nodes
-from scheduler.core.gang import GroupPlacement, GroupRequest, OnlyNodes, schedule_group
+from scheduler.core.gang import GroupPlacement, GroupRequest, OnlyNodes, group_preemption, schedule_group
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import AllocationConflict, ClusterState
@@ -320,6 +320,8 @@ class Extender:
                 kept: dict[str, Proposal] = {}  # its filter failed every node: nothing to free
             elif not _wants_devices(request):
                 kept = {node: p for node, p in args.proposals.items() if p.uids}
+            elif not self._group_may_preempt(args.uid, request, cluster, args.proposals):
+                kept = {}
             else:
                 priority = _priority(request)
                 budgets = list(sched.budgets.values())
@@ -351,6 +353,31 @@ class Extender:
             narrowed=narrowed or None,
         )
         return preempt_result(kept)
+
+    def _group_may_preempt(
+        self, uid: str, request: PodRequest, cluster: ClusterState, proposals: Mapping[str, Proposal]
+    ) -> bool:
+        """False for a member of a pod group that waits (its PodGroup not seen or invalid) or
+        whose minimum would not fit whole even with every proposed victim gone (or fits without
+        them): kubegpu's scheduler evicts no one for such a group (``group_preemption``), and
+        kube-scheduler asks for the member alone."""
+        sched = self.scheduler
+        ref = sched.groups.of.get(uid)
+        if ref is None:
+            return True
+        spec = sched.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
+        if _group_wait(ref, spec):
+            return False
+        if not isinstance(ref, GroupRef) or not isinstance(spec, GroupSpec) or not spec.gang:
+            return True
+        members = self._group_requests(ref, cluster)
+        if request.uid not in {m.uid for m in members}:
+            members.append(request)
+        group = GroupRequest(
+            str(ref), spec.min_member, tuple(members), spec.domain_key or sched.config.gang_domain_label
+        )
+        victims = list(dict.fromkeys(v for p in proposals.values() for v in p.uids if v in cluster.where))
+        return group_preemption(group, cluster, sched.policy, sched.rng, victims) is not None
 
     def _read_pod(self, args: BindArgs) -> dict[str, Any] | None:
         """The pod from the API (None: gone, or not the pod of that UID)."""
