@@ -358,9 +358,11 @@ class Extender:
         self, uid: str, request: PodRequest, cluster: ClusterState, proposals: Mapping[str, Proposal]
     ) -> bool:
         """False for a member of a pod group that waits (its PodGroup not seen or invalid) or
-        whose minimum would not fit whole even with every proposed victim gone (or fits without
-        them): kubegpu's scheduler evicts no one for such a group (``group_preemption``), and
-        kube-scheduler asks for the member alone."""
+        whose minimum does not fit whole now and would not even with every proposed victim gone:
+        kubegpu's scheduler evicts no one for such a group (``group_preemption``), and
+        kube-scheduler asks for the member alone. A group that fits in kubegpu's view already
+        is left to the member's own check, as a single pod (kube-scheduler wants the room for
+        its own rules)."""
         sched = self.scheduler
         ref = sched.groups.of.get(uid)
         if ref is None:
@@ -376,6 +378,8 @@ class Extender:
         group = GroupRequest(
             str(ref), spec.min_member, tuple(members), spec.domain_key or sched.config.gang_domain_label
         )
+        if isinstance(schedule_group(group, cluster, sched.policy, sched.rng), GroupPlacement):
+            return True
         victims = list(dict.fromkeys(v for p in proposals.values() for v in p.uids if v in cluster.where))
         return group_preemption(group, cluster, sched.policy, sched.rng, victims) is not None
 
