@@ -418,9 +418,11 @@ def test_between_domains_whose_plans_use_as_many_nodes_the_larger_wins() -> None
     assert isinstance(result, GroupPlacement) and result.domain == "za" and len(result.nodes) == 2
 
 
-def test_a_one_node_plan_ends_the_domain_search() -> None:
-    """The group's minimum is placed already; its extra fits the larger zone's one node, which ends
-    the search: the smaller zone, where it fits nowhere (a plan on no node), is not tried."""
+def test_the_domain_plan_placing_the_extra_wins_over_one_placing_none() -> None:
+    """The group's minimum is placed already (m-0 on b0, zb); its extra fits only the larger zone's
+    a0. za's plan places it, zb's places none (a plan on no new node): za's wins, for more members
+    placed. (Since c0ec0ef a0, a node the group did not use, no longer ends the domain search: zb
+    is tried too; only a plan with no member waiting and no new node ends it.)"""
     cluster = ClusterState([node("a0", 8, zone="za"), node("b0", 2, zone="zb"), node("b1", 2, zone="zb"),
                             node("b2", 2, zone="zb")])
     members = [member(0, 0), member(1, 4)]
