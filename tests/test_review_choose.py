@@ -443,3 +443,18 @@ def test_a_gang_member_preempts_where_its_group_fits_whole_once_the_victims_are_
     status, kept = extender.handle("preempt", json.dumps(body).encode())
     assert status == 200, kept
     assert sorted(kept["NodeNameToMetaVictims"]) == ["n1", "n2"], kept
+
+
+def test_a_member_asked_about_before_kubegpus_watch_delivers_it_is_planned_with_its_group() -> None:
+    """FAILS (review23b): kube-scheduler and kubegpu watch pods apart, so kube-scheduler may ask
+    about a new pod before kubegpu's watch delivers it. ``choose`` looks its group up in the group
+    book (``groups.of``, fed by that watch) rather than in the pod it is sent, so a member not
+    delivered yet is decided alone: of three 2-GPU members (minMember 3, 4 GPUs free in all, 2 on
+    each node), which cannot fit whole, the last one created is placed on its own."""
+    world, sched, feed, extender = gang_world(3, 2, free_a=2)
+    world.put_pod(pod_json("busy-b", 2, node="nb1"))
+    feed.sync()
+    labels = {"scheduling.x-k8s.io/pod-group": "g"}
+    world.put_pod(pod_json("m2", 2, scheduler="default-scheduler", labels=labels))
+    _, answer = extender.handle("choose", args(world.pods["uid-m2"], ["na1", "nb1"]))  # not synced yet
+    assert answer["NodeNames"] == [] and "pod group ns/g" in answer["FailedNodes"]["na1"], answer
