@@ -76,7 +76,7 @@ from scheduler.live.extenderapi import (
     preempt_result,
     scaled_scores,
 )
-from scheduler.live.podgroups import GroupError, GroupRef, GroupSpec
+from scheduler.live.podgroups import GroupError, GroupRef, GroupSpec, group_ref
 from scheduler.live.podspec import PodSpecError
 from scheduler.live.preemption import extender_victims, other_rules
 from scheduler.live.relay import RELAYED_HEADER, Relay, verb_of
@@ -154,7 +154,7 @@ class Extender:
                     self._plan_for(args.uid, request, cluster)
                     only = np.zeros(len(cluster), dtype=bool)
                     only[known] = True
-                    ref = sched.groups.of.get(args.uid)
+                    ref = _group_of(args.pod)  # the pod sent: kubegpu's watch may not have it yet
                     spec = sched.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
                     waits = _group_wait(ref, spec) if ref is not None else ""
                     if waits:  # as kubegpu's scheduler: no member is placed alone meanwhile
@@ -320,7 +320,7 @@ class Extender:
                 kept: dict[str, Proposal] = {}  # its filter failed every node: nothing to free
             elif not _wants_devices(request):
                 kept = {node: p for node, p in args.proposals.items() if p.uids}
-            elif not self._group_may_preempt(args.uid, request, cluster, args.proposals):
+            elif not self._group_may_preempt(args.pod, request, cluster, args.proposals):
                 kept = {}
             else:
                 priority = _priority(request)
@@ -355,7 +355,11 @@ class Extender:
         return preempt_result(kept)
 
     def _group_may_preempt(
-        self, uid: str, request: PodRequest, cluster: ClusterState, proposals: Mapping[str, Proposal]
+        self,
+        pod: Mapping[str, Any],
+        request: PodRequest,
+        cluster: ClusterState,
+        proposals: Mapping[str, Proposal],
     ) -> bool:
         """False for a member of a pod group that waits (its PodGroup not seen or invalid) or
         whose minimum does not fit whole now and would not even with every proposed victim gone:
@@ -364,7 +368,7 @@ class Extender:
         is left to the member's own check, as a single pod (kube-scheduler wants the room for
         its own rules)."""
         sched = self.scheduler
-        ref = sched.groups.of.get(uid)
+        ref = _group_of(pod)
         if ref is None:
             return True
         spec = sched.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
@@ -437,6 +441,14 @@ def _indices(index: Mapping[str, int], names: Sequence[str]) -> tuple[list[int],
         return list(map(index.__getitem__, names)), True
     except KeyError:
         return [index[n] for n in names if n in index], False
+
+
+def _group_of(pod: Mapping[str, Any]) -> GroupRef | GroupError | None:
+    """The pod group the pod joins, read from the pod itself (GroupError: it names one wrongly)."""
+    try:
+        return group_ref(pod)
+    except GroupError as error:
+        return error
 
 
 def _group_wait(ref: GroupRef | GroupError, spec: GroupSpec | GroupError | None) -> str:
