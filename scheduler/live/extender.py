@@ -19,7 +19,9 @@ of devices whether pods are bound by the live scheduler or by the extender.
   no lower priority kept for them); with one
   feasible node kube-scheduler skips scoring and prioritize and binds there, so the pod lands where
   kubegpu's own scheduler would put it and each pod costs one round trip fewer. A pod that fits
-  nowhere, asks for no device or is invalid gets ``filter``'s answer (every reason).
+  nowhere, asks for no device or is invalid gets ``filter``'s answer (every reason). A gang
+  member gets its node in its group's whole plan, or every node failed with why the group waits
+  (``_choose_in_group``; docs/extender.md, "Choosing or scoring").
 - **prioritize**: the active policy's scores over the nodes that pass (re-planned for a new kind
   of pod and with nominated pods' room kept, as in choose), scaled to 0..10; nodes scoring 0 are
   left out of the answer (kube-scheduler counts them as 0).
