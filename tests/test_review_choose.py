@@ -458,3 +458,31 @@ def test_a_member_asked_about_before_kubegpus_watch_delivers_it_is_planned_with_
     world.put_pod(pod_json("m2", 2, scheduler="default-scheduler", labels=labels))
     _, answer = extender.handle("choose", args(world.pods["uid-m2"], ["na1", "nb1"]))  # not synced yet
     assert answer["NodeNames"] == [] and "pod group ns/g" in answer["FailedNodes"]["na1"], answer
+
+
+def test_a_whole_node_gang_chosen_member_by_member_stays_in_one_zone() -> None:
+    """Two 8-GPU members (minMember 2); zone a has two idle 8-GPU nodes, zone b three. The plan
+    puts both in b (the larger zone). Once m0 is bound on b1, the zones have as many free GPUs and
+    m1 needs a new node in either: with c0ec0ef's planner (fewest nodes, then the larger domain,
+    ties in name order) m1 went to a1 with every policy, splitting the gang over two zones; the
+    fewest domains the group spans now decides first (checked by swapping c0ec0ef's gang.py back)."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    zone = "topology.kubernetes.io/zone"
+    world = World()
+    for name in ("a1", "a2", "b1", "b2", "b3"):
+        world.put_node(node_json(name, 8, labels={zone: name[0]}))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+    world.put_group(PLUGINS_API, {**kind, **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    for name in ("m0", "m1"):
+        world.put_pod(pod_json(name, 8, scheduler="default-scheduler", labels={PLUGINS_LABEL: "g"}))
+    feed.sync()
+    extender = Extender(sched)
+    for name in ("m0", "m1"):
+        choose_and_bind(world, feed, extender, name, sorted(world.nodes))
+    zones = {str(world.node_of(name))[0] for name in ("m0", "m1")}
+    assert zones == {"b"}, [world.node_of(name) for name in ("m0", "m1")]
