@@ -486,3 +486,37 @@ def test_a_whole_node_gang_chosen_member_by_member_stays_in_one_zone() -> None:
         choose_and_bind(world, feed, extender, name, sorted(world.nodes))
     zones = {str(world.node_of(name))[0] for name in ("m0", "m1")}
     assert zones == {"b"}, [world.node_of(name) for name in ("m0", "m1")]
+
+
+def test_members_chosen_before_either_binds_are_told_nodes_of_one_plan() -> None:
+    """FAILS (review23b): kube-scheduler runs the next member's ``choose`` while the last one's
+    bind is in flight (or holds every member at Permit under its own gang scheduling), so kubegpu
+    plans the group again with the first member still pending. Two 600-milli shares (minMember 2;
+    kube-scheduler counts no share, so it sends every node for both) and three one-GPU nodes: the
+    plans break the policy's ties with the scheduler's shared rng, so the second plan may put the
+    members the other way round, and for seeds 1, 6, 8, 10, 12 (bestfit) both are told the same
+    node, where they do not fit together: one bind is refused and retried. Plans of one group that
+    nothing changed between should tell its members the nodes of one plan."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    for seed in (1, 6, 8, 10, 12):
+        world = World()
+        for name in ("n1", "n2", "n3"):
+            world.put_node(node_json(name, 1))
+        group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+        kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+        world.put_group(PLUGINS_API, {**kind, **group})
+        sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler", seed=seed)
+        feed = Feed(world, sched)
+        feed.relist()
+        for name in ("m0", "m1"):
+            pod = share_pod(name, "600", "default-scheduler")
+            pod["metadata"]["labels"] = {PLUGINS_LABEL: "g"}
+            world.put_pod(pod)
+        feed.sync()
+        extender = Extender(sched)
+        told = []
+        for name in ("m0", "m1"):  # neither bound yet
+            _, answer = extender.handle("choose", args(world.pods[f"uid-{name}"], ["n1", "n2", "n3"]))
+            told += answer["NodeNames"]
+        assert len(told) == 2 and told[0] != told[1], (seed, told)
