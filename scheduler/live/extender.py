@@ -44,6 +44,7 @@ same port. With leader election a standby relays each verb request to the leader
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import ssl
 import threading
@@ -209,7 +210,10 @@ class Extender:
         )
         reserved = sched._reserve_nominated(args.uid, request, cluster, frozenset(m.uid for m in members))
         try:
-            result = schedule_group(group, cluster, sched.policy, sched.rng, filters=filters)
+            # ties broken alike in every member's call: members kube-scheduler asks about before
+            # the earlier ones bind are told the nodes of one plan, not of plans swapped by ties
+            ties = random.Random(str(ref))
+            result = schedule_group(group, cluster, sched.policy, ties, filters=filters)
         finally:
             for other in reserved:
                 cluster.forget(other)
