@@ -265,7 +265,8 @@ def test_a_gang_chosen_member_by_member_lands_as_planned_whole() -> None:
 
 
 def test_a_gang_of_kube_schedulers_pods_is_chosen_in_extender_address_mode() -> None:
-    """Failed before 6ef8fe9 (review23b): the recommended deployment, ``extenderAddress`` in kubegpu's scheduler
+    """Failed before 6ef8fe9 (review23b).
+    the recommended deployment, ``extenderAddress`` in kubegpu's scheduler
     config (docs/extender.md "Running it"): one Scheduler named ``kubegpu`` also answers
     kube-scheduler's calls. Its cache keeps only the pods pending for ``kubegpu`` (and bound ones),
     so ``_group_requests`` finds none of the gang's other members pending for default-scheduler:
@@ -295,7 +296,8 @@ def test_a_gang_of_kube_schedulers_pods_is_chosen_in_extender_address_mode() -> 
 
 
 def test_a_gang_whose_members_kube_scheduler_sends_different_nodes_is_chosen() -> None:
-    """Failed before 6ef8fe9 (review23b): kube-scheduler sends each member only the nodes that pass its own filters
+    """Failed before 6ef8fe9 (review23b).
+    kube-scheduler sends each member only the nodes that pass its own filters
     for that member (node selector, affinity, taints, its count of nvidia.com/gpu) and, in a large
     cluster, only a sample of them. ``_choose_in_group`` plans every member of the group over the
     candidates of the member being chosen. A gang of two members with different node selectors
@@ -334,7 +336,8 @@ def test_a_gang_whose_members_kube_scheduler_sends_different_nodes_is_chosen() -
 
 
 def test_a_member_whose_pod_group_is_not_seen_yet_is_not_placed_alone() -> None:
-    """Failed before 6ef8fe9 (review23b): a member created before its PodGroup (a job's controller or ``kubectl
+    """Failed before 6ef8fe9 (review23b).
+    a member created before its PodGroup (a job's controller or ``kubectl
     apply`` may create the pods first). kubegpu's own scheduler waits for the group to exist
     (``_decide_member``: "waiting for pod group ... to exist"; an invalid PodGroup likewise), as
     scheduler-plugins' coscheduling does; ``choose`` finds no GroupSpec and decides the member
@@ -381,7 +384,8 @@ def test_a_member_whose_pod_group_is_not_seen_yet_is_not_placed_alone() -> None:
 
 
 def test_no_pod_is_evicted_for_a_gang_member_whose_group_cannot_fit_whole_even_so() -> None:
-    """Failed before 5e3b6e1 (review23b): ``choose`` fails every candidate of a gang member with the group's reason
+    """Failed before 5e3b6e1 (review23b).
+    ``choose`` fails every candidate of a gang member with the group's reason
     as resolvable (``FailedNodes``), so kube-scheduler's preemption runs for the member alone and
     asks ``preempt``, which judges the member alone (``extender_victims``). minMember 2, two 4-GPU
     members of priority 100; n1 holds a 4-GPU pod of priority 0, n2 one of priority 1000: evicting
@@ -446,7 +450,8 @@ def test_a_gang_member_preempts_where_its_group_fits_whole_once_the_victims_are_
 
 
 def test_a_member_asked_about_before_kubegpus_watch_delivers_it_is_planned_with_its_group() -> None:
-    """Failed before 9617bdb (review23b): kube-scheduler and kubegpu watch pods apart, so kube-scheduler may ask
+    """Failed before 9617bdb (review23b).
+    kube-scheduler and kubegpu watch pods apart, so kube-scheduler may ask
     about a new pod before kubegpu's watch delivers it. ``choose`` looks its group up in the group
     book (``groups.of``, fed by that watch) rather than in the pod it is sent, so a member not
     delivered yet is decided alone: of three 2-GPU members (minMember 3, 4 GPUs free in all, 2 on
@@ -489,7 +494,8 @@ def test_a_whole_node_gang_chosen_member_by_member_stays_in_one_zone() -> None:
 
 
 def test_members_chosen_before_either_binds_are_told_nodes_of_one_plan() -> None:
-    """Failed before ee3439b (review23b): kube-scheduler runs the next member's ``choose`` while the last one's
+    """Failed before ee3439b (review23b).
+    kube-scheduler runs the next member's ``choose`` while the last one's
     bind is in flight (or holds every member at Permit under its own gang scheduling), so kubegpu
     plans the group again with the first member still pending. Two 600-milli shares (minMember 2;
     kube-scheduler counts no share, so it sends every node for both) and three one-GPU nodes: the

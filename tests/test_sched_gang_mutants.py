@@ -573,7 +573,8 @@ def test_the_search_pool_of_exactly_search_kinds_kinds_still_ranks_usable_nodes_
 
 
 def test_a_member_follows_the_placed_ones_into_their_domain_where_it_needs_a_new_node_in_either() -> None:
-    """Failed before 4a3b7ca (review23b): docs/gang.md says a member planned after others were placed "follows them
+    """Failed before 4a3b7ca (review23b).
+    docs/gang.md says a member planned after others were placed "follows them
     into their domain where it fits there as well". za (a1: 8 GPUs, a2: 4) holds the three 4-GPU
     members on two nodes, zb (three 4-GPU nodes and a 2-GPU one: more free GPUs) on three, so the
     group is planned into za (a2, a1, a1). With m-1 and m-2 placed on a1 (e.g. the extender's
