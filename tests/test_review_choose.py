@@ -261,3 +261,267 @@ def test_a_gang_chosen_member_by_member_lands_as_planned_whole() -> None:
     assert choose_and_bind(world, feed, extender, "m0", ["na1", "nb1"])["NodeNames"] == ["nb1"]
     assert choose_and_bind(world, feed, extender, "m1", ["nb1", "na1"])["NodeNames"] == ["nb1"]
     assert world.node_of("m0") == world.node_of("m1") == "nb1" and not world.double_booked()
+
+
+def test_a_gang_of_kube_schedulers_pods_is_chosen_in_extender_address_mode() -> None:
+    """Failed before 6ef8fe9 (review23b).
+    the recommended deployment, ``extenderAddress`` in kubegpu's scheduler
+    config (docs/extender.md "Running it"): one Scheduler named ``kubegpu`` also answers
+    kube-scheduler's calls. Its cache keeps only the pods pending for ``kubegpu`` (and bound ones),
+    so ``_group_requests`` finds none of the gang's other members pending for default-scheduler:
+    the group has "1 of its 2 minimum members" for every member's ``choose``, every candidate
+    fails for every member, none is ever bound: the gang is stuck for good, though both members fit
+    on nb1 (and ``kubegpu extender --scheduler-name default-scheduler`` places them)."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world = World()
+    zone = "topology.kubernetes.io/zone"
+    world.put_node(node_json("na1", 4, labels={zone: "a"}))
+    world.put_node(node_json("nb1", 4, labels={zone: "b"}))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
+    feed = Feed(world, sched)
+    feed.relist()
+    for i in range(2):
+        world.put_pod(pod_json(f"m{i}", 2, scheduler="default-scheduler", labels={PLUGINS_LABEL: "g"}))
+    feed.sync()
+    extender = Extender(sched)
+    for name in ("m0", "m1"):
+        answer = choose_and_bind(world, feed, extender, name, ["na1", "nb1"])
+        assert answer["NodeNames"], answer
+    assert world.node_of("m0") is not None and world.node_of("m1") is not None
+    assert not world.double_booked()
+
+
+def test_a_gang_whose_members_kube_scheduler_sends_different_nodes_is_chosen() -> None:
+    """Failed before 6ef8fe9 (review23b).
+    kube-scheduler sends each member only the nodes that pass its own filters
+    for that member (node selector, affinity, taints, its count of nvidia.com/gpu) and, in a large
+    cluster, only a sample of them. ``_choose_in_group`` plans every member of the group over the
+    candidates of the member being chosen. A gang of two members with different node selectors
+    (pool a, pool b; minMember 2): m0 is sent na only, m1 nb only; neither candidate list holds the
+    whole group, so every candidate of every member fails with "only 1 of its 2 minimum members
+    fit together", for good, though kubegpu's own scheduler places the group (m0 on na, m1 on nb)."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    placed: dict[str, list[str | None]] = {}
+    for who in ("kubegpu", "default-scheduler"):
+        world = World()
+        world.put_node(node_json("na", 4, labels={"pool": "a"}))
+        world.put_node(node_json("nb", 4, labels={"pool": "b"}))
+        group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+        kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+        world.put_group(PLUGINS_API, {**kind, **group})
+        sched, jobs, _core, clock = make_scheduler(world, name=who)
+        feed = Feed(world, sched)
+        feed.relist()
+        for name, pool in (("m0", "a"), ("m1", "b")):
+            pod = pod_json(name, 2, scheduler=who, labels={PLUGINS_LABEL: "g"})
+            pod["spec"]["nodeSelector"] = {"pool": pool}
+            world.put_pod(pod)
+        feed.sync()
+        if who == "kubegpu":
+            drive(sched, jobs, feed, clock)
+        else:  # kube-scheduler: each member's candidates pass its node selector
+            extender = Extender(sched)
+            for _ in range(2):  # tried again after failing (nothing changes in between)
+                for name, sent in (("m0", ["na"]), ("m1", ["nb"])):
+                    if world.node_of(name) is None:
+                        choose_and_bind(world, feed, extender, name, sent)
+        placed[who] = [world.node_of("m0"), world.node_of("m1")]
+    assert placed["kubegpu"] == ["na", "nb"]
+    assert placed["default-scheduler"] == placed["kubegpu"]
+
+
+def test_a_member_whose_pod_group_is_not_seen_yet_is_not_placed_alone() -> None:
+    """Failed before 6ef8fe9 (review23b).
+    a member created before its PodGroup (a job's controller or ``kubectl
+    apply`` may create the pods first). kubegpu's own scheduler waits for the group to exist
+    (``_decide_member``: "waiting for pod group ... to exist"; an invalid PodGroup likewise), as
+    scheduler-plugins' coscheduling does; ``choose`` finds no GroupSpec and decides the member
+    alone (``schedule_one``): bestfit packs m0 onto na1 (2 GPUs free), bind places it there, and
+    once the PodGroup (minMember 2) appears m1 can only go to nb1: the gang is split over two
+    zones, where kubegpu's scheduler puts both on nb1."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    zone = "topology.kubernetes.io/zone"
+    group = {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": "g", "namespace": "ns"},
+        "spec": {"minMember": 2},
+    }
+    placed: dict[str, list[str | None]] = {}
+    for who in ("kubegpu", "default-scheduler"):
+        world = World()
+        world.put_node(node_json("na1", 4, labels={zone: "a"}))
+        world.put_node(node_json("nb1", 4, labels={zone: "b"}))
+        world.put_pod(pod_json("busy", 2, node="na1"))
+        sched, jobs, _core, clock = make_scheduler(world, name=who)
+        feed = Feed(world, sched)
+        feed.relist()
+        for name in ("m0", "m1"):
+            world.put_pod(pod_json(name, 2, scheduler=who, labels={PLUGINS_LABEL: "g"}))
+        feed.sync()
+        extender = Extender(sched)
+        if who == "kubegpu":
+            drive(sched, jobs, feed, clock)
+        else:  # kube-scheduler tries m0 before the PodGroup is seen
+            choose_and_bind(world, feed, extender, "m0", ["na1", "nb1"])
+        world.put_group(PLUGINS_API, group)
+        feed.sync()
+        if who == "kubegpu":
+            drive(sched, jobs, feed, clock)
+        else:
+            for name in ("m0", "m1"):
+                if world.node_of(name) is None:
+                    choose_and_bind(world, feed, extender, name, ["na1", "nb1"])
+        placed[who] = [world.node_of("m0"), world.node_of("m1")]
+    assert placed["kubegpu"] == ["nb1", "nb1"]
+    assert placed["default-scheduler"] == placed["kubegpu"]
+
+
+def test_no_pod_is_evicted_for_a_gang_member_whose_group_cannot_fit_whole_even_so() -> None:
+    """Failed before 5e3b6e1 (review23b).
+    ``choose`` fails every candidate of a gang member with the group's reason
+    as resolvable (``FailedNodes``), so kube-scheduler's preemption runs for the member alone and
+    asks ``preempt``, which judges the member alone (``extender_victims``). minMember 2, two 4-GPU
+    members of priority 100; n1 holds a 4-GPU pod of priority 0, n2 one of priority 1000: evicting
+    the first frees room for one member, never for the group. kubegpu's own scheduler evicts no
+    one for such a group (``group_preemption``: None when it does not fit even with every
+    candidate gone); ``preempt`` keeps n1 with its victim, kube-scheduler evicts it, and the gang
+    still cannot run."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 4))
+    world.put_pod(pod_json("low", 4, node="n1", priority=0))
+    world.put_pod(pod_json("high", 4, node="n2", priority=1000))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+    world.put_group(PLUGINS_API, {**kind, **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    for name in ("m0", "m1"):
+        labels = {PLUGINS_LABEL: "g"}
+        world.put_pod(pod_json(name, 4, scheduler="default-scheduler", priority=100, labels=labels))
+    feed.sync()
+    extender = Extender(sched)
+    answer = choose_and_bind(world, feed, extender, "m0", ["n1", "n2"])
+    assert answer["NodeNames"] == [] and "minimum members fit" in answer["FailedNodes"]["n1"], answer
+    # kube-scheduler's DefaultPreemption: evicting ``low`` lets m0 (alone) fit n1
+    body = {"Pod": world.pods["uid-m0"], "NodeNameToMetaVictims": {"n1": {"Pods": [{"UID": "uid-low"}]}}}
+    status, kept = extender.handle("preempt", json.dumps(body).encode())
+    assert status == 200, kept
+    assert not kept["NodeNameToMetaVictims"], kept
+
+
+def test_a_gang_member_preempts_where_its_group_fits_whole_once_the_victims_are_gone() -> None:
+    """As above, but n2's pod is of priority 0 too: with both proposed victims gone the group fits
+    whole, so ``preempt`` keeps the proposals for the member (kube-scheduler evicts on one node per
+    member; the other member preempts on its own turn)."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 4))
+    world.put_pod(pod_json("low", 4, node="n1", priority=0))
+    world.put_pod(pod_json("low2", 4, node="n2", priority=0))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+    world.put_group(PLUGINS_API, {**kind, **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    for name in ("m0", "m1"):
+        labels = {PLUGINS_LABEL: "g"}
+        world.put_pod(pod_json(name, 4, scheduler="default-scheduler", priority=100, labels=labels))
+    feed.sync()
+    extender = Extender(sched)
+    victims = {"n1": {"Pods": [{"UID": "uid-low"}]}, "n2": {"Pods": [{"UID": "uid-low2"}]}}
+    body = {"Pod": world.pods["uid-m0"], "NodeNameToMetaVictims": victims}
+    status, kept = extender.handle("preempt", json.dumps(body).encode())
+    assert status == 200, kept
+    assert sorted(kept["NodeNameToMetaVictims"]) == ["n1", "n2"], kept
+
+
+def test_a_member_asked_about_before_kubegpus_watch_delivers_it_is_planned_with_its_group() -> None:
+    """Failed before 9617bdb (review23b).
+    kube-scheduler and kubegpu watch pods apart, so kube-scheduler may ask
+    about a new pod before kubegpu's watch delivers it. ``choose`` looks its group up in the group
+    book (``groups.of``, fed by that watch) rather than in the pod it is sent, so a member not
+    delivered yet is decided alone: of three 2-GPU members (minMember 3, 4 GPUs free in all, 2 on
+    each node), which cannot fit whole, the last one created is placed on its own."""
+    world, sched, feed, extender = gang_world(3, 2, free_a=2)
+    world.put_pod(pod_json("busy-b", 2, node="nb1"))
+    feed.sync()
+    labels = {"scheduling.x-k8s.io/pod-group": "g"}
+    world.put_pod(pod_json("m2", 2, scheduler="default-scheduler", labels=labels))
+    _, answer = extender.handle("choose", args(world.pods["uid-m2"], ["na1", "nb1"]))  # not synced yet
+    assert answer["NodeNames"] == [] and "pod group ns/g" in answer["FailedNodes"]["na1"], answer
+
+
+def test_a_whole_node_gang_chosen_member_by_member_stays_in_one_zone() -> None:
+    """Two 8-GPU members (minMember 2); zone a has two idle 8-GPU nodes, zone b three. The plan
+    puts both in b (the larger zone). Once m0 is bound on b1, the zones have as many free GPUs and
+    m1 needs a new node in either: with c0ec0ef's planner (fewest nodes, then the larger domain,
+    ties in name order) m1 went to a1 with every policy, splitting the gang over two zones; the
+    fewest domains the group spans now decides first (checked by swapping c0ec0ef's gang.py back)."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    zone = "topology.kubernetes.io/zone"
+    world = World()
+    for name in ("a1", "a2", "b1", "b2", "b3"):
+        world.put_node(node_json(name, 8, labels={zone: name[0]}))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+    world.put_group(PLUGINS_API, {**kind, **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    for name in ("m0", "m1"):
+        world.put_pod(pod_json(name, 8, scheduler="default-scheduler", labels={PLUGINS_LABEL: "g"}))
+    feed.sync()
+    extender = Extender(sched)
+    for name in ("m0", "m1"):
+        choose_and_bind(world, feed, extender, name, sorted(world.nodes))
+    zones = {str(world.node_of(name))[0] for name in ("m0", "m1")}
+    assert zones == {"b"}, [world.node_of(name) for name in ("m0", "m1")]
+
+
+def test_members_chosen_before_either_binds_are_told_nodes_of_one_plan() -> None:
+    """Failed before ee3439b (review23b).
+    kube-scheduler runs the next member's ``choose`` while the last one's
+    bind is in flight (or holds every member at Permit under its own gang scheduling), so kubegpu
+    plans the group again with the first member still pending. Two 600-milli shares (minMember 2;
+    kube-scheduler counts no share, so it sends every node for both) and three one-GPU nodes: the
+    plans break the policy's ties with the scheduler's shared rng, so the second plan may put the
+    members the other way round, and for seeds 1, 6, 8, 10, 12 (bestfit) both are told the same
+    node, where they do not fit together: one bind is refused and retried. Plans of one group that
+    nothing changed between should tell its members the nodes of one plan."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    for seed in (1, 6, 8, 10, 12):
+        world = World()
+        for name in ("n1", "n2", "n3"):
+            world.put_node(node_json(name, 1))
+        group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+        kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
+        world.put_group(PLUGINS_API, {**kind, **group})
+        sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler", seed=seed)
+        feed = Feed(world, sched)
+        feed.relist()
+        for name in ("m0", "m1"):
+            pod = share_pod(name, "600", "default-scheduler")
+            pod["metadata"]["labels"] = {PLUGINS_LABEL: "g"}
+            world.put_pod(pod)
+        feed.sync()
+        extender = Extender(sched)
+        told = []
+        for name in ("m0", "m1"):  # neither bound yet
+            _, answer = extender.handle("choose", args(world.pods[f"uid-{name}"], ["n1", "n2", "n3"]))
+            told += answer["NodeNames"]
+        assert len(told) == 2 and told[0] != told[1], (seed, told)

@@ -418,9 +418,11 @@ def test_between_domains_whose_plans_use_as_many_nodes_the_larger_wins() -> None
     assert isinstance(result, GroupPlacement) and result.domain == "za" and len(result.nodes) == 2
 
 
-def test_a_one_node_plan_ends_the_domain_search() -> None:
-    """The group's minimum is placed already; its extra fits the larger zone's one node, which ends
-    the search: the smaller zone, where it fits nowhere (a plan on no node), is not tried."""
+def test_the_domain_plan_placing_the_extra_wins_over_one_placing_none() -> None:
+    """The group's minimum is placed already (m-0 on b0, zb); its extra fits only the larger zone's
+    a0. za's plan places it, zb's places none (a plan on no new node): za's wins, for more members
+    placed. (Since c0ec0ef a0, a node the group did not use, no longer ends the domain search: zb
+    is tried too; only a plan with no member waiting and no new node ends it.)"""
     cluster = ClusterState([node("a0", 8, zone="za"), node("b0", 2, zone="zb"), node("b1", 2, zone="zb"),
                             node("b2", 2, zone="zb")])
     members = [member(0, 0), member(1, 4)]
@@ -568,3 +570,28 @@ def test_the_search_pool_of_exactly_search_kinds_kinds_still_ranks_usable_nodes_
                     for k, g in enumerate(gpus))
     result = plan(GroupRequest("ml/g", 8, members, domain_key=None), cluster, "topology")
     assert isinstance(result, GroupPlacement) and sorted(result.nodes) == ["b1", "b2"]
+
+
+def test_a_member_follows_the_placed_ones_into_their_domain_where_it_needs_a_new_node_in_either() -> None:
+    """Failed before 4a3b7ca (review23b).
+    docs/gang.md says a member planned after others were placed "follows them
+    into their domain where it fits there as well". za (a1: 8 GPUs, a2: 4) holds the three 4-GPU
+    members on two nodes, zb (three 4-GPU nodes and a 2-GPU one: more free GPUs) on three, so the
+    group is planned into za (a2, a1, a1). With m-1 and m-2 placed on a1 (e.g. the extender's
+    choose, which kube-scheduler asks a member at a time, or m-0 deleted and re-created), m-0
+    needs a new node in either zone: both plans count two nodes for the group, the tie goes to the
+    larger zone, zb, and the gang is split over two zones though a2 holds m-0 in its own."""
+
+    def cluster_of() -> ClusterState:
+        zoned = [("a1", 8, "za"), ("a2", 4, "za"), ("b1", 4, "zb"), ("b2", 4, "zb"), ("b3", 4, "zb")]
+        return ClusterState([*(node(n, g, zone=z) for n, g, z in zoned), node("b4", 2, zone="zb")])
+
+    members = [member(0, 4), member(1, 4), member(2, 4)]
+    whole = plan(GroupRequest("ml/g", 3, tuple(members)), cluster_of())
+    assert isinstance(whole, GroupPlacement) and whole.domain == "za", whole
+    assert where(whole) == {"m-0": "a2", "m-1": "a1", "m-2": "a1"}
+    cluster = cluster_of()
+    book_on(cluster, members[1], "a1")
+    book_on(cluster, members[2], "a1")
+    result = plan(GroupRequest("ml/g", 3, tuple(members)), cluster)
+    assert isinstance(result, GroupPlacement) and where(result) == {"m-0": "a2"}, result

@@ -20,8 +20,10 @@ Where a group goes, in order of preference:
    member is required;
 2. one topology domain (the nodes sharing a value of ``domain_key``, e.g. the zone, a rack or an
    NVLink/NVSwitch domain label): the group is planned inside each of the largest domains (by
-   free GPUs, at most ``MAX_DOMAINS`` tried) and the plan on the fewest nodes wins, ties to the
-   larger domain; only when no single domain holds the minimum is it planned over all nodes;
+   free GPUs, at most ``MAX_DOMAINS`` tried) and the plan placing the most members wins, then
+   the one keeping the group (its members placed already too) in the fewest domains, then the
+   one on the fewest nodes (counting its members' placed already), ties to the larger domain;
+   only when no single domain holds the minimum is it planned over all nodes;
 3. inside a node, the policy's own topology-aware choice of devices, as for any pod.
 
 Members are planned largest first (most GPUs, then most CPU), so a group's big pods are not
@@ -380,14 +382,17 @@ def schedule_group(
     for member in already:
         used[cluster.where[member.uid]] = True
     best: GroupPlacement | None = None
-    best_key = (0, 0)
+    best_key = (0, 0, 0)
     floor = max(1, int(used.sum()))  # no plan of every member uses fewer nodes
+    key = group.domain_key or ""
+    theirs = {cluster.nodes[i].labels.get(key) for i in np.flatnonzero(used)} - {None}
 
-    def plan_key(plan: GroupPlacement) -> tuple[int, int]:
-        """More members placed first, then fewer nodes for the group: those of its members placed
-        already and the plan's new ones (keeping to the nodes it uses beats adding another)."""
+    def plan_key(plan: GroupPlacement) -> tuple[int, int, int]:
+        """More members placed first, then fewer domains for the group (a plan in the domain of
+        its members placed already keeps it in one), then fewer nodes: those of its members
+        placed already and the plan's new ones (keeping to the nodes it uses beats adding one)."""
         new = sum(1 for node in plan.nodes if not used[cluster.index[node]])
-        return -len(plan.placements), int(used.sum()) + new
+        return -len(plan.placements), len(theirs | {plan.domain}), int(used.sum()) + new
 
     for value, mask in _domains(group, cluster):
         placed, waiting, failure, _ = _plan_members(
@@ -397,8 +402,8 @@ def schedule_group(
             plan = GroupPlacement(tuple(placed), tuple(waiting), value)
             if best is None or plan_key(plan) < best_key:
                 best, best_key = plan, plan_key(plan)
-            if not best.waiting and best_key[1] <= floor:
-                break
+            if not best.waiting and best_key[2] <= floor:
+                break  # no new node: its members' nodes are in this domain (the fewest domains too)
     if best is not None:
         return _extras_elsewhere(best, members, cluster, policy, rng, filters)
     placed, waiting, failure, blocked = _plan_members(

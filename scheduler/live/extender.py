@@ -19,7 +19,9 @@ of devices whether pods are bound by the live scheduler or by the extender.
   no lower priority kept for them); with one
   feasible node kube-scheduler skips scoring and prioritize and binds there, so the pod lands where
   kubegpu's own scheduler would put it and each pod costs one round trip fewer. A pod that fits
-  nowhere, asks for no device or is invalid gets ``filter``'s answer (every reason).
+  nowhere, asks for no device or is invalid gets ``filter``'s answer (every reason). A gang
+  member gets its node in its group's whole plan, or every node failed with why the group waits
+  (``_choose_in_group``; docs/extender.md, "Choosing or scoring").
 - **prioritize**: the active policy's scores over the nodes that pass (re-planned for a new kind
   of pod and with nominated pods' room kept, as in choose), scaled to 0..10; nodes scoring 0 are
   left out of the answer (kube-scheduler counts them as 0).
@@ -42,10 +44,12 @@ same port. With leader election a standby relays each verb request to the leader
 from __future__ import annotations
 
 import logging
+import random
 import socket
 import ssl
 import threading
 import time
+from collections import Counter as CounterOf
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -57,7 +61,7 @@ from kubegpu.httphead import LeanHead
 from kubegpu.httpserve import bound_server
 from kubegpu.logs import log_event
 from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin, apply_filters, filter_nodes
-from scheduler.core.gang import GroupPlacement, GroupRequest, OnlyNodes, schedule_group
+from scheduler.core.gang import GroupPlacement, GroupRequest, OnlyNodes, group_preemption, schedule_group
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
 from scheduler.core.state import AllocationConflict, ClusterState
@@ -75,7 +79,7 @@ from scheduler.live.extenderapi import (
     preempt_result,
     scaled_scores,
 )
-from scheduler.live.podgroups import GroupRef, GroupSpec
+from scheduler.live.podgroups import GroupError, GroupRef, GroupSpec, group_ref
 from scheduler.live.podspec import PodSpecError
 from scheduler.live.preemption import extender_victims, other_rules
 from scheduler.live.relay import RELAYED_HEADER, Relay, verb_of
@@ -153,11 +157,15 @@ class Extender:
                     self._plan_for(args.uid, request, cluster)
                     only = np.zeros(len(cluster), dtype=bool)
                     only[known] = True
-                    filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
-                    ref = sched.groups.of.get(args.uid)
+                    ref = _group_of(args.pod)  # the pod sent: kubegpu's watch may not have it yet
                     spec = sched.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
+                    waits = _group_wait(ref, spec) if ref is not None else ""
+                    if waits:  # as kubegpu's scheduler: no member is placed alone meanwhile
+                        return filter_result(args, [], dict.fromkeys(args.node_names, waits), {})
                     if isinstance(ref, GroupRef) and isinstance(spec, GroupSpec) and spec.gang:
+                        filters = (CandidatesOf(args.uid, only, NOT_CANDIDATE), *DEFAULT_FILTERS)
                         return self._choose_in_group(args, request, ref, spec, cluster, filters)
+                    filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
                     # the room of pods nominated to a node (of no lower priority) is theirs
                     reserved = sched._reserve_nominated(args.uid, request, cluster)
                     try:
@@ -188,15 +196,13 @@ class Extender:
         filters: Sequence[FilterPlugin],
     ) -> dict[str, Any]:
         """A gang member's node as kubegpu's scheduler plans its group whole (the core's
-        ``schedule_group`` over the candidates: the fewest nodes, one domain, members already
-        placed counted), or every candidate failed with why the group does not fit whole now: its
-        members are not placed one by one where the group cannot follow."""
+        ``schedule_group``: this member among the candidates, the others wherever kubegpu's
+        filters let them, as kube-scheduler sends each member its own candidates; the fewest
+        nodes, one domain, members already placed counted), or every candidate failed with why
+        the group does not fit whole now: its members are not placed one by one where the group
+        cannot follow."""
         sched = self.scheduler
-        members = [
-            member
-            for _, _, member, _ in sched.group_member_requests(ref, cluster)
-            if isinstance(member, PodRequest)  # an invalid member is told so by its own filter call
-        ]
+        members = self._group_requests(ref, cluster)
         if request.uid not in {m.uid for m in members}:
             members.append(request)
         group = GroupRequest(
@@ -204,7 +210,10 @@ class Extender:
         )
         reserved = sched._reserve_nominated(args.uid, request, cluster, frozenset(m.uid for m in members))
         try:
-            result = schedule_group(group, cluster, sched.policy, sched.rng, filters=filters)
+            # ties broken alike in every member's call: members kube-scheduler asks about before
+            # the earlier ones bind are told the nodes of one plan, not of plans swapped by ties
+            ties = random.Random(str(ref))
+            result = schedule_group(group, cluster, sched.policy, ties, filters=filters)
         finally:
             for other in reserved:
                 cluster.forget(other)
@@ -216,6 +225,16 @@ class Extender:
         else:
             why = result.message()
         return filter_result(args, [], dict.fromkeys(args.node_names, why), {})
+
+    def _group_requests(self, ref: GroupRef, cluster: ClusterState) -> list[PodRequest]:
+        """The group's members a plan counts: those placed and those waiting for a scheduler,
+        with a valid request (an invalid member is told so by its own filter call). Waiting for
+        any scheduler: the cache keeps only the pending pods of its own ``schedulerName``
+        (``kubegpu`` where ``extenderAddress`` serves kube-scheduler too), and kube-scheduler may
+        serve several profiles through the extender; the group book keeps every member as last
+        seen (``Scheduler.group_member_requests``)."""
+        found = self.scheduler.group_member_requests(ref, cluster, any_scheduler=True)
+        return [member for _, _, member, _ in found if isinstance(member, PodRequest)]
 
     def prioritize(self, args: FilterArgs) -> list[dict[str, Any]]:
         """The nodes that score above 0 (``scaled_scores``), each once. kube-scheduler counts a
@@ -295,6 +314,8 @@ class Extender:
                 kept: dict[str, Proposal] = {}  # its filter failed every node: nothing to free
             elif not _wants_devices(request):
                 kept = {node: p for node, p in args.proposals.items() if p.uids}
+            elif not self._group_may_preempt(args.pod, request, cluster, args.proposals):
+                kept = {}
             else:
                 priority = _priority(request)
                 budgets = list(sched.budgets.values())
@@ -326,6 +347,39 @@ class Extender:
             narrowed=narrowed or None,
         )
         return preempt_result(kept)
+
+    def _group_may_preempt(
+        self,
+        pod: Mapping[str, Any],
+        request: PodRequest,
+        cluster: ClusterState,
+        proposals: Mapping[str, Proposal],
+    ) -> bool:
+        """False for a member of a pod group that waits (its PodGroup not seen or invalid) or
+        whose minimum does not fit whole now and would not even with every proposed victim gone:
+        kubegpu's scheduler evicts no one for such a group (``group_preemption``), and
+        kube-scheduler asks for the member alone. A group that fits in kubegpu's view already
+        is left to the member's own check, as a single pod (kube-scheduler wants the room for
+        its own rules)."""
+        sched = self.scheduler
+        ref = _group_of(pod)
+        if ref is None:
+            return True
+        spec = sched.groups.specs.get(ref) if isinstance(ref, GroupRef) else None
+        if _group_wait(ref, spec):
+            return False
+        if not isinstance(ref, GroupRef) or not isinstance(spec, GroupSpec) or not spec.gang:
+            return True
+        members = self._group_requests(ref, cluster)
+        if request.uid not in {m.uid for m in members}:
+            members.append(request)
+        group = GroupRequest(
+            str(ref), spec.min_member, tuple(members), spec.domain_key or sched.config.gang_domain_label
+        )
+        if isinstance(schedule_group(group, cluster, sched.policy, sched.rng), GroupPlacement):
+            return True
+        victims = list(dict.fromkeys(v for p in proposals.values() for v in p.uids if v in cluster.where))
+        return group_preemption(group, cluster, sched.policy, sched.rng, victims) is not None
 
     def _read_pod(self, args: BindArgs) -> dict[str, Any] | None:
         """The pod from the API (None: gone, or not the pod of that UID)."""
@@ -381,6 +435,46 @@ def _indices(index: Mapping[str, int], names: Sequence[str]) -> tuple[list[int],
         return list(map(index.__getitem__, names)), True
     except KeyError:
         return [index[n] for n in names if n in index], False
+
+
+def _group_of(pod: Mapping[str, Any]) -> GroupRef | GroupError | None:
+    """The pod group the pod joins, read from the pod itself (GroupError: it names one wrongly)."""
+    try:
+        return group_ref(pod)
+    except GroupError as error:
+        return error
+
+
+def _group_wait(ref: GroupRef | GroupError, spec: GroupSpec | GroupError | None) -> str:
+    """Why a member of ``ref`` waits before any plan, as kubegpu's scheduler says it
+    (``Scheduler._decide_member``): its group label is invalid, or its PodGroup is not seen yet or
+    is invalid; "" when it does not."""
+    if isinstance(ref, GroupError):
+        return f"invalid kubegpu request: {ref}"
+    if spec is None:
+        return f"waiting for pod group {ref} ({ref.kind}) to exist"
+    if isinstance(spec, GroupError):
+        return f"pod group {ref} ({ref.kind}) is invalid: {spec}"
+    return ""
+
+
+class CandidatesOf(FilterPlugin):
+    """kube-scheduler's candidates (``mask``), for the pod it asked about only: a gang's other
+    members are planned wherever kubegpu's filters let them (kube-scheduler sends each its own)."""
+
+    def __init__(self, uid: str, mask: np.ndarray, reason: str) -> None:
+        self.uid = uid
+        self.mask = mask
+        self.name = reason
+
+    def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
+        return pod.uid == self.uid
+
+    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        return self.mask[idx]
+
+    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> CounterOf:
+        return CounterOf({self.name: len(rejected)})
 
 
 def _wants_devices(request: PodRequest) -> bool:

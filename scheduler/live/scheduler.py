@@ -825,16 +825,23 @@ class Scheduler:
         self._decide_group(ref, spec, uid, cluster)
 
     def group_member_requests(
-        self, ref: GroupRef, cluster: ClusterState
-    ) -> Iterator[tuple[str, dict[str, Any], PodRequest | PodSpecError, bool]]:
+        self, ref: GroupRef, cluster: ClusterState, any_scheduler: bool = False
+    ) -> Iterator[tuple[str, Mapping[str, Any], PodRequest | PodSpecError, bool]]:
         """The group's members a plan counts, in uid order: (uid, pod, its request or why it is
-        invalid, whether it waits for this scheduler); placed ones and those waiting, no other.
+        invalid, whether it waits); placed ones and those waiting, no other. Waiting: for this
+        scheduler, or with ``any_scheduler`` for the scheduler its pod names (the pod then also
+        from the group book, which keeps every member as last seen, where the cache does not).
         No side effects (the extender's choose plans from it too)."""
         for uid in sorted(self.groups.members.get(ref, ())):
             pod = self.cache.pods.get(uid)
+            if pod is None and any_scheduler:
+                pod = self.groups.pods.get(uid)
             if pod is None:
                 continue
-            waiting = uid not in self.cache.assumed and is_pending_for(pod, self.config.scheduler_name)
+            name = self.config.scheduler_name
+            if any_scheduler:
+                name = str((pod.get("spec") or {}).get("schedulerName"))
+            waiting = uid not in self.cache.assumed and is_pending_for(pod, name)
             if not waiting and uid not in cluster.where:
                 continue  # finished, deleting, gated, another scheduler's, or on a node kubegpu skips
             yield uid, pod, self._request(uid, pod), waiting
