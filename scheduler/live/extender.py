@@ -79,6 +79,7 @@ from scheduler.live.extenderapi import (
     preempt_result,
     scaled_scores,
 )
+from scheduler.live.groupplans import GroupPlans
 from scheduler.live.podgroups import GroupError, GroupRef, GroupSpec, group_ref
 from scheduler.live.podspec import PodSpecError
 from scheduler.live.preemption import extender_victims, other_rules
@@ -98,6 +99,7 @@ class Extender:
 
     def __init__(self, scheduler: Scheduler) -> None:
         self.scheduler = scheduler
+        self.plans = GroupPlans()  # each gang's last plan, for its next members' choose
         registry = scheduler.metrics.registry
         self.latency = Histogram(
             "kubegpu_extender_request_duration_seconds",
@@ -163,8 +165,7 @@ class Extender:
                     if waits:  # as kubegpu's scheduler: no member is placed alone meanwhile
                         return filter_result(args, [], dict.fromkeys(args.node_names, waits), {})
                     if isinstance(ref, GroupRef) and isinstance(spec, GroupSpec) and spec.gang:
-                        filters = (CandidatesOf(args.uid, only, NOT_CANDIDATE), *DEFAULT_FILTERS)
-                        return self._choose_in_group(args, request, ref, spec, cluster, filters)
+                        return self._choose_in_group(args, request, ref, spec, cluster, only)
                     filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
                     # the room of pods nominated to a node (of no lower priority) is theirs
                     reserved = sched._reserve_nominated(args.uid, request, cluster)
@@ -193,14 +194,14 @@ class Extender:
         ref: GroupRef,
         spec: GroupSpec,
         cluster: ClusterState,
-        filters: Sequence[FilterPlugin],
+        only: np.ndarray,
     ) -> dict[str, Any]:
         """A gang member's node as kubegpu's scheduler plans its group whole (the core's
         ``schedule_group``: this member among the candidates, the others wherever kubegpu's
         filters let them, as kube-scheduler sends each member its own candidates; the fewest
         nodes, one domain, members already placed counted), or every candidate failed with why
         the group does not fit whole now: its members are not placed one by one where the group
-        cannot follow."""
+        cannot follow. The plan is kept for the next members while it holds (``GroupPlans``)."""
         sched = self.scheduler
         members = self._group_requests(ref, cluster)
         if request.uid not in {m.uid for m in members}:
@@ -208,6 +209,15 @@ class Extender:
         group = GroupRequest(
             str(ref), spec.min_member, tuple(members), spec.domain_key or sched.config.gang_domain_label
         )
+        key = (frozenset(m.uid for m in members), group.min_member, group.domain_key)
+        if not sched.nominated:  # nominated pods' room is reserved while planning: not kept
+            i = self.plans.recall(ref, key, cluster, args.uid)
+            # among its candidates, and it fits there now (another pod may have come since)
+            if i is not None and only[i]:
+                fits, _ = apply_filters(request, cluster, DEFAULT_FILTERS, np.array([i]), collect=False)
+                if len(fits):
+                    return filter_result(args, [cluster.nodes[i].name], {}, {})
+        filters = (CandidatesOf(args.uid, only, NOT_CANDIDATE), *DEFAULT_FILTERS)
         reserved = sched._reserve_nominated(args.uid, request, cluster, frozenset(m.uid for m in members))
         try:
             # ties broken alike in every member's call: members kube-scheduler asks about before
@@ -217,6 +227,11 @@ class Extender:
         finally:
             for other in reserved:
                 cluster.forget(other)
+        if isinstance(result, GroupPlacement) and not sched.nominated:
+            planned = {p.allocation.pod_uid: cluster.index[p.node] for p in result.placements}
+            self.plans.remember(ref, key, cluster, planned)
+        else:
+            self.plans.forget(ref)
         if isinstance(result, GroupPlacement):
             for placement in result.placements:
                 if placement.allocation.pod_uid == args.uid:
