@@ -255,7 +255,12 @@ class ExtenderBench(st.ApiBench):
         config_file.write_text(yaml.safe_dump(hami_peer.device_config()))
         self.hami_port = free_port()
         args = hami_peer.scheduler_args(
-            Path(self.args.hami_binary), self.hami_port, free_port(), config_file, self.args.kube_qps
+            Path(self.args.hami_binary),
+            self.hami_port,
+            free_port(),
+            config_file,
+            self.args.kube_qps,
+            self.args.hami_node_policy,
         )
         env = {**os.environ, "KUBECONFIG": str(self.cp.admin_kubeconfig)}
         self.hami = subprocess.Popen(
@@ -375,6 +380,13 @@ class ExtenderBench(st.ApiBench):
             "node_lock_contention": text.count("node lock contention"),
         }
 
+    def stand_in_report(self) -> dict[str, Any]:
+        """The stand-in's last report line (``hami_peer.latency_summary``), {} before any."""
+        path = self.workdir / "stand-in.log"
+        lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+        reports = [line for line in lines if line.startswith("{")]
+        return dict(json.loads(reports[-1])) if reports else {}
+
     def stand_in_log(self, lines: int = 20) -> str:
         path = self.workdir / "stand-in.log"
         return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
@@ -488,6 +500,7 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
                 "kube_scheduler": bench.kube_scheduler_latency_ms(),
             }
             hami_log = bench.hami_log_counts() if HAMI in bench.kinds else None
+            stand_in = bench.stand_in_report() if HAMI in bench.kinds else None
         finally:
             bench.stop()
         version = kube_scheduler_version(cp)
@@ -511,7 +524,13 @@ def run(args: argparse.Namespace, log: Any) -> dict[str, Any]:
         "extender_calls": calls,
         "mean_latency_ms": latency,
         **(
-            {"hami_binary": args.hami_binary, "hami_note": HAMI_NOTE, "hami_log_counts": hami_log}
+            {
+                "hami_binary": args.hami_binary,
+                "hami_node_policy": args.hami_node_policy,
+                "hami_note": HAMI_NOTE,
+                "hami_log_counts": hami_log,
+                "hami_stand_in": stand_in,
+            }
             if hami_log is not None
             else {"hami": "not measured (no --hami-binary)"}
         ),
@@ -566,6 +585,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--hami-binary",
         default=None,
         help="HAMi's cmd/scheduler binary: adds the fourth kind, kube-scheduler + HAMi's extender",
+    )
+    parser.add_argument(
+        "--hami-node-policy",
+        choices=("binpack", "spread"),
+        default="binpack",
+        help="HAMi's --node-scheduler-policy (the chart's default: binpack)",
     )
     st.add_api_arguments(parser)
     args = parser.parse_args(argv)

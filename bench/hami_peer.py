@@ -120,16 +120,19 @@ def scheduler_config(port: int, qps: int) -> dict[str, Any]:
     }
 
 
-def scheduler_args(binary: Path, port: int, metrics_port: int, config_file: Path, qps: int) -> list[str]:
+def scheduler_args(
+    binary: Path, port: int, metrics_port: int, config_file: Path, qps: int, node_policy: str = "binpack"
+) -> list[str]:
     """HAMi's scheduler command line as the chart's deployment has it (templates/scheduler/
-    deployment.yaml, no TLS, the chart's default node and GPU policies), on loopback ports, with the
-    bench's client qps and burst (HAMi's default is client-go's 5 and 10) and no leader election."""
+    deployment.yaml, no TLS, the chart's default policies: nodes ``binpack`` unless ``node_policy``
+    says otherwise, GPUs ``spread``), on loopback ports, with the bench's client qps and burst
+    (HAMi's default is client-go's 5 and 10) and no leader election."""
     return [
         str(binary),
         f"--http_bind=127.0.0.1:{port}",
         f"--scheduler-name={SCHEDULER_NAME}",
         f"--metrics-bind-address=127.0.0.1:{metrics_port}",
-        "--node-scheduler-policy=binpack",
+        f"--node-scheduler-policy={node_policy}",
         "--gpu-scheduler-policy=spread",
         "--force-overwrite-default-scheduler=true",
         f"--device-config-file={config_file}",
@@ -219,6 +222,21 @@ def wants_allocate(pod: Mapping[str, Any]) -> bool:
     return bool((pod.get("spec") or {}).get("nodeName")) and annotations.get(BIND_PHASE) == ALLOCATING
 
 
+def latency_summary(counts: Mapping[str, int], seconds: Sequence[float]) -> dict[str, Any]:
+    """The stand-in's report line: its counts and, over the pods it released, the time from the
+    watch event showing the pod bound to the lock's release (ms: mean, median, p99, max)."""
+    ordered = sorted(seconds)
+    out: dict[str, Any] = dict(counts)
+    if ordered:
+        out.update(
+            mean_ms=round(1000 * sum(ordered) / len(ordered), 1),
+            p50_ms=round(1000 * ordered[len(ordered) // 2], 1),
+            p99_ms=round(1000 * ordered[min(len(ordered) - 1, int(0.99 * len(ordered)))], 1),
+            max_ms=round(1000 * ordered[-1], 1),
+        )
+    return out
+
+
 def retry_delays(rng: random.Random) -> list[float]:
     """The sleeps between ``retry.OnError``'s tries (wait.Backoff: duration x factor^i, plus up to
     jitter x duration)."""
@@ -251,53 +269,63 @@ class StandIn:
         self.seen: set[str] = set()
         self.rng = random.Random(0)
         self.counts = {"allocated": 0, "released": 0, "errors": 0}
+        self.release_seconds: list[float] = []  # event seen -> lock released, per pod
         self.guard = threading.Lock()
 
     # ---- API calls, raw JSON (the generated models cost more CPU than the calls)
 
-    def _get(self, path: str) -> dict[str, Any]:
-        response = self.api.call_api(
+    def _call(self, method: str, path: str, body: bytes | None = None) -> bytes:
+        """One request (a merge-patch when ``body`` is given); its body, or RuntimeError on a
+        status other than 2xx."""
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/merge-patch+json"
+        method, url, headers, data, _ = self.api.param_serialize(
+            method,
             path,
-            "GET",
-            header_params={"Accept": "application/json"},
+            header_params=headers,
+            body=json.loads(body) if body is not None else None,
             auth_settings=["BearerToken"],
-            _preload_content=False,
         )
-        return dict(json.loads(response[0].data))
+        response = self.api.call_api(method, url, header_params=headers, body=data)
+        payload = response.read()
+        if not 200 <= response.status < 300:
+            raise RuntimeError(f"{method} {path}: {response.status} {payload[:200]!r}")
+        return bytes(payload)
+
+    def _get(self, path: str) -> dict[str, Any]:
+        return dict(json.loads(self._call("GET", path)))
 
     def _patch(self, path: str, body: bytes) -> None:
-        self.api.call_api(
-            path,
-            "PATCH",
-            header_params={"Content-Type": "application/merge-patch+json", "Accept": "application/json"},
-            body=json.loads(body),
-            auth_settings=["BearerToken"],
-            _preload_content=False,
-        )
+        self._call("PATCH", path, body)
 
     def _pod_path(self, namespace: str, name: str) -> str:
         return f"/api/v1/namespaces/{namespace}/pods/{name}"
 
     # ---- one Allocate
 
-    def allocate(self, node: str) -> None:
-        """What ``Allocate`` does against the API for the pod the node's lock names."""
+    def allocate(self, node: str, seen: float) -> None:
+        """What ``Allocate`` does against the API for the pod the node's lock names (``seen``:
+        when the watch showed the pod bound, ``time.monotonic``)."""
         with self.guard:
             lock = self.node_locks.setdefault(node, threading.Lock())
         with lock:  # the plugin's applyMutex
             try:
-                self._allocate(node)
+                if self._allocate(node):
+                    with self.guard:
+                        self.release_seconds.append(time.monotonic() - seen)
             except Exception as error:  # counted; the run's JSON reports it
                 with self.guard:
                     self.counts["errors"] += 1
                 print(f"stand-in: {node}: {type(error).__name__}: {str(error)[:200]}", file=sys.stderr)
 
-    def _allocate(self, node: str) -> None:
+    def _allocate(self, node: str) -> bool:
+        """True when it released the node's lock."""
         node_path = f"/api/v1/nodes/{node}"
         value = ((self._get(node_path).get("metadata") or {}).get("annotations") or {}).get(LOCK_ANNOTATION)
         owner = parse_lock(value) if value else None
         if owner is None:
-            return  # GetAllocatePodByNode finds no pod: the plugin would list the node's pods
+            return False  # GetAllocatePodByNode finds no pod: the plugin would list the node's pods
         namespace, name = owner
         pod = self._get(self._pod_path(namespace, name))
         annotations = (pod.get("metadata") or {}).get("annotations") or {}
@@ -309,32 +337,44 @@ class StandIn:
         if not all_allocated(
             ((refreshed.get("metadata") or {}).get("annotations") or {}).get(TO_ALLOCATE, "")
         ):
-            return
+            return False
         self._patch(self._pod_path(namespace, name), pod_annotation_patch({BIND_PHASE: SUCCESS}))
         with self.guard:
             self.counts["allocated"] += 1
-        self._release(node_path, namespace, name)
+        return self._release(node_path, namespace, name)
 
-    def _release(self, node_path: str, namespace: str, name: str) -> None:
-        """``nodelock.ReleaseNodeLock(node, lock, pod, false)``."""
+    def _release(self, node_path: str, namespace: str, name: str) -> bool:
+        """``nodelock.ReleaseNodeLock(node, lock, pod, false)``; True when it removed the lock."""
         first = ((self._get(node_path).get("metadata") or {}).get("annotations") or {}).get(LOCK_ANNOTATION)
         if first is None or not lock_is_owned_by(first, namespace, name):
-            return
+            return False
         delays = retry_delays(self.rng)
         for attempt in range(RETRY_STEPS):
             try:
                 meta = self._get(node_path).get("metadata") or {}
                 current = (meta.get("annotations") or {}).get(LOCK_ANNOTATION)
                 if current is None or not lock_is_owned_by(current, namespace, name):
-                    return
+                    return False
                 self._patch(node_path, lock_release_patch(str(meta.get("resourceVersion", ""))))
                 with self.guard:
                     self.counts["released"] += 1
-                return
+                return True
             except Exception:
                 if attempt == RETRY_STEPS - 1:
                     raise
                 time.sleep(delays[attempt])
+        return False
+
+    def report(self, interval: float = 1.0) -> None:
+        """Print ``latency_summary`` as one JSON line whenever it changed (the bench reads the last)."""
+        last = ""
+        while True:
+            time.sleep(interval)
+            with self.guard:
+                line = json.dumps(latency_summary(self.counts, self.release_seconds))
+            if line != last:
+                print(line, flush=True)
+                last = line
 
     # ---- the watch
 
@@ -343,6 +383,7 @@ class StandIn:
         its Allocate to the pool, once per pod UID."""
         from scheduler.live.reflector import parse_events, response_lines
 
+        threading.Thread(target=self.report, name="report", daemon=True).start()
         while True:
             listing = json.loads(self.core.list_namespaced_pod(self.namespace, _preload_content=False).data)
             for item in listing.get("items") or []:
@@ -369,7 +410,7 @@ class StandIn:
         if not wants_allocate(pod) or uid in self.seen:
             return
         self.seen.add(uid)
-        self.pool.submit(self.allocate, str(pod["spec"]["nodeName"]))
+        self.pool.submit(self.allocate, str(pod["spec"]["nodeName"]), time.monotonic())
 
 
 def main(argv: Sequence[str] | None = None) -> int:
