@@ -31,7 +31,7 @@ included.
 Usage::
 
     python bench/extender_throughput.py [--json] [--quick] [--nodes N] [--pods N] [--rounds N]
-        [--verbs shipped|scored] [--hami-binary PATH]
+        [--verbs shipped|scored] [--hami-binary PATH [--hami-node-policy binpack|spread]]
 
 ``--quick`` is ``--nodes 50 --pods 200``. ``--verbs scored`` has kube-scheduler call ``filter`` and
 ``prioritize`` (weight 5) instead of the shipped stanza's ``filterVerb: choose``. Prints a table,
