@@ -135,3 +135,164 @@ def test_a_tiny_real_run_prints_the_documented_json(tmp_path: Path, verbs: str) 
         assert latency["kubegpu_extender"][f"kubegpu_extender_request_duration_seconds{{verb={verb}}}"] > 0
     for kind in ("extender", "plain"):
         assert latency["kube_scheduler"][kind]["scheduler_scheduling_algorithm_duration_seconds{}"] > 0
+
+
+# --------------------------------------------------------------------------- the HAMi kind (no binary)
+
+
+def test_kube_scheduler_gets_hamis_chart_stanza_for_profile_bench_hami(bench: ModuleType) -> None:
+    hami = bench.hami_peer
+    config = hami.scheduler_config(4321, 100)
+    (stanza,) = config["extenders"]
+    assert config["profiles"] == [{"schedulerName": "bench-hami"}]
+    assert config["clientConnection"] == {"qps": 100, "burst": 100}
+    assert stanza["urlPrefix"] == "http://127.0.0.1:4321" and stanza["enableHTTPS"] is False
+    assert (stanza["filterVerb"], stanza["bindVerb"], stanza["nodeCacheCapable"]) == ("filter", "bind", True)
+    assert "prioritizeVerb" not in stanza and stanza["httpTimeout"] == "30s"
+    assert {"name": "nvidia.com/gpu", "ignoredByScheduler": True} in stanza["managedResources"]
+    assert all(r["ignoredByScheduler"] for r in stanza["managedResources"])
+    args = hami.scheduler_args(Path("/bin/hami"), 4321, 4322, Path("/tmp/dc.yaml"), 100)
+    assert args[0] == "/bin/hami"
+    for flag in (
+        "--http_bind=127.0.0.1:4321",
+        "--scheduler-name=bench-hami",
+        "--metrics-bind-address=127.0.0.1:4322",
+        "--device-config-file=/tmp/dc.yaml",
+        "--leader-elect=false",
+        "--node-scheduler-policy=binpack",
+        "--kube-qps=100",
+        "--kube-burst=100",
+    ):
+        assert flag in args, flag
+    assert "--node-scheduler-policy=spread" in hami.scheduler_args(Path("h"), 1, 2, Path("c"), 1, "spread")
+    nvidia = yaml.safe_load(yaml.safe_dump(hami.device_config()))["nvidia"]
+    assert nvidia["resourceCountName"] == "nvidia.com/gpu" and nvidia["deviceSplitCount"] == 10
+
+
+def test_nodes_get_the_register_annotation_in_the_device_plugins_format(bench: ModuleType) -> None:
+    """Go's json.Marshal of []DeviceInfo: field order id, index, count, devmem, devcore, type, numa,
+    mode, health; omitempty drops index 0 and NUMA node 0."""
+    hami = bench.hami_peer
+    assert hami.register_annotation("n1", gpus=2) == (
+        '[{"id":"GPU-n1-0","count":10,"devmem":81559,"devcore":100,"type":"NVIDIA H100 80GB HBM3",'
+        '"mode":"hami-core","health":true},'
+        '{"id":"GPU-n1-1","index":1,"count":10,"devmem":81559,"devcore":100,"type":"NVIDIA H100 80GB HBM3",'
+        '"numa":1,"mode":"hami-core","health":true}]'
+    )
+    annotations = hami.node_annotations("gpu-0007")
+    assert set(annotations) == {"hami.io/node-nvidia-register"}
+    devices = json.loads(annotations["hami.io/node-nvidia-register"])
+    assert [d["id"] for d in devices] == [f"GPU-gpu-0007-{i}" for i in range(8)]
+    assert [d.get("numa", 0) for d in devices] == [0, 0, 0, 0, 1, 1, 1, 1]
+
+
+def test_the_stand_in_reads_the_lock_and_erases_devices_as_the_device_plugin_does(bench: ModuleType) -> None:
+    hami = bench.hami_peer
+    lock = "2026-11-29T08:00:00Z,bench-ext-hami,c0-00001"
+    assert hami.parse_lock(lock) == ("bench-ext-hami", "c0-00001")
+    assert hami.parse_lock("2026-11-29T08:00:00Z") is None  # the legacy form names no pod
+    assert hami.lock_is_owned_by(lock, "bench-ext-hami", "c0-00001")
+    assert not hami.lock_is_owned_by(lock, "bench-ext-hami", "c0-00002")
+    assert hami.lock_is_owned_by("2026-11-29T08:00:00Z", "any", "pod")
+    one = "GPU-gpu-0001-3,NVIDIA,81559,0:;"  # one container, one GPU, as HAMi's filter writes it
+    assert hami.erased_devices(one) == ";;" and hami.all_allocated(";;")
+    assert not hami.all_allocated(one)
+    two = "GPU-a,NVIDIA,1,0:;GPU-b,NVIDIA,1,0:;"
+    assert hami.erased_devices(two) == ";GPU-b,NVIDIA,1,0:;;"
+    # DecodePodDevices keeps the empty entry after the last ";", so each re-encoding adds one, in Go too
+    assert hami.erased_devices(hami.erased_devices(two)) == ";;;;"
+    assert not hami.all_allocated(hami.erased_devices(two))
+
+
+def test_the_stand_ins_patch_bodies_are_the_device_plugins(bench: ModuleType) -> None:
+    hami = bench.hami_peer
+    assert hami.pod_annotation_patch({"hami.io/bind-phase": "success"}) == (
+        b'{"metadata":{"annotations":{"hami.io/bind-phase":"success"}}}'
+    )
+    assert hami.pod_annotation_patch({"hami.io/vgpu-devices-to-allocate": ";;"}) == (
+        b'{"metadata":{"annotations":{"hami.io/vgpu-devices-to-allocate":";;"}}}'
+    )
+    release = hami.lock_release_patch("4711")
+    assert release == b'{"metadata":{"annotations":{"hami.io/mutex.lock":null},"resourceVersion":"4711"}}'
+    assert json.loads(release)["metadata"]["annotations"] == {"hami.io/mutex.lock": None}
+
+
+def test_the_stand_in_takes_bound_pods_in_phase_allocating_only(bench: ModuleType) -> None:
+    hami = bench.hami_peer
+
+    def pod(node: str | None, phase: str | None) -> dict[str, object]:
+        annotations = {"hami.io/bind-phase": phase} if phase else {}
+        return {"metadata": {"annotations": annotations}, "spec": {"nodeName": node} if node else {}}
+
+    assert hami.wants_allocate(pod("gpu-0001", "allocating"))
+    assert not hami.wants_allocate(pod(None, "allocating"))
+    assert not hami.wants_allocate(pod("gpu-0001", "success"))
+    assert not hami.wants_allocate(pod("gpu-0001", None))
+
+
+def test_the_stand_ins_retries_and_report_follow_hamis_backoff(bench: ModuleType) -> None:
+    import random
+
+    hami = bench.hami_peer
+    delays = hami.retry_delays(random.Random(3))
+    assert len(delays) == 4
+    for delay, base in zip(delays, (0.1, 0.2, 0.4, 0.8), strict=True):
+        assert base <= delay <= 1.5 * base
+    report = hami.latency_summary({"allocated": 3, "released": 3, "errors": 0}, [0.03, 0.01, 0.02])
+    assert report == {"allocated": 3, "released": 3, "errors": 0, "mean_ms": 20.0, "p50_ms": 20.0} | {
+        "p99_ms": 30.0,
+        "max_ms": 30.0,
+    }
+    assert hami.latency_summary({"released": 0}, []) == {"released": 0}
+
+
+def test_the_hami_kind_is_on_only_with_its_binary_and_joins_the_headline(bench: ModuleType) -> None:
+    assert bench.bench_kinds(None) == bench.KINDS and bench.HAMI not in bench.KINDS
+    kinds = bench.bench_kinds("/some/hami-scheduler")
+    assert kinds == (*bench.KINDS, bench.HAMI)
+    e, k, p, h = kinds
+    assert bench.round_order(2, kinds) == [(0, e), (0, k), (0, p), (0, h), (1, h), (1, p), (1, k), (1, e)]
+    assert bench.parse_args([]).hami_binary is None
+
+    def rounds(rate: float, bound: int = 10) -> list[dict[str, object]]:
+        return [{"pods_per_second": rate, "pods": 10, "bound": bound, "cpu_seconds": {}}]
+
+    three = {
+        bench.EXTENDER: bench.kind_summary(rounds(70.0)),
+        bench.KUBEGPU: bench.kind_summary(rounds(110.0)),
+        bench.PLAIN: bench.kind_summary(rounds(100.0)),
+    }
+    without = bench.headline(three)
+    assert not {k for k in without if "hami" in k}
+    with_hami = bench.headline({**three, bench.HAMI: bench.kind_summary(rounds(5.0, bound=9))})
+    assert (with_hami["hami_pods_per_second"], with_hami["ratio_hami_plain"]) == (5.0, 0.05)
+    assert with_hami["hami_every_pod_bound"] is False
+    assert with_hami["targets_met"] == without["targets_met"]  # kubegpu's targets, not HAMi's
+
+
+@pytest.mark.apiserver
+def test_a_tiny_real_run_with_hami_binds_every_pod_through_the_stand_in(tmp_path: Path) -> None:
+    """With HAMi's scheduler binary (``KUBEGPU_HAMI_BINARY``; skipped without it: CI has none),
+    4 nodes, 8 one-GPU pods a round, one round of each kind: HAMi binds all 8 (more than one a
+    node, so the stand-in released the node locks), and the JSON carries the HAMi figures."""
+    binary = os.environ.get("KUBEGPU_HAMI_BINARY")
+    if not binary or not Path(binary).is_file():
+        pytest.skip("KUBEGPU_HAMI_BINARY (HAMi's cmd/scheduler binary) not given")
+    try:
+        find_binaries()
+    except BinariesMissing as exc:
+        missing_component(str(exc))
+    argv = ["--json", "--nodes", "4", "--pods", "8", "--rounds", "1", "--hami-binary", binary]
+    result = subprocess.run(
+        [sys.executable, str(BENCH), *argv],
+        capture_output=True, text=True, timeout=400, cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)},
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+    doc = json.loads(result.stdout)
+    (only,) = doc["detail"]["hami"]["per_round"]
+    assert only["bound"] == only["pods"] == 8, only
+    assert doc["hami_every_pod_bound"] is True and doc["hami_pods_per_second"] > 0
+    assert doc["hami_stand_in"]["released"] == 8 and doc["hami_stand_in"]["errors"] == 0
+    assert doc["hami_log_counts"]["successfully_bound"] == 8
+    assert "stand-in" in doc["hami_note"]
