@@ -268,31 +268,3 @@ def test_the_hami_kind_is_on_only_with_its_binary_and_joins_the_headline(bench: 
     assert (with_hami["hami_pods_per_second"], with_hami["ratio_hami_plain"]) == (5.0, 0.05)
     assert with_hami["hami_every_pod_bound"] is False
     assert with_hami["targets_met"] == without["targets_met"]  # kubegpu's targets, not HAMi's
-
-
-@pytest.mark.apiserver
-def test_a_tiny_real_run_with_hami_binds_every_pod_through_the_stand_in(tmp_path: Path) -> None:
-    """With HAMi's scheduler binary (``KUBEGPU_HAMI_BINARY``; skipped without it: CI has none),
-    4 nodes, 8 one-GPU pods a round, one round of each kind: HAMi binds all 8 (more than one a
-    node, so the stand-in released the node locks), and the JSON carries the HAMi figures."""
-    binary = os.environ.get("KUBEGPU_HAMI_BINARY")
-    if not binary or not Path(binary).is_file():
-        pytest.skip("KUBEGPU_HAMI_BINARY (HAMi's cmd/scheduler binary) not given")
-    try:
-        find_binaries()
-    except BinariesMissing as exc:
-        missing_component(str(exc))
-    argv = ["--json", "--nodes", "4", "--pods", "8", "--rounds", "1", "--hami-binary", binary]
-    result = subprocess.run(
-        [sys.executable, str(BENCH), *argv],
-        capture_output=True, text=True, timeout=400, cwd=ROOT, env={**os.environ, "TMPDIR": str(tmp_path)},
-    )  # fmt: skip
-    assert result.returncode == 0, result.stderr[-3000:]
-    assert sorted(p.name for p in tmp_path.iterdir()) == []
-    doc = json.loads(result.stdout)
-    (only,) = doc["detail"]["hami"]["per_round"]
-    assert only["bound"] == only["pods"] == 8, only
-    assert doc["hami_every_pod_bound"] is True and doc["hami_pods_per_second"] > 0
-    assert doc["hami_stand_in"]["released"] == 8 and doc["hami_stand_in"]["errors"] == 0
-    assert doc["hami_log_counts"]["successfully_bound"] == 8
-    assert "stand-in" in doc["hami_note"]
