@@ -382,6 +382,28 @@ def test_a_member_whose_pod_group_is_not_seen_yet_is_not_placed_alone() -> None:
     assert placed["default-scheduler"] == placed["kubegpu"]
 
 
+def full_nodes_gang(n2_pod: str, n2_priority: int) -> tuple[World, Feed, Extender]:
+    """n1 and n2 of 4 GPUs, each full: ``low`` (priority 0) on n1, ``n2_pod`` on n2; a PodGroup
+    ``g`` (minMember 2) of two 4-GPU members of priority 100 pending for default-scheduler."""
+    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
+
+    world = World()
+    world.put_node(node_json("n1", 4))
+    world.put_node(node_json("n2", 4))
+    world.put_pod(pod_json("low", 4, node="n1", priority=0))
+    world.put_pod(pod_json(n2_pod, 4, node="n2", priority=n2_priority))
+    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
+    world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
+    feed = Feed(world, sched)
+    feed.relist()
+    for name in ("m0", "m1"):
+        labels = {PLUGINS_LABEL: "g"}
+        world.put_pod(pod_json(name, 4, scheduler="default-scheduler", priority=100, labels=labels))
+    feed.sync()
+    return world, feed, Extender(sched)
+
+
 def test_no_pod_is_evicted_for_a_gang_member_whose_group_cannot_fit_whole_even_so() -> None:
     """Failed before 5e3b6e1 (review23b).
     ``choose`` fails every candidate of a gang member with the group's reason
@@ -392,24 +414,7 @@ def test_no_pod_is_evicted_for_a_gang_member_whose_group_cannot_fit_whole_even_s
     one for such a group (``group_preemption``: None when it does not fit even with every
     candidate gone); ``preempt`` keeps n1 with its victim, kube-scheduler evicts it, and the gang
     still cannot run."""
-    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
-
-    world = World()
-    world.put_node(node_json("n1", 4))
-    world.put_node(node_json("n2", 4))
-    world.put_pod(pod_json("low", 4, node="n1", priority=0))
-    world.put_pod(pod_json("high", 4, node="n2", priority=1000))
-    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
-    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
-    world.put_group(PLUGINS_API, {**kind, **group})
-    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
-    feed = Feed(world, sched)
-    feed.relist()
-    for name in ("m0", "m1"):
-        labels = {PLUGINS_LABEL: "g"}
-        world.put_pod(pod_json(name, 4, scheduler="default-scheduler", priority=100, labels=labels))
-    feed.sync()
-    extender = Extender(sched)
+    world, feed, extender = full_nodes_gang(n2_pod="high", n2_priority=1000)
     answer = choose_and_bind(world, feed, extender, "m0", ["n1", "n2"])
     assert answer["NodeNames"] == [] and "minimum members fit" in answer["FailedNodes"]["n1"], answer
     # kube-scheduler's DefaultPreemption: evicting ``low`` lets m0 (alone) fit n1
@@ -423,24 +428,7 @@ def test_a_gang_member_preempts_where_its_group_fits_whole_once_the_victims_are_
     """As above, but n2's pod is of priority 0 too: with both proposed victims gone the group fits
     whole, so ``preempt`` keeps the proposals for the member (kube-scheduler evicts on one node per
     member; the other member preempts on its own turn)."""
-    from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
-
-    world = World()
-    world.put_node(node_json("n1", 4))
-    world.put_node(node_json("n2", 4))
-    world.put_pod(pod_json("low", 4, node="n1", priority=0))
-    world.put_pod(pod_json("low2", 4, node="n2", priority=0))
-    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
-    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
-    world.put_group(PLUGINS_API, {**kind, **group})
-    sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
-    feed = Feed(world, sched)
-    feed.relist()
-    for name in ("m0", "m1"):
-        labels = {PLUGINS_LABEL: "g"}
-        world.put_pod(pod_json(name, 4, scheduler="default-scheduler", priority=100, labels=labels))
-    feed.sync()
-    extender = Extender(sched)
+    world, feed, extender = full_nodes_gang(n2_pod="low2", n2_priority=0)
     victims = {"n1": {"Pods": [{"UID": "uid-low"}]}, "n2": {"Pods": [{"UID": "uid-low2"}]}}
     body = {"Pod": world.pods["uid-m0"], "NodeNameToMetaVictims": victims}
     status, kept = extender.handle("preempt", json.dumps(body).encode())
