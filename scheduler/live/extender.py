@@ -49,7 +49,6 @@ import socket
 import ssl
 import threading
 import time
-from collections import Counter as CounterOf
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -60,7 +59,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram
 from kubegpu.httphead import LeanHead
 from kubegpu.httpserve import bound_server
 from kubegpu.logs import log_event
-from scheduler.core.filters import DEFAULT_FILTERS, FilterPlugin, apply_filters, filter_nodes
+from scheduler.core.filters import DEFAULT_FILTERS, apply_filters, filter_nodes
 from scheduler.core.gang import GroupPlacement, GroupRequest, OnlyNodes, group_preemption, schedule_group
 from scheduler.core.request import PodRequest
 from scheduler.core.schedule import Placement, schedule_one
@@ -135,13 +134,9 @@ class Extender:
                 failed = {n: excluded.get(n, NOT_KUBEGPU) for n in args.node_names if n not in index}
             # the room of pods nominated to a node (of no lower priority) is theirs, as kube-scheduler's
             # own filters count them placed: for the devices it cannot count, that is ours to do
-            reserved = sched._reserve_nominated(args.uid, request, cluster)
-            try:
+            with sched.nominated_room_kept(args.uid, request, cluster):
                 among = np.asarray(known, dtype=np.int64)
                 kept, reasons = filter_nodes(request, cluster, DEFAULT_FILTERS, among)
-            finally:
-                for other in reserved:
-                    cluster.forget(other)
             failed.update(reasons)
             passed = [nodes[i].name for i in kept.tolist()]  # in the order sent: the filters keep it
         return filter_result(args, passed, failed, {})
@@ -168,14 +163,10 @@ class Extender:
                         return self._choose_in_group(args, request, ref, spec, cluster, only)
                     filters = (OnlyNodes(only, NOT_CANDIDATE), *DEFAULT_FILTERS)
                     # the room of pods nominated to a node (of no lower priority) is theirs
-                    reserved = sched._reserve_nominated(args.uid, request, cluster)
-                    try:
+                    with sched.nominated_room_kept(args.uid, request, cluster):
                         result = schedule_one(
                             request, cluster, sched.policy, sched.rng, filters=filters, explain=False
                         )
-                    finally:
-                        for other in reserved:
-                            cluster.forget(other)
                     if isinstance(result, Placement):
                         return filter_result(args, [result.node], {}, {})
         return self.filter(args)
@@ -203,13 +194,9 @@ class Extender:
         the group does not fit whole now: its members are not placed one by one where the group
         cannot follow. The plan is kept for the next members while it holds (``GroupPlans``)."""
         sched = self.scheduler
-        members = self._group_requests(ref, cluster)
-        if request.uid not in {m.uid for m in members}:
-            members.append(request)
-        group = GroupRequest(
-            str(ref), spec.min_member, tuple(members), spec.domain_key or sched.config.gang_domain_label
-        )
-        key = (frozenset(m.uid for m in members), group.min_member, group.domain_key)
+        group = self._group_request(ref, spec, request, cluster)
+        uids = frozenset(m.uid for m in group.members)
+        key = (uids, group.min_member, group.domain_key)
         if not sched.nominated:  # nominated pods' room is reserved while planning: not kept
             i = self.plans.recall(ref, key, cluster, args.uid)
             # among its candidates, and it fits there now (another pod may have come since)
@@ -218,15 +205,11 @@ class Extender:
                 if len(fits):
                     return filter_result(args, [cluster.nodes[i].name], {}, {})
         filters = (CandidatesOf(args.uid, only, NOT_CANDIDATE), *DEFAULT_FILTERS)
-        reserved = sched._reserve_nominated(args.uid, request, cluster, frozenset(m.uid for m in members))
-        try:
+        with sched.nominated_room_kept(args.uid, request, cluster, uids):
             # ties broken alike in every member's call: members kube-scheduler asks about before
             # the earlier ones bind are told the nodes of one plan, not of plans swapped by ties
             ties = random.Random(str(ref))
             result = schedule_group(group, cluster, sched.policy, ties, filters=filters)
-        finally:
-            for other in reserved:
-                cluster.forget(other)
         if isinstance(result, GroupPlacement) and not sched.nominated:
             planned = {p.allocation.pod_uid: cluster.index[p.node] for p in result.placements}
             self.plans.remember(ref, key, cluster, planned)
@@ -241,15 +224,22 @@ class Extender:
             why = result.message()
         return filter_result(args, [], dict.fromkeys(args.node_names, why), {})
 
-    def _group_requests(self, ref: GroupRef, cluster: ClusterState) -> list[PodRequest]:
-        """The group's members a plan counts: those placed and those waiting for a scheduler,
-        with a valid request (an invalid member is told so by its own filter call). Waiting for
-        any scheduler: the cache keeps only the pending pods of its own ``schedulerName``
-        (``kubegpu`` where ``extenderAddress`` serves kube-scheduler too), and kube-scheduler may
-        serve several profiles through the extender; the group book keeps every member as last
-        seen (``Scheduler.group_member_requests``)."""
-        found = self.scheduler.group_member_requests(ref, cluster, any_scheduler=True)
-        return [member for _, _, member, _ in found if isinstance(member, PodRequest)]
+    def _group_request(
+        self, ref: GroupRef, spec: GroupSpec, request: PodRequest, cluster: ClusterState
+    ) -> GroupRequest:
+        """The group to plan: the members a plan counts, those placed and those waiting for a
+        scheduler, with a valid request (an invalid member is told so by its own filter call),
+        and the pod asked about. Waiting for any scheduler: the cache keeps only the pending pods
+        of its own ``schedulerName`` (``kubegpu`` where ``extenderAddress`` serves kube-scheduler
+        too), and kube-scheduler may serve several profiles through the extender; the group book
+        keeps every member as last seen (``Scheduler.group_member_requests``)."""
+        sched = self.scheduler
+        found = sched.group_member_requests(ref, cluster, any_scheduler=True)
+        members = [member for _, _, member, _ in found if isinstance(member, PodRequest)]
+        if request.uid not in {m.uid for m in members}:
+            members.append(request)
+        domain = spec.domain_key or sched.config.gang_domain_label
+        return GroupRequest(str(ref), spec.min_member, tuple(members), domain)
 
     def prioritize(self, args: FilterArgs) -> list[dict[str, Any]]:
         """The nodes that score above 0 (``scaled_scores``), each once. kube-scheduler counts a
@@ -265,13 +255,9 @@ class Extender:
             known = np.unique(np.asarray(_indices(index, args.node_names)[0], dtype=np.int64))
             self._plan_for(args.uid, request, cluster)
             # as filter and choose: the room of pods nominated to a node is theirs
-            reserved = sched._reserve_nominated(args.uid, request, cluster)
-            try:
+            with sched.nominated_room_kept(args.uid, request, cluster):
                 idx, _ = apply_filters(request, cluster, DEFAULT_FILTERS, known, collect=False)
                 scores = sched.policy.score(request, cluster, idx) if len(idx) else np.zeros(0)
-            finally:
-                for other in reserved:
-                    cluster.forget(other)
             scaled = scaled_scores(scores)
             return [
                 {"Host": nodes[i].name, "Score": score}
@@ -385,12 +371,7 @@ class Extender:
             return False
         if not isinstance(ref, GroupRef) or not isinstance(spec, GroupSpec) or not spec.gang:
             return True
-        members = self._group_requests(ref, cluster)
-        if request.uid not in {m.uid for m in members}:
-            members.append(request)
-        group = GroupRequest(
-            str(ref), spec.min_member, tuple(members), spec.domain_key or sched.config.gang_domain_label
-        )
+        group = self._group_request(ref, spec, request, cluster)
         if isinstance(schedule_group(group, cluster, sched.policy, sched.rng), GroupPlacement):
             return True
         victims = list(dict.fromkeys(v for p in proposals.values() for v in p.uids if v in cluster.where))
@@ -473,23 +454,16 @@ def _group_wait(ref: GroupRef | GroupError, spec: GroupSpec | GroupError | None)
     return ""
 
 
-class CandidatesOf(FilterPlugin):
+class CandidatesOf(OnlyNodes):
     """kube-scheduler's candidates (``mask``), for the pod it asked about only: a gang's other
     members are planned wherever kubegpu's filters let them (kube-scheduler sends each its own)."""
 
     def __init__(self, uid: str, mask: np.ndarray, reason: str) -> None:
+        super().__init__(mask, reason)
         self.uid = uid
-        self.mask = mask
-        self.name = reason
 
     def applies(self, pod: PodRequest, cluster: ClusterState) -> bool:
         return pod.uid == self.uid
-
-    def keep(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
-        return self.mask[idx]
-
-    def count_reasons(self, pod: PodRequest, cluster: ClusterState, rejected: np.ndarray) -> CounterOf:
-        return CounterOf({self.name: len(rejected)})
 
 
 def _wants_devices(request: PodRequest) -> bool:

@@ -25,6 +25,7 @@ One condition lock guards the cache, the queue and the core's ClusterState.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
 import logging
@@ -755,13 +756,9 @@ class Scheduler:
             return
         if request.shape() not in self._planned_shapes:
             self._bind_policy(cluster)  # a kind of pod the policy has not planned for: re-plan
-        reserved = self._reserve_nominated(uid, request, cluster)
-        try:
+        with self.nominated_room_kept(uid, request, cluster):
             result = schedule_one(request, cluster, self.policy, self.rng)
             preempted = None if isinstance(result, Placement) else self._preempt(uid, pod, request, cluster)
-        finally:
-            for other in reserved:
-                cluster.forget(other)
         self.metrics.decided(time.perf_counter() - started)
         if not isinstance(result, Placement):
             self._count_attempt("unschedulable")
@@ -915,15 +912,11 @@ class Scheduler:
         group = GroupRequest(
             str(ref), spec.min_member, tuple(requests), spec.domain_key or self.config.gang_domain_label
         )
-        reserved = self._reserve_nominated(popped, lead, cluster, frozenset(by_uid))
-        try:
+        with self.nominated_room_kept(popped, lead, cluster, frozenset(by_uid)):
             result = schedule_group(group, cluster, self.policy, self.rng)
             preempted = None
             if isinstance(result, GroupUnschedulable) and len(requests) >= spec.min_member:
                 preempted = self._preempt_for_group(ref, group, pending, cluster)
-        finally:
-            for other in reserved:
-                cluster.forget(other)
         self.metrics.decided(time.perf_counter() - started)
         if isinstance(result, GroupUnschedulable):
             message = result.message()
@@ -1306,6 +1299,19 @@ class Scheduler:
             log_event(log, "event.failed", logging.WARNING, group=str(ref), error=str(error)[:200])
 
     # --- nominated pods and preemption ------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def nominated_room_kept(
+        self, uid: str, request: PodRequest, cluster: ClusterState, group: frozenset[str] = frozenset()
+    ) -> Iterator[None]:
+        """While inside, the room of pods nominated to a node (of no lower priority) is booked for
+        them (``_reserve_nominated``); forgotten again on leaving, whatever happened inside."""
+        reserved = self._reserve_nominated(uid, request, cluster, group)
+        try:
+            yield
+        finally:
+            for other in reserved:
+                cluster.forget(other)
 
     def _reserve_nominated(
         self, uid: str, request: PodRequest, cluster: ClusterState, group: frozenset[str] = frozenset()
