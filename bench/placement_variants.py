@@ -192,30 +192,20 @@ def cpu_floor(share: float) -> Callable[[], Policy]:
     return make
 
 
-class ModelSlack(P.ModelBalance):
+class ModelSlack(P.ModelNeed):
     """``ModelBalance`` by slack: a model's free GPUs less the restricted demand it is expected to get
     from the free capacity left (its restricted pods' share of the GPU milli arrived so far times the
-    cluster's free milli), over its capacity, plus 1 (so never below 0), in bands."""
+    cluster's free milli), over its capacity, plus 1 (so never below 0), in bands. The arrivals are
+    tallied as the core's ``ModelNeed`` tallies them (``asked``, ``total``); its need is not used."""
 
-    def bind(self, cluster: ClusterState) -> None:
-        super().bind(cluster)
-        self.asked = np.zeros(len(self.sets))
-        self.total = 0.0
-
-    def observe(self, pod: PodRequest) -> None:
-        super().observe(pod)
-        if not pod.gpu_count:
-            return
-        self.total += pod.total_gpu_milli
-        if pod.gpu_models:
-            for code in self.matching(pod.gpu_models):
-                self.asked[code] += pod.total_gpu_milli
+    def __init__(self, band: float) -> None:
+        super().__init__(band, horizon=1.0)
 
     def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
         if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
             return None
         free = np.bincount(self.codes, weights=cluster.gpu_free_total.astype(float), minlength=len(self.sets))
-        expected = self.asked / max(self.total, 1.0) * float(free.sum())
+        expected = np.asarray(self.asked) / max(self.total, 1.0) * float(free.sum())
         slack = np.divide(free - expected, self.capacity, out=np.ones_like(free), where=self.capacity > 0)
         return np.floor((np.clip(slack, -1.0, 1.0) + 1.0)[self.codes[idx]] / self.band)
 
@@ -236,44 +226,9 @@ def model_slack(band: float) -> Callable[[], Policy]:
     return make
 
 
-class ModelNeed(ModelSlack):
-    """``ModelBalance`` that protects a model only as far as its restricted pods need it (from branch
-    spec26): a model's free share over its need (the GPU milli arrived restricted to it, as a share of
-    all GPU milli arrived, times the cluster's GPU capacity over the model's, times ``horizon``), capped
-    at 1, in bands; a model whose free share covers its need is as good as an unrestricted one."""
-
-    def __init__(self, band: float, horizon: float) -> None:
-        super().__init__(band)
-        self.horizon = horizon
-        self.capacity_sum = 0.0  # the cluster's GPU milli (capacity summed)
-
-    def bind(self, cluster: ClusterState) -> None:
-        super().bind(cluster)
-        self.capacity_sum = float(self.capacity.sum())
-
-    bands = P.ModelBalance.bands  # not ModelSlack's: per model set (model_bands), gathered for idx
-
-    def model_bands(self, cluster: ClusterState) -> np.ndarray:
-        """``bands`` per model set, one model at a time in Python floats (the same operations, in the same
-        order, as the vector form ``np.floor(ratio / band)`` over the nodes: the same floats; checked in
-        tests/test_bench_guard_placements.py)."""
-        per = max(self.total, 1.0)
-        scale, band, out = self.capacity_sum, self.band, []
-        for free, capacity, asked, restricted in zip(
-            self.free.of(cluster),
-            self.capacity.tolist(),
-            self.asked.tolist(),
-            self.restricted.tolist(),
-            strict=True,
-        ):
-            ratio = 1.0
-            if restricted:
-                share = free / capacity if capacity > 0 else 1.0
-                need = asked / per * scale * self.horizon
-                need = need / capacity if capacity > 0 else 0.0
-                ratio = min(share / need if need > 0 else 1.0, 1.0)
-            out.append(math.floor(ratio / band))
-        return np.array(out, dtype=np.float64)
+# the model balance by need, as the default has it since its port (identical decisions: the bench's own
+# copy, which the variants were measured with, computed the same floats; tests/test_bench_guard_placements.py)
+ModelNeed = P.ModelNeed
 
 
 def model_need(band: float, horizon: float) -> Callable[[], Policy]:
