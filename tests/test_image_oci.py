@@ -5,11 +5,16 @@ from __future__ import annotations
 
 import io
 import os
+import re
+import shutil
 import subprocess
 import tarfile
 import time
 from pathlib import Path
 
+import pytest
+
+from tests.fixtures.common import missing_component
 from tools.image import build as image_build
 from tools.image import oci
 
@@ -216,3 +221,82 @@ def test_layer_bytes_do_not_depend_on_the_builders_umask(tmp_path: Path) -> None
     assert modes[f"{site}/tiny/__init__.py"] == 0o644
     assert modes[f"{site}/tiny"] == 0o755
     assert modes["usr/local/bin/tiny"] == 0o755
+
+
+# ------------------------------------------------------------------- the Debian packages, pinned
+
+
+def tiny_deb(directory: Path, name: str, version: str) -> Path:
+    """A .deb of one small file, built by dpkg-deb (no root needed)."""
+    if shutil.which("dpkg-deb") is None:
+        missing_component("dpkg-deb not found (the image build needs it)")
+    tree = directory / f"{name}-{version}-tree"
+    (tree / "DEBIAN").mkdir(parents=True)
+    (tree / "DEBIAN/control").write_text(
+        f"Package: {name}\nVersion: {version}\nArchitecture: all\nMaintainer: t <t@t>\n"
+        f"Description: {name} for a test\n two lines\n"
+    )
+    (tree / "usr/share").mkdir(parents=True)
+    (tree / "usr/share" / name).write_text(f"{name} {version}\n")
+    out = directory / f"{name}_{version}_all.deb"
+    subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(tree), str(out)], check=True,
+                   capture_output=True)  # fmt: skip
+    return out
+
+
+def test_pinned_build_must_use_exactly_the_given_packages() -> None:
+    """A build given .deb files is that earlier build only if it used exactly them: an unused one
+    (say the mirror's older version beside the newer) is as wrong as an extra one."""
+    given = ["libc6=2.36-9+deb12u14", "libzstd1=1.5.4+dfsg2-5+deb12u1"]
+    assert image_build.pinned_mismatch(given, list(reversed(given))) is None
+    older = ["libc6=2.36-9+deb12u14", "libzstd1=1.5.4+dfsg2-5"]
+    assert image_build.pinned_mismatch(given, older) == (
+        "given but not used: libzstd1=1.5.4+dfsg2-5+deb12u1; used but not given: libzstd1=1.5.4+dfsg2-5"
+    )
+    assert image_build.pinned_mismatch([*given, "zlib1g=1:1.2.13.dfsg-1"], given) == (
+        "given but not used: zlib1g=1:1.2.13.dfsg-1"
+    )
+
+
+def test_kept_debs_are_addressed_by_content(tmp_path: Path) -> None:
+    """The .deb files a build used are kept in the cache under their sha256, so a later build can
+    be given exactly them; a file of the same name with other bytes never replaces one."""
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir()
+    second.mkdir()
+    (first / "libzstd1_1.5.4_amd64.deb").write_bytes(b"one")
+    (first / "dpkg_1.21_amd64.deb").write_bytes(b"two")
+    (second / "libzstd1_1.5.4_amd64.deb").write_bytes(b"another")
+    store = tmp_path / "cache" / "debs"
+    kept = image_build.keep_debs(sorted(first.iterdir()), store)
+    assert [path.name for path in kept] == ["dpkg_1.21_amd64.deb", "libzstd1_1.5.4_amd64.deb"]
+    for path in kept:
+        assert path.parent.name == image_build.sha256_hex(path)
+        assert path.read_bytes() == (first / path.name).read_bytes()
+    inode = kept[1].stat().st_ino
+    assert image_build.keep_debs(sorted(first.iterdir()), store) == kept
+    assert kept[1].stat().st_ino == inode  # kept once, not copied again
+    (other,) = image_build.keep_debs([second / "libzstd1_1.5.4_amd64.deb"], store)
+    assert other != kept[1] and other.read_bytes() == b"another" and kept[1].read_bytes() == b"one"
+    assert not [path for path in store.rglob("*") if path.name.endswith(".partial")]
+
+
+def test_local_repository_indexes_exactly_the_given_debs(tmp_path: Path) -> None:
+    """The repository a pinned build resolves from: the given files and a Packages index of their
+    control fields, file names, sizes and sha256 (which apt checks), and nothing else."""
+    debs = [tiny_deb(tmp_path, "beta", "2.0-1"), tiny_deb(tmp_path, "alpha", "1:1.0-1")]
+    repo = tmp_path / "repo"
+    line = image_build.local_repository(debs, repo)
+    assert line == f"deb [trusted=yes] copy://{repo} ./"
+    assert sorted(path.name for path in repo.iterdir()) == sorted([deb.name for deb in debs] + ["Packages"])
+    stanzas = [
+        dict(re.findall(r"^(\S+): (.*)$", text, re.M))
+        for text in (repo / "Packages").read_text().split("\n\n")
+    ]
+    assert [(s["Package"], s["Version"]) for s in stanzas] == [("alpha", "1:1.0-1"), ("beta", "2.0-1")]
+    for stanza, deb in zip(stanzas, sorted(debs, key=lambda path: path.name), strict=True):
+        assert stanza["Filename"] == f"./{deb.name}"
+        assert int(stanza["Size"]) == deb.stat().st_size
+        assert stanza["SHA256"] == image_build.sha256_hex(deb)
+    with pytest.raises(image_build.BuildError, match="two .deb files named"):
+        image_build.local_repository([debs[0], debs[0]], tmp_path / "repo2")

@@ -104,6 +104,9 @@ class Options:
     cache: Path
     mirror: str = DEBIAN_MIRROR
     security_mirror: str = DEBIAN_SECURITY
+    # Empty: resolve the Debian packages from the mirrors (their current versions). Else exactly
+    # these .deb files (a build's "debs"), served from a local repository: the mirrors are not asked.
+    debs: tuple[Path, ...] = ()
 
 
 def run(cmd: Sequence[str | os.PathLike[str]], **kwargs: object) -> subprocess.CompletedProcess[str]:
@@ -157,6 +160,7 @@ def source_url(remote: str) -> str | None:
 def git_revision(repo: Path = REPO_ROOT) -> str | None:
     """HEAD, when the tracked files are as committed (the wheel is built from the working tree);
     None for a changed tree or no git checkout: no revision label then."""
+
     def run_git(*args: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
 
@@ -283,13 +287,58 @@ def project_wheel(work: Path, epoch: int) -> Path:
     return wheels[0]
 
 
-def debian_rootfs(rootfs: Path, opts: Options) -> list[Path]:
-    """Unpack the Debian packages into ``rootfs``; return the .deb files used (in the tree)."""
-    sources = [
+def mirror_sources(opts: Options) -> list[str]:
+    """The sources.list lines of Debian's mirrors: whatever versions they serve now."""
+    return [
         f"deb {opts.mirror} {DEBIAN_SUITE} main",
         f"deb {opts.mirror} {DEBIAN_SUITE}-updates main",
         f"deb {opts.security_mirror} {DEBIAN_SUITE}-security main",
     ]
+
+
+def packages_stanza(control: str, filename: str, size: int, sha256: str) -> str:
+    """One entry of a flat repository's ``Packages`` index: the .deb's control fields, then where
+    the file lies (relative to the repository) and its size and hash, which apt checks."""
+    return f"{control.strip()}\nFilename: ./{filename}\nSize: {size}\nSHA256: {sha256}\n"
+
+
+def local_repository(debs: Sequence[Path], repo: Path) -> str:
+    """A flat apt repository in ``repo`` holding exactly ``debs``; its sources.list line. apt's
+    ``copy`` method copies the files into the tree's archive directory, as a download would."""
+    repo.mkdir(parents=True)
+    stanzas = []
+    for deb in sorted(debs, key=lambda path: path.name):
+        target = repo / deb.name
+        if target.exists():
+            raise BuildError(f"two .deb files named {deb.name} given")
+        shutil.copyfile(deb, target)
+        control = run(["dpkg-deb", "--field", target]).stdout
+        stanzas.append(packages_stanza(control, deb.name, target.stat().st_size, sha256_hex(target)))
+    (repo / "Packages").write_text("\n".join(stanzas))
+    return f"deb [trusted=yes] copy://{repo} ./"
+
+
+def pinned_mismatch(given: Sequence[str], used: Sequence[str]) -> str | None:
+    """Why the packages a pinned build used (``name=version``) are not exactly the ones it was
+    given, or None when they are: a given package the image does not need is as wrong as a missing
+    one, since the build would then not be the one that produced ``given``."""
+    unused, extra = sorted(set(given) - set(used)), sorted(set(used) - set(given))
+    if not unused and not extra:
+        return None
+    parts = [f"given but not used: {' '.join(unused)}"] if unused else []
+    parts += [f"used but not given: {' '.join(extra)}"] if extra else []
+    return "; ".join(parts)
+
+
+def debian_rootfs(rootfs: Path, opts: Options) -> list[Path]:
+    """Unpack the Debian packages into ``rootfs``; return the .deb files used (in the tree).
+
+    From the mirrors, or, when ``opts.debs`` is given, from a local repository of exactly those
+    files (beside ``rootfs``), failing unless the image's packages are exactly them."""
+    if opts.debs:
+        sources = [local_repository(opts.debs, rootfs.with_name(rootfs.name + "-debs"))]
+    else:
+        sources = mirror_sources(opts)
     run(
         [
             "mmdebstrap",
@@ -309,7 +358,28 @@ def debian_rootfs(rootfs: Path, opts: Options) -> list[Path]:
     debs = sorted((rootfs / "var/cache/apt/archives").glob("*.deb"))
     if not debs:
         raise BuildError("mmdebstrap left no packages in var/cache/apt/archives")
+    if opts.debs:
+        mismatch = pinned_mismatch(package_versions(opts.debs), package_versions(debs))
+        if mismatch:
+            raise BuildError(f"the given .deb files are not the image's packages: {mismatch}")
     return debs
+
+
+def keep_debs(debs: Sequence[Path], store: Path) -> list[Path]:
+    """Copy the .deb files a build used into ``store`` (the cache), each as
+    ``<sha256>/<file name>``, so that a later build can be given exactly these (``Options.debs``)
+    after the mirrors have moved on; return the kept paths, sorted by file name. A file already
+    kept is not copied again, and a partly copied one is never seen under its final name."""
+    kept = []
+    for deb in debs:
+        target = store / sha256_hex(deb) / deb.name
+        if not target.is_file():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{deb.name}.{os.getpid()}.partial")
+            shutil.copyfile(deb, partial)
+            os.replace(partial, target)
+        kept.append(target)
+    return sorted(kept, key=lambda path: path.name)
 
 
 def dpkg_status(debs: Sequence[Path]) -> str:
@@ -451,6 +521,7 @@ def _build(opts: Options) -> dict[str, object]:
         deps = dependency_wheels(opts.cache / "wheels")
         rootfs = work / "rootfs"
         debs = debian_rootfs(rootfs, opts)
+        kept_debs = keep_debs(debs, opts.cache / "debs")
         debian = package_versions(debs)
         status = dpkg_status(debs)
         prune(rootfs)
@@ -501,6 +572,7 @@ def _build(opts: Options) -> dict[str, object]:
         "uncompressed_bytes": sum(layer.uncompressed_size for layer in layers),
         "source_date_epoch": opts.epoch,
         "debian_packages": debian,
+        "debs": [str(path) for path in kept_debs],
     }
 
 
