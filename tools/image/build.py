@@ -19,7 +19,9 @@ Layer 1 holds (1) and (2), layer 2 holds (3), so a new kubegpu version changes o
 
 Reproducible: every tar entry is sorted with a fixed mtime (SOURCE_DATE_EPOCH, default the commit
 time of HEAD), gzip headers carry no name or time, JSON is canonical. The same Debian package
-versions, lock file, sources and labels give the same image digest.
+versions, lock file, sources and labels give the same image digest. The mirrors move on (security
+updates), so the .deb files a build used are kept in the cache (``debs/<sha256>/``) and listed in
+its result; ``Options.debs`` builds from exactly those again, without asking a mirror.
 Needs root (mmdebstrap's root mode) and network access to Debian's and PyPI's servers.
 """
 
