@@ -813,6 +813,53 @@ VARIANTS.update(
 )
 
 
+# --- issue 26, the live default with the model guard and the balance by need (2026-11-29) ---
+# ``topology_policy``'s own arguments to ``fgd_reserve`` (every adaptive part of issue 26 off, the hosts
+# kept in proportion); ``topo-base`` is ``topology`` rebuilt from them (the same placements), the others
+# add the default's model guard (``GUARD_FILL``) and its model balance by need (``NEED_HORIZON``).
+TOPOLOGY = {
+    "keep": None,
+    "adaptive": False,
+    "balance": 0.0,
+    "cpu_bound_exact": False,
+    "horizon": 1.0,
+    "prior_weight": 0.0,
+    "by_need": False,
+    "cpu_horizon": None,
+    "fgd_step": P.TOPOLOGY_FGD_STEP,
+    "fgd_spec_step": None,
+    "guard_fill": None,
+    "need_horizon": None,
+}
+TOPO_GUARD = {**TOPOLOGY, "guard_fill": 1.0}
+TOPO_GUARD_NEED = {**TOPO_GUARD, "balance": P.BALANCE_BAND, "need_horizon": 1.0}
+
+
+def unobserved(make: Callable[[], Policy]) -> Callable[[], Policy]:
+    """``make``'s policy told of no arrival (``Policy.observe`` does nothing), as the live scheduler
+    drives it: it binds the policy to the pods it knows and never calls ``observe``, so the guard's and
+    the balance's rates stay the workload's (given at bind) and the guard's horizon never shrinks."""
+
+    def build() -> Policy:
+        policy = make()
+        policy.observe = lambda pod: None  # type: ignore[method-assign]
+        return policy
+
+    return build
+
+
+VARIANTS.update(
+    {
+        "topo-base": topology_over(**TOPOLOGY),
+        "topo-guard": topology_over(**TOPO_GUARD),
+        "topo-guard-need": topology_over(**TOPO_GUARD_NEED),
+        # the same as the live scheduler would run them (no arrivals observed)
+        "topo-guard-live": unobserved(topology_over(**TOPO_GUARD)),
+        "topo-guard-need-live": unobserved(topology_over(**TOPO_GUARD_NEED)),
+    }
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     P.POLICIES.update(VARIANTS)  # worker processes are forked and inherit them
     bench = bench_module("simulate_openb.py", "simulate_openb_variants")
