@@ -39,7 +39,7 @@ BEFORE = {"horizon": 1.0, "prior_weight": 0.0, "by_need": False, "cpu_horizon": 
 # the default before the model guard and the model balance by need were ported into it (2026-11-29,
 # ``reserve-v2``): every variant here is one of that default (or of an older one, ``BEFORE``), so what they
 # measured stays what they run
-V2 = {"guard_fill": None, "need_horizon": None}
+V2 = {"guard_fill": None, "need_horizon": None, "restricted_banded": False}
 
 
 def reserve_v2(**parts: Any) -> Policy:
@@ -809,6 +809,242 @@ VARIANTS.update(
         "softkeep-gpu": lambda: soft_reserve(gpu_only=True),
         "softrare": lambda: soft_reserve(rare=0.10),
         "softrare-gpu": lambda: soft_reserve(gpu_only=True, rare=0.10),
+    }
+)
+
+
+# The default of 2026-11-29 morning (the model guard and the balance by need, the alignment exact while CPU
+# binds whatever arrived): the variants below were measured against it, before restricted_banded was ported
+# into the default (spec-banded below, 2026-11-29 session 10:10)
+GUARDED = {"restricted_banded": False}
+
+
+# --- issue 26, the late phase (2026-11-29 session 10:10): once the arrivals have asked for the cluster's
+# GPUs `late` times over (the GPU milli arrived, counted by observe), the default turns into fgd-align's
+# rules: the alignment exact and/or FGD in bands of 1 point. fgd-align is ahead of the default at 130% on
+# the GPU-spec mixes while behind it at 100%.
+
+
+class LateAlign(P.ReserveThenAlign):
+    """``ReserveThenAlign`` whose alignment is exact once the GPU milli arrived reaches ``late`` x the
+    cluster's GPU capacity."""
+
+    late = 1.0
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        step, horizon = super()._step_and_horizon()
+        if self.asked[1] >= self.late * self.capacity[1]:
+            return 0.0, horizon
+        return step, horizon
+
+
+class LateFGD(P.FGDScore):
+    """``FGDScore`` in bands of 1 point once the GPU milli arrived reaches ``late`` x the cluster's GPU
+    capacity (its scores and memo start afresh then, as with ``spec_step``)."""
+
+    late = 1.0
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        super().bind(cluster, workload, rng)
+        self.capacity_milli = float(cluster.total_gpus() * MILLI)
+        self.arrived = 0.0
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        self.arrived += pod.total_gpu_milli
+        if self.step != 1 and self.arrived >= self.late * self.capacity_milli:
+            self.step = 1
+            self._cache = {}
+            self._memo = {}
+
+
+def late_rules(align: bool, fgd: bool, late: float = 1.0) -> Callable[[], Policy]:
+    """The default (``fgd_reserve()``, with the guard and the balance by need) with fgd-align's exact
+    alignment (``align``) and/or FGD in bands of 1 (``fgd``) once ``late`` x the GPU capacity arrived."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve(**GUARDED)
+        if fgd:
+            old = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
+            new_fgd = LateFGD(
+                step=old.step, whole_node_typical=old.whole_node_typical, spec_step=old.spec_step
+            )
+            new_fgd.late = late
+            policy.plugins = tuple((new_fgd if p is old else p, w) for p, w in policy.plugins)
+        if align:
+            tie = policy.tie_break
+            assert isinstance(tie, P.ReserveThenAlign)
+            tie.__class__ = LateAlign
+            tie.late = late
+        return policy
+
+    return make
+
+
+VARIANTS.update(
+    {
+        "late-align": late_rules(True, False),
+        "late-fgd1": late_rules(False, True),
+        "late-both": late_rules(True, True),
+        "late-both09": late_rules(True, True, 0.9),
+        "late-align09": late_rules(True, False, 0.9),
+    }
+)
+
+
+# --- issue 26, the CPU-heavy GPU-spec dip (2026-11-29 session 10:10; tuning mix t-spec25-cpu3-mg20):
+# the small models' nodes run out of CPU (CPU-only pods, free 1-GPU pods of ~10 CPUs) before their GPUs,
+# and ModelGuard counts GPUs only. CpuGuard also guards a model whose free CPU is below the CPU its
+# restricted pods are expected to bring over the same horizon (their CPU per GPU milli arrived so far,
+# times the GPU milli still to arrive), and (``cpu_only``) keeps CPU-only pods off such models.
+
+
+class CpuGuard(P.ModelGuard):
+    """``ModelGuard`` that also guards a model short of CPU for its restricted pods (see above)."""
+
+    def __init__(self, fill: float = 1.0, warm_up: float = 0.02, cpu_only: bool = False) -> None:
+        super().__init__(fill, warm_up)
+        self.cpu_only = cpu_only
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        super().bind(cluster, workload, rng)
+        self.cluster_cpu = cluster.cpu_capacity
+        self.cpu_asked = [0.0] * len(self.sets)
+        self.cpu_prior = [0.0] * len(self.sets)
+        for pod in workload:
+            if pod.gpu_models and pod.gpu_count:
+                self._split_cpu(pod, self.cpu_prior)
+
+    def _split_cpu(self, pod: PodRequest, into: list[float]) -> None:
+        match = [code for code, models in enumerate(self.sets) if models & pod.gpu_models]
+        for code in match:
+            into[code] += pod.cpu_milli / len(match)
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        if pod.gpu_count and pod.gpu_models:
+            self._split_cpu(pod, self.cpu_asked)
+
+    def _guards(self, pod: PodRequest) -> bool:
+        if self.cpu_only and not pod.gpu_count and pod.cpu_milli:
+            return self.any_asked or self.any_prior
+        return super()._guards(pod)
+
+    def guarded(self, cluster: ClusterState) -> list[bool]:
+        gpu_short = super().guarded(cluster)
+        if self._warm():
+            rates, per = self.cpu_asked, self.total
+        else:
+            rates, per = self.cpu_prior, self.prior_total
+        if not per:
+            return gpu_short
+        left = self._left()
+        free_cpu = np.bincount(self.codes, weights=cluster.cpu_free, minlength=len(self.sets)).tolist()
+        cpu_short = [have < rate / per * left for have, rate in zip(free_cpu, rates, strict=True)]
+        self._cpu_short = cpu_short
+        return [a or b for a, b in zip(gpu_short, cpu_short, strict=True)]
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if not self._guards(pod) or not self.any_asked and self._warm():
+            return np.zeros(len(idx))
+        flags = self.guarded(cluster)
+        if not pod.gpu_count:  # CPU-only pods: only the models short of CPU
+            flags = self._cpu_short
+        per_model = np.array([-1.0 if hit else -0.0 for hit in flags])
+        return per_model.take(self.codes.take(idx))
+
+
+def cpu_guard(cpu_only: bool) -> Callable[[], Policy]:
+    """The default (``fgd_reserve()``) with ``CpuGuard`` in place of its ``ModelGuard``."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve(**GUARDED)
+        policy.plugins = tuple(
+            (CpuGuard(p.fill, p.warm_up, cpu_only), w) if isinstance(p, P.ModelGuard) else (p, w)
+            for p, w in policy.plugins
+        )
+        return policy
+
+    return make
+
+
+VARIANTS.update({"cpuguard": cpu_guard(False), "cpuguard-cpu": cpu_guard(True)})
+
+
+def whole_typical(**parts: Any) -> Callable[[], Policy]:
+    """The default (``fgd_reserve(**parts)``) with whole-node pods among FGD's typical pods (as FGD has
+    them)."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve(**{**GUARDED, **parts})
+        for plugin, _ in policy.plugins:
+            if isinstance(plugin, P.FGDScore):
+                plugin.whole_node_typical = True
+        return policy
+
+    return make
+
+
+VARIANTS.update(
+    {
+        "whole-typical": whole_typical(),
+        "wt-fgd1": whole_typical(fgd_step=1),
+        "wt-noexact": whole_typical(cpu_bound_exact=False),
+        "noexact": lambda: P.fgd_reserve(**GUARDED, cpu_bound_exact=False),
+        "d-fgd1": lambda: P.fgd_reserve(**GUARDED, fgd_step=1),
+    }
+)
+
+
+class SpecBanded(P.ReserveThenAlign):
+    """``ReserveThenAlign`` whose alignment stays in bands (never exact while CPU binds) once a pod
+    restricted to GPU models (with GPUs) has arrived: exact alignment sends the pods of many CPUs per GPU
+    to the small models' nodes (G3: 16 CPUs a GPU), which their restricted pods and the 120-CPU 8-GPU
+    pods need."""
+
+    restricted_seen = False
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        super().bind(cluster, workload, rng)
+        self.restricted_seen = False
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        if pod.gpu_models and pod.gpu_count:
+            self.restricted_seen = True
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        if self.restricted_seen and self.cpu_bound_exact:
+            self.cpu_bound_exact = False
+            try:
+                return super()._step_and_horizon()
+            finally:
+                self.cpu_bound_exact = True
+        return super()._step_and_horizon()
+
+
+def spec_banded(typical: bool = False) -> Callable[[], Policy]:
+    """The default with ``SpecBanded`` as its tie-breaker (``typical``: and whole-node pods among FGD's
+    typical pods once a restricted pod arrived... not gated: always, as ``whole-typical``)."""
+
+    def make() -> Policy:
+        policy = whole_typical()() if typical else P.fgd_reserve(**GUARDED)
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        tie.__class__ = SpecBanded
+        tie.restricted_seen = False
+        return policy
+
+    return make
+
+
+VARIANTS.update(
+    {
+        # the default before restricted_banded (2026-11-29 morning: the guard and the balance by need)
+        "guard-v3": lambda: P.fgd_reserve(**GUARDED),
+        # = the default since (restricted_banded), built here from SpecBanded
+        "spec-banded": spec_banded(),
+        "wt-spec-banded": spec_banded(True),
     }
 )
 

@@ -219,3 +219,30 @@ def test_the_balance_digit_is_left_out_of_the_tie_break_only_where_every_model_s
             state.forget(uid)
     assert need.bands(free_pod, state, idx).tolist() == [5.0] * 10
     assert need.varied_bands(free_pod, state, idx) is None
+
+
+def test_the_alignment_is_exact_while_cpu_binds_only_until_a_restricted_pod_arrives() -> None:
+    """``restricted_banded`` (the default's, ``RESTRICTED_BANDED``): exact alignment (step 0) while the
+    arrivals ask for more of the CPU than of the GPUs, until a pod restricted to GPU models and asking
+    GPUs arrives; then the bands of ``step`` again, for the rest of the run (a new bind starts afresh).
+    A pod naming models without asking GPUs does not count; without ``restricted_banded`` nothing
+    changes."""
+    state = cluster()
+    banded = P.ReserveThenAlign(0.2, cpu_bound_exact=True, restricted_banded=True)
+    plain = P.ReserveThenAlign(0.2, cpu_bound_exact=True)
+    for tie in (banded, plain):
+        tie.bind(state, [pod("w", cpu=1000)], random.Random(1))
+        for k in range(40):  # CPU-only arrivals: CPU binds
+            tie.observe(pod(f"c{k}", gpus=0, cpu=16_000))
+        assert tie.cpu_bound() and tie._step() == 0.0
+        tie.observe(pod("cpu-named", gpus=0, cpu=1000, models=A))  # no GPUs: not a restricted pod
+        assert tie._step() == 0.0
+        tie.observe(pod("r", models=A))
+    assert banded._step() == 0.2 and plain._step() == 0.0
+    banded.bind(state, [pod("w", cpu=1000)], random.Random(1))
+    for k in range(40):
+        banded.observe(pod(f"c{k}", gpus=0, cpu=16_000))
+    assert banded._step() == 0.0  # afresh after a bind
+    default = P.fgd_reserve().tie_break
+    assert isinstance(default, P.ReserveThenAlign) and default.restricted_banded
+    assert default.restricted_banded is P.RESTRICTED_BANDED

@@ -1408,7 +1408,11 @@ class ReserveThenAlign(AlignmentScore):
     asked by the pods arrived so far (before the first, the workload) is a larger share of the cluster's CPU
     than their GPU of its GPUs (CPU would run out first), the alignment is not banded (exact to 6 decimals).
     ``cpu_horizon``: while so (whatever ``cpu_bound_exact``), the reserve keeps ``cpu_horizon`` times the
-    expected need instead of its own ``horizon`` (None: its own always)."""
+    expected need instead of its own ``horizon`` (None: its own always). ``restricted_banded``: once a pod
+    restricted to GPU models (asking GPUs) has arrived, the alignment stays in bands even while CPU binds
+    (exact alignment sends pods of many CPUs a GPU to the small models' nodes, whose CPU and idle 8-GPU
+    hosts the restricted pods and the 120-CPU whole-node pods need: docs/performance.md "The CPU-heavy
+    GPU-spec dip")."""
 
     name = "reserve-align"
     WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
@@ -1426,6 +1430,7 @@ class ReserveThenAlign(AlignmentScore):
         reserve: WholeNodeReserve | None = None,
         cpu_horizon: float | None = None,
         need_horizon: float | None = None,
+        restricted_banded: bool = False,
     ) -> None:
         super().__init__(step=step)
         self.reserve = reserve if reserve is not None else WholeNodeReserve(keep, adaptive)
@@ -1440,6 +1445,8 @@ class ReserveThenAlign(AlignmentScore):
             self.balance = ModelBalance(balance) if need_horizon is None else ModelNeed(balance, need_horizon)
         self.cpu_bound_exact = cpu_bound_exact
         self.cpu_horizon = cpu_horizon
+        self.restricted_banded = restricted_banded
+        self.restricted_arrived = False  # a pod restricted to GPU models (asking GPUs) has arrived
         self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
         self.asked = [0, 0]  # CPU milli and GPU milli of the pods arrived so far
         self.prior = (0, 0)  # the same of the workload
@@ -1456,6 +1463,7 @@ class ReserveThenAlign(AlignmentScore):
         self.capacity = (max(int(cluster.cpu_capacity.sum()), 1), max(cluster.total_gpus() * MILLI, 1))
         self.prior = (sum(p.cpu_milli for p in workload), sum(p.total_gpu_milli for p in workload))
         self.asked = [0, 0]
+        self.restricted_arrived = False
 
     def observe(self, pod: PodRequest) -> None:
         self.reserve.observe(pod)
@@ -1463,6 +1471,8 @@ class ReserveThenAlign(AlignmentScore):
             self.balance.observe(pod)
         self.asked[0] += pod.cpu_milli
         self.asked[1] += pod.total_gpu_milli
+        if pod.gpu_models and pod.gpu_count:
+            self.restricted_arrived = True
 
     def cpu_bound(self) -> bool:
         """Whether the CPU asked is the larger share of capacity: by the arrivals so far once they asked
@@ -1485,13 +1495,15 @@ class ReserveThenAlign(AlignmentScore):
         return step, waste, penalty, balance
 
     def _step(self) -> float:
-        """The alignment's step for the next pod: 0 (exact) while CPU-bound with ``cpu_bound_exact``."""
+        """The alignment's step for the next pod: 0 (exact) while CPU-bound with ``cpu_bound_exact`` (and,
+        with ``restricted_banded``, no restricted pod arrived yet)."""
         return self._step_and_horizon()[0]
 
     def _step_and_horizon(self) -> tuple[float, float | None]:
         """The alignment's step for the next pod (``_step``) and the reserve's horizon (None: its own):
         ``cpu_horizon`` while CPU-bound."""
-        exact, horizon = self.cpu_bound_exact and self.step, self.cpu_horizon
+        banded = self.restricted_banded and self.restricted_arrived  # exact no more
+        exact, horizon = self.cpu_bound_exact and self.step and not banded, self.cpu_horizon
         if not (exact or horizon) or not self.cpu_bound():
             return self.step, None
         return (0.0 if exact else self.step), horizon
@@ -1800,6 +1812,10 @@ GUARD_FILL: float | None = 1.0
 GUARD_WEIGHT = 100.0
 GUARD_WARM_UP = 0.02  # the guard's rates from the arrivals once this share of the GPU capacity arrived
 NEED_HORIZON: float | None = 1.0
+# fgd-reserve: the alignment is exact while CPU binds only until a pod restricted to GPU models arrives
+# (ReserveThenAlign restricted_banded). Chosen on the tuning set (t-spec25-cpu3-mg20, t-spec30-cpu2-gs40: the
+# CPU-heavy GPU-spec dip), the default since 2026-11-29 (docs/performance.md "The CPU-heavy GPU-spec dip")
+RESTRICTED_BANDED = True
 
 
 def fgd_reserve(
@@ -1815,12 +1831,14 @@ def fgd_reserve(
     fgd_spec_step: int | None = FGD_SPEC_STEP,
     guard_fill: float | None = GUARD_FILL,
     need_horizon: float | None = NEED_HORIZON,
+    restricted_banded: bool = RESTRICTED_BANDED,
 ) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then pods with
     whole GPUs free to use any model kept off the GPU models their restricted pods are expected to need
     (``ModelGuard``), then FGD in bands; ties to the models least short of their restricted pods' need
     (``ModelNeed``), then to the nodes that keep whole-node hosts, then (shares) the least unfillable
-    remainder, then alignment bands (exact while CPU is the scarcer resource).
+    remainder, then alignment bands (exact while CPU is the scarcer resource and no pod restricted to GPU
+    models has arrived).
 
     Whole-node pods are left out of FGD's typical pods: the reserve keeps hosts for them, so FGD need
     not hold idle nodes back for them. ``keep``: whole-node hosts kept per shape at least
@@ -1834,8 +1852,10 @@ def fgd_reserve(
     restricted to GPU models has arrived (``FGD_SPEC_STEP``; None: ``fgd_step`` always);
     ``guard_fill``: the model guard's horizon in cluster capacities (``GUARD_FILL``; None: no guard);
     ``need_horizon``: the model balance by need's horizon (``NEED_HORIZON``; None: by free share,
-    ``ModelBalance``, the rule before 2026-11-29). ``guard_fill=None, need_horizon=None`` is the default
-    of before (bench/placement_variants.py ``reserve-v2``). docs/simulator.md explains each part.
+    ``ModelBalance``, the rule before 2026-11-29); ``restricted_banded``: see ``ReserveThenAlign``
+    (``RESTRICTED_BANDED``; False: exact while CPU binds whatever arrived, the rule before 2026-11-29's
+    second change). ``guard_fill=None, need_horizon=None, restricted_banded=False`` is the default of before
+    the guard (bench/placement_variants.py ``reserve-v2``). docs/simulator.md explains each part.
     """
     guard = () if guard_fill is None else ((ModelGuard(guard_fill, GUARD_WARM_UP), GUARD_WEIGHT),)
     return Policy(
@@ -1857,6 +1877,7 @@ def fgd_reserve(
             reserve=WholeNodeReserve(keep, adaptive, horizon, prior_weight, by_need),
             cpu_horizon=cpu_horizon,
             need_horizon=need_horizon,
+            restricted_banded=restricted_banded,
         ),
     )
 
