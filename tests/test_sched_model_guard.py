@@ -195,32 +195,6 @@ def test_the_guard_reads_no_pod_it_has_not_seen(fill: float) -> None:
     assert one.guarded(state) == three.guarded(state) == [True, False]
 
 
-def test_the_balance_digit_is_left_out_of_the_tie_break_only_where_every_model_shares_a_band() -> None:
-    """``varied_bands`` (the tie-break's): None where every model set is in one band (a digit the same
-    on every node orders nothing), else ``bands``; the per-node arrays kept per set of bands follow the
-    cluster as it changes."""
-    state = cluster()
-    need = P.ModelNeed(0.2, 1.0)
-    need.bind(state)
-    idx = np.arange(len(state))
-    for k in range(68):  # as above: A's need is 0.25 of its GPUs
-        need.observe(pod(f"r{k}", models=A) if k == 0 else pod(f"u{k}"))
-    free_pod = pod("f")
-    assert need.bands(free_pod, state, idx).tolist() == [5.0] * 10
-    assert need.varied_bands(free_pod, state, idx) is None  # every model in band 5
-    take_a(state, 3600)  # A in band 2
-    expected = [2.0, 2.0] + [5.0] * 8
-    assert need.bands(free_pod, state, idx).tolist() == expected
-    assert need.varied_bands(free_pod, state, idx).tolist() == expected
-    assert need.varied_bands(free_pod, state, idx[1:4]).tolist() == expected[1:4]
-    assert need.varied_bands(pod("r", models=A), state, idx) is None  # as bands: restricted pods
-    for node in state.nodes[:2]:  # A free again: one band, the digit left out again
-        for uid in list(node.allocations):
-            state.forget(uid)
-    assert need.bands(free_pod, state, idx).tolist() == [5.0] * 10
-    assert need.varied_bands(free_pod, state, idx) is None
-
-
 def test_the_alignment_is_exact_while_cpu_binds_only_until_a_restricted_pod_arrives() -> None:
     """``restricted_banded`` (the default's, ``RESTRICTED_BANDED``): exact alignment (step 0) while the
     arrivals ask for more of the CPU than of the GPUs, until a pod restricted to GPU models and asking

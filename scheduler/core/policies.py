@@ -1149,8 +1149,6 @@ class ModelBalance:
     gathered for the nodes asked about: the same floats as the per-node numpy expression.
     """
 
-    MAX_BAND_SETS = 4096  # per-node band arrays kept (all dropped when full)
-
     def __init__(self, band: float) -> None:
         if not (band > 0 and math.isfinite(1.0 / band)):
             # a whole free share over the band must be a float: its bands are floored to ints
@@ -1163,7 +1161,6 @@ class ModelBalance:
         self.sets: list[frozenset[str]] = []
         self.free = ModelFree(self.codes, 0)
         self._matches: dict[frozenset[str], list[int]] = {}  # matching: per gpu_models, the codes
-        self._by_bands: dict[bytes, np.ndarray] = {}  # _per_node: per model_bands, the per-node bands
 
     def bind(self, cluster: ClusterState) -> None:
         self.codes = cluster.model_code
@@ -1174,7 +1171,6 @@ class ModelBalance:
         self.any_restricted = False  # restricted.any()
         self.free = ModelFree(self.codes, len(self.sets))
         self._matches = {}
-        self._by_bands = {}
 
     def matching(self, models: frozenset[str]) -> list[int]:
         """The model set codes that share a model with ``models`` (a pod's ``gpu_models``), in order."""
@@ -1192,31 +1188,7 @@ class ModelBalance:
     def bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
         if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
             return None
-        return self.node_bands(cluster).take(idx)
-
-    def varied_bands(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray | None:
-        """``bands``, or None also where every model set is in one band (a digit the same on every
-        node orders nothing)."""
-        if pod.gpu_models or not pod.gpu_count or not self.any_restricted:
-            return None
-        per_set = self.model_bands(cluster)
-        if _least(per_set) == _largest(per_set):
-            return None
-        return self._per_node(per_set).take(idx)
-
-    def node_bands(self, cluster: ClusterState) -> np.ndarray:
-        """``model_bands`` gathered for every node of the cluster (the array is kept per set of bands:
-        read it, do not change it)."""
-        return self._per_node(self.model_bands(cluster))
-
-    def _per_node(self, per_set: np.ndarray) -> np.ndarray:
-        key = per_set.tobytes()
-        out = self._by_bands.get(key)
-        if out is None:
-            if len(self._by_bands) >= self.MAX_BAND_SETS:
-                self._by_bands.clear()
-            out = self._by_bands[key] = per_set.take(self.codes)
-        return out
+        return self.model_bands(cluster).take(self.codes.take(idx))
 
     def model_bands(self, cluster: ClusterState) -> np.ndarray:
         """``bands`` per model set: the free share of a restricted model's GPUs (1 for the others and
@@ -1298,7 +1270,6 @@ class ModelGuard(ScorePlugin):
     the free GPU milli per model set comes from ``ModelFree`` (exact int sums)."""
 
     name = "model-guard"
-    MAX_FLAG_SETS = 4096  # score's per-node arrays kept (all dropped when full)
 
     def __init__(self, fill: float = 1.0, warm_up: float = 0.02) -> None:
         self.fill, self.warm_up = fill, warm_up
@@ -1312,7 +1283,6 @@ class ModelGuard(ScorePlugin):
         self.any_asked = self.any_prior = False  # any(asked), any(prior)
         self.free = ModelFree(self.codes, 0)
         self._matches: dict[frozenset[str], list[int]] = {}  # per gpu_models, the model set codes
-        self._by_flags: dict[tuple[bool, ...], np.ndarray] = {}  # score: per guarded flags, per node
 
     def _split(self, pod: PodRequest, into: list[float]) -> None:
         """Add a restricted pod's GPU milli to ``into``, in equal parts over the model sets it may use."""
@@ -1328,7 +1298,6 @@ class ModelGuard(ScorePlugin):
         self.codes = cluster.model_code
         self.sets = list(cluster.model_sets)
         self._matches = {}
-        self._by_flags = {}
         self.free = ModelFree(self.codes, len(self.sets))
         self.asked = [0.0] * len(self.sets)
         self.prior = [0.0] * len(self.sets)
@@ -1389,14 +1358,8 @@ class ModelGuard(ScorePlugin):
     def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         if not self._guards(pod) or not self.any_asked and self._warm():
             return np.zeros(len(idx))
-        flags = tuple(self.guarded(cluster))
-        per_node = self._by_flags.get(flags)
-        if per_node is None:
-            if len(self._by_flags) >= self.MAX_FLAG_SETS:
-                self._by_flags.clear()
-            per_model = np.array([-1.0 if hit else -0.0 for hit in flags])
-            per_node = self._by_flags[flags] = per_model.take(self.codes)
-        return per_node.take(idx)
+        per_model = np.array([-1.0 if hit else -0.0 for hit in self.guarded(cluster)])
+        return per_model.take(self.codes.take(idx))
 
 
 class ReserveThenAlign(AlignmentScore):
@@ -1561,8 +1524,7 @@ class ReserveThenAlign(AlignmentScore):
         states = self._follow(cluster)  # node states and the reserve's hosts in one pass over the changes
         step, horizon = self._step_and_horizon()
         penalty = self.reserve.scarce_breaks(pod, cluster, idx, horizon)  # None: 0 everywhere
-        # a balance digit the same on every node orders nothing: left out
-        balance = self.balance.varied_bands(pod, cluster, idx) if self.balance is not None else None
+        balance = self.balance.bands(pod, cluster, idx) if self.balance is not None else None
         keys = self._fused_keys(pod, cluster, idx, step, penalty, states)
         n = len(cluster.tie_rank)
         if keys is not None and (balance is None or self._balance_above(keys, balance, n)):
