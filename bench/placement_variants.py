@@ -8,7 +8,9 @@ says which data chose what). The variants are ``scheduler.core.policies.fgd_rese
 parameters, or its tie-breaker with the alignment always exact (``exact-align``). Variants named before
 the reserve's second change (2026-11-28 night) keep the reserve's rule of then (``BEFORE``); every variant
 is one of the default before the model guard and the balance by need were ported into it (2026-11-29,
-``reserve-v2``, ``V2``), and ``guard1ns-need1`` is the default of now, built from this file's own classes.
+``reserve-v2``, ``V2``), or (the late-phase ones) of the default with them but with the alignment exact while
+CPU binds whatever arrived (``GUARDED``, ``guard-v3``); ``guard1ns-need1`` is that default built from this
+file's own classes, and ``spec-banded`` the default of now (``restricted_banded``, 2026-11-29 session 10:10).
 """
 
 from __future__ import annotations
