@@ -1044,7 +1044,8 @@ VARIANTS.update(
     {
         # the default before restricted_banded (2026-11-29 morning: the guard and the balance by need)
         "guard-v3": lambda: P.fgd_reserve(**GUARDED),
-        # = the default since (restricted_banded), built here from SpecBanded
+        # the first port of restricted_banded (banded for the rest of the run: fgd_reserve(banded_until=None))
+        # from SpecBanded; the default since bands only until 0.7 of the capacity (banded-until07)
         "spec-banded": spec_banded(),
         "wt-spec-banded": spec_banded(True),
     }
@@ -1096,6 +1097,44 @@ VARIANTS.update(
         "topo-guard-need-live": unobserved(topology_over(**TOPO_GUARD_NEED)),
     }
 )
+
+
+# --- issue 26: restricted_banded only while the restricted pods' horizon lasts (2026-11-29 session 10:10):
+# the default's alignment is banded once a restricted pod arrived; here exact again (while CPU binds) once
+# the GPU milli arrived reaches ``until`` x the capacity (the model guard's horizon, GUARD_FILL 1).
+
+
+class BandedUntil(P.ReserveThenAlign):
+    """The default's tie-breaker, ``restricted_banded`` only until ``until`` x the GPU capacity arrived."""
+
+    until = 1.0
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        if self.restricted_banded and self.asked[1] >= self.until * self.capacity[1]:
+            self.restricted_banded = False
+            try:
+                return super()._step_and_horizon()
+            finally:
+                self.restricted_banded = True
+        return super()._step_and_horizon()
+
+
+def banded_until(until: float) -> Callable[[], Policy]:
+    """The first port of ``restricted_banded`` (``fgd_reserve(banded_until=None)``) with
+    ``BandedUntil(until)`` as its tie-breaker: ``banded-until07`` is the default since."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve(banded_until=None)
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        tie.__class__ = BandedUntil
+        tie.until = until
+        return policy
+
+    return make
+
+
+VARIANTS.update({f"banded-until{int(u * 10):02d}": banded_until(u) for u in (0.4, 0.5, 0.6, 0.7, 0.8, 1.0)})
 
 
 def main(argv: list[str] | None = None) -> int:

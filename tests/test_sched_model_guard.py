@@ -220,3 +220,26 @@ def test_the_alignment_is_exact_while_cpu_binds_only_until_a_restricted_pod_arri
     default = P.fgd_reserve().tie_break
     assert isinstance(default, P.ReserveThenAlign) and default.restricted_banded
     assert default.restricted_banded is P.RESTRICTED_BANDED
+    assert default.banded_until == P.RESTRICTED_BANDED_UNTIL == 0.7
+
+
+def test_with_banded_until_the_alignment_is_exact_again_once_that_share_of_the_gpus_arrived() -> None:
+    """``banded_until``: banded from the first restricted pod only until the GPU milli arrived reaches
+    that share of the cluster's GPU capacity (68 GPUs here: 34 GPUs is 0.5), exact again after while CPU
+    binds; None: banded for the rest of the run."""
+    state = cluster()
+    until = P.ReserveThenAlign(0.2, cpu_bound_exact=True, restricted_banded=True, banded_until=0.5)
+    ever = P.ReserveThenAlign(0.2, cpu_bound_exact=True, restricted_banded=True)
+    for tie in (until, ever):
+        tie.bind(state, [pod("w", cpu=1000)], random.Random(1))
+        for k in range(40):  # CPU-only arrivals: CPU binds
+            tie.observe(pod(f"c{k}", gpus=0, cpu=16_000))
+        tie.observe(pod("r", models=A))  # 1 GPU arrived
+        assert tie.cpu_bound() and tie._step() == 0.2
+        for k in range(32):  # 33 GPUs arrived: below half the capacity
+            tie.observe(pod(f"u{k}", cpu=1000))
+        for k in range(40):
+            tie.observe(pod(f"c2{k}", gpus=0, cpu=16_000))
+        assert tie.cpu_bound() and tie._step() == 0.2
+        tie.observe(pod("u-last", cpu=1000))  # 34 GPUs: half the capacity
+    assert until._step() == 0.0 and ever._step() == 0.2

@@ -1375,7 +1375,8 @@ class ReserveThenAlign(AlignmentScore):
     restricted to GPU models (asking GPUs) has arrived, the alignment stays in bands even while CPU binds
     (exact alignment sends pods of many CPUs a GPU to the small models' nodes, whose CPU and idle 8-GPU
     hosts the restricted pods and the 120-CPU whole-node pods need: docs/performance.md "The CPU-heavy
-    GPU-spec dip")."""
+    GPU-spec dip"); ``banded_until``: ... only until the GPU milli arrived reaches this share of the
+    cluster's GPU capacity, exact again after (None: for the rest of the run)."""
 
     name = "reserve-align"
     WARM_UP = 0.1  # cpu_bound: arrivals decide once they asked for this share of the cluster
@@ -1394,6 +1395,7 @@ class ReserveThenAlign(AlignmentScore):
         cpu_horizon: float | None = None,
         need_horizon: float | None = None,
         restricted_banded: bool = False,
+        banded_until: float | None = None,
     ) -> None:
         super().__init__(step=step)
         self.reserve = reserve if reserve is not None else WholeNodeReserve(keep, adaptive)
@@ -1409,6 +1411,7 @@ class ReserveThenAlign(AlignmentScore):
         self.cpu_bound_exact = cpu_bound_exact
         self.cpu_horizon = cpu_horizon
         self.restricted_banded = restricted_banded
+        self.banded_until = banded_until
         self.restricted_arrived = False  # a pod restricted to GPU models (asking GPUs) has arrived
         self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
         self.asked = [0, 0]  # CPU milli and GPU milli of the pods arrived so far
@@ -1459,13 +1462,16 @@ class ReserveThenAlign(AlignmentScore):
 
     def _step(self) -> float:
         """The alignment's step for the next pod: 0 (exact) while CPU-bound with ``cpu_bound_exact`` (and,
-        with ``restricted_banded``, no restricted pod arrived yet)."""
+        with ``restricted_banded``, no restricted pod arrived yet or ``banded_until`` of the GPU capacity
+        arrived)."""
         return self._step_and_horizon()[0]
 
     def _step_and_horizon(self) -> tuple[float, float | None]:
         """The alignment's step for the next pod (``_step``) and the reserve's horizon (None: its own):
         ``cpu_horizon`` while CPU-bound."""
-        banded = self.restricted_banded and self.restricted_arrived  # exact no more
+        banded = self.restricted_banded and self.restricted_arrived  # exact no more ...
+        if banded and self.banded_until is not None:  # ... until this share of the capacity arrived
+            banded = self.asked[1] < self.banded_until * self.capacity[1]
         exact, horizon = self.cpu_bound_exact and self.step and not banded, self.cpu_horizon
         if not (exact or horizon) or not self.cpu_bound():
             return self.step, None
@@ -1775,9 +1781,12 @@ GUARD_WEIGHT = 100.0
 GUARD_WARM_UP = 0.02  # the guard's rates from the arrivals once this share of the GPU capacity arrived
 NEED_HORIZON: float | None = 1.0
 # fgd-reserve: the alignment is exact while CPU binds only until a pod restricted to GPU models arrives
-# (ReserveThenAlign restricted_banded). Chosen on the tuning set (t-spec25-cpu3-mg20, t-spec30-cpu2-gs40: the
-# CPU-heavy GPU-spec dip), the default since 2026-11-29 (docs/performance.md "The CPU-heavy GPU-spec dip")
+# (ReserveThenAlign restricted_banded), and again once RESTRICTED_BANDED_UNTIL of the GPU capacity has
+# arrived (banded_until; None: banded for the rest of the run). Chosen on the tuning set (t-spec25-cpu3-mg20,
+# t-spec30-cpu2-gs40: the CPU-heavy GPU-spec dip, around 35% arrived), the default since 2026-11-29
+# (docs/performance.md "The CPU-heavy GPU-spec dip")
 RESTRICTED_BANDED = True
+RESTRICTED_BANDED_UNTIL: float | None = 0.7
 
 
 def fgd_reserve(
@@ -1794,13 +1803,14 @@ def fgd_reserve(
     guard_fill: float | None = GUARD_FILL,
     need_horizon: float | None = NEED_HORIZON,
     restricted_banded: bool = RESTRICTED_BANDED,
+    banded_until: float | None = RESTRICTED_BANDED_UNTIL,
 ) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then pods with
     whole GPUs free to use any model kept off the GPU models their restricted pods are expected to need
     (``ModelGuard``), then FGD in bands; ties to the models least short of their restricted pods' need
     (``ModelNeed``), then to the nodes that keep whole-node hosts, then (shares) the least unfillable
-    remainder, then alignment bands (exact while CPU is the scarcer resource and no pod restricted to GPU
-    models has arrived).
+    remainder, then alignment bands (exact while CPU is the scarcer resource, but not from the first pod
+    restricted to GPU models until 70% of the GPU capacity has arrived).
 
     Whole-node pods are left out of FGD's typical pods: the reserve keeps hosts for them, so FGD need
     not hold idle nodes back for them. ``keep``: whole-node hosts kept per shape at least
@@ -1816,8 +1826,10 @@ def fgd_reserve(
     ``need_horizon``: the model balance by need's horizon (``NEED_HORIZON``; None: by free share,
     ``ModelBalance``, the rule before 2026-11-29); ``restricted_banded``: see ``ReserveThenAlign``
     (``RESTRICTED_BANDED``; False: exact while CPU binds whatever arrived, the rule before 2026-11-29's
-    second change). ``guard_fill=None, need_horizon=None, restricted_banded=False`` is the default of before
-    the guard (bench/placement_variants.py ``reserve-v2``). docs/simulator.md explains each part.
+    second change); ``banded_until``: see ``ReserveThenAlign`` (``RESTRICTED_BANDED_UNTIL``; None: banded
+    for the rest of the run, the rule of 2026-11-29's first port, bench/placement_variants.py
+    ``spec-banded``). ``guard_fill=None, need_horizon=None, restricted_banded=False`` is the default of
+    before the guard (bench/placement_variants.py ``reserve-v2``). docs/simulator.md explains each part.
     """
     guard = () if guard_fill is None else ((ModelGuard(guard_fill, GUARD_WARM_UP), GUARD_WEIGHT),)
     return Policy(
@@ -1840,6 +1852,7 @@ def fgd_reserve(
             cpu_horizon=cpu_horizon,
             need_horizon=need_horizon,
             restricted_banded=restricted_banded,
+            banded_until=banded_until,
         ),
     )
 
