@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if __name__ == "__main__":
     sys.path.insert(0, str(ROOT))
 
+from scheduler.core.policies import POLICIES, fgd_reserve  # noqa: E402
 from scheduler.core.request import PodRequest  # noqa: E402
 from scheduler.core.state import ClusterState  # noqa: E402
 from scheduler.sim.mixes import Mix  # noqa: E402
@@ -57,6 +58,11 @@ MIXES: dict[str, tuple[str, Mix]] = {
     "openb-spec50-mg20": ("multigpu20", Mix("openb-spec50-mg20", "multigpu20", spec_share=0.5, mix_seed=2)),
     "openb-cpu3": ("default", Mix("openb-cpu3", "default", {"cpu": 3}, mix_seed=1)),
     "openb-mixed": ("default", Mix("openb-mixed", "default", {"multi": 2, "share": 2}, 0.2, mix_seed=2)),
+    # CPU binds, pods name models: the alignment banded from the first restricted pod to 0.7 of the capacity
+    "openb-spec25-cpu3-mg20": (
+        "multigpu20",
+        Mix("openb-spec25-cpu3-mg20", "multigpu20", {"cpu": 3}, 0.25, mix_seed=1),
+    ),
 }
 SEEDS = {"sample": (42, 43, 44), "openb": (42, 43)}  # the openb cases take longer (0.5-1 s each)
 # (policy, workload, seed, ties): the default everywhere; the policies sharing its code on some
@@ -112,6 +118,22 @@ def test_placements_are_unchanged(policy: str, name: str, seed: int, ties: str) 
         pytest.skip(f"the openb traces are not at {OPENB}")
     expected = json.loads(GOLDEN.read_text())[case_id(policy, name, seed, ties)]
     assert digest(policy, *loaded, seed, ties) == expected
+
+
+def test_the_cpu_bound_spec_case_exercises_the_banded_alignment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On openb-spec25-cpu3-mg20 (seed 42) the default's recorded placements differ from those with the
+    alignment banded for the rest of the run once a restricted pod arrived (``banded_until=None``) and
+    from those never banded (``restricted_banded=False``): the case checks both parts of the rule."""
+    name = "openb-spec25-cpu3-mg20"
+    if name not in _LOADED:
+        _LOADED[name] = workload(name)
+    loaded = _LOADED[name]
+    if loaded is None:
+        pytest.skip(f"the openb traces are not at {OPENB}")
+    recorded = json.loads(GOLDEN.read_text())[case_id("fgd-reserve", name, 42, "node-order")]
+    for parts in ({"banded_until": None}, {"restricted_banded": False}):
+        monkeypatch.setitem(POLICIES, "variant", lambda parts=parts: fgd_reserve(**parts))
+        assert digest("variant", *loaded, 42, "node-order") != recorded, parts
 
 
 def write() -> None:
