@@ -10,7 +10,8 @@ the reserve's second change (2026-11-28 night) keep the reserve's rule of then (
 is one of the default before the model guard and the balance by need were ported into it (2026-11-29,
 ``reserve-v2``, ``V2``), or (the late-phase ones) of the default with them but with the alignment exact while
 CPU binds whatever arrived (``GUARDED``, ``guard-v3``); ``guard1ns-need1`` is that default built from this
-file's own classes, and ``spec-banded`` the default of now (``restricted_banded``, 2026-11-29 session 10:10).
+file's own classes, ``spec-banded`` the first port of ``restricted_banded`` (banded for the rest of the run)
+and ``banded-until07`` the default of now (banded until 0.7 of the capacity arrived, since 2026-11-29).
 """
 
 from __future__ import annotations
