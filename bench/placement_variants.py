@@ -861,6 +861,17 @@ class LateFGD(P.FGDScore):
             self._memo = {}
 
 
+def recast_tie_break(policy: Policy, cls: type[P.ReserveThenAlign], **attrs: Any) -> Policy:
+    """``policy`` with its ``ReserveThenAlign`` tie-breaker turned into ``cls`` (a subclass adding no
+    state of its own but ``attrs``), its parameters and state kept."""
+    tie = policy.tie_break
+    assert isinstance(tie, P.ReserveThenAlign)
+    tie.__class__ = cls
+    for name, value in attrs.items():
+        setattr(tie, name, value)
+    return policy
+
+
 def late_rules(align: bool, fgd: bool, late: float = 1.0) -> Callable[[], Policy]:
     """The default (``fgd_reserve()``, with the guard and the balance by need) with fgd-align's exact
     alignment (``align``) and/or FGD in bands of 1 (``fgd``) once ``late`` x the GPU capacity arrived."""
@@ -874,12 +885,7 @@ def late_rules(align: bool, fgd: bool, late: float = 1.0) -> Callable[[], Policy
             )
             new_fgd.late = late
             policy.plugins = tuple((new_fgd if p is old else p, w) for p, w in policy.plugins)
-        if align:
-            tie = policy.tie_break
-            assert isinstance(tie, P.ReserveThenAlign)
-            tie.__class__ = LateAlign
-            tie.late = late
-        return policy
+        return recast_tie_break(policy, LateAlign, late=late) if align else policy
 
     return make
 
@@ -1032,11 +1038,7 @@ def spec_banded(typical: bool = False) -> Callable[[], Policy]:
 
     def make() -> Policy:
         policy = whole_typical()() if typical else P.fgd_reserve(**GUARDED)
-        tie = policy.tie_break
-        assert isinstance(tie, P.ReserveThenAlign)
-        tie.__class__ = SpecBanded
-        tie.restricted_seen = False
-        return policy
+        return recast_tie_break(policy, SpecBanded, restricted_seen=False)
 
     return make
 
