@@ -38,9 +38,9 @@ POLICIES = ("fgd", "fgd-align", "fgd-reserve")
 workload = openb.load_workload  # (nodes, pods) of a shared trace or a mix, loaded once per process
 
 
-def job(name: str, policy: str, seed: int) -> dict:
+def job(name: str, policy: str, seed: int, ties: str = "node-order") -> dict:
     nodes, pods = workload(name)
-    run = run_once(nodes, pods, policy, seed)
+    run = run_once(nodes, pods, policy, seed, ties=ties)
     return {
         "name": name,
         "policy": policy,

@@ -8,9 +8,11 @@ table. The mixes' own seeds do not apply here: every workload runs on ``--seeds`
 ``--names``: mixes, traces, or a set of the mix file (``tuning``, ``heldout``, ...) or ``shared`` (the
 four traces); ``--policies``: names of bench/simulate_openb.py's policies or bench/placement_variants.py's
 variants, each ``NAME`` or ``NAME=LABEL`` (the label keys the cache: give a new one when the code behind a
-name changed). Columns: means at 100% and 130% arrived, the mean and smallest difference to the reference
-at 130% paired by seed, how many seeds are at or below it at 100% / 130%, the mean curve's smallest
-difference over 10..130% (where) and how many of those points are below it by more than 0.005.
+name changed); ``--ties random``: ties broken at random as the live scheduler breaks them (the labels get
+``@random``, so one cache holds both). Columns: means at 100% and 130% arrived, the mean and smallest
+difference to the reference at 130% paired by seed, how many seeds are at or below it at 100% / 130%, the
+mean curve's smallest difference over 10..130% (where) and how many of those points are below it by more
+than 0.005.
 """
 
 from __future__ import annotations
@@ -42,10 +44,18 @@ def register_variants() -> None:
     openb.POLICIES.update(variants.VARIANTS)
 
 
-def job(name: str, policy: str, seed: int, label: str) -> dict:
-    """One run, as a cache line (bench/sweep_issue26.py's, keyed by ``label``)."""
+def job(name: str, policy: str, seed: int, label: str, ties: str = "node-order") -> dict:
+    """One run, as a cache line (bench/sweep_issue26.py's, keyed by ``label``), ties broken as ``ties``
+    says (``run_once``)."""
     register_variants()
-    return {**sweep.job(name, policy, seed), "policy": label}
+    return {**sweep.job(name, policy, seed, ties), "policy": label}
+
+
+def labelled(policies: str, ties: str) -> list[tuple[str, str]]:
+    """``--policies`` as (policy, cache label) pairs: ``NAME`` or ``NAME=LABEL``; with ties other than
+    the node order the label gets ``@TIES`` (runs of one policy under both keep apart in one cache)."""
+    suffix = "" if ties == "node-order" else f"@{ties}"
+    return [(p.split("=")[0], p.split("=")[-1] + suffix) for p in policies.split(",") if p]
 
 
 def load_cache(path: Path) -> dict[tuple[str, str, int], dict]:
@@ -100,16 +110,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2)
     parser.add_argument("--ref", default="fgd")
     parser.add_argument("--cache", default="build/variant_runs.jsonl")
+    parser.add_argument(
+        "--ties", default="node-order", choices=("node-order", "random"), help="as the live scheduler: random"
+    )
     args = parser.parse_args(argv)
     register_variants()
     names = names_of(args.names)
     seeds = parse_seeds(args.seeds)
-    policies = [(p.split("=")[0], p.split("=")[-1]) for p in args.policies.split(",") if p]
+    policies = labelled(args.policies, args.ties)
+    ref_label = labelled(args.ref, args.ties)[0][1]
     cache_path = Path(args.cache)
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     cache = load_cache(cache_path)
     work = [
-        (n, p, s, label) for n in names for p, label in policies for s in seeds if (n, label, s) not in cache
+        (n, p, s, label, args.ties)
+        for n in names
+        for p, label in policies
+        for s in seeds
+        if (n, label, s) not in cache
     ]
     if work:
         with ProcessPoolExecutor(max(args.jobs, 1)) as pool, cache_path.open("a") as out:
@@ -122,11 +140,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     print("|---|---|---|---|---|---|---|---|")
     for name in names:
-        known = all((name, args.ref, s) in cache for s in seeds)
-        ref = [cache[(name, args.ref, s)] for s in seeds] if known else None
+        known = all((name, ref_label, s) in cache for s in seeds)
+        ref = [cache[(name, ref_label, s)] for s in seeds] if known else None
         for _, label in policies:
             runs = [cache[(name, label, s)] for s in seeds]
-            if ref is None or label == args.ref:
+            if ref is None or label == ref_label:
                 mean_100 = statistics.fmean(r["at_100"] for r in runs)
                 mean_130 = statistics.fmean(r["at_130"] for r in runs)
                 print(f"| {name} | {label} | {mean_100:.2f} | {mean_130:.2f} | | | | |")

@@ -31,3 +31,14 @@ def test_names_expand_sets_and_shared_and_the_cache_reads_back(tmp_path: Path) -
     assert runner.load_cache(cache) == {}
     cache.write_text(json.dumps(run("m", "x", 3, 90.0)) + "\n\n")
     assert set(runner.load_cache(cache)) == {("m", "x", 3)}
+
+
+def test_random_ties_label_the_runs_apart() -> None:
+    """``--ties random`` runs keep their own cache keys (``LABEL@random``), the reference's too; under
+    the node order the labels are the policies' (or ``NAME=LABEL``'s)."""
+    runner = bench_module("variant_runs.py", "variant_runs_bench")
+    assert runner.labelled("fgd,topology=topo", "node-order") == [("fgd", "fgd"), ("topology", "topo")]
+    assert runner.labelled("fgd,topology=topo", "random") == [
+        ("fgd", "fgd@random"),
+        ("topology", "topo@random"),
+    ]
