@@ -13,7 +13,7 @@ import scheduler.live.extender as extender_module
 from scheduler.live.extender import Extender
 from scheduler.live.groupplans import GroupPlans
 from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
-from tests.support.schedworld import Feed, World, make_scheduler, node_json, pod_json
+from tests.support.schedworld import Feed, World, make_scheduler, node_json, plugins_group, pod_json
 
 NODES = ["n1", "n2", "n3"]
 
@@ -29,8 +29,7 @@ def gang(members: int, gpus: int = 2) -> tuple[World, Feed, Extender]:
     for name in NODES:
         world.put_node(node_json(name, 8))
     world.put_pod(pod_json("busy", 2, node="n1"))
-    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": members}}
-    world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+    world.put_group(PLUGINS_API, plugins_group("g", members))
     sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
     feed = Feed(world, sched)
     feed.relist()

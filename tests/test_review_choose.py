@@ -9,7 +9,7 @@ import json
 from typing import Any
 
 from scheduler.live.extender import Extender
-from tests.support.schedworld import Feed, World, drive, make_scheduler, node_json, pod_json
+from tests.support.schedworld import Feed, World, drive, make_scheduler, node_json, plugins_group, pod_json
 
 GPU_MILLI = "kubegpu.io/gpu-milli"
 
@@ -118,12 +118,7 @@ def test_choose_places_a_gangs_members_as_the_scheduler_plans_the_group() -> Non
         zone = "topology.kubernetes.io/zone"
         return [node_json("na1", 4, labels={zone: "a"}), node_json("nb1", 8, labels={zone: "b"})]
 
-    group = {
-        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-        "kind": "PodGroup",
-        "metadata": {"name": "g", "namespace": "ns"},
-        "spec": {"minMember": 2},
-    }
+    group = plugins_group("g", 2)
     placed: dict[str, list[str | None]] = {}
     for who in ("kubegpu", "default-scheduler"):
         world = World()
@@ -207,8 +202,7 @@ def gang_world(min_member: int, members: int, free_a: int) -> tuple[World, Any, 
     world.put_node(node_json("nb1", 4, labels={zone: "b"}))
     if free_a < 4:
         world.put_pod(pod_json("busy", 4 - free_a, node="na1"))
-    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": min_member}}
-    world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+    world.put_group(PLUGINS_API, plugins_group("g", min_member))
     sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
     feed = Feed(world, sched)
     feed.relist()
@@ -278,8 +272,7 @@ def test_a_gang_of_kube_schedulers_pods_is_chosen_in_extender_address_mode() -> 
     zone = "topology.kubernetes.io/zone"
     world.put_node(node_json("na1", 4, labels={zone: "a"}))
     world.put_node(node_json("nb1", 4, labels={zone: "b"}))
-    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
-    world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
     sched, _jobs, _core, _clock = make_scheduler(world, name="kubegpu")
     feed = Feed(world, sched)
     feed.relist()
@@ -310,9 +303,7 @@ def test_a_gang_whose_members_kube_scheduler_sends_different_nodes_is_chosen() -
         world = World()
         world.put_node(node_json("na", 4, labels={"pool": "a"}))
         world.put_node(node_json("nb", 4, labels={"pool": "b"}))
-        group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
-        kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
-        world.put_group(PLUGINS_API, {**kind, **group})
+        world.put_group(PLUGINS_API, plugins_group("g", 2))
         sched, jobs, _core, clock = make_scheduler(world, name=who)
         feed = Feed(world, sched)
         feed.relist()
@@ -346,12 +337,7 @@ def test_a_member_whose_pod_group_is_not_seen_yet_is_not_placed_alone() -> None:
     from scheduler.live.podgroups import PLUGINS_API, PLUGINS_LABEL
 
     zone = "topology.kubernetes.io/zone"
-    group = {
-        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-        "kind": "PodGroup",
-        "metadata": {"name": "g", "namespace": "ns"},
-        "spec": {"minMember": 2},
-    }
+    group = plugins_group("g", 2)
     placed: dict[str, list[str | None]] = {}
     for who in ("kubegpu", "default-scheduler"):
         world = World()
@@ -392,8 +378,7 @@ def full_nodes_gang(n2_pod: str, n2_priority: int) -> tuple[World, Feed, Extende
     world.put_node(node_json("n2", 4))
     world.put_pod(pod_json("low", 4, node="n1", priority=0))
     world.put_pod(pod_json(n2_pod, 4, node="n2", priority=n2_priority))
-    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
-    world.put_group(PLUGINS_API, {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup", **group})
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
     sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
     feed = Feed(world, sched)
     feed.relist()
@@ -464,9 +449,7 @@ def test_a_whole_node_gang_chosen_member_by_member_stays_in_one_zone() -> None:
     world = World()
     for name in ("a1", "a2", "b1", "b2", "b3"):
         world.put_node(node_json(name, 8, labels={zone: name[0]}))
-    group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
-    kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
-    world.put_group(PLUGINS_API, {**kind, **group})
+    world.put_group(PLUGINS_API, plugins_group("g", 2))
     sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler")
     feed = Feed(world, sched)
     feed.relist()
@@ -496,9 +479,7 @@ def test_members_chosen_before_either_binds_are_told_nodes_of_one_plan() -> None
         world = World()
         for name in ("n1", "n2", "n3"):
             world.put_node(node_json(name, 1))
-        group = {"metadata": {"name": "g", "namespace": "ns"}, "spec": {"minMember": 2}}
-        kind = {"apiVersion": "scheduling.x-k8s.io/v1alpha1", "kind": "PodGroup"}
-        world.put_group(PLUGINS_API, {**kind, **group})
+        world.put_group(PLUGINS_API, plugins_group("g", 2))
         sched, _jobs, _core, _clock = make_scheduler(world, name="default-scheduler", seed=seed)
         feed = Feed(world, sched)
         feed.relist()

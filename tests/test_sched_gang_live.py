@@ -8,17 +8,8 @@ from __future__ import annotations
 from typing import Any
 
 from scheduler.live.podgroups import KUBE_API, PLUGINS_API, PLUGINS_LABEL
-from tests.support.schedworld import Feed, World, drive, make_scheduler, node_json, pod_json
+from tests.support.schedworld import Feed, World, drive, make_scheduler, node_json, plugins_group, pod_json
 from tests.test_sched_preempt_live import add, settle, setup
-
-
-def plugins_group(name: str, min_member: int | Any, **spec: Any) -> dict[str, Any]:
-    return {
-        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
-        "kind": "PodGroup",
-        "metadata": {"name": name, "namespace": "ns"},
-        "spec": {"minMember": min_member, **spec},
-    }
 
 
 def kube_group(name: str, min_count: int | None) -> dict[str, Any]:

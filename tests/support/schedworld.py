@@ -71,6 +71,16 @@ def beating_at(node: dict[str, Any], at: dt.datetime) -> dict[str, Any]:
     return node
 
 
+def plugins_group(name: str, min_member: int | Any, **spec: Any) -> dict[str, Any]:
+    """A scheduler-plugins PodGroup (scheduling.x-k8s.io/v1alpha1) in namespace ``ns``."""
+    return {
+        "apiVersion": "scheduling.x-k8s.io/v1alpha1",
+        "kind": "PodGroup",
+        "metadata": {"name": name, "namespace": "ns"},
+        "spec": {"minMember": min_member, **spec},
+    }
+
+
 def node_json(
     name: str,
     gpus: int | list[tuple[str, bool]] = 4,
