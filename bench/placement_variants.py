@@ -245,14 +245,16 @@ def model_need(band: float, horizon: float) -> Callable[[], Policy]:
     return make
 
 
-class ModelGuard(P.ScorePlugin):
-    """A score above FGD's bands: -1 on the nodes of a GPU model whose free GPU milli is below the demand
-    its restricted pods are expected to bring until the cluster's GPUs have arrived ``fill`` times over,
-    0 elsewhere, for pods free to use any model (and, with ``cpu_only``, pods asking no GPU); 0 for
-    restricted pods. The expected demand of a model is its restricted pods' share of the GPU milli arrived
-    so far (after ``warm_up`` of the capacity has arrived; before, the workload's share, as the reserve's
-    prior) times the GPU milli still to arrive (``fill`` x capacity less what arrived, at least 0).
-    Reads the arrivals seen so far, the workload given at bind and the cluster's state only."""
+class ModelGuard(P.ModelGuard):
+    """The core's ``ModelGuard`` (its ``_split`` of a restricted pod's GPU milli over its model sets) with
+    research options, as measured for issue 26. A score above FGD's bands: -1 on the nodes of a GPU model
+    whose free GPU milli is below the demand its restricted pods are expected to bring until the cluster's
+    GPUs have arrived ``fill`` times over, 0 elsewhere, for pods free to use any model (and, with
+    ``cpu_only``, pods asking no GPU); 0 for restricted pods. The expected demand of a model is its
+    restricted pods' share of the GPU milli arrived so far (after ``warm_up`` of the capacity has arrived;
+    before, the workload's share, as the reserve's prior) times the GPU milli still to arrive (``fill`` x
+    capacity less what arrived, at least 0). Reads the arrivals seen so far, the workload given at bind
+    and the cluster's state only."""
 
     name = "model-guard"
 
@@ -287,15 +289,6 @@ class ModelGuard(P.ScorePlugin):
         self.any_asked = self.any_prior = False
         self.free = P.ModelFree(self.codes, 0)
         self._matches: dict[frozenset[str], list[int]] = {}  # per gpu_models, the model set codes
-
-    def _split(self, pod: PodRequest, into: np.ndarray) -> None:
-        match = self._matches.get(pod.gpu_models)
-        if match is None:
-            match = self._matches[pod.gpu_models] = [
-                code for code, models in enumerate(self.sets) if models & pod.gpu_models
-            ]
-        for code in match:
-            into[code] += pod.total_gpu_milli / len(match)
 
     def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
         self.codes = cluster.model_code

@@ -1284,7 +1284,7 @@ class ModelGuard(ScorePlugin):
         self.free = ModelFree(self.codes, 0)
         self._matches: dict[frozenset[str], list[int]] = {}  # per gpu_models, the model set codes
 
-    def _split(self, pod: PodRequest, into: list[float]) -> None:
+    def _split(self, pod: PodRequest, into: list[float] | np.ndarray) -> None:
         """Add a restricted pod's GPU milli to ``into``, in equal parts over the model sets it may use."""
         match = self._matches.get(pod.gpu_models)
         if match is None:
