@@ -506,11 +506,15 @@ def run_once(
     readings: bool = True,
     hot_threshold: float = HOT_THRESHOLD,
     observe: Callable[[ClusterState], None] | None = None,
+    on_try: Callable[[PodRequest, Placement | None, ClusterState, float], None] | None = None,
 ) -> RunResult:
     """One run of the protocol: a fresh cluster, the seed's arrival order, one try per pod (per group
     with ``gang_mode="gang"``; see the module docstring). ``utilization_weight``: the live term added
     to the policy (``make_policy``); ``readings``: give the nodes' utilisation values to the cluster;
-    ``observe``: called with the cluster as the run leaves it (for checks of the final state)."""
+    ``observe``: called with the cluster as the run leaves it (for checks of the final state);
+    ``on_try``: called after each pod tried on its own (not as a gang member) with the pod, its placement
+    (None: refused), the cluster after it and the GPU milli arrived so far in % of the capacity (for
+    replays: which pods were refused when, what fills which nodes)."""
     start = time.perf_counter()
     if gang_mode not in GANG_MODES:
         raise ValueError(f"gang_mode must be one of {', '.join(GANG_MODES)}, not {gang_mode!r}")
@@ -579,6 +583,8 @@ def run_once(
                 why = rdma_failure(pod, cluster)
                 if why:
                     rdma[why] += 1
+            if on_try is not None:
+                on_try(pod, result if isinstance(result, Placement) else None, cluster, 100 * arr / capacity)
         tracker.tick()
         arrived[k] = arr
         allocated[k] = used
