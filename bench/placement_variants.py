@@ -269,7 +269,8 @@ class ModelGuard(P.ModelGuard):
         hosts: int = 0,
         prior_hosts: bool = False,
     ) -> None:
-        self.fill, self.cpu_only, self.warm_up = fill, cpu_only, warm_up
+        super().__init__(fill, warm_up)
+        self.cpu_only = cpu_only
         # hosts > 0: also -1, for any pod that is not one of them, on the idle nodes of a model that some
         # arrived pod restricted to it asked G >= 2 whole GPUs of, while the model has at most ``hosts``
         # idle nodes of G or more GPUs (its last hosts for such pods)
@@ -278,52 +279,27 @@ class ModelGuard(P.ModelGuard):
         # shares: whether it applies to shares; scale: times the expected demand; stop: off once this
         # share of the capacity has arrived (None: never before fill)
         self.shares, self.scale, self.stop = shares, scale, stop
-        self.codes = np.zeros(0, dtype=np.int64)
-        self.sets: list[frozenset[str]] = []
-        self.asked = np.zeros(0)
-        self.prior = np.zeros(0)
-        self.total = 0.0
-        self.prior_total = 1.0
-        self.capacity = 1.0
-        # asked.any() and prior.any(), kept as they change; the free GPU milli per model set (P.ModelFree)
-        self.any_asked = self.any_prior = False
-        self.free = P.ModelFree(self.codes, 0)
-        self._matches: dict[frozenset[str], list[int]] = {}  # per gpu_models, the model set codes
 
     def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
-        self.codes = cluster.model_code
-        self.sets = list(cluster.model_sets)
-        self._matches = {}
-        self.free = P.ModelFree(self.codes, len(self.sets))
-        self.asked = np.zeros(len(self.sets))
-        self.prior = np.zeros(len(self.sets))
-        self.total = 0.0
+        super().bind(cluster, workload, rng)
         self.host_sizes = {}
-        self.capacity = float(cluster.total_gpus() * MILLI)
-        self.prior_total = max(float(sum(p.total_gpu_milli for p in workload)), 1.0)
-        for pod in workload:
-            if pod.gpu_models and pod.gpu_count:
-                self._split(pod, self.prior)
-                if self.hosts and self.prior_hosts and pod.whole_gpus >= 2:  # the workload's, as a prior
-                    for code, models in enumerate(self.sets):
-                        if models & pod.gpu_models:
-                            self.host_sizes.setdefault(code, set()).add(pod.whole_gpus)
-        self.any_asked, self.any_prior = False, bool(self.prior.any())
+        if self.hosts and self.prior_hosts:  # the workload's sizes, as a prior
+            for pod in workload:
+                self._note_host_size(pod)
 
     def observe(self, pod: PodRequest) -> None:
-        if not pod.gpu_count:
-            return
-        self.total += pod.total_gpu_milli
-        if pod.gpu_models:
-            self._split(pod, self.asked)
-            self.any_asked = bool(self.asked.any())
-            if self.hosts and pod.whole_gpus >= 2:
-                for code, models in enumerate(self.sets):
-                    if models & pod.gpu_models:
-                        self.host_sizes.setdefault(code, set()).add(pod.whole_gpus)
+        super().observe(pod)
+        if self.hosts:
+            self._note_host_size(pod)
 
-    def bounds(self) -> tuple[float, float]:
-        return (-1.0, 0.0)
+    def _note_host_size(self, pod: PodRequest) -> None:
+        """A pod restricted to GPU models asking G >= 2 whole GPUs: G is a size whose last hosts each of
+        its models keeps (``hosts``)."""
+        if not (pod.gpu_models and pod.gpu_count and pod.whole_gpus >= 2):
+            return
+        for code, models in enumerate(self.sets):
+            if models & pod.gpu_models:
+                self.host_sizes.setdefault(code, set()).add(pod.whole_gpus)
 
     def applies(self, pod: PodRequest) -> bool:
         """False where ``score`` is 0 everywhere whatever the cluster: no hosts kept and the guard not for
@@ -347,9 +323,9 @@ class ModelGuard(P.ModelGuard):
         cluster's changes (``P.ModelFree``, exact sums) below the rate times what is left to arrive (the
         same operations as the vector form, so the same comparisons)."""
         if self.total >= self.warm_up * self.capacity:
-            rates, per = self.asked.tolist(), self.total
+            rates, per = self.asked, self.total
         else:
-            rates, per = self.prior.tolist(), self.prior_total
+            rates, per = self.prior, self.prior_total
         left = self._left()
         free = self.free.of(cluster)
         if not per:  # nothing arrived with warm_up 0: numpy's 0/0 (nan, never above) as the vector form did
