@@ -11,12 +11,13 @@ NRI_PROTO_OUT := crishim/nri/api_pb2.py crishim/nri/ttrpc_pb2.py
 
 # System packages the tests and the local cluster need (containerd, runc, busybox for test images,
 # systemd-analyze, mmdebstrap for the image, the loopback CNI plugin a kubelet node needs to turn
-# Ready). Skips apt entirely when everything is already there.
-APT_PACKAGES := containerd runc busybox-static systemd openssl mmdebstrap containernetworking-plugins
+# Ready, valgrind for bench/policy_runtime.py --instructions). Skips apt entirely when everything is
+# already there.
+APT_PACKAGES := containerd runc busybox-static systemd openssl mmdebstrap containernetworking-plugins valgrind
 deps:
 	@if command -v containerd >/dev/null && command -v runc >/dev/null && [ -x /bin/busybox ] \
 	    && command -v systemd-analyze >/dev/null && command -v openssl >/dev/null \
-	    && command -v mmdebstrap >/dev/null && [ -x /usr/lib/cni/loopback ]; then \
+	    && command -v mmdebstrap >/dev/null && [ -x /usr/lib/cni/loopback ] && command -v valgrind >/dev/null; then \
 	    echo "deps: system packages present"; \
 	else apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q $(APT_PACKAGES); fi
 
