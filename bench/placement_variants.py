@@ -1172,6 +1172,247 @@ def shy_need(until: float = 0.7, always: bool = False) -> Callable[[], Policy]:
 VARIANTS.update({"shy07": shy_need(0.7), "shy07-always": shy_need(0.7, True), "shy10": shy_need(1.0)})
 
 
+# --- issue 26, the CPU-heavy dip without restricted pods (2026-11-29 session 13:56, branch cpudip; tuning
+# mixes t-cpu3 and t-cpu3-mg20): while CPU binds the default's alignment is exact, which fills the CPU of
+# the nodes that pods asking many CPUs per GPU (4 GPUs and 60 CPUs, 1 GPU and 24 CPUs, 8 GPUs and 120
+# CPUs) need around 75-80% arrived. Each rule below reads the arrivals (observe) and the cluster's state
+# only, and acts only while no pod restricted to GPU models has arrived (the default's own rule,
+# restricted_banded, decides once one has).
+
+
+class CpuWindow(P.ReserveThenAlign):
+    """The default's tie-breaker whose alignment, while CPU binds and no restricted pod has arrived, is exact
+    only while the GPU milli arrived is in ``[exact_from, exact_until)`` x the cluster's GPU capacity (in
+    bands of the default's step outside it)."""
+
+    exact_from = 0.0
+    exact_until = math.inf
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        step, horizon = super()._step_and_horizon()
+        if step == 0.0 and self.step and not self.restricted_arrived:
+            arrived = self.asked[1] / self.capacity[1]
+            if not self.exact_from <= arrived < self.exact_until:
+                return self.step, horizon
+        return step, horizon
+
+
+def cpu_window(exact_from: float = 0.0, exact_until: float = math.inf) -> Callable[[], Policy]:
+    """The default (``fgd_reserve()``) with ``CpuWindow`` as its tie-breaker."""
+    return lambda: recast_tie_break(
+        P.fgd_reserve(), CpuWindow, exact_from=exact_from, exact_until=exact_until
+    )
+
+
+VARIANTS.update(
+    {
+        # banded until this share of the capacity arrived, exact after (banded_until's window from the start)
+        "cpuexact-from05": cpu_window(exact_from=0.5),
+        "cpuexact-from07": cpu_window(exact_from=0.7),
+        # exact until this share of the capacity arrived, banded after (the idle hosts left are kept whole
+        # by the node order within a band)
+        "cpuexact-until05": cpu_window(exact_until=0.5),
+        "cpuexact-until06": cpu_window(exact_until=0.6),
+    }
+)
+
+
+class RichReserve(P.WholeNodeReserve):
+    """``WholeNodeReserve`` that also keeps room for the CPU-rich GPU shapes, counted in pods: per GPU count G
+    below the largest node's, the most CPU any pod of G whole GPUs asks where that is more per GPU than the
+    CPU per GPU of the median GPU's node (on openb 12, the G2 nodes': 1 GPU and 24 CPUs, 2 and 30, 4 and 60).
+    Such a shape's room is the sum over the nodes of ``min(whole GPUs free // G, CPU free // its CPU)``;
+    it is kept at ``ceil(rich_horizon x s x free GPU milli / (G x 1000))`` pods, ``s`` the share of the GPU
+    milli arrived so far of the pods that need such room (G or more whole GPUs and as much CPU; the workload's
+    share counted as ``prior_weight`` of the capacity, as the reserve's own). While a shape has no more room
+    than that, a pod that does not need it counts one more scarce shape on the nodes where it would take
+    some of that room (the reserve's penalty digit). ``gate``: a callable; the rich part applies only while it
+    says so (the tie-breaker's CPU-bound test and no restricted pod arrived)."""
+
+    rich_horizon = 2.0
+    gate: Callable[[], bool] | None = None
+
+    def bind(self, cluster: ClusterState, workload: Any) -> None:
+        super().bind(cluster, workload)
+        largest = int(cluster.gpu_count.max()) if len(cluster) else 0
+        with_gpus = cluster.gpu_count > 0
+        gpus = cluster.gpu_count[with_gpus]
+        per_gpu = cluster.cpu_capacity[with_gpus] / np.maximum(gpus, 1)
+        order = np.argsort(per_gpu, kind="stable")  # the median GPU's node: GPUs summed in CPU-per-GPU order
+        at = int(np.searchsorted(np.cumsum(gpus[order]), gpus.sum() / 2)) if len(gpus) else 0
+        median = float(per_gpu[order][at]) if len(gpus) else 0.0
+        most: dict[int, int] = {}
+        for pod in workload:
+            g = 0 if pod.is_share else pod.gpu_count
+            if 1 <= g < largest and pod.cpu_milli > g * median:
+                most[g] = max(most.get(g, 0), pod.cpu_milli)
+        self.rich = sorted(most.items())  # (GPUs, CPU milli)
+        demand = sum(p.total_gpu_milli for p in workload)
+        self.rich_prior = [
+            sum(p.total_gpu_milli for p in workload if self._needs_rich(p, shape)) / demand if demand else 0.0
+            for shape in self.rich
+        ]
+        self.rich_seen = [0] * len(self.rich)
+        self.rich_total = 0
+
+    @staticmethod
+    def _needs_rich(pod: PodRequest, shape: tuple[int, int]) -> bool:
+        return not pod.is_share and pod.gpu_count >= shape[0] and pod.cpu_milli >= shape[1]
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        if not pod.total_gpu_milli:
+            return
+        self.rich_total += pod.total_gpu_milli
+        for k, shape in enumerate(self.rich):
+            if self._needs_rich(pod, shape):
+                self.rich_seen[k] += pod.total_gpu_milli
+
+    def _rich_share(self, k: int) -> float:
+        weight = self.prior_milli
+        if weight:
+            return (self.rich_seen[k] + self.rich_prior[k] * weight) / (self.rich_total + weight)
+        return self.rich_seen[k] / self.rich_total if self.rich_total else self.rich_prior[k]
+
+    def scarce_breaks(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, horizon: float | None = None
+    ) -> np.ndarray | None:
+        base = super().scarce_breaks(pod, cluster, idx, horizon)
+        if not self.rich or not len(idx) or (self.gate is not None and not self.gate()):
+            return base
+        free_milli = float(cluster.gpu_free_total.sum())
+        full, cpu_free = cluster.gpu_full_free, cluster.cpu_free
+        take = 0 if not pod.total_gpu_milli else (1 if pod.is_share else pod.gpu_count)
+        out = base
+        for k, (g, c) in enumerate(self.rich):
+            if self._needs_rich(pod, (g, c)):
+                continue
+            keep = math.ceil(self.rich_horizon * self._rich_share(k) * free_milli / (g * MILLI))
+            room = np.minimum(full // g, np.maximum(cpu_free, 0) // c)
+            if int(room.sum()) > keep:
+                continue
+            now = room[idx]
+            after = np.minimum(
+                np.maximum(full[idx] - take, 0) // g, np.maximum(cpu_free[idx] - pod.cpu_milli, 0) // c
+            )
+            hit = (after < now).astype(np.float64)
+            if hit.any():
+                out = hit if out is None else out + hit
+        return out
+
+
+class RichAlign(P.ReserveThenAlign):
+    """``ReserveThenAlign`` over a ``RichReserve``: the penalty digit spans its whole-node and rich shapes."""
+
+    def penalty_top(self) -> int:
+        reserve = self.reserve
+        return len(reserve.shapes) + len(getattr(reserve, "rich", ()))
+
+
+def rich_reserve(horizon: float = 2.0, gated: bool = True) -> Callable[[], Policy]:
+    """The default whose reserve also keeps room for the CPU-rich GPU shapes (``RichReserve``, over
+    ``horizon``); ``gated``: only while CPU binds and no restricted pod has arrived."""
+
+    def make() -> Policy:
+        policy = recast_tie_break(P.fgd_reserve(), RichAlign)
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        old = tie.reserve
+        new = RichReserve(old.fixed, old.adaptive, old.horizon, old.prior_weight, old.by_need)
+        new.rich_horizon = horizon
+        if gated:
+            new.gate = lambda: not tie.restricted_arrived and tie.cpu_bound()
+        tie.reserve = new
+        return policy
+
+    return make
+
+
+VARIANTS.update(
+    {
+        "richres1": rich_reserve(1.0),
+        "richres2": rich_reserve(2.0),
+        "richres4": rich_reserve(4.0),
+        "richres2-always": rich_reserve(2.0, gated=False),
+    }
+)
+
+
+class IdleBanded(P.ReserveThenAlign):
+    """The default's tie-breaker whose exact alignment (while CPU binds, no restricted pod arrived) is exact
+    only among the nodes that are not idle whole-node hosts: a node with as many GPUs as the largest, all
+    free, counts its alignment's band (the lower edge of the default's band of ``step``) instead, so it
+    takes a pod only where no partly used node is aligned as well as that band. Scored by ``score`` (the
+    fused keys hold one alignment per node state and request, not per node kind), then the node order."""
+
+    largest = 0
+    # rare: instead of every idle whole-node host, only the nodes that can host (by capacity) a whole-node
+    # shape that fewer than this share of the nodes with as many GPUs can (on openb the 120-CPU 8-GPU shapes:
+    # the 39 G3 nodes of 617 8-GPU ones), while idle with that CPU free; rare_always: those nodes in any state
+    rare: float | None = None
+    rare_always = False
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        super().bind(cluster, workload, rng)
+        self.largest = int(cluster.gpu_count.max()) if len(cluster) else 0
+        self.rare_nodes: np.ndarray | None = None
+        self.rare_cpu = 0
+        if self.rare is not None:
+            self.rare_nodes = np.zeros(len(cluster), dtype=bool)
+            cpus = []
+            for gpus, cpu, memory in self.reserve.shapes:
+                with_gpus = cluster.gpu_count >= gpus
+                able = with_gpus & (cluster.cpu_capacity >= cpu) & (cluster.mem_capacity >= memory)
+                if np.count_nonzero(able) < self.rare * max(int(np.count_nonzero(with_gpus)), 1):
+                    self.rare_nodes |= able
+                    cpus.append(cpu)
+            self.rare_cpu = min(cpus, default=0)
+
+    def _idle_mode(self, step: float) -> bool:
+        return step == 0.0 and bool(self.step) and not self.restricted_arrived
+
+    def _protected(self, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        """Which nodes of ``idx`` get their band instead of the exact alignment."""
+        count = cluster.gpu_count[idx]
+        idle = (cluster.gpu_full_free[idx] == count) & (count >= self.largest)
+        if self.rare_nodes is None:
+            return idle
+        rare = self.rare_nodes[idx]
+        if self.rare_always:
+            return rare
+        return rare & idle & (cluster.cpu_free[idx] >= self.rare_cpu)
+
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        if self._idle_mode(self._step()):
+            return None  # score, then the node order
+        return super().pick_tied(pod, cluster, idx)
+
+    def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
+        exact = super().aligned(pod, cluster, idx, step)
+        if not self._idle_mode(step):
+            return exact
+        protected = self._protected(cluster, idx)
+        if not protected.any():
+            return exact
+        edge = super().aligned(pod, cluster, idx, self.step) * self.step
+        return np.where(protected, edge, exact)
+
+
+def idle_banded(rare: float | None = None, always: bool = False) -> Callable[[], Policy]:
+    """The default with ``IdleBanded`` as its tie-breaker (``rare``, ``always``: its ``rare_always``)."""
+    return lambda: recast_tie_break(P.fgd_reserve(), IdleBanded, rare=rare, rare_always=always)
+
+
+VARIANTS.update(
+    {
+        "idleband": idle_banded(),
+        # only the idle hosts of the rare whole-node shapes (G3 on openb), or those nodes in any state
+        "rareidleband": idle_banded(0.10),
+        "rareband": idle_banded(0.10, always=True),
+    }
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     P.POLICIES.update(VARIANTS)  # worker processes are forked and inherit them
     bench = bench_module("simulate_openb.py", "simulate_openb_variants")
