@@ -1351,6 +1351,15 @@ class IdleBanded(P.ReserveThenAlign):
     # the 39 G3 nodes of 617 8-GPU ones), while idle with that CPU free; rare_always: those nodes in any state
     rare: float | None = None
     rare_always = False
+    # cpu_only: only for pods asking no GPU; last: the protected nodes' alignment is 0 (behind every other
+    # node of the tie) instead of their band's lower edge
+    cpu_only = False
+    last = False
+    idle_from = 0.0  # only once the GPU milli arrived reaches this share of the cluster's GPU capacity
+    # idle_keep: only while the idle whole-node hosts are at most ceil(idle_keep x s x free GPU milli /
+    # (largest x 1000)), s the share of the GPU milli arrived that whole-node pods asked (the workload's
+    # counted as the reserve's prior_weight of the capacity, as the reserve counts it); None: always
+    idle_keep: float | None = None
 
     def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
         super().bind(cluster, workload, rng)
@@ -1367,9 +1376,41 @@ class IdleBanded(P.ReserveThenAlign):
                     self.rare_nodes |= able
                     cpus.append(cpu)
             self.rare_cpu = min(cpus, default=0)
+        whole = sum(
+            p.total_gpu_milli
+            for p in workload
+            if not p.is_share and self.largest >= 2 and p.gpu_count >= self.largest
+        )
+        demand = sum(p.total_gpu_milli for p in workload)
+        self.whole_prior = whole / demand if demand else 0.0
+        self.whole_seen = 0
+        self.gpu_seen = 0
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        self.gpu_seen += pod.total_gpu_milli
+        if not pod.is_share and self.largest >= 2 and pod.gpu_count >= self.largest:
+            self.whole_seen += pod.total_gpu_milli
+
+    def _idle_needed(self, cluster: ClusterState) -> bool:
+        """Whether the idle whole-node hosts are down to ``idle_keep``'s count (always without it)."""
+        if self.idle_keep is None:
+            return True
+        weight = self.reserve.prior_milli
+        if weight:
+            share = (self.whole_seen + self.whole_prior * weight) / (self.gpu_seen + weight)
+        else:
+            share = self.whole_seen / self.gpu_seen if self.gpu_seen else self.whole_prior
+        keep = math.ceil(
+            self.idle_keep * share * float(cluster.gpu_free_total.sum()) / (self.largest * MILLI)
+        )
+        count = cluster.gpu_count
+        idle = int(np.count_nonzero((cluster.gpu_full_free == count) & (count >= self.largest)))
+        return idle <= keep
 
     def _idle_mode(self, step: float) -> bool:
-        return step == 0.0 and bool(self.step) and not self.restricted_arrived
+        late = self.asked[1] >= self.idle_from * self.capacity[1]
+        return step == 0.0 and bool(self.step) and not self.restricted_arrived and late
 
     def _protected(self, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
         """Which nodes of ``idx`` get their band instead of the exact alignment."""
@@ -1383,24 +1424,43 @@ class IdleBanded(P.ReserveThenAlign):
         return rare & idle & (cluster.cpu_free[idx] >= self.rare_cpu)
 
     def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
-        if self._idle_mode(self._step()):
+        if self._idle_mode(self._step()) and not (self.cpu_only and pod.total_gpu_milli):
             return None  # score, then the node order
         return super().pick_tied(pod, cluster, idx)
 
     def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
         exact = super().aligned(pod, cluster, idx, step)
-        if not self._idle_mode(step):
+        if not self._idle_mode(step) or (self.cpu_only and pod.total_gpu_milli):
             return exact
         protected = self._protected(cluster, idx)
-        if not protected.any():
+        if not protected.any() or not self._idle_needed(cluster):
             return exact
+        if self.last:
+            return np.where(protected, 0.0, exact)
         edge = super().aligned(pod, cluster, idx, self.step) * self.step
         return np.where(protected, edge, exact)
 
 
-def idle_banded(rare: float | None = None, always: bool = False) -> Callable[[], Policy]:
-    """The default with ``IdleBanded`` as its tie-breaker (``rare``, ``always``: its ``rare_always``)."""
-    return lambda: recast_tie_break(P.fgd_reserve(), IdleBanded, rare=rare, rare_always=always)
+def idle_banded(
+    rare: float | None = None,
+    always: bool = False,
+    cpu_only: bool = False,
+    last: bool = False,
+    idle_from: float = 0.0,
+    idle_keep: float | None = None,
+) -> Callable[[], Policy]:
+    """The default with ``IdleBanded`` as its tie-breaker (``rare``, ``cpu_only``, ``last``, ``idle_from``:
+    its own; ``always``: its ``rare_always``)."""
+    return lambda: recast_tie_break(
+        P.fgd_reserve(),
+        IdleBanded,
+        rare=rare,
+        rare_always=always,
+        cpu_only=cpu_only,
+        last=last,
+        idle_from=idle_from,
+        idle_keep=idle_keep,
+    )
 
 
 VARIANTS.update(
@@ -1409,6 +1469,47 @@ VARIANTS.update(
         # only the idle hosts of the rare whole-node shapes (G3 on openb), or those nodes in any state
         "rareidleband": idle_banded(0.10),
         "rareband": idle_banded(0.10, always=True),
+        # only CPU-only pods kept off the idle whole-node hosts: to their band's edge, or behind every node
+        "idleband-cpu": idle_banded(cpu_only=True),
+        "idlelast-cpu": idle_banded(cpu_only=True, last=True),
+        # the idle whole-node hosts at their band's edge only once this share of the capacity arrived
+        "idleband-from05": idle_banded(idle_from=0.5),
+        "idleband-from06": idle_banded(idle_from=0.6),
+        # ... only while the idle whole-node hosts are down to idle_keep x the whole-node pods' expected need
+        "idlekeep4": idle_banded(idle_keep=4.0),
+        "idlekeep8": idle_banded(idle_keep=8.0),
+        "idlekeep16": idle_banded(idle_keep=16.0),
+    }
+)
+
+
+class LateHorizon(P.ReserveThenAlign):
+    """The default's tie-breaker whose reserve keeps ``late_horizon`` times the expected need (not its own
+    horizon) while CPU binds, no restricted pod has arrived and the GPU milli arrived is at least
+    ``late_from`` x the capacity: more whole-node hosts only for the last arrivals before the cluster fills
+    (the t-cpu3 dip is whole-node pods refused at 76-82% arrived, the hosts gone since 74%)."""
+
+    late_horizon = 3.0
+    late_from = 0.6
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        step, horizon = super()._step_and_horizon()
+        late = self.asked[1] >= self.late_from * self.capacity[1]
+        if horizon is None and late and not self.restricted_arrived and self.cpu_bound():
+            return step, self.late_horizon
+        return step, horizon
+
+
+def late_horizon(horizon: float, late_from: float) -> Callable[[], Policy]:
+    """The default with ``LateHorizon`` as its tie-breaker."""
+    return lambda: recast_tie_break(P.fgd_reserve(), LateHorizon, late_horizon=horizon, late_from=late_from)
+
+
+VARIANTS.update(
+    {
+        "latekeep3-060": late_horizon(3.0, 0.6),
+        "latekeep4-065": late_horizon(4.0, 0.65),
+        "latekeep6-065": late_horizon(6.0, 0.65),
     }
 )
 
