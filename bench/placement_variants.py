@@ -1514,6 +1514,50 @@ VARIANTS.update(
 )
 
 
+class HardKeep(P.ScorePlugin):
+    """The reserve's penalty above FGD's bands (a score like the model guard's, weight 100): -1 on the nodes
+    where the pod would break a scarce whole-node host (the tie-breaker's ``WholeNodeReserve.scarce_breaks``,
+    its own horizon), while CPU binds, no restricted pod has arrived and the GPU milli arrived is at least
+    ``late_from`` x the capacity; 0 elsewhere. The default's reserve reorders FGD's ties only, and late in a
+    CPU-bound run the hosts go by FGD's own preference."""
+
+    name = "hard-keep"
+
+    def __init__(self, tie: P.ReserveThenAlign, late_from: float = 0.0) -> None:
+        self.tie, self.late_from = tie, late_from
+
+    def bounds(self) -> tuple[float, float]:
+        return (-1.0, 0.0)
+
+    def applies(self, pod: PodRequest) -> bool:
+        tie = self.tie
+        late = tie.asked[1] >= self.late_from * tie.capacity[1]
+        return late and not tie.restricted_arrived and tie.cpu_bound()
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if not self.applies(pod):
+            return np.zeros(len(idx))
+        penalty = self.tie.reserve.scarce_breaks(pod, cluster, idx)
+        return np.zeros(len(idx)) if penalty is None else -(penalty > 0).astype(np.float64)
+
+
+def hard_keep(late_from: float = 0.0) -> Callable[[], Policy]:
+    """The default with ``HardKeep`` between share completion and FGD (weight 100, as the model guard)."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve()
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        first, *rest = policy.plugins
+        policy.plugins = (first, (HardKeep(tie, late_from), P.GUARD_WEIGHT), *rest)
+        return policy
+
+    return make
+
+
+VARIANTS.update({"hardkeep": hard_keep(), "hardkeep-060": hard_keep(0.6)})
+
+
 def main(argv: list[str] | None = None) -> int:
     P.POLICIES.update(VARIANTS)  # worker processes are forked and inherit them
     bench = bench_module("simulate_openb.py", "simulate_openb_variants")
