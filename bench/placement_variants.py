@@ -1555,7 +1555,14 @@ def hard_keep(late_from: float = 0.0) -> Callable[[], Policy]:
     return make
 
 
-VARIANTS.update({"hardkeep": hard_keep(), "hardkeep-060": hard_keep(0.6)})
+VARIANTS.update(
+    {
+        "hardkeep": hard_keep(),
+        "hardkeep-060": hard_keep(0.6),
+        "hardkeep-070": hard_keep(0.7),
+        "hardkeep-074": hard_keep(0.74),
+    }
+)
 
 
 def main(argv: list[str] | None = None) -> int:
