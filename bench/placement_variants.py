@@ -1148,6 +1148,399 @@ def shy_need(until: float = 0.7, always: bool = False) -> Callable[[], Policy]:
 VARIANTS.update({"shy07": shy_need(0.7), "shy07-always": shy_need(0.7, True), "shy10": shy_need(1.0)})
 
 
+# --- issue 26, the CPU-heavy dip without restricted pods (2026-11-29 session 13:56, branch cpudip; tuning
+# mixes t-cpu3 and t-cpu3-mg20): while CPU binds the default's alignment is exact, which fills the CPU of
+# the nodes that pods asking many CPUs per GPU (4 GPUs and 60 CPUs, 1 GPU and 24 CPUs, 8 GPUs and 120
+# CPUs) need around 75-80% arrived. Each rule below reads the arrivals (observe) and the cluster's state
+# only, and acts only while no pod restricted to GPU models has arrived (the default's own rule,
+# restricted_banded, decides once one has).
+
+
+class CpuWindow(P.ReserveThenAlign):
+    """The default's tie-breaker whose alignment, while CPU binds and no restricted pod has arrived, is exact
+    only while the GPU milli arrived is in ``[exact_from, exact_until)`` x the cluster's GPU capacity (in
+    bands of the default's step outside it)."""
+
+    exact_from = 0.0
+    exact_until = math.inf
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        step, horizon = super()._step_and_horizon()
+        if step == 0.0 and self.step and not self.restricted_arrived:
+            arrived = self.asked[1] / self.capacity[1]
+            if not self.exact_from <= arrived < self.exact_until:
+                return self.step, horizon
+        return step, horizon
+
+
+def cpu_window(exact_from: float = 0.0, exact_until: float = math.inf) -> Callable[[], Policy]:
+    """The default (``fgd_reserve()``) with ``CpuWindow`` as its tie-breaker."""
+    return lambda: recast_tie_break(
+        P.fgd_reserve(), CpuWindow, exact_from=exact_from, exact_until=exact_until
+    )
+
+
+VARIANTS.update(
+    {
+        # banded until this share of the capacity arrived, exact after (banded_until's window from the start)
+        "cpuexact-from05": cpu_window(exact_from=0.5),
+        "cpuexact-from07": cpu_window(exact_from=0.7),
+        # exact until this share of the capacity arrived, banded after (the idle hosts left are kept whole
+        # by the node order within a band)
+        "cpuexact-until05": cpu_window(exact_until=0.5),
+        "cpuexact-until06": cpu_window(exact_until=0.6),
+    }
+)
+
+
+class RichReserve(P.WholeNodeReserve):
+    """``WholeNodeReserve`` that also keeps room for the CPU-rich GPU shapes, counted in pods: per GPU count G
+    below the largest node's, the most CPU any pod of G whole GPUs asks where that is more per GPU than the
+    CPU per GPU of the median GPU's node (on openb 12, the G2 nodes': 1 GPU and 24 CPUs, 2 and 30, 4 and 60).
+    Such a shape's room is the sum over the nodes of ``min(whole GPUs free // G, CPU free // its CPU)``;
+    it is kept at ``ceil(rich_horizon x s x free GPU milli / (G x 1000))`` pods, ``s`` the share of the GPU
+    milli arrived so far of the pods that need such room (G or more whole GPUs and as much CPU; the workload's
+    share counted as ``prior_weight`` of the capacity, as the reserve's own). While a shape has no more room
+    than that, a pod that does not need it counts one more scarce shape on the nodes where it would take
+    some of that room (the reserve's penalty digit). ``gate``: a callable; the rich part applies only while it
+    says so (the tie-breaker's CPU-bound test and no restricted pod arrived)."""
+
+    rich_horizon = 2.0
+    gate: Callable[[], bool] | None = None
+
+    def bind(self, cluster: ClusterState, workload: Any) -> None:
+        super().bind(cluster, workload)
+        largest = int(cluster.gpu_count.max()) if len(cluster) else 0
+        with_gpus = cluster.gpu_count > 0
+        gpus = cluster.gpu_count[with_gpus]
+        per_gpu = cluster.cpu_capacity[with_gpus] / np.maximum(gpus, 1)
+        order = np.argsort(per_gpu, kind="stable")  # the median GPU's node: GPUs summed in CPU-per-GPU order
+        at = int(np.searchsorted(np.cumsum(gpus[order]), gpus.sum() / 2)) if len(gpus) else 0
+        median = float(per_gpu[order][at]) if len(gpus) else 0.0
+        most: dict[int, int] = {}
+        for pod in workload:
+            g = 0 if pod.is_share else pod.gpu_count
+            if 1 <= g < largest and pod.cpu_milli > g * median:
+                most[g] = max(most.get(g, 0), pod.cpu_milli)
+        self.rich = sorted(most.items())  # (GPUs, CPU milli)
+        demand = sum(p.total_gpu_milli for p in workload)
+        self.rich_prior = [
+            sum(p.total_gpu_milli for p in workload if self._needs_rich(p, shape)) / demand if demand else 0.0
+            for shape in self.rich
+        ]
+        self.rich_seen = [0] * len(self.rich)
+        self.rich_total = 0
+
+    @staticmethod
+    def _needs_rich(pod: PodRequest, shape: tuple[int, int]) -> bool:
+        return not pod.is_share and pod.gpu_count >= shape[0] and pod.cpu_milli >= shape[1]
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        if not pod.total_gpu_milli:
+            return
+        self.rich_total += pod.total_gpu_milli
+        for k, shape in enumerate(self.rich):
+            if self._needs_rich(pod, shape):
+                self.rich_seen[k] += pod.total_gpu_milli
+
+    def _rich_share(self, k: int) -> float:
+        weight = self.prior_milli
+        if weight:
+            return (self.rich_seen[k] + self.rich_prior[k] * weight) / (self.rich_total + weight)
+        return self.rich_seen[k] / self.rich_total if self.rich_total else self.rich_prior[k]
+
+    def scarce_breaks(
+        self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, horizon: float | None = None
+    ) -> np.ndarray | None:
+        base = super().scarce_breaks(pod, cluster, idx, horizon)
+        if not self.rich or not len(idx) or (self.gate is not None and not self.gate()):
+            return base
+        free_milli = float(cluster.gpu_free_total.sum())
+        full, cpu_free = cluster.gpu_full_free, cluster.cpu_free
+        take = 0 if not pod.total_gpu_milli else (1 if pod.is_share else pod.gpu_count)
+        out = base
+        for k, (g, c) in enumerate(self.rich):
+            if self._needs_rich(pod, (g, c)):
+                continue
+            keep = math.ceil(self.rich_horizon * self._rich_share(k) * free_milli / (g * MILLI))
+            room = np.minimum(full // g, np.maximum(cpu_free, 0) // c)
+            if int(room.sum()) > keep:
+                continue
+            now = room[idx]
+            after = np.minimum(
+                np.maximum(full[idx] - take, 0) // g, np.maximum(cpu_free[idx] - pod.cpu_milli, 0) // c
+            )
+            hit = (after < now).astype(np.float64)
+            if hit.any():
+                out = hit if out is None else out + hit
+        return out
+
+
+class RichAlign(P.ReserveThenAlign):
+    """``ReserveThenAlign`` over a ``RichReserve``: the penalty digit spans its whole-node and rich shapes."""
+
+    def penalty_top(self) -> int:
+        reserve = self.reserve
+        return len(reserve.shapes) + len(getattr(reserve, "rich", ()))
+
+
+def rich_reserve(horizon: float = 2.0, gated: bool = True) -> Callable[[], Policy]:
+    """The default whose reserve also keeps room for the CPU-rich GPU shapes (``RichReserve``, over
+    ``horizon``); ``gated``: only while CPU binds and no restricted pod has arrived."""
+
+    def make() -> Policy:
+        policy = recast_tie_break(P.fgd_reserve(), RichAlign)
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        old = tie.reserve
+        new = RichReserve(old.fixed, old.adaptive, old.horizon, old.prior_weight, old.by_need)
+        new.rich_horizon = horizon
+        if gated:
+            new.gate = lambda: not tie.restricted_arrived and tie.cpu_bound()
+        tie.reserve = new
+        return policy
+
+    return make
+
+
+VARIANTS.update(
+    {
+        "richres1": rich_reserve(1.0),
+        "richres2": rich_reserve(2.0),
+        "richres4": rich_reserve(4.0),
+        "richres2-always": rich_reserve(2.0, gated=False),
+    }
+)
+
+
+class IdleBanded(P.ReserveThenAlign):
+    """The default's tie-breaker whose exact alignment (while CPU binds, no restricted pod arrived) is exact
+    only among the nodes that are not idle whole-node hosts: a node with as many GPUs as the largest, all
+    free, counts its alignment's band (the lower edge of the default's band of ``step``) instead, so it
+    takes a pod only where no partly used node is aligned as well as that band. Scored by ``score`` (the
+    fused keys hold one alignment per node state and request, not per node kind), then the node order."""
+
+    largest = 0
+    # rare: instead of every idle whole-node host, only the nodes that can host (by capacity) a whole-node
+    # shape that fewer than this share of the nodes with as many GPUs can (on openb the 120-CPU 8-GPU shapes:
+    # the 39 G3 nodes of 617 8-GPU ones), while idle with that CPU free; rare_always: those nodes in any state
+    rare: float | None = None
+    rare_always = False
+    # cpu_only: only for pods asking no GPU; last: the protected nodes' alignment is 0 (behind every other
+    # node of the tie) instead of their band's lower edge
+    cpu_only = False
+    last = False
+    idle_from = 0.0  # only once the GPU milli arrived reaches this share of the cluster's GPU capacity
+    # idle_keep: only while the idle whole-node hosts are at most ceil(idle_keep x s x free GPU milli /
+    # (largest x 1000)), s the share of the GPU milli arrived that whole-node pods asked (the workload's
+    # counted as the reserve's prior_weight of the capacity, as the reserve counts it); None: always
+    idle_keep: float | None = None
+
+    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        super().bind(cluster, workload, rng)
+        self.largest = int(cluster.gpu_count.max()) if len(cluster) else 0
+        self.rare_nodes: np.ndarray | None = None
+        self.rare_cpu = 0
+        if self.rare is not None:
+            self.rare_nodes = np.zeros(len(cluster), dtype=bool)
+            cpus = []
+            for gpus, cpu, memory in self.reserve.shapes:
+                with_gpus = cluster.gpu_count >= gpus
+                able = with_gpus & (cluster.cpu_capacity >= cpu) & (cluster.mem_capacity >= memory)
+                if np.count_nonzero(able) < self.rare * max(int(np.count_nonzero(with_gpus)), 1):
+                    self.rare_nodes |= able
+                    cpus.append(cpu)
+            self.rare_cpu = min(cpus, default=0)
+        whole = sum(
+            p.total_gpu_milli
+            for p in workload
+            if not p.is_share and self.largest >= 2 and p.gpu_count >= self.largest
+        )
+        demand = sum(p.total_gpu_milli for p in workload)
+        self.whole_prior = whole / demand if demand else 0.0
+        self.whole_seen = 0
+        self.gpu_seen = 0
+
+    def observe(self, pod: PodRequest) -> None:
+        super().observe(pod)
+        self.gpu_seen += pod.total_gpu_milli
+        if not pod.is_share and self.largest >= 2 and pod.gpu_count >= self.largest:
+            self.whole_seen += pod.total_gpu_milli
+
+    def _idle_needed(self, cluster: ClusterState) -> bool:
+        """Whether the idle whole-node hosts are down to ``idle_keep``'s count (always without it)."""
+        if self.idle_keep is None:
+            return True
+        weight = self.reserve.prior_milli
+        if weight:
+            share = (self.whole_seen + self.whole_prior * weight) / (self.gpu_seen + weight)
+        else:
+            share = self.whole_seen / self.gpu_seen if self.gpu_seen else self.whole_prior
+        keep = math.ceil(
+            self.idle_keep * share * float(cluster.gpu_free_total.sum()) / (self.largest * MILLI)
+        )
+        count = cluster.gpu_count
+        idle = int(np.count_nonzero((cluster.gpu_full_free == count) & (count >= self.largest)))
+        return idle <= keep
+
+    def _idle_mode(self, step: float) -> bool:
+        late = self.asked[1] >= self.idle_from * self.capacity[1]
+        return step == 0.0 and bool(self.step) and not self.restricted_arrived and late
+
+    def _protected(self, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        """Which nodes of ``idx`` get their band instead of the exact alignment."""
+        count = cluster.gpu_count[idx]
+        idle = (cluster.gpu_full_free[idx] == count) & (count >= self.largest)
+        if self.rare_nodes is None:
+            return idle
+        rare = self.rare_nodes[idx]
+        if self.rare_always:
+            return rare
+        return rare & idle & (cluster.cpu_free[idx] >= self.rare_cpu)
+
+    def pick_tied(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> int | None:
+        if self._idle_mode(self._step()) and not (self.cpu_only and pod.total_gpu_milli):
+            return None  # score, then the node order
+        return super().pick_tied(pod, cluster, idx)
+
+    def aligned(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, step: float) -> np.ndarray:
+        exact = super().aligned(pod, cluster, idx, step)
+        if not self._idle_mode(step) or (self.cpu_only and pod.total_gpu_milli):
+            return exact
+        protected = self._protected(cluster, idx)
+        if not protected.any() or not self._idle_needed(cluster):
+            return exact
+        if self.last:
+            return np.where(protected, 0.0, exact)
+        edge = super().aligned(pod, cluster, idx, self.step) * self.step
+        return np.where(protected, edge, exact)
+
+
+def idle_banded(
+    rare: float | None = None,
+    always: bool = False,
+    cpu_only: bool = False,
+    last: bool = False,
+    idle_from: float = 0.0,
+    idle_keep: float | None = None,
+) -> Callable[[], Policy]:
+    """The default with ``IdleBanded`` as its tie-breaker (``rare``, ``cpu_only``, ``last``, ``idle_from``:
+    its own; ``always``: its ``rare_always``)."""
+    return lambda: recast_tie_break(
+        P.fgd_reserve(),
+        IdleBanded,
+        rare=rare,
+        rare_always=always,
+        cpu_only=cpu_only,
+        last=last,
+        idle_from=idle_from,
+        idle_keep=idle_keep,
+    )
+
+
+VARIANTS.update(
+    {
+        "idleband": idle_banded(),
+        # only the idle hosts of the rare whole-node shapes (G3 on openb), or those nodes in any state
+        "rareidleband": idle_banded(0.10),
+        "rareband": idle_banded(0.10, always=True),
+        # only CPU-only pods kept off the idle whole-node hosts: to their band's edge, or behind every node
+        "idleband-cpu": idle_banded(cpu_only=True),
+        "idlelast-cpu": idle_banded(cpu_only=True, last=True),
+        # the idle whole-node hosts at their band's edge only once this share of the capacity arrived
+        "idleband-from05": idle_banded(idle_from=0.5),
+        "idleband-from06": idle_banded(idle_from=0.6),
+        # ... only while the idle whole-node hosts are down to idle_keep x the whole-node pods' expected need
+        "idlekeep4": idle_banded(idle_keep=4.0),
+        "idlekeep8": idle_banded(idle_keep=8.0),
+        "idlekeep16": idle_banded(idle_keep=16.0),
+    }
+)
+
+
+class LateHorizon(P.ReserveThenAlign):
+    """The default's tie-breaker whose reserve keeps ``late_horizon`` times the expected need (not its own
+    horizon) while CPU binds, no restricted pod has arrived and the GPU milli arrived is at least
+    ``late_from`` x the capacity: more whole-node hosts only for the last arrivals before the cluster fills
+    (the t-cpu3 dip is whole-node pods refused at 76-82% arrived, the hosts gone since 74%)."""
+
+    late_horizon = 3.0
+    late_from = 0.6
+
+    def _step_and_horizon(self) -> tuple[float, float | None]:
+        step, horizon = super()._step_and_horizon()
+        late = self.asked[1] >= self.late_from * self.capacity[1]
+        if horizon is None and late and not self.restricted_arrived and self.cpu_bound():
+            return step, self.late_horizon
+        return step, horizon
+
+
+def late_horizon(horizon: float, late_from: float) -> Callable[[], Policy]:
+    """The default with ``LateHorizon`` as its tie-breaker."""
+    return lambda: recast_tie_break(P.fgd_reserve(), LateHorizon, late_horizon=horizon, late_from=late_from)
+
+
+VARIANTS.update(
+    {
+        "latekeep3-060": late_horizon(3.0, 0.6),
+        "latekeep4-065": late_horizon(4.0, 0.65),
+        "latekeep6-065": late_horizon(6.0, 0.65),
+    }
+)
+
+
+class HardKeep(P.ScorePlugin):
+    """The reserve's penalty above FGD's bands (a score like the model guard's, weight 100): -1 on the nodes
+    where the pod would break a scarce whole-node host (the tie-breaker's ``WholeNodeReserve.scarce_breaks``,
+    its own horizon), while CPU binds, no restricted pod has arrived and the GPU milli arrived is at least
+    ``late_from`` x the capacity; 0 elsewhere. The default's reserve reorders FGD's ties only, and late in a
+    CPU-bound run the hosts go by FGD's own preference."""
+
+    name = "hard-keep"
+
+    def __init__(self, tie: P.ReserveThenAlign, late_from: float = 0.0) -> None:
+        self.tie, self.late_from = tie, late_from
+
+    def bounds(self) -> tuple[float, float]:
+        return (-1.0, 0.0)
+
+    def applies(self, pod: PodRequest) -> bool:
+        tie = self.tie
+        late = tie.asked[1] >= self.late_from * tie.capacity[1]
+        return late and not tie.restricted_arrived and tie.cpu_bound()
+
+    def score(self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray) -> np.ndarray:
+        if not self.applies(pod):
+            return np.zeros(len(idx))
+        penalty = self.tie.reserve.scarce_breaks(pod, cluster, idx)
+        return np.zeros(len(idx)) if penalty is None else -(penalty > 0).astype(np.float64)
+
+
+def hard_keep(late_from: float = 0.0) -> Callable[[], Policy]:
+    """The default with ``HardKeep`` between share completion and FGD (weight 100, as the model guard)."""
+
+    def make() -> Policy:
+        policy = P.fgd_reserve()
+        tie = policy.tie_break
+        assert isinstance(tie, P.ReserveThenAlign)
+        first, *rest = policy.plugins
+        policy.plugins = (first, (HardKeep(tie, late_from), P.GUARD_WEIGHT), *rest)
+        return policy
+
+    return make
+
+
+VARIANTS.update(
+    {
+        "hardkeep": hard_keep(),
+        "hardkeep-060": hard_keep(0.6),
+        "hardkeep-070": hard_keep(0.7),
+        "hardkeep-074": hard_keep(0.74),
+    }
+)
+
+
 def main(argv: list[str] | None = None) -> int:
     P.POLICIES.update(VARIANTS)  # worker processes are forked and inherit them
     bench = bench_module("simulate_openb.py", "simulate_openb_variants")
