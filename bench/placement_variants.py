@@ -429,6 +429,9 @@ VARIANTS: dict[str, Callable[[], Policy]] = {
     "cpuh8": cpu_horizon(8.0),
     "cpuh10": cpu_horizon(10.0),
     "cpuh16": cpu_horizon(16.0),
+    # ... and below the default's own while CPU binds (t-cpu4-gs40: CPU runs out first; kept hosts hold CPU)
+    "cpuh05": cpu_horizon(0.5),
+    "cpuh1": cpu_horizon(1.0),
     # the alignment in bands while CPU binds instead of exact, no CPU horizon (t-cpu3; none taken)
     # a floor of hosts kept while CPU binds, as a share of the big nodes (t-cpu3 and h2-cpu4-mg20)
     "cpufloor05": cpu_floor(0.05),
