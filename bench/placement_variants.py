@@ -815,22 +815,28 @@ class LateAlign(P.ReserveThenAlign):
 
 class LateFGD(P.FGDScore):
     """``FGDScore`` in bands of 1 point once the GPU milli arrived reaches ``late`` x the cluster's GPU
-    capacity (its scores and memo start afresh then, as with ``spec_step``)."""
+    capacity (``set_step``: its scores and memo start afresh then, as with ``spec_step``); with
+    ``unless_restricted``, not once a pod restricted to GPU models has arrived (the spec rules keep their
+    bands)."""
 
     late = 1.0
+    unless_restricted = False
 
     def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
         super().bind(cluster, workload, rng)
         self.capacity_milli = float(cluster.total_gpus() * MILLI)
         self.arrived = 0.0
+        self.restricted = False
 
     def observe(self, pod: PodRequest) -> None:
         super().observe(pod)
         self.arrived += pod.total_gpu_milli
+        if pod.gpu_models and pod.gpu_count:
+            self.restricted = True
+        if self.unless_restricted and self.restricted:
+            return
         if self.step != 1 and self.arrived >= self.late * self.capacity_milli:
-            self.step = 1
-            self._cache = {}
-            self._memo = {}
+            self.set_step(1)
 
 
 def recast_tie_break(policy: Policy, cls: type[P.ReserveThenAlign], **attrs: Any) -> Policy:
@@ -1206,7 +1212,8 @@ class RichReserve(P.WholeNodeReserve):
     share counted as ``prior_weight`` of the capacity, as the reserve's own). While a shape has no more room
     than that, a pod that does not need it counts one more scarce shape on the nodes where it would take
     some of that room (the reserve's penalty digit). ``gate``: a callable; the rich part applies only while it
-    says so (the tie-breaker's CPU-bound test and no restricted pod arrived)."""
+    says so (the tie-breaker's CPU-bound test and no restricted pod arrived). Adaptive only: the shares are of
+    the GPU milli the adaptive reserve counts as arrived (``seen_total``)."""
 
     rich_horizon = 2.0
     gate: Callable[[], bool] | None = None
@@ -1232,7 +1239,6 @@ class RichReserve(P.WholeNodeReserve):
             for shape in self.rich
         ]
         self.rich_seen = [0] * len(self.rich)
-        self.rich_total = 0
 
     @staticmethod
     def _needs_rich(pod: PodRequest, shape: tuple[int, int]) -> bool:
@@ -1242,16 +1248,13 @@ class RichReserve(P.WholeNodeReserve):
         super().observe(pod)
         if not pod.total_gpu_milli:
             return
-        self.rich_total += pod.total_gpu_milli
         for k, shape in enumerate(self.rich):
             if self._needs_rich(pod, shape):
                 self.rich_seen[k] += pod.total_gpu_milli
 
     def _rich_share(self, k: int) -> float:
-        weight = self.prior_milli
-        if weight:
-            return (self.rich_seen[k] + self.rich_prior[k] * weight) / (self.rich_total + weight)
-        return self.rich_seen[k] / self.rich_total if self.rich_total else self.rich_prior[k]
+        """Rich shape ``k``'s share of the GPU milli arrived (the adaptive reserve's ``seen_total``)."""
+        return P.arrival_share(self.rich_seen[k], self.seen_total, self.rich_prior[k], self.prior_milli)
 
     def scarce_breaks(
         self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray, horizon: float | None = None
@@ -1297,6 +1300,7 @@ def rich_reserve(horizon: float = 2.0, gated: bool = True) -> Callable[[], Polic
         tie = policy.tie_break
         assert isinstance(tie, P.ReserveThenAlign)
         old = tie.reserve
+        assert old.adaptive  # RichReserve's shares are over the arrivals the adaptive reserve counts
         new = RichReserve(old.fixed, old.adaptive, old.horizon, old.prior_weight, old.by_need)
         new.rich_horizon = horizon
         if gated:
@@ -1363,11 +1367,9 @@ class IdleBanded(P.ReserveThenAlign):
         demand = sum(p.total_gpu_milli for p in workload)
         self.whole_prior = whole / demand if demand else 0.0
         self.whole_seen = 0
-        self.gpu_seen = 0
 
     def observe(self, pod: PodRequest) -> None:
         super().observe(pod)
-        self.gpu_seen += pod.total_gpu_milli
         if not pod.is_share and self.largest >= 2 and pod.gpu_count >= self.largest:
             self.whole_seen += pod.total_gpu_milli
 
@@ -1375,11 +1377,8 @@ class IdleBanded(P.ReserveThenAlign):
         """Whether the idle whole-node hosts are down to ``idle_keep``'s count (always without it)."""
         if self.idle_keep is None:
             return True
-        weight = self.reserve.prior_milli
-        if weight:
-            share = (self.whole_seen + self.whole_prior * weight) / (self.gpu_seen + weight)
-        else:
-            share = self.whole_seen / self.gpu_seen if self.gpu_seen else self.whole_prior
+        # the GPU milli arrived: the tie-breaker's own count (asked[1])
+        share = P.arrival_share(self.whole_seen, self.asked[1], self.whole_prior, self.reserve.prior_milli)
         keep = math.ceil(
             self.idle_keep * share * float(cluster.gpu_free_total.sum()) / (self.largest * MILLI)
         )
@@ -1544,6 +1543,25 @@ VARIANTS.update(
 )
 
 
+def fgd_fine_late(fine_from: float) -> Callable[[], Policy]:
+    """The default (``default_parts``) with its FGD plugin in bands of 1 once ``fine_from`` of the GPU
+    capacity has arrived, unless a restricted pod came before (``LateFGD``). On the most CPU-heavy tuning
+    mix (t-cpu4-gs40) bands of 1 from the start gave +1.16 at 130% but a deeper dip near 65%; this tries
+    them only after the dips' range."""
+
+    def make() -> Policy:
+        policy, _, fgd = default_parts()
+        fgd.__class__ = LateFGD
+        assert isinstance(fgd, LateFGD)
+        fgd.late, fgd.unless_restricted = fine_from, True
+        return policy
+
+    return make
+
+
+VARIANTS.update({"fine-late085": fgd_fine_late(0.85), "fine-late100": fgd_fine_late(1.0)})
+
+
 def main(argv: list[str] | None = None) -> int:
     P.POLICIES.update(VARIANTS)  # worker processes are forked and inherit them
     bench = bench_module("simulate_openb.py", "simulate_openb_variants")
@@ -1553,46 +1571,3 @@ def main(argv: list[str] | None = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
-
-
-class FgdFineLate(P.FGDScore):
-    """The default's FGD plugin that goes to bands of 1 point (FGD's full resolution) once the GPU milli
-    arrived reaches ``fine_from`` x the capacity, unless a pod restricted to GPU models arrived before
-    (the spec rules keep their bands). On the most CPU-heavy tuning mix (t-cpu4-gs40) bands of 1 from the
-    start gave +1.16 at 130% but a deeper dip near 65%; this tries them only after the dips' range."""
-
-    fine_from = 0.85
-    capacity_milli = 1
-    arrived = 0
-    restricted = False
-
-    def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
-        super().bind(cluster, workload, rng)
-        self.capacity_milli = max(cluster.total_gpus() * MILLI, 1)
-        self.arrived, self.restricted = 0, False
-
-    def observe(self, pod: PodRequest) -> None:
-        super().observe(pod)
-        self.arrived += pod.total_gpu_milli
-        if pod.gpu_models and pod.gpu_count:
-            self.restricted = True
-        if self.step != 1 and not self.restricted and self.arrived >= self.fine_from * self.capacity_milli:
-            self.step = 1  # the per-shape scores and the memo hold banded scores: start afresh
-            self._cache = {}
-            self._memo = {}
-
-
-def fgd_fine_late(fine_from: float) -> Callable[[], Policy]:
-    """The default with ``FgdFineLate`` (from ``fine_from`` of the capacity) as its FGD plugin."""
-
-    def make() -> Policy:
-        policy, _, fgd = default_parts()
-        fgd.__class__ = FgdFineLate
-        assert isinstance(fgd, FgdFineLate)
-        fgd.fine_from = fine_from
-        return policy
-
-    return make
-
-
-VARIANTS.update({"fine-late085": fgd_fine_late(0.85), "fine-late100": fgd_fine_late(1.0)})

@@ -209,7 +209,12 @@ class FGDScore(ScorePlugin):
         scores, so they start afresh."""
         if self.spec_step is None or self.step == self.spec_step or not (pod.gpu_models and pod.gpu_count):
             return
-        self.step = self.spec_step
+        self.set_step(self.spec_step)
+
+    def set_step(self, step: int) -> None:
+        """Score in bands of ``step`` points from the next pod on; the per-shape scores and the memo hold
+        scores in the old bands, so they start afresh."""
+        self.step = step
         self._cache = {}
         self._memo = {}
 
@@ -746,12 +751,8 @@ class WholeNodeReserve:
         )
 
     def _share(self, k: int) -> float:
-        """Shape ``k``'s share of the GPU demand arrived so far, the workload's counted as ``prior_milli``
-        GPU milli arrived (0: the workload's alone before the first arrival, then the arrivals')."""
-        weight = self.prior_milli
-        if weight:
-            return (self.seen[k] + self.prior[k] * weight) / (self.seen_total + weight)
-        return self.seen[k] / self.seen_total if self.seen_total else self.prior[k]
+        """Shape ``k``'s share of the GPU demand arrived so far (``arrival_share``)."""
+        return arrival_share(self.seen[k], self.seen_total, self.prior[k], self.prior_milli)
 
     def hosts(self, cluster: ClusterState, rows: slice | np.ndarray) -> np.ndarray:
         """``[shapes, rows]``: which of these nodes can host each whole-node shape now."""
@@ -879,6 +880,15 @@ class WholeNodeReserve:
         if not broken.size:
             return None
         return np.bincount(broken, minlength=len(idx)).astype(np.float64)
+
+
+def arrival_share(seen: float, total: float, prior: float, weight: float) -> float:
+    """A kind of pod's share of the GPU milli arrived so far: ``seen`` of ``total`` arrived, with the
+    workload's share ``prior`` counted as ``weight`` GPU milli arrived (``weight`` 0: the workload's share
+    alone before the first arrival, then the arrivals')."""
+    if weight:
+        return (seen + prior * weight) / (total + weight)
+    return seen / total if total else prior
 
 
 class _HostTable:
