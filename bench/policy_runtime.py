@@ -28,6 +28,7 @@ child). Counts are not time: the default's larger tables also miss the cache mor
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import re
@@ -38,6 +39,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -58,13 +60,19 @@ BUILTIN_STEP = 10
 _I_REFS = re.compile(r"I\s+refs:\s+([\d,]+)")
 
 
+@functools.cache
+def _simulate_openb() -> ModuleType:
+    """bench/simulate_openb.py, loaded once (its traces and mixes are cached in the module)."""
+    return bench_module("simulate_openb.py", "simulate_openb_runtime")
+
+
 def load(workload: str) -> tuple:
     """(nodes, pods) of ``workload``: ``BUILTIN`` or bench/simulate_openb.py's (a shared trace or a mix)."""
     if workload == BUILTIN:
         from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, load_nodes, load_pods
 
         return load_nodes(DEFAULT_NODES)[::BUILTIN_STEP], load_pods(DEFAULT_PODS)[::BUILTIN_STEP]
-    return bench_module("simulate_openb.py", "simulate_openb_runtime").load_workload(workload)
+    return _simulate_openb().load_workload(workload)
 
 
 def instruction_count(stderr: str) -> int:
@@ -102,9 +110,14 @@ def child_instructions(workload: str, policy: str, seed: int, variants: bool, va
     empty, runs it once with ``seed``."""
     command = [valgrind, "--tool=cachegrind", "--cache-sim=no", "--cachegrind-out-file=/dev/null"]
     command += child_command(workload, policy, seed, variants)
-    # one thread: numpy's OpenBLAS threads spin while they wait, millions of instructions that vary
-    env = {**os.environ, "PYTHONHASHSEED": "0", "PYTHONMALLOC": "malloc", "OPENBLAS_NUM_THREADS": "1"}
-    env["OMP_NUM_THREADS"] = "1"
+    env = {
+        **os.environ,
+        "PYTHONHASHSEED": "0",
+        "PYTHONMALLOC": "malloc",
+        # one thread: numpy's OpenBLAS threads spin while they wait, millions of instructions that vary
+        "OPENBLAS_NUM_THREADS": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     done = subprocess.run(command, capture_output=True, text=True, env=env, check=False)
     if done.returncode != 0:
         raise RuntimeError(

@@ -1,13 +1,12 @@
-"""bench/policy_runtime.py's summary: medians per workload and policy, ratios to the first policy."""
+"""bench/policy_runtime.py: its summary (medians per workload and policy, ratios to the first policy) and
+its instruction counts under the real valgrind."""
 
 from __future__ import annotations
-
-import shutil
 
 import pytest
 
 from scheduler.core import policies as core_policies
-from tests.fixtures.common import missing_component
+from tests.fixtures.common import require_executable
 from tests.support.benchscript import bench_module
 
 
@@ -32,6 +31,12 @@ def test_variants_become_policies_in_this_process_only_when_asked(monkeypatch: p
     assert "guard1ns-need1" not in core_policies.POLICIES  # importing the bench registers nothing
     bench.register_variants()
     assert core_policies.make_policy("guard1ns-need1").name == "fgd-reserve"
+
+
+@pytest.fixture
+def valgrind() -> str:
+    """The real valgrind (apt's, ``make deps``)."""
+    return require_executable("valgrind")
 
 
 def test_instruction_count_reads_cachegrinds_summary_and_refuses_output_without_it() -> None:
@@ -65,13 +70,10 @@ def test_instructions_are_each_childs_count_less_the_load_only_childs(
     assert out["median_ratio"] == {"fgd": 1.0, "ours": 1.275}
 
 
-def test_instructions_of_one_run_twice_agree_and_a_run_costs_some() -> None:
+def test_instructions_of_one_run_twice_agree_and_a_run_costs_some(valgrind: str) -> None:
     """The real valgrind (apt's, ``make deps``): the same run counted twice gives the same count (seen:
     to the instruction; a run of the small built-in sample is about 30 million, one on an openb trace
     7 to 9 billion), and a run counts instructions beyond the load-only child's."""
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        missing_component("valgrind is missing (apt-get install valgrind; make deps)")
     bench = bench_module("policy_runtime.py", "policy_runtime_bench")
     bench.warm_bytecode([bench.BUILTIN], ["fgd"], 42, False)
     base = bench.child_instructions(bench.BUILTIN, "", 42, False, valgrind)
@@ -81,10 +83,7 @@ def test_instructions_of_one_run_twice_agree_and_a_run_costs_some() -> None:
     assert abs(first - second) < 10_000
 
 
-def test_instructions_name_the_child_that_failed() -> None:
-    valgrind = shutil.which("valgrind")
-    if valgrind is None:
-        missing_component("valgrind is missing (apt-get install valgrind; make deps)")
+def test_instructions_name_the_child_that_failed(valgrind: str) -> None:
     bench = bench_module("policy_runtime.py", "policy_runtime_bench")
     with pytest.raises(RuntimeError, match="no-such-policy"):
         bench.instructions([bench.BUILTIN], ["no-such-policy"], 42, False, valgrind)
