@@ -283,17 +283,24 @@ def test_a_pod_asking_for_interfaces_without_an_allocation_fails_its_sandbox(nod
     assert "passed no pod annotations" in details and "without annotations" in details, details
 
 
+def _cni_namespaces() -> set[str]:
+    """The host's network namespaces named as containerd names a sandbox's (``cni-<uuid>``)."""
+    listed = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
+    return set(re.findall(r"^(cni-\S+)", listed, re.MULTILINE))
+
+
 def test_a_vf_gone_from_sysfs_fails_the_sandbox_with_nothing_attached(node: CniNode) -> None:
     lab = node.lab
     uid = str(uuid.uuid4())
     annotations = allocation(node, uid, ["mlx5_3", "mlx5_4"])
     (lab.root / "sys/class/infiniband/mlx5_4").unlink()  # gone since scheduling
+    before = _cni_namespaces()
     details = _refused(node, "vanished", annotations, uid)
     assert "kubegpu-cni" in details and "mlx5_4" in details, details
     # mlx5_3, checked first and present, was not moved either; no record, no namespace holds them
     assert {"vfnet0", "vfnet1", "vfnet2", "vfnet3"} <= set(lab.links()) and node.records() == []
-    leftovers = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, timeout=30).stdout
-    for netns in re.findall(r"^(cni-\S+)", leftovers, re.MULTILINE):
+    # only namespaces made since: another run's leftovers on this host are not this sandbox's
+    for netns in sorted(_cni_namespaces() - before):
         inside = subprocess.run(
             ["ip", "-n", netns, "-o", "link"], capture_output=True, text=True, timeout=30
         ).stdout

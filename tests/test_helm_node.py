@@ -160,8 +160,16 @@ def test_install_upgrade_uninstall_on_the_real_node(
     assert result.returncode == 0, result.stderr
     # uninstall returns once the objects are deleted; their pods go through the garbage collector
     # and the kubelet (helm's --wait timed out at 180 s once on a loaded machine)
-    wait_for(lambda: not scheduler_pods(env.core), timeout=300)
-    wait_for(lambda: labelled(env.node.admin_api, INSTANCE) == [], timeout=120)
+    wait_for(
+        lambda: not scheduler_pods(env.core),
+        timeout=300,
+        describe=lambda: [(p.metadata.name, p.status.phase) for p in scheduler_pods(env.core)],
+    )
+    wait_for(
+        lambda: labelled(env.node.admin_api, INSTANCE) == [],
+        timeout=300,
+        describe=lambda: labelled(env.node.admin_api, INSTANCE),
+    )
     assert helm("list", "--all-namespaces", "--short", kubeconfig=kubeconfig).stdout.strip() == ""
     # the GPU pods outlive the scheduler that placed them
     assert wait_pod(env.core, node_namespace, "gpu-a", lambda p: p.status.phase == "Running", "running")
