@@ -9,10 +9,10 @@ table. The mixes' own seeds do not apply here: every workload runs on ``--seeds`
 four traces); ``--policies``: names of bench/simulate_openb.py's policies or bench/placement_variants.py's
 variants, each ``NAME`` or ``NAME=LABEL`` (the label keys the cache: give a new one when the code behind a
 name changed); ``--ties random``: ties broken at random as the live scheduler breaks them (the labels get
-``@random``, so one cache holds both). Columns: means at 100% and 130% arrived, the mean and smallest
-difference to the reference at 130% paired by seed, how many seeds are at or below it at 100% / 130%, the
-mean curve's smallest difference over 10..130% (where) and how many of those points are below it by more
-than 0.005.
+``@random``, so one cache holds both); ``--mix-file``: the mixes of another file (bench/probe26_mixes.json).
+Columns: means at 100% and 130% arrived, the mean and smallest difference to the reference at 130% paired
+by seed, how many seeds are at or below it at 100% / 130%, the mean curve's smallest difference over
+10..130% (where) and how many of those points are below it by more than 0.005.
 """
 
 from __future__ import annotations
@@ -44,10 +44,12 @@ def register_variants() -> None:
     openb.POLICIES.update(variants.VARIANTS)
 
 
-def job(name: str, policy: str, seed: int, label: str, ties: str = "node-order") -> dict:
+def job(name: str, policy: str, seed: int, label: str, ties: str = "node-order", mixes: str = "") -> dict:
     """One run, as a cache line (bench/sweep_issue26.py's, keyed by ``label``), ties broken as ``ties``
-    says (``run_once``)."""
+    says (``run_once``), the mixes read from ``mixes`` (a mix file; empty: bench/openb_mixes.json)."""
     register_variants()
+    if mixes:
+        openb.MIXES = Path(mixes)
     return {**sweep.job(name, policy, seed, ties), "policy": label}
 
 
@@ -111,10 +113,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ref", default="fgd")
     parser.add_argument("--cache", default="build/variant_runs.jsonl")
     parser.add_argument(
+        "--mix-file", default="", help="mixes from this file (default bench/openb_mixes.json)"
+    )
+    parser.add_argument(
         "--ties", default="node-order", choices=("node-order", "random"), help="as the live scheduler: random"
     )
     args = parser.parse_args(argv)
     register_variants()
+    if args.mix_file:
+        openb.MIXES = Path(args.mix_file)
     names = names_of(args.names)
     seeds = parse_seeds(args.seeds)
     policies = labelled(args.policies, args.ties)
@@ -123,7 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_path.parent.mkdir(parents=True, exist_ok=True)
     cache = load_cache(cache_path)
     work = [
-        (n, p, s, label, args.ties)
+        (n, p, s, label, args.ties, args.mix_file)
         for n in names
         for p, label in policies
         for s in seeds
