@@ -1570,9 +1570,9 @@ VARIANTS.update({"fine-late085": fgd_fine_late(0.85), "fine-late100": fgd_fine_l
 # gate"): the CPU-to-GPU demand ratio (CPU asked over the cluster's CPU, over GPU milli asked over its GPU
 # milli) is 1.22-1.62 on t-cpu4-gs40 and at most 1.29 on every other tuning mix and shared trace (t-cpu3
 # 1.07-1.28, t-cpu3-mg20 1.01-1.29 at 2%; after the warm-up, from 10%, 1.36-1.49 against at most 1.24);
-# multi-GPU pods' share of the GPU milli arrived is 0.02-0.11 on t-cpu3 and t-cpu4-gs40 at 10-40% and
-# 0.16-0.28 on t-cpu3-mg20; sharing pods' share 0.27-0.31 on t-cpu3, 0.21-0.26 on t-cpu3-mg20, 0.37-0.42
-# on t-cpu4-gs40.
+# multi-GPU pods' share of the GPU milli arrived is 0.02-0.11 on t-cpu3 (0.04-0.13 on t-cpu4-gs40) at
+# 10-40% and 0.16-0.28 on t-cpu3-mg20; sharing pods' share 0.27-0.31 on t-cpu3, 0.21-0.26 on t-cpu3-mg20,
+# 0.37-0.42 on t-cpu4-gs40. fine-ratio13-cu07 is the one that kept every seed above FGD where it acts.
 
 
 class GatedFGD(P.FGDScore):
@@ -1685,7 +1685,7 @@ VARIANTS.update(
         "fine-ratio13-u05": gated_fgd(lambda ratio, multi, share: ratio > 1.3, until=0.5),
         "fine-ratio13-u06": gated_fgd(lambda ratio, multi, share: ratio > 1.3, until=0.6),
         # ... until 0.6 / 0.7 / 0.8 of the CPU capacity has been asked (the dips of t-cpu4-gs40 and the
-        # probe mixes of bench/probe26_mixes.json come at 0.89-0.92 of it)
+        # probe mixes of bench/probe26_mixes.json come at 0.89-0.95 of it)
         "fine-ratio13-cu06": gated_fgd(lambda ratio, multi, share: ratio > 1.3, until_cpu=0.6),
         "fine-ratio13-cu07": gated_fgd(lambda ratio, multi, share: ratio > 1.3, until_cpu=0.7),
         "fine-ratio13-cu08": gated_fgd(lambda ratio, multi, share: ratio > 1.3, until_cpu=0.8),
