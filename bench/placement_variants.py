@@ -42,13 +42,19 @@ BEFORE = {"horizon": 1.0, "prior_weight": 0.0, "by_need": False, "cpu_horizon": 
 # the default before the model guard and the model balance by need were ported into it (2026-11-29,
 # ``reserve-v2``): every variant here is one of that default (or of an older one, ``BEFORE``), so what they
 # measured stays what they run
-V2 = {"guard_fill": None, "need_horizon": None, "restricted_banded": False}
+V2 = {"guard_fill": None, "need_horizon": None, "restricted_banded": False, "fine": None}
 
 
 def reserve_v2(**parts: Any) -> Policy:
     """``scheduler.core.policies.fgd_reserve(**parts)`` without the model guard and with the model balance
     by free share (``V2``): the default before 2026-11-29's port, with ``parts`` changed."""
     return P.fgd_reserve(**{**V2, **parts})
+
+
+def before_gate(**parts: Any) -> Policy:
+    """``scheduler.core.policies.fgd_reserve(**parts)`` without FGD's fine bands by the demand gate
+    (``fine=None``): the default before 2026-11-29's gate, which the variants after ``GUARDED`` change."""
+    return P.fgd_reserve(**{"fine": None, **parts})
 
 
 def default_parts(**parts: Any) -> tuple[Policy, P.ReserveThenAlign, P.FGDScore]:
@@ -791,7 +797,7 @@ VARIANTS.update(
 # The default of 2026-11-29 morning (the model guard and the balance by need, the alignment exact while CPU
 # binds whatever arrived): the variants below were measured against it, before restricted_banded was ported
 # into the default (spec-banded below, 2026-11-29 session 10:10)
-GUARDED = {"restricted_banded": False}
+GUARDED = {"restricted_banded": False, "fine": None}
 
 
 # --- issue 26, the late phase (2026-11-29 session 10:10): once the arrivals have asked for the cluster's
@@ -1090,7 +1096,7 @@ def banded_until(until: float) -> Callable[[], Policy]:
     core's ``fgd_reserve(banded_until=until)`` (measured first with a subclass of the tie-breaker here,
     the same placements: digests of openb-spec25-cpu3-mg20 and sample-spec50, seeds 42-43);
     ``banded-until07`` is the default since."""
-    return lambda: P.fgd_reserve(banded_until=until)
+    return lambda: before_gate(banded_until=until)
 
 
 VARIANTS.update({f"banded-until{int(u * 10):02d}": banded_until(u) for u in (0.4, 0.5, 0.6, 0.7, 0.8, 1.0)})
@@ -1142,7 +1148,7 @@ def shy_need(until: float = 0.7, always: bool = False) -> Callable[[], Policy]:
     restricted pod arrived, CPU-bound or not, until ``until``)."""
 
     def make() -> Policy:
-        policy = P.fgd_reserve(restricted_banded=False)
+        policy = before_gate(restricted_banded=False)
         tie = policy.tie_break
         assert isinstance(tie, P.ReserveThenAlign) and isinstance(tie.balance, P.ModelNeed)
         tie.balance.__class__ = ShyNeed
@@ -1184,9 +1190,7 @@ class CpuWindow(P.ReserveThenAlign):
 
 def cpu_window(exact_from: float = 0.0, exact_until: float = math.inf) -> Callable[[], Policy]:
     """The default (``fgd_reserve()``) with ``CpuWindow`` as its tie-breaker."""
-    return lambda: recast_tie_break(
-        P.fgd_reserve(), CpuWindow, exact_from=exact_from, exact_until=exact_until
-    )
+    return lambda: recast_tie_break(before_gate(), CpuWindow, exact_from=exact_from, exact_until=exact_until)
 
 
 VARIANTS.update(
@@ -1296,7 +1300,7 @@ def rich_reserve(horizon: float = 2.0, gated: bool = True) -> Callable[[], Polic
     ``horizon``); ``gated``: only while CPU binds and no restricted pod has arrived."""
 
     def make() -> Policy:
-        policy = recast_tie_break(P.fgd_reserve(), RichAlign)
+        policy = recast_tie_break(before_gate(), RichAlign)
         tie = policy.tie_break
         assert isinstance(tie, P.ReserveThenAlign)
         old = tie.reserve
@@ -1430,7 +1434,7 @@ def idle_banded(
     """The default with ``IdleBanded`` as its tie-breaker (``rare``, ``cpu_only``, ``last``, ``idle_from``:
     its own; ``always``: its ``rare_always``)."""
     return lambda: recast_tie_break(
-        P.fgd_reserve(),
+        before_gate(),
         IdleBanded,
         rare=rare,
         rare_always=always,
@@ -1480,7 +1484,7 @@ class LateHorizon(P.ReserveThenAlign):
 
 def late_horizon(horizon: float, late_from: float) -> Callable[[], Policy]:
     """The default with ``LateHorizon`` as its tie-breaker."""
-    return lambda: recast_tie_break(P.fgd_reserve(), LateHorizon, late_horizon=horizon, late_from=late_from)
+    return lambda: recast_tie_break(before_gate(), LateHorizon, late_horizon=horizon, late_from=late_from)
 
 
 VARIANTS.update(
@@ -1523,7 +1527,7 @@ def hard_keep(late_from: float = 0.0) -> Callable[[], Policy]:
     """The default with ``HardKeep`` between share completion and FGD (weight 100, as the model guard)."""
 
     def make() -> Policy:
-        policy = P.fgd_reserve()
+        policy = before_gate()
         tie = policy.tie_break
         assert isinstance(tie, P.ReserveThenAlign)
         first, *rest = policy.plugins
@@ -1655,7 +1659,7 @@ def gated_fgd(
     ``until_cpu`` of the CPU capacity has been asked (``GatedFGD``)."""
 
     def make() -> Policy:
-        policy = P.fgd_reserve()
+        policy = before_gate()
         fgd = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
         fgd.__class__ = GatedFGD
         assert isinstance(fgd, GatedFGD)
@@ -1670,7 +1674,9 @@ VARIANTS.update(
     {
         # the default itself with FGD in bands of 1 always (fgd1 is reserve-v2's: no guard, balance by
         # free share)
-        "dfgd1": lambda: P.fgd_reserve(fgd_step=1),
+        "dfgd1": lambda: before_gate(fgd_step=1),
+        # the default before fine-ratio13-cu07 was ported into it (2026-11-29): FGD in bands of 3 always
+        "nofine": before_gate,
         # bands of 1 while CPU is asked at more than 1.3 times GPUs' share of capacity
         "fine-ratio13": gated_fgd(lambda ratio, multi, share: ratio > 1.3),
         "fine-ratio13-r": gated_fgd(lambda ratio, multi, share: ratio > 1.3, unless_restricted=False),

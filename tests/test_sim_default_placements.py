@@ -5,7 +5,8 @@ protocol (``run_once``) on a small workload and reduces the final cluster, every
 (index and milli), to a digest kept in ``tests/data/default_placements.json``. The protocol never
 releases a pod, so the final cluster holds every placement of the run. The cases: the bundled
 sample (``scheduler/data``) and its mixes (multi-GPU, whole-node, GPU-spec and CPU heavy, with the
-model balance, the whole-node reserve, the exact alignment and the share remainders at work), and
+model balance, the whole-node reserve, the exact alignment, FGD's fine bands and the share remainders at
+work), and
 one node in four and one pod in four of the shared openb traces (skipped without them), on several
 seeds; ``fgd``, ``fgd-align`` and the live scheduler's ``topology`` share the code and are checked
 on some of them.
@@ -63,6 +64,9 @@ MIXES: dict[str, tuple[str, Mix]] = {
         "multigpu20",
         Mix("openb-spec25-cpu3-mg20", "multigpu20", {"cpu": 3}, 0.25, mix_seed=1),
     ),
+    # CPU runs out far ahead of GPUs: FGD in bands of 1 until 0.7 of the CPU was asked (FineBands)
+    "sample-cpu5": ("sample", Mix("sample-cpu5", "sample", {"cpu": 5}, mix_seed=1)),
+    "openb-cpu4-gs40": ("gpushare40", Mix("openb-cpu4-gs40", "gpushare40", {"cpu": 4}, mix_seed=1)),
 }
 SEEDS = {"sample": (42, 43, 44), "openb": (42, 43)}  # the openb cases take longer (0.5-1 s each)
 # (policy, workload, seed, ties): the default everywhere; the policies sharing its code on some
@@ -134,6 +138,20 @@ def test_the_cpu_bound_spec_case_exercises_the_banded_alignment(monkeypatch: pyt
     for parts in ({"banded_until": None}, {"restricted_banded": False}):
         monkeypatch.setitem(POLICIES, "variant", lambda parts=parts: fgd_reserve(**parts))
         assert digest("variant", *loaded, 42, "node-order") != recorded, parts
+
+
+@pytest.mark.parametrize("name", ["sample-cpu3", "sample-cpu5", "openb-cpu4-gs40"])
+def test_the_cpu_heaviest_cases_exercise_the_fine_bands(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On these cases (seed 42) the default's recorded placements differ from those with FGD in its own
+    bands throughout (``fine=None``): the cases check the fine bands' gate, which acts on them."""
+    if name not in _LOADED:
+        _LOADED[name] = workload(name)
+    loaded = _LOADED[name]
+    if loaded is None:
+        pytest.skip(f"the openb traces are not at {OPENB}")
+    recorded = json.loads(GOLDEN.read_text())[case_id("fgd-reserve", name, 42, "node-order")]
+    monkeypatch.setitem(POLICIES, "variant", lambda: fgd_reserve(fine=None))
+    assert digest("variant", *loaded, 42, "node-order") != recorded
 
 
 def write() -> None:

@@ -14,6 +14,7 @@ import functools
 import math
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -157,6 +158,65 @@ class GpuClusteringScore(_Normalised):
         return (fill + band).astype(float)
 
 
+class DemandTally:
+    """The CPU and GPU milli asked by the pods arrived so far and by the whole workload (which FGD knows
+    too), against the cluster's capacity, for the rules that depend on which resource runs out first; and
+    whether a pod restricted to GPU models (asking GPUs) has arrived. Until the arrivals have asked for
+    ``warm_up`` of the cluster's CPU or GPUs (a few first pods say little) the workload stands for them."""
+
+    def __init__(self, warm_up: float = 0.1) -> None:
+        self.warm_up = warm_up
+        self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
+        self.asked = [0, 0]  # CPU milli and GPU milli of the pods arrived so far
+        self.prior = (0, 0)  # the same of the workload
+        self.restricted_arrived = False
+
+    def bind(self, cluster: ClusterState, workload: Sequence[PodRequest]) -> None:
+        self.capacity = (max(int(cluster.cpu_capacity.sum()), 1), max(cluster.total_gpus() * MILLI, 1))
+        self.prior = (sum(p.cpu_milli for p in workload), sum(p.total_gpu_milli for p in workload))
+        self.asked = [0, 0]
+        self.restricted_arrived = False
+
+    def observe(self, pod: PodRequest) -> None:
+        self.asked[0] += pod.cpu_milli
+        self.asked[1] += pod.total_gpu_milli
+        if pod.gpu_models and pod.gpu_count:
+            self.restricted_arrived = True
+
+    def demand(self) -> tuple[int, int]:
+        """CPU and GPU milli asked: by the arrivals once warm, else by the workload."""
+        cpu, gpu = self.asked
+        if cpu >= self.warm_up * self.capacity[0] or gpu >= self.warm_up * self.capacity[1]:
+            return cpu, gpu
+        return self.prior
+
+    def cpu_bound(self) -> bool:
+        """Whether the CPU asked is the larger share of capacity (CPU would run out first)."""
+        cpu, gpu = self.demand()
+        return cpu * self.capacity[1] > gpu * self.capacity[0]
+
+    def cpu_over_gpu(self) -> float:
+        """The CPU asked as a share of the cluster's CPU over the GPU asked as a share of its GPUs (inf
+        while no GPU was asked)."""
+        cpu, gpu = self.demand()
+        return (cpu / self.capacity[0]) / (gpu / self.capacity[1]) if gpu else math.inf
+
+
+@dataclass(frozen=True)
+class FineBands:
+    """When ``FGDScore`` scores in the finer bands of ``step`` points instead of its own: while the CPU
+    asked is more than ``ratio`` times the GPU asked, each as a share of the cluster's capacity
+    (``DemandTally.cpu_over_gpu``, the workload's until ``warm_up`` of the cluster has been asked), until
+    ``until_cpu`` of the cluster's CPU has been asked, and never once a pod restricted to GPU models has
+    arrived. Where CPU runs out long before GPUs, FGD's fine bands place better early; elsewhere they
+    deepen the dips (docs/performance.md "FGD's fine bands by an online gate")."""
+
+    step: int = 1
+    ratio: float = 1.3
+    until_cpu: float = 0.7
+    warm_up: float = 0.1
+
+
 class FGDScore(ScorePlugin):
     """Fragmentation gradient descent: the placement that increases fragmentation least.
 
@@ -178,6 +238,7 @@ class FGDScore(ScorePlugin):
         step: int = 1,
         whole_node_typical: bool = True,
         spec_step: int | None = None,
+        fine: FineBands | None = None,
     ) -> None:
         self.exact = exact
         self.coverage = coverage
@@ -185,6 +246,9 @@ class FGDScore(ScorePlugin):
         self.base_step = step  # bind: the bands before any restricted pod
         # once a pod restricted to GPU models has arrived (observe): bands of this many points (None: step)
         self.spec_step = spec_step
+        # FGD in bands of fine.step while CPU runs out far ahead of GPUs (None: never); its arrivals so far
+        self.fine = fine
+        self._demand = DemandTally(fine.warm_up if fine is not None else 0.1)
         # False: pods asking for as many whole GPUs as the largest node has are left out of the
         # typical pods (fgd-reserve keeps hosts for them with WholeNodeReserve instead)
         self.whole_node_typical = whole_node_typical
@@ -194,22 +258,45 @@ class FGDScore(ScorePlugin):
         self._memo: dict[tuple, tuple[float, frozenset[int]]] = {}
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
+        self._demand.bind(cluster, workload)  # every pod's demand, whole-node pods' too
+        typical = workload
         if not self.whole_node_typical:
             largest = int(cluster.gpu_count.max()) if len(cluster) else 0
-            workload = [p for p in workload if largest < 2 or p.is_share or p.gpu_count < largest]
-        self.model = FragModel(typical_pods(workload, self.coverage))
-        self.step = self.base_step
+            typical = [p for p in workload if largest < 2 or p.is_share or p.gpu_count < largest]
+        self.model = FragModel(typical_pods(typical, self.coverage))
         self._cache = {}
         self._memo = {}
         self._node_models = [cluster.model_sets[c] for c in cluster.model_code.tolist()]
+        self.step = self._wanted_step() if self.fine is not None else self.base_step
 
     def observe(self, pod: PodRequest) -> None:
         """With ``spec_step``: the first arrived pod restricted to GPU models (asking GPUs) widens the
-        bands to ``spec_step`` for the rest of the run; the per-shape scores and the memo hold banded
-        scores, so they start afresh."""
+        bands to ``spec_step`` for the rest of the run; with ``fine``: the bands for the next pod as
+        ``FineBands`` says. The per-shape scores and the memo hold banded scores, so on a change of bands
+        they start afresh."""
+        if self.fine is not None:
+            self._demand.observe(pod)
+            want = self._wanted_step()
+            if want != self.step:
+                self.set_step(want)
+            return
         if self.spec_step is None or self.step == self.spec_step or not (pod.gpu_models and pod.gpu_count):
             return
         self.set_step(self.spec_step)
+
+    def _wanted_step(self) -> int:
+        """The bands for the next pod, with ``fine``: its step while its gate holds, else ``spec_step``
+        once a restricted pod has arrived (if set), else the base step."""
+        demand, fine = self._demand, self.fine
+        if demand.restricted_arrived:
+            return self.spec_step if self.spec_step is not None else self.base_step
+        if (
+            fine is not None
+            and demand.asked[0] < fine.until_cpu * demand.capacity[0]
+            and demand.cpu_over_gpu() > fine.ratio
+        ):
+            return fine.step
+        return self.base_step
 
     def set_step(self, step: int) -> None:
         """Score in bands of ``step`` points from the next pod on; the per-shape scores and the memo hold
@@ -1422,10 +1509,7 @@ class ReserveThenAlign(AlignmentScore):
         self.cpu_horizon = cpu_horizon
         self.restricted_banded = restricted_banded
         self.banded_until = banded_until
-        self.restricted_arrived = False  # a pod restricted to GPU models (asking GPUs) has arrived
-        self.capacity = (1, 1)  # the cluster's CPU milli and GPU milli
-        self.asked = [0, 0]  # CPU milli and GPU milli of the pods arrived so far
-        self.prior = (0, 0)  # the same of the workload
+        self.demand = DemandTally(self.WARM_UP)  # what was asked, and whether a restricted pod arrived
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
         super().bind(cluster, workload, rng)
@@ -1436,28 +1520,33 @@ class ReserveThenAlign(AlignmentScore):
         self._wasted = GpuStateValues()
         if self.balance is not None:
             self.balance.bind(cluster)
-        self.capacity = (max(int(cluster.cpu_capacity.sum()), 1), max(cluster.total_gpus() * MILLI, 1))
-        self.prior = (sum(p.cpu_milli for p in workload), sum(p.total_gpu_milli for p in workload))
-        self.asked = [0, 0]
-        self.restricted_arrived = False
+        self.demand.bind(cluster, workload)
 
     def observe(self, pod: PodRequest) -> None:
         self.reserve.observe(pod)
         if self.balance is not None:
             self.balance.observe(pod)
-        self.asked[0] += pod.cpu_milli
-        self.asked[1] += pod.total_gpu_milli
-        if pod.gpu_models and pod.gpu_count:
-            self.restricted_arrived = True
+        self.demand.observe(pod)
+
+    @property
+    def capacity(self) -> tuple[int, int]:
+        """The cluster's CPU milli and GPU milli."""
+        return self.demand.capacity
+
+    @property
+    def asked(self) -> list[int]:
+        """CPU milli and GPU milli of the pods arrived so far."""
+        return self.demand.asked
+
+    @property
+    def restricted_arrived(self) -> bool:
+        """Whether a pod restricted to GPU models (asking GPUs) has arrived."""
+        return self.demand.restricted_arrived
 
     def cpu_bound(self) -> bool:
         """Whether the CPU asked is the larger share of capacity: by the arrivals so far once they asked
         for ``WARM_UP`` of the cluster's GPUs or CPUs (a few first pods say little), else the workload."""
-        cpu, gpu = self.asked
-        warm = cpu >= self.WARM_UP * self.capacity[0] or gpu >= self.WARM_UP * self.capacity[1]
-        if not warm:
-            cpu, gpu = self.prior
-        return cpu * self.capacity[1] > gpu * self.capacity[0]
+        return self.demand.cpu_bound()
 
     def _terms(
         self, pod: PodRequest, cluster: ClusterState, idx: np.ndarray
@@ -1797,6 +1886,13 @@ NEED_HORIZON: float | None = 1.0
 # (docs/performance.md "The CPU-heavy GPU-spec dip")
 RESTRICTED_BANDED = True
 RESTRICTED_BANDED_UNTIL: float | None = 0.7
+# fgd-reserve: FGD in bands of 1 while the CPU asked is over 1.3 times the GPU asked (each a share of
+# capacity) until 0.7 of the CPU capacity has been asked, never once a restricted pod arrived (None: FGD_STEP
+# always). The ratio splits the tuning mixes' ranges from 10% arrived (t-cpu4-gs40 1.36-1.49, every other
+# tuning mix and shared trace at most 1.24); 0.7 chosen on t-cpu4-gs40 and the probe mixes of
+# bench/probe26_mixes.json (0.6 and 0.8 each put a probe seed at or below FGD); validated on heldout12;
+# the default since 2026-11-29 (docs/performance.md "FGD's fine bands by an online gate")
+FINE_BANDS: FineBands | None = FineBands(step=1, ratio=1.3, until_cpu=0.7, warm_up=ReserveThenAlign.WARM_UP)
 
 
 def fgd_reserve(
@@ -1814,6 +1910,7 @@ def fgd_reserve(
     need_horizon: float | None = NEED_HORIZON,
     restricted_banded: bool = RESTRICTED_BANDED,
     banded_until: float | None = RESTRICTED_BANDED_UNTIL,
+    fine: FineBands | None = FINE_BANDS,
 ) -> Policy:
     """Our default: a share first where it completes a GPU (``ShareCompletionScore``), then pods with
     whole GPUs free to use any model kept off the GPU models their restricted pods are expected to need
@@ -1838,7 +1935,9 @@ def fgd_reserve(
     (``RESTRICTED_BANDED``; False: exact while CPU binds whatever arrived, the rule before 2026-11-29's
     second change); ``banded_until``: see ``ReserveThenAlign`` (``RESTRICTED_BANDED_UNTIL``; None: banded
     for the rest of the run, the rule of 2026-11-29's first port, bench/placement_variants.py
-    ``spec-banded``). ``guard_fill=None, need_horizon=None, restricted_banded=False`` is the default of
+    ``spec-banded``); ``fine``: when FGD scores in finer bands (``FineBands``; ``FINE_BANDS``; None: in
+    ``fgd_step`` always, the rule before 2026-11-29's gate, bench/placement_variants.py's ``nofine``).
+    ``guard_fill=None, need_horizon=None, restricted_banded=False`` is the default of
     before the guard (bench/placement_variants.py ``reserve-v2``). docs/simulator.md explains each part.
     """
     guard = () if guard_fill is None else ((ModelGuard(guard_fill, GUARD_WARM_UP), GUARD_WEIGHT),)
@@ -1847,7 +1946,7 @@ def fgd_reserve(
         (
             (ShareCompletionScore(COMPLETE_BELOW), 1000.0),
             *guard,
-            (FGDScore(step=fgd_step, whole_node_typical=False, spec_step=fgd_spec_step), 1.0),
+            (FGDScore(step=fgd_step, whole_node_typical=False, spec_step=fgd_spec_step, fine=fine), 1.0),
         ),
         "shares complete GPUs first; "
         + ("GPU models kept for their restricted pods; " if guard else "")
