@@ -138,3 +138,17 @@ def test_the_default_scores_in_fine_bands_by_the_ported_rule() -> None:
     tie = policy.tie_break
     assert isinstance(tie, P.ReserveThenAlign) and P.FINE_BANDS.warm_up == tie.WARM_UP
     assert next(p for p, _ in P.fgd_reserve(fine=None).plugins if isinstance(p, P.FGDScore)).fine is None
+
+
+def test_the_live_default_topology_keeps_fgds_own_bands() -> None:
+    """``topology`` (the live scheduler's default) keeps every adaptive part of ``fgd-reserve`` off: it was
+    measured under random ties without them, and the live scheduler never calls ``observe``, so a gate
+    read from the pods it knows at bind would hold for as long as the binding. A CPU-heavy workload
+    leaves its FGD in ``TOPOLOGY_FGD_STEP``."""
+    policy = P.topology_policy()
+    plugin = next(p for p, _ in policy.plugins if isinstance(p, P.FGDScore))
+    assert plugin.fine is None
+    plugin.bind(cluster(), [pod(f"w{k}", cpu=20_000) for k in range(10)], random.Random(1))
+    assert plugin.step == P.TOPOLOGY_FGD_STEP
+    plugin.observe(pod("c", gpus=0, cpu=100_000))
+    assert plugin.step == P.TOPOLOGY_FGD_STEP

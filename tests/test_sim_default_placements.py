@@ -75,6 +75,9 @@ CASES += [("fgd-reserve", name, 42, "random") for name in ("sample-whole4", "ope
 CASES += [("fgd", name, 42, "node-order") for name in ("sample-spec50", "openb-default", "openb-spec30")]
 CASES += [("fgd-align", name, 42, "node-order") for name in ("sample-cpu3", "openb-cpu3")]
 CASES += [("topology", name, 42, "random") for name in ("sample-multi3", "openb-multi3-mg20", "openb-mixed")]
+# the CPU-heaviest sample case, where fgd-reserve's fine bands act: topology keeps FGD's own bands (its
+# digest is that of before the gate, commit ce933dc)
+CASES += [("topology", "sample-cpu5", 42, "random")]
 
 
 def case_id(policy: str, workload: str, seed: int, ties: str) -> str:
