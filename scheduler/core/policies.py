@@ -2098,7 +2098,8 @@ def topology_policy() -> Policy:
     """
     # ties at random in the live scheduler: hosts kept in proportion; the adaptive parts of fgd-reserve
     # (issue 26: the adaptive reserve, the model balance, the model guard) were measured with the
-    # simulator's node order only, so topology stays as it was
+    # simulator's node order only, so topology stays as it was (FGD's fine bands too: the live scheduler
+    # never calls observe, so their gate would read the pods known at bind for as long as the binding)
     base = fgd_reserve(
         keep=None,
         adaptive=False,
@@ -2112,6 +2113,7 @@ def topology_policy() -> Policy:
         fgd_spec_step=None,
         guard_fill=None,
         need_horizon=None,
+        fine=None,
     )
     return Policy(
         "topology",
