@@ -13,6 +13,7 @@ from collections.abc import Sequence
 import pytest
 
 from scheduler.core import Placement, PodRequest, make_policy, schedule_one
+from scheduler.core.policies import FGDScore
 from scheduler.core.scoring import Policy
 from scheduler.sim import protocol
 from scheduler.sim.protocol import arrival_order, run_once
@@ -21,9 +22,16 @@ from scheduler.sim.trace import DEFAULT_NODES, DEFAULT_PODS, build_cluster, load
 POLICIES = ("fgd", "fgd-align", "fgd-reserve", "topology")
 
 
-def decisions(policy_name: str, workload: Sequence[PodRequest], seed: int = 42) -> list[tuple[str, tuple]]:
+def decisions(
+    policy_name: str,
+    workload: Sequence[PodRequest],
+    seed: int = 42,
+    pods: Sequence[PodRequest] | None = None,
+) -> list[tuple[str, tuple]]:
+    """``policy_name``'s decisions bound to ``workload``, for the arrivals of ``pods`` (default: the
+    sample's) in the seed's order."""
     nodes = load_nodes(DEFAULT_NODES)
-    pods = load_pods(DEFAULT_PODS)
+    pods = load_pods(DEFAULT_PODS) if pods is None else pods
     cluster = build_cluster(nodes)
     cluster.set_tie_order(random.Random(seed).sample(range(len(cluster)), len(cluster)))
     rng = random.Random(seed)
@@ -50,6 +58,31 @@ def test_decisions_depend_on_the_workload_distribution_only(policy: str) -> None
     random.Random(5).shuffle(shuffled)
     assert decisions(policy, shuffled) == base
     assert decisions(policy, [p for p in pods for _ in range(3)]) == base
+
+
+def cpu_heavy(pods: Sequence[PodRequest]) -> list[PodRequest]:
+    """The pods, then CPU-only pods of 32 CPUs asking twice their CPU again: in all CPU runs out far ahead
+    of GPUs (fgd-reserve's fine bands open), though not in the first part of the list."""
+    extra = [PodRequest(f"cpu-{k}", cpu_milli=32_000, memory_mib=4096) for k in range(185)]
+    return [*pods, *extra]
+
+
+@pytest.mark.parametrize("policy", ["fgd-reserve"])
+def test_the_demand_gates_read_the_workload_distribution_only(policy: str) -> None:
+    """On a CPU-heavy workload, where the demand gates act (FGD's fine bands open at bind from the
+    workload's CPU-to-GPU ratio, the exact alignment's CPU-bound test holds), the decisions are the same
+    for the workload shuffled or repeated: the gates read its ratio, never its order or its counts. (The
+    sample alone never opens the fine bands, so the test above does not reach them.)"""
+    pods = cpu_heavy(load_pods(DEFAULT_PODS))
+    policy_object = make_policy(policy)
+    fgd = next(p for p, _ in policy_object.plugins if isinstance(p, FGDScore))
+    policy_object.bind(build_cluster(load_nodes(DEFAULT_NODES)), pods, random.Random(1))
+    assert fgd.fine is not None and fgd.step == fgd.fine.step  # the gate is open at bind
+    base = decisions(policy, pods, pods=pods)
+    shuffled = pods[:]
+    random.Random(5).shuffle(shuffled)
+    assert decisions(policy, shuffled, pods=pods) == base
+    assert decisions(policy, [p for p in pods for _ in range(3)], pods=pods) == base
 
 
 def test_the_simulator_binds_the_trace_not_the_arrivals(monkeypatch: pytest.MonkeyPatch) -> None:
