@@ -1586,13 +1586,13 @@ class GatedFGD(P.FGDScore):
     share of the GPU milli asked) and ``share`` (sharing pods' share of it); before ``WARM_UP`` of the
     cluster's GPU or CPU has been asked, the workload's values (as ``ReserveThenAlign.cpu_bound``). With
     ``unless_restricted``: its own bands for good once a pod restricted to GPU models has arrived;
-    ``fine``: the fine bands (1); ``until`` / ``until_cpu``: its own bands once this share of the GPU / CPU
-    capacity has been asked."""
+    ``fine_step``: the fine bands (1; not ``fine``, which is ``FGDScore``'s ``FineBands``, None here);
+    ``until`` / ``until_cpu``: its own bands once this share of the GPU / CPU capacity has been asked."""
 
     WARM_UP = P.ReserveThenAlign.WARM_UP
     gate: Callable[[float, float, float], bool] = staticmethod(lambda ratio, multi, share: False)
     unless_restricted = True
-    fine = 1
+    fine_step = 1
     until = math.inf
     until_cpu = math.inf
 
@@ -1635,7 +1635,7 @@ class GatedFGD(P.FGDScore):
             cpu, gpu, multi, share = seen if warm else self.prior
             ratio = (cpu / self.cap[0]) / (gpu / self.cap[1]) if gpu else math.inf
             fine = self.gate(ratio, multi / gpu if gpu else 0.0, share / gpu if gpu else 0.0)
-            want = self.fine if fine else self.own_step
+            want = self.fine_step if fine else self.own_step
         if want != self.step:
             self.set_step(want)
 
@@ -1664,7 +1664,7 @@ def gated_fgd(
         fgd.__class__ = GatedFGD
         assert isinstance(fgd, GatedFGD)
         fgd.gate, fgd.unless_restricted = gate, unless_restricted  # type: ignore[method-assign]
-        fgd.fine, fgd.until, fgd.until_cpu = fine, until, until_cpu
+        fgd.fine_step, fgd.until, fgd.until_cpu = fine, until, until_cpu
         return policy
 
     return make
