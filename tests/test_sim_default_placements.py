@@ -116,13 +116,19 @@ def digest(policy: str, nodes: Sequence[NodeSpec], pods: Sequence[PodRequest], s
 _LOADED: dict[str, tuple[list[NodeSpec], list[PodRequest]] | None] = {}
 
 
-@pytest.mark.parametrize(("policy", "name", "seed", "ties"), CASES, ids=[case_id(*c) for c in CASES])
-def test_placements_are_unchanged(policy: str, name: str, seed: int, ties: str) -> None:
+def loaded_or_skip(name: str) -> tuple[list[NodeSpec], list[PodRequest]]:
+    """A case's workload, loaded once per session; the test skips when its openb trace is absent."""
     if name not in _LOADED:
         _LOADED[name] = workload(name)
     loaded = _LOADED[name]
     if loaded is None:
         pytest.skip(f"the openb traces are not at {OPENB}")
+    return loaded
+
+
+@pytest.mark.parametrize(("policy", "name", "seed", "ties"), CASES, ids=[case_id(*c) for c in CASES])
+def test_placements_are_unchanged(policy: str, name: str, seed: int, ties: str) -> None:
+    loaded = loaded_or_skip(name)
     expected = json.loads(GOLDEN.read_text())[case_id(policy, name, seed, ties)]
     assert digest(policy, *loaded, seed, ties) == expected
 
@@ -132,11 +138,7 @@ def test_the_cpu_bound_spec_case_exercises_the_banded_alignment(monkeypatch: pyt
     alignment banded for the rest of the run once a restricted pod arrived (``banded_until=None``) and
     from those never banded (``restricted_banded=False``): the case checks both parts of the rule."""
     name = "openb-spec25-cpu3-mg20"
-    if name not in _LOADED:
-        _LOADED[name] = workload(name)
-    loaded = _LOADED[name]
-    if loaded is None:
-        pytest.skip(f"the openb traces are not at {OPENB}")
+    loaded = loaded_or_skip(name)
     recorded = json.loads(GOLDEN.read_text())[case_id("fgd-reserve", name, 42, "node-order")]
     for parts in ({"banded_until": None}, {"restricted_banded": False}):
         monkeypatch.setitem(POLICIES, "variant", lambda parts=parts: fgd_reserve(**parts))
@@ -147,11 +149,7 @@ def test_the_cpu_bound_spec_case_exercises_the_banded_alignment(monkeypatch: pyt
 def test_the_cpu_heaviest_cases_exercise_the_fine_bands(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """On these cases (seed 42) the default's recorded placements differ from those with FGD in its own
     bands throughout (``fine=None``): the cases check the fine bands' gate, which acts on them."""
-    if name not in _LOADED:
-        _LOADED[name] = workload(name)
-    loaded = _LOADED[name]
-    if loaded is None:
-        pytest.skip(f"the openb traces are not at {OPENB}")
+    loaded = loaded_or_skip(name)
     recorded = json.loads(GOLDEN.read_text())[case_id("fgd-reserve", name, 42, "node-order")]
     monkeypatch.setitem(POLICIES, "variant", lambda: fgd_reserve(fine=None))
     assert digest("variant", *loaded, 42, "node-order") != recorded
