@@ -55,21 +55,20 @@ def stats_at(order: list, cpu_capacity: float, gpu_capacity: float, points: list
 def replay(
     name: str, policy: str, orders: list[list], nodes: list, pods: list
 ) -> tuple[int, list[float], int]:
-    """On how many of the arrival orders ``policy``'s ``GatedFGD`` ever scores in bands of 1 (``fine``),
+    """On how many of the arrival orders ``policy``'s ``GatedFGD`` ever scores in bands of 1 (``fine_step``),
     the share of the arrivals it scores so, and the most switches in one order."""
     fgd = next(p for p, _ in variants.VARIANTS[policy]().plugins if isinstance(p, variants.GatedFGD))
-    fgd.bind(build_cluster(nodes), pods, random.Random(0))
+    cluster = build_cluster(nodes)
     fired, shares, most = 0, [], 0
     for order in orders:
-        fgd.seen, fgd.restricted = [0.0, 0.0, 0.0, 0.0], False  # bind's state of the gate, afresh
-        fgd._decide()
+        fgd.bind(cluster, pods, random.Random(0))  # the gate's state afresh for each order
         fine = switches = 0
         last = fgd.step
         for pod in order:
             fgd.observe(pod)
             switches += fgd.step != last
             last = fgd.step
-            fine += fgd.step == fgd.fine
+            fine += fgd.step == fgd.fine_step
         fired += fine > 0
         shares.append(fine / len(order))
         most = max(most, switches)

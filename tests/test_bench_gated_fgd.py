@@ -46,3 +46,18 @@ def test_the_ported_variant_places_as_the_default_and_nofine_as_the_default_befo
     recorded = json.loads(GOLDEN.read_text())["fgd-reserve/sample-cpu5/42/node-order"]
     assert digest("fine-ratio13-cu07", *loaded, 42, "node-order") == recorded
     assert digest("nofine", *loaded, 42, "node-order") == BEFORE_GATE
+
+
+def test_the_arrival_replay_counts_the_arrivals_in_fine_bands() -> None:
+    """bench/arrival_gates.py's replay: on sample-cpu5, where ``fine-ratio13``'s gate opens from the
+    workload, every seed's order spends some of its arrivals in bands of 1."""
+    gates = bench_module("arrival_gates.py", "arrival_gates_replay")
+    from scheduler.sim.protocol import arrivals, build_cluster
+
+    loaded = workload("sample-cpu5")
+    assert loaded is not None
+    nodes, pods = loaded
+    capacity = build_cluster(nodes).total_gpus() * 1000
+    orders = [arrivals(pods, seed, capacity)[0] for seed in (42, 43)]
+    fired, shares, _ = gates.replay("sample-cpu5", "fine-ratio13", orders, nodes, pods)
+    assert fired == 2 and min(shares) > 0, (fired, shares)
