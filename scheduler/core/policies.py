@@ -248,7 +248,7 @@ class FGDScore(ScorePlugin):
         self.spec_step = spec_step
         # FGD in bands of fine.step while CPU runs out far ahead of GPUs (None: never); its arrivals so far
         self.fine = fine
-        self._demand = DemandTally(fine.warm_up if fine is not None else 0.1)
+        self._demand = DemandTally(fine.warm_up) if fine is not None else None
         # False: pods asking for as many whole GPUs as the largest node has are left out of the
         # typical pods (fgd-reserve keeps hosts for them with WholeNodeReserve instead)
         self.whole_node_typical = whole_node_typical
@@ -258,7 +258,6 @@ class FGDScore(ScorePlugin):
         self._memo: dict[tuple, tuple[float, frozenset[int]]] = {}
 
     def bind(self, cluster: ClusterState, workload: Sequence[PodRequest], rng: random.Random) -> None:
-        self._demand.bind(cluster, workload)  # every pod's demand, whole-node pods' too
         typical = workload
         if not self.whole_node_typical:
             largest = int(cluster.gpu_count.max()) if len(cluster) else 0
@@ -267,16 +266,19 @@ class FGDScore(ScorePlugin):
         self._cache = {}
         self._memo = {}
         self._node_models = [cluster.model_sets[c] for c in cluster.model_code.tolist()]
-        self.step = self._wanted_step() if self.fine is not None else self.base_step
+        self.step = self.base_step
+        if self._demand is not None and self.fine is not None:
+            self._demand.bind(cluster, workload)  # every pod's demand, whole-node pods' too
+            self.step = self._wanted_step(self._demand, self.fine)
 
     def observe(self, pod: PodRequest) -> None:
         """With ``spec_step``: the first arrived pod restricted to GPU models (asking GPUs) widens the
         bands to ``spec_step`` for the rest of the run; with ``fine``: the bands for the next pod as
         ``FineBands`` says. The per-shape scores and the memo hold banded scores, so on a change of bands
         they start afresh."""
-        if self.fine is not None:
+        if self._demand is not None and self.fine is not None:
             self._demand.observe(pod)
-            want = self._wanted_step()
+            want = self._wanted_step(self._demand, self.fine)
             if want != self.step:
                 self.set_step(want)
             return
@@ -284,17 +286,12 @@ class FGDScore(ScorePlugin):
             return
         self.set_step(self.spec_step)
 
-    def _wanted_step(self) -> int:
-        """The bands for the next pod, with ``fine``: its step while its gate holds, else ``spec_step``
-        once a restricted pod has arrived (if set), else the base step."""
-        demand, fine = self._demand, self.fine
+    def _wanted_step(self, demand: DemandTally, fine: FineBands) -> int:
+        """The bands for the next pod, by ``fine`` over ``demand`` (the arrivals so far): its step while its
+        gate holds, else ``spec_step`` once a restricted pod has arrived (if set), else the base step."""
         if demand.restricted_arrived:
             return self.spec_step if self.spec_step is not None else self.base_step
-        if (
-            fine is not None
-            and demand.asked[0] < fine.until_cpu * demand.capacity[0]
-            and demand.cpu_over_gpu() > fine.ratio
-        ):
+        if demand.asked[0] < fine.until_cpu * demand.capacity[0] and demand.cpu_over_gpu() > fine.ratio:
             return fine.step
         return self.base_step
 
