@@ -29,33 +29,32 @@ import placement_variants as variants  # noqa: E402
 import simulate_openb as openb  # noqa: E402
 import variant_runs  # noqa: E402
 
+from scheduler.core.policies import DemandTally  # noqa: E402
 from scheduler.core.request import MILLI  # noqa: E402
+from scheduler.core.state import ClusterState  # noqa: E402
 from scheduler.sim.protocol import arrivals, build_cluster  # noqa: E402
 from scheduler.sim.runner import parse_seeds  # noqa: E402
 
 
-def stats_at(order: list, cpu_capacity: float, gpu_capacity: float, points: list[float]) -> list[dict]:
+def stats_at(order: list, cluster: ClusterState, points: list[float]) -> list[dict]:
     """``ratio``, ``multi`` and ``share`` (see above) once each of ``points`` of the GPU capacity arrived."""
-    tally = variants.GatedFGD._tally([])
+    demand = DemandTally(warm_up=0.0)  # the arrivals' from the first
+    demand.bind(cluster, [])
+    kinds = [0, 0]
     out: list[dict] = []
     for pod in order:
-        variants.GatedFGD._add(tally, pod)
-        cpu, gpu, multi, share = tally
-        while len(out) < len(points) and gpu >= points[len(out)] * gpu_capacity:
-            out.append(
-                {
-                    "ratio": (cpu / cpu_capacity) / (gpu / gpu_capacity),
-                    "multi": multi / gpu,
-                    "share": share / gpu,
-                }
-            )
+        demand.observe(pod)
+        variants.GatedFGD.add_kind(kinds, pod)
+        gpu = demand.asked[1]
+        while len(out) < len(points) and gpu >= points[len(out)] * demand.capacity[1]:
+            out.append({"ratio": demand.cpu_over_gpu(), "multi": kinds[0] / gpu, "share": kinds[1] / gpu})
     return out
 
 
 def replay(
     name: str, policy: str, orders: list[list], nodes: list, pods: list
 ) -> tuple[int, list[float], int]:
-    """On how many of the arrival orders ``policy``'s ``GatedFGD`` ever scores in bands of 1 (``fine_step``),
+    """On how many of the arrival orders ``policy``'s ``GatedFGD`` ever scores in its fine bands,
     the share of the arrivals it scores so, and the most switches in one order."""
     fgd = next(p for p, _ in variants.VARIANTS[policy]().plugins if isinstance(p, variants.GatedFGD))
     cluster = build_cluster(nodes)
@@ -68,7 +67,7 @@ def replay(
             fgd.observe(pod)
             switches += fgd.step != last
             last = fgd.step
-            fine += fgd.step == fgd.fine_step
+            fine += fgd.step == fgd.fine.step
         fired += fine > 0
         shares.append(fine / len(order))
         most = max(most, switches)
@@ -100,9 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     for name in variant_runs.names_of(args.names):
         nodes, pods = openb.load_workload(name)
         cluster = build_cluster(nodes)
-        cpu_capacity, gpu_capacity = float(cluster.cpu_capacity.sum()), float(cluster.total_gpus() * MILLI)
-        orders = [arrivals(pods, seed, int(gpu_capacity))[0] for seed in parse_seeds(args.seeds)]
-        rows = [stats_at(order, cpu_capacity, gpu_capacity, points) for order in orders]
+        orders = [arrivals(pods, seed, cluster.total_gpus() * MILLI)[0] for seed in parse_seeds(args.seeds)]
+        rows = [stats_at(order, cluster, points) for order in orders]
         for k, point in enumerate(points):
             cells = [spread([r[k][key] for r in rows]) for key in ("ratio", "multi", "share")]
             print(f"| {name} | {point:.0%} | " + " | ".join(cells) + " |")

@@ -1580,91 +1580,73 @@ VARIANTS.update({"fine-late085": fgd_fine_late(0.85), "fine-late100": fgd_fine_l
 
 
 class GatedFGD(P.FGDScore):
-    """``FGDScore`` in bands of 1 point while ``gate`` holds for the arrivals so far, else in its own
-    (``set_step`` on every change; the scores and memo start afresh then). ``gate`` reads ``ratio`` (the
-    CPU share of capacity asked over the GPU share asked), ``multi`` (pods of 2 or more whole GPUs'
-    share of the GPU milli asked) and ``share`` (sharing pods' share of it); before ``WARM_UP`` of the
-    cluster's GPU or CPU has been asked, the workload's values (as ``ReserveThenAlign.cpu_bound``). With
+    """``FGDScore`` in bands of ``fine_step`` while ``gate`` holds for the arrivals so far, else in its own:
+    the core's fine bands (``FineBands``, ``DemandTally``: the workload's demand until ``WARM_UP`` of the
+    cluster's GPU or CPU has been asked, ``until_cpu``) with ``gate`` for their ratio test. ``gate`` reads
+    ``ratio`` (the CPU share of capacity asked over the GPU share asked), ``multi`` (pods of 2 or more whole
+    GPUs' share of the GPU milli asked) and ``share`` (sharing pods' share of it). With
     ``unless_restricted``: its own bands for good once a pod restricted to GPU models has arrived;
-    ``fine_step``: the fine bands (1; not ``fine``, which is ``FGDScore``'s ``FineBands``, None here);
-    ``until`` / ``until_cpu``: its own bands once this share of the GPU / CPU capacity has been asked."""
+    ``until``: its own bands once this share of the GPU capacity has been asked."""
 
     WARM_UP = P.ReserveThenAlign.WARM_UP
     gate: Callable[[float, float, float], bool] = staticmethod(lambda ratio, multi, share: False)
     unless_restricted = True
-    fine_step = 1
     until = math.inf
-    until_cpu = math.inf
 
     @staticmethod
-    def _tally(pods: Any) -> list[float]:
-        out = [0.0, 0.0, 0.0, 0.0]  # CPU milli, GPU milli, multi-GPU milli, sharing milli
+    def kinds(pods: Any) -> list[int]:
+        """GPU milli of multi-GPU pods and of sharing pods among ``pods``."""
+        out = [0, 0]
         for pod in pods:
-            GatedFGD._add(out, pod)
+            GatedFGD.add_kind(out, pod)
         return out
 
     @staticmethod
-    def _add(into: list[float], pod: PodRequest) -> None:
-        milli = pod.total_gpu_milli
-        into[0] += pod.cpu_milli
-        into[1] += milli
+    def add_kind(into: list[int], pod: PodRequest) -> None:
         if pod.is_share:
-            into[3] += milli
+            into[1] += pod.total_gpu_milli
         elif pod.gpu_count >= 2:
-            into[2] += milli
+            into[0] += pod.total_gpu_milli
 
     def bind(self, cluster: ClusterState, workload: Any, rng: Any) -> None:
+        self.prior_kinds, self.seen_kinds = self.kinds(workload), [0, 0]  # read by bind's _wanted_step
         super().bind(cluster, workload, rng)
-        self.own_step = self.step
-        self.cap = (
-            max(float(cluster.cpu_capacity.sum()), 1.0),
-            max(float(cluster.total_gpus() * MILLI), 1.0),
-        )
-        self.prior = self._tally(workload)
-        self.seen = [0.0, 0.0, 0.0, 0.0]
-        self.restricted = False
-        self._decide()
-
-    def _decide(self) -> None:
-        late = self.seen[1] >= self.until * self.cap[1] or self.seen[0] >= self.until_cpu * self.cap[0]
-        if (self.unless_restricted and self.restricted) or late:
-            want = self.own_step
-        else:
-            seen = self.seen
-            warm = seen[0] >= self.WARM_UP * self.cap[0] or seen[1] >= self.WARM_UP * self.cap[1]
-            cpu, gpu, multi, share = seen if warm else self.prior
-            ratio = (cpu / self.cap[0]) / (gpu / self.cap[1]) if gpu else math.inf
-            fine = self.gate(ratio, multi / gpu if gpu else 0.0, share / gpu if gpu else 0.0)
-            want = self.fine_step if fine else self.own_step
-        if want != self.step:
-            self.set_step(want)
 
     def observe(self, pod: PodRequest) -> None:
+        self.add_kind(self.seen_kinds, pod)
         super().observe(pod)
-        self._add(self.seen, pod)
-        if pod.gpu_models and pod.gpu_count:
-            self.restricted = True
-        self._decide()
+
+    def _wanted_step(self, demand: P.DemandTally, fine: P.FineBands) -> int:
+        asked, capacity = demand.asked, demand.capacity
+        late = asked[1] >= self.until * capacity[1] or asked[0] >= fine.until_cpu * capacity[0]
+        if (self.unless_restricted and demand.restricted_arrived) or late:
+            return self.base_step
+        gpu = demand.demand()[1]
+        multi, share = self.seen_kinds if demand.warm() else self.prior_kinds
+        fine_now = self.gate(demand.cpu_over_gpu(), multi / gpu if gpu else 0.0, share / gpu if gpu else 0.0)
+        return fine.step if fine_now else self.base_step
 
 
 def gated_fgd(
     gate: Callable[[float, float, float], bool],
     unless_restricted: bool = True,
-    fine: int = 1,
+    fine_step: int = 1,
     until: float = math.inf,
     until_cpu: float = math.inf,
 ) -> Callable[[], Policy]:
-    """The default (``scheduler.core.policies.fgd_reserve()``) with FGD in bands of ``fine`` while
-    ``gate`` (ratio, multi-GPU share, sharing share) holds, until ``until`` of the GPU capacity or
-    ``until_cpu`` of the CPU capacity has been asked (``GatedFGD``)."""
+    """The default before the gate (``before_gate``) with FGD in bands of ``fine_step`` while ``gate``
+    (ratio, multi-GPU share, sharing share) holds, until ``until`` of the GPU capacity or ``until_cpu`` of
+    the CPU capacity has been asked (``GatedFGD``)."""
 
     def make() -> Policy:
         policy = before_gate()
         fgd = next(plugin for plugin, _ in policy.plugins if isinstance(plugin, P.FGDScore))
         fgd.__class__ = GatedFGD
         assert isinstance(fgd, GatedFGD)
-        fgd.gate, fgd.unless_restricted = gate, unless_restricted  # type: ignore[method-assign]
-        fgd.fine_step, fgd.until, fgd.until_cpu = fine, until, until_cpu
+        fgd.gate, fgd.unless_restricted, fgd.until = gate, unless_restricted, until  # type: ignore[method-assign]
+        # the core's fine bands, their ratio test replaced by ``gate`` (GatedFGD._wanted_step): no ratio
+        fgd.fine = P.FineBands(step=fine_step, ratio=math.nan, until_cpu=until_cpu, warm_up=GatedFGD.WARM_UP)
+        fgd._demand = P.DemandTally(GatedFGD.WARM_UP)
         return policy
 
     return make
@@ -1686,7 +1668,7 @@ VARIANTS.update(
         "fine-share34": gated_fgd(lambda ratio, multi, share: ratio > 1.0 and share > 0.34),
         # fine-ratio13 with bands of 2, or only until 0.5 / 0.6 of the GPU capacity arrived (its dip on
         # t-cpu4-gs40 is at 64%)
-        "fine2-ratio13": gated_fgd(lambda ratio, multi, share: ratio > 1.3, fine=2),
+        "fine2-ratio13": gated_fgd(lambda ratio, multi, share: ratio > 1.3, fine_step=2),
         "fine-ratio13-u04": gated_fgd(lambda ratio, multi, share: ratio > 1.3, until=0.4),
         "fine-ratio13-u05": gated_fgd(lambda ratio, multi, share: ratio > 1.3, until=0.5),
         "fine-ratio13-u06": gated_fgd(lambda ratio, multi, share: ratio > 1.3, until=0.6),

@@ -183,12 +183,16 @@ class DemandTally:
         if pod.gpu_models and pod.gpu_count:
             self.restricted_arrived = True
 
+    def warm(self) -> bool:
+        """Whether the arrivals have asked for ``warm_up`` of the cluster's CPU or GPUs."""
+        return (
+            self.asked[0] >= self.warm_up * self.capacity[0]
+            or self.asked[1] >= self.warm_up * self.capacity[1]
+        )
+
     def demand(self) -> tuple[int, int]:
         """CPU and GPU milli asked: by the arrivals once warm, else by the workload."""
-        cpu, gpu = self.asked
-        if cpu >= self.warm_up * self.capacity[0] or gpu >= self.warm_up * self.capacity[1]:
-            return cpu, gpu
-        return self.prior
+        return (self.asked[0], self.asked[1]) if self.warm() else self.prior
 
     def cpu_bound(self) -> bool:
         """Whether the CPU asked is the larger share of capacity (CPU would run out first)."""
