@@ -67,12 +67,12 @@ def cpu_heavy(pods: Sequence[PodRequest]) -> list[PodRequest]:
     return [*pods, *extra]
 
 
-@pytest.mark.parametrize("policy", ["fgd-reserve"])
-def test_the_demand_gates_read_the_workload_distribution_only(policy: str) -> None:
+def test_the_demand_gates_read_the_workload_distribution_only() -> None:
     """On a CPU-heavy workload, where the demand gates act (FGD's fine bands open at bind from the
     workload's CPU-to-GPU ratio, the exact alignment's CPU-bound test holds), the decisions are the same
     for the workload shuffled or repeated: the gates read its ratio, never its order or its counts. (The
     sample alone never opens the fine bands, so the test above does not reach them.)"""
+    policy = "fgd-reserve"
     pods = cpu_heavy(load_pods(DEFAULT_PODS))
     policy_object = make_policy(policy)
     fgd = next(p for p, _ in policy_object.plugins if isinstance(p, FGDScore))
