@@ -1529,6 +1529,8 @@ class ReserveThenAlign(AlignmentScore):
             self.balance.observe(pod)
         self.demand.observe(pod)
 
+    # read-only views of ``demand`` for the variants in bench/placement_variants.py (the per-pod code here
+    # reads ``demand`` itself)
     @property
     def capacity(self) -> tuple[int, int]:
         """The cluster's CPU milli and GPU milli."""
@@ -1569,9 +1571,10 @@ class ReserveThenAlign(AlignmentScore):
     def _step_and_horizon(self) -> tuple[float, float | None]:
         """The alignment's step for the next pod (``_step``) and the reserve's horizon (None: its own):
         ``cpu_horizon`` while CPU-bound."""
-        banded = self.restricted_banded and self.restricted_arrived  # exact no more ...
+        demand = self.demand
+        banded = self.restricted_banded and demand.restricted_arrived  # exact no more ...
         if banded and self.banded_until is not None:  # ... until this share of the capacity arrived
-            banded = self.asked[1] < self.banded_until * self.capacity[1]
+            banded = demand.asked[1] < self.banded_until * demand.capacity[1]
         exact, horizon = self.cpu_bound_exact and self.step and not banded, self.cpu_horizon
         if not (exact or horizon) or not self.cpu_bound():
             return self.step, None
